@@ -1,0 +1,114 @@
+// The run configuration: what a TOML file and --set overrides resolve to.
+//
+// Parsing is strict: an unknown key, a wrong type, an out-of-range value or a bad size string is a
+// ConfigError whose message starts with "FILE:LINE:COLUMN: " (or "--set KEY=VALUE: " for an
+// override) and says what would be valid.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace headroom {
+
+// Thrown for any bad input a user can fix: config files, overrides, data files, flags.
+// The host turns it into exit code 2.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Where a value came from, for messages that point at it.
+struct SourcePos {
+  std::string file;  // the TOML path, or "--set" for a command-line override
+  int line = 0;      // 1-based; 0 when unknown
+  int column = 0;
+  std::string str() const;  // "file:line:column", or "--set key=value"
+};
+
+struct ModelConfig {
+  std::string preset;  // "" when the shape is given explicitly
+  int n_layer = 0;
+  int n_head = 0;
+  int n_embd = 0;
+  int seq_len = 0;
+  int vocab_size = 0;
+};
+
+struct TrainConfig {
+  int64_t steps = 200;
+  int micro_batch = 4;
+  int grad_accum = 1;
+  std::string optimizer = "adamw";  // "adamw" | "sgd"
+  double lr = 3e-4;
+  double min_lr = 0.0;  // floor of the cosine / linear decay
+  double weight_decay = 0.1;
+  double beta1 = 0.9;  // AdamW
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double momentum = 0.0;  // SGD; 0 keeps no state
+  int64_t warmup_steps = 10;
+  std::string lr_schedule = "cosine";  // "cosine" | "linear" | "constant"
+  double grad_clip = 1.0;              // 0 turns clipping off
+  uint64_t seed = 1;                   // parameter init
+  int64_t log_every = 1;               // progress / metrics cadence in optimizer steps
+};
+
+struct DataConfig {
+  std::string kind = "synthetic";  // "synthetic" | "text"
+  std::string path;                // text: the file, resolved relative to the config file
+  uint64_t seed = 1;               // synthetic: the Markov chain and the sampling
+  int branching = 4;               // synthetic: successors per token (entropy <= ln(branching))
+  SourcePos path_pos;              // where path was set, for errors about the file itself
+};
+
+struct DeviceConfig {
+  std::string kind = "cpu";  // "cpu" (the CUDA issue adds "cuda")
+  int index = 0;
+  uint64_t memory_limit = 0;  // bytes; 0 = no limit
+};
+
+// One [[plugins]] entry. Only name and path are the host's; every other key is the plugin's own and
+// is validated by the plugin when it is loaded.
+struct PluginEntry {
+  std::string name;
+  std::string path;  // "" = search the plugin path; else resolved relative to the config file
+  SourcePos pos;     // the table's position, for messages
+  std::string toml;  // the plugin's own keys, re-serialised as a TOML table (no name/path)
+};
+
+struct Config {
+  std::string file;  // the config file as given
+  ModelConfig model;
+  TrainConfig train;
+  DataConfig data;
+  DeviceConfig device;
+  std::vector<PluginEntry> plugins;
+};
+
+// Reads FILE, applies each "section.key=value" override (value in TOML syntax; a bare word is taken
+// as a string), validates everything, fills every default and resolves the model preset.
+Config load_config(const std::string& file, const std::vector<std::string>& overrides = {});
+
+// The same from TOML text (tests); `file` only names the source in messages and anchors relative
+// paths.
+Config parse_config(const std::string& toml_text, const std::string& file,
+                    const std::vector<std::string>& overrides = {});
+
+// The resolved config as TOML with every default filled in: what `headroom check` prints.
+// Re-parsing the output gives the same Config.
+std::string format_config(const Config& config);
+
+// "64MiB" -> 67108864. Accepts an integer with an optional unit B, KiB, MiB, GiB (also a decimal
+// number with a unit, "1.5GiB"); throws ConfigError naming `where` otherwise.
+uint64_t parse_size(const std::string& text, const std::string& where);
+
+// 67108864 -> "64 MiB"; used in reports.
+std::string format_bytes(uint64_t bytes);
+
+// The preset names, for messages and docs.
+const std::vector<std::string>& model_presets();
+
+}  // namespace headroom

@@ -1,0 +1,127 @@
+// The device: the one allocation path every device buffer goes through, the memory wall
+// ([device] memory_limit) and the out-of-memory report.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/config.h"
+#include "core/memory.h"
+
+namespace headroom {
+
+// What was asked for when an allocation failed, and what memory held at that moment.
+struct OomReport {
+  uint64_t requested = 0;
+  Category category = Category::kWorkspace;
+  std::string what;  // the buffer: "block 3 activations: att (B, NH, T, T)"
+  uint64_t limit = 0;
+  uint64_t live_total = 0;
+  ByCategory live{};  // at the failed request
+  ByCategory peak{};  // each category's peak so far
+  Phase phase;
+
+  // The multi-line report the host prints (exit code 3).
+  std::string str() const;
+};
+
+class OutOfMemory : public std::runtime_error {
+ public:
+  explicit OutOfMemory(OomReport report);
+  const OomReport& report() const { return report_; }
+
+ private:
+  OomReport report_;
+};
+
+// Told of every allocation, free and failed allocation (the trainer turns these into the ALLOC,
+// FREE and OOM events). Called on the thread that allocates.
+class AllocationObserver {
+ public:
+  virtual ~AllocationObserver() = default;
+  virtual void on_alloc(const void* ptr, uint64_t bytes, Category category,
+                        const std::string& what) = 0;
+  virtual void on_free(const void* ptr, uint64_t bytes, Category category) = 0;
+  virtual void on_oom(const OomReport& report) = 0;
+};
+
+class Device {
+ public:
+  // Throws ConfigError for a kind this build cannot run.
+  static std::unique_ptr<Device> create(const DeviceConfig& config);
+  virtual ~Device() = default;
+
+  virtual std::string kind() const = 0;
+  uint64_t memory_limit() const { return limit_; }
+
+  // Every device buffer comes from here. Past the memory limit (or when the backend has no memory
+  // left) it notifies the observers and throws OutOfMemory; nothing is allocated then.
+  void* allocate(uint64_t bytes, Category category, const std::string& what);
+  void free(void* ptr);
+
+  MemoryTracker& tracker() { return tracker_; }
+  const MemoryTracker& tracker() const { return tracker_; }
+  void add_observer(AllocationObserver* observer) { observers_.push_back(observer); }
+  void remove_observer(AllocationObserver* observer);
+
+ protected:
+  explicit Device(uint64_t limit) : limit_(limit) {}
+  virtual void* raw_allocate(uint64_t bytes) = 0;  // nullptr when the backend is out of memory
+  virtual void raw_free(void* ptr) = 0;
+
+ private:
+  struct Block {
+    uint64_t bytes;
+    Category category;
+  };
+  uint64_t limit_;
+  MemoryTracker tracker_;
+  std::unordered_map<const void*, Block> blocks_;
+  std::vector<AllocationObserver*> observers_;
+};
+
+// A device buffer that frees itself. Move-only.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Device& device, uint64_t bytes, Category category, const std::string& what)
+      : device_(&device), ptr_(device.allocate(bytes, category, what)), bytes_(bytes) {}
+  ~Buffer() { reset(); }
+  Buffer(Buffer&& o) noexcept : device_(o.device_), ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+  }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      device_ = o.device_;
+      ptr_ = o.ptr_;
+      bytes_ = o.bytes_;
+      o.ptr_ = nullptr;
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void reset() {
+    if (ptr_) device_->free(ptr_);
+    ptr_ = nullptr;
+  }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  uint64_t bytes() const { return bytes_; }
+  explicit operator bool() const { return ptr_ != nullptr; }
+
+ private:
+  Device* device_ = nullptr;
+  void* ptr_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace headroom

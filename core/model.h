@@ -1,0 +1,118 @@
+// GPT-2 as a list of layers — embedding, n_layer transformer blocks, head — each owning its
+// parameters and the activations it saves for backward, so a strategy can drop a layer's
+// activations and recompute them.
+//
+// The model is a template over the element type: float for training, double for gradient checks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/device.h"
+
+namespace headroom {
+
+// One micro-batch as the layers see it.
+struct Batch {
+  const int32_t* tokens = nullptr;   // (B, T)
+  const int32_t* targets = nullptr;  // (B, T); a target < 0 is ignored
+  int B = 0;
+  int T = 0;
+  double dloss = 0.0;  // d(objective)/d(per-token loss): 1 / (B·T·grad_accum) times the loss scale
+};
+
+template <class T>
+struct Param {
+  std::string name;            // Hugging Face GPT-2 name: "h.3.attn.c_attn.weight"
+  std::vector<int64_t> shape;  // ours is (out, in) for matrices, as llm.c
+  bool decay = false;          // weight decay applies: matrices and embeddings, not biases or gains
+  Buffer value;
+  Buffer grad;
+  uint64_t numel = 0;
+  T* data() const { return value.as<T>(); }
+  T* gdata() const { return grad.as<T>(); }
+};
+
+template <class T>
+class Layer {
+ public:
+  Layer(std::string name, Device& device) : name_(std::move(name)), device_(device) {}
+  virtual ~Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  const std::string& name() const { return name_; }
+  const std::vector<std::unique_ptr<Param<T>>>& params() const { return params_; }
+
+  // input (B, T, C) is the previous layer's output (unused by the embedding). Saves what backward
+  // needs and, except for the head, leaves its output (B, T, C) in output().
+  virtual void forward(const T* input, const Batch& batch) = 0;
+  // dout (B, T, C) -> dinput (B, T, C), overwritten; parameter gradients accumulate. The head takes
+  // no dout (its gradient starts at the loss); the embedding writes no dinput.
+  virtual void backward(T* dinput, const T* dout, const T* input, const Batch& batch) = 0;
+  virtual const T* output() const { return nullptr; }
+
+  // Frees every activation this layer saved.
+  void release_activations() { saved_.clear(); }
+  uint64_t saved_bytes() const;
+
+ protected:
+  Param<T>& add_param(const std::string& name, std::vector<int64_t> shape, bool decay);
+  // A saved activation of `numel` elements, alive until release_activations().
+  T* save(uint64_t numel, const char* what);
+  // A scratch buffer for backward, freed when the returned Buffer goes out of scope.
+  Buffer workspace(uint64_t numel, const char* what);
+
+  std::string name_;
+  Device& device_;
+  std::vector<std::unique_ptr<Param<T>>> params_;
+  std::vector<Buffer> saved_;
+};
+
+// Layer l's forward and backward, announced around each call (the trainer turns them into
+// FORWARD_BEGIN/END and BACKWARD_BEGIN/END).
+class LayerEvents {
+ public:
+  virtual ~LayerEvents() = default;
+  virtual void forward_begin(int layer) = 0;
+  virtual void forward_end(int layer) = 0;
+  virtual void backward_begin(int layer) = 0;
+  virtual void backward_end(int layer) = 0;
+};
+
+template <class T>
+class Gpt {
+ public:
+  // Allocates parameters and gradients on `device` and initialises the parameters as GPT-2 does
+  // (normal 0.02, residual projections scaled by 1/sqrt(2·n_layer)), deterministically from seed.
+  Gpt(const ModelConfig& config, Device& device, uint64_t seed);
+  ~Gpt();
+
+  // Every layer's forward: returns the mean loss over the batch's (non-ignored) tokens. The head
+  // also writes the gradient of batch.dloss·sum(losses) w.r.t. the logits, ready for backward.
+  double forward(const Batch& batch, LayerEvents* events = nullptr);
+  // Every layer's backward, last to first, accumulating into the gradients and freeing each
+  // layer's activations as soon as it is done.
+  void backward(const Batch& batch, LayerEvents* events = nullptr);
+  void zero_grad();
+
+  const ModelConfig& config() const { return config_; }
+  const std::vector<std::unique_ptr<Layer<T>>>& layers() const { return layers_; }
+  std::vector<Param<T>*> params() const;
+  uint64_t num_params() const;
+
+ private:
+  ModelConfig config_;
+  Device& device_;
+  std::vector<std::unique_ptr<Layer<T>>> layers_;
+};
+
+// Closed forms the tests check the tracker against.
+uint64_t gpt_num_params(const ModelConfig& m);
+// Bytes of activations one transformer block saves for a (B, T) micro-batch of element size `es`.
+uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, uint64_t es);
+
+}  // namespace headroom

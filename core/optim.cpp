@@ -1,0 +1,103 @@
+#include "core/optim.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/optimizer.h"
+
+namespace headroom {
+
+namespace {
+
+// One state tensor per parameter, zeroed, allocated on first use.
+std::vector<Buffer> make_state(Device& device, const std::vector<Param<float>*>& params,
+                               const char* what) {
+  std::vector<Buffer> state;
+  state.reserve(params.size());
+  for (const Param<float>* p : params) {
+    state.emplace_back(device, p->numel * sizeof(float), Category::kOptimizer,
+                       p->name + " " + what);
+    std::memset(state.back().as<float>(), 0, p->numel * sizeof(float));
+  }
+  return state;
+}
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(const TrainConfig& t, Device& device) : t_(t), device_(device) {}
+  void step(const std::vector<Param<float>*>& params, double lr, int64_t step) override {
+    if (m_.empty()) {
+      m_ = make_state(device_, params, "adamw m");
+      v_ = make_state(device_, params, "adamw v");
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      Param<float>& p = *params[i];
+      cpu::adamw_update(p.data(), p.gdata(), m_[i].as<float>(), v_[i].as<float>(), p.numel,
+                        static_cast<float>(lr), static_cast<float>(t_.beta1),
+                        static_cast<float>(t_.beta2), static_cast<float>(t_.eps),
+                        p.decay ? static_cast<float>(t_.weight_decay) : 0.0f, step);
+    }
+  }
+  uint64_t state_bytes_per_param() const override { return 2 * sizeof(float); }
+
+ private:
+  TrainConfig t_;
+  Device& device_;
+  std::vector<Buffer> m_, v_;
+};
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(const TrainConfig& t, Device& device) : t_(t), device_(device) {}
+  void step(const std::vector<Param<float>*>& params, double lr, int64_t) override {
+    // Momentum 0 keeps no state at all.
+    if (t_.momentum > 0 && buf_.empty()) buf_ = make_state(device_, params, "sgd momentum");
+    for (size_t i = 0; i < params.size(); ++i) {
+      Param<float>& p = *params[i];
+      cpu::sgd_update(p.data(), p.gdata(), buf_.empty() ? nullptr : buf_[i].as<float>(), p.numel,
+                      static_cast<float>(lr), static_cast<float>(t_.momentum),
+                      p.decay ? static_cast<float>(t_.weight_decay) : 0.0f);
+    }
+  }
+  uint64_t state_bytes_per_param() const override { return t_.momentum > 0 ? sizeof(float) : 0; }
+
+ private:
+  TrainConfig t_;
+  Device& device_;
+  std::vector<Buffer> buf_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& train, Device& device) {
+  if (train.optimizer == "adamw") return std::make_unique<AdamW>(train, device);
+  if (train.optimizer == "sgd") return std::make_unique<Sgd>(train, device);
+  throw ConfigError("train.optimizer = \"" + train.optimizer +
+                    "\": valid optimizers are \"adamw\" and \"sgd\"");
+}
+
+double learning_rate(const TrainConfig& t, int64_t step) {
+  if (step < t.warmup_steps) return t.lr * double(step + 1) / double(t.warmup_steps);
+  if (t.lr_schedule == "constant" || t.steps <= t.warmup_steps) return t.lr;
+  const double progress = double(step - t.warmup_steps) / double(t.steps - t.warmup_steps);
+  const double decay = t.lr_schedule == "cosine" ? 0.5 * (1.0 + std::cos(M_PI * progress))
+                                                 : 1.0 - progress;  // linear
+  return t.min_lr + decay * (t.lr - t.min_lr);
+}
+
+double global_grad_norm(const std::vector<Param<float>*>& params) {
+  double sum = 0.0;
+  for (const Param<float>* p : params) sum += cpu::sum_squares(p->gdata(), p->numel);
+  return std::sqrt(sum);
+}
+
+double clip_grad_norm(const std::vector<Param<float>*>& params, double max_norm) {
+  const double norm = global_grad_norm(params);
+  if (max_norm > 0 && norm > max_norm) {
+    const float factor = static_cast<float>(max_norm / (norm + 1e-6));
+    for (Param<float>* p : params) cpu::scale_inplace(p->gdata(), p->numel, factor);
+  }
+  return norm;
+}
+
+}  // namespace headroom

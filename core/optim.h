@@ -1,0 +1,38 @@
+// The built-in optimizers (AdamW, SGD with optional momentum), global-norm clipping and the
+// learning-rate schedule.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/config.h"
+#include "core/device.h"
+#include "core/model.h"
+
+namespace headroom {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // Updates every parameter from its gradient. `step` is the 1-based optimizer step. State is
+  // allocated (category optimizer) at the first call, as PyTorch does.
+  virtual void step(const std::vector<Param<float>*>& params, double lr, int64_t step) = 0;
+  // Bytes of state per parameter element, for the closed-form check and the planner.
+  virtual uint64_t state_bytes_per_param() const = 0;
+};
+
+// Throws ConfigError for an unknown optimizer name.
+std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& train, Device& device);
+
+// The learning rate at 0-based optimizer step `step`: linear warmup over warmup_steps, then
+// cosine / linear decay to min_lr at the last step, or constant.
+double learning_rate(const TrainConfig& train, int64_t step);
+
+// sqrt of the sum of squares of every gradient.
+double global_grad_norm(const std::vector<Param<float>*>& params);
+// Scales the gradients so their global norm is at most max_norm (torch.nn.utils.clip_grad_norm_:
+// factor max_norm / (norm + 1e-6) when norm > max_norm). Returns the norm before clipping.
+double clip_grad_norm(const std::vector<Param<float>*>& params, double max_norm);
+
+}  // namespace headroom

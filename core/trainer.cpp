@@ -1,0 +1,238 @@
+#include "core/trainer.h"
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+namespace headroom {
+
+namespace {
+
+double now_ms() {
+  using namespace std::chrono;
+  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+Trainer::Trainer(const Config& config, TrainOptions options)
+    : config_(config), options_(std::move(options)) {
+  device_ = Device::create(config_.device);
+  device_->add_observer(this);
+  set_phase(Phase::Kind::kSetup);
+  data_ = make_data_source(config_.data, config_.model, config_.train.micro_batch,
+                           config_.model.seq_len);
+  optimizer_ = make_optimizer(config_.train, *device_);
+  if (!config_.plugins.empty())
+    throw ConfigError(config_.plugins.front().pos.str() + ": [[plugins]] \"" +
+                      config_.plugins.front().name +
+                      "\": this headroom cannot load plugins yet (the plugin ABI is not built); "
+                      "remove the [[plugins]] entries");
+  if (!options_.metrics_path.empty()) {
+    auto f = std::make_unique<std::ofstream>(options_.metrics_path, std::ios::trunc);
+    if (!*f) throw ConfigError("--metrics " + options_.metrics_path + ": cannot open for writing");
+    metrics_ = std::move(f);
+  }
+  model_ = std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed);
+}
+
+Trainer::~Trainer() {
+  // The model's and optimizer's buffers are freed through the device; stop observing first.
+  device_->remove_observer(this);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The loop. Every event it fires, in order:
+//
+//   TRAIN_BEGIN
+//   per optimizer step:
+//     STEP_BEGIN
+//     grad_accum times:   batch <- data
+//                         FORWARD_BEGIN(l) forward FORWARD_END(l)      l = 0 .. L+1
+//                         BACKWARD_BEGIN(l) backward BACKWARD_END(l)   l = L+1 .. 0
+//     GRADS_READY         (the gradients of every micro-step are accumulated; then clipping)
+//     OPTIMIZER_STEP      (just before the update)
+//     STEP_END
+//   TRAIN_END
+//   ALLOC / FREE at every device allocation, OOM when one fails.
+
+void Trainer::run() {
+  const TrainConfig& t = config_.train;
+  const int B = t.micro_batch, T = config_.model.seq_len, A = t.grad_accum;
+  const uint64_t tokens_per_step = uint64_t(B) * T * A;
+
+  fire(Event::kTrainBegin);
+  set_phase(Phase::Kind::kData);
+  Buffer inputs(*device_, uint64_t(B) * T * sizeof(int32_t), Category::kData, "inputs (B, T)");
+  Buffer targets(*device_, uint64_t(B) * T * sizeof(int32_t), Category::kData, "targets (B, T)");
+  Batch batch;
+  batch.tokens = inputs.as<int32_t>();
+  batch.targets = targets.as<int32_t>();
+  batch.B = B;
+  batch.T = T;
+  batch.dloss = 1.0 / double(tokens_per_step);  // the step's loss is the mean over all its tokens
+  const std::vector<Param<float>*> params = model_->params();
+
+  for (step_ = 1; step_ <= t.steps; ++step_) {
+    const double t0 = now_ms();
+    micro_step_ = 0;
+    fire(Event::kStepBegin);
+    model_->zero_grad();
+    double loss_sum = 0.0;
+    for (micro_step_ = 1; micro_step_ <= A; ++micro_step_) {
+      set_phase(Phase::Kind::kData);
+      data_->next(inputs.as<int32_t>(), targets.as<int32_t>(), B, T);
+      loss_sum += model_->forward(batch, this);
+      model_->backward(batch, this);
+    }
+    micro_step_ = 0;
+    fire(Event::kGradsReady);
+    StepRecord r;
+    r.step = step_;
+    r.loss = loss_sum / A;
+    r.grad_norm = clip_grad_norm(params, t.grad_clip);
+    r.lr = learning_rate(t, step_ - 1);
+    set_phase(Phase::Kind::kOptimizer);
+    fire(Event::kOptimizerStep);
+    optimizer_->step(params, r.lr, step_);
+    fire(Event::kStepEnd);
+    r.step_ms = now_ms() - t0;
+    r.tokens_per_s = double(tokens_per_step) / (r.step_ms / 1000.0);
+    history_.push_back(r);
+    log_step(r);
+  }
+  step_ = t.steps;
+  set_phase(Phase::Kind::kDone);
+  fire(Event::kTrainEnd);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void Trainer::fire(Event event, int layer) {
+  if (listeners_.empty()) return;
+  EventInfo info;
+  info.event = event;
+  info.step = step_;
+  info.micro_step = micro_step_;
+  info.layer = layer;
+  for (EventListener* l : listeners_) l->on_event(info);
+}
+
+void Trainer::set_phase(Phase::Kind kind, int layer) {
+  Phase p;
+  p.kind = kind;
+  p.layer = layer;
+  if (layer >= 0 && model_) p.layer_name = model_->layers()[layer]->name();
+  p.step = step_;
+  p.micro_step = micro_step_;
+  device_->tracker().set_phase(p);
+}
+
+void Trainer::forward_begin(int layer) {
+  set_phase(Phase::Kind::kForward, layer);
+  fire(Event::kForwardBegin, layer);
+}
+void Trainer::forward_end(int layer) { fire(Event::kForwardEnd, layer); }
+void Trainer::backward_begin(int layer) {
+  set_phase(Phase::Kind::kBackward, layer);
+  fire(Event::kBackwardBegin, layer);
+}
+void Trainer::backward_end(int layer) { fire(Event::kBackwardEnd, layer); }
+
+void Trainer::on_alloc(const void* ptr, uint64_t bytes, Category c, const std::string&) {
+  if (listeners_.empty()) return;
+  EventInfo info;
+  info.event = Event::kAlloc;
+  info.step = step_;
+  info.micro_step = micro_step_;
+  info.ptr = ptr;
+  info.bytes = bytes;
+  info.category = c;
+  for (EventListener* l : listeners_) l->on_event(info);
+}
+
+void Trainer::on_free(const void* ptr, uint64_t bytes, Category c) {
+  if (listeners_.empty()) return;
+  EventInfo info;
+  info.event = Event::kFree;
+  info.step = step_;
+  info.micro_step = micro_step_;
+  info.ptr = ptr;
+  info.bytes = bytes;
+  info.category = c;
+  for (EventListener* l : listeners_) l->on_event(info);
+}
+
+void Trainer::on_oom(const OomReport& report) {
+  if (listeners_.empty()) return;
+  EventInfo info;
+  info.event = Event::kOom;
+  info.step = step_;
+  info.micro_step = micro_step_;
+  info.bytes = report.requested;
+  info.category = report.category;
+  for (EventListener* l : listeners_) l->on_event(info);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+
+void Trainer::log_step(const StepRecord& r) {
+  const MemoryTracker& mt = device_->tracker();
+  if (metrics_) {
+    nlohmann::json j;
+    j["step"] = r.step;
+    j["loss"] = r.loss;
+    j["lr"] = r.lr;
+    j["grad_norm"] = r.grad_norm;
+    j["step_ms"] = r.step_ms;
+    j["tokens_per_s"] = r.tokens_per_s;
+    j["mem_live_bytes"] = mt.live_total();
+    j["mem_peak_bytes"] = mt.peak_total();
+    nlohmann::json by = nlohmann::json::object();
+    for (int i = 0; i < kNumCategories; ++i)
+      by[category_name(category_at(i))] = mt.peak_by_category()[i];
+    j["mem_peak_by_category"] = by;
+    *metrics_ << j.dump() << '\n';
+    metrics_->flush();
+  }
+  if (!options_.log) return;
+  const int64_t every = config_.train.log_every;
+  const bool last = r.step == config_.train.steps;
+  if (!options_.live_progress && r.step % every != 0 && r.step != 1 && !last) return;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %9.0f tok/s | %7.1f ms | "
+                "peak %s",
+                static_cast<long long>(r.step), static_cast<long long>(config_.train.steps),
+                r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.step_ms,
+                format_bytes(mt.peak_total()).c_str());
+  if (options_.live_progress) {
+    *options_.log << '\r' << line << "\033[K" << (last ? "\n" : "") << std::flush;
+  } else {
+    *options_.log << line << '\n' << std::flush;
+  }
+}
+
+std::string Trainer::memory_report() const {
+  const MemoryTracker& mt = device_->tracker();
+  std::string s;
+  char line[256];
+  s += "memory report: peak " + format_bytes(mt.peak_total());
+  if (device_->memory_limit())
+    s += " of memory_limit " + format_bytes(device_->memory_limit());
+  s += ", at " + mt.peak_phase().str() + "\n";
+  std::snprintf(line, sizeof line, "  %-16s %14s %14s\n", "category", "at peak", "own peak");
+  s += line;
+  for (int i = 0; i < kNumCategories; ++i) {
+    std::snprintf(line, sizeof line, "  %-16s %14s %14s\n", category_name(category_at(i)),
+                  format_bytes(mt.live_at_peak()[i]).c_str(),
+                  format_bytes(mt.peak_by_category()[i]).c_str());
+    s += line;
+  }
+  return s;
+}
+
+}  // namespace headroom

@@ -1,0 +1,84 @@
+// The training loop: one place that runs the steps and fires every event of DESIGN.md.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/data.h"
+#include "core/device.h"
+#include "core/events.h"
+#include "core/model.h"
+#include "core/optim.h"
+
+namespace headroom {
+
+struct TrainOptions {
+  std::string metrics_path;   // "" = no metrics file; else one JSON object per optimizer step
+  std::ostream* log = nullptr;  // progress and reports; nullptr = silent
+  bool live_progress = false;   // rewrite one progress line (a terminal) instead of printing lines
+};
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0.0;  // mean over the step's micro-steps
+  double lr = 0.0;
+  double grad_norm = 0.0;  // before clipping
+  double step_ms = 0.0;
+  double tokens_per_s = 0.0;
+};
+
+class Trainer final : private LayerEvents, private AllocationObserver {
+ public:
+  // Builds the device, the model (parameters and gradients allocated now), the optimizer and the
+  // data source. Throws ConfigError for unusable input and OutOfMemory if the model does not fit.
+  Trainer(const Config& config, TrainOptions options);
+  ~Trainer() override;
+
+  // Runs config.train.steps optimizer steps. Throws OutOfMemory when an allocation fails (the
+  // OOM event has been fired by then).
+  void run();
+
+  void add_listener(EventListener* listener) { listeners_.push_back(listener); }
+
+  const Config& config() const { return config_; }
+  Device& device() { return *device_; }
+  Gpt<float>& model() { return *model_; }
+  const DataSource& data() const { return *data_; }
+  const std::vector<StepRecord>& history() const { return history_; }
+
+  // The peak-by-category table printed at the end of a run.
+  std::string memory_report() const;
+
+ private:
+  void fire(Event event, int layer = -1);
+  void set_phase(Phase::Kind kind, int layer = -1);
+  void log_step(const StepRecord& r);
+
+  // LayerEvents: the model announces each layer's forward and backward.
+  void forward_begin(int layer) override;
+  void forward_end(int layer) override;
+  void backward_begin(int layer) override;
+  void backward_end(int layer) override;
+  // AllocationObserver: every device allocation, free and failure.
+  void on_alloc(const void* ptr, uint64_t bytes, Category c, const std::string& what) override;
+  void on_free(const void* ptr, uint64_t bytes, Category c) override;
+  void on_oom(const OomReport& report) override;
+
+  Config config_;
+  TrainOptions options_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Gpt<float>> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<DataSource> data_;
+  std::vector<EventListener*> listeners_;
+  std::unique_ptr<std::ostream> metrics_;
+  std::vector<StepRecord> history_;
+  int64_t step_ = 0;
+  int micro_step_ = 0;
+};
+
+}  // namespace headroom
