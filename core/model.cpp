@@ -374,6 +374,11 @@ void Gpt<T>::zero_grad() {
 }
 
 template <class T>
+void Gpt<T>::release_activations() {
+  for (auto& layer : layers_) layer->release_activations();
+}
+
+template <class T>
 std::vector<Param<T>*> Gpt<T>::params() const {
   std::vector<Param<T>*> out;
   for (const auto& layer : layers_)

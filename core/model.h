@@ -98,6 +98,9 @@ class Gpt {
   // layer's activations as soon as it is done.
   void backward(const Batch& batch, LayerEvents* events = nullptr);
   void zero_grad();
+  // Frees every layer's saved activations: after a forward that has no backward (evaluation,
+  // gradient checks) or an abandoned micro-step.
+  void release_activations();
 
   const ModelConfig& config() const { return config_; }
   const std::vector<std::unique_ptr<Layer<T>>>& layers() const { return layers_; }

@@ -1,0 +1,818 @@
+#include "core/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <sstream>
+#include <string_view>
+#include <utility>
+
+namespace headroom {
+
+namespace {
+
+constexpr int64_t kIntMax = INT_MAX;
+constexpr int64_t kInt64Max = INT64_MAX;
+
+const std::vector<std::string> kSections = {"model", "train", "data", "device"};
+
+const std::vector<std::string> kModelKeys = {"preset", "n_layer", "n_head",
+                                             "n_embd", "seq_len", "vocab_size"};
+const std::vector<std::string> kTrainKeys = {
+    "steps",        "micro_batch", "grad_accum", "optimizer", "lr",       "min_lr",
+    "weight_decay", "beta1",       "beta2",      "eps",       "momentum", "warmup_steps",
+    "lr_schedule",  "grad_clip",   "seed",       "log_every"};
+const std::vector<std::string> kDataKeys = {"kind", "path", "seed", "branching"};
+const std::vector<std::string> kDeviceKeys = {"kind", "index", "memory_limit"};
+
+struct Preset {
+  const char* name;
+  ModelConfig shape;
+};
+
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> p = {
+      {"tiny", {"tiny", 2, 4, 64, 64, 256}},
+      {"gpt2-124m", {"gpt2-124m", 12, 12, 768, 1024, 50257}},
+      {"gpt2-350m", {"gpt2-350m", 24, 16, 1024, 1024, 50257}},
+      {"gpt2-774m", {"gpt2-774m", 36, 20, 1280, 1024, 50257}},
+      {"gpt2-1558m", {"gpt2-1558m", 48, 25, 1600, 1024, 50257}},
+  };
+  return p;
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& sep) {
+  std::string s;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) s += sep;
+    s += items[i];
+  }
+  return s;
+}
+
+std::string quoted_list(const std::vector<std::string>& items) {
+  std::vector<std::string> q;
+  for (const auto& i : items)
+    q.push_back("\"" + i + "\"");
+  return join(q, ", ");
+}
+
+std::string sections_list() {
+  return "[model], [train], [data], [device], [[plugins]]";
+}
+
+std::string type_name(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::integer:
+      return "integer";
+    case toml::node_type::floating_point:
+      return "float";
+    case toml::node_type::string:
+      return "string";
+    case toml::node_type::boolean:
+      return "boolean";
+    case toml::node_type::table:
+      return "table";
+    case toml::node_type::array:
+      return "array";
+    case toml::node_type::date:
+      return "date";
+    case toml::node_type::time:
+      return "time";
+    case toml::node_type::date_time:
+      return "date-time";
+    default:
+      return "nothing";
+  }
+}
+
+std::string pos_str(const std::string& file, const toml::source_region& src) {
+  SourcePos p;
+  p.file = file;
+  p.line = static_cast<int>(src.begin.line);
+  p.column = static_cast<int>(src.begin.column);
+  return p.str();
+}
+
+// Shortest "%.Ng" that reads back as the same double.
+std::string format_double(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string toml_string(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04X", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string trim(const std::string& s) {
+  const char* ws = " \t\r\n";
+  const size_t b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return "";
+  const size_t e = s.find_last_not_of(ws);
+  return s.substr(b, e - b + 1);
+}
+
+// A relative path is taken relative to `base_dir`; the result is absolute, so that the resolved
+// config means the same wherever it is re-read.
+std::string resolve_path(const std::string& path, const std::string& base_dir) {
+  std::filesystem::path p(path);
+  if (p.is_relative()) p = std::filesystem::path(base_dir) / p;
+  std::error_code ec;
+  std::filesystem::path abs = std::filesystem::absolute(p, ec);
+  return ec ? p.string() : abs.string();
+}
+
+// Validates the parsed (and overridden) document and fills a Config.
+class Validator {
+ public:
+  Validator(std::string file, std::map<std::string, std::string> overrides, bool model_in_file)
+      : file_(std::move(file)), overrides_(std::move(overrides)), model_in_file_(model_in_file) {
+    base_dir_ = std::filesystem::path(file_).parent_path().string();
+  }
+
+  Config run(toml::table& root) {
+    Config c;
+    c.file = file_;
+    for (auto&& [key, node] : root) {
+      const std::string k(key.str());
+      const bool known =
+          k == "plugins" || std::find(kSections.begin(), kSections.end(), k) != kSections.end();
+      if (!known) {
+        throw ConfigError(pos_str(file_, key.source()) + ": unknown section '" + k +
+                          "'; valid sections: " + sections_list());
+      }
+      if (k != "plugins" && !node.is_table()) {
+        throw ConfigError(pos_str(file_, node.source()) + ": '" + k + "' must be a table ([" + k +
+                          "]), got " + type_name(node));
+      }
+    }
+    model(root["model"].as_table(), c.model);
+    if (auto* t = root["train"].as_table()) train(*t, c.train);
+    if (auto* t = root["data"].as_table()) data(*t, c.data);
+    if (auto* t = root["device"].as_table()) device(*t, c.device);
+    if (auto* n = root.get("plugins")) plugins(*n, c.plugins);
+    return c;
+  }
+
+ private:
+  // Where a value is: "--set section.key=value" when an override put it there, else FILE:L:C.
+  std::string where(const std::string& section, const std::string& key,
+                    const toml::source_region& src) const {
+    auto it = overrides_.find(section + "." + key);
+    if (it != overrides_.end()) return "--set " + it->second;
+    return pos_str(file_, src);
+  }
+  std::string where(const std::string& section, const std::string& key,
+                    const toml::node& node) const {
+    return where(section, key, node.source());
+  }
+  // The table's own position, or the first override into it when it came from overrides only.
+  std::string table_where(const std::string& section, const toml::table& t) const {
+    if (t.source().begin.line != 0) return pos_str(file_, t.source());
+    for (const auto& [k, v] : overrides_) {
+      if (k.compare(0, section.size() + 1, section + ".") == 0) return "--set " + v;
+    }
+    return file_;
+  }
+
+  void check_keys(const std::string& section, const toml::table& t,
+                  const std::vector<std::string>& valid) const {
+    for (auto&& [key, node] : t) {
+      const std::string k(key.str());
+      if (std::find(valid.begin(), valid.end(), k) == valid.end()) {
+        throw ConfigError(where(section, k, key.source()) + ": unknown key '" + k + "' in [" +
+                          section + "]; valid keys: " + join(valid, ", "));
+      }
+    }
+  }
+
+  [[noreturn]] void type_error(const std::string& section, const std::string& key,
+                               const toml::node& node, const std::string& expected) const {
+    throw ConfigError(where(section, key, node) + ": " + section + "." + key + ": expected " +
+                      expected + ", got " + type_name(node));
+  }
+
+  // Reads an integer in [lo, hi] if present.
+  bool get_int(const toml::table& t, const std::string& section, const std::string& key, int64_t lo,
+               int64_t hi, int64_t& out) const {
+    const toml::node* n = t.get(key);
+    if (!n) return false;
+    if (!n->is_integer()) type_error(section, key, *n, "an integer");
+    const int64_t v = n->as_integer()->get();
+    if (v < lo) {
+      throw ConfigError(where(section, key, *n) + ": " + section + "." + key +
+                        " must be >= " + std::to_string(lo) + ", got " + std::to_string(v));
+    }
+    if (v > hi) {
+      throw ConfigError(where(section, key, *n) + ": " + section + "." + key +
+                        " must be <= " + std::to_string(hi) + ", got " + std::to_string(v));
+    }
+    out = v;
+    return true;
+  }
+  template <typename T>
+  bool get_int_as(const toml::table& t, const std::string& section, const std::string& key,
+                  int64_t lo, int64_t hi, T& out) const {
+    int64_t v = 0;
+    if (!get_int(t, section, key, lo, hi, v)) return false;
+    out = static_cast<T>(v);
+    return true;
+  }
+
+  enum class Bound { kNone, kInclusive, kExclusive };
+
+  // Reads a finite number (float or integer) within the given bounds if present.
+  bool get_float(const toml::table& t, const std::string& section, const std::string& key,
+                 Bound lo_kind, double lo, Bound hi_kind, double hi, double& out) const {
+    const toml::node* n = t.get(key);
+    if (!n) return false;
+    double v = 0;
+    if (n->is_floating_point()) {
+      v = n->as_floating_point()->get();
+    } else if (n->is_integer()) {
+      v = static_cast<double>(n->as_integer()->get());
+    } else {
+      type_error(section, key, *n, "a number");
+    }
+    const std::string name = section + "." + key;
+    std::string range;
+    if (lo_kind != Bound::kNone) {
+      range += (lo_kind == Bound::kInclusive ? ">= " : "> ") + format_double(lo);
+    }
+    if (hi_kind != Bound::kNone) {
+      if (!range.empty()) range += " and ";
+      range += (hi_kind == Bound::kInclusive ? "<= " : "< ") + format_double(hi);
+    }
+    const bool bad = !std::isfinite(v) || (lo_kind == Bound::kInclusive && v < lo) ||
+                     (lo_kind == Bound::kExclusive && v <= lo) ||
+                     (hi_kind == Bound::kInclusive && v > hi) ||
+                     (hi_kind == Bound::kExclusive && v >= hi);
+    if (bad) {
+      throw ConfigError(where(section, key, *n) + ": " + name + " must be a finite number " +
+                        range + ", got " + format_double(v));
+    }
+    out = v;
+    return true;
+  }
+
+  bool get_string(const toml::table& t, const std::string& section, const std::string& key,
+                  std::string& out) const {
+    const toml::node* n = t.get(key);
+    if (!n) return false;
+    if (!n->is_string()) type_error(section, key, *n, "a string");
+    out = n->as_string()->get();
+    return true;
+  }
+
+  bool get_choice(const toml::table& t, const std::string& section, const std::string& key,
+                  const std::vector<std::string>& choices, std::string& out) const {
+    std::string v;
+    if (!get_string(t, section, key, v)) return false;
+    if (std::find(choices.begin(), choices.end(), v) == choices.end()) {
+      throw ConfigError(where(section, key, *t.get(key)) + ": " + section + "." + key +
+                        " must be one of " + quoted_list(choices) + ", got \"" + v + "\"");
+    }
+    out = v;
+    return true;
+  }
+
+  void model(const toml::table* t, ModelConfig& m) {
+    const std::vector<std::string> names = model_presets();
+    std::string preset;
+    if (t) {
+      check_keys("model", *t, kModelKeys);
+      get_choice(*t, "model", "preset", names, preset);
+    }
+    // No [model] in the file: the tiny preset, which overrides may then adjust.
+    if (preset.empty() && !model_in_file_) preset = "tiny";
+    if (!preset.empty()) {
+      for (const auto& p : presets()) {
+        if (preset == p.name) m = p.shape;
+      }
+    }
+    m.preset = preset;
+    if (!t) return;
+
+    struct Shape {
+      const char* key;
+      int* field;
+      int64_t hi;
+    };
+    const Shape shape[] = {{"n_layer", &m.n_layer, kIntMax},
+                           {"n_head", &m.n_head, kIntMax},
+                           {"n_embd", &m.n_embd, kIntMax},
+                           {"seq_len", &m.seq_len, int64_t{1} << 20},
+                           {"vocab_size", &m.vocab_size, int64_t{1} << 24}};
+    std::vector<std::string> missing;
+    for (const auto& s : shape) {
+      if (!get_int_as(*t, "model", s.key, 1, s.hi, *s.field)) missing.push_back(s.key);
+    }
+    if (preset.empty() && !missing.empty()) {
+      throw ConfigError(table_where("model", *t) + ": [model] has no preset, so n_layer, n_head, " +
+                        "n_embd, seq_len and vocab_size are all required; missing: " +
+                        join(missing, ", ") + "; or set preset = one of " + quoted_list(names));
+    }
+    if (m.n_embd % m.n_head != 0) {
+      const int64_t lower = int64_t{m.n_embd} / m.n_head * m.n_head;
+      const int64_t upper = lower + m.n_head;
+      std::string suggest = lower > 0 ? std::to_string(lower) + " or n_embd = " : "";
+      suggest += std::to_string(upper);
+      const toml::node* at = t->get("n_embd") ? t->get("n_embd") : t->get("n_head");
+      const std::string w = at ? where("model", t->get("n_embd") ? "n_embd" : "n_head", *at)
+                               : table_where("model", *t);
+      throw ConfigError(w + ": model.n_embd (" + std::to_string(m.n_embd) +
+                        ") must be divisible by model.n_head (" + std::to_string(m.n_head) +
+                        "); e.g. n_embd = " + suggest);
+    }
+  }
+
+  void train(const toml::table& t, TrainConfig& c) {
+    const std::string s = "train";
+    check_keys(s, t, kTrainKeys);
+    get_int(t, s, "steps", 1, kInt64Max, c.steps);
+    get_int_as(t, s, "micro_batch", 1, kIntMax, c.micro_batch);
+    get_int_as(t, s, "grad_accum", 1, kIntMax, c.grad_accum);
+    get_choice(t, s, "optimizer", {"adamw", "sgd"}, c.optimizer);
+    get_float(t, s, "lr", Bound::kExclusive, 0, Bound::kNone, 0, c.lr);
+    get_float(t, s, "min_lr", Bound::kInclusive, 0, Bound::kNone, 0, c.min_lr);
+    get_float(t, s, "weight_decay", Bound::kInclusive, 0, Bound::kNone, 0, c.weight_decay);
+    get_float(t, s, "beta1", Bound::kInclusive, 0, Bound::kExclusive, 1, c.beta1);
+    get_float(t, s, "beta2", Bound::kInclusive, 0, Bound::kExclusive, 1, c.beta2);
+    get_float(t, s, "eps", Bound::kExclusive, 0, Bound::kNone, 0, c.eps);
+    get_float(t, s, "momentum", Bound::kInclusive, 0, Bound::kExclusive, 1, c.momentum);
+    get_int(t, s, "warmup_steps", 0, kInt64Max, c.warmup_steps);
+    get_choice(t, s, "lr_schedule", {"cosine", "linear", "constant"}, c.lr_schedule);
+    get_float(t, s, "grad_clip", Bound::kInclusive, 0, Bound::kNone, 0, c.grad_clip);
+    get_int_as(t, s, "seed", 0, kInt64Max, c.seed);
+    get_int(t, s, "log_every", 1, kInt64Max, c.log_every);
+    if (c.min_lr > c.lr) {
+      const toml::node* n = t.get("min_lr");
+      const std::string w = n ? where(s, "min_lr", *n) : where(s, "lr", *t.get("lr"));
+      throw ConfigError(w + ": train.min_lr (" + format_double(c.min_lr) +
+                        ") must be <= train.lr (" + format_double(c.lr) + ")");
+    }
+  }
+
+  void data(const toml::table& t, DataConfig& c) {
+    const std::string s = "data";
+    check_keys(s, t, kDataKeys);
+    get_choice(t, s, "kind", {"synthetic", "text"}, c.kind);
+    std::string path;
+    const bool has_path = get_string(t, s, "path", path);
+    if (c.kind == "text") {
+      if (!has_path) {
+        const toml::node* k = t.get("kind");
+        throw ConfigError(where(s, "kind", *k) + ": data.kind = \"text\" needs data.path, " +
+                          "the text file to train on (e.g. path = \"corpus.txt\")");
+      }
+      if (path.empty()) {
+        throw ConfigError(where(s, "path", *t.get("path")) +
+                          ": data.path must name a file, got an empty string");
+      }
+      // A path given on the command line is relative to the current directory.
+      const bool from_set = overrides_.count("data.path") != 0;
+      c.path = resolve_path(path, from_set ? std::string() : base_dir_);
+      // Kept so that errors about the file itself (unreadable, too small) point at this line.
+      if (from_set) {
+        c.path_pos.file = "--set " + overrides_.at("data.path");
+      } else {
+        c.path_pos.file = file_;
+        c.path_pos.line = static_cast<int>(t.get("path")->source().begin.line);
+        c.path_pos.column = static_cast<int>(t.get("path")->source().begin.column);
+      }
+    } else if (has_path) {
+      throw ConfigError(where(s, "path", *t.get("path")) +
+                        ": data.path is only used with data.kind = \"text\"; remove it or set " +
+                        "kind = \"text\" (valid kinds: \"synthetic\", \"text\")");
+    }
+    get_int_as(t, s, "seed", 0, kInt64Max, c.seed);
+    get_int_as(t, s, "branching", 1, 64, c.branching);
+  }
+
+  void device(const toml::table& t, DeviceConfig& c) {
+    const std::string s = "device";
+    check_keys(s, t, kDeviceKeys);
+    std::string kind;
+    if (get_string(t, s, "kind", kind)) {
+      const std::string w = where(s, "kind", *t.get("kind"));
+      if (kind == "cuda") {
+        throw ConfigError(w + ": device.kind = \"cuda\": this build has no CUDA backend yet; " +
+                          "valid kinds: \"cpu\"");
+      }
+      if (kind != "cpu") {
+        throw ConfigError(w + ": device.kind must be one of \"cpu\", got \"" + kind + "\"");
+      }
+      c.kind = kind;
+    }
+    get_int_as(t, s, "index", 0, kIntMax, c.index);
+    if (const toml::node* n = t.get("memory_limit")) {
+      const std::string w = where(s, "memory_limit", *n);
+      if (n->is_integer()) {
+        const int64_t v = n->as_integer()->get();
+        if (v < 0) {
+          throw ConfigError(w + ": device.memory_limit must be >= 0 bytes (0 or \"none\" for no " +
+                            "limit) or a size string like \"64MiB\", got " + std::to_string(v));
+        }
+        c.memory_limit = static_cast<uint64_t>(v);
+      } else if (n->is_string()) {
+        const std::string v = n->as_string()->get();
+        if (v == "none") {
+          c.memory_limit = 0;
+        } else {
+          try {
+            c.memory_limit = parse_size(v, w + ": device.memory_limit");
+          } catch (const ConfigError& e) {
+            throw ConfigError(std::string(e.what()) +
+                              "; also valid: an integer number of bytes, or \"none\" for no limit");
+          }
+        }
+      } else {
+        type_error(s, "memory_limit", *n,
+                   "a size string like \"64MiB\", an integer number of bytes, or \"none\"");
+      }
+    }
+  }
+
+  void plugins(const toml::node& node, std::vector<PluginEntry>& out) {
+    const toml::array* arr = node.as_array();
+    if (!arr || !arr->is_array_of_tables()) {
+      if (!(arr && arr->empty())) {
+        throw ConfigError(pos_str(file_, node.source()) +
+                          ": 'plugins' must be an array of tables, written as [[plugins]] " +
+                          "entries with name = \"...\", got " + type_name(node));
+      }
+    }
+    std::map<std::string, std::string> seen;  // name -> position
+    for (const toml::node& e : *arr) {
+      const toml::table& t = *e.as_table();
+      PluginEntry p;
+      p.pos.file = file_;
+      p.pos.line = static_cast<int>(t.source().begin.line);
+      p.pos.column = static_cast<int>(t.source().begin.column);
+      const std::string here = p.pos.str();
+      const toml::node* name = t.get("name");
+      if (!name) {
+        throw ConfigError(here + ": [[plugins]] entry has no name; every entry needs " +
+                          "name = \"...\" (lowercase letters, digits and _)");
+      }
+      if (!name->is_string()) {
+        throw ConfigError(pos_str(file_, name->source()) +
+                          ": plugins.name: expected a string, got " + type_name(*name));
+      }
+      p.name = name->as_string()->get();
+      bool ok = !p.name.empty();
+      for (char ch : p.name) {
+        ok = ok && ((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_');
+      }
+      if (!ok) {
+        throw ConfigError(pos_str(file_, name->source()) + ": plugin name '" + p.name +
+                          "' must be non-empty and use only lowercase letters, digits and _ " +
+                          "([a-z0-9_]+)");
+      }
+      auto [it, inserted] = seen.emplace(p.name, here);
+      if (!inserted) {
+        throw ConfigError(here + ": plugin '" + p.name + "' is listed twice (first at " +
+                          it->second + "); each plugin may appear once in [[plugins]]");
+      }
+      if (const toml::node* path = t.get("path")) {
+        if (!path->is_string()) {
+          throw ConfigError(pos_str(file_, path->source()) +
+                            ": plugins.path: expected a string, got " + type_name(*path));
+        }
+        const std::string v = path->as_string()->get();
+        if (v.empty()) {
+          throw ConfigError(pos_str(file_, path->source()) +
+                            ": plugins.path must name a file, got an empty string; leave it out " +
+                            "to search the plugin path");
+        }
+        p.path = resolve_path(v, base_dir_);
+      }
+      toml::table own = t;
+      own.erase("name");
+      own.erase("path");
+      std::ostringstream os;
+      os << own;
+      p.toml = os.str();
+      out.push_back(std::move(p));
+    }
+  }
+
+  std::string file_;
+  std::string base_dir_;
+  std::map<std::string, std::string> overrides_;
+  bool model_in_file_;
+};
+
+// "section.key=value" -> root[section][key] = value.
+void apply_override(toml::table& root, const std::string& text,
+                    std::map<std::string, std::string>& where) {
+  const std::string form = "expected --set section.key=value, e.g. --set train.steps=100";
+  const size_t eq = text.find('=');
+  if (eq == std::string::npos) {
+    throw ConfigError("--set " + text + ": no '=' in the override; " + form);
+  }
+  const std::string key = trim(text.substr(0, eq));
+  const std::string value = trim(text.substr(eq + 1));
+  const size_t dot = key.find('.');
+  if (key.empty() || dot == std::string::npos || dot == 0 || dot + 1 == key.size() ||
+      key.find('.', dot + 1) != std::string::npos) {
+    throw ConfigError("--set " + text + ": the key must be section.key; " + form);
+  }
+  const std::string section = key.substr(0, dot);
+  const std::string name = key.substr(dot + 1);
+  if (section == "plugins") {
+    throw ConfigError("--set " + text +
+                      ": overrides into [[plugins]] are not supported; edit the config file " +
+                      "(--set works for [model], [train], [data], [device])");
+  }
+  if (std::find(kSections.begin(), kSections.end(), section) == kSections.end()) {
+    throw ConfigError("--set " + text + ": unknown section '" + section +
+                      "'; valid sections: model, train, data, device");
+  }
+
+  // The value in TOML syntax; anything that does not parse as one value is a plain string.
+  toml::table parsed;
+  bool is_toml = false;
+  try {
+    parsed = toml::parse("v = " + value);
+    is_toml = parsed.size() == 1 && parsed.get("v") != nullptr;
+  } catch (const toml::parse_error&) {
+    is_toml = false;
+  }
+
+  toml::node* sec = root.get(section);
+  if (sec && !sec->is_table()) {
+    throw ConfigError("--set " + text + ": '" + section + "' is not a table in the config file");
+  }
+  if (!sec) {
+    root.insert(section, toml::table{});
+    sec = root.get(section);
+  }
+  toml::table& t = *sec->as_table();
+  if (is_toml) {
+    t.insert_or_assign(name, *parsed.get("v"));
+  } else {
+    t.insert_or_assign(name, value);
+  }
+  where[key] = text;
+}
+
+}  // namespace
+
+std::string SourcePos::str() const {
+  if (line <= 0) return file;
+  return file + ":" + std::to_string(line) + ":" + std::to_string(column);
+}
+
+const std::vector<std::string>& model_presets() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& p : presets())
+      n.push_back(p.name);
+    return n;
+  }();
+  return names;
+}
+
+Config load_config(const std::string& file, const std::vector<std::string>& overrides) {
+  std::FILE* f = std::fopen(file.c_str(), "rb");
+  if (!f) {
+    throw ConfigError("cannot read config file '" + file + "': " + std::strerror(errno));
+  }
+  std::string text;
+  char buf[65536];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0)
+    text.append(buf, n);
+  const bool failed = std::ferror(f) != 0;
+  const int err = errno;
+  std::fclose(f);
+  if (failed) {
+    throw ConfigError("cannot read config file '" + file + "': " + std::strerror(err));
+  }
+  return parse_config(text, file, overrides);
+}
+
+Config parse_config(const std::string& toml_text, const std::string& file,
+                    const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, std::string_view(file));
+  } catch (const toml::parse_error& e) {
+    SourcePos p;
+    p.file = file;
+    p.line = static_cast<int>(e.source().begin.line);
+    p.column = static_cast<int>(e.source().begin.column);
+    if (p.line == 0) p.line = 1, p.column = 1;
+    throw ConfigError(p.str() + ": TOML syntax error: " + std::string(e.description()));
+  }
+  const bool model_in_file = root.get("model") != nullptr;
+  std::map<std::string, std::string> where;
+  for (const auto& o : overrides)
+    apply_override(root, o, where);
+  Validator v(file, std::move(where), model_in_file);
+  return v.run(root);
+}
+
+std::string format_config(const Config& c) {
+  std::ostringstream os;
+  auto kv = [&](const char* key, const std::string& value) { os << key << " = " << value << "\n"; };
+  auto num = [](auto v) { return std::to_string(v); };
+
+  os << "# headroom resolved config";
+  if (!c.file.empty()) {
+    std::string from = c.file;  // a comment ends at a newline
+    for (char& ch : from) {
+      if (ch == '\n' || ch == '\r') ch = ' ';
+    }
+    os << " (from " << from << ")";
+  }
+  os << "\n\n[model]\n";
+  if (!c.model.preset.empty()) kv("preset", toml_string(c.model.preset));
+  kv("n_layer", num(c.model.n_layer));
+  kv("n_head", num(c.model.n_head));
+  kv("n_embd", num(c.model.n_embd));
+  kv("seq_len", num(c.model.seq_len));
+  kv("vocab_size", num(c.model.vocab_size));
+
+  const TrainConfig& t = c.train;
+  os << "\n[train]\n";
+  kv("steps", num(t.steps));
+  kv("micro_batch", num(t.micro_batch));
+  kv("grad_accum", num(t.grad_accum));
+  kv("optimizer", toml_string(t.optimizer));
+  kv("lr", format_double(t.lr));
+  kv("min_lr", format_double(t.min_lr));
+  kv("weight_decay", format_double(t.weight_decay));
+  kv("beta1", format_double(t.beta1));
+  kv("beta2", format_double(t.beta2));
+  kv("eps", format_double(t.eps));
+  kv("momentum", format_double(t.momentum));
+  kv("warmup_steps", num(t.warmup_steps));
+  kv("lr_schedule", toml_string(t.lr_schedule));
+  kv("grad_clip", format_double(t.grad_clip));
+  kv("seed", num(t.seed));
+  kv("log_every", num(t.log_every));
+
+  os << "\n[data]\n";
+  kv("kind", toml_string(c.data.kind));
+  if (!c.data.path.empty()) kv("path", toml_string(c.data.path));
+  kv("seed", num(c.data.seed));
+  kv("branching", num(c.data.branching));
+
+  os << "\n[device]\n";
+  kv("kind", toml_string(c.device.kind));
+  kv("index", num(c.device.index));
+  const uint64_t ml = c.device.memory_limit;
+  std::string limit;
+  if (ml == 0) {
+    limit = "\"none\"";
+  } else {
+    const std::pair<uint64_t, const char*> units[] = {
+        {uint64_t{1} << 30, "GiB"}, {uint64_t{1} << 20, "MiB"}, {uint64_t{1} << 10, "KiB"}};
+    for (const auto& [size, unit] : units) {
+      if (ml % size == 0) {
+        limit = "\"" + std::to_string(ml / size) + unit + "\"";
+        break;
+      }
+    }
+    if (limit.empty()) limit = std::to_string(ml);
+  }
+  kv("memory_limit", limit);
+
+  if (!c.plugins.empty()) {
+    toml::array entries;
+    for (const auto& p : c.plugins) {
+      toml::table e;
+      try {
+        e = toml::parse(p.toml, std::string_view(p.pos.file));
+      } catch (const toml::parse_error& err) {
+        throw ConfigError(p.pos.str() + ": plugin '" + p.name +
+                          "': its settings are not valid TOML: " + std::string(err.description()));
+      }
+      e.insert_or_assign("name", p.name);
+      if (!p.path.empty()) e.insert_or_assign("path", p.path);
+      entries.push_back(std::move(e));
+    }
+    toml::table root;
+    root.insert("plugins", std::move(entries));
+    os << "\n" << root << "\n";
+  }
+  return os.str();
+}
+
+uint64_t parse_size(const std::string& text, const std::string& where) {
+  const auto bad = [&]() {
+    return ConfigError(where + ": bad size '" + text +
+                       "': expected a number followed by B, KiB, MiB or GiB, e.g. \"64MiB\"");
+  };
+  const std::string s = trim(text);
+  size_t i = 0;
+  uint64_t whole = 0;
+  const size_t int_begin = i;
+  while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
+    const uint64_t d = static_cast<uint64_t>(s[i] - '0');
+    if (whole > (UINT64_MAX - d) / 10) throw bad();
+    whole = whole * 10 + d;
+    ++i;
+  }
+  if (i == int_begin) throw bad();
+  std::string frac;
+  bool has_dot = false;
+  if (i < s.size() && s[i] == '.') {
+    has_dot = true;
+    ++i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9')
+      frac += s[i++];
+    if (frac.empty()) throw bad();
+  }
+  while (i < s.size() && (s[i] == ' ' || s[i] == '\t'))
+    ++i;
+  const std::string unit = s.substr(i);
+  uint64_t mult = 0;
+  if (unit.empty()) {
+    if (has_dot) throw bad();  // a plain number of bytes must be whole
+    mult = 1;
+  } else if (unit == "B") {
+    mult = 1;
+  } else if (unit == "KiB") {
+    mult = uint64_t{1} << 10;
+  } else if (unit == "MiB") {
+    mult = uint64_t{1} << 20;
+  } else if (unit == "GiB") {
+    mult = uint64_t{1} << 30;
+  } else {
+    throw bad();
+  }
+  if (whole > UINT64_MAX / mult) throw bad();
+  uint64_t bytes = whole * mult;
+  // floor(mult * 0.frac), exactly: fold the digits in from the last one.
+  uint64_t part = 0;
+  for (size_t k = frac.size(); k-- > 0;) {
+    part = (static_cast<uint64_t>(frac[k] - '0') * mult + part) / 10;
+  }
+  if (bytes > UINT64_MAX - part) throw bad();
+  bytes += part;
+  return bytes;
+}
+
+std::string format_bytes(uint64_t bytes) {
+  char buf[64];
+  if (bytes < 1024) {
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+  } else if (bytes < (uint64_t{1} << 20)) {
+    std::snprintf(buf, sizeof buf, "%.2f KiB", static_cast<double>(bytes) / 1024.0);
+  } else if (bytes < (uint64_t{1} << 30)) {
+    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f GiB",
+                  static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  }
+  return buf;
+}
+
+}  // namespace headroom

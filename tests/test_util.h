@@ -1,0 +1,29 @@
+// Helpers shared by the test files: configs from TOML text, running the host binary.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+
+namespace headroom::test {
+
+// A fresh directory under /tmp for one test.
+std::string temp_dir();
+// Writes `text` to dir/name and returns the path.
+std::string write_file(const std::string& dir, const std::string& name, const std::string& text);
+
+// A Config from TOML text, as if read from `file` (default "test.toml").
+Config config_from(const std::string& toml, const std::vector<std::string>& overrides = {});
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+// Runs build/bin/headroom with `args` (already shell-quoted where needed).
+RunResult run_headroom(const std::string& args);
+
+// ||a - b|| / ||b|| over two equally long vectors.
+double relative_error(const std::vector<double>& a, const std::vector<double>& b);
+
+}  // namespace headroom::test
