@@ -1,0 +1,159 @@
+// The host binary as a user meets it: exit codes, error messages that point at the input, the
+// out-of-memory report, `check`, --metrics.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tests/test_util.h"
+
+namespace headroom {
+namespace {
+
+using test::run_headroom;
+using test::write_file;
+
+const char* kSmallModel =
+    "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nseq_len = 16\nvocab_size = 256\n";
+
+struct Cli : ::testing::Test {
+  std::string dir = test::temp_dir();
+  std::string config(const std::string& text) { return write_file(dir, "run.toml", text); }
+};
+
+TEST_F(Cli, UnknownKeyExits2NamingFileAndLine) {
+  const std::string path = config(std::string(kSmallModel) + "[train]\nsteps = 2\nstepz = 3\n");
+  const auto r = run_headroom("train " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(path + ":9:1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("stepz"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("micro_batch"), std::string::npos) << "lists the valid keys: " << r.output;
+}
+
+TEST_F(Cli, WrongTypeExits2NamingFileAndLine) {
+  const std::string path = config(std::string(kSmallModel) + "[train]\nsteps = \"ten\"\n");
+  const auto r = run_headroom("train " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(path + ":8:9"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("integer"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, BadSizeExits2NamingFileAndLine) {
+  const std::string path = config(std::string(kSmallModel) + "[device]\nmemory_limit = \"64MB\"\n");
+  const auto r = run_headroom("train " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(path + ":8:16"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("MiB"), std::string::npos) << "says what is valid: " << r.output;
+}
+
+TEST_F(Cli, MissingConfigFileExits2NamingIt) {
+  const auto r = run_headroom("train " + dir + "/absent.toml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(dir + "/absent.toml"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, UnreadableDataFileExits2NamingConfigLineAndFile) {
+  const std::string path =
+      config(std::string(kSmallModel) + "[data]\nkind = \"text\"\npath = \"missing.txt\"\n");
+  const auto r = run_headroom("train " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(path + ":9:8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("missing.txt"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("No such file"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, TooSmallDataFileExits2) {
+  write_file(dir, "small.txt", "hello");
+  const std::string path =
+      config(std::string(kSmallModel) + "[data]\nkind = \"text\"\npath = \"small.txt\"\n");
+  const auto r = run_headroom("train " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(path + ":9:8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fewer than one micro-batch"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, BadSetExits2NamingTheOverride) {
+  const std::string path = config(kSmallModel);
+  auto r = run_headroom("train " + path + " --set train.steps=abc");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--set train.steps=abc"), std::string::npos) << r.output;
+  r = run_headroom("train " + path + " --set nosuch.key=1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("nosuch"), std::string::npos) << r.output;
+  r = run_headroom("train " + path + " --set steps");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("section.key=value"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, UsageErrorsExit2) {
+  EXPECT_EQ(run_headroom("").exit_code, 2);
+  EXPECT_EQ(run_headroom("frobnicate").exit_code, 2);
+  EXPECT_EQ(run_headroom("train").exit_code, 2);
+  EXPECT_EQ(run_headroom("train x.toml --no-such-flag").exit_code, 2);
+}
+
+TEST_F(Cli, HelpListsEveryOption) {
+  auto r = run_headroom("--help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("train"), std::string::npos);
+  EXPECT_NE(r.output.find("check"), std::string::npos);
+  r = run_headroom("train --help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* opt : {"--set", "--metrics", "--quiet"})
+    EXPECT_NE(r.output.find(opt), std::string::npos) << opt << "\n" << r.output;
+}
+
+TEST_F(Cli, OutOfMemoryExits3WithTheFullReport) {
+  // Parameters + gradients + AdamW fit; the activations of micro_batch 16 do not.
+  const std::string path = config(std::string(kSmallModel) +
+                                  "[train]\nsteps = 2\nmicro_batch = 16\n"
+                                  "[device]\nmemory_limit = \"1536KiB\"\n");
+  const auto r = run_headroom("train " + path);
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  for (const char* field :
+       {"out of memory: head activations: logits (B, T, V)", "requested", "256.00 KiB", "memory_limit", "1.50 MiB", "live", "phase",
+        "forward of layer", "step 1, micro-step 1", "parameters", "gradients", "optimizer",
+        "activations", "workspace", "data", "communication", "peak"})
+    EXPECT_NE(r.output.find(field), std::string::npos) << "missing '" << field << "'\n" << r.output;
+  // The same run with a smaller micro-batch fits.
+  const auto ok = run_headroom("train " + path + " --set train.micro_batch=1 -q");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+}
+
+TEST_F(Cli, CheckPrintsTheResolvedConfigWhichReadsBackTheSame) {
+  const std::string path = config("[model]\npreset = \"tiny\"\n[train]\nsteps = 7\n");
+  const auto first = run_headroom("check " + path + " --set device.memory_limit=64MiB");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  for (const char* key : {"n_layer = 2", "steps = 7", "micro_batch = 4", "optimizer = \"adamw\"",
+                          "lr_schedule = \"cosine\"", "memory_limit = \"64MiB\"", "kind = \"cpu\""})
+    EXPECT_NE(first.output.find(key), std::string::npos) << key << "\n" << first.output;
+  const std::string resolved = write_file(dir, "resolved.toml", first.output);
+  const auto second = run_headroom("check " + resolved);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  // Only the comment line naming the source file differs.
+  EXPECT_EQ(first.output.substr(first.output.find('\n')),
+            second.output.substr(second.output.find('\n')));
+}
+
+TEST_F(Cli, MetricsWritesOneJsonObjectPerStep) {
+  const std::string path = config(std::string(kSmallModel) + "[train]\nsteps = 3\n");
+  const auto r = run_headroom("train " + path + " -q --metrics " + dir + "/m.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(dir + "/m.jsonl");
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j.at("step").get<int>(), ++n);
+    for (const char* k : {"loss", "lr", "tokens_per_s", "mem_peak_bytes", "grad_norm"})
+      EXPECT_TRUE(j.contains(k)) << k;
+    EXPECT_GT(j.at("mem_peak_by_category").at("parameters").get<uint64_t>(), 0u);
+    EXPECT_GT(j.at("mem_peak_by_category").at("activations").get<uint64_t>(), 0u);
+    EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
+  }
+  EXPECT_EQ(n, 3);
+}
+
+}  // namespace
+}  // namespace headroom
