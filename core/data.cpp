@@ -11,7 +11,9 @@ namespace headroom {
 
 namespace {
 
-double uniform01(std::mt19937_64& rng) { return double(rng() >> 11) * 0x1.0p-53; }
+double uniform01(std::mt19937_64& rng) {
+  return double(rng() >> 11) * 0x1.0p-53;
+}
 
 // A continuous stream from the chain, cut into llm.c-style windows.
 class SyntheticSource final : public DataSource {
@@ -78,7 +80,8 @@ MarkovChain::MarkovChain(int vocab_size, int branching, uint64_t seed)
   prob_.resize(size_t(vocab_) * k_);
   for (int i = 0; i < vocab_; ++i) {
     std::set<int32_t> chosen;
-    while (int(chosen.size()) < k_) chosen.insert(int32_t(rng() % uint64_t(vocab_)));
+    while (int(chosen.size()) < k_)
+      chosen.insert(int32_t(rng() % uint64_t(vocab_)));
     double total = 0.0;
     int j = 0;
     for (int32_t s : chosen) {
@@ -89,7 +92,8 @@ MarkovChain::MarkovChain(int vocab_size, int branching, uint64_t seed)
       total += w;
       ++j;
     }
-    for (j = 0; j < k_; ++j) prob_[size_t(i) * k_ + j] /= total;
+    for (j = 0; j < k_; ++j)
+      prob_[size_t(i) * k_ + j] /= total;
   }
   start_ = int32_t(rng() % uint64_t(vocab_));
 
@@ -102,11 +106,13 @@ MarkovChain::MarkovChain(int vocab_size, int branching, uint64_t seed)
     std::fill(q.begin(), q.end(), 0.0);
     for (int i = 0; i < vocab_; ++i) {
       if (p[i] == 0.0) continue;
-      for (int j = 0; j < k_; ++j) q[next_[size_t(i) * k_ + j]] += p[i] * prob_[size_t(i) * k_ + j];
+      for (int j = 0; j < k_; ++j)
+        q[next_[size_t(i) * k_ + j]] += p[i] * prob_[size_t(i) * k_ + j];
     }
     p.swap(q);
     if (it >= burn_in)
-      for (int i = 0; i < vocab_; ++i) avg[i] += p[i] / averaged;
+      for (int i = 0; i < vocab_; ++i)
+        avg[i] += p[i] / averaged;
   }
   for (int i = 0; i < vocab_; ++i) {
     double h = 0.0;

@@ -49,27 +49,30 @@ void* Device::allocate(uint64_t bytes, Category category, const std::string& wha
     r.live = tracker_.live_by_category();
     r.peak = tracker_.peak_by_category();
     r.phase = tracker_.phase();
-    for (AllocationObserver* o : observers_) o->on_oom(r);
+    for (AllocationObserver* o : observers_)
+      o->on_oom(r);
     throw OutOfMemory(std::move(r));
   }
   blocks_.emplace(ptr, Block{bytes, category});
   tracker_.on_alloc(category, bytes);
-  for (AllocationObserver* o : observers_) o->on_alloc(ptr, bytes, category, what);
+  for (AllocationObserver* o : observers_)
+    o->on_alloc(ptr, bytes, category, what);
   return ptr;
 }
 
 void Device::free(void* ptr) {
   auto it = blocks_.find(ptr);
   if (it == blocks_.end()) {
-    std::fprintf(stderr, "headroom: internal error: freeing %p, which this device never allocated\n",
-                 ptr);
+    std::fprintf(stderr,
+                 "headroom: internal error: freeing %p, which this device never allocated\n", ptr);
     std::abort();
   }
   const Block b = it->second;
   blocks_.erase(it);
   raw_free(ptr);
   tracker_.on_free(b.category, b.bytes);
-  for (AllocationObserver* o : observers_) o->on_free(ptr, b.bytes, b.category);
+  for (AllocationObserver* o : observers_)
+    o->on_free(ptr, b.bytes, b.category);
 }
 
 void Device::remove_observer(AllocationObserver* observer) {

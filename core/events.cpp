@@ -13,19 +13,32 @@ namespace headroom {
 
 const char* event_name(Event e) {
   switch (e) {
-    case Event::kTrainBegin: return "TRAIN_BEGIN";
-    case Event::kTrainEnd: return "TRAIN_END";
-    case Event::kStepBegin: return "STEP_BEGIN";
-    case Event::kStepEnd: return "STEP_END";
-    case Event::kForwardBegin: return "FORWARD_BEGIN";
-    case Event::kForwardEnd: return "FORWARD_END";
-    case Event::kBackwardBegin: return "BACKWARD_BEGIN";
-    case Event::kBackwardEnd: return "BACKWARD_END";
-    case Event::kGradsReady: return "GRADS_READY";
-    case Event::kOptimizerStep: return "OPTIMIZER_STEP";
-    case Event::kAlloc: return "ALLOC";
-    case Event::kFree: return "FREE";
-    case Event::kOom: return "OOM";
+    case Event::kTrainBegin:
+      return "TRAIN_BEGIN";
+    case Event::kTrainEnd:
+      return "TRAIN_END";
+    case Event::kStepBegin:
+      return "STEP_BEGIN";
+    case Event::kStepEnd:
+      return "STEP_END";
+    case Event::kForwardBegin:
+      return "FORWARD_BEGIN";
+    case Event::kForwardEnd:
+      return "FORWARD_END";
+    case Event::kBackwardBegin:
+      return "BACKWARD_BEGIN";
+    case Event::kBackwardEnd:
+      return "BACKWARD_END";
+    case Event::kGradsReady:
+      return "GRADS_READY";
+    case Event::kOptimizerStep:
+      return "OPTIMIZER_STEP";
+    case Event::kAlloc:
+      return "ALLOC";
+    case Event::kFree:
+      return "FREE";
+    case Event::kOom:
+      return "OOM";
   }
   return "UNKNOWN";
 }

@@ -28,9 +28,9 @@ const char* event_name(Event e);  // "TRAIN_BEGIN", ...
 
 struct EventInfo {
   Event event = Event::kTrainBegin;
-  int64_t step = 0;     // 1-based optimizer step; 0 outside steps
-  int micro_step = 0;   // 1-based within the step; 0 outside micro-steps
-  int layer = -1;       // FORWARD_* / BACKWARD_*
+  int64_t step = 0;    // 1-based optimizer step; 0 outside steps
+  int micro_step = 0;  // 1-based within the step; 0 outside micro-steps
+  int layer = -1;      // FORWARD_* / BACKWARD_*
   // ALLOC / FREE / OOM
   const void* ptr = nullptr;
   uint64_t bytes = 0;

@@ -6,13 +6,20 @@ namespace headroom {
 
 const char* category_name(Category c) {
   switch (c) {
-    case Category::kParameters: return "parameters";
-    case Category::kGradients: return "gradients";
-    case Category::kOptimizer: return "optimizer";
-    case Category::kActivations: return "activations";
-    case Category::kWorkspace: return "workspace";
-    case Category::kData: return "data";
-    case Category::kCommunication: return "communication";
+    case Category::kParameters:
+      return "parameters";
+    case Category::kGradients:
+      return "gradients";
+    case Category::kOptimizer:
+      return "optimizer";
+    case Category::kActivations:
+      return "activations";
+    case Category::kWorkspace:
+      return "workspace";
+    case Category::kData:
+      return "data";
+    case Category::kCommunication:
+      return "communication";
   }
   return "unknown";
 }
@@ -20,10 +27,16 @@ const char* category_name(Category c) {
 std::string Phase::str() const {
   std::string s;
   switch (kind) {
-    case Kind::kSetup: return "setup (parameters, gradients)";
-    case Kind::kDone: return "after training";
-    case Kind::kData: s = "loading a batch"; break;
-    case Kind::kOptimizer: s = "optimizer step"; break;
+    case Kind::kSetup:
+      return "setup (parameters, gradients)";
+    case Kind::kDone:
+      return "after training";
+    case Kind::kData:
+      s = "loading a batch";
+      break;
+    case Kind::kOptimizer:
+      s = "optimizer step";
+      break;
     case Kind::kForward:
     case Kind::kBackward:
       s = std::string(kind == Kind::kForward ? "forward" : "backward") + " of layer " +
@@ -37,7 +50,8 @@ std::string Phase::str() const {
 
 uint64_t TimelineSample::total() const {
   uint64_t t = 0;
-  for (uint64_t b : live) t += b;
+  for (uint64_t b : live)
+    t += b;
   return t;
 }
 

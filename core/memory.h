@@ -23,17 +23,19 @@ constexpr int kNumCategories = 7;
 using ByCategory = std::array<uint64_t, kNumCategories>;
 
 const char* category_name(Category c);  // "parameters", "gradients", ...
-inline Category category_at(int i) { return static_cast<Category>(i); }
+inline Category category_at(int i) {
+  return static_cast<Category>(i);
+}
 
 // Which part of the loop is running: what the tracker stamps on its peak and timeline, and what an
 // out-of-memory report names.
 struct Phase {
   enum class Kind { kSetup, kData, kForward, kBackward, kOptimizer, kDone };
   Kind kind = Kind::kSetup;
-  int layer = -1;         // kForward / kBackward: index into the model's layer list
-  std::string layer_name; // "embedding", "block 3", "head"
-  int64_t step = 0;       // 1-based optimizer step; 0 before the first
-  int micro_step = 0;     // 1-based micro-step within the step
+  int layer = -1;          // kForward / kBackward: index into the model's layer list
+  std::string layer_name;  // "embedding", "block 3", "head"
+  int64_t step = 0;        // 1-based optimizer step; 0 before the first
+  int micro_step = 0;      // 1-based micro-step within the step
 
   // "forward of layer 4 (block 3), step 2, micro-step 1"
   std::string str() const;

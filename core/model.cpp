@@ -44,13 +44,15 @@ class NormalRng {
 template <class T>
 void fill_normal(Param<T>& p, NormalRng& rng, double std) {
   T* d = p.data();
-  for (uint64_t i = 0; i < p.numel; ++i) d[i] = static_cast<T>(rng.next() * std);
+  for (uint64_t i = 0; i < p.numel; ++i)
+    d[i] = static_cast<T>(rng.next() * std);
 }
 
 template <class T>
 void fill_value(Param<T>& p, T v) {
   T* d = p.data();
-  for (uint64_t i = 0; i < p.numel; ++i) d[i] = v;
+  for (uint64_t i = 0; i < p.numel; ++i)
+    d[i] = v;
 }
 
 template <class T>
@@ -179,16 +181,15 @@ class Block final : public Layer<T> {
     zero(dfch, N * 4 * C);
     cpu::gelu_backward(dfch, fch_, dgelu, N * 4 * C);
     zero(dtmp, N * C);
-    cpu::matmul_backward(dtmp, fcw_->gdata(), fcb_->gdata(), dfch, ln2_, fcw_->data(), N, C,
-                         4 * C);
+    cpu::matmul_backward(dtmp, fcw_->gdata(), fcb_->gdata(), dfch, ln2_, fcw_->data(), N, C, 4 * C);
     std::memcpy(dres1, dout, N * C * sizeof(T));  // the residual path
     cpu::layernorm_backward(dres1, ln2w_->gdata(), ln2b_->gdata(), dtmp, res1_, ln2w_->data(),
                             ln2_mean_, ln2_rstd_, N, C);
 
     // Attention: res1 = x + proj(attention(qkv(ln_1(x))))
     zero(dtmp, N * C);
-    cpu::matmul_backward(dtmp, projw_->gdata(), projb_->gdata(), dres1, atty_, projw_->data(), N,
-                         C, C);
+    cpu::matmul_backward(dtmp, projw_->gdata(), projb_->gdata(), dres1, atty_, projw_->data(), N, C,
+                         C);
     T* dqkv = dgelu;  // (B, T, 3C) fits in the (B, T, 4C) buffer, free again by now
     zero(dqkv, N * 3 * C);
     cpu::attention_backward(dqkv, scratch.as<T>(), dtmp, qkv_, att_, B, Tn, C, NH);
@@ -203,11 +204,11 @@ class Block final : public Layer<T> {
 
  private:
   ModelConfig m_;
-  Param<T>*ln1w_, *ln1b_, *qkvw_, *qkvb_, *projw_, *projb_, *ln2w_, *ln2b_, *fcw_, *fcb_,
-      *fcprojw_, *fcprojb_;
+  Param<T>*ln1w_, *ln1b_, *qkvw_, *qkvb_, *projw_, *projb_, *ln2w_, *ln2b_, *fcw_, *fcb_, *fcprojw_,
+      *fcprojb_;
   T *ln1_ = nullptr, *ln1_mean_ = nullptr, *ln1_rstd_ = nullptr, *qkv_ = nullptr, *att_ = nullptr,
-    *atty_ = nullptr, *res1_ = nullptr, *ln2_ = nullptr, *ln2_mean_ = nullptr,
-    *ln2_rstd_ = nullptr, *fch_ = nullptr, *fch_gelu_ = nullptr, *out_ = nullptr;
+    *atty_ = nullptr, *res1_ = nullptr, *ln2_ = nullptr, *ln2_mean_ = nullptr, *ln2_rstd_ = nullptr,
+    *fch_ = nullptr, *fch_gelu_ = nullptr, *out_ = nullptr;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -279,7 +280,8 @@ class Head final : public Layer<T> {
 template <class T>
 uint64_t Layer<T>::saved_bytes() const {
   uint64_t total = 0;
-  for (const Buffer& b : saved_) total += b.bytes();
+  for (const Buffer& b : saved_)
+    total += b.bytes();
   return total;
 }
 
@@ -288,7 +290,8 @@ Param<T>& Layer<T>::add_param(const std::string& name, std::vector<int64_t> shap
   auto p = std::make_unique<Param<T>>();
   p->name = name;
   p->numel = 1;
-  for (int64_t d : shape) p->numel *= static_cast<uint64_t>(d);
+  for (int64_t d : shape)
+    p->numel *= static_cast<uint64_t>(d);
   p->shape = std::move(shape);
   p->decay = decay;
   p->value = Buffer(device_, p->numel * sizeof(T), Category::kParameters, name);
@@ -370,26 +373,30 @@ void Gpt<T>::backward(const Batch& batch, LayerEvents* events) {
 
 template <class T>
 void Gpt<T>::zero_grad() {
-  for (Param<T>* p : params()) zero(p->gdata(), p->numel);
+  for (Param<T>* p : params())
+    zero(p->gdata(), p->numel);
 }
 
 template <class T>
 void Gpt<T>::release_activations() {
-  for (auto& layer : layers_) layer->release_activations();
+  for (auto& layer : layers_)
+    layer->release_activations();
 }
 
 template <class T>
 std::vector<Param<T>*> Gpt<T>::params() const {
   std::vector<Param<T>*> out;
   for (const auto& layer : layers_)
-    for (const auto& p : layer->params()) out.push_back(p.get());
+    for (const auto& p : layer->params())
+      out.push_back(p.get());
   return out;
 }
 
 template <class T>
 uint64_t Gpt<T>::num_params() const {
   uint64_t n = 0;
-  for (Param<T>* p : params()) n += p->numel;
+  for (Param<T>* p : params())
+    n += p->numel;
   return n;
 }
 
@@ -401,8 +408,8 @@ template class Gpt<double>;
 uint64_t gpt_num_params(const ModelConfig& m) {
   const uint64_t C = m.n_embd, L = m.n_layer;
   // wte + wpe + per block (ln_1, c_attn, c_proj, ln_2, c_fc, mlp c_proj) + ln_f
-  const uint64_t per_block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C +
-                             (4 * C * C + 4 * C) + (4 * C * C + C);
+  const uint64_t per_block =
+      2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (4 * C * C + 4 * C) + (4 * C * C + C);
   return uint64_t(m.vocab_size) * C + uint64_t(m.seq_len) * C + L * per_block + 2 * C;
 }
 

@@ -87,7 +87,8 @@ double learning_rate(const TrainConfig& t, int64_t step) {
 
 double global_grad_norm(const std::vector<Param<float>*>& params) {
   double sum = 0.0;
-  for (const Param<float>* p : params) sum += cpu::sum_squares(p->gdata(), p->numel);
+  for (const Param<float>* p : params)
+    sum += cpu::sum_squares(p->gdata(), p->numel);
   return std::sqrt(sum);
 }
 
@@ -95,7 +96,8 @@ double clip_grad_norm(const std::vector<Param<float>*>& params, double max_norm)
   const double norm = global_grad_norm(params);
   if (max_norm > 0 && norm > max_norm) {
     const float factor = static_cast<float>(max_norm / (norm + 1e-6));
-    for (Param<float>* p : params) cpu::scale_inplace(p->gdata(), p->numel, factor);
+    for (Param<float>* p : params)
+      cpu::scale_inplace(p->gdata(), p->numel, factor);
   }
   return norm;
 }

@@ -117,7 +117,8 @@ void Trainer::fire(Event event, int layer) {
   info.step = step_;
   info.micro_step = micro_step_;
   info.layer = layer;
-  for (EventListener* l : listeners_) l->on_event(info);
+  for (EventListener* l : listeners_)
+    l->on_event(info);
 }
 
 void Trainer::set_phase(Phase::Kind kind, int layer) {
@@ -134,12 +135,16 @@ void Trainer::forward_begin(int layer) {
   set_phase(Phase::Kind::kForward, layer);
   fire(Event::kForwardBegin, layer);
 }
-void Trainer::forward_end(int layer) { fire(Event::kForwardEnd, layer); }
+void Trainer::forward_end(int layer) {
+  fire(Event::kForwardEnd, layer);
+}
 void Trainer::backward_begin(int layer) {
   set_phase(Phase::Kind::kBackward, layer);
   fire(Event::kBackwardBegin, layer);
 }
-void Trainer::backward_end(int layer) { fire(Event::kBackwardEnd, layer); }
+void Trainer::backward_end(int layer) {
+  fire(Event::kBackwardEnd, layer);
+}
 
 void Trainer::on_alloc(const void* ptr, uint64_t bytes, Category c, const std::string&) {
   if (listeners_.empty()) return;
@@ -150,7 +155,8 @@ void Trainer::on_alloc(const void* ptr, uint64_t bytes, Category c, const std::s
   info.ptr = ptr;
   info.bytes = bytes;
   info.category = c;
-  for (EventListener* l : listeners_) l->on_event(info);
+  for (EventListener* l : listeners_)
+    l->on_event(info);
 }
 
 void Trainer::on_free(const void* ptr, uint64_t bytes, Category c) {
@@ -162,7 +168,8 @@ void Trainer::on_free(const void* ptr, uint64_t bytes, Category c) {
   info.ptr = ptr;
   info.bytes = bytes;
   info.category = c;
-  for (EventListener* l : listeners_) l->on_event(info);
+  for (EventListener* l : listeners_)
+    l->on_event(info);
 }
 
 void Trainer::on_oom(const OomReport& report) {
@@ -173,7 +180,8 @@ void Trainer::on_oom(const OomReport& report) {
   info.micro_step = micro_step_;
   info.bytes = report.requested;
   info.category = report.category;
-  for (EventListener* l : listeners_) l->on_event(info);
+  for (EventListener* l : listeners_)
+    l->on_event(info);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -206,8 +214,8 @@ void Trainer::log_step(const StepRecord& r) {
   std::snprintf(line, sizeof line,
                 "step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %9.0f tok/s | %7.1f ms | "
                 "peak %s",
-                static_cast<long long>(r.step), static_cast<long long>(config_.train.steps),
-                r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.step_ms,
+                static_cast<long long>(r.step), static_cast<long long>(config_.train.steps), r.loss,
+                r.lr, r.grad_norm, r.tokens_per_s, r.step_ms,
                 format_bytes(mt.peak_total()).c_str());
   if (options_.live_progress) {
     *options_.log << '\r' << line << "\033[K" << (last ? "\n" : "") << std::flush;
@@ -221,8 +229,7 @@ std::string Trainer::memory_report() const {
   std::string s;
   char line[256];
   s += "memory report: peak " + format_bytes(mt.peak_total());
-  if (device_->memory_limit())
-    s += " of memory_limit " + format_bytes(device_->memory_limit());
+  if (device_->memory_limit()) s += " of memory_limit " + format_bytes(device_->memory_limit());
   s += ", at " + mt.peak_phase().str() + "\n";
   std::snprintf(line, sizeof line, "  %-16s %14s %14s\n", "category", "at peak", "own peak");
   s += line;

@@ -17,7 +17,7 @@
 namespace headroom {
 
 struct TrainOptions {
-  std::string metrics_path;   // "" = no metrics file; else one JSON object per optimizer step
+  std::string metrics_path;     // "" = no metrics file; else one JSON object per optimizer step
   std::ostream* log = nullptr;  // progress and reports; nullptr = silent
   bool live_progress = false;   // rewrite one progress line (a terminal) instead of printing lines
 };

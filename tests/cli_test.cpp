@@ -28,7 +28,8 @@ TEST_F(Cli, UnknownKeyExits2NamingFileAndLine) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find(path + ":9:1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("stepz"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("micro_batch"), std::string::npos) << "lists the valid keys: " << r.output;
+  EXPECT_NE(r.output.find("micro_batch"), std::string::npos)
+      << "lists the valid keys: " << r.output;
 }
 
 TEST_F(Cli, WrongTypeExits2NamingFileAndLine) {
@@ -112,9 +113,10 @@ TEST_F(Cli, OutOfMemoryExits3WithTheFullReport) {
   const auto r = run_headroom("train " + path);
   EXPECT_EQ(r.exit_code, 3) << r.output;
   for (const char* field :
-       {"out of memory: head activations: logits (B, T, V)", "requested", "256.00 KiB", "memory_limit", "1.50 MiB", "live", "phase",
-        "forward of layer", "step 1, micro-step 1", "parameters", "gradients", "optimizer",
-        "activations", "workspace", "data", "communication", "peak"})
+       {"out of memory: head activations: logits (B, T, V)", "requested", "256.00 KiB",
+        "memory_limit", "1.50 MiB", "live", "phase", "forward of layer", "step 1, micro-step 1",
+        "parameters", "gradients", "optimizer", "activations", "workspace", "data", "communication",
+        "peak"})
     EXPECT_NE(r.output.find(field), std::string::npos) << "missing '" << field << "'\n" << r.output;
   // The same run with a smaller micro-batch fits.
   const auto ok = run_headroom("train " + path + " --set train.micro_batch=1 -q");

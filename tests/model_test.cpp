@@ -27,7 +27,8 @@ TEST(ModelGradient, WholeModelMatchesCentralDifferencesInDouble) {
   std::mt19937_64 rng(3);
   std::uniform_real_distribution<double> u(-0.5, 0.5);
   for (Param<double>* p : model.params())
-    for (uint64_t i = 0; i < p->numel; ++i) p->data()[i] += 0.2 * u(rng);
+    for (uint64_t i = 0; i < p->numel; ++i)
+      p->data()[i] += 0.2 * u(rng);
 
   const int B = 2, T = 5;
   std::vector<int32_t> tokens(B * T), targets(B * T);
@@ -96,7 +97,8 @@ TEST(GradientAccumulation, TwoTimesFourEqualsEightTimesOne) {
     auto device = Device::create(c.device);
     Gpt<float> model(c.model, *device, c.train.seed);
     std::vector<double> v;
-    for (Param<float>* p : model.params()) v.insert(v.end(), p->data(), p->data() + p->numel);
+    for (Param<float>* p : model.params())
+      v.insert(v.end(), p->data(), p->data() + p->numel);
     return v;
   }();
   EXPECT_LT(test::relative_error(accumulated, one_batch), 1e-5);

@@ -33,7 +33,8 @@ RunResult run_headroom(const std::string& args) {
   if (!p) return r;
   char buf[4096];
   size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0)
+    r.output.append(buf, n);
   const int status = pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;

@@ -49,8 +49,9 @@ int cmd_train(const std::string& file, const std::vector<std::string>& sets,
       std::printf("headroom: data: %s\n", trainer->data().describe().c_str());
       std::printf("headroom: device %s, memory_limit %s; micro_batch %d x grad_accum %d\n",
                   config.device.kind.c_str(),
-                  config.device.memory_limit ? headroom::format_bytes(config.device.memory_limit).c_str()
-                                             : "none",
+                  config.device.memory_limit
+                      ? headroom::format_bytes(config.device.memory_limit).c_str()
+                      : "none",
                   config.train.micro_batch, config.train.grad_accum);
       std::fflush(stdout);
     }

@@ -1,0 +1,221 @@
+// CPU training-step benchmark: tokens/s, and where the step time goes.
+//
+//   build/bin/bench_cpu_step CONFIG [--set section.key=value]... [--steps N] [--warmup W]
+//
+// Runs W + N optimizer steps of the config through the real trainer and measures the last N:
+// tokens/s, the share of step time inside BLAS GEMM calls (timed around each call), and, for the
+// rest, each non-GEMM kernel timed on its own at the same shapes, times the number of calls a step
+// makes. Everything is measured in this one run, side by side.
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/trainer.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/crossentropy.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/optimizer.h"
+#include "kernels/cpu/profile.h"
+
+namespace {
+
+using namespace headroom;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Starts the GEMM profile and the clock when the first measured step begins.
+class MeasureWindow final : public EventListener {
+ public:
+  explicit MeasureWindow(int64_t first_step) : first_step_(first_step) {}
+  void on_event(const EventInfo& e) override {
+    if (e.event == Event::kStepBegin && e.step == first_step_) {
+      cpu::gemm_profile().reset();
+      cpu::gemm_profile().enabled = true;
+      start_ = Clock::now();
+    } else if (e.event == Event::kTrainEnd) {
+      elapsed_ = seconds_since(start_);
+      cpu::gemm_profile().enabled = false;
+    }
+  }
+  double elapsed() const { return elapsed_; }
+
+ private:
+  int64_t first_step_;
+  Clock::time_point start_;
+  double elapsed_ = 0.0;
+};
+
+std::vector<float> random_vector(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v)
+    x = d(rng);
+  return v;
+}
+
+// Seconds for one call of `f`, best of `reps` after one warm-up call.
+template <class F>
+double time_call(F&& f, int reps = 3) {
+  f();
+  double best = 1e300;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    f();
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+struct Row {
+  std::string what;
+  double seconds_per_step;
+};
+
+// Each non-GEMM kernel at the step's shapes, times its calls per optimizer step.
+std::vector<Row> non_gemm_kernels(const Config& c, uint64_t num_params) {
+  const int B = c.train.micro_batch, T = c.model.seq_len, C = c.model.n_embd;
+  const int NH = c.model.n_head, V = c.model.vocab_size, L = c.model.n_layer;
+  const int A = c.train.grad_accum;
+  const size_t N = size_t(B) * T;
+  std::mt19937 rng(1);
+  std::vector<Row> rows;
+
+  {  // LayerNorm: ln_1, ln_2 per block and ln_f, forward and backward
+    auto x = random_vector(N * C, rng), w = random_vector(C, rng), b = random_vector(C, rng);
+    std::vector<float> out(N * C), mean(N), rstd(N), dx(N * C), dw(C), db(C);
+    auto dout = random_vector(N * C, rng);
+    const double s = time_call([&] {
+      cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
+                             int(N), C);
+      cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                              mean.data(), rstd.data(), int(N), C);
+    });
+    rows.push_back({"layernorm fwd+bwd", s * (2 * L + 1) * A});
+  }
+  {  // GELU over (B, T, 4C) per block
+    auto x = random_vector(N * 4 * C, rng), dout = random_vector(N * 4 * C, rng);
+    std::vector<float> out(N * 4 * C), dx(N * 4 * C);
+    const double s = time_call([&] {
+      cpu::gelu_forward(out.data(), x.data(), N * 4 * C);
+      cpu::gelu_backward(dx.data(), x.data(), dout.data(), N * 4 * C);
+    });
+    rows.push_back({"gelu fwd+bwd", s * L * A});
+  }
+  {  // Attention outside its GEMMs: the causal softmax and its backward
+    auto qkv = random_vector(N * 3 * C, rng), dout = random_vector(N * C, rng);
+    std::vector<float> out(N * C), att(size_t(B) * NH * T * T), dqkv(N * 3 * C),
+        scratch(size_t(T) * T);
+    cpu::GemmProfile& p = cpu::gemm_profile();
+    p.reset();
+    p.enabled = true;
+    const int reps = 3;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < reps; ++i) {
+      cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+      cpu::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B,
+                              T, C, NH);
+    }
+    const double total = seconds_since(t0);
+    p.enabled = false;
+    rows.push_back({"attention softmax fwd+bwd", (total - p.seconds) / reps * L * A});
+  }
+  {  // Fused softmax + cross-entropy over (B, T, V)
+    auto logits = random_vector(N * V, rng);
+    std::vector<float> work(N * V), losses(N);
+    std::vector<int32_t> targets(N);
+    for (auto& t : targets)
+      t = int32_t(rng() % V);
+    double s = 1e300;
+    for (int i = 0; i < 3; ++i) {
+      work = logits;  // the kernel overwrites its input
+      const auto t0 = Clock::now();
+      cpu::crossentropy_forward_backward(work.data(), losses.data(), targets.data(), int(N), V,
+                                         1.0f / float(N));
+      s = std::min(s, seconds_since(t0));
+    }
+    rows.push_back({"softmax + cross-entropy", s * A});
+  }
+  {  // AdamW over every parameter, plus the gradient norm
+    auto p = random_vector(num_params, rng, 0.02f), g = random_vector(num_params, rng, 1e-3f);
+    std::vector<float> m(num_params), v(num_params);
+    int64_t t = 0;
+    const double s = time_call([&] {
+      cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), num_params, 1e-4f, 0.9f, 0.95f,
+                        1e-8f, 0.1f, ++t);
+      volatile double n = cpu::sum_squares(g.data(), num_params);
+      (void)n;
+    });
+    rows.push_back({"adamw + grad norm", s});
+  }
+  return rows;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"CPU training-step benchmark: tokens/s and where the step time goes"};
+  std::string file;
+  std::vector<std::string> sets;
+  int steps = 3, warmup = 1;
+  app.add_option("config", file, "the TOML config")->required();
+  app.add_option("--set", sets, "override a config key: --set section.key=value");
+  app.add_option("--steps", steps, "measured optimizer steps")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "steps run before measuring")->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    sets.push_back("train.steps=" + std::to_string(warmup + steps));
+    sets.push_back("train.warmup_steps=0");
+    const Config c = load_config(file, sets);
+    Trainer trainer(c, TrainOptions{});
+    MeasureWindow window(warmup + 1);
+    trainer.add_listener(&window);
+    trainer.run();
+
+    const double step_s = window.elapsed() / steps;
+    const double tokens = double(c.train.micro_batch) * c.model.seq_len * c.train.grad_accum;
+    const cpu::GemmProfile gemm = cpu::gemm_profile();
+    const double gemm_s = gemm.seconds / steps;
+    std::printf("config: %s  n_layer=%d n_head=%d n_embd=%d seq_len=%d vocab=%d  %llu params\n",
+                file.c_str(), c.model.n_layer, c.model.n_head, c.model.n_embd, c.model.seq_len,
+                c.model.vocab_size, (unsigned long long)trainer.model().num_params());
+    std::printf(
+        "batch: micro_batch %d x grad_accum %d = %.0f tokens/step; %d measured steps "
+        "after %d warm-up\n",
+        c.train.micro_batch, c.train.grad_accum, tokens, steps, warmup);
+    std::printf("step time           %10.1f ms\n", step_s * 1e3);
+    std::printf("tokens/s            %10.1f\n", tokens / step_s);
+    std::printf("peak memory         %10s\n",
+                format_bytes(trainer.device().tracker().peak_total()).c_str());
+    std::printf(
+        "GEMM                %10.1f ms  %5.1f%% of the step  (%llu calls/step, %.1f "
+        "GFLOP/s)\n",
+        gemm_s * 1e3, 100 * gemm_s / step_s, (unsigned long long)(gemm.calls / uint64_t(steps)),
+        gemm.flops / gemm.seconds / 1e9);
+
+    double accounted = gemm_s;
+    for (const Row& r : non_gemm_kernels(c, trainer.model().num_params())) {
+      std::printf("%-24s %8.1f ms  %5.1f%%\n", r.what.c_str(), r.seconds_per_step * 1e3,
+                  100 * r.seconds_per_step / step_s);
+      accounted += r.seconds_per_step;
+    }
+    const double other = step_s - accounted;
+    std::printf(
+        "%-24s %8.1f ms  %5.1f%%  (step time minus all of the above: embedding, "
+        "residual adds, zeroing and copying gradients, allocation, data)\n",
+        "other", other * 1e3, 100 * other / step_s);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cpu_step: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

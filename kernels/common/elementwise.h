@@ -1,0 +1,141 @@
+// Element-wise math shared by the CPU and CUDA backends. One source, so the CPU tests also pin down
+// what the GPU computes. Everything here is a header-only HR_HD inline function of one element.
+#pragma once
+
+#include <math.h>    // exp, copysignf, sqrtf: C names, on the host and in CUDA device code
+#include <stdint.h>  // int32_t, uint32_t
+#include <string.h>  // memcpy (bit casts; also available in device code)
+
+#if defined(__CUDACC__)
+#define HR_HD __host__ __device__
+#else
+#define HR_HD
+#endif
+
+namespace headroom {
+
+// exp(-|x|) in float, from arithmetic and integer bit operations only: no libm call and no
+// floating-point select, so that host loops over it vectorize under GCC's default flags (a
+// select between floats, such as a clamp, becomes a branch that -ftrapping-math keeps from being
+// if-converted; glibc's expf and tanhf are scalar calls). With them, softmax, cross-entropy and
+// GELU cost a fraction of what they did next to the GEMMs.
+// The callers only need exp of non-positive numbers (x - rowmax; -2|u| in GELU), and exp(-|x|)
+// is defined, finite and in (0, 1] for every input, which keeps this free of range checks.
+// Cephes' expf: -|x| = n ln2 + r with |r| <= ln2/2, exp(r) by a degree-7 polynomial, 2^n built in
+// the exponent bits. Relative error within 2 ulp down to exp(-87.33) = FLT_MIN; beyond that the
+// result stays FLT_MIN ~ 1.2e-38 (no subnormals, never 0). NaN gives NaN.
+HR_HD inline float exp_minus_abs(float x) {
+  uint32_t xb;
+  memcpy(&xb, &x, sizeof(xb));
+  const uint32_t mag = xb & 0x7FFFFFFFu;  // bits of |x|: ordered like |x| for non-NaN values
+  const uint32_t kMaxMag = 0x42AEAC50u;   // 87.3365448 = -ln(FLT_MIN): 2^n stays normal
+  const uint32_t clamped = mag < kMaxMag ? mag : kMaxMag;
+  const uint32_t kInf = 0x7F800000u;
+  const uint32_t neg_bits = (mag > kInf ? mag : clamped) | 0x80000000u;  // NaN passes through
+  float xn;                                                              // -min(|x|, 87.34), or NaN
+  memcpy(&xn, &neg_bits, sizeof(xn));
+  // n = round(xn / ln2) in [-126, 0]: adding 1.5 * 2^23 rounds to an integer held in the low
+  // mantissa bits (round to nearest even; no float -> int conversion, no subtraction a fast-math
+  // build could cancel).
+  const float shifted = xn * 1.44269504088896341f + 12582912.0f;
+  uint32_t sb;
+  memcpy(&sb, &shifted, sizeof(sb));
+  const int32_t n = static_cast<int32_t>(sb - 0x4B400000u);
+  const float nf = static_cast<float>(n);
+  // r = xn - n ln2, with ln2 split in two so that n * hi is exact (Cody-Waite).
+  const float r = (xn - nf * 0.693359375f) - nf * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float er = p * r * r + r + 1.0f;
+  const uint32_t two_n_bits = static_cast<uint32_t>(n + 127) << 23;  // 2^n
+  float two_n;
+  memcpy(&two_n, &two_n_bits, sizeof(two_n));
+  return er * two_n;
+}
+
+namespace detail {
+// float goes through exp_minus_abs (vectorizable, the same on host and device); double, used for
+// the gradient checks, through libm at full precision.
+HR_HD inline float hr_exp_minus_abs(float x) {
+  return exp_minus_abs(x);
+}
+HR_HD inline double hr_exp_minus_abs(double x) {
+  return exp(-fabs(x));
+}
+HR_HD inline float hr_copysign(float x, float s) {
+  return copysignf(x, s);
+}
+HR_HD inline double hr_copysign(double x, double s) {
+  return copysign(x, s);
+}
+HR_HD inline float hr_sqrt(float x) {
+  return sqrtf(x);
+}
+HR_HD inline double hr_sqrt(double x) {
+  return sqrt(x);
+}
+}  // namespace detail
+
+// GELU, GPT-2's tanh approximation: 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3).
+// tanh(u) = sign(u) (1 - e) / (1 + e) with e = exp(-2|u|) in (0, 1]: one exp, nothing overflows
+// for any x, and no select, so the loop vectorizes (see exp_minus_abs).
+template <class T>
+HR_HD inline T gelu_tanh(T x) {
+  const T kSqrt2OverPi = T(0.79788456080286535588);  // sqrt(2/pi)
+  const T kCoeff = T(0.044715);
+  const T u = kSqrt2OverPi * (x + kCoeff * x * x * x);
+  const T e = detail::hr_exp_minus_abs(T(2) * u);
+  const T th = detail::hr_copysign((T(1) - e) / (T(1) + e), u);  // tanh(u)
+  return T(0.5) * x * (T(1) + th);
+}
+
+// d/dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) du/dx,  du/dx = sqrt(2/pi) (1 + 3c x^2),
+// with 1 - tanh^2 u = 4e / (1 + e)^2 formed directly rather than by cancellation.
+template <class T>
+HR_HD inline T gelu_tanh_grad(T x) {
+  const T kSqrt2OverPi = T(0.79788456080286535588);
+  const T kCoeff = T(0.044715);
+  const T x2 = x * x;
+  const T u = kSqrt2OverPi * (x + kCoeff * x2 * x);
+  const T e = detail::hr_exp_minus_abs(T(2) * u);
+  const T inv = T(1) / (T(1) + e);
+  const T th = detail::hr_copysign((T(1) - e) * inv, u);
+  const T du = kSqrt2OverPi * (T(1) + T(3) * kCoeff * x2);
+  return T(0.5) * (T(1) + th) + T(2) * x * e * inv * inv * du;
+}
+
+// One AdamW step for one parameter, torch.optim.AdamW semantics (decoupled weight decay, applied
+// to the parameter before this step). Updates the moments m and v in place and returns the new
+// parameter. bias_correction1/2 = 1 - beta1^t, 1 - beta2^t (t 1-based), computed once per step by
+// the caller (in double) rather than per element.
+template <class T>
+HR_HD inline T adamw_element(T param, T grad, T& m, T& v, T lr, T beta1, T beta2, T eps,
+                             T weight_decay, T bias_correction1, T bias_correction2) {
+  m = beta1 * m + (T(1) - beta1) * grad;
+  v = beta2 * v + (T(1) - beta2) * grad * grad;
+  const T mhat = m / bias_correction1;
+  const T vhat = v / bias_correction2;
+  return param - lr * (mhat / (detail::hr_sqrt(vhat) + eps) + weight_decay * param);
+}
+
+// One plain SGD step (no momentum state), torch.optim.SGD semantics: weight decay is L2 added to
+// the gradient. Returns the new parameter.
+template <class T>
+HR_HD inline T sgd_element(T param, T grad, T lr, T weight_decay) {
+  return param - lr * (grad + weight_decay * param);
+}
+
+// One SGD step with momentum (dampening 0, no Nesterov), torch.optim.SGD semantics. The buffer
+// starts at zero, so the first step gives buf = g exactly as torch's first-use copy does.
+template <class T>
+HR_HD inline T sgd_momentum_element(T param, T grad, T& buf, T lr, T momentum, T weight_decay) {
+  const T g = grad + weight_decay * param;
+  buf = momentum * buf + g;
+  return param - lr * buf;
+}
+
+}  // namespace headroom

@@ -1,0 +1,115 @@
+// Causal multi-head self-attention, GEMM-based: per (batch, head) two GEMMs forward and four
+// backward, reading the head's q, k, v straight out of qkv through the row stride (3C), so there
+// are no copies. Only the softmax and its backward are hand-written loops.
+// Convention (all CPU kernels): backward ACCUMULATES (+=) into its gradient outputs.
+#pragma once
+
+#include <cassert>
+#include <cmath>
+#include <cstddef>
+
+#include "kernels/common/elementwise.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/reduce.h"
+
+namespace headroom::cpu {
+
+namespace detail {
+
+// In place over one row of preatt (T): softmax over the first n entries (positions 0..t, n = t+1)
+// and exact zeros after them, which is what makes the following att · v GEMM causal.
+// Separate passes so that each vectorizes; row - max <= 0, so exp(-|row - max|) is its exp.
+template <class T>
+inline void causal_softmax_row(T* row, int n, int Tn) {
+  const T maxv = max_of(row, n);
+  for (int j = 0; j < n; j++) {
+    row[j] = headroom::detail::hr_exp_minus_abs(row[j] - maxv);
+  }
+  const T inv = T(1.0 / sum_of(row, n));
+  for (int j = 0; j < n; j++) {
+    row[j] *= inv;
+  }
+  for (int j = n; j < Tn; j++) {
+    row[j] = T(0);
+  }
+}
+
+}  // namespace detail
+
+// qkv (B,T,3C) laid out [q | k | v], each C wide; head h uses columns h*hs..(h+1)*hs, hs = C/NH.
+// att (B,NH,T,T): softmax probabilities, saved for backward (zero above the diagonal).
+// out (B,T,C): heads side by side in the same column order.
+template <class T>
+void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int NH) {
+  assert(C % NH == 0);
+  const int hs = C / NH;
+  const int C3 = 3 * C;
+  const T scale = T(1.0 / std::sqrt(static_cast<double>(hs)));
+  for (int b = 0; b < B; b++) {
+    for (int h = 0; h < NH; h++) {
+      const T* q = qkv + static_cast<size_t>(b) * Tn * C3 + static_cast<size_t>(h) * hs;  // (T,hs)
+      const T* k = q + C;                                                                 // (T,hs)
+      const T* v = q + 2 * C;                                                             // (T,hs)
+      T* att_bh = att + (static_cast<size_t>(b) * NH + h) * Tn * Tn;                      // (T,T)
+      T* out_bh = out + static_cast<size_t>(b) * Tn * C + static_cast<size_t>(h) * hs;    // (T,hs)
+      // preatt (T,T) = scale * q · k^T. The whole square is computed (one GEMM is cheaper than
+      // T small ones); the softmax overwrites the masked upper triangle with zeros.
+      gemm(false, true, Tn, Tn, hs, scale, q, C3, k, C3, T(0), att_bh, Tn);
+      for (int t = 0; t < Tn; t++) {
+        detail::causal_softmax_row(att_bh + static_cast<size_t>(t) * Tn, t + 1, Tn);
+      }
+      // out (T,hs) = att (T,T) · v (T,hs)
+      gemm(false, false, Tn, hs, Tn, T(1), att_bh, Tn, v, C3, T(0), out_bh, C);
+    }
+  }
+}
+
+// dqkv (B,T,3C) += gradient w.r.t. qkv, given dout (B,T,C) and the forward's qkv and att.
+// scratch: caller-provided workspace of T*T elements (contents undefined on entry and exit); it
+// holds datt and then dpreatt for one (b,h) at a time.
+template <class T>
+void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, int B,
+                        int Tn, int C, int NH) {
+  assert(C % NH == 0);
+  const int hs = C / NH;
+  const int C3 = 3 * C;
+  const T scale = T(1.0 / std::sqrt(static_cast<double>(hs)));
+  for (int b = 0; b < B; b++) {
+    for (int h = 0; h < NH; h++) {
+      const size_t qkv_off = static_cast<size_t>(b) * Tn * C3 + static_cast<size_t>(h) * hs;
+      const T* q = qkv + qkv_off;  // (T,hs), row stride 3C; likewise k, v, dq, dk, dv
+      const T* k = q + C;
+      const T* v = q + 2 * C;
+      T* dq = dqkv + qkv_off;
+      T* dk = dq + C;
+      T* dv = dq + 2 * C;
+      const T* att_bh = att + (static_cast<size_t>(b) * NH + h) * Tn * Tn;  // (T,T)
+      const T* dout_bh = dout + static_cast<size_t>(b) * Tn * C + static_cast<size_t>(h) * hs;
+      // dv (T,hs) += att^T (T,T) · dout (T,hs)
+      gemm(true, false, Tn, hs, Tn, T(1), att_bh, Tn, dout_bh, C, T(1), dv, C3);
+      // datt (T,T) = dout (T,hs) · v^T
+      T* d = scratch;
+      gemm(false, true, Tn, Tn, hs, T(1), dout_bh, C, v, C3, T(0), d, Tn);
+      // Softmax backward, row by row, in place: dpreatt = att * (datt - sum_j att_j datt_j).
+      // Masked entries have att = 0, so their gradient is exactly 0 (written, not computed, since
+      // datt there is whatever the GEMM produced).
+      for (int t = 0; t < Tn; t++) {
+        const T* a = att_bh + static_cast<size_t>(t) * Tn;
+        T* dr = d + static_cast<size_t>(t) * Tn;
+        const T dotT = T(detail::dot_of(a, dr, t + 1));
+        for (int j = 0; j <= t; j++) {
+          dr[j] = a[j] * (dr[j] - dotT);
+        }
+        for (int j = t + 1; j < Tn; j++) {
+          dr[j] = T(0);
+        }
+      }
+      // preatt = scale * q · k^T, so with the scale folded into alpha:
+      // dq (T,hs) += scale * dpreatt (T,T) · k (T,hs);  dk (T,hs) += scale * dpreatt^T · q
+      gemm(false, false, Tn, hs, Tn, scale, d, Tn, k, C3, T(1), dq, C3);
+      gemm(true, false, Tn, hs, Tn, scale, d, Tn, q, C3, T(1), dk, C3);
+    }
+  }
+}
+
+}  // namespace headroom::cpu

@@ -1,0 +1,28 @@
+// GELU (GPT-2 tanh approximation); the per-element math lives in kernels/common/elementwise.h so
+// the CUDA backend computes the same function.
+// Convention (all CPU kernels): backward ACCUMULATES (+=) into its gradient outputs.
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/common/elementwise.h"
+
+namespace headroom::cpu {
+
+// out (N) = gelu(inp (N))
+template <class T>
+void gelu_forward(T* out, const T* inp, size_t N) {
+  for (size_t i = 0; i < N; i++) {
+    out[i] = gelu_tanh(inp[i]);
+  }
+}
+
+// dinp (N) += gelu'(inp) * dout
+template <class T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N) {
+  for (size_t i = 0; i < N; i++) {
+    dinp[i] += gelu_tanh_grad(inp[i]) * dout[i];
+  }
+}
+
+}  // namespace headroom::cpu

@@ -1,0 +1,76 @@
+// LayerNorm over the last dimension, eps = 1e-5 and biased variance, like PyTorch.
+// Convention (all CPU kernels): backward ACCUMULATES (+=) into its gradient outputs.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+
+namespace headroom::cpu {
+
+// out (N,C) = (inp - mean) * rstd * weight (C) + bias (C); mean, rstd (N) are saved for backward
+// (either may be null when no backward follows).
+template <class T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
+                       int N, int C) {
+  const double eps = 1e-5;
+  for (int n = 0; n < N; n++) {
+    const T* x = inp + static_cast<size_t>(n) * C;
+    T* y = out + static_cast<size_t>(n) * C;
+    // Two passes (mean, then squared deviations) with double accumulators: no cancellation from
+    // E[x^2] - E[x]^2, and the row sums cost nothing next to the GEMMs around this layer.
+    double sum = 0.0;
+    for (int i = 0; i < C; i++) {
+      sum += x[i];
+    }
+    const double m = sum / C;
+    double sq = 0.0;
+    for (int i = 0; i < C; i++) {
+      const double d = x[i] - m;
+      sq += d * d;
+    }
+    const double s = 1.0 / std::sqrt(sq / C + eps);
+    const T mT = T(m);
+    const T sT = T(s);
+    for (int i = 0; i < C; i++) {
+      y[i] = (x[i] - mT) * sT * weight[i] + bias[i];
+    }
+    if (mean != nullptr) mean[n] = mT;
+    if (rstd != nullptr) rstd[n] = sT;
+  }
+}
+
+// With norm = (inp - mean) * rstd and dnorm = dout * weight:
+//   dbias (C) += sum_n dout,  dweight (C) += sum_n dout * norm
+//   dinp (N,C) += rstd * (dnorm - mean_i(dnorm) - norm * mean_i(dnorm * norm))
+template <class T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                        const T* mean, const T* rstd, int N, int C) {
+  for (int n = 0; n < N; n++) {
+    const T* x = inp + static_cast<size_t>(n) * C;
+    const T* dy = dout + static_cast<size_t>(n) * C;
+    T* dx = dinp + static_cast<size_t>(n) * C;
+    const T m = mean[n];
+    const T s = rstd[n];
+    // The two row reductions the input gradient needs.
+    double sum_dnorm = 0.0;
+    double sum_dnorm_norm = 0.0;
+    for (int i = 0; i < C; i++) {
+      const T norm = (x[i] - m) * s;
+      const T dnorm = weight[i] * dy[i];
+      sum_dnorm += dnorm;
+      sum_dnorm_norm += static_cast<double>(dnorm) * norm;
+    }
+    const T mean_dnorm = T(sum_dnorm / C);
+    const T mean_dnorm_norm = T(sum_dnorm_norm / C);
+    // Then one contiguous, reduction-free pass for all three outputs.
+    for (int i = 0; i < C; i++) {
+      const T norm = (x[i] - m) * s;
+      const T dnorm = weight[i] * dy[i];
+      dbias[i] += dy[i];
+      dweight[i] += norm * dy[i];
+      dx[i] += (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s;
+    }
+  }
+}
+
+}  // namespace headroom::cpu

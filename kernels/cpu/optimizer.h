@@ -1,0 +1,63 @@
+// Optimizer updates and the reductions around them (gradient norm for clipping, scaling).
+// The per-element update math is shared with CUDA (kernels/common/elementwise.h).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/common/elementwise.h"
+#include "kernels/cpu/reduce.h"
+
+namespace headroom::cpu {
+
+// AdamW, torch.optim.AdamW semantics, over n parameters; m and v (n) are the moment buffers
+// (zero-initialized by the caller before step 1). t is the 1-based step, for bias correction:
+//   m = beta1 m + (1-beta1) g;  v = beta2 v + (1-beta2) g^2
+//   param -= lr * (m/(1-beta1^t) / (sqrt(v/(1-beta2^t)) + eps) + weight_decay * param)
+template <class T>
+void adamw_update(T* param, const T* grad, T* m, T* v, size_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int64_t t) {
+  const double td = static_cast<double>(t);
+  const T bc1 = T(1.0 - std::pow(static_cast<double>(beta1), td));
+  const T bc2 = T(1.0 - std::pow(static_cast<double>(beta2), td));
+  const T lrT = T(lr), b1 = T(beta1), b2 = T(beta2), epsT = T(eps), wd = T(weight_decay);
+  for (size_t i = 0; i < n; i++) {
+    param[i] = adamw_element(param[i], grad[i], m[i], v[i], lrT, b1, b2, epsT, wd, bc1, bc2);
+  }
+}
+
+// SGD, torch.optim.SGD semantics (dampening 0, no Nesterov):
+//   g = grad + weight_decay * param;  buf = momentum * buf + g;  param -= lr * buf
+// momentum_buf (n) is zero-initialized by the caller; it is null when momentum == 0, and then
+// there is no state: param -= lr * g.
+template <class T>
+void sgd_update(T* param, const T* grad, T* momentum_buf, size_t n, float lr, float momentum,
+                float weight_decay) {
+  const T lrT = T(lr), mu = T(momentum), wd = T(weight_decay);
+  if (momentum_buf != nullptr && momentum != 0.0f) {
+    for (size_t i = 0; i < n; i++) {
+      param[i] = sgd_momentum_element(param[i], grad[i], momentum_buf[i], lrT, mu, wd);
+    }
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      param[i] = sgd_element(param[i], grad[i], lrT, wd);
+    }
+  }
+}
+
+// sum of x[i]^2, accumulated in double (the squared norm of ~1e8 float gradients).
+template <class T>
+double sum_squares(const T* x, size_t n) {
+  return detail::dot_of(x, x, n);
+}
+
+// x (n) *= s
+template <class T>
+void scale_inplace(T* x, size_t n, T s) {
+  for (size_t i = 0; i < n; i++) {
+    x[i] *= s;
+  }
+}
+
+}  // namespace headroom::cpu
