@@ -192,25 +192,24 @@ int main(int argc, char** argv) {
         "batch: micro_batch %d x grad_accum %d = %.0f tokens/step; %d measured steps "
         "after %d warm-up\n",
         c.train.micro_batch, c.train.grad_accum, tokens, steps, warmup);
-    std::printf("step time           %10.1f ms\n", step_s * 1e3);
-    std::printf("tokens/s            %10.1f\n", tokens / step_s);
-    std::printf("peak memory         %10s\n",
+    std::printf("%-26s %8.1f ms\n", "step time", step_s * 1e3);
+    std::printf("%-26s %8.1f\n", "tokens/s", tokens / step_s);
+    std::printf("%-26s %11s\n", "peak memory",
                 format_bytes(trainer.device().tracker().peak_total()).c_str());
-    std::printf(
-        "GEMM                %10.1f ms  %5.1f%% of the step  (%llu calls/step, %.1f "
-        "GFLOP/s)\n",
-        gemm_s * 1e3, 100 * gemm_s / step_s, (unsigned long long)(gemm.calls / uint64_t(steps)),
-        gemm.flops / gemm.seconds / 1e9);
+    std::printf("%-26s %8.1f ms  %5.1f%%  (%llu calls/step, %.1f GFLOP/s)\n", "GEMM (BLAS)",
+                gemm_s * 1e3, 100 * gemm_s / step_s,
+                (unsigned long long)(gemm.calls / uint64_t(steps)),
+                gemm.flops / gemm.seconds / 1e9);
 
     double accounted = gemm_s;
     for (const Row& r : non_gemm_kernels(c, trainer.model().num_params())) {
-      std::printf("%-24s %8.1f ms  %5.1f%%\n", r.what.c_str(), r.seconds_per_step * 1e3,
+      std::printf("%-26s %8.1f ms  %5.1f%%\n", r.what.c_str(), r.seconds_per_step * 1e3,
                   100 * r.seconds_per_step / step_s);
       accounted += r.seconds_per_step;
     }
     const double other = step_s - accounted;
     std::printf(
-        "%-24s %8.1f ms  %5.1f%%  (step time minus all of the above: embedding, "
+        "%-26s %8.1f ms  %5.1f%%  (step time minus all of the above: embedding, "
         "residual adds, zeroing and copying gradients, allocation, data)\n",
         "other", other * 1e3, 100 * other / step_s);
   } catch (const std::exception& e) {
