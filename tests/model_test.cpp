@@ -116,6 +116,7 @@ uint64_t closed_form_params(const ModelConfig& m) {
 }
 
 struct MemoryCase {
+  const char* name;
   const char* optimizer_toml;
   uint64_t state_floats_per_param;
 };
@@ -141,9 +142,11 @@ TEST_P(TrackerClosedForm, ParameterGradientOptimizerBytes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, TrackerClosedForm,
-                         ::testing::Values(MemoryCase{"optimizer = \"adamw\"\n", 2},
-                                           MemoryCase{"optimizer = \"sgd\"\n", 0},
-                                           MemoryCase{"optimizer = \"sgd\"\nmomentum = 0.9\n", 1}));
+                         ::testing::Values(MemoryCase{"AdamW", "optimizer = \"adamw\"\n", 2},
+                                           MemoryCase{"Sgd", "optimizer = \"sgd\"\n", 0},
+                                           MemoryCase{"SgdMomentum",
+                                                      "optimizer = \"sgd\"\nmomentum = 0.9\n", 1}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Convergence, SyntheticLossComesWithinTenPercentOfTheEntropy) {
   const Config c = test::config_from(
