@@ -534,6 +534,13 @@ class Validator {
       toml::table own = t;
       own.erase("name");
       own.erase("path");
+      for (auto&& [key, value] : own) {
+        SourcePos kp;
+        kp.file = file_;
+        kp.line = static_cast<int>(value.source().begin.line);
+        kp.column = static_cast<int>(value.source().begin.column);
+        p.key_pos[std::string(key.str())] = kp;
+      }
       std::ostringstream os;
       os << own;
       p.toml = os.str();

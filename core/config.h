@@ -77,6 +77,7 @@ struct PluginEntry {
   std::string path;  // "" = search the plugin path; else resolved relative to the config file
   SourcePos pos;     // the table's position, for messages
   std::string toml;  // the plugin's own keys, re-serialised as a TOML table (no name/path)
+  std::map<std::string, SourcePos> key_pos;  // where each of the plugin's own keys was written
 };
 
 struct Config {
