@@ -38,7 +38,8 @@ OutOfMemory::OutOfMemory(OomReport report)
 void* Device::allocate(uint64_t bytes, Category category, const std::string& what) {
   const uint64_t live = tracker_.live_total();
   void* ptr = nullptr;
-  if (limit_ == 0 || live + bytes <= limit_) ptr = raw_allocate(bytes);
+  if (limit_ == 0 || live + bytes <= limit_)
+    ptr = allocator_ ? allocator_->allocate(bytes, category) : backend_allocate(bytes);
   if (!ptr) {
     OomReport r;
     r.requested = bytes;
@@ -55,8 +56,13 @@ void* Device::allocate(uint64_t bytes, Category category, const std::string& wha
   }
   blocks_.emplace(ptr, Block{bytes, category});
   tracker_.on_alloc(category, bytes);
-  for (AllocationObserver* o : observers_)
-    o->on_alloc(ptr, bytes, category, what);
+  try {
+    for (AllocationObserver* o : observers_)
+      o->on_alloc(ptr, bytes, category, what);
+  } catch (...) {
+    free(ptr);  // an observer stopped the run: the caller never sees this buffer
+    throw;
+  }
   return ptr;
 }
 
@@ -69,10 +75,23 @@ void Device::free(void* ptr) {
   }
   const Block b = it->second;
   blocks_.erase(it);
-  raw_free(ptr);
+  if (allocator_) {
+    allocator_->deallocate(ptr, b.bytes);
+  } else {
+    backend_free(ptr);
+  }
   tracker_.on_free(b.category, b.bytes);
   for (AllocationObserver* o : observers_)
     o->on_free(ptr, b.bytes, b.category);
+}
+
+void Device::set_allocator(DeviceAllocator* allocator) {
+  if (!blocks_.empty()) {
+    std::fprintf(stderr, "headroom: internal error: allocator replaced with %zu buffers live\n",
+                 blocks_.size());
+    std::abort();
+  }
+  allocator_ = allocator;
 }
 
 void Device::remove_observer(AllocationObserver* observer) {
@@ -93,13 +112,12 @@ class CpuDevice final : public Device {
   }
   std::string kind() const override { return "cpu"; }
 
- protected:
-  void* raw_allocate(uint64_t bytes) override {
+  void* backend_allocate(uint64_t bytes) override {
     // 64-byte alignment for vector loads; aligned_alloc wants a multiple of the alignment.
     const uint64_t rounded = std::max<uint64_t>(64, (bytes + 63) / 64 * 64);
     return std::aligned_alloc(64, rounded);
   }
-  void raw_free(void* ptr) override { std::free(ptr); }
+  void backend_free(void* ptr) override { std::free(ptr); }
 };
 
 }  // namespace

@@ -49,6 +49,15 @@ class AllocationObserver {
   virtual void on_oom(const OomReport& report) = 0;
 };
 
+// Replaces the backend's own allocation for every device buffer (the allocator role). Called on the
+// training thread; returns nullptr when it has no memory for the request.
+class DeviceAllocator {
+ public:
+  virtual ~DeviceAllocator() = default;
+  virtual void* allocate(uint64_t bytes, Category category) = 0;
+  virtual void deallocate(void* ptr, uint64_t bytes) = 0;
+};
+
 class Device {
  public:
   // Throws ConfigError for a kind this build cannot run.
@@ -63,6 +72,13 @@ class Device {
   void* allocate(uint64_t bytes, Category category, const std::string& what);
   void free(void* ptr);
 
+  // The allocator every buffer comes from from now on; nullptr restores the backend's own. Set it
+  // before the first allocation: a buffer is returned to the allocator that made it.
+  void set_allocator(DeviceAllocator* allocator);
+  // The backend's own memory, outside the tracker: what an allocator plugin builds its pools from.
+  virtual void* backend_allocate(uint64_t bytes) = 0;  // nullptr when the backend has none
+  virtual void backend_free(void* ptr) = 0;
+
   MemoryTracker& tracker() { return tracker_; }
   const MemoryTracker& tracker() const { return tracker_; }
   void add_observer(AllocationObserver* observer) { observers_.push_back(observer); }
@@ -70,8 +86,6 @@ class Device {
 
  protected:
   explicit Device(uint64_t limit) : limit_(limit) {}
-  virtual void* raw_allocate(uint64_t bytes) = 0;  // nullptr when the backend is out of memory
-  virtual void raw_free(void* ptr) = 0;
 
  private:
   struct Block {
@@ -79,6 +93,7 @@ class Device {
     Category category;
   };
   uint64_t limit_;
+  DeviceAllocator* allocator_ = nullptr;
   MemoryTracker tracker_;
   std::unordered_map<const void*, Block> blocks_;
   std::vector<AllocationObserver*> observers_;

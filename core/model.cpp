@@ -280,8 +280,8 @@ class Head final : public Layer<T> {
 template <class T>
 uint64_t Layer<T>::saved_bytes() const {
   uint64_t total = 0;
-  for (const Buffer& b : saved_)
-    total += b.bytes();
+  for (const SavedActivation& a : saved_)
+    total += a.buffer.bytes();
   return total;
 }
 
@@ -303,9 +303,13 @@ Param<T>& Layer<T>::add_param(const std::string& name, std::vector<int64_t> shap
 
 template <class T>
 T* Layer<T>::save(uint64_t numel, const char* what) {
-  saved_.emplace_back(device_, numel * sizeof(T), Category::kActivations,
-                      name_ + " activations: " + what);
-  return saved_.back().template as<T>();
+  SavedActivation a;
+  a.buffer =
+      Buffer(device_, numel * sizeof(T), Category::kActivations, name_ + " activations: " + what);
+  a.what = what;
+  a.numel = numel;
+  saved_.push_back(std::move(a));
+  return saved_.back().buffer.template as<T>();
 }
 
 template <class T>

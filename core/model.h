@@ -36,6 +36,13 @@ struct Param {
   T* gdata() const { return grad.as<T>(); }
 };
 
+// One tensor a layer keeps from forward for backward.
+struct SavedActivation {
+  Buffer buffer;
+  std::string what;  // "qkv (B, T, 3C)"
+  uint64_t numel = 0;
+};
+
 template <class T>
 class Layer {
  public:
@@ -58,6 +65,7 @@ class Layer {
   // Frees every activation this layer saved.
   void release_activations() { saved_.clear(); }
   uint64_t saved_bytes() const;
+  const std::vector<SavedActivation>& saved() const { return saved_; }
 
  protected:
   Param<T>& add_param(const std::string& name, std::vector<int64_t> shape, bool decay);
@@ -69,7 +77,7 @@ class Layer {
   std::string name_;
   Device& device_;
   std::vector<std::unique_ptr<Param<T>>> params_;
-  std::vector<Buffer> saved_;
+  std::vector<SavedActivation> saved_;
 };
 
 // Layer l's forward and backward, announced around each call (the trainer turns them into

@@ -38,7 +38,6 @@ class AdamW final : public Optimizer {
                         p.decay ? static_cast<float>(t_.weight_decay) : 0.0f, step);
     }
   }
-  uint64_t state_bytes_per_param() const override { return 2 * sizeof(float); }
 
  private:
   TrainConfig t_;
@@ -59,7 +58,6 @@ class Sgd final : public Optimizer {
                       p.decay ? static_cast<float>(t_.weight_decay) : 0.0f);
     }
   }
-  uint64_t state_bytes_per_param() const override { return t_.momentum > 0 ? sizeof(float) : 0; }
 
  private:
   TrainConfig t_;

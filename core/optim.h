@@ -18,8 +18,6 @@ class Optimizer {
   // Updates every parameter from its gradient. `step` is the 1-based optimizer step. State is
   // allocated (category optimizer) at the first call, as PyTorch does.
   virtual void step(const std::vector<Param<float>*>& params, double lr, int64_t step) = 0;
-  // Bytes of state per parameter element, for the closed-form check and the planner.
-  virtual uint64_t state_bytes_per_param() const = 0;
 };
 
 // Throws ConfigError for an unknown optimizer name.

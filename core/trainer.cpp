@@ -24,12 +24,12 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   set_phase(Phase::Kind::kSetup);
   data_ = make_data_source(config_.data, config_.model, config_.train.micro_batch,
                            config_.model.seq_len);
-  optimizer_ = make_optimizer(config_.train, *device_);
-  if (!config_.plugins.empty())
-    throw ConfigError(config_.plugins.front().pos.str() + ": [[plugins]] \"" +
-                      config_.plugins.front().name +
-                      "\": this headroom cannot load plugins yet (the plugin ABI is not built); "
-                      "remove the [[plugins]] entries");
+  // Plugins come before anything allocates: an allocator-role plugin serves every buffer.
+  plugins_ = std::make_unique<PluginHost>(config_);
+  plugins_->create(*this);
+  add_listener(plugins_.get());
+  optimizer_ = plugins_->provides_optimizer() ? plugins_->make_optimizer()
+                                              : make_optimizer(config_.train, *device_);
   if (!options_.metrics_path.empty()) {
     auto f = std::make_unique<std::ofstream>(options_.metrics_path, std::ios::trunc);
     if (!*f) throw ConfigError("--metrics " + options_.metrics_path + ": cannot open for writing");
@@ -53,7 +53,7 @@ Trainer::~Trainer() {
 //                         FORWARD_BEGIN(l) forward FORWARD_END(l)      l = 0 .. L+1
 //                         BACKWARD_BEGIN(l) backward BACKWARD_END(l)   l = L+1 .. 0
 //     GRADS_READY         (the gradients of every micro-step are accumulated; then clipping)
-//     OPTIMIZER_STEP      (just before the update)
+//     OPTIMIZER_STEP      (just before the update; neither when a plugin vetoed the step)
 //     STEP_END
 //   TRAIN_END
 //   ALLOC / FREE at every device allocation, OOM when one fails.
@@ -78,14 +78,14 @@ void Trainer::run() {
   for (step_ = 1; step_ <= t.steps; ++step_) {
     const double t0 = now_ms();
     micro_step_ = 0;
+    veto_ = false;
     fire(Event::kStepBegin);
     model_->zero_grad();
     double loss_sum = 0.0;
     for (micro_step_ = 1; micro_step_ <= A; ++micro_step_) {
       set_phase(Phase::Kind::kData);
       data_->next(inputs.as<int32_t>(), targets.as<int32_t>(), B, T);
-      loss_sum += model_->forward(batch, this);
-      model_->backward(batch, this);
+      loss_sum += micro_step(batch);
     }
     micro_step_ = 0;
     fire(Event::kGradsReady);
@@ -95,8 +95,11 @@ void Trainer::run() {
     r.grad_norm = clip_grad_norm(params, t.grad_clip);
     r.lr = learning_rate(t, step_ - 1);
     set_phase(Phase::Kind::kOptimizer);
-    fire(Event::kOptimizerStep);
-    optimizer_->step(params, r.lr, step_);
+    // A veto from any event up to and including OPTIMIZER_STEP skips the update.
+    if (!veto_) fire(Event::kOptimizerStep);
+    if (!veto_) optimizer_->step(params, r.lr, step_);
+    r.skipped = veto_;
+    if (veto_) ++skipped_steps_;
     fire(Event::kStepEnd);
     r.step_ms = now_ms() - t0;
     r.tokens_per_s = double(tokens_per_step) / (r.step_ms / 1000.0);
@@ -108,15 +111,37 @@ void Trainer::run() {
   fire(Event::kTrainEnd);
 }
 
+double Trainer::micro_step(const Batch& batch) {
+  // An OOM that a plugin answers with request_retry (having freed memory, or changed what the
+  // next attempt needs) runs the micro-step again on the same batch — as long as no layer has
+  // finished its backward, so that no gradient is accumulated twice.
+  constexpr int kMaxRetries = 8;
+  for (int attempt = 0;; ++attempt) {
+    backward_layers_done_ = 0;
+    retry_requested_ = false;
+    try {
+      const double loss = model_->forward(batch, this);
+      model_->backward(batch, this);
+      return loss;
+    } catch (const OutOfMemory&) {
+      if (!retry_requested_ || backward_layers_done_ > 0 || attempt >= kMaxRetries) throw;
+      model_->release_activations();
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 
 void Trainer::fire(Event event, int layer) {
-  if (listeners_.empty()) return;
   EventInfo info;
   info.event = event;
+  info.layer = layer;
+  fire(info);
+}
+
+void Trainer::fire(EventInfo info) {
   info.step = step_;
   info.micro_step = micro_step_;
-  info.layer = layer;
   for (EventListener* l : listeners_)
     l->on_event(info);
 }
@@ -143,45 +168,43 @@ void Trainer::backward_begin(int layer) {
   fire(Event::kBackwardBegin, layer);
 }
 void Trainer::backward_end(int layer) {
+  ++backward_layers_done_;
   fire(Event::kBackwardEnd, layer);
 }
 
 void Trainer::on_alloc(const void* ptr, uint64_t bytes, Category c, const std::string&) {
-  if (listeners_.empty()) return;
   EventInfo info;
   info.event = Event::kAlloc;
-  info.step = step_;
-  info.micro_step = micro_step_;
   info.ptr = ptr;
   info.bytes = bytes;
   info.category = c;
-  for (EventListener* l : listeners_)
-    l->on_event(info);
+  fire(info);
 }
 
 void Trainer::on_free(const void* ptr, uint64_t bytes, Category c) {
-  if (listeners_.empty()) return;
   EventInfo info;
   info.event = Event::kFree;
-  info.step = step_;
-  info.micro_step = micro_step_;
   info.ptr = ptr;
   info.bytes = bytes;
   info.category = c;
-  for (EventListener* l : listeners_)
-    l->on_event(info);
+  fire(info);
 }
 
 void Trainer::on_oom(const OomReport& report) {
-  if (listeners_.empty()) return;
   EventInfo info;
   info.event = Event::kOom;
-  info.step = step_;
-  info.micro_step = micro_step_;
   info.bytes = report.requested;
   info.category = report.category;
-  for (EventListener* l : listeners_)
-    l->on_event(info);
+  fire(info);
+}
+
+void Trainer::veto_step(const std::string& plugin, const std::string& reason) {
+  veto_ = true;
+  veto_reason_ = plugin + ": " + reason;
+}
+
+void Trainer::request_retry(const std::string&, const std::string&) {
+  retry_requested_ = true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -197,8 +220,11 @@ void Trainer::log_step(const StepRecord& r) {
     j["grad_norm"] = r.grad_norm;
     j["step_ms"] = r.step_ms;
     j["tokens_per_s"] = r.tokens_per_s;
+    j["skipped"] = r.skipped;
+    j["skipped_steps"] = skipped_steps_;
     j["mem_live_bytes"] = mt.live_total();
     j["mem_peak_bytes"] = mt.peak_total();
+    j["mem_num_allocs"] = mt.num_allocs();
     nlohmann::json by = nlohmann::json::object();
     for (int i = 0; i < kNumCategories; ++i)
       by[category_name(category_at(i))] = mt.peak_by_category()[i];

@@ -13,6 +13,7 @@
 #include "core/events.h"
 #include "core/model.h"
 #include "core/optim.h"
+#include "core/plugin_host.h"
 
 namespace headroom {
 
@@ -29,32 +30,40 @@ struct StepRecord {
   double grad_norm = 0.0;  // before clipping
   double step_ms = 0.0;
   double tokens_per_s = 0.0;
+  bool skipped = false;  // a plugin vetoed the optimizer step
 };
 
-class Trainer final : private LayerEvents, private AllocationObserver {
+class Trainer final : private LayerEvents, private AllocationObserver, private PluginRun {
  public:
-  // Builds the device, the model (parameters and gradients allocated now), the optimizer and the
-  // data source. Throws ConfigError for unusable input and OutOfMemory if the model does not fit.
+  // Builds the device, loads and creates the plugins, then the model (parameters and gradients
+  // allocated now), the optimizer and the data source. Throws ConfigError for unusable input
+  // (plugins included), PluginFailure when a plugin fails to start, and OutOfMemory if the model
+  // does not fit.
   Trainer(const Config& config, TrainOptions options);
   ~Trainer() override;
 
   // Runs config.train.steps optimizer steps. Throws OutOfMemory when an allocation fails (the
-  // OOM event has been fired by then).
+  // OOM event has been fired by then) and no plugin recovers, PluginFailure when a plugin hook
+  // fails.
   void run();
 
   void add_listener(EventListener* listener) { listeners_.push_back(listener); }
 
   const Config& config() const { return config_; }
-  Device& device() { return *device_; }
+  Device& device() override { return *device_; }
   Gpt<float>& model() { return *model_; }
   const DataSource& data() const { return *data_; }
   const std::vector<StepRecord>& history() const { return history_; }
+  int64_t skipped_steps() const { return skipped_steps_; }
 
   // The peak-by-category table printed at the end of a run.
   std::string memory_report() const;
 
  private:
   void fire(Event event, int layer = -1);
+  void fire(EventInfo info);
+  // One micro-step, forward and backward, run again when a plugin asks for a retry after an OOM.
+  double micro_step(const Batch& batch);
   void set_phase(Phase::Kind kind, int layer = -1);
   void log_step(const StepRecord& r);
 
@@ -67,10 +76,15 @@ class Trainer final : private LayerEvents, private AllocationObserver {
   void on_alloc(const void* ptr, uint64_t bytes, Category c, const std::string& what) override;
   void on_free(const void* ptr, uint64_t bytes, Category c) override;
   void on_oom(const OomReport& report) override;
+  // PluginRun: what plugins reach of the run.
+  Gpt<float>* built_model() override { return model_.get(); }
+  void veto_step(const std::string& plugin, const std::string& reason) override;
+  void request_retry(const std::string& plugin, const std::string& reason) override;
 
   Config config_;
   TrainOptions options_;
   std::unique_ptr<Device> device_;
+  std::unique_ptr<PluginHost> plugins_;  // after the device, before everything that allocates
   std::unique_ptr<Gpt<float>> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataSource> data_;
@@ -79,6 +93,11 @@ class Trainer final : private LayerEvents, private AllocationObserver {
   std::vector<StepRecord> history_;
   int64_t step_ = 0;
   int micro_step_ = 0;
+  int backward_layers_done_ = 0;  // in this micro-step: a retry is safe only while it is 0
+  bool veto_ = false;
+  std::string veto_reason_;
+  bool retry_requested_ = false;
+  int64_t skipped_steps_ = 0;
 };
 
 }  // namespace headroom

@@ -13,6 +13,7 @@
 
 #include "core/config.h"
 #include "core/device.h"
+#include "core/plugin_host.h"
 #include "core/trainer.h"
 
 namespace {
@@ -25,6 +26,31 @@ constexpr int kExitOutOfMemory = 3;
 int cmd_check(const std::string& file, const std::vector<std::string>& sets) {
   const headroom::Config config = headroom::load_config(file, sets);
   std::cout << headroom::format_config(config);
+  return kExitOk;
+}
+
+// Every plugin on the search path, loaded and asked for its descriptor.
+int cmd_plugins() {
+  std::printf("plugin search path:\n");
+  for (const std::string& d : headroom::plugin_search_path())
+    std::printf("  %s\n", d.c_str());
+  const std::vector<headroom::PluginInfo> found = headroom::discover_plugins();
+  if (found.empty()) {
+    std::printf("no plugins found\n");
+    return kExitOk;
+  }
+  for (const headroom::PluginInfo& p : found) {
+    if (!p.error.empty()) {
+      std::printf("\n(not loadable) %s\n  %s\n", p.file.c_str(), p.error.c_str());
+      continue;
+    }
+    std::printf("\n%s %s (ABI %s)\n", p.name.c_str(), p.version.c_str(),
+                headroom::format_abi_version(p.abi_version).c_str());
+    if (!p.description.empty()) std::printf("  %s\n", p.description.c_str());
+    std::printf("  events: %s\n  roles:  %s\n  file:   %s\n",
+                headroom::describe_events(p.events).c_str(),
+                headroom::describe_roles(p.roles).c_str(), p.file.c_str());
+  }
   return kExitOk;
 }
 
@@ -89,6 +115,9 @@ int main(int argc, char** argv) {
   check->add_option("config", config_file, "the TOML config file")->required();
   check->add_option("--set", sets, "override a config key: --set section.key=value (repeatable)");
 
+  CLI::App* plugins = app.add_subcommand(
+      "plugins", "list every plugin on the plugin path: name, version, ABI, events, roles, file");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -99,6 +128,7 @@ int main(int argc, char** argv) {
   try {
     if (*train) return cmd_train(config_file, sets, metrics, quiet);
     if (*check) return cmd_check(config_file, sets);
+    if (*plugins) return cmd_plugins();
   } catch (const headroom::ConfigError& e) {
     std::cerr << "headroom: error: " << e.what() << "\n";
     return kExitUsage;

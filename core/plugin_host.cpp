@@ -1,0 +1,791 @@
+#define BOOST_DLL_USE_STD_FS
+#include "core/plugin_host.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <toml++/toml.h>
+#include <algorithm>
+#include <boost/dll/shared_library.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/ops.h"
+#include "headroom/plugin.h"
+
+// The opaque handle a plugin passes back to every service: which plugin is calling.
+struct hr_host {
+  headroom::PluginHost* owner = nullptr;
+  headroom::LoadedPlugin* plugin = nullptr;
+};
+
+namespace headroom {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint32_t kHostAbiMin = HR_ABI_MAKE_VERSION(1, 0);
+constexpr uint32_t kHostAbiMax = HR_ABI_VERSION;
+
+// Copies what the writer's struct_size covers into a zeroed struct of the reader's layout.
+template <class S>
+S read_sized(const S* src) {
+  S out;
+  std::memset(&out, 0, sizeof out);
+  const size_t n = std::min<size_t>(src->struct_size, sizeof(S));
+  std::memcpy(&out, src, n);
+  out.struct_size = static_cast<uint32_t>(sizeof(S));
+  return out;
+}
+
+// Writes a host-side struct into the caller's, only as far as the caller's struct_size reaches.
+template <class S>
+void write_sized(S* dst, const S& src) {
+  const uint32_t size = dst->struct_size;
+  std::memcpy(dst, &src, std::min<size_t>(size, sizeof(S)));
+  dst->struct_size = size;
+}
+
+std::string exe_dir() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "";
+  buf[n] = '\0';
+  return fs::path(buf).parent_path().string();
+}
+
+// "mode 0666" when the file or folder is writable by others than its owner, else "".
+std::string unsafe_mode(const fs::path& p) {
+  struct stat st;
+  if (stat(p.c_str(), &st) != 0) return "";
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "mode %04o", unsigned(st.st_mode & 07777));
+    return buf;
+  }
+  return "";
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// One plugin: its library, what it declared, its instance and its services.
+
+struct LoadedPlugin {
+  PluginEntry entry;
+  std::string file;
+  boost::dll::shared_library library;
+  uint32_t abi = 0;
+  hr_plugin_descriptor desc{};
+  hr_allocator_hooks allocator{};
+  hr_optimizer_hooks optimizer{};
+
+  void* instance = nullptr;
+  bool created = false;
+  hr_host handle;
+  hr_host_services services{};
+  toml::table table;            // the plugin's own keys
+  std::set<std::string> asked;  // keys a config getter asked for
+  std::string error;            // the last set_error message
+  std::set<void*> allocations;  // what services->alloc handed out and free may take back
+
+  std::string where() const { return entry.pos.str() + ": plugin '" + entry.name + "'"; }
+  // The message the plugin handed over, or a generic one for its status.
+  std::string take_error(hr_status status) {
+    std::string m = error.empty() ? "returned status " + std::to_string(status) : error;
+    error.clear();
+    return m;
+  }
+};
+
+std::string format_abi_version(uint32_t v) {
+  return std::to_string(HR_ABI_MAJOR(v)) + "." + std::to_string(HR_ABI_MINOR(v));
+}
+
+std::string describe_events(uint64_t mask) {
+  std::string s;
+  for (int e = 0; e < kNumEvents; ++e) {
+    if (!(mask & HR_EVENT_BIT(e))) continue;
+    if (!s.empty()) s += ",";
+    s += event_name(static_cast<Event>(e));
+  }
+  return s.empty() ? "-" : s;
+}
+
+std::string describe_roles(uint32_t roles) {
+  std::string s;
+  if (roles & HR_ROLE_ALLOCATOR) s += "allocator";
+  if (roles & HR_ROLE_OPTIMIZER) s += std::string(s.empty() ? "" : ",") + "optimizer";
+  return s.empty() ? "-" : s;
+}
+
+std::vector<std::string> plugin_search_path() {
+  std::vector<std::string> dirs;
+  if (const char* env = std::getenv("HEADROOM_PLUGIN_PATH")) {
+    std::stringstream ss(env);
+    std::string d;
+    while (std::getline(ss, d, ':'))
+      if (!d.empty()) dirs.push_back(d);
+  }
+  const std::string exe = exe_dir();
+  if (!exe.empty())
+    dirs.push_back((fs::path(exe) / ".." / "lib" / "headroom" / "plugins").string());
+  dirs.push_back(HEADROOM_INSTALL_PLUGIN_DIR);
+  dirs.push_back(HEADROOM_BUILD_PLUGIN_DIR);
+  // The same folder reached two ways is searched once.
+  std::vector<std::string> unique;
+  std::set<std::string> seen;
+  for (const std::string& d : dirs) {
+    std::error_code ec;
+    const fs::path canon = fs::weakly_canonical(d, ec);
+    if (seen.insert(ec ? d : canon.string()).second) unique.push_back(ec ? d : canon.string());
+  }
+  return unique;
+}
+
+namespace {
+
+// Loads `file` and asks its entry point for the descriptor. Throws ConfigError prefixed by `where`.
+std::unique_ptr<LoadedPlugin> load_library(const std::string& file, const std::string& where) {
+  auto p = std::make_unique<LoadedPlugin>();
+  p->file = file;
+  for (const fs::path& checked : {fs::path(file), fs::path(file).parent_path()}) {
+    const std::string mode = unsafe_mode(checked);
+    if (!mode.empty())
+      throw ConfigError(where + ": '" + checked.string() + "' is writable by others than its " +
+                        "owner (" + mode + "); refusing to load it (chmod go-w fixes that)");
+  }
+  try {
+    p->library.load(fs::path(file),
+                    boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  } catch (const std::exception& e) {
+    throw ConfigError(where + ": cannot load '" + file + "' as a shared library: " + e.what());
+  }
+  if (!p->library.has(HR_PLUGIN_ENTRY_SYMBOL))
+    throw ConfigError(where + ": '" + file + "' has no " + HR_PLUGIN_ENTRY_SYMBOL +
+                      " symbol: it is not a headroom plugin (see docs/plugin-guide.md)");
+  auto& entry = p->library.get<hr_status(hr_entry_args*)>(HR_PLUGIN_ENTRY_SYMBOL);
+
+  char message[1024] = {0};
+  hr_entry_args args;
+  std::memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.host_abi_min = kHostAbiMin;
+  args.host_abi_max = kHostAbiMax;
+  args.error = message;
+  args.error_size = sizeof message;
+  const hr_status status = entry(&args);
+  message[sizeof message - 1] = '\0';
+
+  const std::string host_range = "this host speaks ABI " + format_abi_version(kHostAbiMin) +
+                                 " to " + format_abi_version(kHostAbiMax);
+  uint32_t claimed = args.plugin_abi;
+  if (claimed == 0 && args.descriptor) claimed = args.descriptor->abi_version;
+  if (status == HR_ERROR_VERSION ||
+      (claimed != 0 && HR_ABI_MAJOR(claimed) != HR_ABI_VERSION_MAJOR)) {
+    throw ConfigError(where + ": '" + file + "' speaks plugin ABI " +
+                      (claimed ? format_abi_version(claimed) : std::string("(none offered)")) +
+                      "; " + host_range + " (a different major version is incompatible: " +
+                      "rebuild the plugin against this headroom's plugin.h)");
+  }
+  if (status != HR_OK)
+    throw ConfigError(where + ": '" + file + "' refused to load (status " + std::to_string(status) +
+                      "): " + (message[0] ? message : "no message given"));
+  if (!args.descriptor)
+    throw ConfigError(where + ": '" + file + "' returned no descriptor from " +
+                      HR_PLUGIN_ENTRY_SYMBOL);
+  if (args.descriptor->struct_size < offsetof(hr_plugin_descriptor, optimizer) + sizeof(void*))
+    throw ConfigError(where + ": '" + file + "' returned a descriptor of " +
+                      std::to_string(args.descriptor->struct_size) +
+                      " bytes, smaller than ABI 1.0's");
+  p->abi = claimed ? claimed : args.descriptor->abi_version;
+  p->desc = read_sized(args.descriptor);
+  const hr_plugin_descriptor& d = p->desc;
+  if (!d.name || !d.version || !d.create || !d.destroy)
+    throw ConfigError(where + ": '" + file + "' has an incomplete descriptor: name, version, " +
+                      "create and destroy are required");
+  if ((d.roles & HR_ROLE_ALLOCATOR) && !d.allocator)
+    throw ConfigError(where + ": '" + file + "' claims the allocator role without allocator hooks");
+  if ((d.roles & HR_ROLE_OPTIMIZER) && !d.optimizer)
+    throw ConfigError(where + ": '" + file + "' claims the optimizer role without optimizer hooks");
+  if (d.events && !d.on_event)
+    throw ConfigError(where + ": '" + file + "' subscribes to events but has no on_event hook");
+  if (d.allocator) p->allocator = read_sized(d.allocator);
+  if (d.optimizer) p->optimizer = read_sized(d.optimizer);
+  return p;
+}
+
+// The file for a [[plugins]] entry: its path, else <name>.so on the search path.
+std::string find_plugin_file(const PluginEntry& e) {
+  const std::string where = e.pos.str() + ": plugin '" + e.name + "'";
+  if (!e.path.empty()) {
+    if (!fs::exists(e.path)) throw ConfigError(where + ": path '" + e.path + "' does not exist");
+    return e.path;
+  }
+  const std::vector<std::string> dirs = plugin_search_path();
+  for (const std::string& d : dirs) {
+    const fs::path candidate = fs::path(d) / (e.name + ".so");
+    if (fs::exists(candidate)) return candidate.string();
+  }
+  std::string searched;
+  for (const std::string& d : dirs)
+    searched += "\n  " + d;
+  throw ConfigError(where + ": cannot find plugin '" + e.name + "' (" + e.name +
+                    ".so) in the plugin path:" + searched +
+                    "\nset path = \"...\" in its [[plugins]] table, or add its folder to "
+                    "HEADROOM_PLUGIN_PATH");
+}
+
+}  // namespace
+
+std::vector<PluginInfo> discover_plugins() {
+  std::vector<PluginInfo> out;
+  for (const std::string& d : plugin_search_path()) {
+    std::error_code ec;
+    if (!fs::is_directory(d, ec)) continue;
+    std::vector<fs::path> files;
+    for (const auto& f : fs::directory_iterator(d, ec))
+      if (f.path().extension() == ".so") files.push_back(f.path());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& f : files) {
+      PluginInfo info;
+      info.file = f.string();
+      try {
+        auto p = load_library(info.file, info.file);
+        info.name = p->desc.name;
+        info.version = p->desc.version;
+        info.description = p->desc.description ? p->desc.description : "";
+        info.abi_version = p->abi;
+        info.events = p->desc.events;
+        info.roles = p->desc.roles;
+      } catch (const ConfigError& e) {
+        info.error = e.what();
+      }
+      out.push_back(std::move(info));
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The services table. Every function is a C entry point: nothing may throw through it.
+
+struct HostServices {
+  static LoadedPlugin& plugin(hr_host* h) { return *h->plugin; }
+  static PluginRun& run(hr_host* h) { return *h->owner->run_; }
+
+  static void log(hr_host* h, int32_t level, const char* message) {
+    static const char* names[] = {"debug", "info", "warning", "error"};
+    const char* lv = level >= 0 && level <= 3 ? names[level] : "info";
+    std::fprintf(stderr, "[%s] %s: %s\n", plugin(h).entry.name.c_str(), lv, message ? message : "");
+  }
+  static void set_error(hr_host* h, const char* message) {
+    plugin(h).error = message ? message : "";
+  }
+
+  // --- the plugin's own TOML table ---
+  static std::string key_where(LoadedPlugin& p, const std::string& key) {
+    auto it = p.entry.key_pos.find(key);
+    const std::string pos = it != p.entry.key_pos.end() ? it->second.str() : p.entry.pos.str();
+    return pos + ": plugins." + p.entry.name + "." + key;
+  }
+  static const char* type_name(const toml::node& n) {
+    switch (n.type()) {
+      case toml::node_type::string:
+        return "a string";
+      case toml::node_type::integer:
+        return "an integer";
+      case toml::node_type::floating_point:
+        return "a float";
+      case toml::node_type::boolean:
+        return "a boolean";
+      case toml::node_type::table:
+        return "a table";
+      case toml::node_type::array:
+        return "an array";
+      default:
+        return "a date or time";
+    }
+  }
+  // The node for `key`, marking it asked for; nullptr when absent.
+  static const toml::node* lookup(hr_host* h, const char* key) {
+    if (!key) return nullptr;
+    LoadedPlugin& p = plugin(h);
+    p.asked.insert(key);
+    return p.table.get(key);
+  }
+  static hr_status wrong_type(hr_host* h, const char* key, const char* want, const toml::node& n) {
+    LoadedPlugin& p = plugin(h);
+    p.error = key_where(p, key) + ": expected " + want + ", got " + type_name(n);
+    return HR_ERROR_CONFIG;
+  }
+  static hr_status config_int(hr_host* h, const char* key, int64_t* out) {
+    const toml::node* n = lookup(h, key);
+    if (!n) return HR_OK;
+    if (!n->is_integer()) return wrong_type(h, key, "an integer", *n);
+    *out = n->as_integer()->get();
+    return HR_OK;
+  }
+  static hr_status config_float(hr_host* h, const char* key, double* out) {
+    const toml::node* n = lookup(h, key);
+    if (!n) return HR_OK;
+    if (n->is_integer()) {
+      *out = static_cast<double>(n->as_integer()->get());
+    } else if (n->is_floating_point()) {
+      *out = n->as_floating_point()->get();
+    } else {
+      return wrong_type(h, key, "a number", *n);
+    }
+    return HR_OK;
+  }
+  static hr_status config_bool(hr_host* h, const char* key, int32_t* out) {
+    const toml::node* n = lookup(h, key);
+    if (!n) return HR_OK;
+    if (!n->is_boolean()) return wrong_type(h, key, "a boolean (true or false)", *n);
+    *out = n->as_boolean()->get() ? 1 : 0;
+    return HR_OK;
+  }
+  static hr_status config_string(hr_host* h, const char* key, char* out, size_t size) {
+    const toml::node* n = lookup(h, key);
+    if (!n) return HR_OK;
+    if (!n->is_string()) return wrong_type(h, key, "a string", *n);
+    const std::string& v = n->as_string()->get();
+    if (!out || v.size() + 1 > size) {
+      plugin(h).error = key_where(plugin(h), key) + ": the value is " + std::to_string(v.size()) +
+                        " bytes, longer than the plugin's buffer";
+      return HR_ERROR_INVALID;
+    }
+    std::memcpy(out, v.c_str(), v.size() + 1);
+    return HR_OK;
+  }
+  static hr_status config_size(hr_host* h, const char* key, uint64_t* out) {
+    const toml::node* n = lookup(h, key);
+    if (!n) return HR_OK;
+    LoadedPlugin& p = plugin(h);
+    if (n->is_integer() && n->as_integer()->get() >= 0) {
+      *out = static_cast<uint64_t>(n->as_integer()->get());
+      return HR_OK;
+    }
+    if (!n->is_string()) return wrong_type(h, key, "a size (\"256MiB\" or a number of bytes)", *n);
+    try {
+      *out = parse_size(n->as_string()->get(), key_where(p, key));
+    } catch (const ConfigError& e) {
+      p.error = e.what();
+      return HR_ERROR_CONFIG;
+    }
+    return HR_OK;
+  }
+  static hr_status config_error(hr_host* h, const char* key, const char* message) {
+    LoadedPlugin& p = plugin(h);
+    p.error = (key ? key_where(p, key) : p.where()) + ": " + (message ? message : "bad value");
+    return HR_ERROR_CONFIG;
+  }
+
+  // --- memory ---
+  static void* alloc(hr_host* h, uint64_t bytes, uint32_t category, const char* what) {
+    LoadedPlugin& p = plugin(h);
+    if (category >= uint32_t(kNumCategories)) {
+      p.error = "alloc: category " + std::to_string(category) + " is not an hr_mem_category";
+      return nullptr;
+    }
+    try {
+      void* ptr = run(h).device().allocate(bytes, category_at(int(category)),
+                                           p.entry.name + ": " + (what ? what : "buffer"));
+      p.allocations.insert(ptr);
+      return ptr;
+    } catch (const OutOfMemory& e) {
+      p.error = e.what();
+    } catch (const std::exception& e) {
+      p.error = e.what();
+    }
+    return nullptr;
+  }
+  static void free(hr_host* h, void* ptr) {
+    LoadedPlugin& p = plugin(h);
+    if (!ptr) return;
+    if (!p.allocations.erase(ptr)) {
+      log(h, HR_LOG_ERROR, "free: a pointer services->alloc did not return; ignored");
+      return;
+    }
+    run(h).device().free(ptr);
+  }
+  static void* raw_alloc(hr_host* h, uint64_t bytes) {
+    return run(h).device().backend_allocate(bytes);
+  }
+  static void raw_free(hr_host* h, void* ptr) {
+    if (ptr) run(h).device().backend_free(ptr);
+  }
+  static hr_status memory_stats(hr_host* h, hr_memory_stats* out) {
+    if (!out) return HR_ERROR_INVALID;
+    const Device& d = run(h).device();
+    const MemoryTracker& t = d.tracker();
+    hr_memory_stats s;
+    std::memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    s.limit = d.memory_limit();
+    s.live_bytes = t.live_total();
+    s.peak_bytes = t.peak_total();
+    for (int i = 0; i < kNumCategories; ++i) {
+      s.live_by_category[i] = t.live_by_category()[i];
+      s.peak_by_category[i] = t.peak_by_category()[i];
+    }
+    s.num_allocs = t.num_allocs();
+    write_sized(out, s);
+    return HR_OK;
+  }
+
+  // --- the model ---
+  static Layer<float>* layer(hr_host* h, int32_t index) {
+    Gpt<float>* m = run(h).built_model();
+    if (!m || index < 0 || index >= int32_t(m->layers().size())) {
+      plugin(h).error = "layer " + std::to_string(index) + " does not exist" +
+                        (m ? " (the model has " + std::to_string(m->layers().size()) + ")"
+                           : " (the model is not built yet)");
+      return nullptr;
+    }
+    return m->layers()[index].get();
+  }
+  static int32_t num_layers(hr_host* h) {
+    Gpt<float>* m = run(h).built_model();
+    return m ? int32_t(m->layers().size()) : 0;
+  }
+  static hr_status layer_name(hr_host* h, int32_t index, char* out, size_t size) {
+    Layer<float>* l = layer(h, index);
+    if (!l) return HR_ERROR_INVALID;
+    if (!out || l->name().size() + 1 > size) return HR_ERROR_INVALID;
+    std::memcpy(out, l->name().c_str(), l->name().size() + 1);
+    return HR_OK;
+  }
+  static int32_t layer_num_params(hr_host* h, int32_t index) {
+    Layer<float>* l = layer(h, index);
+    return l ? int32_t(l->params().size()) : 0;
+  }
+  static hr_status layer_param(hr_host* h, int32_t index, int32_t i, hr_tensor* out) {
+    Layer<float>* l = layer(h, index);
+    if (!l || !out) return HR_ERROR_INVALID;
+    if (i < 0 || i >= int32_t(l->params().size())) {
+      plugin(h).error = "layer " + std::to_string(index) + " has no parameter " + std::to_string(i);
+      return HR_ERROR_INVALID;
+    }
+    const Param<float>& p = *l->params()[i];
+    hr_tensor t;
+    std::memset(&t, 0, sizeof t);
+    t.struct_size = sizeof t;
+    t.dtype = HR_DTYPE_F32;
+    t.name = p.name.c_str();
+    t.ndim = int32_t(p.shape.size());
+    for (size_t d = 0; d < p.shape.size() && d < HR_MAX_DIMS; ++d)
+      t.shape[d] = p.shape[d];
+    t.numel = p.numel;
+    t.data = p.data();
+    t.grad = p.gdata();
+    t.weight_decay = p.decay ? 1 : 0;
+    write_sized(out, t);
+    return HR_OK;
+  }
+  static int32_t layer_num_activations(hr_host* h, int32_t index) {
+    Layer<float>* l = layer(h, index);
+    return l ? int32_t(l->saved().size()) : 0;
+  }
+  static hr_status layer_activation(hr_host* h, int32_t index, int32_t i, hr_tensor* out) {
+    Layer<float>* l = layer(h, index);
+    if (!l || !out) return HR_ERROR_INVALID;
+    if (i < 0 || i >= int32_t(l->saved().size())) {
+      plugin(h).error =
+          "layer " + std::to_string(index) + " holds no activation " + std::to_string(i) + " now";
+      return HR_ERROR_INVALID;
+    }
+    const SavedActivation& a = l->saved()[i];
+    hr_tensor t;
+    std::memset(&t, 0, sizeof t);
+    t.struct_size = sizeof t;
+    t.dtype = HR_DTYPE_F32;
+    t.name = a.what.c_str();
+    t.ndim = 1;
+    t.shape[0] = int64_t(a.numel);
+    t.numel = a.numel;
+    t.data = a.buffer.as<void>();
+    write_sized(out, t);
+    return HR_OK;
+  }
+
+  // --- device ops ---
+  template <class F>
+  static hr_status guarded(hr_host* h, F&& f) {
+    try {
+      f();
+      return HR_OK;
+    } catch (const OpError& e) {
+      plugin(h).error = e.what();
+      return HR_ERROR_UNSUPPORTED;
+    } catch (const std::exception& e) {
+      plugin(h).error = e.what();
+      return HR_ERROR;
+    }
+  }
+  static hr_status op_fill(hr_host* h, void* x, uint32_t dtype, uint64_t n, double value) {
+    return guarded(h, [&] { ops::fill(run(h).device(), x, Dtype(dtype), n, value); });
+  }
+  static hr_status op_copy(hr_host* h, void* dst, const void* src, uint64_t bytes) {
+    return guarded(h, [&] { ops::copy(run(h).device(), dst, src, bytes); });
+  }
+  static hr_status op_cast(hr_host* h, void* dst, uint32_t dd, const void* src, uint32_t sd,
+                           uint64_t n) {
+    return guarded(h, [&] { ops::cast(run(h).device(), dst, Dtype(dd), src, Dtype(sd), n); });
+  }
+  static hr_status op_scale(hr_host* h, void* x, uint32_t dtype, uint64_t n, double s) {
+    return guarded(h, [&] { ops::scale(run(h).device(), x, Dtype(dtype), n, s); });
+  }
+  static hr_status op_axpy(hr_host* h, void* y, const void* x, uint32_t dtype, uint64_t n,
+                           double a) {
+    return guarded(h, [&] { ops::axpy(run(h).device(), y, x, Dtype(dtype), n, a); });
+  }
+  static hr_status op_sum_squares(hr_host* h, const void* x, uint32_t dtype, uint64_t n,
+                                  double* out) {
+    if (!out) return HR_ERROR_INVALID;
+    return guarded(h, [&] { *out = ops::sum_squares(run(h).device(), x, Dtype(dtype), n); });
+  }
+  static hr_status op_nonfinite(hr_host* h, const void* x, uint32_t dtype, uint64_t n,
+                                int32_t* out) {
+    if (!out) return HR_ERROR_INVALID;
+    return guarded(h,
+                   [&] { *out = ops::any_nonfinite(run(h).device(), x, Dtype(dtype), n) ? 1 : 0; });
+  }
+
+  // --- device, ranks, step control ---
+  static const char* device_kind(hr_host* h) { return h->owner->device_kind_.c_str(); }
+  static int32_t device_index(hr_host*) { return 0; }
+  static void* stream(hr_host*) { return nullptr; }
+  static int32_t rank(hr_host*) { return 0; }
+  static int32_t world_size(hr_host*) { return 1; }
+  static void veto_step(hr_host* h, const char* reason) {
+    run(h).veto_step(plugin(h).entry.name, reason ? reason : "");
+  }
+  static void request_retry(hr_host* h, const char* reason) {
+    run(h).request_retry(plugin(h).entry.name, reason ? reason : "");
+  }
+
+  static hr_host_services table(LoadedPlugin& p) {
+    hr_host_services s;
+    std::memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    s.abi_version = p.abi;
+    s.host = &p.handle;
+    s.log = log;
+    s.set_error = set_error;
+    s.config_int = config_int;
+    s.config_float = config_float;
+    s.config_bool = config_bool;
+    s.config_string = config_string;
+    s.config_size = config_size;
+    s.config_error = config_error;
+    s.alloc = alloc;
+    s.free = free;
+    s.raw_alloc = raw_alloc;
+    s.raw_free = raw_free;
+    s.memory_stats = memory_stats;
+    s.num_layers = num_layers;
+    s.layer_name = layer_name;
+    s.layer_num_params = layer_num_params;
+    s.layer_param = layer_param;
+    s.layer_num_activations = layer_num_activations;
+    s.layer_activation = layer_activation;
+    s.op_fill = op_fill;
+    s.op_copy = op_copy;
+    s.op_cast = op_cast;
+    s.op_scale = op_scale;
+    s.op_axpy = op_axpy;
+    s.op_sum_squares = op_sum_squares;
+    s.op_nonfinite = op_nonfinite;
+    s.device_kind = device_kind;
+    s.device_index = device_index;
+    s.stream = stream;
+    s.rank = rank;
+    s.world_size = world_size;
+    s.veto_step = veto_step;
+    s.request_retry = request_retry;
+    return s;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Roles
+
+class PluginHost::AllocatorAdapter final : public DeviceAllocator {
+ public:
+  explicit AllocatorAdapter(LoadedPlugin& p) : p_(p) {}
+  void* allocate(uint64_t bytes, Category category) override {
+    return p_.allocator.allocate(p_.instance, bytes, uint32_t(category), nullptr);
+  }
+  void deallocate(void* ptr, uint64_t bytes) override {
+    p_.allocator.deallocate(p_.instance, ptr, bytes, nullptr);
+  }
+
+ private:
+  LoadedPlugin& p_;
+};
+
+namespace {
+
+class PluginOptimizer final : public Optimizer {
+ public:
+  explicit PluginOptimizer(LoadedPlugin& p) : p_(p) {}
+  void step(const std::vector<Param<float>*>&, double lr, int64_t step) override {
+    hr_optimizer_step_info info;
+    std::memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    info.step = step;
+    info.lr = lr;
+    const hr_status s = p_.optimizer.step(p_.instance, &info);
+    if (s != HR_OK)
+      throw PluginFailure("plugin '" + p_.entry.name + "' failed in its optimizer step (step " +
+                          std::to_string(step) + "): " + p_.take_error(s));
+  }
+
+ private:
+  LoadedPlugin& p_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// PluginHost
+
+PluginHost::PluginHost(const Config& config) : device_kind_(config.device.kind) {
+  std::map<uint32_t, const LoadedPlugin*> role_owner;
+  for (const PluginEntry& e : config.plugins) {
+    const std::string where = e.pos.str() + ": plugin '" + e.name + "'";
+    auto p = load_library(find_plugin_file(e), where);
+    p->entry = e;
+    if (e.name != p->desc.name)
+      throw ConfigError(where + ": '" + p->file + "' is the plugin '" + p->desc.name + "', not '" +
+                        e.name + "'");
+    for (uint32_t role : {HR_ROLE_ALLOCATOR, HR_ROLE_OPTIMIZER}) {
+      if (!(p->desc.roles & role)) continue;
+      auto [it, first] = role_owner.emplace(role, p.get());
+      if (!first)
+        throw ConfigError(where + ": both '" + it->second->entry.name + "' (" +
+                          it->second->entry.pos.str() + ") and '" + e.name + "' provide the " +
+                          describe_roles(role) +
+                          " role; at most one plugin may — remove one of them");
+    }
+    try {
+      p->table = toml::parse(e.toml);
+    } catch (const toml::parse_error& err) {
+      throw ConfigError(where + ": cannot read its table back: " + std::string(err.description()));
+    }
+    plugins_.push_back(std::move(p));
+  }
+}
+
+PluginHost::~PluginHost() {
+  // Every plugin but the allocator, last listed first; then the allocator, which may still hold
+  // the memory of everything destroyed before it.
+  LoadedPlugin* alloc_plugin = nullptr;
+  for (auto it = plugins_.rbegin(); it != plugins_.rend(); ++it) {
+    LoadedPlugin& p = **it;
+    if (!p.created) continue;
+    if (p.desc.roles & HR_ROLE_ALLOCATOR) {
+      alloc_plugin = &p;
+      continue;
+    }
+    p.desc.destroy(p.instance);
+    p.created = false;
+  }
+  if (alloc_plugin) {
+    if (run_ && run_->device().tracker().live_total() == 0) run_->device().set_allocator(nullptr);
+    alloc_plugin->desc.destroy(alloc_plugin->instance);
+    alloc_plugin->created = false;
+  }
+  plugins_.clear();  // unloads the libraries, after every instance is gone
+}
+
+void PluginHost::create(PluginRun& run) {
+  run_ = &run;
+  std::vector<LoadedPlugin*> order;
+  for (auto& p : plugins_)
+    if (p->desc.roles & HR_ROLE_ALLOCATOR) order.push_back(p.get());
+  for (auto& p : plugins_)
+    if (!(p->desc.roles & HR_ROLE_ALLOCATOR)) order.push_back(p.get());
+
+  for (LoadedPlugin* p : order) {
+    p->handle.owner = this;
+    p->handle.plugin = p;
+    p->services = HostServices::table(*p);
+    void* instance = nullptr;
+    const hr_status s = p->desc.create(&p->services, &instance);
+    if (s == HR_ERROR_CONFIG) throw ConfigError(p->take_error(s));
+    if (s != HR_OK)
+      throw PluginFailure(p->where() + " failed to start (create): " + p->take_error(s));
+    p->instance = instance;
+    p->created = true;
+    // Every key of its table must have been asked for: anything else is a typo or a key of a
+    // different version of the plugin.
+    for (auto&& [key, node] : p->table) {
+      const std::string k(key.str());
+      if (p->asked.count(k)) continue;
+      std::string valid;
+      for (const std::string& a : p->asked)
+        valid += (valid.empty() ? "" : ", ") + a;
+      throw ConfigError(
+          HostServices::key_where(*p, k) + ": unknown key '" + k + "' for plugin '" +
+          p->entry.name + "'; " +
+          (valid.empty() ? std::string("this plugin reads no keys") : "valid keys: " + valid));
+    }
+    if (p->desc.roles & HR_ROLE_ALLOCATOR) {
+      allocator_ = std::make_unique<AllocatorAdapter>(*p);
+      run.device().set_allocator(allocator_.get());
+    }
+  }
+}
+
+bool PluginHost::provides_optimizer() const {
+  for (const auto& p : plugins_)
+    if (p->desc.roles & HR_ROLE_OPTIMIZER) return true;
+  return false;
+}
+
+std::unique_ptr<Optimizer> PluginHost::make_optimizer() {
+  for (auto& p : plugins_)
+    if (p->desc.roles & HR_ROLE_OPTIMIZER) return std::make_unique<PluginOptimizer>(*p);
+  return nullptr;
+}
+
+void PluginHost::on_event(const EventInfo& e) {
+  if (!pending_failure_.empty() && e.event != Event::kFree) {
+    const std::string m = std::move(pending_failure_);
+    pending_failure_.clear();
+    throw PluginFailure(m);
+  }
+  hr_event_info info;
+  std::memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  info.event = uint32_t(e.event);
+  info.step = e.step;
+  info.micro_step = e.micro_step;
+  info.layer = e.layer;
+  info.ptr = e.ptr;
+  info.bytes = e.bytes;
+  info.category = uint32_t(e.category);
+  for (auto& p : plugins_) {
+    if (!p->created || !(p->desc.events & HR_EVENT_BIT(info.event))) continue;
+    const hr_status s = p->desc.on_event(p->instance, &info);
+    if (s == HR_OK) continue;
+    std::string m = "plugin '" + p->entry.name + "' failed in " + event_name(e.event);
+    if (e.layer >= 0) m += " (layer " + std::to_string(e.layer) + ")";
+    if (e.step > 0) m += " at step " + std::to_string(e.step);
+    m += ": " + p->take_error(s);
+    if (e.event == Event::kFree) {
+      if (pending_failure_.empty()) pending_failure_ = m;
+      continue;
+    }
+    throw PluginFailure(m);
+  }
+}
+
+}  // namespace headroom

@@ -1,0 +1,96 @@
+// The plugin host: finds the libraries a config's [[plugins]] list names, loads them with
+// Boost.DLL, negotiates the ABI, hands each its services table, dispatches the loop's events to
+// them in TOML order, and puts the allocator and optimizer roles in place.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/device.h"
+#include "core/events.h"
+#include "core/model.h"
+#include "core/optim.h"
+
+namespace headroom {
+
+// A plugin hook failed during the run: the host stops with exit code 1. The message names the
+// plugin and the event.
+class PluginFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What plugins reach of the training run beyond the device: implemented by the trainer.
+class PluginRun {
+ public:
+  virtual ~PluginRun() = default;
+  virtual Device& device() = 0;
+  virtual Gpt<float>* built_model() = 0;  // nullptr until the model is built
+  virtual void veto_step(const std::string& plugin, const std::string& reason) = 0;
+  virtual void request_retry(const std::string& plugin, const std::string& reason) = 0;
+};
+
+// What `headroom plugins` shows of one library file.
+struct PluginInfo {
+  std::string file;
+  std::string name, version, description;
+  uint32_t abi_version = 0;
+  uint64_t events = 0;
+  uint32_t roles = 0;
+  std::string error;  // non-empty when the file could not be loaded as a plugin
+};
+
+// Where plugins are looked for, in order: HEADROOM_PLUGIN_PATH (colon-separated), the folder next
+// to the executable (<exe>/../lib/headroom/plugins), the installed folder, the build folder.
+std::vector<std::string> plugin_search_path();
+// Every <dir>/*.so on the search path, loaded and asked for its descriptor (not instantiated).
+std::vector<PluginInfo> discover_plugins();
+std::string format_abi_version(uint32_t version);  // "1.0"
+std::string describe_events(uint64_t mask);        // "STEP_END,ALLOC,FREE"
+std::string describe_roles(uint32_t roles);        // "allocator,optimizer" or "-"
+
+struct LoadedPlugin;  // one library and its instance (plugin_host.cpp)
+
+class PluginHost final : public EventListener {
+ public:
+  // Finds, checks and loads every [[plugins]] entry and negotiates its ABI version. Throws
+  // ConfigError (exit code 2), naming the entry's file:line, for a plugin that cannot be found or
+  // loaded, is writable by others than its owner, speaks another major version, refuses to load,
+  // or takes a role another plugin already has.
+  explicit PluginHost(const Config& config);
+  // Destroys every instance (the allocator last), then unloads the libraries.
+  ~PluginHost() override;
+  PluginHost(const PluginHost&) = delete;
+  PluginHost& operator=(const PluginHost&) = delete;
+
+  // Creates the instances — the allocator-role plugin first, then the rest in TOML order — and
+  // installs the allocator on the device. A plugin whose table has a wrong-typed or unknown key
+  // is a ConfigError; any other create() failure is a PluginFailure.
+  void create(PluginRun& run);
+
+  bool provides_optimizer() const;
+  // The optimizer-role plugin behind the host's Optimizer interface.
+  std::unique_ptr<Optimizer> make_optimizer();
+
+  // Dispatches to every plugin subscribed to the event, in TOML order. Throws PluginFailure when
+  // a hook returns an error (a failure in a FREE hook is reported at the next event, since frees
+  // happen where nothing may throw).
+  void on_event(const EventInfo& info) override;
+
+  size_t size() const { return plugins_.size(); }
+
+ private:
+  friend struct HostServices;
+  std::vector<std::unique_ptr<LoadedPlugin>> plugins_;
+  class AllocatorAdapter;
+  std::unique_ptr<AllocatorAdapter> allocator_;
+  PluginRun* run_ = nullptr;
+  std::string device_kind_;
+  std::string pending_failure_;
+};
+
+}  // namespace headroom
