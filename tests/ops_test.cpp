@@ -1,0 +1,111 @@
+// Device ops and storage dtypes: round to nearest even, special values, the CPU backend's ops.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "core/ops.h"
+#include "kernels/common/dtype.h"
+
+namespace headroom {
+namespace {
+
+float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+TEST(Dtype, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3F80);
+  // 1 + 2^-8 is halfway between bf16 1.0 and 1.0078125: ties to even (1.0).
+  EXPECT_EQ(float_to_bf16(from_bits(0x3F808000u)), 0x3F80);
+  // 1.0078125 + 2^-8 is halfway between two bf16 values whose lower has an odd mantissa: up.
+  EXPECT_EQ(float_to_bf16(from_bits(0x3F818000u)), 0x3F82);
+  EXPECT_EQ(float_to_bf16(from_bits(0x3F808001u)), 0x3F81);  // just above halfway: up
+  EXPECT_EQ(float_to_bf16(-2.5f), 0xC020);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isinf(bf16_to_float(float_to_bf16(std::numeric_limits<float>::infinity()))));
+  // The largest float rounds to infinity, as round-to-nearest requires.
+  EXPECT_TRUE(std::isinf(bf16_to_float(float_to_bf16(std::numeric_limits<float>::max()))));
+}
+
+TEST(Dtype, F16NormalsSubnormalsAndOverflow) {
+  EXPECT_EQ(float_to_f16(1.0f), 0x3C00);
+  EXPECT_EQ(float_to_f16(-2.0f), 0xC000);
+  EXPECT_EQ(float_to_f16(65504.0f), 0x7BFF);               // the largest half
+  EXPECT_EQ(float_to_f16(65519.0f), 0x7BFF);               // below the midpoint to infinity
+  EXPECT_EQ(float_to_f16(65520.0f), 0x7C00);               // the midpoint: ties to even = infinity
+  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -24)), 0x0001);  // the smallest subnormal
+  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -25)), 0x0000);  // half of it: ties to even = 0
+  EXPECT_EQ(float_to_f16(std::ldexp(3.0f, -25)), 0x0002);  // 1.5 units: ties to even = 2
+  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -14)), 0x0400);  // the smallest normal
+  // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even (1).
+  EXPECT_EQ(float_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3C00);
+  EXPECT_EQ(float_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);
+  EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(std::nanf("")))));
+  EXPECT_EQ(f16_to_float(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(f16_to_float(0x7BFF), 65504.0f);
+  EXPECT_TRUE(std::isinf(f16_to_float(0x7C00)));
+}
+
+TEST(Dtype, EveryF16AndBf16ValueRoundTripsThroughFloat) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = f16_to_float(uint16_t(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(float_to_f16(f), h) << std::hex << h;
+    const float b = bf16_to_float(uint16_t(h));
+    if (std::isnan(b)) continue;
+    ASSERT_EQ(float_to_bf16(b), h) << std::hex << h;
+  }
+}
+
+TEST(Dtype, F16RoundingMatchesNearestRepresentable) {
+  // Against a brute-force nearest among the two neighbouring halves.
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-70000.0f, 70000.0f);
+  for (int i = 0; i < 20000; ++i) {
+    const float x = i % 2 ? u(rng) : u(rng) * 1e-5f;
+    const uint16_t h = float_to_f16(x);
+    const float got = f16_to_float(h);
+    if (std::isinf(got)) {
+      EXPECT_GE(std::fabs(x), 65520.0f);
+      continue;
+    }
+    // No half value is strictly closer to x.
+    const float up = f16_to_float(uint16_t(h + 1)), down = f16_to_float(uint16_t(h - 1));
+    EXPECT_LE(std::fabs(got - x), std::fabs(up - x)) << x;
+    EXPECT_LE(std::fabs(got - x), std::fabs(down - x)) << x;
+  }
+}
+
+TEST(DeviceOps, FillCastScaleAxpySumNonfinite) {
+  auto device = Device::create(DeviceConfig{});
+  std::vector<float> x(5), y(5, 1.0f);
+  ops::fill(*device, x.data(), Dtype::kF32, 5, 2.0);
+  EXPECT_EQ(x[4], 2.0f);
+  ops::axpy(*device, y.data(), x.data(), Dtype::kF32, 5, -0.5);  // y = 1 - 0.5 * 2
+  EXPECT_EQ(y[0], 0.0f);
+  ops::scale(*device, x.data(), Dtype::kF32, 5, 3.0);
+  EXPECT_EQ(x[2], 6.0f);
+  EXPECT_DOUBLE_EQ(ops::sum_squares(*device, x.data(), Dtype::kF32, 5), 180.0);
+  EXPECT_FALSE(ops::any_nonfinite(*device, x.data(), Dtype::kF32, 5));
+  x[3] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(ops::any_nonfinite(*device, x.data(), Dtype::kF32, 5));
+
+  std::vector<uint16_t> h(3);
+  const float src[3] = {1.0f, 1.0f + std::ldexp(1.0f, -8), -3.0f};
+  ops::cast(*device, h.data(), Dtype::kBF16, src, Dtype::kF32, 3);
+  EXPECT_EQ(h[0], 0x3F80);
+  EXPECT_EQ(h[1], 0x3F80);  // rounded to even
+  std::vector<float> back(3);
+  ops::cast(*device, back.data(), Dtype::kF32, h.data(), Dtype::kBF16, 3);
+  EXPECT_EQ(back[2], -3.0f);
+  EXPECT_THROW(ops::scale(*device, h.data(), Dtype(99), 3, 1.0), OpError);
+  EXPECT_THROW(ops::axpy(*device, h.data(), h.data(), Dtype::kI32, 3, 1.0), OpError);
+}
+
+}  // namespace
+}  // namespace headroom
