@@ -57,8 +57,12 @@ struct TrainConfig {
 };
 
 struct DataConfig {
-  std::string kind = "synthetic";  // "synthetic" | "text"
+  std::string kind = "synthetic";  // "synthetic" | "text" | "shards"
   std::string path;                // text: the file, resolved relative to the config file
+  std::string pattern;             // shards: a glob ("data/*.bin"), relative to the config file
+  bool shuffle = false;            // shards: seeded shuffling of shard order and positions
+  int workers = 0;                 // threads filling the prefetch queue; 0 = load inline
+  int prefetch = 2;                // batches the queue holds (with workers > 0)
   uint64_t seed = 1;               // synthetic: the Markov chain and the sampling
   int branching = 4;               // synthetic: successors per token (entropy <= ln(branching))
   SourcePos path_pos;              // where path was set, for errors about the file itself

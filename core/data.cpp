@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 #include <set>
+#include <sstream>
 
 namespace headroom {
 
@@ -39,6 +40,20 @@ class SyntheticSource final : public DataSource {
     return buf;
   }
   double entropy() const override { return chain_.entropy_rate(); }
+  std::string state() const override {
+    std::ostringstream os;
+    os << "synthetic " << last_ << ' ' << rng_;
+    return os.str();
+  }
+  void restore(const std::string& state) override {
+    std::istringstream is(state);
+    std::string kind;
+    int32_t last = -1;
+    is >> kind >> last >> rng_;
+    if (!is || kind != "synthetic" || last < 0)
+      throw ConfigError("the snapshot's data position is not a synthetic source's");
+    last_ = last;
+  }
 
  private:
   MarkovChain chain_;
@@ -63,6 +78,19 @@ class TextSource final : public DataSource {
   }
   std::string describe() const override {
     return "text '" + path_ + "', " + std::to_string(bytes_.size()) + " bytes (vocab 256)";
+  }
+  std::string state() const override {
+    return "text " + std::to_string(bytes_.size()) + " " + std::to_string(pos_);
+  }
+  void restore(const std::string& state) override {
+    std::istringstream is(state);
+    std::string kind;
+    size_t size = 0, pos = 0;
+    is >> kind >> size >> pos;
+    if (!is || kind != "text" || size != bytes_.size() || pos > bytes_.size())
+      throw ConfigError("the snapshot's data position does not fit '" + path_ + "' (" +
+                        std::to_string(bytes_.size()) + " bytes)");
+    pos_ = pos;
   }
 
  private:

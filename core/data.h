@@ -22,6 +22,11 @@ class DataSource {
   virtual std::string describe() const = 0;
   // The best loss a model can reach on this data in nats/token, or a negative number if unknown.
   virtual double entropy() const { return -1.0; }
+  // The position in the stream, for training snapshots: a source restored from state() yields
+  // exactly the batches this one would have yielded next. Opaque bytes.
+  virtual std::string state() const = 0;
+  // Throws ConfigError when the state does not belong to this source (another file or config).
+  virtual void restore(const std::string& state) = 0;
 };
 
 // A seeded random Markov chain over the vocabulary: each token has `branching` distinct successors
