@@ -44,11 +44,14 @@ S read_sized(const S* src) {
 }
 
 // Writes a host-side struct into the caller's, only as far as the caller's struct_size reaches.
+// A struct_size below ABI 1.0's (a caller that left it zero) counts as 1.0's: every field of 1.0
+// is filled. `v1_0_size` is the struct's size in ABI 1.0 (hr_tensor and hr_memory_stats have not
+// grown since).
 template <class S>
-void write_sized(S* dst, const S& src) {
-  const uint32_t size = dst->struct_size;
+void write_sized(S* dst, const S& src, size_t v1_0_size = sizeof(S)) {
+  const size_t size = std::max<size_t>(dst->struct_size, v1_0_size);
   std::memcpy(dst, &src, std::min<size_t>(size, sizeof(S)));
-  dst->struct_size = size;
+  dst->struct_size = static_cast<uint32_t>(std::min<size_t>(size, sizeof(S)));
 }
 
 std::string exe_dir() {
@@ -203,7 +206,9 @@ std::unique_ptr<LoadedPlugin> load_library(const std::string& file, const std::s
     throw ConfigError(where + ": '" + file + "' returned a descriptor of " +
                       std::to_string(args.descriptor->struct_size) +
                       " bytes, smaller than ABI 1.0's");
-  p->abi = claimed ? claimed : args.descriptor->abi_version;
+  // A plugin built against a newer minor may answer with it; the host runs it at the newest
+  // version the host speaks, which is what the services table says.
+  p->abi = std::min(claimed ? claimed : args.descriptor->abi_version, kHostAbiMax);
   p->desc = read_sized(args.descriptor);
   const hr_plugin_descriptor& d = p->desc;
   if (!d.name || !d.version || !d.create || !d.destroy)
@@ -635,6 +640,8 @@ namespace {
 class PluginOptimizer final : public Optimizer {
  public:
   explicit PluginOptimizer(LoadedPlugin& p) : p_(p) {}
+  // The plugin keeps its state itself and saves it through save_state.
+  std::vector<StateTensor> state(const std::vector<Param<float>*>&) override { return {}; }
   void step(const std::vector<Param<float>*>&, double lr, int64_t step) override {
     hr_optimizer_step_info info;
     std::memset(&info, 0, sizeof info);
@@ -785,6 +792,49 @@ void PluginHost::on_event(const EventInfo& e) {
       continue;
     }
     throw PluginFailure(m);
+  }
+}
+
+std::map<std::string, std::vector<uint8_t>> PluginHost::save_states() {
+  std::map<std::string, std::vector<uint8_t>> out;
+  for (auto& p : plugins_) {
+    if (!p->created || !p->desc.save_state) continue;
+    std::vector<uint8_t> bytes;
+    hr_state_writer w;
+    std::memset(&w, 0, sizeof w);
+    w.struct_size = sizeof w;
+    w.context = &bytes;
+    w.write = [](void* context, const void* data, uint64_t size) -> hr_status {
+      if (size && !data) return HR_ERROR_INVALID;
+      auto* v = static_cast<std::vector<uint8_t>*>(context);
+      const uint8_t* b = static_cast<const uint8_t*>(data);
+      v->insert(v->end(), b, b + size);
+      return HR_OK;
+    };
+    const hr_status s = p->desc.save_state(p->instance, &w);
+    if (s != HR_OK)
+      throw PluginFailure("plugin '" + p->entry.name +
+                          "' failed to save its state: " + p->take_error(s));
+    out[p->entry.name] = std::move(bytes);
+  }
+  return out;
+}
+
+void PluginHost::load_states(const std::map<std::string, std::vector<uint8_t>>& states) {
+  for (const auto& [name, bytes] : states) {
+    LoadedPlugin* p = nullptr;
+    for (auto& q : plugins_)
+      if (q->entry.name == name) p = q.get();
+    if (!p)
+      throw ConfigError("--resume: the snapshot holds the state of plugin '" + name +
+                        "', which this config does not load; add it to [[plugins]]");
+    if (!p->desc.load_state)
+      throw ConfigError(p->where() + ": the snapshot holds its state but this version of the " +
+                        "plugin cannot load state (no load_state hook)");
+    const hr_status s = p->desc.load_state(p->instance, bytes.data(), bytes.size());
+    if (s == HR_ERROR_CONFIG) throw ConfigError(p->take_error(s));
+    if (s != HR_OK)
+      throw PluginFailure("plugin '" + name + "' failed to load its state: " + p->take_error(s));
   }
 }
 

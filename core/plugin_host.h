@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -80,6 +81,12 @@ class PluginHost final : public EventListener {
   // a hook returns an error (a failure in a FREE hook is reported at the next event, since frees
   // happen where nothing may throw).
   void on_event(const EventInfo& info) override;
+
+  // Each plugin's state for a snapshot, by plugin name (plugins without save_state have none).
+  std::map<std::string, std::vector<uint8_t>> save_states();
+  // Hands each plugin its saved state. A state for a plugin this run does not load, or for one
+  // that cannot load state, is a ConfigError.
+  void load_states(const std::map<std::string, std::vector<uint8_t>>& states);
 
   size_t size() const { return plugins_.size(); }
 

@@ -34,7 +34,7 @@ extern "C" {
  * Versions */
 
 #define HR_ABI_VERSION_MAJOR 1
-#define HR_ABI_VERSION_MINOR 0
+#define HR_ABI_VERSION_MINOR 1
 /* One number: major in the high 16 bits, minor in the low 16. */
 #define HR_ABI_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define HR_ABI_VERSION HR_ABI_MAKE_VERSION(HR_ABI_VERSION_MAJOR, HR_ABI_VERSION_MINOR)
@@ -140,6 +140,8 @@ typedef struct hr_event_info {
 
 /* A tensor as a plugin sees it: a view, owned by the host. */
 #define HR_MAX_DIMS 8
+/* Out-structs (hr_tensor, hr_memory_stats): the caller sets struct_size to sizeof() as it was
+ * compiled; the host fills what that covers (a zero struct_size counts as ABI 1.0's size). */
 typedef struct hr_tensor {
   uint32_t struct_size;
   uint32_t dtype;           /* hr_dtype */
@@ -260,6 +262,14 @@ typedef struct hr_host_services {
 /* ---------------------------------------------------------------------------------------------
  * What a plugin provides */
 
+/* Where save_state writes (ABI 1.1): write() appends bytes to the plugin's part of the snapshot. */
+typedef struct hr_state_writer {
+  uint32_t struct_size;
+  uint32_t reserved0;
+  void* context;
+  hr_status (*write)(void* context, const void* data, uint64_t size);
+} hr_state_writer;
+
 /* The allocator role. Both on the training thread, on `stream` (NULL on the CPU). allocate returns
  * at least `bytes` of device memory, or NULL when there is none (the host then reports OOM). */
 typedef struct hr_allocator_hooks {
@@ -301,6 +311,15 @@ typedef struct hr_plugin_descriptor {
 
   const hr_allocator_hooks* allocator; /* when roles has HR_ROLE_ALLOCATOR; else NULL */
   const hr_optimizer_hooks* optimizer; /* when roles has HR_ROLE_OPTIMIZER; else NULL */
+
+  /* ABI 1.1: training snapshots ([snapshot] in the config, `headroom train --resume`). Either may
+   * be NULL: a plugin without save_state has nothing in snapshots.
+   * save_state: training thread, after STEP_END of a snapshot step; writes everything the plugin
+   * needs to continue exactly (e.g. a loss scale and its counters) through writer->write.
+   * load_state: training thread, once, after create() and before TRAIN_BEGIN of a resumed run;
+   * gets back exactly the bytes save_state wrote. A non-zero status stops the run. */
+  hr_status (*save_state)(void* instance, const hr_state_writer* writer);
+  hr_status (*load_state)(void* instance, const void* data, uint64_t size);
 } hr_plugin_descriptor;
 
 /* ---------------------------------------------------------------------------------------------
@@ -330,13 +349,14 @@ typedef hr_status (*hr_plugin_entry_fn)(hr_entry_args* args);
  *   HR_PLUGIN_EXPORT hr_status hr_plugin_entry(hr_entry_args* args) { ... } */
 HR_PLUGIN_EXPORT hr_status hr_plugin_entry(hr_entry_args* args);
 
-/* The usual negotiation: accept the host's range when it includes this header's major version. */
+/* The usual negotiation: accept the host's range when it includes this header's major version,
+ * and answer the newer of the two sides' common versions (an older host gets its own). */
 static inline hr_status hr_negotiate(hr_entry_args* args, const hr_plugin_descriptor* descriptor) {
   if (HR_ABI_MAJOR(args->host_abi_min) > HR_ABI_VERSION_MAJOR ||
       HR_ABI_MAJOR(args->host_abi_max) < HR_ABI_VERSION_MAJOR) {
     return HR_ERROR_VERSION;
   }
-  args->plugin_abi = HR_ABI_VERSION;
+  args->plugin_abi = args->host_abi_max < HR_ABI_VERSION ? args->host_abi_max : HR_ABI_VERSION;
   args->descriptor = descriptor;
   return HR_OK;
 }

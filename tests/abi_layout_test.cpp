@@ -1,0 +1,310 @@
+// The plugin ABI's binary layout, pinned: the size and offset of every field of every struct in
+// headroom/plugin.h, the type of every function pointer, and every enum and constant value, for
+// x86-64 (LP64). A change here breaks every plugin already built. Fields may only be appended (the
+// struct's size grows, no offset moves) and enum values only added.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "headroom/plugin.h"
+
+// offsetof and size of one field.
+#define PIN(type, field, offset, size)                                         \
+  static_assert(offsetof(type, field) == (offset), #type "." #field " moved"); \
+  static_assert(sizeof(type::field) == (size), #type "." #field " changed size")
+// The exact type of one field (function pointers: the whole signature).
+#define PIN_TYPE(type, field, ...) \
+  static_assert(std::is_same_v<decltype(type::field), __VA_ARGS__>, #type "." #field " type")
+
+#if defined(__x86_64__) && defined(__LP64__)
+
+// --- Versions, status codes, constants ----------------------------------------------------------
+static_assert(HR_ABI_VERSION_MAJOR == 1);
+// A new minor version appends fields: pin them in this file (offsets of what exists never move;
+// sizes are exact for the current minor version), then raise this bound.
+static_assert(HR_ABI_VERSION_MINOR <= 1, "pin the new minor version's layout in this file");
+static_assert(HR_ABI_MAKE_VERSION(1, 0) == 0x00010000u);
+static_assert(HR_ABI_MAKE_VERSION(2, 3) == 0x00020003u);
+static_assert(HR_ABI_MAJOR(0x00020003u) == 2 && HR_ABI_MINOR(0x00020003u) == 3);
+static_assert(HR_ABI_VERSION == HR_ABI_MAKE_VERSION(HR_ABI_VERSION_MAJOR, HR_ABI_VERSION_MINOR));
+static_assert(std::is_same_v<hr_status, int32_t>);
+static_assert(HR_OK == 0 && HR_ERROR == 1 && HR_ERROR_CONFIG == 2 && HR_ERROR_OUT_OF_MEMORY == 3 &&
+              HR_ERROR_UNSUPPORTED == 4 && HR_ERROR_INVALID == 5 && HR_ERROR_VERSION == 6);
+static_assert(HR_ROLE_ALLOCATOR == 1u && HR_ROLE_OPTIMIZER == 2u);
+static_assert(HR_LOG_DEBUG == 0 && HR_LOG_INFO == 1 && HR_LOG_WARN == 2 && HR_LOG_ERROR == 3);
+static_assert(HR_MAX_DIMS == 8);
+static_assert(HR_EVENT_BIT(HR_EVENT_TRAIN_BEGIN) == 1u && HR_EVENT_BIT(HR_EVENT_OOM) == 0x1000u);
+static_assert(std::is_same_v<decltype(HR_EVENT_BIT(HR_EVENT_OOM)), uint64_t>);
+
+// --- Enums: values are never renumbered -------------------------------------------------------
+static_assert(HR_EVENT_TRAIN_BEGIN == 0 && HR_EVENT_TRAIN_END == 1 && HR_EVENT_STEP_BEGIN == 2 &&
+              HR_EVENT_STEP_END == 3 && HR_EVENT_FORWARD_BEGIN == 4 && HR_EVENT_FORWARD_END == 5 &&
+              HR_EVENT_BACKWARD_BEGIN == 6 && HR_EVENT_BACKWARD_END == 7 &&
+              HR_EVENT_GRADS_READY == 8 && HR_EVENT_OPTIMIZER_STEP == 9 && HR_EVENT_ALLOC == 10 &&
+              HR_EVENT_FREE == 11 && HR_EVENT_OOM == 12 && HR_EVENT_COUNT_V1 == 13);
+static_assert(HR_MEM_PARAMETERS == 0 && HR_MEM_GRADIENTS == 1 && HR_MEM_OPTIMIZER == 2 &&
+              HR_MEM_ACTIVATIONS == 3 && HR_MEM_WORKSPACE == 4 && HR_MEM_DATA == 5 &&
+              HR_MEM_COMMUNICATION == 6 && HR_MEM_CATEGORY_COUNT_V1 == 7);
+static_assert(HR_DTYPE_F32 == 0 && HR_DTYPE_BF16 == 1 && HR_DTYPE_F16 == 2 && HR_DTYPE_F64 == 3 &&
+              HR_DTYPE_I32 == 4);
+
+// --- hr_event_info ----------------------------------------------------------------------------
+static_assert(sizeof(hr_event_info) == 48 && alignof(hr_event_info) == 8);
+PIN(hr_event_info, struct_size, 0, 4);
+PIN(hr_event_info, event, 4, 4);
+PIN(hr_event_info, step, 8, 8);
+PIN(hr_event_info, micro_step, 16, 4);
+PIN(hr_event_info, layer, 20, 4);
+PIN(hr_event_info, ptr, 24, 8);
+PIN(hr_event_info, bytes, 32, 8);
+PIN(hr_event_info, category, 40, 4);
+PIN(hr_event_info, reserved0, 44, 4);
+PIN_TYPE(hr_event_info, step, int64_t);
+PIN_TYPE(hr_event_info, micro_step, int32_t);
+PIN_TYPE(hr_event_info, layer, int32_t);
+PIN_TYPE(hr_event_info, ptr, const void*);
+PIN_TYPE(hr_event_info, bytes, uint64_t);
+
+// --- hr_tensor --------------------------------------------------------------------------------
+static_assert(sizeof(hr_tensor) == 120 && alignof(hr_tensor) == 8);
+PIN(hr_tensor, struct_size, 0, 4);
+PIN(hr_tensor, dtype, 4, 4);
+PIN(hr_tensor, name, 8, 8);
+PIN(hr_tensor, ndim, 16, 4);
+PIN(hr_tensor, reserved0, 20, 4);
+PIN(hr_tensor, shape, 24, 64);
+PIN(hr_tensor, numel, 88, 8);
+PIN(hr_tensor, data, 96, 8);
+PIN(hr_tensor, grad, 104, 8);
+PIN(hr_tensor, weight_decay, 112, 4);
+PIN(hr_tensor, reserved1, 116, 4);
+PIN_TYPE(hr_tensor, name, const char*);
+PIN_TYPE(hr_tensor, ndim, int32_t);
+PIN_TYPE(hr_tensor, shape, int64_t[8]);
+PIN_TYPE(hr_tensor, numel, uint64_t);
+PIN_TYPE(hr_tensor, data, void*);
+PIN_TYPE(hr_tensor, grad, void*);
+
+// --- hr_memory_stats --------------------------------------------------------------------------
+static_assert(sizeof(hr_memory_stats) == 152 && alignof(hr_memory_stats) == 8);
+PIN(hr_memory_stats, struct_size, 0, 4);
+PIN(hr_memory_stats, reserved0, 4, 4);
+PIN(hr_memory_stats, limit, 8, 8);
+PIN(hr_memory_stats, live_bytes, 16, 8);
+PIN(hr_memory_stats, peak_bytes, 24, 8);
+PIN(hr_memory_stats, live_by_category, 32, 56);
+PIN(hr_memory_stats, peak_by_category, 88, 56);
+PIN(hr_memory_stats, num_allocs, 144, 8);
+PIN_TYPE(hr_memory_stats, live_by_category, uint64_t[7]);
+PIN_TYPE(hr_memory_stats, peak_by_category, uint64_t[7]);
+
+// --- hr_optimizer_step_info -------------------------------------------------------------------
+static_assert(sizeof(hr_optimizer_step_info) == 24 && alignof(hr_optimizer_step_info) == 8);
+PIN(hr_optimizer_step_info, struct_size, 0, 4);
+PIN(hr_optimizer_step_info, reserved0, 4, 4);
+PIN(hr_optimizer_step_info, step, 8, 8);
+PIN(hr_optimizer_step_info, lr, 16, 8);
+PIN_TYPE(hr_optimizer_step_info, step, int64_t);
+PIN_TYPE(hr_optimizer_step_info, lr, double);
+
+// --- hr_host_services: every function pointer's offset and signature --------------------------
+static_assert(sizeof(hr_host_services) == 280 && alignof(hr_host_services) == 8);
+PIN(hr_host_services, struct_size, 0, 4);
+PIN(hr_host_services, abi_version, 4, 4);
+PIN(hr_host_services, host, 8, 8);
+PIN_TYPE(hr_host_services, host, hr_host*);
+PIN(hr_host_services, log, 16, 8);
+PIN_TYPE(hr_host_services, log, void (*)(hr_host*, int32_t, const char*));
+PIN(hr_host_services, set_error, 24, 8);
+PIN_TYPE(hr_host_services, set_error, void (*)(hr_host*, const char*));
+PIN(hr_host_services, config_int, 32, 8);
+PIN_TYPE(hr_host_services, config_int, hr_status (*)(hr_host*, const char*, int64_t*));
+PIN(hr_host_services, config_float, 40, 8);
+PIN_TYPE(hr_host_services, config_float, hr_status (*)(hr_host*, const char*, double*));
+PIN(hr_host_services, config_bool, 48, 8);
+PIN_TYPE(hr_host_services, config_bool, hr_status (*)(hr_host*, const char*, int32_t*));
+PIN(hr_host_services, config_string, 56, 8);
+PIN_TYPE(hr_host_services, config_string, hr_status (*)(hr_host*, const char*, char*, size_t));
+PIN(hr_host_services, config_size, 64, 8);
+PIN_TYPE(hr_host_services, config_size, hr_status (*)(hr_host*, const char*, uint64_t*));
+PIN(hr_host_services, config_error, 72, 8);
+PIN_TYPE(hr_host_services, config_error, hr_status (*)(hr_host*, const char*, const char*));
+PIN(hr_host_services, alloc, 80, 8);
+PIN_TYPE(hr_host_services, alloc, void* (*)(hr_host*, uint64_t, uint32_t, const char*));
+PIN(hr_host_services, free, 88, 8);
+PIN_TYPE(hr_host_services, free, void (*)(hr_host*, void*));
+PIN(hr_host_services, raw_alloc, 96, 8);
+PIN_TYPE(hr_host_services, raw_alloc, void* (*)(hr_host*, uint64_t));
+PIN(hr_host_services, raw_free, 104, 8);
+PIN_TYPE(hr_host_services, raw_free, void (*)(hr_host*, void*));
+PIN(hr_host_services, memory_stats, 112, 8);
+PIN_TYPE(hr_host_services, memory_stats, hr_status (*)(hr_host*, hr_memory_stats*));
+PIN(hr_host_services, num_layers, 120, 8);
+PIN_TYPE(hr_host_services, num_layers, int32_t (*)(hr_host*));
+PIN(hr_host_services, layer_name, 128, 8);
+PIN_TYPE(hr_host_services, layer_name, hr_status (*)(hr_host*, int32_t, char*, size_t));
+PIN(hr_host_services, layer_num_params, 136, 8);
+PIN_TYPE(hr_host_services, layer_num_params, int32_t (*)(hr_host*, int32_t));
+PIN(hr_host_services, layer_param, 144, 8);
+PIN_TYPE(hr_host_services, layer_param, hr_status (*)(hr_host*, int32_t, int32_t, hr_tensor*));
+PIN(hr_host_services, layer_num_activations, 152, 8);
+PIN_TYPE(hr_host_services, layer_num_activations, int32_t (*)(hr_host*, int32_t));
+PIN(hr_host_services, layer_activation, 160, 8);
+PIN_TYPE(hr_host_services, layer_activation, hr_status (*)(hr_host*, int32_t, int32_t, hr_tensor*));
+PIN(hr_host_services, op_fill, 168, 8);
+PIN_TYPE(hr_host_services, op_fill, hr_status (*)(hr_host*, void*, uint32_t, uint64_t, double));
+PIN(hr_host_services, op_copy, 176, 8);
+PIN_TYPE(hr_host_services, op_copy, hr_status (*)(hr_host*, void*, const void*, uint64_t));
+PIN(hr_host_services, op_cast, 184, 8);
+PIN_TYPE(hr_host_services, op_cast,
+         hr_status (*)(hr_host*, void*, uint32_t, const void*, uint32_t, uint64_t));
+PIN(hr_host_services, op_scale, 192, 8);
+PIN_TYPE(hr_host_services, op_scale, hr_status (*)(hr_host*, void*, uint32_t, uint64_t, double));
+PIN(hr_host_services, op_axpy, 200, 8);
+PIN_TYPE(hr_host_services, op_axpy,
+         hr_status (*)(hr_host*, void*, const void*, uint32_t, uint64_t, double));
+PIN(hr_host_services, op_sum_squares, 208, 8);
+PIN_TYPE(hr_host_services, op_sum_squares,
+         hr_status (*)(hr_host*, const void*, uint32_t, uint64_t, double*));
+PIN(hr_host_services, op_nonfinite, 216, 8);
+PIN_TYPE(hr_host_services, op_nonfinite,
+         hr_status (*)(hr_host*, const void*, uint32_t, uint64_t, int32_t*));
+PIN(hr_host_services, device_kind, 224, 8);
+PIN_TYPE(hr_host_services, device_kind, const char* (*)(hr_host*));
+PIN(hr_host_services, device_index, 232, 8);
+PIN_TYPE(hr_host_services, device_index, int32_t (*)(hr_host*));
+PIN(hr_host_services, stream, 240, 8);
+PIN_TYPE(hr_host_services, stream, void* (*)(hr_host*));
+PIN(hr_host_services, rank, 248, 8);
+PIN_TYPE(hr_host_services, rank, int32_t (*)(hr_host*));
+PIN(hr_host_services, world_size, 256, 8);
+PIN_TYPE(hr_host_services, world_size, int32_t (*)(hr_host*));
+PIN(hr_host_services, veto_step, 264, 8);
+PIN_TYPE(hr_host_services, veto_step, void (*)(hr_host*, const char*));
+PIN(hr_host_services, request_retry, 272, 8);
+PIN_TYPE(hr_host_services, request_retry, void (*)(hr_host*, const char*));
+
+// --- hr_allocator_hooks, hr_optimizer_hooks ---------------------------------------------------
+static_assert(sizeof(hr_allocator_hooks) == 24 && alignof(hr_allocator_hooks) == 8);
+PIN(hr_allocator_hooks, struct_size, 0, 4);
+PIN(hr_allocator_hooks, reserved0, 4, 4);
+PIN(hr_allocator_hooks, allocate, 8, 8);
+PIN_TYPE(hr_allocator_hooks, allocate, void* (*)(void*, uint64_t, uint32_t, void*));
+PIN(hr_allocator_hooks, deallocate, 16, 8);
+PIN_TYPE(hr_allocator_hooks, deallocate, void (*)(void*, void*, uint64_t, void*));
+
+static_assert(sizeof(hr_optimizer_hooks) == 16 && alignof(hr_optimizer_hooks) == 8);
+PIN(hr_optimizer_hooks, struct_size, 0, 4);
+PIN(hr_optimizer_hooks, reserved0, 4, 4);
+PIN(hr_optimizer_hooks, step, 8, 8);
+PIN_TYPE(hr_optimizer_hooks, step, hr_status (*)(void*, const hr_optimizer_step_info*));
+
+// --- hr_plugin_descriptor ---------------------------------------------------------------------
+static_assert(alignof(hr_plugin_descriptor) == 8);
+PIN(hr_plugin_descriptor, struct_size, 0, 4);
+PIN(hr_plugin_descriptor, abi_version, 4, 4);
+PIN(hr_plugin_descriptor, name, 8, 8);
+PIN(hr_plugin_descriptor, version, 16, 8);
+PIN(hr_plugin_descriptor, description, 24, 8);
+PIN(hr_plugin_descriptor, events, 32, 8);
+PIN(hr_plugin_descriptor, roles, 40, 4);
+PIN(hr_plugin_descriptor, reserved0, 44, 4);
+PIN(hr_plugin_descriptor, create, 48, 8);
+PIN(hr_plugin_descriptor, destroy, 56, 8);
+PIN(hr_plugin_descriptor, on_event, 64, 8);
+PIN(hr_plugin_descriptor, allocator, 72, 8);
+PIN(hr_plugin_descriptor, optimizer, 80, 8);
+PIN_TYPE(hr_plugin_descriptor, name, const char*);
+PIN_TYPE(hr_plugin_descriptor, events, uint64_t);
+PIN_TYPE(hr_plugin_descriptor, roles, uint32_t);
+PIN_TYPE(hr_plugin_descriptor, create, hr_status (*)(const hr_host_services*, void**));
+PIN_TYPE(hr_plugin_descriptor, destroy, void (*)(void*));
+PIN_TYPE(hr_plugin_descriptor, on_event, hr_status (*)(void*, const hr_event_info*));
+PIN_TYPE(hr_plugin_descriptor, allocator, const hr_allocator_hooks*);
+PIN_TYPE(hr_plugin_descriptor, optimizer, const hr_optimizer_hooks*);
+#if HR_ABI_VERSION_MINOR == 0
+static_assert(sizeof(hr_plugin_descriptor) == 88);
+#else
+// ABI 1.0 ended at `optimizer` (88 bytes); 1.1 appended save_state and load_state.
+static_assert(sizeof(hr_plugin_descriptor) == 104);
+PIN(hr_plugin_descriptor, save_state, 88, 8);
+PIN_TYPE(hr_plugin_descriptor, save_state, hr_status (*)(void*, const hr_state_writer*));
+PIN(hr_plugin_descriptor, load_state, 96, 8);
+PIN_TYPE(hr_plugin_descriptor, load_state, hr_status (*)(void*, const void*, uint64_t));
+
+// --- hr_state_writer (1.1) ---------------------------------------------------------------------
+static_assert(sizeof(hr_state_writer) == 24 && alignof(hr_state_writer) == 8);
+PIN(hr_state_writer, struct_size, 0, 4);
+PIN(hr_state_writer, reserved0, 4, 4);
+PIN(hr_state_writer, context, 8, 8);
+PIN(hr_state_writer, write, 16, 8);
+PIN_TYPE(hr_state_writer, context, void*);
+PIN_TYPE(hr_state_writer, write, hr_status (*)(void*, const void*, uint64_t));
+#endif
+
+// --- hr_entry_args and the entry point --------------------------------------------------------
+static_assert(sizeof(hr_entry_args) == 40 && alignof(hr_entry_args) == 8);
+PIN(hr_entry_args, struct_size, 0, 4);
+PIN(hr_entry_args, host_abi_min, 4, 4);
+PIN(hr_entry_args, host_abi_max, 8, 4);
+PIN(hr_entry_args, plugin_abi, 12, 4);
+PIN(hr_entry_args, descriptor, 16, 8);
+PIN(hr_entry_args, error, 24, 8);
+PIN(hr_entry_args, error_size, 32, 8);
+PIN_TYPE(hr_entry_args, descriptor, const hr_plugin_descriptor*);
+PIN_TYPE(hr_entry_args, error, char*);
+PIN_TYPE(hr_entry_args, error_size, size_t);
+static_assert(std::is_same_v<hr_plugin_entry_fn, hr_status (*)(hr_entry_args*)>);
+static_assert(std::is_same_v<decltype(&hr_plugin_entry), hr_plugin_entry_fn>);
+
+#endif  // x86-64 LP64
+
+namespace headroom {
+namespace {
+
+TEST(PluginAbiLayout, PinnedForThisPlatform) {
+#if defined(__x86_64__) && defined(__LP64__)
+  // Everything above is checked at compile time; this test only records that it was.
+  EXPECT_STREQ(HR_PLUGIN_ENTRY_SYMBOL, "hr_plugin_entry");
+#else
+  GTEST_SKIP() << "the layout is pinned for x86-64 (LP64) only";
+#endif
+}
+
+// HR_HAS_FIELD: a reader sees a field only when the writer's struct_size covers all of it.
+TEST(PluginAbiLayout, HasFieldFollowsStructSize) {
+  hr_event_info info{};
+  info.struct_size = offsetof(hr_event_info, category);
+  EXPECT_TRUE(HR_HAS_FIELD(&info, hr_event_info, bytes));
+  EXPECT_FALSE(HR_HAS_FIELD(&info, hr_event_info, category));
+  info.struct_size = sizeof info;
+  EXPECT_TRUE(HR_HAS_FIELD(&info, hr_event_info, reserved0));
+}
+
+// hr_negotiate accepts a host range that includes major 1 and refuses one that does not.
+TEST(PluginAbiLayout, NegotiateByMajorVersion) {
+  static const hr_plugin_descriptor descriptor{};
+  hr_entry_args args{};
+  args.struct_size = sizeof args;
+  args.host_abi_min = HR_ABI_MAKE_VERSION(1, 0);
+  args.host_abi_max = HR_ABI_MAKE_VERSION(1, 7);
+  EXPECT_EQ(hr_negotiate(&args, &descriptor), HR_OK);
+  EXPECT_EQ(args.plugin_abi, HR_ABI_VERSION);
+  EXPECT_EQ(args.descriptor, &descriptor);
+
+  hr_entry_args newer{};
+  newer.host_abi_min = HR_ABI_MAKE_VERSION(2, 0);
+  newer.host_abi_max = HR_ABI_MAKE_VERSION(2, 1);
+  EXPECT_EQ(hr_negotiate(&newer, &descriptor), HR_ERROR_VERSION);
+  EXPECT_EQ(newer.descriptor, nullptr);
+
+  hr_entry_args older{};
+  older.host_abi_min = HR_ABI_MAKE_VERSION(0, 1);
+  older.host_abi_max = HR_ABI_MAKE_VERSION(0, 9);
+  EXPECT_EQ(hr_negotiate(&older, &descriptor), HR_ERROR_VERSION);
+}
+
+}  // namespace
+}  // namespace headroom

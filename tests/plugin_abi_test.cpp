@@ -1,0 +1,710 @@
+// The plugin ABI through the real loader: test plugins in plain C (tests/abi/plugins) run by the
+// host binary from TOML files. Load errors and their messages, event order across plugins, step
+// vetoes, the allocator and optimizer roles, hook failures, plugin config keys, the frozen v1.0
+// header, a descriptor from a newer minor version, `headroom plugins`, and what the libraries
+// export.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "headroom/plugin.h"
+#include "tests/test_util.h"
+
+namespace headroom {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_headroom;
+using test::write_file;
+
+const std::string kPluginDir = HEADROOM_TEST_PLUGIN_DIR;
+
+// 3 layers seen by plugins: 0 = embedding, 1 = the one block, 2 = the head.
+const char* kTinyModel =
+    "[model]\nn_layer = 1\nn_head = 1\nn_embd = 8\nseq_len = 4\nvocab_size = 16\n"
+    "[train]\nsteps = 2\nmicro_batch = 1\ngrad_accum = 2\n";
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::vector<std::string> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    lines.push_back(line);
+  return lines;
+}
+
+std::vector<std::string> split(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> words;
+  for (std::string w; in >> w;)
+    words.push_back(w);
+  return words;
+}
+
+std::string join(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const auto& l : lines)
+    s += l + "\n";
+  return s;
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// The 1-based line of `text` on which `needle` first appears (0 if it does not).
+int line_of(const std::string& text, const std::string& needle) {
+  const size_t at = text.find(needle);
+  if (at == std::string::npos) return 0;
+  return 1 + static_cast<int>(std::count(text.begin(), text.begin() + at, '\n'));
+}
+
+// The value of `key=` among the words of a recorded line ("" if absent).
+std::string field(const std::string& line, const std::string& key) {
+  for (const auto& w : split(line))
+    if (w.rfind(key + "=", 0) == 0) return w.substr(key.size() + 1);
+  return "";
+}
+
+std::vector<double> losses(const std::string& metrics_path) {
+  std::vector<double> out;
+  for (const auto& line : read_lines(metrics_path))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  return out;
+}
+
+// A copy of a test plugin in `dir`, with mode `mode` (the copy's own, not the build's).
+std::string copy_plugin(const std::string& name, const std::string& dir, fs::perms mode) {
+  const fs::path to = fs::path(dir) / (name + ".so");
+  fs::copy_file(fs::path(kPluginDir) / (name + ".so"), to, fs::copy_options::overwrite_existing);
+  fs::permissions(to, mode);
+  return to.string();
+}
+
+const fs::perms kMode755 = fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                           fs::perms::others_read | fs::perms::others_exec;
+
+struct PluginAbi : ::testing::Test {
+  std::string dir = test::temp_dir();
+  std::string saved_path;
+  bool had_path = false;
+
+  void SetUp() override {
+    if (const char* p = std::getenv("HEADROOM_PLUGIN_PATH")) {
+      had_path = true;
+      saved_path = p;
+    }
+    set_plugin_path(kPluginDir);
+  }
+  void TearDown() override {
+    if (had_path)
+      setenv("HEADROOM_PLUGIN_PATH", saved_path.c_str(), 1);
+    else
+      unsetenv("HEADROOM_PLUGIN_PATH");
+  }
+  static void set_plugin_path(const std::string& p) {
+    setenv("HEADROOM_PLUGIN_PATH", p.c_str(), 1);
+  }
+
+  std::string file(const std::string& name) const { return dir + "/" + name; }
+  std::string config(const std::string& text) { return write_file(dir, "run.toml", text); }
+  // A [[plugins]] table.
+  static std::string plugin(const std::string& name, const std::string& keys = "") {
+    return "\n[[plugins]]\nname = \"" + name + "\"\n" + keys;
+  }
+  // A recorder's table, recording to `out`.
+  std::string recorder(const std::string& name, const std::string& out,
+                       const std::string& keys = "") const {
+    return plugin(name, "out = \"" + file(out) + "\"\n" + keys);
+  }
+};
+
+// --- A run without plugins -----------------------------------------------------------------------
+
+TEST_F(PluginAbi, RunWithoutPluginsStillWorks) {
+  const auto r = run_headroom("train " + config(kTinyModel));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "step      2/2")) << r.output;
+}
+
+// --- Finding and loading: every failure exits 2 with a message that says what is wrong -----------
+
+TEST_F(PluginAbi, MissingPathExits2NamingIt) {
+  const std::string path = config(kTinyModel + plugin("rec_a", "path = \"absent/rec_a.so\"\n"));
+  const auto r = run_headroom("train " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "absent/rec_a.so")) << r.output;
+  EXPECT_TRUE(contains(r.output, "does not exist")) << r.output;
+  EXPECT_TRUE(contains(r.output, path)) << "names the config file: " << r.output;
+}
+
+TEST_F(PluginAbi, NameNotFoundExits2) {
+  set_plugin_path(test::temp_dir());  // an empty folder
+  const auto r = run_headroom("train " + config(kTinyModel + plugin("nope")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "cannot find plugin 'nope'")) << r.output;
+}
+
+TEST_F(PluginAbi, PluginPathIsColonSeparated) {
+  set_plugin_path(dir + "/absent:" + test::temp_dir() + ":" + kPluginDir);
+  const auto r = run_headroom("train " + config(kTinyModel + recorder("rec_a", "events.txt")));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(read_lines(file("events.txt")).empty());
+}
+
+TEST_F(PluginAbi, PathIsRelativeToTheConfigFile) {
+  set_plugin_path(test::temp_dir());  // not found by name: only the path can find it
+  fs::create_directory(file("libs"));
+  copy_plugin("rec_a", file("libs"), kMode755);
+  const auto r =
+      run_headroom("train " + config(kTinyModel + recorder("rec_a", "events.txt",
+                                                           "path = \"libs/rec_a.so\"\n")));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(read_lines(file("events.txt")).empty());
+}
+
+TEST_F(PluginAbi, NotASharedLibraryExits2) {
+  const std::string so = write_file(dir, "garbage.so", "this is not an ELF file\n");
+  fs::permissions(so, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                          fs::perms::others_read);
+  const auto r =
+      run_headroom("train " + config(kTinyModel + plugin("garbage", "path = \"garbage.so\"\n")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "cannot load")) << r.output;
+  EXPECT_TRUE(contains(r.output, "garbage.so")) << r.output;
+}
+
+TEST_F(PluginAbi, NoEntryPointExits2) {
+  const auto r = run_headroom("train " + config(kTinyModel + plugin("no_entry")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "hr_plugin_entry")) << r.output;
+  EXPECT_TRUE(contains(r.output, "no_entry")) << r.output;
+}
+
+TEST_F(PluginAbi, EntryErrorExits2WithThePluginsMessage) {
+  const auto r = run_headroom("train " + config(kTinyModel + plugin("bad_entry")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "this plugin refuses to load")) << r.output;
+  EXPECT_TRUE(contains(r.output, "bad_entry")) << r.output;
+}
+
+// A plugin that picks ABI 2.0 and says HR_OK, as a careless one would: refused all the same.
+TEST_F(PluginAbi, OtherMajorVersionIsRefused) {
+  const auto r = run_headroom("train " + config(kTinyModel + plugin("major2")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "2.0")) << "the plugin's version: " << r.output;
+  EXPECT_TRUE(contains(r.output, "1.0")) << "the host's version: " << r.output;
+  EXPECT_TRUE(contains(r.output, "major2")) << r.output;
+}
+
+// The same plugin returning HR_ERROR_VERSION, as hr_negotiate would.
+TEST_F(PluginAbi, OtherMajorVersionRefusingItselfExits2) {
+  const auto r = run_headroom("train " + config(kTinyModel + plugin("major2_refuses")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "2.0")) << "the plugin's version: " << r.output;
+  EXPECT_TRUE(contains(r.output, "1.0")) << "the host's version: " << r.output;
+  EXPECT_TRUE(contains(r.output, "major2_refuses")) << r.output;
+}
+
+TEST_F(PluginAbi, TwoPluginsInOneRoleExit2NamingBoth) {
+  const auto r = run_headroom(
+      "train " + config(kTinyModel + plugin("alloc_a", "out = \"" + file("a.txt") + "\"\n") +
+                        plugin("alloc_b", "out = \"" + file("b.txt") + "\"\n")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "alloc_a")) << r.output;
+  EXPECT_TRUE(contains(r.output, "alloc_b")) << r.output;
+  EXPECT_TRUE(contains(r.output, "allocator")) << r.output;
+}
+
+TEST_F(PluginAbi, WorldWritablePluginIsRefused) {
+  const std::string so = copy_plugin("rec_a", dir, kMode755 | fs::perms::others_write);
+  const auto r = run_headroom(
+      "train " + config(kTinyModel + recorder("rec_a", "events.txt", "path = \"rec_a.so\"\n")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "writable")) << r.output;
+  EXPECT_TRUE(contains(r.output, so)) << r.output;
+  EXPECT_TRUE(read_lines(file("events.txt")).empty()) << "the plugin never ran";
+}
+
+// "A plugin file that anyone but its owner can write is refused": the group too.
+TEST_F(PluginAbi, GroupWritablePluginIsRefused) {
+  copy_plugin("rec_a", dir, kMode755 | fs::perms::group_write);
+  const auto r = run_headroom(
+      "train " + config(kTinyModel + recorder("rec_a", "events.txt", "path = \"rec_a.so\"\n")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "writable")) << r.output;
+}
+
+// --- Events --------------------------------------------------------------------------------------
+
+// The documented order for one run: 2 steps, grad_accum 2, 3 layers; each event reaches the
+// plugins in TOML order.
+std::vector<std::string> expected_events(const std::vector<std::string>& plugins, int steps,
+                                         int accum, int layers) {
+  std::vector<std::string> out;
+  auto ev = [&](const char* name, int step, int micro, int layer) {
+    for (const auto& p : plugins)
+      out.push_back(p + " " + name + " step=" + std::to_string(step) +
+                    " micro=" + std::to_string(micro) + " layer=" + std::to_string(layer));
+  };
+  ev("TRAIN_BEGIN", 0, 0, -1);
+  for (int s = 1; s <= steps; ++s) {
+    ev("STEP_BEGIN", s, 0, -1);
+    for (int m = 1; m <= accum; ++m) {
+      for (int l = 0; l < layers; ++l) {
+        ev("FORWARD_BEGIN", s, m, l);
+        ev("FORWARD_END", s, m, l);
+      }
+      for (int l = layers - 1; l >= 0; --l) {
+        ev("BACKWARD_BEGIN", s, m, l);
+        ev("BACKWARD_END", s, m, l);
+      }
+    }
+    ev("GRADS_READY", s, 0, -1);
+    ev("OPTIMIZER_STEP", s, 0, -1);
+    ev("STEP_END", s, 0, -1);
+  }
+  ev("TRAIN_END", steps, 0, -1);
+  return out;
+}
+
+void check_event_order(const std::string& events_file, const std::vector<std::string>& plugins,
+                       const std::string& output) {
+  const std::vector<std::string> lines = read_lines(events_file);
+  std::vector<std::string> events;  // the first five words of each event line
+  std::vector<size_t> creates, destroys, train_ends;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const auto w = split(lines[i]);
+    ASSERT_GE(w.size(), 2u) << lines[i];
+    if (w[1] == "CREATE") {
+      creates.push_back(i);
+      continue;
+    }
+    if (w[1] == "DESTROY") {
+      destroys.push_back(i);
+      continue;
+    }
+    ASSERT_GE(w.size(), 5u) << lines[i];
+    if (w[1] == "TRAIN_END") train_ends.push_back(i);
+    events.push_back(w[0] + " " + w[1] + " " + w[2] + " " + w[3] + " " + w[4]);
+  }
+  std::vector<std::string> expected = expected_events(plugins, 2, 2, 3);
+  // TRAIN_END's step is not pinned by the header (the last step, or 0): compare the rest.
+  ASSERT_EQ(events.size(), expected.size()) << join(lines) << output;
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (split(expected[i])[1] == "TRAIN_END") {
+      const auto got = split(events[i]);
+      const auto want = split(expected[i]);
+      EXPECT_EQ(got[0] + " " + got[1] + " " + got[3] + " " + got[4],
+                want[0] + " " + want[1] + " " + want[3] + " " + want[4]);
+      expected[i] = events[i];
+    }
+  }
+  EXPECT_EQ(join(events), join(expected));
+
+  // Each plugin is created before the first event and destroyed after the last.
+  EXPECT_EQ(creates.size(), plugins.size()) << join(lines);
+  EXPECT_EQ(destroys.size(), plugins.size()) << join(lines);
+  for (size_t c : creates)
+    EXPECT_LT(c, creates.size()) << "CREATE after an event:\n" << join(lines);
+  ASSERT_FALSE(train_ends.empty());
+  for (size_t d : destroys)
+    EXPECT_GT(d, train_ends.back()) << "DESTROY before TRAIN_END:\n" << join(lines);
+}
+
+TEST_F(PluginAbi, EventOrderAcrossTwoPluginsInTomlOrder) {
+  const auto r = run_headroom("train " + config(kTinyModel + recorder("rec_a", "events.txt") +
+                                                recorder("rec_b", "events.txt")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  check_event_order(file("events.txt"), {"rec_a", "rec_b"}, r.output);
+}
+
+TEST_F(PluginAbi, EventOrderFollowsTheTomlNotTheName) {
+  const auto r = run_headroom("train " + config(kTinyModel + recorder("rec_b", "events.txt") +
+                                                recorder("rec_a", "events.txt")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  check_event_order(file("events.txt"), {"rec_b", "rec_a"}, r.output);
+}
+
+// A step vetoed at GRADS_READY has no OPTIMIZER_STEP and leaves the parameters as they were; it
+// still ends with STEP_END, and the steps around it update as usual.
+TEST_F(PluginAbi, VetoSkipsTheOptimizerStep) {
+  const std::string text =
+      "[model]\nn_layer = 1\nn_head = 1\nn_embd = 8\nseq_len = 4\nvocab_size = 16\n"
+      "[train]\nsteps = 3\nmicro_batch = 1\ngrad_accum = 2\nlr = 1e-2\nwarmup_steps = 0\n" +
+      recorder("rec_a", "events.txt", "veto_step = 2\n") + recorder("rec_b", "events.txt");
+  const auto r = run_headroom("train " + config(text));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  const auto lines = read_lines(file("events.txt"));
+  std::map<std::string, std::set<int>> steps_of;  // "rec_a OPTIMIZER_STEP" -> steps
+  std::map<std::string, std::string> sum;         // "STEP_BEGIN 2" -> rec_a's parameter sum
+  for (const auto& line : lines) {
+    const auto w = split(line);
+    if (w.size() < 5) continue;
+    const int step = std::stoi(field(line, "step"));
+    steps_of[w[0] + " " + w[1]].insert(step);
+    if (w[0] == "rec_a" && !field(line, "sum").empty())
+      sum[w[1] + " " + std::to_string(step)] = field(line, "sum");
+  }
+  for (const std::string p : {"rec_a", "rec_b"}) {
+    EXPECT_EQ(steps_of[p + " OPTIMIZER_STEP"], (std::set<int>{1, 3})) << join(lines);
+    EXPECT_EQ(steps_of[p + " GRADS_READY"], (std::set<int>{1, 2, 3})) << join(lines);
+    EXPECT_EQ(steps_of[p + " STEP_END"], (std::set<int>{1, 2, 3})) << join(lines);
+  }
+  ASSERT_EQ(sum.size(), 8u) << "STEP_BEGIN and STEP_END x3, OPTIMIZER_STEP x2:\n" << join(lines);
+  for (const auto& [k, v] : sum)
+    ASSERT_TRUE(v != "none" && v != "error") << k << ": " << v;
+  EXPECT_EQ(sum["STEP_BEGIN 2"], sum["STEP_END 2"]) << "the vetoed step changed the parameters";
+  EXPECT_NE(sum["STEP_BEGIN 1"], sum["STEP_END 1"]) << "step 1 did not update";
+  EXPECT_NE(sum["STEP_BEGIN 3"], sum["STEP_END 3"]) << "step 3 did not update";
+  EXPECT_EQ(sum["STEP_END 1"], sum["STEP_BEGIN 2"]);
+  EXPECT_EQ(sum["STEP_END 2"], sum["STEP_BEGIN 3"]);
+  // OPTIMIZER_STEP comes just before the update.
+  EXPECT_EQ(sum["OPTIMIZER_STEP 1"], sum["STEP_BEGIN 1"]);
+  EXPECT_EQ(sum["OPTIMIZER_STEP 3"], sum["STEP_BEGIN 3"]);
+}
+
+// --- A hook that fails mid-run: exit 1 naming the plugin, the event and the plugin's message -----
+
+TEST_F(PluginAbi, HookErrorMidRunExits1NamingPluginAndEvent) {
+  const auto r =
+      run_headroom("train " + config(kTinyModel + recorder("rec_a", "events.txt") +
+                                     recorder("rec_b", "events.txt",
+                                              "fail_event = \"STEP_END\"\nfail_step = 1\n")));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "plugin 'rec_b'")) << r.output;
+  EXPECT_TRUE(contains(r.output, "STEP_END")) << r.output;
+  EXPECT_TRUE(contains(r.output, "deliberate failure")) << r.output;
+
+  const auto lines = read_lines(file("events.txt"));
+  const std::string all = join(lines);
+  EXPECT_FALSE(contains(all, "STEP_BEGIN step=2")) << "the run went on:\n" << all;
+  EXPECT_TRUE(contains(all, "rec_a DESTROY")) << "destroy after a failed run:\n" << all;
+  EXPECT_TRUE(contains(all, "rec_b DESTROY")) << "destroy after a failed run:\n" << all;
+}
+
+// A run that runs out of memory fires OOM to the plugins (with the size asked for), stops with
+// exit code 3 and the report, and still destroys every plugin.
+TEST_F(PluginAbi, OomEventReachesPluginsBeforeTheReport) {
+  const auto r = run_headroom(
+      "train " + config(kTinyModel + std::string("[device]\nmemory_limit = \"12KiB\"\n") +
+                        recorder("rec_a", "events.txt", "alloc_events = true\n")));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(contains(r.output, "out of memory")) << r.output;
+  const auto lines = read_lines(file("events.txt"));
+  std::vector<std::string> ooms;
+  for (const auto& line : lines)
+    if (split(line).size() > 1 && split(line)[1] == "OOM") ooms.push_back(line);
+  ASSERT_EQ(ooms.size(), 1u) << join(lines);
+  EXPECT_GT(std::stol(field(ooms[0], "bytes")), 0) << ooms[0];
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back(), "rec_a DESTROY") << join(lines);
+}
+
+// The plugin's log messages reach the user, naming the plugin.
+TEST_F(PluginAbi, LogReachesTheOutput) {
+  const auto r = run_headroom(
+      "train " + config(kTinyModel + recorder("rec_a", "events.txt",
+                                              "log = \"a message from the recorder\"\n")));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "a message from the recorder")) << r.output;
+  EXPECT_TRUE(contains(r.output, "rec_a")) << r.output;
+}
+
+// --- A plugin's own keys -------------------------------------------------------------------------
+
+TEST_F(PluginAbi, UnknownKeyInPluginTableExits2NamingFileAndLine) {
+  const std::string text = kTinyModel + recorder("rec_a", "events.txt", "bogus = 1\n");
+  const std::string path = config(text);
+  const auto r = run_headroom("train " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const int line = line_of(text, "bogus = 1");
+  EXPECT_TRUE(contains(r.output, path + ":" + std::to_string(line) + ":")) << r.output;
+  EXPECT_TRUE(contains(r.output, "bogus")) << r.output;
+  EXPECT_TRUE(contains(lower(r.output), "unknown")) << r.output;
+}
+
+TEST_F(PluginAbi, WrongTypeInPluginTableExits2NamingFileAndLine) {
+  const std::string text = kTinyModel + recorder("rec_a", "events.txt", "veto_step = \"two\"\n");
+  const std::string path = config(text);
+  const auto r = run_headroom("train " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const int line = line_of(text, "veto_step = ");
+  EXPECT_TRUE(contains(r.output, path + ":" + std::to_string(line) + ":")) << r.output;
+  EXPECT_TRUE(contains(r.output, "veto_step")) << r.output;
+}
+
+// config_error on a key the table does not have (a required one): exit 2 with the message.
+TEST_F(PluginAbi, MissingRequiredKeyExits2WithThePluginsMessage) {
+  const std::string path = config(kTinyModel + plugin("rec_a"));
+  const auto r = run_headroom("train " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "rec_a needs `out`")) << r.output;
+  EXPECT_TRUE(contains(r.output, path)) << r.output;
+}
+
+// config_error on a value the plugin finds out of range: prefixed with the key's position.
+TEST_F(PluginAbi, ConfigErrorNamesTheKeysLine) {
+  const std::string text =
+      kTinyModel + recorder("rec_a", "events.txt", "fail_event = \"NOT_AN_EVENT\"\n");
+  const std::string path = config(text);
+  const auto r = run_headroom("train " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const int line = line_of(text, "fail_event");
+  EXPECT_TRUE(contains(r.output, path + ":" + std::to_string(line) + ":")) << r.output;
+  EXPECT_TRUE(contains(r.output, "not an event name")) << r.output;
+}
+
+// --- Roles ---------------------------------------------------------------------------------------
+
+// Every device allocation goes through the allocator plugin: its count is the host tracker's, and
+// every ALLOC event is one of its allocations. Training is unchanged.
+TEST_F(PluginAbi, AllocatorSeesEveryAllocation) {
+  const std::string base = std::string(kTinyModel);
+  const auto plain = run_headroom("train " + config(base) + " --metrics " + file("plain.jsonl"));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+
+  const auto r =
+      run_headroom("train " +
+                   config(base + recorder("rec_a", "events.txt", "alloc_events = true\n") +
+                          plugin("alloc_a", "out = \"" + file("alloc.txt") + "\"\n")) +
+                   " --metrics " + file("alloc.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  const auto counts = read_lines(file("alloc.txt"));
+  ASSERT_EQ(counts.size(), 1u) << join(counts);
+  const long allocs = std::stol(field(counts[0], "allocs"));
+  const long frees = std::stol(field(counts[0], "frees"));
+  EXPECT_GT(allocs, 0) << counts[0];
+  EXPECT_EQ(field(counts[0], "host"), field(counts[0], "allocs")) << counts[0];
+  EXPECT_LE(frees, allocs) << counts[0];
+  EXPECT_EQ(field(counts[0], "bad_frees"), "0") << "deallocate(NULL): " << counts[0];
+
+  long alloc_events = 0, free_events = 0;
+  for (const auto& line : read_lines(file("events.txt"))) {
+    const auto w = split(line);
+    if (w.size() < 2) continue;
+    if (w[1] == "TRAIN_END") break;
+    alloc_events += w[1] == "ALLOC";
+    free_events += w[1] == "FREE";
+  }
+  EXPECT_EQ(alloc_events, allocs) << "ALLOC events up to TRAIN_END vs allocate calls";
+  EXPECT_EQ(free_events, frees) << "FREE events up to TRAIN_END vs deallocate calls";
+
+  EXPECT_EQ(losses(file("alloc.jsonl")), losses(file("plain.jsonl")));
+}
+
+// An allocator that has no memory left (allocate returns NULL) is an out-of-memory like any other:
+// OOM to the plugins, exit code 3 with the report.
+TEST_F(PluginAbi, AllocatorReturningNullIsOutOfMemory) {
+  const auto r = run_headroom(
+      "train " +
+      config(kTinyModel + recorder("rec_a", "events.txt", "alloc_events = true\n") +
+             plugin("alloc_a", "out = \"" + file("alloc.txt") + "\"\nfail_after = 40\n")));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(contains(r.output, "out of memory")) << r.output;
+  const std::string events = join(read_lines(file("events.txt")));
+  EXPECT_TRUE(contains(events, "rec_a OOM ")) << events;
+  EXPECT_TRUE(contains(events, "rec_a DESTROY")) << events;
+}
+
+// The optimizer role replaces AdamW whatever [train] optimizer says: the plugin's plain SGD
+// reproduces the built-in SGD without momentum or weight decay, and no AdamW state is allocated.
+TEST_F(PluginAbi, OptimizerRoleReplacesTheBuiltIn) {
+  const std::string base =
+      "[model]\nn_layer = 1\nn_head = 1\nn_embd = 8\nseq_len = 4\nvocab_size = 16\n"
+      "[train]\nsteps = 20\nmicro_batch = 4\ngrad_accum = 2\nlr = 0.5\nwarmup_steps = 0\n"
+      "lr_schedule = \"constant\"\nweight_decay = 0.0\ngrad_clip = 0.0\n";
+  const auto with_plugin =
+      run_headroom("train " +
+                   config(base + "optimizer = \"adamw\"\n" +
+                          plugin("plain_sgd", "out = \"" + file("sgd.txt") + "\"\n")) +
+                   " --metrics " + file("plugin.jsonl"));
+  ASSERT_EQ(with_plugin.exit_code, 0) << with_plugin.output;
+  const auto builtin_sgd =
+      run_headroom("train " + config(base + "optimizer = \"sgd\"\nmomentum = 0.0\n") +
+                   " --metrics " + file("sgd.jsonl"));
+  ASSERT_EQ(builtin_sgd.exit_code, 0) << builtin_sgd.output;
+  const auto adamw = run_headroom("train " + config(base + "optimizer = \"adamw\"\n") +
+                                  " --metrics " + file("adamw.jsonl"));
+  ASSERT_EQ(adamw.exit_code, 0) << adamw.output;
+
+  const auto got = losses(file("plugin.jsonl"));
+  const auto sgd = losses(file("sgd.jsonl"));
+  const auto adam = losses(file("adamw.jsonl"));
+  ASSERT_EQ(got.size(), 20u);
+  ASSERT_EQ(sgd.size(), 20u);
+  ASSERT_EQ(adam.size(), 20u);
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], sgd[i], 1e-5 * std::abs(sgd[i])) << "step " << i + 1;
+  EXPECT_NE(got[1], adam[1]) << "the plugin ran AdamW's update";
+  // It learns: the last five steps' mean loss is clearly below the first five's.
+  double first = 0, last = 0;
+  for (int i = 0; i < 5; ++i) {
+    first += got[i] / 5;
+    last += got[got.size() - 1 - i] / 5;
+  }
+  EXPECT_LT(last, first - 0.1);
+
+  // One step() per optimizer step, 1-based, with the schedule's lr, over every parameter.
+  const auto steps = read_lines(file("sgd.txt"));
+  ASSERT_EQ(steps.size(), 20u) << join(steps);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(field(steps[i], "step"), std::to_string(i + 1)) << steps[i];
+    EXPECT_EQ(field(steps[i], "lr"), "0.5") << steps[i];
+    EXPECT_GT(std::stoi(field(steps[i], "params")), 0) << steps[i];
+  }
+  // No AdamW moments: nothing in the optimizer category.
+  const auto last_metrics = read_lines(file("plugin.jsonl")).back();
+  EXPECT_EQ(nlohmann::json::parse(last_metrics).at("mem_peak_by_category").at("optimizer"), 0)
+      << last_metrics;
+}
+
+// --- Compatibility across versions ---------------------------------------------------------------
+
+// Built against tests/abi/v1.0/headroom/plugin.h only: every later host must keep loading it.
+TEST_F(PluginAbi, FrozenV1_0PluginLoads) {
+  const auto r = run_headroom(
+      "train " + config(kTinyModel + plugin("frozen_v1_0", "out = \"" + file("f.txt") + "\"\n")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = read_lines(file("f.txt"));
+  ASSERT_EQ(lines.size(), 4u) << join(lines);
+  EXPECT_EQ(lines[0], "frozen_v1_0 TRAIN_BEGIN step=0");
+  EXPECT_EQ(lines[1], "frozen_v1_0 STEP_END step=1");
+  EXPECT_EQ(lines[2], "frozen_v1_0 STEP_END step=2");
+  EXPECT_EQ(split(lines[3])[1], "TRAIN_END");
+}
+
+#if HR_ABI_VERSION_MINOR >= 1
+// With snapshots on, a 1.1 host looks for save_state: in a v1.0 descriptor it must not (the bytes
+// after frozen_v1_0's descriptor are garbage that would crash the run).
+TEST_F(PluginAbi, FrozenV1_0PluginRunsWithSnapshots) {
+  const auto r = run_headroom(
+      "train " + config(kTinyModel + std::string("[snapshot]\nevery = 1\ndir = \"snaps\"\n") +
+                        plugin("frozen_v1_0", "out = \"" + file("f.txt") + "\"\n")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_lines(file("f.txt")).size(), 4u) << join(read_lines(file("f.txt")));
+}
+#endif
+
+// A descriptor inside a larger struct (from a minor version newer than the host's): the host reads
+// what it knows, negotiates its own version, and runs the hooks.
+TEST_F(PluginAbi, LargerDescriptorFromANewerMinorLoads) {
+  const auto r = run_headroom(
+      "train " + config(kTinyModel + plugin("bigger", "out = \"" + file("b.txt") + "\"\n")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = read_lines(file("b.txt"));
+  ASSERT_EQ(lines.size(), 3u) << join(lines);
+  // It offered 1.<minor + 1>, so the newest both speak is the host's own.
+  EXPECT_EQ(lines[0], "bigger CREATE abi=1." + std::to_string(HR_ABI_VERSION_MINOR))
+      << "services->abi_version is the version the plugin chose";
+  EXPECT_EQ(lines[1], "bigger STEP_END step=1");
+  EXPECT_EQ(lines[2], "bigger STEP_END step=2");
+}
+
+// The same plugin answering its newer version whatever the host offers: it still runs (same
+// major), and the version the host tells it in services->abi_version is one the host speaks.
+TEST_F(PluginAbi, NewerMinorAnsweredOutsideTheRangeRunsAtTheHostsVersion) {
+  const auto r = run_headroom(
+      "train " + config(kTinyModel + plugin("bigger_naive", "out = \"" + file("b.txt") + "\"\n")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = read_lines(file("b.txt"));
+  ASSERT_EQ(lines.size(), 3u) << join(lines);
+  EXPECT_EQ(lines[0], "bigger_naive CREATE abi=1." + std::to_string(HR_ABI_VERSION_MINOR))
+      << "services->abi_version must be a version this host speaks";
+  EXPECT_EQ(lines[2], "bigger_naive STEP_END step=2");
+}
+
+// --- `headroom plugins` --------------------------------------------------------------------------
+
+TEST_F(PluginAbi, PluginsCommandListsWhatThePathHolds) {
+  const std::string a = test::temp_dir(), b = test::temp_dir();
+  for (const char* name : {"rec_a", "rec_b", "frozen_v1_0"})
+    copy_plugin(name, a, kMode755);
+  for (const char* name : {"alloc_a", "plain_sgd"})
+    copy_plugin(name, b, kMode755);
+  set_plugin_path(a + ":" + b);
+  const auto r = run_headroom("plugins");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  // name, version, file
+  const std::vector<std::array<std::string, 3>> expected = {
+      {"rec_a", "0.3.1", a + "/rec_a.so"},
+      {"rec_b", "0.3.2", a + "/rec_b.so"},
+      {"frozen_v1_0", "1.0.0", a + "/frozen_v1_0.so"},
+      {"alloc_a", "2.0.1", b + "/alloc_a.so"},
+      {"plain_sgd", "1.4.0", b + "/plain_sgd.so"}};
+  for (const auto& [name, version, path] : expected) {
+    EXPECT_TRUE(contains(r.output, name)) << name << ":\n" << r.output;
+    EXPECT_TRUE(contains(r.output, version)) << name << " " << version << ":\n" << r.output;
+    EXPECT_TRUE(contains(r.output, path)) << path << ":\n" << r.output;
+  }
+  EXPECT_TRUE(contains(r.output, "1.0")) << "the ABI version:\n" << r.output;
+  EXPECT_TRUE(contains(lower(r.output), "allocator")) << r.output;
+  EXPECT_TRUE(contains(lower(r.output), "optimizer")) << r.output;
+  EXPECT_TRUE(contains(lower(r.output), "step_end")) << "the events:\n" << r.output;
+  EXPECT_TRUE(contains(lower(r.output), "grads_ready")) << "the events:\n" << r.output;
+}
+
+// Broken libraries on the path are listed with what is wrong, and do not hide the good ones.
+TEST_F(PluginAbi, PluginsCommandShowsBrokenLibraries) {
+  const auto r = run_headroom("plugins");
+  EXPECT_TRUE(contains(r.output, "rec_a")) << r.output;
+  EXPECT_TRUE(contains(r.output, kPluginDir + "/bad_entry.so")) << r.output;
+  EXPECT_TRUE(contains(r.output, "this plugin refuses to load")) << r.output;
+}
+
+// --- What the libraries export -------------------------------------------------------------------
+
+// Every test plugin exports exactly one defined dynamic symbol, hr_plugin_entry (no_entry, which
+// exists to lack it, exports one other).
+TEST_F(PluginAbi, PluginsExportOnlyTheEntryPoint) {
+  int checked = 0;
+  for (const auto& entry : fs::directory_iterator(kPluginDir)) {
+    if (entry.path().extension() != ".so") continue;
+    const std::string cmd = "nm -D --defined-only '" + entry.path().string() + "' 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0)
+      out.append(buf, n);
+    ASSERT_EQ(pclose(p), 0) << cmd << "\n" << out;
+    std::vector<std::string> symbols;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);) {
+      const auto w = split(line);
+      if (w.empty()) continue;
+      ASSERT_EQ(w.size(), 3u) << "address, type, name: " << line;
+      symbols.push_back(w[1] + " " + w[2]);
+    }
+    if (entry.path().stem() == "no_entry")
+      EXPECT_EQ(symbols, std::vector<std::string>{"T hr_plugin_entry_point_misspelled"}) << out;
+    else
+      EXPECT_EQ(symbols, std::vector<std::string>{"T hr_plugin_entry"}) << entry.path() << out;
+    ++checked;
+  }
+  EXPECT_GE(checked, 12) << "the test plugins are missing from " << kPluginDir;
+}
+
+}  // namespace
+}  // namespace headroom
