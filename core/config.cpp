@@ -22,15 +22,17 @@ namespace {
 constexpr int64_t kIntMax = INT_MAX;
 constexpr int64_t kInt64Max = INT64_MAX;
 
-const std::vector<std::string> kSections = {"model", "train", "data", "device"};
+const std::vector<std::string> kSections = {"model", "train", "data", "device", "snapshot"};
 
 const std::vector<std::string> kModelKeys = {"preset", "n_layer", "n_head",
                                              "n_embd", "seq_len", "vocab_size"};
 const std::vector<std::string> kTrainKeys = {
     "steps",        "micro_batch", "grad_accum", "optimizer", "lr",       "min_lr",
     "weight_decay", "beta1",       "beta2",      "eps",       "momentum", "warmup_steps",
-    "lr_schedule",  "grad_clip",   "seed",       "log_every"};
-const std::vector<std::string> kDataKeys = {"kind", "path", "seed", "branching"};
+    "lr_schedule",  "grad_clip",   "seed",       "log_every", "init_from"};
+const std::vector<std::string> kDataKeys = {"kind",      "path",    "pattern", "seed",
+                                            "branching", "shuffle", "workers", "prefetch"};
+const std::vector<std::string> kSnapshotKeys = {"every", "dir", "keep", "save_weights"};
 const std::vector<std::string> kDeviceKeys = {"kind", "index", "memory_limit"};
 
 struct Preset {
@@ -194,6 +196,7 @@ class Validator {
     if (auto* t = root["train"].as_table()) train(*t, c.train);
     if (auto* t = root["data"].as_table()) data(*t, c.data);
     if (auto* t = root["device"].as_table()) device(*t, c.device);
+    if (auto* t = root["snapshot"].as_table()) snapshot(*t, c.snapshot);
     if (auto* n = root.get("plugins")) plugins(*n, c.plugins);
     return c;
   }
@@ -308,6 +311,54 @@ class Validator {
     return true;
   }
 
+  bool get_bool(const toml::table& t, const std::string& section, const std::string& key,
+                bool& out) const {
+    const toml::node* n = t.get(key);
+    if (!n) return false;
+    if (!n->is_boolean()) type_error(section, key, *n, "a boolean (true or false)");
+    out = n->as_boolean()->get();
+    return true;
+  }
+
+  // A file or folder name: resolved relative to the config file's folder, or to the current
+  // directory when it came from --set. `pos` records where it was written.
+  bool get_path(const toml::table& t, const std::string& section, const std::string& key,
+                std::string& out, SourcePos* pos) const {
+    std::string v;
+    if (!get_string(t, section, key, v)) return false;
+    const toml::node* n = t.get(key);
+    if (v.empty()) {
+      throw ConfigError(where(section, key, *n) + ": " + section + "." + key +
+                        " must name a file or folder, got an empty string");
+    }
+    const auto ov = overrides_.find(section + "." + key);
+    out = resolve_path(v, ov != overrides_.end() ? std::string() : base_dir_);
+    if (pos) {
+      if (ov != overrides_.end()) {
+        pos->file = "--set " + ov->second;
+      } else {
+        pos->file = file_;
+        pos->line = static_cast<int>(n->source().begin.line);
+        pos->column = static_cast<int>(n->source().begin.column);
+      }
+    }
+    return true;
+  }
+
+  void snapshot(const toml::table& t, SnapshotConfig& c) {
+    const std::string s = "snapshot";
+    check_keys(s, t, kSnapshotKeys);
+    get_int(t, s, "every", 0, kInt64Max, c.every);
+    get_path(t, s, "dir", c.dir, nullptr);
+    get_int_as(t, s, "keep", 1, 1000000, c.keep);
+    get_bool(t, s, "save_weights", c.save_weights);
+    if (c.every > 0 && c.dir.empty()) {
+      throw ConfigError(where(s, "every", *t.get("every")) +
+                        ": snapshot.every > 0 needs snapshot.dir, the folder snapshots go to " +
+                        "(e.g. dir = \"snapshots\")");
+    }
+  }
+
   bool get_choice(const toml::table& t, const std::string& section, const std::string& key,
                   const std::vector<std::string>& choices, std::string& out) const {
     std::string v;
@@ -389,6 +440,7 @@ class Validator {
     get_float(t, s, "grad_clip", Bound::kInclusive, 0, Bound::kNone, 0, c.grad_clip);
     get_int_as(t, s, "seed", 0, kInt64Max, c.seed);
     get_int(t, s, "log_every", 1, kInt64Max, c.log_every);
+    get_path(t, s, "init_from", c.init_from, &c.init_from_pos);
     if (c.min_lr > c.lr) {
       const toml::node* n = t.get("min_lr");
       const std::string w = n ? where(s, "min_lr", *n) : where(s, "lr", *t.get("lr"));
@@ -400,37 +452,33 @@ class Validator {
   void data(const toml::table& t, DataConfig& c) {
     const std::string s = "data";
     check_keys(s, t, kDataKeys);
-    get_choice(t, s, "kind", {"synthetic", "text"}, c.kind);
-    std::string path;
-    const bool has_path = get_string(t, s, "path", path);
-    if (c.kind == "text") {
-      if (!has_path) {
-        const toml::node* k = t.get("kind");
-        throw ConfigError(where(s, "kind", *k) + ": data.kind = \"text\" needs data.path, " +
-                          "the text file to train on (e.g. path = \"corpus.txt\")");
-      }
-      if (path.empty()) {
-        throw ConfigError(where(s, "path", *t.get("path")) +
-                          ": data.path must name a file, got an empty string");
-      }
-      // A path given on the command line is relative to the current directory.
-      const bool from_set = overrides_.count("data.path") != 0;
-      c.path = resolve_path(path, from_set ? std::string() : base_dir_);
-      // Kept so that errors about the file itself (unreadable, too small) point at this line.
-      if (from_set) {
-        c.path_pos.file = "--set " + overrides_.at("data.path");
-      } else {
-        c.path_pos.file = file_;
-        c.path_pos.line = static_cast<int>(t.get("path")->source().begin.line);
-        c.path_pos.column = static_cast<int>(t.get("path")->source().begin.column);
-      }
-    } else if (has_path) {
+    get_choice(t, s, "kind", {"synthetic", "text", "shards"}, c.kind);
+    const bool has_path = get_path(t, s, "path", c.path, &c.path_pos);
+    const bool has_pattern = get_path(t, s, "pattern", c.pattern, &c.path_pos);
+    const toml::node* kind = t.get("kind");
+    if (c.kind == "text" && !has_path) {
+      throw ConfigError(where(s, "kind", *kind) + ": data.kind = \"text\" needs data.path, " +
+                        "the text file to train on (e.g. path = \"corpus.txt\")");
+    }
+    if (c.kind == "shards" && !has_pattern) {
+      throw ConfigError(
+          where(s, "kind", *kind) + ": data.kind = \"shards\" needs " +
+          "data.pattern, a glob of llm.c token shards (e.g. pattern = " + "\"data/train_*.bin\")");
+    }
+    if (has_path && c.kind != "text") {
       throw ConfigError(where(s, "path", *t.get("path")) +
                         ": data.path is only used with data.kind = \"text\"; remove it or set " +
-                        "kind = \"text\" (valid kinds: \"synthetic\", \"text\")");
+                        "kind = \"text\" (valid kinds: \"synthetic\", \"text\", \"shards\")");
+    }
+    if (has_pattern && c.kind != "shards") {
+      throw ConfigError(where(s, "pattern", *t.get("pattern")) +
+                        ": data.pattern is only used with data.kind = \"shards\"");
     }
     get_int_as(t, s, "seed", 0, kInt64Max, c.seed);
     get_int_as(t, s, "branching", 1, 64, c.branching);
+    get_bool(t, s, "shuffle", c.shuffle);
+    get_int_as(t, s, "workers", 0, 64, c.workers);
+    get_int_as(t, s, "prefetch", 1, 1024, c.prefetch);
   }
 
   void device(const toml::table& t, DeviceConfig& c) {
@@ -534,7 +582,9 @@ class Validator {
       toml::table own = t;
       own.erase("name");
       own.erase("path");
-      for (auto&& [key, value] : own) {
+      // From the parsed table, not the copy: copies do not keep their source positions.
+      for (auto&& [key, value] : t) {
+        if (key.str() == "name" || key.str() == "path") continue;
         SourcePos kp;
         kp.file = file_;
         kp.line = static_cast<int>(value.source().begin.line);
@@ -704,12 +754,17 @@ std::string format_config(const Config& c) {
   kv("grad_clip", format_double(t.grad_clip));
   kv("seed", num(t.seed));
   kv("log_every", num(t.log_every));
+  if (!t.init_from.empty()) kv("init_from", toml_string(t.init_from));
 
   os << "\n[data]\n";
   kv("kind", toml_string(c.data.kind));
   if (!c.data.path.empty()) kv("path", toml_string(c.data.path));
+  if (!c.data.pattern.empty()) kv("pattern", toml_string(c.data.pattern));
   kv("seed", num(c.data.seed));
   kv("branching", num(c.data.branching));
+  kv("shuffle", c.data.shuffle ? "true" : "false");
+  kv("workers", num(c.data.workers));
+  kv("prefetch", num(c.data.prefetch));
 
   os << "\n[device]\n";
   kv("kind", toml_string(c.device.kind));
@@ -730,6 +785,12 @@ std::string format_config(const Config& c) {
     if (limit.empty()) limit = std::to_string(ml);
   }
   kv("memory_limit", limit);
+
+  os << "\n[snapshot]\n";
+  kv("every", num(c.snapshot.every));
+  if (!c.snapshot.dir.empty()) kv("dir", toml_string(c.snapshot.dir));
+  kv("keep", num(c.snapshot.keep));
+  kv("save_weights", c.snapshot.save_weights ? "true" : "false");
 
   if (!c.plugins.empty()) {
     toml::array entries;

@@ -54,6 +54,8 @@ struct TrainConfig {
   double grad_clip = 1.0;              // 0 turns clipping off
   uint64_t seed = 1;                   // parameter init
   int64_t log_every = 1;               // progress / metrics cadence in optimizer steps
+  std::string init_from;               // a safetensors file to start from; "" = fresh init
+  SourcePos init_from_pos;
 };
 
 struct DataConfig {
@@ -66,6 +68,14 @@ struct DataConfig {
   uint64_t seed = 1;               // synthetic: the Markov chain and the sampling
   int branching = 4;               // synthetic: successors per token (entropy <= ln(branching))
   SourcePos path_pos;              // where path was set, for errors about the file itself
+};
+
+// Training snapshots (weights, optimizer state, step, data position, plugin state) for resuming.
+struct SnapshotConfig {
+  int64_t every = 0;          // optimizer steps between snapshots; 0 = none
+  std::string dir;            // where they go, resolved relative to the config file
+  int keep = 3;               // the newest this many are kept
+  bool save_weights = false;  // also write model.safetensors beside each snapshot
 };
 
 struct DeviceConfig {
@@ -90,6 +100,7 @@ struct Config {
   TrainConfig train;
   DataConfig data;
   DeviceConfig device;
+  SnapshotConfig snapshot;
   std::vector<PluginEntry> plugins;
 };
 

@@ -1,5 +1,7 @@
 #include "core/data.h"
 
+#include "core/shards.h"
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -184,7 +186,15 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& data, const Model
                         std::to_string(need) + ")");
     return std::make_unique<TextSource>(data.path, std::move(bytes));
   }
-  throw ConfigError("data.kind = \"" + data.kind + "\": valid kinds are \"synthetic\", \"text\"");
+  if (data.kind == "shards") {
+    try {
+      return make_shard_source(data, B, T, model.vocab_size);
+    } catch (const ConfigError& e) {
+      throw ConfigError(data.path_pos.str() + ": data.pattern '" + data.pattern + "': " + e.what());
+    }
+  }
+  throw ConfigError("data.kind = \"" + data.kind +
+                    "\": valid kinds are \"synthetic\", \"text\", \"shards\"");
 }
 
 }  // namespace headroom

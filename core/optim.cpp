@@ -26,10 +26,7 @@ class AdamW final : public Optimizer {
  public:
   AdamW(const TrainConfig& t, Device& device) : t_(t), device_(device) {}
   void step(const std::vector<Param<float>*>& params, double lr, int64_t step) override {
-    if (m_.empty()) {
-      m_ = make_state(device_, params, "adamw m");
-      v_ = make_state(device_, params, "adamw v");
-    }
+    allocate(params);
     for (size_t i = 0; i < params.size(); ++i) {
       Param<float>& p = *params[i];
       cpu::adamw_update(p.data(), p.gdata(), m_[i].as<float>(), v_[i].as<float>(), p.numel,
@@ -39,7 +36,23 @@ class AdamW final : public Optimizer {
     }
   }
 
+  std::vector<StateTensor> state(const std::vector<Param<float>*>& params) override {
+    allocate(params);
+    std::vector<StateTensor> out;
+    for (size_t i = 0; i < params.size(); ++i) {
+      out.push_back({params[i]->name + " adamw m", m_[i].as<float>(), params[i]->numel});
+      out.push_back({params[i]->name + " adamw v", v_[i].as<float>(), params[i]->numel});
+    }
+    return out;
+  }
+
  private:
+  void allocate(const std::vector<Param<float>*>& params) {
+    if (!m_.empty()) return;
+    m_ = make_state(device_, params, "adamw m");
+    v_ = make_state(device_, params, "adamw v");
+  }
+
   TrainConfig t_;
   Device& device_;
   std::vector<Buffer> m_, v_;
@@ -49,8 +62,7 @@ class Sgd final : public Optimizer {
  public:
   Sgd(const TrainConfig& t, Device& device) : t_(t), device_(device) {}
   void step(const std::vector<Param<float>*>& params, double lr, int64_t) override {
-    // Momentum 0 keeps no state at all.
-    if (t_.momentum > 0 && buf_.empty()) buf_ = make_state(device_, params, "sgd momentum");
+    allocate(params);
     for (size_t i = 0; i < params.size(); ++i) {
       Param<float>& p = *params[i];
       cpu::sgd_update(p.data(), p.gdata(), buf_.empty() ? nullptr : buf_[i].as<float>(), p.numel,
@@ -59,7 +71,20 @@ class Sgd final : public Optimizer {
     }
   }
 
+  std::vector<StateTensor> state(const std::vector<Param<float>*>& params) override {
+    allocate(params);
+    std::vector<StateTensor> out;
+    for (size_t i = 0; i < buf_.size(); ++i)
+      out.push_back({params[i]->name + " sgd momentum", buf_[i].as<float>(), params[i]->numel});
+    return out;
+  }
+
  private:
+  // Momentum 0 keeps no state at all.
+  void allocate(const std::vector<Param<float>*>& params) {
+    if (t_.momentum > 0 && buf_.empty()) buf_ = make_state(device_, params, "sgd momentum");
+  }
+
   TrainConfig t_;
   Device& device_;
   std::vector<Buffer> buf_;

@@ -18,6 +18,15 @@ class Optimizer {
   // Updates every parameter from its gradient. `step` is the 1-based optimizer step. State is
   // allocated (category optimizer) at the first call, as PyTorch does.
   virtual void step(const std::vector<Param<float>*>& params, double lr, int64_t step) = 0;
+
+  struct StateTensor {
+    std::string name;  // "h.0.attn.c_attn.weight adamw m"
+    float* data;
+    uint64_t numel;
+  };
+  // Its state tensors, for snapshots; allocates them first (zeroed) if no step has yet, so that a
+  // snapshot can be loaded into them. Empty for an optimizer that keeps state elsewhere.
+  virtual std::vector<StateTensor> state(const std::vector<Param<float>*>& params) = 0;
 };
 
 // Throws ConfigError for an unknown optimizer name.

@@ -1,10 +1,15 @@
 #include "core/trainer.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
+
+#include "core/safetensors.h"
+#include "core/snapshot.h"
 
 namespace headroom {
 
@@ -22,8 +27,11 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   device_ = Device::create(config_.device);
   device_->add_observer(this);
   set_phase(Phase::Kind::kSetup);
-  data_ = make_data_source(config_.data, config_.model, config_.train.micro_batch,
-                           config_.model.seq_len);
+  data_ = options_.data_source ? std::move(options_.data_source)
+                               : make_data_source(config_.data, config_.model,
+                                                  config_.train.micro_batch, config_.model.seq_len);
+  loader_ = std::make_unique<DataLoader>(*data_, config_.data.workers, config_.data.prefetch,
+                                         config_.train.micro_batch, config_.model.seq_len);
   // Plugins come before anything allocates: an allocator-role plugin serves every buffer.
   plugins_ = std::make_unique<PluginHost>(config_);
   plugins_->create(*this);
@@ -36,6 +44,13 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     metrics_ = std::move(f);
   }
   model_ = std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed);
+  if (!config_.train.init_from.empty()) {
+    try {
+      load_safetensors(config_.train.init_from, *model_);
+    } catch (const ConfigError& e) {
+      throw ConfigError(config_.train.init_from_pos.str() + ": train.init_from: " + e.what());
+    }
+  }
 }
 
 Trainer::~Trainer() {
@@ -75,16 +90,18 @@ void Trainer::run() {
   batch.dloss = 1.0 / double(tokens_per_step);  // the step's loss is the mean over all its tokens
   const std::vector<Param<float>*> params = model_->params();
 
-  for (step_ = 1; step_ <= t.steps; ++step_) {
+  first_step_ = options_.resume_dir.empty() ? 1 : resume() + 1;
+  run_start_ms_ = now_ms();
+  for (step_ = first_step_; step_ <= t.steps; ++step_) {
     const double t0 = now_ms();
     micro_step_ = 0;
     veto_ = false;
     fire(Event::kStepBegin);
     model_->zero_grad();
-    double loss_sum = 0.0;
+    double loss_sum = 0.0, data_wait_ms = 0.0;
     for (micro_step_ = 1; micro_step_ <= A; ++micro_step_) {
       set_phase(Phase::Kind::kData);
-      data_->next(inputs.as<int32_t>(), targets.as<int32_t>(), B, T);
+      data_wait_ms += loader_->next(inputs.as<int32_t>(), targets.as<int32_t>());
       loss_sum += micro_step(batch);
     }
     micro_step_ = 0;
@@ -101,14 +118,17 @@ void Trainer::run() {
     r.skipped = veto_;
     if (veto_) ++skipped_steps_;
     fire(Event::kStepEnd);
+    r.data_wait_ms = data_wait_ms;
     r.step_ms = now_ms() - t0;
     r.tokens_per_s = double(tokens_per_step) / (r.step_ms / 1000.0);
     history_.push_back(r);
     log_step(r);
+    if (config_.snapshot.every > 0 && step_ % config_.snapshot.every == 0) write_snapshot();
   }
   step_ = t.steps;
   set_phase(Phase::Kind::kDone);
   fire(Event::kTrainEnd);
+  if (!options_.save_weights_path.empty()) save_safetensors(options_.save_weights_path, *model_);
 }
 
 double Trainer::micro_step(const Batch& batch) {
@@ -208,6 +228,85 @@ void Trainer::request_retry(const std::string&, const std::string&) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Snapshots
+
+namespace {
+
+std::string model_signature(const ModelConfig& m) {
+  return "n_layer=" + std::to_string(m.n_layer) + " n_head=" + std::to_string(m.n_head) +
+         " n_embd=" + std::to_string(m.n_embd) + " seq_len=" + std::to_string(m.seq_len) +
+         " vocab_size=" + std::to_string(m.vocab_size);
+}
+
+std::vector<uint8_t> bytes_of(const float* data, uint64_t numel) {
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(data);
+  return std::vector<uint8_t>(p, p + numel * sizeof(float));
+}
+
+}  // namespace
+
+void Trainer::write_snapshot() {
+  SnapshotData d;
+  d.step = step_;
+  d.skipped_steps = skipped_steps_;
+  d.data_state = loader_->state();
+  d.model = model_signature(config_.model);
+  d.optimizer = plugins_->provides_optimizer() ? "plugin" : config_.train.optimizer;
+  const std::vector<Param<float>*> params = model_->params();
+  for (const Param<float>* p : params)
+    d.tensors[p->name] = bytes_of(p->data(), p->numel);
+  for (const Optimizer::StateTensor& s : optimizer_->state(params))
+    d.tensors[s.name] = bytes_of(s.data, s.numel);
+  d.plugins = plugins_->save_states();
+  const std::string path = headroom::write_snapshot(config_.snapshot.dir, d, config_.snapshot.keep);
+  // The weights beside it, for other tools; pruned with the snapshot.
+  if (config_.snapshot.save_weights)
+    save_safetensors(path.substr(0, path.size() - std::strlen(".hrsnap")) + ".safetensors",
+                     *model_);
+  if (options_.log && !options_.live_progress) *options_.log << "snapshot: " << path << "\n";
+}
+
+int64_t Trainer::resume() {
+  std::string path;
+  const SnapshotData d = read_newest_snapshot(options_.resume_dir, &path);
+  auto refuse = [&](const std::string& why) {
+    return ConfigError("--resume: snapshot " + path + " " + why);
+  };
+  if (d.model != model_signature(config_.model))
+    throw refuse("is of another model (" + d.model + "); this config has " +
+                 model_signature(config_.model));
+  const std::string optimizer = plugins_->provides_optimizer() ? "plugin" : config_.train.optimizer;
+  if (d.optimizer != optimizer)
+    throw refuse("was made with optimizer " + d.optimizer + ", this config uses " + optimizer);
+  if (d.step >= config_.train.steps)
+    throw refuse("is at step " + std::to_string(d.step) +
+                 ", already at train.steps = " + std::to_string(config_.train.steps));
+  // Every tensor the run has must be in the snapshot, with the same size; nothing else may be.
+  const std::vector<Param<float>*> params = model_->params();
+  std::vector<std::pair<std::string, std::pair<float*, uint64_t>>> targets;
+  for (Param<float>* p : params)
+    targets.push_back({p->name, {p->data(), p->numel}});
+  for (const Optimizer::StateTensor& s : optimizer_->state(params))
+    targets.push_back({s.name, {s.data, s.numel}});
+  if (targets.size() != d.tensors.size())
+    throw refuse("holds " + std::to_string(d.tensors.size()) + " tensors; this run has " +
+                 std::to_string(targets.size()));
+  for (const auto& [name, dst] : targets) {
+    const auto it = d.tensors.find(name);
+    if (it == d.tensors.end()) throw refuse("has no tensor '" + name + "'");
+    if (it->second.size() != dst.second * sizeof(float))
+      throw refuse("has tensor '" + name + "' of " + std::to_string(it->second.size()) +
+                   " bytes; expected " + std::to_string(dst.second * sizeof(float)));
+    std::memcpy(dst.first, it->second.data(), it->second.size());
+  }
+  loader_->restore(d.data_state);
+  plugins_->load_states(d.plugins);
+  skipped_steps_ = d.skipped_steps;
+  if (options_.log) *options_.log << "resumed from " << path << " (step " << d.step << ")\n";
+  return d.step;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Output
 
 void Trainer::log_step(const StepRecord& r) {
@@ -220,6 +319,7 @@ void Trainer::log_step(const StepRecord& r) {
     j["grad_norm"] = r.grad_norm;
     j["step_ms"] = r.step_ms;
     j["tokens_per_s"] = r.tokens_per_s;
+    j["data_wait_ms"] = r.data_wait_ms;
     j["skipped"] = r.skipped;
     j["skipped_steps"] = skipped_steps_;
     j["mem_live_bytes"] = mt.live_total();
@@ -244,7 +344,14 @@ void Trainer::log_step(const StepRecord& r) {
                 r.lr, r.grad_norm, r.tokens_per_s, r.step_ms,
                 format_bytes(mt.peak_total()).c_str());
   if (options_.live_progress) {
-    *options_.log << '\r' << line << "\033[K" << (last ? "\n" : "") << std::flush;
+    // On a terminal: the time left at the average pace of this run so far.
+    const double per_step = (now_ms() - run_start_ms_) / double(r.step - first_step_ + 1);
+    const long long eta_s = llround(per_step * double(config_.train.steps - r.step) / 1000.0);
+    char eta[48];
+    std::snprintf(eta, sizeof eta, " | ETA %lldh%02lldm%02llds", eta_s / 3600, eta_s / 60 % 60,
+                  eta_s % 60);
+    *options_.log << '\r' << line << (last ? "" : eta) << "\033[K" << (last ? "\n" : "")
+                  << std::flush;
   } else {
     *options_.log << line << '\n' << std::flush;
   }

@@ -9,6 +9,7 @@
 
 #include "core/config.h"
 #include "core/data.h"
+#include "core/data_loader.h"
 #include "core/device.h"
 #include "core/events.h"
 #include "core/model.h"
@@ -21,6 +22,10 @@ struct TrainOptions {
   std::string metrics_path;     // "" = no metrics file; else one JSON object per optimizer step
   std::ostream* log = nullptr;  // progress and reports; nullptr = silent
   bool live_progress = false;   // rewrite one progress line (a terminal) instead of printing lines
+  std::string resume_dir;       // continue from the newest snapshot in this folder
+  std::string save_weights_path;  // write the final weights here (safetensors)
+  // The data, when not the one [data] describes (embedding hosts, benchmarks, tests).
+  std::unique_ptr<DataSource> data_source;
 };
 
 struct StepRecord {
@@ -30,7 +35,8 @@ struct StepRecord {
   double grad_norm = 0.0;  // before clipping
   double step_ms = 0.0;
   double tokens_per_s = 0.0;
-  bool skipped = false;  // a plugin vetoed the optimizer step
+  double data_wait_ms = 0.0;  // waiting for batches, summed over the step's micro-steps
+  bool skipped = false;       // a plugin vetoed the optimizer step
 };
 
 class Trainer final : private LayerEvents, private AllocationObserver, private PluginRun {
@@ -66,6 +72,10 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   double micro_step(const Batch& batch);
   void set_phase(Phase::Kind kind, int layer = -1);
   void log_step(const StepRecord& r);
+  // The run's state after `step_` steps, written to [snapshot] dir.
+  void write_snapshot();
+  // Loads the newest snapshot of options_.resume_dir; returns its step.
+  int64_t resume();
 
   // LayerEvents: the model announces each layer's forward and backward.
   void forward_begin(int layer) override;
@@ -88,6 +98,7 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   std::unique_ptr<Gpt<float>> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataSource> data_;
+  std::unique_ptr<DataLoader> loader_;
   std::vector<EventListener*> listeners_;
   std::unique_ptr<std::ostream> metrics_;
   std::vector<StepRecord> history_;
@@ -98,6 +109,8 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   std::string veto_reason_;
   bool retry_requested_ = false;
   int64_t skipped_steps_ = 0;
+  double run_start_ms_ = 0.0;
+  int64_t first_step_ = 1;  // > 1 after a resume
 };
 
 }  // namespace headroom

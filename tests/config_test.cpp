@@ -85,7 +85,7 @@ TEST_F(ConfigFileTest, UnknownKeyInData) {
   EXPECT_TRUE(starts_with(e, f + ":3:1: ")) << e;
   EXPECT_HAS(e, "'file'");
   EXPECT_HAS(e, "[data]");
-  EXPECT_HAS(e, "kind, path, seed, branching");
+  EXPECT_HAS(e, "kind, path, pattern, seed, branching, shuffle, workers, prefetch");
 }
 
 TEST_F(ConfigFileTest, UnknownKeyInDevice) {

@@ -14,6 +14,7 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "core/plugin_host.h"
+#include "core/shards.h"
 #include "core/trainer.h"
 
 namespace {
@@ -54,17 +55,32 @@ int cmd_plugins() {
   return kExitOk;
 }
 
+// `headroom shard TEXTFILE OUTDIR`: llm.c token shards of a file's bytes.
+int cmd_shard(const std::string& text, const std::string& out_dir, uint64_t tokens_per_shard) {
+  for (const std::string& path : headroom::write_text_shards(text, out_dir, tokens_per_shard))
+    std::printf("%s\n", path.c_str());
+  return kExitOk;
+}
+
+struct TrainFlags {
+  std::string metrics, resume, save_weights;
+  bool quiet = false;
+};
+
 int cmd_train(const std::string& file, const std::vector<std::string>& sets,
-              const std::string& metrics, bool quiet) {
+              const TrainFlags& flags) {
   const headroom::Config config = headroom::load_config(file, sets);
+  const bool quiet = flags.quiet;
   headroom::TrainOptions options;
-  options.metrics_path = metrics;
+  options.metrics_path = flags.metrics;
+  options.resume_dir = flags.resume;
+  options.save_weights_path = flags.save_weights;
   options.log = quiet ? nullptr : &std::cout;
   options.live_progress = !quiet && isatty(STDOUT_FILENO);
 
   std::unique_ptr<headroom::Trainer> trainer;
   try {
-    trainer = std::make_unique<headroom::Trainer>(config, options);
+    trainer = std::make_unique<headroom::Trainer>(config, std::move(options));
     if (!quiet) {
       const auto& m = config.model;
       std::printf(
@@ -100,20 +116,35 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", HEADROOM_VERSION_STRING);
   app.require_subcommand(1);
 
-  std::string config_file, metrics;
+  std::string config_file;
   std::vector<std::string> sets;
-  bool quiet = false;
+  TrainFlags flags;
 
   CLI::App* train = app.add_subcommand("train", "train the model a config describes");
   train->add_option("config", config_file, "the TOML config file")->required();
   train->add_option("--set", sets, "override a config key: --set section.key=value (repeatable)");
-  train->add_option("--metrics", metrics, "write one JSON object per optimizer step to FILE");
-  train->add_flag("-q,--quiet", quiet, "print nothing but errors");
+  train->add_option("--metrics", flags.metrics, "write one JSON object per optimizer step to FILE");
+  train->add_option("--resume", flags.resume,
+                    "continue from the newest snapshot in DIR (see [snapshot] in the config)");
+  train->add_option("--save-weights", flags.save_weights,
+                    "write the trained weights to FILE (safetensors, Hugging Face GPT-2 names)");
+  train->add_flag("-q,--quiet", flags.quiet, "print nothing but errors");
 
   CLI::App* check = app.add_subcommand(
       "check", "validate a config and print it resolved, with every default filled in");
   check->add_option("config", config_file, "the TOML config file")->required();
   check->add_option("--set", sets, "override a config key: --set section.key=value (repeatable)");
+
+  std::string shard_text, shard_dir;
+  uint64_t tokens_per_shard = 100000000;
+  CLI::App* shard = app.add_subcommand(
+      "shard",
+      "write a text file's bytes as llm.c token shards (vocab 256) for [data] kind = shards");
+  shard->add_option("text", shard_text, "the text file")->required();
+  shard->add_option("outdir", shard_dir, "the folder to write shard_000000.bin, ... into")
+      ->required();
+  shard->add_option("--tokens-per-shard", tokens_per_shard, "at most this many tokens per shard")
+      ->check(CLI::PositiveNumber);
 
   CLI::App* plugins = app.add_subcommand(
       "plugins", "list every plugin on the plugin path: name, version, ABI, events, roles, file");
@@ -126,7 +157,8 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (*train) return cmd_train(config_file, sets, metrics, quiet);
+    if (*train) return cmd_train(config_file, sets, flags);
+    if (*shard) return cmd_shard(shard_text, shard_dir, tokens_per_shard);
     if (*check) return cmd_check(config_file, sets);
     if (*plugins) return cmd_plugins();
   } catch (const headroom::ConfigError& e) {
