@@ -1,6 +1,7 @@
 #include "core/device.h"
 
 #include <malloc.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -36,11 +37,21 @@ OutOfMemory::OutOfMemory(OomReport report)
     : std::runtime_error("out of memory: " + report.what), report_(std::move(report)) {}
 
 void* Device::allocate(uint64_t bytes, Category category, const std::string& what) {
+  return allocate_impl(bytes, category, what, true);
+}
+
+void* Device::try_allocate(uint64_t bytes, Category category, const std::string& what) {
+  return allocate_impl(bytes, category, what, false);
+}
+
+void* Device::allocate_impl(uint64_t bytes, Category category, const std::string& what,
+                            bool report) {
   const uint64_t live = tracker_.live_total();
   void* ptr = nullptr;
   if (limit_ == 0 || live + bytes <= limit_)
     ptr = allocator_ ? allocator_->allocate(bytes, category) : backend_allocate(bytes);
   if (!ptr) {
+    if (!report) return nullptr;
     OomReport r;
     r.requested = bytes;
     r.category = category;
@@ -118,6 +129,23 @@ class CpuDevice final : public Device {
     return std::aligned_alloc(64, rounded);
   }
   void backend_free(void* ptr) override { std::free(ptr); }
+
+  // Plain host virtual memory: reserve with PROT_NONE, map by making pages readable and writable.
+  uint64_t vm_granularity() const override { return uint64_t(2) << 20; }
+  void* vm_reserve(uint64_t bytes) override {
+    void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }
+  bool vm_map(void* addr, uint64_t bytes) override {
+    return mprotect(addr, bytes, PROT_READ | PROT_WRITE) == 0;
+  }
+  void vm_unmap(void* addr, uint64_t bytes) override {
+    // Drop the pages (their contents are gone, as after cuMemUnmap) and fence the range again.
+    madvise(addr, bytes, MADV_DONTNEED);
+    mprotect(addr, bytes, PROT_NONE);
+  }
+  void vm_release(void* addr, uint64_t bytes) override { munmap(addr, bytes); }
+  BackendStats backend_stats() const override { return BackendStats{}; }
 };
 
 }  // namespace

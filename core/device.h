@@ -70,6 +70,9 @@ class Device {
   // Every device buffer comes from here. Past the memory limit (or when the backend has no memory
   // left) it notifies the observers and throws OutOfMemory; nothing is allocated then.
   void* allocate(uint64_t bytes, Category category, const std::string& what);
+  // The same, returning nullptr instead of firing OOM and throwing: for a caller that handles
+  // its own failure (a plugin's services->alloc).
+  void* try_allocate(uint64_t bytes, Category category, const std::string& what);
   void free(void* ptr);
 
   // The allocator every buffer comes from from now on; nullptr restores the backend's own. Set it
@@ -78,6 +81,25 @@ class Device {
   // The backend's own memory, outside the tracker: what an allocator plugin builds its pools from.
   virtual void* backend_allocate(uint64_t bytes) = 0;  // nullptr when the backend has none
   virtual void backend_free(void* ptr) = 0;
+
+  // Virtual memory, for allocators that grow a segment page by page instead of needing one
+  // contiguous hole (CUDA: cuMemAddressReserve / cuMemCreate + cuMemMap / cuMemUnmap /
+  // cuMemAddressFree; the CPU backend models the same over its arena). Sizes and addresses are
+  // multiples of vm_granularity(). vm_map returns false when there is no memory to back the range.
+  virtual uint64_t vm_granularity() const = 0;
+  virtual void* vm_reserve(uint64_t bytes) = 0;  // nullptr on failure
+  virtual bool vm_map(void* addr, uint64_t bytes) = 0;
+  virtual void vm_unmap(void* addr, uint64_t bytes) = 0;
+  virtual void vm_release(void* addr, uint64_t bytes) = 0;
+
+  // What the backend's memory looks like now: bytes in use by backend allocations and mapped
+  // pages, and the largest contiguous free block (what the next backend_allocate can get).
+  struct BackendStats {
+    uint64_t capacity = 0;  // the memory limit, 0 when none
+    uint64_t used = 0;
+    uint64_t largest_free = 0;
+  };
+  virtual BackendStats backend_stats() const = 0;
 
   MemoryTracker& tracker() { return tracker_; }
   const MemoryTracker& tracker() const { return tracker_; }
@@ -88,6 +110,8 @@ class Device {
   explicit Device(uint64_t limit) : limit_(limit) {}
 
  private:
+  void* allocate_impl(uint64_t bytes, Category category, const std::string& what, bool report);
+
   struct Block {
     uint64_t bytes;
     Category category;

@@ -136,8 +136,11 @@ std::vector<std::string> plugin_search_path() {
       if (!d.empty()) dirs.push_back(d);
   }
   const std::string exe = exe_dir();
-  if (!exe.empty())
-    dirs.push_back((fs::path(exe) / ".." / "lib" / "headroom" / "plugins").string());
+  if (!exe.empty()) {
+    // The build tree puts plugins in lib/; an install in its libdir (lib64, lib/<multiarch>).
+    for (const char* libdir : {"lib", HEADROOM_INSTALL_LIBDIR})
+      dirs.push_back((fs::path(exe) / ".." / libdir / "headroom" / "plugins").string());
+  }
   dirs.push_back(HEADROOM_INSTALL_PLUGIN_DIR);
   dirs.push_back(HEADROOM_BUILD_PLUGIN_DIR);
   // The same folder reached two ways is searched once.
@@ -399,12 +402,19 @@ struct HostServices {
       return nullptr;
     }
     try {
-      void* ptr = run(h).device().allocate(bytes, category_at(int(category)),
-                                           p.entry.name + ": " + (what ? what : "buffer"));
+      void* ptr = run(h).device().try_allocate(bytes, category_at(int(category)),
+                                               p.entry.name + ": " + (what ? what : "buffer"));
+      if (!ptr) {
+        p.error = "alloc: " + format_bytes(bytes) + " do not fit in device memory";
+        return nullptr;
+      }
       p.allocations.insert(ptr);
       return ptr;
-    } catch (const OutOfMemory& e) {
-      p.error = e.what();
+    } catch (const PluginFailure& e) {
+      // Another plugin's ALLOC hook failed inside this allocation: the run stops at the next
+      // event, with that plugin's message.
+      if (h->owner->pending_failure_.empty()) h->owner->pending_failure_ = e.what();
+      p.error = "alloc: stopped by a failing plugin";
     } catch (const std::exception& e) {
       p.error = e.what();
     }
@@ -575,6 +585,34 @@ struct HostServices {
     run(h).request_retry(plugin(h).entry.name, reason ? reason : "");
   }
 
+  // --- virtual memory (allocator role) ---
+  static uint64_t vm_granularity(hr_host* h) { return run(h).device().vm_granularity(); }
+  static bool vm_aligned(hr_host* h, const void* addr, uint64_t bytes) {
+    const uint64_t g = run(h).device().vm_granularity();
+    if (bytes % g == 0 && reinterpret_cast<uintptr_t>(addr) % g == 0) return true;
+    plugin(h).error =
+        "vm: address and size must be multiples of vm_granularity() = " + std::to_string(g);
+    return false;
+  }
+  static void* vm_reserve(hr_host* h, uint64_t bytes) {
+    if (!vm_aligned(h, nullptr, bytes)) return nullptr;
+    return run(h).device().vm_reserve(bytes);
+  }
+  static hr_status vm_map(hr_host* h, void* addr, uint64_t bytes) {
+    if (!addr || !vm_aligned(h, addr, bytes)) return HR_ERROR_INVALID;
+    return run(h).device().vm_map(addr, bytes) ? HR_OK : HR_ERROR_OUT_OF_MEMORY;
+  }
+  static hr_status vm_unmap(hr_host* h, void* addr, uint64_t bytes) {
+    if (!addr || !vm_aligned(h, addr, bytes)) return HR_ERROR_INVALID;
+    run(h).device().vm_unmap(addr, bytes);
+    return HR_OK;
+  }
+  static hr_status vm_release(hr_host* h, void* addr, uint64_t bytes) {
+    if (!addr || !vm_aligned(h, addr, bytes)) return HR_ERROR_INVALID;
+    run(h).device().vm_release(addr, bytes);
+    return HR_OK;
+  }
+
   static hr_host_services table(LoadedPlugin& p) {
     hr_host_services s;
     std::memset(&s, 0, sizeof s);
@@ -614,6 +652,11 @@ struct HostServices {
     s.world_size = world_size;
     s.veto_step = veto_step;
     s.request_retry = request_retry;
+    s.vm_granularity = vm_granularity;
+    s.vm_reserve = vm_reserve;
+    s.vm_map = vm_map;
+    s.vm_unmap = vm_unmap;
+    s.vm_release = vm_release;
     return s;
   }
 };
@@ -749,6 +792,16 @@ void PluginHost::create(PluginRun& run) {
       run.device().set_allocator(allocator_.get());
     }
   }
+}
+
+bool PluginHost::allocator_stats(hr_allocator_stats* out) const {
+  for (const auto& p : plugins_) {
+    if (!(p->desc.roles & HR_ROLE_ALLOCATOR) || !p->created || !p->allocator.stats) continue;
+    std::memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
+    return p->allocator.stats(p->instance, out) == HR_OK;
+  }
+  return false;
 }
 
 bool PluginHost::provides_optimizer() const {

@@ -15,6 +15,7 @@
 #include "core/events.h"
 #include "core/model.h"
 #include "core/optim.h"
+#include "headroom/plugin.h"
 
 namespace headroom {
 
@@ -74,6 +75,8 @@ class PluginHost final : public EventListener {
   void create(PluginRun& run);
 
   bool provides_optimizer() const;
+  // The allocator-role plugin's statistics; false when there is none or it keeps none.
+  bool allocator_stats(hr_allocator_stats* out) const;
   // The optimizer-role plugin behind the host's Optimizer interface.
   std::unique_ptr<Optimizer> make_optimizer();
 

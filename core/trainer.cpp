@@ -78,6 +78,8 @@ void Trainer::run() {
   const int B = t.micro_batch, T = config_.model.seq_len, A = t.grad_accum;
   const uint64_t tokens_per_step = uint64_t(B) * T * A;
 
+  // A resumed run's state (plugins' included) is in place before TRAIN_BEGIN.
+  first_step_ = options_.resume_dir.empty() ? 1 : resume() + 1;
   fire(Event::kTrainBegin);
   set_phase(Phase::Kind::kData);
   Buffer inputs(*device_, uint64_t(B) * T * sizeof(int32_t), Category::kData, "inputs (B, T)");
@@ -90,7 +92,6 @@ void Trainer::run() {
   batch.dloss = 1.0 / double(tokens_per_step);  // the step's loss is the mean over all its tokens
   const std::vector<Param<float>*> params = model_->params();
 
-  first_step_ = options_.resume_dir.empty() ? 1 : resume() + 1;
   run_start_ms_ = now_ms();
   for (step_ = first_step_; step_ <= t.steps; ++step_) {
     const double t0 = now_ms();

@@ -24,7 +24,7 @@
 static_assert(HR_ABI_VERSION_MAJOR == 1);
 // A new minor version appends fields: pin them in this file (offsets of what exists never move;
 // sizes are exact for the current minor version), then raise this bound.
-static_assert(HR_ABI_VERSION_MINOR <= 1, "pin the new minor version's layout in this file");
+static_assert(HR_ABI_VERSION_MINOR <= 2, "pin the new minor version's layout in this file");
 static_assert(HR_ABI_MAKE_VERSION(1, 0) == 0x00010000u);
 static_assert(HR_ABI_MAKE_VERSION(2, 3) == 0x00020003u);
 static_assert(HR_ABI_MAJOR(0x00020003u) == 2 && HR_ABI_MINOR(0x00020003u) == 3);
@@ -110,7 +110,8 @@ PIN_TYPE(hr_optimizer_step_info, step, int64_t);
 PIN_TYPE(hr_optimizer_step_info, lr, double);
 
 // --- hr_host_services: every function pointer's offset and signature --------------------------
-static_assert(sizeof(hr_host_services) == 280 && alignof(hr_host_services) == 8);
+// ABI 1.0 ended at request_retry (280 bytes); 1.2 appended the virtual-memory services.
+static_assert(sizeof(hr_host_services) == 320 && alignof(hr_host_services) == 8);
 PIN(hr_host_services, struct_size, 0, 4);
 PIN(hr_host_services, abi_version, 4, 4);
 PIN(hr_host_services, host, 8, 8);
@@ -185,15 +186,39 @@ PIN(hr_host_services, veto_step, 264, 8);
 PIN_TYPE(hr_host_services, veto_step, void (*)(hr_host*, const char*));
 PIN(hr_host_services, request_retry, 272, 8);
 PIN_TYPE(hr_host_services, request_retry, void (*)(hr_host*, const char*));
+PIN(hr_host_services, vm_granularity, 280, 8);
+PIN_TYPE(hr_host_services, vm_granularity, uint64_t (*)(hr_host*));
+PIN(hr_host_services, vm_reserve, 288, 8);
+PIN_TYPE(hr_host_services, vm_reserve, void* (*)(hr_host*, uint64_t));
+PIN(hr_host_services, vm_map, 296, 8);
+PIN_TYPE(hr_host_services, vm_map, hr_status (*)(hr_host*, void*, uint64_t));
+PIN(hr_host_services, vm_unmap, 304, 8);
+PIN_TYPE(hr_host_services, vm_unmap, hr_status (*)(hr_host*, void*, uint64_t));
+PIN(hr_host_services, vm_release, 312, 8);
+PIN_TYPE(hr_host_services, vm_release, hr_status (*)(hr_host*, void*, uint64_t));
 
 // --- hr_allocator_hooks, hr_optimizer_hooks ---------------------------------------------------
-static_assert(sizeof(hr_allocator_hooks) == 24 && alignof(hr_allocator_hooks) == 8);
+// ABI 1.0 ended at deallocate (24 bytes); 1.2 appended stats.
+static_assert(sizeof(hr_allocator_hooks) == 32 && alignof(hr_allocator_hooks) == 8);
 PIN(hr_allocator_hooks, struct_size, 0, 4);
 PIN(hr_allocator_hooks, reserved0, 4, 4);
 PIN(hr_allocator_hooks, allocate, 8, 8);
 PIN_TYPE(hr_allocator_hooks, allocate, void* (*)(void*, uint64_t, uint32_t, void*));
 PIN(hr_allocator_hooks, deallocate, 16, 8);
 PIN_TYPE(hr_allocator_hooks, deallocate, void (*)(void*, void*, uint64_t, void*));
+PIN(hr_allocator_hooks, stats, 24, 8);
+PIN_TYPE(hr_allocator_hooks, stats, hr_status (*)(void*, hr_allocator_stats*));
+
+// --- hr_allocator_stats (1.2) -------------------------------------------------------------------
+static_assert(sizeof(hr_allocator_stats) == 56 && alignof(hr_allocator_stats) == 8);
+PIN(hr_allocator_stats, struct_size, 0, 4);
+PIN(hr_allocator_stats, reserved0, 4, 4);
+PIN(hr_allocator_stats, allocated, 8, 8);
+PIN(hr_allocator_stats, reserved, 16, 8);
+PIN(hr_allocator_stats, largest_free_block, 24, 8);
+PIN(hr_allocator_stats, device_allocs, 32, 8);
+PIN(hr_allocator_stats, retries, 40, 8);
+PIN(hr_allocator_stats, ooms, 48, 8);
 
 static_assert(sizeof(hr_optimizer_hooks) == 16 && alignof(hr_optimizer_hooks) == 8);
 PIN(hr_optimizer_hooks, struct_size, 0, 4);

@@ -1,6 +1,6 @@
 // Training snapshots and resume, prefetching, and the data errors a user meets at the command line.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>

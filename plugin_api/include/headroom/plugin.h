@@ -34,7 +34,7 @@ extern "C" {
  * Versions */
 
 #define HR_ABI_VERSION_MAJOR 1
-#define HR_ABI_VERSION_MINOR 1
+#define HR_ABI_VERSION_MINOR 2
 /* One number: major in the high 16 bits, minor in the low 16. */
 #define HR_ABI_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define HR_ABI_VERSION HR_ABI_MAKE_VERSION(HR_ABI_VERSION_MAJOR, HR_ABI_VERSION_MINOR)
@@ -210,17 +210,21 @@ typedef struct hr_host_services {
 
   /* Device memory in a category, through the same path as the host's own (the memory limit,
    * the tracker, ALLOC / FREE events). NULL when it does not fit (no OOM event is fired for a
-   * plugin's own request). free takes only pointers from alloc. */
+   * plugin's own request). free takes only pointers from alloc. Not from ALLOC, FREE or OOM hooks
+   * or allocator hooks: those run inside an allocation, and must not start another. */
   void* (*alloc)(hr_host* host, uint64_t bytes, uint32_t category, const char* what);
   void (*free)(hr_host* host, void* ptr);
-  /* Backend memory under the tracker, for the allocator role only: raw_alloc returns NULL when
-   * the backend has none. */
+  /* The backend's own memory, for the allocator role only: what the allocator builds its pools
+   * from. Not counted by the tracker (the tracker counts what the allocator hands out); on the
+   * CPU backend with a memory_limit it comes out of the same limited memory. raw_alloc returns
+   * NULL when the backend has none. */
   void* (*raw_alloc)(hr_host* host, uint64_t bytes);
   void (*raw_free)(hr_host* host, void* ptr);
   hr_status (*memory_stats)(hr_host* host, hr_memory_stats* out);
 
   /* The model: layers 0 .. num_layers-1 (embedding, blocks, head). Tensors are views valid until
-   * the next event. Activations exist between a layer's FORWARD_END and its BACKWARD_END. */
+   * the next event. A layer's activations exist from its FORWARD_END through its
+   * BACKWARD_BEGIN (they are freed when its backward is done). */
   int32_t (*num_layers)(hr_host* host);
   hr_status (*layer_name)(hr_host* host, int32_t layer, char* out, size_t size);
   int32_t (*layer_num_params)(hr_host* host, int32_t layer);
@@ -228,7 +232,8 @@ typedef struct hr_host_services {
   int32_t (*layer_num_activations)(hr_host* host, int32_t layer);
   hr_status (*layer_activation)(hr_host* host, int32_t layer, int32_t index, hr_tensor* out);
 
-  /* Device ops on the current backend, on the compute stream, over n elements of dtype. */
+  /* Device ops on the current backend, on the compute stream, over n elements of dtype.
+   * op_sum_squares and op_nonfinite wait for their result: it is ready when they return. */
   hr_status (*op_fill)(hr_host* host, void* x, uint32_t dtype, uint64_t n, double value);
   hr_status (*op_copy)(hr_host* host, void* dst, const void* src, uint64_t bytes);
   hr_status (*op_cast)(hr_host* host, void* dst, uint32_t dst_dtype, const void* src,
@@ -250,13 +255,27 @@ typedef struct hr_host_services {
   int32_t (*rank)(hr_host* host);
   int32_t (*world_size)(hr_host* host);
 
-  /* Step control. veto_step: from GRADS_READY (or earlier in the step), the optimizer step is
-   * skipped; the step still ends with STEP_END. request_retry: from the OOM event, the failed
+  /* Step control. veto_step: from any event of the step up to and including OPTIMIZER_STEP, the
+   * optimizer update is skipped (OPTIMIZER_STEP is not dispatched when the veto came earlier);
+   * the step still ends with STEP_END. A veto at STEP_END is too late and is ignored. request_retry: from the OOM event, the failed
    * micro-step is run again once its memory is released — honoured while no layer of the
    * micro-step has finished its backward (gradients untouched); otherwise the run stops with the
    * OOM report. */
   void (*veto_step)(hr_host* host, const char* reason);
   void (*request_retry)(hr_host* host, const char* reason);
+
+  /* ABI 1.2: virtual memory, for allocators that grow a segment page by page so that a large
+   * request never needs one contiguous hole (CUDA: cuMemAddressReserve, cuMemCreate + cuMemMap +
+   * cuMemSetAccess, cuMemUnmap, cuMemAddressFree; the CPU backend models the same over its
+   * memory arena). Sizes and addresses are multiples of vm_granularity(). vm_reserve returns an
+   * address range with no memory behind it (NULL on failure); vm_map backs [addr, addr+bytes)
+   * with device memory, HR_ERROR_OUT_OF_MEMORY when there is not enough; vm_unmap gives it back;
+   * vm_release returns the whole range (unmapped first). Allocator role only. */
+  uint64_t (*vm_granularity)(hr_host* host);
+  void* (*vm_reserve)(hr_host* host, uint64_t bytes);
+  hr_status (*vm_map)(hr_host* host, void* addr, uint64_t bytes);
+  hr_status (*vm_unmap)(hr_host* host, void* addr, uint64_t bytes);
+  hr_status (*vm_release)(hr_host* host, void* addr, uint64_t bytes);
 } hr_host_services;
 
 /* ---------------------------------------------------------------------------------------------
@@ -270,6 +289,18 @@ typedef struct hr_state_writer {
   hr_status (*write)(void* context, const void* data, uint64_t size);
 } hr_state_writer;
 
+/* What an allocator holds (ABI 1.2), for the memory report and `headroom replay`. */
+typedef struct hr_allocator_stats {
+  uint32_t struct_size;
+  uint32_t reserved0;
+  uint64_t allocated;          /* bytes in blocks handed out now */
+  uint64_t reserved;           /* bytes taken from the device (segments and mapped pages) */
+  uint64_t largest_free_block; /* the largest request it could serve now without the device */
+  uint64_t device_allocs;      /* calls to raw_alloc / vm_map so far */
+  uint64_t retries;            /* requests served after releasing its cache */
+  uint64_t ooms;               /* requests it could not serve */
+} hr_allocator_stats;
+
 /* The allocator role. Both on the training thread, on `stream` (NULL on the CPU). allocate returns
  * at least `bytes` of device memory, or NULL when there is none (the host then reports OOM). */
 typedef struct hr_allocator_hooks {
@@ -277,6 +308,8 @@ typedef struct hr_allocator_hooks {
   uint32_t reserved0;
   void* (*allocate)(void* instance, uint64_t bytes, uint32_t category, void* stream);
   void (*deallocate)(void* instance, void* ptr, uint64_t bytes, void* stream);
+  /* ABI 1.2; may be NULL. Training thread. */
+  hr_status (*stats)(void* instance, hr_allocator_stats* out);
 } hr_allocator_hooks;
 
 /* The optimizer role. step() runs after OPTIMIZER_STEP was dispatched, on the training thread; it
@@ -306,7 +339,8 @@ typedef struct hr_plugin_descriptor {
    * unloaded. Frees what create and the hooks allocated. */
   void (*destroy)(void* instance);
   /* Training thread, for each subscribed event, in TOML order across plugins. A non-zero status
-   * stops the run (exit code 1) with the message naming the plugin and the event. */
+   * (HR_ERROR_OUT_OF_MEMORY included) stops the run with exit code 1 and a message naming the
+   * plugin and the event. */
   hr_status (*on_event)(void* instance, const hr_event_info* info);
 
   const hr_allocator_hooks* allocator; /* when roles has HR_ROLE_ALLOCATOR; else NULL */

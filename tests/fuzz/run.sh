@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Builds every tests/fuzz/*_fuzz.cpp as a libFuzzer binary with AddressSanitizer and
+# UndefinedBehaviorSanitizer, and runs each for SECONDS (default 20).
+#
+#   tests/fuzz/run.sh [SECONDS]
+#
+# A target names the core sources it links in a line at its top:
+#   // fuzz-sources: core/safetensors.cpp core/config.cpp
+# It is seeded from tests/fuzz/corpus/NAME/ (NAME = the file name without _fuzz.cpp) and, if there is
+# one, the libFuzzer dictionary tests/fuzz/NAME.dict. The corpus folder is only read; what the run
+# discovers goes to a scratch folder. A crash leaves the input that caused it in that folder, whose
+# path is printed, and the script exits non-zero.
+#
+# Needs clang++ (Debian: clang, or clang-14 for clang++-14) and the sanitizer and libFuzzer runtimes
+# (libclang-rt-14-dev). Without them it exits 77. HEADROOM_FUZZ_CXX picks another compiler.
+set -euo pipefail
+
+seconds="${1:-20}"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+
+cxx="${HEADROOM_FUZZ_CXX:-}"
+if [ -z "$cxx" ]; then
+  for c in clang++ clang++-14; do
+    if command -v "$c" >/dev/null 2>&1; then
+      cxx="$c"
+      break
+    fi
+  done
+fi
+if [ -z "$cxx" ]; then
+  echo "fuzz: no clang++ or clang++-14 on PATH; install the Debian packages clang libclang-rt-14-dev" >&2
+  exit 77
+fi
+
+work="$(mktemp -d /tmp/headroom-fuzz.XXXXXX)"
+keep=0
+cleanup() { [ "$keep" = 1 ] || rm -rf "$work"; }
+trap cleanup EXIT
+
+# The same flags as the libheadroom build for its dependencies (toml++ is compiled, not header-only).
+dep_cflags="$(pkg-config --cflags tomlplusplus nlohmann_json 2>/dev/null || true)"
+dep_libs="$(pkg-config --libs tomlplusplus 2>/dev/null || true)"
+cxxflags=(-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
+          -fno-sanitize-recover=all -I"$root")
+
+# A clang without the libFuzzer runtime fails at link time with a cryptic message; say which
+# package it needs instead.
+printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' \
+  >"$work/probe.cpp"
+if ! "$cxx" "${cxxflags[@]}" "$work/probe.cpp" -o "$work/probe" >"$work/probe.log" 2>&1; then
+  cat "$work/probe.log" >&2
+  echo "fuzz: $cxx cannot link a libFuzzer target: it needs clang and its libFuzzer and sanitizer" \
+    "runtimes (Debian: clang libclang-rt-14-dev)" >&2
+  exit 77
+fi
+
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}"
+
+shopt -s nullglob
+targets=("$here"/*_fuzz.cpp)
+if [ ${#targets[@]} -eq 0 ]; then
+  echo "fuzz: no tests/fuzz/*_fuzz.cpp" >&2
+  exit 1
+fi
+
+failed=()
+for src in "${targets[@]}"; do
+  name="$(basename "$src" _fuzz.cpp)"
+  sources_line="$(grep -m1 '^// fuzz-sources:' "$src" || true)"
+  if [ -z "$sources_line" ]; then
+    echo "fuzz: $src has no '// fuzz-sources: core/...' line naming the sources it links" >&2
+    exit 1
+  fi
+  sources=()
+  for s in ${sources_line#// fuzz-sources:}; do
+    [ -f "$root/$s" ] || { echo "fuzz: $src lists $s, which does not exist" >&2; exit 1; }
+    sources+=("$root/$s")
+  done
+
+  bin="$work/${name}_fuzz"
+  echo "fuzz: building $name ($cxx, ${sources_line#// fuzz-sources: })"
+  # shellcheck disable=SC2086  # dep_cflags / dep_libs are word lists
+  "$cxx" "${cxxflags[@]}" $dep_cflags "$src" "${sources[@]}" -o "$bin" $dep_libs
+
+  corpus="$work/corpus-$name"
+  mkdir -p "$corpus"
+  args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+        -artifact_prefix="$work/$name-")
+  [ -f "$here/$name.dict" ] && args+=(-dict="$here/$name.dict")
+  seeds=()
+  [ -d "$here/corpus/$name" ] && seeds+=("$here/corpus/$name")
+
+  echo "fuzz: running $name for ${seconds}s"
+  if ! "$bin" "${args[@]}" "$corpus" "${seeds[@]}" >"$work/$name.log" 2>&1; then
+    tail -n 60 "$work/$name.log" >&2
+    echo "fuzz: $name FAILED; the input that broke it is in $work/$name-*" >&2
+    failed+=("$name")
+    keep=1
+  else
+    grep -E 'stat::number_of_executed_units|Done [0-9]+ runs' "$work/$name.log" | tail -n 2
+  fi
+done
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "fuzz: failed: ${failed[*]}" >&2
+  exit 1
+fi
+echo "fuzz: ${#targets[@]} target(s) ran ${seconds}s each without a finding"
