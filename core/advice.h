@@ -1,0 +1,41 @@
+// What would make a run fit: the advice that follows an out-of-memory report. Estimates come
+// from the config (closed forms of the model's memory) and the tracker's numbers at the failure.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/memory.h"
+
+namespace headroom {
+
+// The peak bytes of one training run by category, in closed form: parameters, gradients and
+// optimizer state, plus the activations and workspace at the start of the head's backward (every
+// activation still held) or of the last block's backward, whichever is higher.
+struct PeakEstimate {
+  ByCategory at_peak{};
+  uint64_t total() const;
+};
+PeakEstimate estimate_peak(const Config& config, int micro_batch);
+
+// One way out: what to change, the TOML lines that do it, and the bytes it saves by category.
+struct Remedy {
+  std::string what;    // "micro_batch 4 with grad_accum 8 (the same batch)"
+  std::string toml;    // the lines to put in the config
+  ByCategory saves{};  // estimated peak bytes saved, by category
+  bool fits = false;   // the estimate says the run then fits memory_limit
+};
+
+// Remedies for a run that did not fit `limit`: smaller micro-batches at the same effective batch
+// (built in), and each plugin in `available_plugins` that addresses what filled the memory
+// (defrag_allocator: a failure with enough free bytes but no hole large enough).
+std::vector<Remedy> suggest_remedies(const Config& config, uint64_t limit, uint64_t requested,
+                                     uint64_t free_bytes, uint64_t largest_free,
+                                     const std::vector<std::string>& available_plugins);
+
+// The remedies as the report prints them.
+std::string format_remedies(const std::vector<Remedy>& remedies);
+
+}  // namespace headroom

@@ -1,0 +1,61 @@
+// The closed-form peak estimate behind the out-of-memory advice, against the tracker.
+#include <gtest/gtest.h>
+
+#include "core/advice.h"
+#include "core/trainer.h"
+#include "tests/test_util.h"
+
+namespace headroom {
+namespace {
+
+const char* kModel =
+    "[model]\nn_layer = 3\nn_head = 4\nn_embd = 64\nseq_len = 32\nvocab_size = 256\n"
+    "[train]\nsteps = 2\n";
+
+class PeakEstimateTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(PeakEstimateTest, MatchesTheTrackerByCategory) {
+  const Config c = test::config_from(kModel, {"train.micro_batch=" + std::to_string(GetParam())});
+  Trainer t(c, TrainOptions{});
+  t.run();
+  const MemoryTracker& mt = t.device().tracker();
+  const PeakEstimate e = estimate_peak(c, GetParam());
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(e.at_peak[i], mt.live_at_peak()[i]) << category_name(category_at(i));
+  EXPECT_EQ(e.total(), mt.peak_total());
+}
+
+INSTANTIATE_TEST_SUITE_P(MicroBatches, PeakEstimateTest, ::testing::Values(1, 4, 16));
+
+TEST(Remedies, SmallerMicroBatchAtTheSameBatchFits) {
+  const Config c = test::config_from(kModel, {"train.micro_batch=16", "train.grad_accum=2"});
+  const uint64_t limit = estimate_peak(c, 4).total() + 1000;  // 4 fits, 8 does not
+  ASSERT_GT(estimate_peak(c, 8).total(), limit);
+  const auto remedies = suggest_remedies(c, limit, 1 << 20, 0, 0, {});
+  ASSERT_FALSE(remedies.empty());
+  EXPECT_TRUE(remedies[0].fits);
+  EXPECT_NE(remedies[0].toml.find("micro_batch = 4"), std::string::npos) << remedies[0].toml;
+  EXPECT_NE(remedies[0].toml.find("grad_accum = 8"), std::string::npos) << remedies[0].toml;
+  EXPECT_GT(remedies[0].saves[static_cast<int>(Category::kActivations)], 0u);
+  const std::string text = format_remedies(remedies);
+  EXPECT_NE(text.find("[train]"), std::string::npos) << text;
+}
+
+TEST(Remedies, DefragAllocatorOnlyForFragmentationAndOnlyWhenAvailable) {
+  const Config c = test::config_from(kModel);
+  auto has_defrag = [](const std::vector<Remedy>& rs) {
+    for (const Remedy& r : rs)
+      if (r.toml.find("defrag_allocator") != std::string::npos) return true;
+    return false;
+  };
+  // 1 MiB requested, 3 MiB free, largest hole 512 KiB: fragmentation.
+  EXPECT_TRUE(
+      has_defrag(suggest_remedies(c, 64 << 20, 1 << 20, 3 << 20, 512 << 10, {"defrag_allocator"})));
+  EXPECT_FALSE(has_defrag(suggest_remedies(c, 64 << 20, 1 << 20, 3 << 20, 512 << 10, {})));
+  // Not enough free bytes at all: an allocator cannot help.
+  EXPECT_FALSE(
+      has_defrag(suggest_remedies(c, 64 << 20, 4 << 20, 3 << 20, 3 << 20, {"defrag_allocator"})));
+}
+
+}  // namespace
+}  // namespace headroom
