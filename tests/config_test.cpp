@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/test_util.h"
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -14,24 +16,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The message of the ConfigError that `f` throws; fails the test when it throws nothing.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a ConfigError";
-  return "";
-}
-
 std::string parse_error(const std::string& text, const std::vector<std::string>& overrides = {}) {
-  return error_of([&] { parse_config(text, "demo.toml", overrides); });
-}
-
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
+  return test::error_of([&] { parse_config(text, "demo.toml", overrides); });
 }
 
 #define EXPECT_HAS(haystack, needle) \
@@ -62,8 +48,8 @@ class ConfigFileTest : public ::testing::Test {
 
 TEST_F(ConfigFileTest, UnknownKeyInModel) {
   const std::string f = write("m.toml", "[model]\npreset = \"tiny\"\nlayers = 3\n");
-  const std::string e = error_of([&] { load_config(f); });
-  EXPECT_TRUE(starts_with(e, f + ":3:1: ")) << e;
+  const std::string e = test::error_of([&] { load_config(f); });
+  EXPECT_TRUE(test::starts_with(e, f + ":3:1: ")) << e;
   EXPECT_HAS(e, "'layers'");
   EXPECT_HAS(e, "[model]");
   EXPECT_HAS(e, "preset, n_layer, n_head, n_embd, seq_len, vocab_size");
@@ -71,8 +57,8 @@ TEST_F(ConfigFileTest, UnknownKeyInModel) {
 
 TEST_F(ConfigFileTest, UnknownKeyInTrain) {
   const std::string f = write("t.toml", "[train]\nsteps = 3\n  learning_rate = 0.1\n");
-  const std::string e = error_of([&] { load_config(f); });
-  EXPECT_TRUE(starts_with(e, f + ":3:3: ")) << e;
+  const std::string e = test::error_of([&] { load_config(f); });
+  EXPECT_TRUE(test::starts_with(e, f + ":3:3: ")) << e;
   EXPECT_HAS(e, "'learning_rate'");
   EXPECT_HAS(e, "[train]");
   EXPECT_HAS(e, "steps, micro_batch, grad_accum, optimizer, lr, min_lr");
@@ -81,8 +67,8 @@ TEST_F(ConfigFileTest, UnknownKeyInTrain) {
 
 TEST_F(ConfigFileTest, UnknownKeyInData) {
   const std::string f = write("d.toml", "[data]\nkind = \"synthetic\"\nfile = \"x.txt\"\n");
-  const std::string e = error_of([&] { load_config(f); });
-  EXPECT_TRUE(starts_with(e, f + ":3:1: ")) << e;
+  const std::string e = test::error_of([&] { load_config(f); });
+  EXPECT_TRUE(test::starts_with(e, f + ":3:1: ")) << e;
   EXPECT_HAS(e, "'file'");
   EXPECT_HAS(e, "[data]");
   EXPECT_HAS(e, "kind, path, pattern, seed, branching, shuffle, workers, prefetch");
@@ -90,8 +76,8 @@ TEST_F(ConfigFileTest, UnknownKeyInData) {
 
 TEST_F(ConfigFileTest, UnknownKeyInDevice) {
   const std::string f = write("v.toml", "[device]\n\nkind = \"cpu\"\ngpus = 2\n");
-  const std::string e = error_of([&] { load_config(f); });
-  EXPECT_TRUE(starts_with(e, f + ":4:1: ")) << e;
+  const std::string e = test::error_of([&] { load_config(f); });
+  EXPECT_TRUE(test::starts_with(e, f + ":4:1: ")) << e;
   EXPECT_HAS(e, "'gpus'");
   EXPECT_HAS(e, "[device]");
   EXPECT_HAS(e, "kind, index, memory_limit");
@@ -99,22 +85,22 @@ TEST_F(ConfigFileTest, UnknownKeyInDevice) {
 
 TEST_F(ConfigFileTest, UnknownSection) {
   const std::string f = write("s.toml", "[train]\nsteps = 3\n\n[optim]\nlr = 1\n");
-  const std::string e = error_of([&] { load_config(f); });
-  EXPECT_TRUE(starts_with(e, f + ":4:2: ")) << e;
+  const std::string e = test::error_of([&] { load_config(f); });
+  EXPECT_TRUE(test::starts_with(e, f + ":4:2: ")) << e;
   EXPECT_HAS(e, "'optim'");
   EXPECT_HAS(e, "[model], [train], [data], [device], [[plugins]]");
 }
 
 TEST(Config, UnknownTopLevelKey) {
   const std::string e = parse_error("steps = 3\n");
-  EXPECT_TRUE(starts_with(e, "demo.toml:1:1: ")) << e;
+  EXPECT_TRUE(test::starts_with(e, "demo.toml:1:1: ")) << e;
   EXPECT_HAS(e, "'steps'");
   EXPECT_HAS(e, "[model], [train], [data], [device], [[plugins]]");
 }
 
 TEST(Config, SectionThatIsNotATable) {
   const std::string e = parse_error("train = 3\n");
-  EXPECT_TRUE(starts_with(e, "demo.toml:1:9: ")) << e;
+  EXPECT_TRUE(test::starts_with(e, "demo.toml:1:9: ")) << e;
   EXPECT_HAS(e, "must be a table");
 }
 
@@ -123,21 +109,21 @@ TEST(Config, SectionThatIsNotATable) {
 
 TEST_F(ConfigFileTest, WrongType) {
   const std::string f = write("w.toml", "[train]\nlr = 0.1\nsteps = \"100\"\n");
-  const std::string e = error_of([&] { load_config(f); });
-  EXPECT_TRUE(starts_with(e, f + ":3:9: ")) << e;
+  const std::string e = test::error_of([&] { load_config(f); });
+  EXPECT_TRUE(test::starts_with(e, f + ":3:9: ")) << e;
   EXPECT_HAS(e, "train.steps");
   EXPECT_HAS(e, "expected an integer, got string");
 }
 
 TEST(Config, WrongTypeForFloatAndString) {
   std::string e = parse_error("[train]\nlr = \"fast\"\n");
-  EXPECT_TRUE(starts_with(e, "demo.toml:2:6: ")) << e;
+  EXPECT_TRUE(test::starts_with(e, "demo.toml:2:6: ")) << e;
   EXPECT_HAS(e, "train.lr: expected a number, got string");
   e = parse_error("[train]\noptimizer = 1\n");
-  EXPECT_TRUE(starts_with(e, "demo.toml:2:13: ")) << e;
+  EXPECT_TRUE(test::starts_with(e, "demo.toml:2:13: ")) << e;
   EXPECT_HAS(e, "train.optimizer: expected a string, got integer");
   e = parse_error("[device]\nmemory_limit = true\n");
-  EXPECT_TRUE(starts_with(e, "demo.toml:2:16: ")) << e;
+  EXPECT_TRUE(test::starts_with(e, "demo.toml:2:16: ")) << e;
   EXPECT_HAS(e, "got boolean");
   EXPECT_HAS(e, "\"64MiB\"");
   EXPECT_HAS(e, "\"none\"");
@@ -151,8 +137,8 @@ TEST(Config, IntegerAcceptedForFloatKeys) {
 
 TEST_F(ConfigFileTest, OutOfRange) {
   const std::string f = write("r.toml", "[train]\nsteps = 0\n");
-  const std::string e = error_of([&] { load_config(f); });
-  EXPECT_TRUE(starts_with(e, f + ":2:9: ")) << e;
+  const std::string e = test::error_of([&] { load_config(f); });
+  EXPECT_TRUE(test::starts_with(e, f + ":2:9: ")) << e;
   EXPECT_HAS(e, "train.steps must be >= 1");
 }
 
@@ -199,14 +185,14 @@ TEST(Config, OutOfRangeValues) {
   };
   for (const auto& c : cases) {
     const std::string e = parse_error(c.text);
-    EXPECT_TRUE(starts_with(e, c.pos)) << c.text << " -> " << e;
+    EXPECT_TRUE(test::starts_with(e, c.pos)) << c.text << " -> " << e;
     EXPECT_HAS(e, c.want);
   }
 }
 
 TEST(Config, CudaHasNoBackendYet) {
   const std::string e = parse_error("[device]\nkind = \"cuda\"\n");
-  EXPECT_TRUE(starts_with(e, "demo.toml:2:8: ")) << e;
+  EXPECT_TRUE(test::starts_with(e, "demo.toml:2:8: ")) << e;
   EXPECT_HAS(e, "no CUDA backend");
   EXPECT_HAS(e, "\"cpu\"");
 }
@@ -218,8 +204,8 @@ TEST_F(ConfigFileTest, BadSizeStrings) {
   for (const std::string bad : {"64MB", "64 mib", "-1MiB", "", "MiB", "1.5", "1..5GiB", "12 34B",
                                 "99999999999GiB", "0x10"}) {
     const std::string f = write("size.toml", "[device]\nmemory_limit = \"" + bad + "\"\n");
-    const std::string e = error_of([&] { load_config(f); });
-    EXPECT_TRUE(starts_with(e, f + ":2:16: ")) << bad << " -> " << e;
+    const std::string e = test::error_of([&] { load_config(f); });
+    EXPECT_TRUE(test::starts_with(e, f + ":2:16: ")) << bad << " -> " << e;
     EXPECT_HAS(e, "bad size '" + bad + "'");
     EXPECT_HAS(e, "B, KiB, MiB or GiB");
     EXPECT_HAS(e, "\"none\"");
@@ -229,8 +215,8 @@ TEST_F(ConfigFileTest, BadSizeStrings) {
 TEST(Config, ParseSizeErrors) {
   for (const std::string bad : {"64MB", "-1", "", "   ", "1.5", ".5GiB", "1.GiB", "+5B", "5 KB",
                                 "18446744073709551616", "17179869184GiB", "1e3B"}) {
-    const std::string e = error_of([&] { parse_size(bad, "here"); });
-    EXPECT_TRUE(starts_with(e, "here: bad size '" + bad + "'")) << e;
+    const std::string e = test::error_of([&] { parse_size(bad, "here"); });
+    EXPECT_TRUE(test::starts_with(e, "here: bad size '" + bad + "'")) << e;
     EXPECT_HAS(e, "expected a number followed by B, KiB, MiB or GiB, e.g. \"64MiB\"");
   }
 }
@@ -279,8 +265,8 @@ TEST_F(ConfigFileTest, NEmbdNotDivisibleByNHead) {
   const std::string f = write("shape.toml",
                               "[model]\nn_layer = 2\nn_head = 3\nn_embd = 64\nseq_len = 32\n"
                               "vocab_size = 256\n");
-  const std::string e = error_of([&] { load_config(f); });
-  EXPECT_TRUE(starts_with(e, f + ":4:10: ")) << e;
+  const std::string e = test::error_of([&] { load_config(f); });
+  EXPECT_TRUE(test::starts_with(e, f + ":4:10: ")) << e;
   EXPECT_HAS(e, "model.n_embd (64)");
   EXPECT_HAS(e, "model.n_head (3)");
   EXPECT_HAS(e, "divisible");
@@ -290,19 +276,19 @@ TEST_F(ConfigFileTest, NEmbdNotDivisibleByNHead) {
 
 TEST(Config, NEmbdNotDivisibleAfterPresetOverride) {
   const std::string e = parse_error("[model]\npreset = \"gpt2-124m\"\nn_head = 7\n");
-  EXPECT_TRUE(starts_with(e, "demo.toml:3:10: ")) << e;
+  EXPECT_TRUE(test::starts_with(e, "demo.toml:3:10: ")) << e;
   EXPECT_HAS(e, "model.n_embd (768)");
   EXPECT_HAS(e, "model.n_head (7)");
 
   const std::string small = parse_error("[model]\npreset = \"tiny\"\nn_embd = 2\n");
-  EXPECT_TRUE(starts_with(small, "demo.toml:3:10: ")) << small;
+  EXPECT_TRUE(test::starts_with(small, "demo.toml:3:10: ")) << small;
   EXPECT_HAS(small, "e.g. n_embd = 4");
 }
 
 TEST_F(ConfigFileTest, MissingShapeKeysWithoutPreset) {
   const std::string f = write("noshape.toml", "[model]\nn_layer = 2\nn_embd = 64\n");
-  const std::string e = error_of([&] { load_config(f); });
-  EXPECT_TRUE(starts_with(e, f + ":1:1: ")) << e;
+  const std::string e = test::error_of([&] { load_config(f); });
+  EXPECT_TRUE(test::starts_with(e, f + ":1:1: ")) << e;
   EXPECT_HAS(e, "missing: n_head, seq_len, vocab_size");
   EXPECT_HAS(e, "preset");
   EXPECT_HAS(e, "\"gpt2-124m\"");
@@ -363,14 +349,14 @@ TEST(Config, Presets) {
 
 TEST_F(ConfigFileTest, TextWithoutPath) {
   const std::string f = write("text.toml", "[data]\nkind = \"text\"\n");
-  const std::string e = error_of([&] { load_config(f); });
-  EXPECT_TRUE(starts_with(e, f + ":2:8: ")) << e;
+  const std::string e = test::error_of([&] { load_config(f); });
+  EXPECT_TRUE(test::starts_with(e, f + ":2:8: ")) << e;
   EXPECT_HAS(e, "needs data.path");
 }
 
 TEST(Config, SyntheticWithPath) {
   const std::string e = parse_error("[data]\nkind = \"synthetic\"\npath = \"a.txt\"\n");
-  EXPECT_TRUE(starts_with(e, "demo.toml:3:8: ")) << e;
+  EXPECT_TRUE(test::starts_with(e, "demo.toml:3:8: ")) << e;
   EXPECT_HAS(e, "only used with data.kind = \"text\"");
 }
 
@@ -389,16 +375,16 @@ TEST_F(ConfigFileTest, DuplicatePluginNames) {
   const std::string f = write("dup.toml",
                               "[[plugins]]\nname = \"amp\"\n\n[[plugins]]\nname = \"zero\"\n\n"
                               "[[plugins]]\nname = \"amp\"\n");
-  const std::string e = error_of([&] { load_config(f); });
-  EXPECT_TRUE(starts_with(e, f + ":7:1: ")) << e;
+  const std::string e = test::error_of([&] { load_config(f); });
+  EXPECT_TRUE(test::starts_with(e, f + ":7:1: ")) << e;
   EXPECT_HAS(e, "'amp'");
   EXPECT_HAS(e, "first at " + f + ":1:1");
 }
 
 TEST_F(ConfigFileTest, PluginWithoutName) {
   const std::string f = write("noname.toml", "[[plugins]]\nname = \"amp\"\n[[plugins]]\nx = 1\n");
-  const std::string e = error_of([&] { load_config(f); });
-  EXPECT_TRUE(starts_with(e, f + ":3:1: ")) << e;
+  const std::string e = test::error_of([&] { load_config(f); });
+  EXPECT_TRUE(test::starts_with(e, f + ":3:1: ")) << e;
   EXPECT_HAS(e, "no name");
   EXPECT_HAS(e, "name = \"...\"");
 }
@@ -406,11 +392,11 @@ TEST_F(ConfigFileTest, PluginWithoutName) {
 TEST(Config, PluginBadName) {
   for (const std::string bad : {"\"\"", "\"Amp\"", "\"my-plugin\"", "\"a b\""}) {
     const std::string e = parse_error("[[plugins]]\nname = " + bad + "\n");
-    EXPECT_TRUE(starts_with(e, "demo.toml:2:8: ")) << e;
+    EXPECT_TRUE(test::starts_with(e, "demo.toml:2:8: ")) << e;
     EXPECT_HAS(e, "[a-z0-9_]+");
   }
   const std::string e = parse_error("[[plugins]]\nname = 3\n");
-  EXPECT_TRUE(starts_with(e, "demo.toml:2:8: ")) << e;
+  EXPECT_TRUE(test::starts_with(e, "demo.toml:2:8: ")) << e;
   EXPECT_HAS(e, "expected a string, got integer");
 }
 
@@ -451,25 +437,25 @@ TEST_F(ConfigFileTest, PluginsKeepOwnKeysAndOrder) {
 
 TEST_F(ConfigFileTest, MissingConfigFile) {
   const std::string f = (dir_ / "nope.toml").string();
-  const std::string e = error_of([&] { load_config(f); });
+  const std::string e = test::error_of([&] { load_config(f); });
   EXPECT_EQ(e, "cannot read config file '" + f + "': No such file or directory");
 }
 
 TEST_F(ConfigFileTest, ConfigFileIsADirectory) {
-  const std::string e = error_of([&] { load_config(dir_.string()); });
-  EXPECT_TRUE(starts_with(e, "cannot read config file '" + dir_.string() + "': ")) << e;
+  const std::string e = test::error_of([&] { load_config(dir_.string()); });
+  EXPECT_TRUE(test::starts_with(e, "cannot read config file '" + dir_.string() + "': ")) << e;
 }
 
 TEST_F(ConfigFileTest, TomlSyntaxError) {
   const std::string f = write("syntax.toml", "[train]\nsteps = 3\nlr = = 0.1\n");
-  const std::string e = error_of([&] { load_config(f); });
-  EXPECT_TRUE(starts_with(e, f + ":3:")) << e;
+  const std::string e = test::error_of([&] { load_config(f); });
+  EXPECT_TRUE(test::starts_with(e, f + ":3:")) << e;
   EXPECT_HAS(e, "TOML syntax error");
 }
 
 TEST(Config, TomlSyntaxErrorDuplicateKey) {
   const std::string e = parse_error("[train]\nsteps = 3\nsteps = 4\n");
-  EXPECT_TRUE(starts_with(e, "demo.toml:3:")) << e;
+  EXPECT_TRUE(test::starts_with(e, "demo.toml:3:")) << e;
   EXPECT_HAS(e, "TOML syntax error");
 }
 
@@ -480,33 +466,33 @@ TEST(Config, BadSetForms) {
   for (const std::string bad :
        {"train.steps", "=3", "steps=3", ".steps=3", "train.=3", "train.a.b=3"}) {
     const std::string e = parse_error("", {bad});
-    EXPECT_TRUE(starts_with(e, "--set " + bad + ": ")) << e;
+    EXPECT_TRUE(test::starts_with(e, "--set " + bad + ": ")) << e;
     EXPECT_HAS(e, "--set section.key=value");
   }
   std::string e = parse_error("", {"optim.lr=1"});
-  EXPECT_TRUE(starts_with(e, "--set optim.lr=1: ")) << e;
+  EXPECT_TRUE(test::starts_with(e, "--set optim.lr=1: ")) << e;
   EXPECT_HAS(e, "unknown section 'optim'");
   EXPECT_HAS(e, "model, train, data, device");
   e = parse_error("", {"plugins.name=amp"});
-  EXPECT_TRUE(starts_with(e, "--set plugins.name=amp: ")) << e;
+  EXPECT_TRUE(test::starts_with(e, "--set plugins.name=amp: ")) << e;
   EXPECT_HAS(e, "not supported");
 }
 
 TEST(Config, SetWithBadValue) {
   std::string e = parse_error("[train]\nsteps = 5\n", {"train.steps=abc"});
-  EXPECT_TRUE(starts_with(e, "--set train.steps=abc: ")) << e;
+  EXPECT_TRUE(test::starts_with(e, "--set train.steps=abc: ")) << e;
   EXPECT_HAS(e, "expected an integer, got string");
   e = parse_error("", {"train.steps=0"});
-  EXPECT_TRUE(starts_with(e, "--set train.steps=0: ")) << e;
+  EXPECT_TRUE(test::starts_with(e, "--set train.steps=0: ")) << e;
   EXPECT_HAS(e, "must be >= 1");
   e = parse_error("", {"train.optimizer=adam"});
-  EXPECT_TRUE(starts_with(e, "--set train.optimizer=adam: ")) << e;
+  EXPECT_TRUE(test::starts_with(e, "--set train.optimizer=adam: ")) << e;
   EXPECT_HAS(e, "\"adamw\", \"sgd\"");
   e = parse_error("", {"device.memory_limit=64MB"});
-  EXPECT_TRUE(starts_with(e, "--set device.memory_limit=64MB: ")) << e;
+  EXPECT_TRUE(test::starts_with(e, "--set device.memory_limit=64MB: ")) << e;
   EXPECT_HAS(e, "bad size '64MB'");
   e = parse_error("", {"train.learning_rate=1"});
-  EXPECT_TRUE(starts_with(e, "--set train.learning_rate=1: ")) << e;
+  EXPECT_TRUE(test::starts_with(e, "--set train.learning_rate=1: ")) << e;
   EXPECT_HAS(e, "unknown key 'learning_rate'");
   EXPECT_HAS(e, "steps, micro_batch");
 }

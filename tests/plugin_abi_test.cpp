@@ -66,10 +66,6 @@ std::string lower(std::string s) {
   return s;
 }
 
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
 // The 1-based line of `text` on which `needle` first appears (0 if it does not).
 int line_of(const std::string& text, const std::string& needle) {
   const size_t at = text.find(needle);
@@ -142,7 +138,7 @@ struct PluginAbi : ::testing::Test {
 TEST_F(PluginAbi, RunWithoutPluginsStillWorks) {
   const auto r = run_headroom("train " + config(kTinyModel));
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "step      2/2")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "step      2/2")) << r.output;
 }
 
 // --- Finding and loading: every failure exits 2 with a message that says what is wrong -----------
@@ -151,16 +147,16 @@ TEST_F(PluginAbi, MissingPathExits2NamingIt) {
   const std::string path = config(kTinyModel + plugin("rec_a", "path = \"absent/rec_a.so\"\n"));
   const auto r = run_headroom("train " + path);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "absent/rec_a.so")) << r.output;
-  EXPECT_TRUE(contains(r.output, "does not exist")) << r.output;
-  EXPECT_TRUE(contains(r.output, path)) << "names the config file: " << r.output;
+  EXPECT_TRUE(test::contains(r.output, "absent/rec_a.so")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "does not exist")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, path)) << "names the config file: " << r.output;
 }
 
 TEST_F(PluginAbi, NameNotFoundExits2) {
   set_plugin_path(test::temp_dir());  // an empty folder
   const auto r = run_headroom("train " + config(kTinyModel + plugin("nope")));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "cannot find plugin 'nope'")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "cannot find plugin 'nope'")) << r.output;
 }
 
 TEST_F(PluginAbi, PluginPathIsColonSeparated) {
@@ -188,40 +184,40 @@ TEST_F(PluginAbi, NotASharedLibraryExits2) {
   const auto r =
       run_headroom("train " + config(kTinyModel + plugin("garbage", "path = \"garbage.so\"\n")));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "cannot load")) << r.output;
-  EXPECT_TRUE(contains(r.output, "garbage.so")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "cannot load")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "garbage.so")) << r.output;
 }
 
 TEST_F(PluginAbi, NoEntryPointExits2) {
   const auto r = run_headroom("train " + config(kTinyModel + plugin("no_entry")));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "hr_plugin_entry")) << r.output;
-  EXPECT_TRUE(contains(r.output, "no_entry")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "hr_plugin_entry")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "no_entry")) << r.output;
 }
 
 TEST_F(PluginAbi, EntryErrorExits2WithThePluginsMessage) {
   const auto r = run_headroom("train " + config(kTinyModel + plugin("bad_entry")));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "this plugin refuses to load")) << r.output;
-  EXPECT_TRUE(contains(r.output, "bad_entry")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "this plugin refuses to load")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "bad_entry")) << r.output;
 }
 
 // A plugin that picks ABI 2.0 and says HR_OK, as a careless one would: refused all the same.
 TEST_F(PluginAbi, OtherMajorVersionIsRefused) {
   const auto r = run_headroom("train " + config(kTinyModel + plugin("major2")));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "2.0")) << "the plugin's version: " << r.output;
-  EXPECT_TRUE(contains(r.output, "1.0")) << "the host's version: " << r.output;
-  EXPECT_TRUE(contains(r.output, "major2")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "2.0")) << "the plugin's version: " << r.output;
+  EXPECT_TRUE(test::contains(r.output, "1.0")) << "the host's version: " << r.output;
+  EXPECT_TRUE(test::contains(r.output, "major2")) << r.output;
 }
 
 // The same plugin returning HR_ERROR_VERSION, as hr_negotiate would.
 TEST_F(PluginAbi, OtherMajorVersionRefusingItselfExits2) {
   const auto r = run_headroom("train " + config(kTinyModel + plugin("major2_refuses")));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "2.0")) << "the plugin's version: " << r.output;
-  EXPECT_TRUE(contains(r.output, "1.0")) << "the host's version: " << r.output;
-  EXPECT_TRUE(contains(r.output, "major2_refuses")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "2.0")) << "the plugin's version: " << r.output;
+  EXPECT_TRUE(test::contains(r.output, "1.0")) << "the host's version: " << r.output;
+  EXPECT_TRUE(test::contains(r.output, "major2_refuses")) << r.output;
 }
 
 TEST_F(PluginAbi, TwoPluginsInOneRoleExit2NamingBoth) {
@@ -229,9 +225,9 @@ TEST_F(PluginAbi, TwoPluginsInOneRoleExit2NamingBoth) {
       "train " + config(kTinyModel + plugin("alloc_a", "out = \"" + file("a.txt") + "\"\n") +
                         plugin("alloc_b", "out = \"" + file("b.txt") + "\"\n")));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "alloc_a")) << r.output;
-  EXPECT_TRUE(contains(r.output, "alloc_b")) << r.output;
-  EXPECT_TRUE(contains(r.output, "allocator")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "alloc_a")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "alloc_b")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "allocator")) << r.output;
 }
 
 TEST_F(PluginAbi, WorldWritablePluginIsRefused) {
@@ -239,8 +235,8 @@ TEST_F(PluginAbi, WorldWritablePluginIsRefused) {
   const auto r = run_headroom(
       "train " + config(kTinyModel + recorder("rec_a", "events.txt", "path = \"rec_a.so\"\n")));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "writable")) << r.output;
-  EXPECT_TRUE(contains(r.output, so)) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "writable")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, so)) << r.output;
   EXPECT_TRUE(read_lines(file("events.txt")).empty()) << "the plugin never ran";
 }
 
@@ -250,7 +246,7 @@ TEST_F(PluginAbi, GroupWritablePluginIsRefused) {
   const auto r = run_headroom(
       "train " + config(kTinyModel + recorder("rec_a", "events.txt", "path = \"rec_a.so\"\n")));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "writable")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "writable")) << r.output;
 }
 
 // --- Events --------------------------------------------------------------------------------------
@@ -391,15 +387,15 @@ TEST_F(PluginAbi, HookErrorMidRunExits1NamingPluginAndEvent) {
                                      recorder("rec_b", "events.txt",
                                               "fail_event = \"STEP_END\"\nfail_step = 1\n")));
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "plugin 'rec_b'")) << r.output;
-  EXPECT_TRUE(contains(r.output, "STEP_END")) << r.output;
-  EXPECT_TRUE(contains(r.output, "deliberate failure")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "plugin 'rec_b'")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "STEP_END")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "deliberate failure")) << r.output;
 
   const auto lines = read_lines(file("events.txt"));
   const std::string all = join(lines);
-  EXPECT_FALSE(contains(all, "STEP_BEGIN step=2")) << "the run went on:\n" << all;
-  EXPECT_TRUE(contains(all, "rec_a DESTROY")) << "destroy after a failed run:\n" << all;
-  EXPECT_TRUE(contains(all, "rec_b DESTROY")) << "destroy after a failed run:\n" << all;
+  EXPECT_FALSE(test::contains(all, "STEP_BEGIN step=2")) << "the run went on:\n" << all;
+  EXPECT_TRUE(test::contains(all, "rec_a DESTROY")) << "destroy after a failed run:\n" << all;
+  EXPECT_TRUE(test::contains(all, "rec_b DESTROY")) << "destroy after a failed run:\n" << all;
 }
 
 // A run that runs out of memory fires OOM to the plugins (with the size asked for), stops with
@@ -409,7 +405,7 @@ TEST_F(PluginAbi, OomEventReachesPluginsBeforeTheReport) {
       "train " + config(kTinyModel + std::string("[device]\nmemory_limit = \"12KiB\"\n") +
                         recorder("rec_a", "events.txt", "alloc_events = true\n")));
   EXPECT_EQ(r.exit_code, 3) << r.output;
-  EXPECT_TRUE(contains(r.output, "out of memory")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "out of memory")) << r.output;
   const auto lines = read_lines(file("events.txt"));
   std::vector<std::string> ooms;
   for (const auto& line : lines)
@@ -426,8 +422,8 @@ TEST_F(PluginAbi, LogReachesTheOutput) {
       "train " + config(kTinyModel + recorder("rec_a", "events.txt",
                                               "log = \"a message from the recorder\"\n")));
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "a message from the recorder")) << r.output;
-  EXPECT_TRUE(contains(r.output, "rec_a")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "a message from the recorder")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "rec_a")) << r.output;
 }
 
 // --- A plugin's own keys -------------------------------------------------------------------------
@@ -438,9 +434,9 @@ TEST_F(PluginAbi, UnknownKeyInPluginTableExits2NamingFileAndLine) {
   const auto r = run_headroom("train " + path);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   const int line = line_of(text, "bogus = 1");
-  EXPECT_TRUE(contains(r.output, path + ":" + std::to_string(line) + ":")) << r.output;
-  EXPECT_TRUE(contains(r.output, "bogus")) << r.output;
-  EXPECT_TRUE(contains(lower(r.output), "unknown")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, path + ":" + std::to_string(line) + ":")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "bogus")) << r.output;
+  EXPECT_TRUE(test::contains(lower(r.output), "unknown")) << r.output;
 }
 
 TEST_F(PluginAbi, WrongTypeInPluginTableExits2NamingFileAndLine) {
@@ -449,8 +445,8 @@ TEST_F(PluginAbi, WrongTypeInPluginTableExits2NamingFileAndLine) {
   const auto r = run_headroom("train " + path);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   const int line = line_of(text, "veto_step = ");
-  EXPECT_TRUE(contains(r.output, path + ":" + std::to_string(line) + ":")) << r.output;
-  EXPECT_TRUE(contains(r.output, "veto_step")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, path + ":" + std::to_string(line) + ":")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "veto_step")) << r.output;
 }
 
 // config_error on a key the table does not have (a required one): exit 2 with the message.
@@ -458,8 +454,8 @@ TEST_F(PluginAbi, MissingRequiredKeyExits2WithThePluginsMessage) {
   const std::string path = config(kTinyModel + plugin("rec_a"));
   const auto r = run_headroom("train " + path);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "rec_a needs `out`")) << r.output;
-  EXPECT_TRUE(contains(r.output, path)) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "rec_a needs `out`")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, path)) << r.output;
 }
 
 // config_error on a value the plugin finds out of range: prefixed with the key's position.
@@ -470,8 +466,8 @@ TEST_F(PluginAbi, ConfigErrorNamesTheKeysLine) {
   const auto r = run_headroom("train " + path);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   const int line = line_of(text, "fail_event");
-  EXPECT_TRUE(contains(r.output, path + ":" + std::to_string(line) + ":")) << r.output;
-  EXPECT_TRUE(contains(r.output, "not an event name")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, path + ":" + std::to_string(line) + ":")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "not an event name")) << r.output;
 }
 
 // --- Roles ---------------------------------------------------------------------------------------
@@ -521,10 +517,10 @@ TEST_F(PluginAbi, AllocatorReturningNullIsOutOfMemory) {
       config(kTinyModel + recorder("rec_a", "events.txt", "alloc_events = true\n") +
              plugin("alloc_a", "out = \"" + file("alloc.txt") + "\"\nfail_after = 40\n")));
   EXPECT_EQ(r.exit_code, 3) << r.output;
-  EXPECT_TRUE(contains(r.output, "out of memory")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "out of memory")) << r.output;
   const std::string events = join(read_lines(file("events.txt")));
-  EXPECT_TRUE(contains(events, "rec_a OOM ")) << events;
-  EXPECT_TRUE(contains(events, "rec_a DESTROY")) << events;
+  EXPECT_TRUE(test::contains(events, "rec_a OOM ")) << events;
+  EXPECT_TRUE(test::contains(events, "rec_a DESTROY")) << events;
 }
 
 // The optimizer role replaces AdamW whatever [train] optimizer says: the plugin's plain SGD
@@ -653,23 +649,23 @@ TEST_F(PluginAbi, PluginsCommandListsWhatThePathHolds) {
       {"alloc_a", "2.0.1", b + "/alloc_a.so"},
       {"plain_sgd", "1.4.0", b + "/plain_sgd.so"}};
   for (const auto& [name, version, path] : expected) {
-    EXPECT_TRUE(contains(r.output, name)) << name << ":\n" << r.output;
-    EXPECT_TRUE(contains(r.output, version)) << name << " " << version << ":\n" << r.output;
-    EXPECT_TRUE(contains(r.output, path)) << path << ":\n" << r.output;
+    EXPECT_TRUE(test::contains(r.output, name)) << name << ":\n" << r.output;
+    EXPECT_TRUE(test::contains(r.output, version)) << name << " " << version << ":\n" << r.output;
+    EXPECT_TRUE(test::contains(r.output, path)) << path << ":\n" << r.output;
   }
-  EXPECT_TRUE(contains(r.output, "1.0")) << "the ABI version:\n" << r.output;
-  EXPECT_TRUE(contains(lower(r.output), "allocator")) << r.output;
-  EXPECT_TRUE(contains(lower(r.output), "optimizer")) << r.output;
-  EXPECT_TRUE(contains(lower(r.output), "step_end")) << "the events:\n" << r.output;
-  EXPECT_TRUE(contains(lower(r.output), "grads_ready")) << "the events:\n" << r.output;
+  EXPECT_TRUE(test::contains(r.output, "1.0")) << "the ABI version:\n" << r.output;
+  EXPECT_TRUE(test::contains(lower(r.output), "allocator")) << r.output;
+  EXPECT_TRUE(test::contains(lower(r.output), "optimizer")) << r.output;
+  EXPECT_TRUE(test::contains(lower(r.output), "step_end")) << "the events:\n" << r.output;
+  EXPECT_TRUE(test::contains(lower(r.output), "grads_ready")) << "the events:\n" << r.output;
 }
 
 // Broken libraries on the path are listed with what is wrong, and do not hide the good ones.
 TEST_F(PluginAbi, PluginsCommandShowsBrokenLibraries) {
   const auto r = run_headroom("plugins");
-  EXPECT_TRUE(contains(r.output, "rec_a")) << r.output;
-  EXPECT_TRUE(contains(r.output, kPluginDir + "/bad_entry.so")) << r.output;
-  EXPECT_TRUE(contains(r.output, "this plugin refuses to load")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "rec_a")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, kPluginDir + "/bad_entry.so")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "this plugin refuses to load")) << r.output;
 }
 
 // --- What the libraries export -------------------------------------------------------------------

@@ -37,21 +37,6 @@ ModelConfig tiny() {
   return m;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a ConfigError";
-  return "";
-}
-
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
-}
-
 // Written independently of the implementation: the four Conv1D weights HF stores (in, out).
 bool conv1d(const std::string& name) {
   for (const char* s :
@@ -257,7 +242,7 @@ TEST_F(Safetensors, ParsesFromTheHeaderBytesAlone) {
   EXPECT_EQ(entries[0].begin, 0u);
   EXPECT_EQ(entries[0].end, 8u);
   // Fewer bytes than the header needs is an error, not a read past them.
-  const std::string m = error_of(
+  const std::string m = test::error_of(
       [&] { parse_safetensors_header(data, header_end - 1, file.size(), "part.safetensors"); });
   EXPECT_HAS(m, "part.safetensors: only ");
   EXPECT_HAS(m, "bytes were read, but the header needs");
@@ -356,8 +341,8 @@ class SafetensorsMalformed : public Safetensors {
     for (const Param<float>* p : model.params())
       before.emplace_back(p->data(), p->data() + p->numel);
     const std::string file = write_bytes(path("bad.safetensors"), bytes);
-    const std::string message = error_of([&] { load_safetensors(file, model); });
-    EXPECT_TRUE(starts_with(message, file + ": ")) << message;
+    const std::string message = test::error_of([&] { load_safetensors(file, model); });
+    EXPECT_TRUE(test::starts_with(message, file + ": ")) << message;
     for (size_t i = 0; i < before.size(); ++i)
       EXPECT_EQ(std::memcmp(before[i].data(), model.params()[i]->data(), 4 * before[i].size()), 0)
           << model.params()[i]->name << " changed by a refused load";
@@ -365,11 +350,11 @@ class SafetensorsMalformed : public Safetensors {
   }
   // The header parser alone, on bytes in memory.
   static std::string parse_error(const std::string& bytes) {
-    const std::string message = error_of([&] {
+    const std::string message = test::error_of([&] {
       parse_safetensors_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
                                bytes.size(), "mem.safetensors");
     });
-    EXPECT_TRUE(starts_with(message, "mem.safetensors: ")) << message;
+    EXPECT_TRUE(test::starts_with(message, "mem.safetensors: ")) << message;
     return message;
   }
   // A valid file of the tiny model, with `edit` applied to its tensors first.
@@ -518,13 +503,13 @@ TEST_F(SafetensorsMalformed, UntiedHead) {
 TEST_F(SafetensorsMalformed, UnreadableAndUnwritablePaths) {
   Gpt<float> model(tiny(), *device_, 1);
   const std::string missing = path("no-such.safetensors");
-  const std::string m = error_of([&] { load_safetensors(missing, model); });
-  EXPECT_TRUE(starts_with(m, missing + ": cannot open")) << m;
-  const std::string dir_m = error_of([&] { load_safetensors(dir_, model); });
-  EXPECT_TRUE(starts_with(dir_m, dir_ + ": is not a regular file")) << dir_m;
+  const std::string m = test::error_of([&] { load_safetensors(missing, model); });
+  EXPECT_TRUE(test::starts_with(m, missing + ": cannot open")) << m;
+  const std::string dir_m = test::error_of([&] { load_safetensors(dir_, model); });
+  EXPECT_TRUE(test::starts_with(dir_m, dir_ + ": is not a regular file")) << dir_m;
   const std::string target = path("no-such-dir/model.safetensors");
-  const std::string w = error_of([&] { save_safetensors(target, model); });
-  EXPECT_TRUE(starts_with(w, target + ".tmp: cannot create")) << w;
+  const std::string w = test::error_of([&] { save_safetensors(target, model); });
+  EXPECT_TRUE(test::starts_with(w, target + ".tmp: cannot create")) << w;
 }
 
 }  // namespace

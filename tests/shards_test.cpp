@@ -105,21 +105,6 @@ std::vector<Batch> llmc_sequence(const std::vector<std::vector<uint16_t>>& shard
   return v;
 }
 
-template <typename F>
-std::string config_error(F&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a ConfigError";
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 // Three shards of 100, 57 and 80 tokens.
 struct ThreeShards {
   std::string dir = test::temp_dir();
@@ -166,39 +151,39 @@ TEST(ShardsTest, WriteTextShardsRoundTrip) {
     EXPECT_EQ(b.inputs[i], uint8_t(text[i]));
     EXPECT_EQ(b.targets[i], uint8_t(text[i + 1]));
   }
-  EXPECT_TRUE(contains(src->describe(), "4 shards, 1000 tokens")) << src->describe();
+  EXPECT_TRUE(test::contains(src->describe(), "4 shards, 1000 tokens")) << src->describe();
   fs::remove_all(dir);
 }
 
 TEST(ShardsTest, WriteTextShardsErrors) {
   const std::string dir = test::temp_dir();
-  std::string msg = config_error([&] { write_text_shards(dir + "/missing.txt", dir + "/out"); });
-  EXPECT_TRUE(contains(msg, dir + "/missing.txt: cannot open")) << msg;
+  std::string msg = test::error_of([&] { write_text_shards(dir + "/missing.txt", dir + "/out"); });
+  EXPECT_TRUE(test::contains(msg, dir + "/missing.txt: cannot open")) << msg;
   const std::string file = test::write_file(dir, "a.txt", "hello");
   test::write_file(dir, "blocker", "x");
-  msg = config_error([&] { write_text_shards(file, dir + "/blocker/out"); });
-  EXPECT_TRUE(contains(msg, dir + "/blocker/out: cannot create directory")) << msg;
+  msg = test::error_of([&] { write_text_shards(file, dir + "/blocker/out"); });
+  EXPECT_TRUE(test::contains(msg, dir + "/blocker/out: cannot create directory")) << msg;
   const std::string empty = test::write_file(dir, "empty.txt", "");
-  msg = config_error([&] { write_text_shards(empty, dir + "/out"); });
-  EXPECT_TRUE(contains(msg, "empty")) << msg;
-  msg = config_error([&] { write_text_shards(file, dir + "/out", 0); });
-  EXPECT_TRUE(contains(msg, "tokens per shard")) << msg;
+  msg = test::error_of([&] { write_text_shards(empty, dir + "/out"); });
+  EXPECT_TRUE(test::contains(msg, "empty")) << msg;
+  msg = test::error_of([&] { write_text_shards(file, dir + "/out", 0); });
+  EXPECT_TRUE(test::contains(msg, "tokens per shard")) << msg;
   fs::remove_all(dir);
 }
 
 TEST(ShardsTest, BadMagic) {
   const std::string dir = test::temp_dir();
   const std::string p = write_shard(dir + "/s.bin", ramp(100, 0), 12345);
-  const std::string msg = config_error([&] { validate_shard(p, 17); });
-  EXPECT_TRUE(contains(msg, p + ": bad magic 12345 (expected 20240520")) << msg;
+  const std::string msg = test::error_of([&] { validate_shard(p, 17); });
+  EXPECT_TRUE(test::contains(msg, p + ": bad magic 12345 (expected 20240520")) << msg;
   fs::remove_all(dir);
 }
 
 TEST(ShardsTest, WrongVersion) {
   const std::string dir = test::temp_dir();
   const std::string p = write_shard(dir + "/s.bin", ramp(100, 0), kShardMagic, 2);
-  const std::string msg = config_error([&] { validate_shard(p, 17); });
-  EXPECT_TRUE(contains(msg, p + ": version 2 (this reader knows version 1")) << msg;
+  const std::string msg = test::error_of([&] { validate_shard(p, 17); });
+  EXPECT_TRUE(test::contains(msg, p + ": version 2 (this reader knows version 1")) << msg;
   fs::remove_all(dir);
 }
 
@@ -206,14 +191,14 @@ TEST(ShardsTest, Truncated) {
   const std::string dir = test::temp_dir();
   // The header says 100 tokens; the file holds 60.
   const std::string p = write_shard(dir + "/s.bin", ramp(60, 0), kShardMagic, 1, 100);
-  std::string msg = config_error([&] { validate_shard(p, 17); });
-  EXPECT_TRUE(contains(
+  std::string msg = test::error_of([&] { validate_shard(p, 17); });
+  EXPECT_TRUE(test::contains(
       msg, p + ": truncated: header says 100 tokens (1224 bytes) but the file " + "has 1144 bytes"))
       << msg;
   // Shorter than the header itself.
   const std::string q = test::write_file(dir, "short.bin", "abc");
-  msg = config_error([&] { validate_shard(q, 17); });
-  EXPECT_TRUE(contains(msg, q + ": truncated: 3 bytes")) << msg;
+  msg = test::error_of([&] { validate_shard(q, 17); });
+  EXPECT_TRUE(test::contains(msg, q + ": truncated: 3 bytes")) << msg;
   fs::remove_all(dir);
 }
 
@@ -221,14 +206,15 @@ TEST(ShardsTest, CountMismatch) {
   const std::string dir = test::temp_dir();
   // The header says 50 tokens; the file holds 100.
   const std::string p = write_shard(dir + "/s.bin", ramp(100, 0), kShardMagic, 1, 50);
-  std::string msg = config_error([&] { validate_shard(p, 17); });
-  EXPECT_TRUE(contains(msg, p + ": token count mismatch: header says 50 tokens (1124 bytes) but " +
-                                "the file has 1224 bytes"))
+  std::string msg = test::error_of([&] { validate_shard(p, 17); });
+  EXPECT_TRUE(
+      test::contains(msg, p + ": token count mismatch: header says 50 tokens (1124 bytes) but " +
+                              "the file has 1224 bytes"))
       << msg;
   // An odd trailing byte.
   const std::string q = write_shard(dir + "/odd.bin", ramp(100, 0), kShardMagic, 1, -1, 1);
-  msg = config_error([&] { validate_shard(q, 17); });
-  EXPECT_TRUE(contains(msg, q + ": token count mismatch")) << msg;
+  msg = test::error_of([&] { validate_shard(q, 17); });
+  EXPECT_TRUE(test::contains(msg, q + ": token count mismatch")) << msg;
   fs::remove_all(dir);
 }
 
@@ -238,14 +224,15 @@ TEST(ShardsTest, FewerTokensThanOneBatch) {
   const std::string p = write_shard(dir + "/b.bin", ramp(16, 0));
   // Validated at start: the source names the short shard.
   std::string msg =
-      config_error([&] { make_shard_source(shard_config(dir + "/*.bin"), 2, 8, 256); });
-  EXPECT_TRUE(contains(msg, p + ": holds 16 tokens, fewer than one micro-batch needs "
-                                "(micro_batch * seq_len + 1 = 17)"))
+      test::error_of([&] { make_shard_source(shard_config(dir + "/*.bin"), 2, 8, 256); });
+  EXPECT_TRUE(test::contains(msg, p + ": holds 16 tokens, fewer than one micro-batch needs "
+                                      "(micro_batch * seq_len + 1 = 17)"))
       << msg;
   // With 4 ranks every shard must hold one batch of all of them.
   write_shard(p, ramp(40, 0));
-  msg = config_error([&] { make_shard_source(shard_config(dir + "/*.bin"), 2, 8, 256, 0, 4); });
-  EXPECT_TRUE(contains(msg, p + ": holds 40 tokens, fewer than one batch of 4 ranks needs")) << msg;
+  msg = test::error_of([&] { make_shard_source(shard_config(dir + "/*.bin"), 2, 8, 256, 0, 4); });
+  EXPECT_TRUE(test::contains(msg, p + ": holds 40 tokens, fewer than one batch of 4 ranks needs"))
+      << msg;
   fs::remove_all(dir);
 }
 
@@ -255,8 +242,8 @@ TEST(ShardsTest, BadShardAmongGoodOnesNamed) {
   const std::string p = write_shard(dir + "/b.bin", ramp(100, 0), 7);
   write_shard(dir + "/c.bin", ramp(100, 0));
   const std::string msg =
-      config_error([&] { make_shard_source(shard_config(dir + "/*.bin"), 2, 8, 256); });
-  EXPECT_TRUE(contains(msg, p + ": bad magic 7")) << msg;
+      test::error_of([&] { make_shard_source(shard_config(dir + "/*.bin"), 2, 8, 256); });
+  EXPECT_TRUE(test::contains(msg, p + ": bad magic 7")) << msg;
   fs::remove_all(dir);
 }
 
@@ -264,9 +251,9 @@ TEST(ShardsTest, GlobMatchingNothing) {
   const std::string dir = test::temp_dir();
   DataConfig d = shard_config(dir + "/train_*.bin");
   d.path_pos = SourcePos{"run.toml", 7, 11};
-  const std::string msg = config_error([&] { make_shard_source(d, 2, 8, 256); });
-  EXPECT_TRUE(
-      contains(msg, "run.toml:7:11: data.pattern '" + dir + "/train_*.bin' matches no " + "files"))
+  const std::string msg = test::error_of([&] { make_shard_source(d, 2, 8, 256); });
+  EXPECT_TRUE(test::contains(
+      msg, "run.toml:7:11: data.pattern '" + dir + "/train_*.bin' matches no " + "files"))
       << msg;
   fs::remove_all(dir);
 }
@@ -345,7 +332,7 @@ TEST(ShardsTest, ShuffleIsDeterministicAndAPermutation) {
   // The epochs differ from one another.
   EXPECT_NE(std::vector<Batch>(va.begin(), va.begin() + 13),
             std::vector<Batch>(va.begin() + 13, va.begin() + 26));
-  EXPECT_TRUE(contains(a->describe(), "shuffled (seed 42)")) << a->describe();
+  EXPECT_TRUE(test::contains(a->describe(), "shuffled (seed 42)")) << a->describe();
 
   // Shuffled ranks stay disjoint: the same permutation, each its own stride.
   auto r0 = make_shard_source(shard_config(s.pattern(), true, 42), 1, 8, 60000, 0, 2);
@@ -380,23 +367,23 @@ TEST(ShardsTest, RestoreRejectsOtherData) {
 
   // Other shards: the validation pattern matches the 100-token val shard only.
   auto other = make_shard_source(shard_config(s.dir + "/val_*.bin"), 2, 8, 60000);
-  std::string msg = config_error([&] { other->restore(state); });
-  EXPECT_TRUE(contains(msg, "belongs to 3 shards of (100,57,80) tokens")) << msg;
-  EXPECT_TRUE(contains(msg, "matches 1 shards of (100) tokens")) << msg;
+  std::string msg = test::error_of([&] { other->restore(state); });
+  EXPECT_TRUE(test::contains(msg, "belongs to 3 shards of (100,57,80) tokens")) << msg;
+  EXPECT_TRUE(test::contains(msg, "matches 1 shards of (100) tokens")) << msg;
 
   // Another batch shape, another shuffle, garbage.
   auto wide = make_shard_source(shard_config(s.pattern()), 1, 8, 60000);
-  msg = config_error([&] { wide->restore(state); });
-  EXPECT_TRUE(contains(msg, "micro_batch * seq_len = 16")) << msg;
+  msg = test::error_of([&] { wide->restore(state); });
+  EXPECT_TRUE(test::contains(msg, "micro_batch * seq_len = 16")) << msg;
   auto shuffled = make_shard_source(shard_config(s.pattern(), true), 2, 8, 60000);
-  msg = config_error([&] { shuffled->restore(state); });
-  EXPECT_TRUE(contains(msg, "data.shuffle = false")) << msg;
-  msg = config_error([&] { a->restore("text 100 5"); });
-  EXPECT_TRUE(contains(msg, "not an llm.c shard source's")) << msg;
+  msg = test::error_of([&] { shuffled->restore(state); });
+  EXPECT_TRUE(test::contains(msg, "data.shuffle = false")) << msg;
+  msg = test::error_of([&] { a->restore("text 100 5"); });
+  EXPECT_TRUE(test::contains(msg, "not an llm.c shard source's")) << msg;
   std::string out_of_range = state;
   out_of_range.replace(out_of_range.find("sample=1"), 8, "sample=99");
-  msg = config_error([&] { a->restore(out_of_range); });
-  EXPECT_TRUE(contains(msg, "out of range")) << msg;
+  msg = test::error_of([&] { a->restore(out_of_range); });
+  EXPECT_TRUE(test::contains(msg, "out of range")) << msg;
 }
 
 TEST(ShardsTest, TokenAboveVocabNamesShardAndOffset) {
@@ -407,7 +394,7 @@ TEST(ShardsTest, TokenAboveVocabNamesShardAndOffset) {
   auto src = make_shard_source(shard_config(p), 2, 8, 50257);
   next_batch(*src, 2, 8);  // tokens 0..16
   next_batch(*src, 2, 8);  // tokens 16..32
-  const std::string msg = config_error([&] { next_batch(*src, 2, 8); });
+  const std::string msg = test::error_of([&] { next_batch(*src, 2, 8); });
   EXPECT_EQ(msg, p + ": token 50300 at offset 37 is >= model.vocab_size 50257");
   fs::remove_all(dir);
 }

@@ -1,6 +1,8 @@
 // Helpers shared by the test files: configs from TOML text, running the host binary.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <string>
 #include <vector>
 
@@ -22,6 +24,25 @@ struct RunResult {
 };
 // Runs build/bin/headroom with `args` (already shell-quoted where needed).
 RunResult run_headroom(const std::string& args);
+
+// The message of the ConfigError that `f` throws; fails the test when it throws nothing.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError";
+  return "";
+}
+
+inline bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+inline bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 // ||a - b|| / ||b|| over two equally long vectors.
 double relative_error(const std::vector<double>& a, const std::vector<double>& b);
