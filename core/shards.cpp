@@ -463,6 +463,14 @@ std::vector<std::string> write_text_shards(const std::string& text_file, const s
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) throw ConfigError(out_dir + ": cannot create directory: " + ec.message());
+  // Shards left from an earlier run would match the same glob and be trained on with these.
+  for (const auto& e : std::filesystem::directory_iterator(out_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("shard_", 0) == 0 && e.path().extension() == ".bin")
+      throw ConfigError(out_dir + ": already holds shards (" + name +
+                        "); remove them or choose an empty folder, so that old and new shards " +
+                        "are not mixed");
+  }
 
   std::vector<std::string> paths;
   std::vector<uint8_t> bytes(1 << 20);

@@ -286,6 +286,10 @@ TEST(ShardCli, ShardCommandWritesShardsTrainingReads) {
       "workers = 1\n");
   r = test::run_headroom("train " + config + " -q");
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  // Writing into a folder that already holds shards would mix old and new data.
+  r = test::run_headroom("shard " + dir + "/corpus.txt " + dir + "/shards");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("already holds shards"), std::string::npos) << r.output;
 }
 
 }  // namespace
