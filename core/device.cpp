@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "core/arena.h"
+
 namespace headroom {
 
 std::string OomReport::str() const {
@@ -21,7 +23,9 @@ std::string OomReport::str() const {
   s += "  category               " + std::string(category_name(category)) + "\n";
   add("memory_limit", limit);
   add("live", live_total);
-  add("free under the limit", limit > live_total ? limit - live_total : 0);
+  add("reserved-but-unused", reserved_unused);
+  add("free under the limit", free_bytes());
+  add("largest free block", largest_free);
   s += "  phase                  " + phase.str() + "\n";
   std::snprintf(line, sizeof line, "  %-22s %14s %14s\n", "by category", "live", "peak");
   s += line;
@@ -31,6 +35,11 @@ std::string OomReport::str() const {
     s += line;
   }
   return s;
+}
+
+uint64_t OomReport::free_bytes() const {
+  const uint64_t held = live_total + reserved_unused;
+  return limit > held ? limit - held : 0;
 }
 
 OutOfMemory::OutOfMemory(OomReport report)
@@ -46,21 +55,17 @@ void* Device::try_allocate(uint64_t bytes, Category category, const std::string&
 
 void* Device::allocate_impl(uint64_t bytes, Category category, const std::string& what,
                             bool report) {
-  const uint64_t live = tracker_.live_total();
+  // Where the backend places memory itself (the CPU arena), the wall is the backend failing: a
+  // request can fail with enough bytes free when no hole is large enough, as on a GPU. Elsewhere
+  // the limit is a budget of live bytes.
+  const bool within_budget =
+      limit_ == 0 || backend_enforces_limit() || tracker_.live_total() + bytes <= limit_;
   void* ptr = nullptr;
-  if (limit_ == 0 || live + bytes <= limit_)
+  if (within_budget)
     ptr = allocator_ ? allocator_->allocate(bytes, category) : backend_allocate(bytes);
   if (!ptr) {
     if (!report) return nullptr;
-    OomReport r;
-    r.requested = bytes;
-    r.category = category;
-    r.what = what;
-    r.limit = limit_;
-    r.live_total = live;
-    r.live = tracker_.live_by_category();
-    r.peak = tracker_.peak_by_category();
-    r.phase = tracker_.phase();
+    OomReport r = oom_report(bytes, category, what);
     for (AllocationObserver* o : observers_)
       o->on_oom(r);
     throw OutOfMemory(std::move(r));
@@ -75,6 +80,32 @@ void* Device::allocate_impl(uint64_t bytes, Category category, const std::string
     throw;
   }
   return ptr;
+}
+
+OomReport Device::oom_report(uint64_t bytes, Category category, const std::string& what) const {
+  OomReport r;
+  r.requested = bytes;
+  r.category = category;
+  r.what = what;
+  r.limit = limit_;
+  r.live_total = tracker_.live_total();
+  r.live = tracker_.live_by_category();
+  r.peak = tracker_.peak_by_category();
+  r.phase = tracker_.phase();
+  // Held = what the backend has handed out (the arena's blocks and pages), or what the allocator
+  // says it reserved where the backend keeps no count; whatever of it is not live is cache or
+  // padding. The largest free block is the larger of the backend's largest hole and the
+  // allocator's largest cached block: the most one request could get.
+  const BackendStats b = backend_stats();
+  uint64_t held = b.used;
+  r.largest_free = b.largest_free;
+  AllocatorStats a;
+  if (allocator_stats(&a)) {
+    held = std::max(held, a.reserved);
+    r.largest_free = std::max(r.largest_free, a.largest_free_block);
+  }
+  r.reserved_unused = held > r.live_total ? held - r.live_total : 0;
+  return r;
 }
 
 void Device::free(void* ptr) {
@@ -111,11 +142,14 @@ void Device::remove_observer(AllocationObserver* observer) {
 
 namespace {
 
-// The CPU backend: host memory standing in for device memory. The memory limit is the emulated
-// wall; host allocation failure is the same out-of-memory path.
+// The CPU backend: host memory standing in for device memory. Without a memory limit it is plain
+// host memory. With one, it is an Arena of that many bytes with first-fit placement and no
+// caching, like a GPU driver's: the limit is then a wall with a shape, where fragmentation can
+// stop a run that has enough bytes free (see core/arena.h).
 class CpuDevice final : public Device {
  public:
   explicit CpuDevice(uint64_t limit) : Device(limit) {
+    if (limit > 0) arena_ = std::make_unique<Arena>(limit);
     // Activations are allocated and freed every micro-step. Keep large blocks in the heap instead
     // of mmap/munmap-ing them each time, which would zero fresh pages on every step.
     mallopt(M_MMAP_THRESHOLD, 1 << 30);
@@ -124,28 +158,56 @@ class CpuDevice final : public Device {
   std::string kind() const override { return "cpu"; }
 
   void* backend_allocate(uint64_t bytes) override {
+    if (arena_) return arena_->allocate(bytes);
     // 64-byte alignment for vector loads; aligned_alloc wants a multiple of the alignment.
     const uint64_t rounded = std::max<uint64_t>(64, (bytes + 63) / 64 * 64);
     return std::aligned_alloc(64, rounded);
   }
-  void backend_free(void* ptr) override { std::free(ptr); }
+  void backend_free(void* ptr) override {
+    if (!arena_) {
+      std::free(ptr);
+    } else if (!arena_->free(ptr)) {
+      std::fprintf(stderr, "headroom: backend_free of %p, which the arena never handed out\n", ptr);
+    }
+  }
 
-  // Plain host virtual memory: reserve with PROT_NONE, map by making pages readable and writable.
-  uint64_t vm_granularity() const override { return uint64_t(2) << 20; }
+  // With the arena, vm_map aliases arena pages into the reserved range (cuMemMap's design). Without
+  // it, plain host virtual memory: reserve with PROT_NONE, map by making pages readable and
+  // writable.
+  uint64_t vm_granularity() const override { return Arena::kPageSize; }
   void* vm_reserve(uint64_t bytes) override {
-    void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    return p == MAP_FAILED ? nullptr : p;
+    if (arena_) return arena_->vm_reserve(bytes);
+    return reserve_address_range(bytes, Arena::kPageSize);
   }
   bool vm_map(void* addr, uint64_t bytes) override {
+    if (arena_) return arena_->vm_map(addr, bytes);
     return mprotect(addr, bytes, PROT_READ | PROT_WRITE) == 0;
   }
   void vm_unmap(void* addr, uint64_t bytes) override {
+    if (arena_) return arena_->vm_unmap(addr, bytes);
     // Drop the pages (their contents are gone, as after cuMemUnmap) and fence the range again.
     madvise(addr, bytes, MADV_DONTNEED);
     mprotect(addr, bytes, PROT_NONE);
   }
-  void vm_release(void* addr, uint64_t bytes) override { munmap(addr, bytes); }
-  BackendStats backend_stats() const override { return BackendStats{}; }
+  void vm_release(void* addr, uint64_t bytes) override {
+    if (arena_) return arena_->vm_release(addr, bytes);
+    munmap(addr, bytes);
+  }
+  BackendStats backend_stats() const override {
+    BackendStats s;
+    if (!arena_) return s;
+    const Arena::Stats a = arena_->stats();
+    s.capacity = a.capacity;
+    s.used = a.used;
+    s.largest_free = a.largest_free;
+    return s;
+  }
+
+ protected:
+  bool backend_enforces_limit() const override { return arena_ != nullptr; }
+
+ private:
+  std::unique_ptr<Arena> arena_;
 };
 
 }  // namespace

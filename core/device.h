@@ -24,7 +24,15 @@ struct OomReport {
   ByCategory live{};  // at the failed request
   ByCategory peak{};  // each category's peak so far
   Phase phase;
+  // Device memory held but not live: cached by an allocator, or padding around blocks (the
+  // backend's used bytes, or the allocator's reserved bytes, minus the tracker's live bytes).
+  uint64_t reserved_unused = 0;
+  // The largest contiguous free block: what one allocation could still get. Below `requested`
+  // while free_bytes() is not, the memory is fragmented (defrag_allocator is the cure).
+  uint64_t largest_free = 0;
 
+  // The bytes under the limit that nothing holds: limit - live - reserved_unused (0 without one).
+  uint64_t free_bytes() const;
   // The multi-line report the host prints (exit code 3).
   std::string str() const;
 };
@@ -49,6 +57,16 @@ class AllocationObserver {
   virtual void on_oom(const OomReport& report) = 0;
 };
 
+// What an allocator holds (the allocator role's hr_allocator_stats, in the host's terms).
+struct AllocatorStats {
+  uint64_t allocated = 0;           // bytes in blocks handed out now
+  uint64_t reserved = 0;            // bytes taken from the device (segments and mapped pages)
+  uint64_t largest_free_block = 0;  // the largest request it could serve now without the device
+  uint64_t device_allocs = 0;       // segments and page mappings taken from the device so far
+  uint64_t retries = 0;             // requests served after releasing its cache
+  uint64_t ooms = 0;                // requests it could not serve
+};
+
 // Replaces the backend's own allocation for every device buffer (the allocator role). Called on the
 // training thread; returns nullptr when it has no memory for the request.
 class DeviceAllocator {
@@ -56,6 +74,11 @@ class DeviceAllocator {
   virtual ~DeviceAllocator() = default;
   virtual void* allocate(uint64_t bytes, Category category) = 0;
   virtual void deallocate(void* ptr, uint64_t bytes) = 0;
+  // Fills *out and returns true when the allocator keeps statistics.
+  virtual bool stats(AllocatorStats* out) const {
+    (void)out;
+    return false;
+  }
 };
 
 class Device {
@@ -78,6 +101,9 @@ class Device {
   // The allocator every buffer comes from from now on; nullptr restores the backend's own. Set it
   // before the first allocation: a buffer is returned to the allocator that made it.
   void set_allocator(DeviceAllocator* allocator);
+  DeviceAllocator* allocator() const { return allocator_; }
+  // The installed allocator's statistics; false when there is none or it keeps none.
+  bool allocator_stats(AllocatorStats* out) const { return allocator_ && allocator_->stats(out); }
   // The backend's own memory, outside the tracker: what an allocator plugin builds its pools from.
   virtual void* backend_allocate(uint64_t bytes) = 0;  // nullptr when the backend has none
   virtual void backend_free(void* ptr) = 0;
@@ -93,7 +119,8 @@ class Device {
   virtual void vm_release(void* addr, uint64_t bytes) = 0;
 
   // What the backend's memory looks like now: bytes in use by backend allocations and mapped
-  // pages, and the largest contiguous free block (what the next backend_allocate can get).
+  // pages, and the largest contiguous free block (what the next backend_allocate can get). All
+  // zero for a backend with no placement model (the CPU without a memory_limit).
   struct BackendStats {
     uint64_t capacity = 0;  // the memory limit, 0 when none
     uint64_t used = 0;
@@ -108,9 +135,14 @@ class Device {
 
  protected:
   explicit Device(uint64_t limit) : limit_(limit) {}
+  // True when the backend's own memory is the wall (the CPU arena): an allocation fails when the
+  // backend has no place for it. Otherwise the limit is checked against the tracker's live bytes.
+  virtual bool backend_enforces_limit() const { return false; }
 
  private:
   void* allocate_impl(uint64_t bytes, Category category, const std::string& what, bool report);
+  // What memory looks like when `bytes` of `category` could not be had.
+  OomReport oom_report(uint64_t bytes, Category category, const std::string& what) const;
 
   struct Block {
     uint64_t bytes;

@@ -19,8 +19,10 @@ namespace {
 // Memory
 
 TEST(MemoryWall, AllocationPastTheLimitFailsWithAReportAndAllocatesNothing) {
+  // The limit is the CPU arena's size, which hands out blocks in multiples of 512 bytes (as
+  // cudaMalloc does): sizes here are multiples of it, so that no padding blurs the arithmetic.
   DeviceConfig dc;
-  dc.memory_limit = 1000;
+  dc.memory_limit = 10240;
   auto device = Device::create(dc);
   Phase p;
   p.kind = Phase::Kind::kForward;
@@ -29,23 +31,23 @@ TEST(MemoryWall, AllocationPastTheLimitFailsWithAReportAndAllocatesNothing) {
   p.step = 4;
   p.micro_step = 2;
   device->tracker().set_phase(p);
-  Buffer a(*device, 600, Category::kParameters, "a");
+  Buffer a(*device, 6144, Category::kParameters, "a");
   try {
-    Buffer b(*device, 500, Category::kActivations, "b (B, T, C)");
+    Buffer b(*device, 5120, Category::kActivations, "b (B, T, C)");
     FAIL() << "allocation past the limit succeeded";
   } catch (const OutOfMemory& e) {
     const OomReport& r = e.report();
-    EXPECT_EQ(r.requested, 500u);
-    EXPECT_EQ(r.limit, 1000u);
-    EXPECT_EQ(r.live_total, 600u);
+    EXPECT_EQ(r.requested, 5120u);
+    EXPECT_EQ(r.limit, 10240u);
+    EXPECT_EQ(r.live_total, 6144u);
     EXPECT_EQ(r.category, Category::kActivations);
-    EXPECT_EQ(r.live[static_cast<int>(Category::kParameters)], 600u);
+    EXPECT_EQ(r.live[static_cast<int>(Category::kParameters)], 6144u);
     EXPECT_EQ(r.what, "b (B, T, C)");
     EXPECT_EQ(r.phase.str(), "forward of layer 2 (block 1), step 4, micro-step 2");
   }
-  EXPECT_EQ(device->tracker().live_total(), 600u);
-  Buffer c(*device, 400, Category::kActivations, "c");  // exactly at the limit is fine
-  EXPECT_EQ(device->tracker().live_total(), 1000u);
+  EXPECT_EQ(device->tracker().live_total(), 6144u);
+  Buffer c(*device, 4096, Category::kActivations, "c");  // exactly at the limit is fine
+  EXPECT_EQ(device->tracker().live_total(), 10240u);
 }
 
 TEST(MemoryTracker, PeaksPhasesAndTimeline) {
