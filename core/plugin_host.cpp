@@ -673,6 +673,21 @@ class PluginHost::AllocatorAdapter final : public DeviceAllocator {
   void deallocate(void* ptr, uint64_t bytes) override {
     p_.allocator.deallocate(p_.instance, ptr, bytes, nullptr);
   }
+  bool stats(AllocatorStats* out) const override {
+    // A plugin built before ABI 1.2 has no stats hook: read_sized left it NULL.
+    if (!p_.allocator.stats) return false;
+    hr_allocator_stats s;
+    std::memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    if (p_.allocator.stats(p_.instance, &s) != HR_OK) return false;
+    out->allocated = s.allocated;
+    out->reserved = s.reserved;
+    out->largest_free_block = s.largest_free_block;
+    out->device_allocs = s.device_allocs;
+    out->retries = s.retries;
+    out->ooms = s.ooms;
+    return true;
+  }
 
  private:
   LoadedPlugin& p_;
