@@ -10,6 +10,7 @@
 
 #include "core/safetensors.h"
 #include "core/snapshot.h"
+#include "core/timeline_html.h"
 
 namespace headroom {
 
@@ -25,6 +26,15 @@ double now_ms() {
 Trainer::Trainer(const Config& config, TrainOptions options)
     : config_(config), options_(std::move(options)) {
   device_ = Device::create(config_.device);
+  if (!options_.record_allocs_path.empty()) {
+    recorder_ = std::make_unique<AllocTraceRecorder>(options_.record_allocs_path, *device_,
+                                                     device_->memory_limit());
+    device_->add_observer(recorder_.get());
+  }
+  if (!options_.memory_timeline_path.empty() &&
+      !std::ofstream(options_.memory_timeline_path, std::ios::trunc))
+    throw ConfigError("--memory-timeline " + options_.memory_timeline_path +
+                      ": cannot open for writing");
   device_->add_observer(this);
   set_phase(Phase::Kind::kSetup);
   data_ = options_.data_source ? std::move(options_.data_source)
@@ -43,7 +53,12 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     if (!*f) throw ConfigError("--metrics " + options_.metrics_path + ": cannot open for writing");
     metrics_ = std::move(f);
   }
-  model_ = std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed);
+  try {
+    model_ = std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed);
+  } catch (const OutOfMemory& e) {
+    write_memory_timeline(&e.report());
+    throw;
+  }
   if (!config_.train.init_from.empty()) {
     try {
       load_safetensors(config_.train.init_from, *model_);
@@ -74,6 +89,36 @@ Trainer::~Trainer() {
 //   ALLOC / FREE at every device allocation, OOM when one fails.
 
 void Trainer::run() {
+  try {
+    run_steps();
+  } catch (const OutOfMemory& e) {
+    write_memory_timeline(&e.report());
+    try {
+      if (recorder_) recorder_->flush();
+    } catch (const std::exception&) {
+      // The out-of-memory report matters more; a short trace is refused when read anyway.
+    }
+    throw;
+  }
+  write_memory_timeline(nullptr);
+  if (recorder_) recorder_->flush();
+}
+
+void Trainer::write_memory_timeline(const OomReport* oom) {
+  if (options_.memory_timeline_path.empty()) return;
+  TimelineHtmlOptions o;
+  o.title = config_.file;
+  o.memory_limit = device_->memory_limit();
+  o.oom = oom;
+  try {
+    write_timeline_html(options_.memory_timeline_path, device_->tracker().timeline(), o);
+  } catch (const ConfigError&) {
+    if (oom) return;  // the out-of-memory report matters more than the picture
+    throw;
+  }
+}
+
+void Trainer::run_steps() {
   const TrainConfig& t = config_.train;
   const int B = t.micro_batch, T = config_.model.seq_len, A = t.grad_accum;
   const uint64_t tokens_per_step = uint64_t(B) * T * A;

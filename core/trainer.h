@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/alloc_trace.h"
 #include "core/config.h"
 #include "core/data.h"
 #include "core/data_loader.h"
@@ -24,6 +25,11 @@ struct TrainOptions {
   bool live_progress = false;   // rewrite one progress line (a terminal) instead of printing lines
   std::string resume_dir;       // continue from the newest snapshot in this folder
   std::string save_weights_path;  // write the final weights here (safetensors)
+  // Every allocation and free of the run, as an allocation trace (core/alloc_trace.h).
+  std::string record_allocs_path;
+  // The memory timeline as self-contained HTML (core/timeline_html.h), written at the end of run()
+  // and also when the run stops out of memory, so the picture shows the way to the failure.
+  std::string memory_timeline_path;
   // The data, when not the one [data] describes (embedding hosts, benchmarks, tests).
   std::unique_ptr<DataSource> data_source;
 };
@@ -66,6 +72,9 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   std::string memory_report() const;
 
  private:
+  void run_steps();
+  // To options_.memory_timeline_path, if set; `oom` marks the request that stopped the run.
+  void write_memory_timeline(const OomReport* oom);
   void fire(Event event, int layer = -1);
   void fire(EventInfo info);
   // One micro-step, forward and backward, run again when a plugin asks for a retry after an OOM.
@@ -93,6 +102,9 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
 
   Config config_;
   TrainOptions options_;
+  // Before the device: it is destroyed after it, so it sees the frees of everything the device
+  // still holds when the trainer goes away.
+  std::unique_ptr<AllocTraceRecorder> recorder_;
   std::unique_ptr<Device> device_;
   std::unique_ptr<PluginHost> plugins_;  // after the device, before everything that allocates
   std::unique_ptr<Gpt<float>> model_;

@@ -1,4 +1,5 @@
-// headroom: the host binary. `headroom train CONFIG`, `headroom check CONFIG`.
+// headroom: the host binary. `headroom train CONFIG`, `headroom check CONFIG`,
+// `headroom replay TRACE`, ...
 //
 // Exit codes: 0 done, 1 any other failure, 2 bad config or usage, 3 out of memory.
 
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/alloc_trace.h"
 #include "core/config.h"
 #include "core/device.h"
 #include "core/plugin_host.h"
@@ -63,7 +65,7 @@ int cmd_shard(const std::string& text, const std::string& out_dir, uint64_t toke
 }
 
 struct TrainFlags {
-  std::string metrics, resume, save_weights;
+  std::string metrics, resume, save_weights, record_allocs, memory_timeline;
   bool quiet = false;
 };
 
@@ -75,6 +77,8 @@ int cmd_train(const std::string& file, const std::vector<std::string>& sets,
   options.metrics_path = flags.metrics;
   options.resume_dir = flags.resume;
   options.save_weights_path = flags.save_weights;
+  options.record_allocs_path = flags.record_allocs;
+  options.memory_timeline_path = flags.memory_timeline;
   options.log = quiet ? nullptr : &std::cout;
   options.live_progress = !quiet && isatty(STDOUT_FILENO);
 
@@ -103,10 +107,36 @@ int cmd_train(const std::string& file, const std::vector<std::string>& sets,
     std::cerr << "\nheadroom: " << e.report().str();
     std::cerr << "headroom: the run does not fit in memory_limit; lower train.micro_batch (raise "
                  "train.grad_accum to keep the batch) or raise device.memory_limit\n";
+    if (!flags.memory_timeline.empty())
+      std::cerr << "headroom: memory timeline up to the failure: " << flags.memory_timeline << "\n";
     return kExitOutOfMemory;
   }
   if (!quiet) std::cout << trainer->memory_report();
+  if (!quiet && !flags.memory_timeline.empty())
+    std::cout << "memory timeline: " << flags.memory_timeline << "\n";
   return kExitOk;
+}
+
+// `headroom replay TRACE [--config CFG] [--memory-limit SIZE]`: a recorded allocation trace
+// against the default allocator or the allocator plugin the config lists. Exit 3 when an
+// allocation fails, as a training run would.
+int cmd_replay(const std::string& file, const std::string& config_file,
+               const std::vector<std::string>& sets, const std::string& memory_limit) {
+  const headroom::AllocTrace trace = headroom::read_alloc_trace(file);
+  headroom::Config config;
+  if (!config_file.empty()) {
+    config = headroom::load_config(config_file, sets);
+  } else if (!sets.empty()) {
+    throw headroom::ConfigError("--set needs --config: there is no config to override");
+  }
+  if (!memory_limit.empty())
+    config.device.memory_limit = headroom::parse_size(memory_limit, "--memory-limit");
+  std::printf("replay of %s: %zu records (%llu allocations), recorded by %s on %s\n", file.c_str(),
+              trace.records.size(), static_cast<unsigned long long>(trace.num_allocs()),
+              trace.version.empty() ? "(unknown)" : trace.version.c_str(), trace.device.c_str());
+  const headroom::ReplayResult r = headroom::replay_alloc_trace(trace, config);
+  std::printf("%s", r.str().c_str());
+  return r.failed ? kExitOutOfMemory : kExitOk;
 }
 
 }  // namespace
@@ -128,6 +158,11 @@ int main(int argc, char** argv) {
                     "continue from the newest snapshot in DIR (see [snapshot] in the config)");
   train->add_option("--save-weights", flags.save_weights,
                     "write the trained weights to FILE (safetensors, Hugging Face GPT-2 names)");
+  train->add_option("--record-allocs", flags.record_allocs,
+                    "write every device allocation and free to FILE, for `headroom replay`");
+  train->add_option("--memory-timeline", flags.memory_timeline,
+                    "write the memory timeline to FILE.html (one self-contained file), also when "
+                    "the run stops out of memory");
   train->add_flag("-q,--quiet", flags.quiet, "print nothing but errors");
 
   CLI::App* check = app.add_subcommand(
@@ -146,6 +181,21 @@ int main(int argc, char** argv) {
   shard->add_option("--tokens-per-shard", tokens_per_shard, "at most this many tokens per shard")
       ->check(CLI::PositiveNumber);
 
+  std::string replay_file, replay_config, replay_limit;
+  std::vector<std::string> replay_sets;
+  CLI::App* replay = app.add_subcommand(
+      "replay",
+      "replay an allocation trace (train --record-allocs) against the default allocator or the "
+      "allocator plugin a config lists; prints peak reserved, fragmentation, the first failure "
+      "and allocations per second");
+  replay->add_option("trace", replay_file, "the trace file")->required();
+  replay->add_option("--config", replay_config,
+                     "take [device] and [[plugins]] from this config (default: the CPU device and "
+                     "allocator, under the trace's memory_limit)");
+  replay->add_option("--set", replay_sets, "override a key of --config (repeatable)");
+  replay->add_option("--memory-limit", replay_limit,
+                     "replay under SIZE (\"96MiB\") instead of the config's or the trace's limit");
+
   CLI::App* plugins = app.add_subcommand(
       "plugins", "list every plugin on the plugin path: name, version, ABI, events, roles, file");
 
@@ -160,6 +210,7 @@ int main(int argc, char** argv) {
     if (*train) return cmd_train(config_file, sets, flags);
     if (*shard) return cmd_shard(shard_text, shard_dir, tokens_per_shard);
     if (*check) return cmd_check(config_file, sets);
+    if (*replay) return cmd_replay(replay_file, replay_config, replay_sets, replay_limit);
     if (*plugins) return cmd_plugins();
   } catch (const headroom::ConfigError& e) {
     std::cerr << "headroom: error: " << e.what() << "\n";

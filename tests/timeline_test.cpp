@@ -1,0 +1,225 @@
+// The memory timeline HTML: downsampling that never loses a peak, a self-contained file with a
+// series per category from a real run, the timeline of a run stopped out of memory, and the page
+// rendered by headless Chromium (skipped, saying so, where chromium is not installed).
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "core/alloc_trace.h"
+#include "core/config.h"
+#include "core/timeline_html.h"
+#include "core/trainer.h"
+#include "tests/test_util.h"
+
+namespace headroom {
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// The output of a shell command (stdout only) and its exit status.
+std::string run(const std::string& cmd, int* status) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0)
+    out.append(buf, n);
+  *status = pclose(p);
+  return out;
+}
+
+// A short real run: 3 steps of 2 micro-steps, AdamW, under a memory limit.
+const char* kRun =
+    "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nseq_len = 32\nvocab_size = 64\n"
+    "[train]\nsteps = 3\nmicro_batch = 2\ngrad_accum = 2\n"
+    "[device]\nmemory_limit = \"16MiB\"\n";
+
+struct RealRun {
+  std::string html;
+  ByCategory peak{};
+  std::string path;
+};
+
+// The timeline of kRun, made once for the tests that read it.
+const RealRun& real_run() {
+  static const RealRun r = [] {
+    RealRun out;
+    out.path = test::temp_dir() + "/timeline.html";
+    TrainOptions o;
+    o.memory_timeline_path = out.path;
+    Trainer trainer(test::config_from(kRun), std::move(o));
+    trainer.run();
+    out.peak = trainer.device().tracker().peak_by_category();
+    out.html = read_text(out.path);
+    return out;
+  }();
+  return r;
+}
+
+TEST(Timeline, DownsamplingKeepsEveryBucketsHighestSample) {
+  std::mt19937 rng(7);
+  std::vector<TimelineSample> s(10007);
+  for (TimelineSample& x : s)
+    x.live[static_cast<int>(Category::kActivations)] = rng() % 1000;
+  const size_t spike = 4321;
+  s[spike].live[static_cast<int>(Category::kWorkspace)] = 1000000;
+  const std::vector<TimelineBucket> b = downsample_timeline(s, 2000);
+  ASSERT_LE(b.size(), 2000u);
+  ASSERT_GE(b.size(), 1000u);
+  size_t next = 0;
+  bool spike_drawn = false;
+  for (const TimelineBucket& x : b) {
+    EXPECT_EQ(x.first, next);  // the buckets tile the samples in order
+    ASSERT_LE(x.first, x.last);
+    next = x.last + 1;
+    for (size_t i = x.first; i <= x.last; ++i) {
+      EXPECT_LE(s[i].total(), s[x.top].total());
+      EXPECT_GE(s[i].total(), s[x.low].total());
+    }
+    spike_drawn |= x.top == spike;
+  }
+  EXPECT_EQ(next, s.size());
+  EXPECT_TRUE(spike_drawn);
+  // Few samples are drawn one by one.
+  const std::vector<TimelineBucket> all = downsample_timeline(std::vector<TimelineSample>(5), 2000);
+  ASSERT_EQ(all.size(), 5u);
+  EXPECT_EQ(all[3].first, 3u);
+  EXPECT_EQ(all[3].last, 3u);
+}
+
+TEST(Timeline, HtmlOfARealRunIsSelfContainedWithASeriesPerCategory) {
+  const RealRun& r = real_run();
+  ASSERT_FALSE(r.html.empty());
+  // Nothing fetched: no URL, no external script, style, font or image.
+  for (const char* ref : {"http://", "https://", "<link", "src=", "@import", "url(http"})
+    EXPECT_FALSE(has(r.html, ref)) << ref;
+  for (int i = 0; i < kNumCategories; ++i) {
+    const std::string name = category_name(category_at(i));
+    EXPECT_EQ(has(r.html, "class=\"series series-" + name + "\""), r.peak[i] > 0) << name;
+    EXPECT_EQ(has(r.html, "class=\"legend-item legend-" + name + "\""), r.peak[i] > 0) << name;
+  }
+  EXPECT_GT(r.peak[static_cast<int>(Category::kOptimizer)], 0u);  // AdamW state is drawn too
+  EXPECT_TRUE(has(r.html, "id=\"limit-line\""));
+  EXPECT_TRUE(has(r.html, "memory_limit 16.00 MiB"));
+  EXPECT_TRUE(has(r.html, "id=\"peak-line\""));
+  EXPECT_TRUE(has(r.html, "class=\"step-label\""));
+  EXPECT_TRUE(has(r.html, "data-rendered=\"0\""));  // the script sets 1
+  // The pointer's readout names every phase as the tracker does.
+  EXPECT_TRUE(has(r.html, "\"backward of layer 2 (block 1), step 3, micro-step 2\""));
+  EXPECT_FALSE(has(r.html, "id=\"bucket-low\""));  // short runs are drawn point by point
+}
+
+TEST(Timeline, ALongRunIsDownsampledWithoutLosingItsPeak) {
+  // 1000 steps' worth of phases: about 19 per step, as for a two-block model.
+  std::vector<TimelineSample> s;
+  for (int64_t step = 1; step <= 1000; ++step)
+    for (int k = 0; k < 19; ++k) {
+      TimelineSample x;
+      x.phase.kind = k < 9 ? Phase::Kind::kForward : Phase::Kind::kBackward;
+      x.phase.layer = k % 4;
+      x.phase.layer_name = "block";
+      x.phase.step = step;
+      x.phase.micro_step = 1;
+      x.live[static_cast<int>(Category::kParameters)] = 1 << 20;
+      x.live[static_cast<int>(Category::kActivations)] = uint64_t(k < 9 ? k : 18 - k) << 20;
+      s.push_back(x);
+    }
+  s[12345].live[static_cast<int>(Category::kActivations)] = uint64_t(100) << 20;
+  TimelineHtmlOptions o;
+  o.memory_limit = uint64_t(128) << 20;
+  const std::string html = render_timeline_html(s, o);
+  EXPECT_LT(html.size(), 2000000u);
+  EXPECT_TRUE(has(html, "id=\"bucket-low\""));
+  EXPECT_TRUE(has(html, "peak 101.00 MiB at backward"));
+  EXPECT_TRUE(has(html, ">step 500<"));
+  EXPECT_TRUE(has(html, "drawn as"));
+}
+
+TEST(Timeline, WrittenUpToTheFailureWhenTheRunStopsOutOfMemory) {
+  const std::string dir = test::temp_dir();
+  const std::string cfg =
+      test::write_file(dir, "oom.toml",
+                       "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nseq_len = 64\n"
+                       "vocab_size = 64\n[train]\nsteps = 2\nmicro_batch = 16\n"
+                       "[device]\nmemory_limit = \"2MiB\"\n");
+  const test::RunResult r = test::run_headroom("train " + cfg + " -q --memory-timeline " + dir +
+                                               "/oom.html --record-allocs " + dir + "/oom.trace");
+  ASSERT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(has(r.output, "memory timeline up to the failure: " + dir + "/oom.html"));
+  const std::string html = read_text(dir + "/oom.html");
+  EXPECT_TRUE(has(html, "id=\"oom-marker\""));
+  EXPECT_TRUE(has(html, "out of memory: requested"));
+  EXPECT_TRUE(has(html, "class=\"series series-activations\""));
+  // The trace of the stopped run is complete (its end line written) and notes the failure.
+  const std::string trace = read_text(dir + "/oom.trace");
+  EXPECT_TRUE(has(trace, "\n# out of memory: ")) << trace.substr(0, 500);
+  EXPECT_NO_THROW(read_alloc_trace(dir + "/oom.trace"));
+}
+
+TEST(Timeline, UnwritablePathIsAConfigErrorBeforeTheRun) {
+  const test::RunResult r =
+      test::run_headroom("train " + test::write_file(test::temp_dir(), "c.toml", kRun) +
+                         " -q --memory-timeline /nonexistent-dir/t.html");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "--memory-timeline /nonexistent-dir/t.html: cannot open")) << r.output;
+}
+
+// The page as a browser shows it: the script ran, every series is in the rendered DOM, the status
+// line names the peak's phase; and a screenshot.
+TEST(Timeline, RendersInHeadlessChromium) {
+  int status = 0;
+  const std::string chromium = run("command -v chromium || command -v chromium-browser", &status);
+  if (chromium.empty())
+    GTEST_SKIP() << "chromium is not installed (Debian package 'chromium'; scripts/setup installs "
+                    "it): the rendering check is skipped";
+  const std::string exe = chromium.substr(0, chromium.find('\n'));
+  const RealRun& r = real_run();
+  const std::string dir = test::temp_dir();
+  const std::string flags =
+      " --headless --no-sandbox --disable-gpu --disable-dev-shm-usage "
+      "--user-data-dir=" +
+      dir + "/profile ";
+  const std::string dom =
+      run("timeout 120 " + exe + flags + "--dump-dom file://" + r.path + " 2>/dev/null", &status);
+  ASSERT_EQ(status, 0) << "chromium --dump-dom failed";
+  EXPECT_TRUE(has(dom, "data-rendered=\"1\"")) << "the page's script did not run";
+  for (int i = 0; i < kNumCategories; ++i) {
+    const std::string name = category_name(category_at(i));
+    EXPECT_EQ(has(dom, "class=\"series series-" + name + "\""), r.peak[i] > 0) << name;
+    if (r.peak[i] > 0) {
+      EXPECT_TRUE(has(dom, "status-item status-" + name)) << name;
+    }
+  }
+  EXPECT_TRUE(has(dom, "class=\"phase-name\""));
+  EXPECT_TRUE(has(dom, "visibility=\"visible\""));  // the cursor at the peak
+
+  const std::string png = dir + "/timeline.png";
+  run("timeout 120 " + exe + flags + "--screenshot=" + png + " --window-size=1200,700 file://" +
+          r.path + " >/dev/null 2>&1",
+      &status);
+  ASSERT_EQ(status, 0) << "chromium --screenshot failed";
+  const std::string image = read_text(png);
+  ASSERT_GT(image.size(), 10000u);
+  EXPECT_EQ(image.substr(1, 3), "PNG");
+  std::printf("screenshot: %s\n", png.c_str());
+}
+
+}  // namespace
+}  // namespace headroom
