@@ -123,6 +123,27 @@ TEST_F(Cli, OutOfMemoryExits3WithTheFullReport) {
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
 }
 
+TEST_F(Cli, OutOfMemoryAdviceNamesAMicroBatchThatFits) {
+  const std::string path = config(std::string(kSmallModel) +
+                                  "[train]\nsteps = 2\nmicro_batch = 16\ngrad_accum = 1\n"
+                                  "[device]\nmemory_limit = \"1536KiB\"\n");
+  const auto r = run_headroom("train " + path);
+  ASSERT_EQ(r.exit_code, 3) << r.output;
+  const size_t at = r.output.find("what would make it fit");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  // The advice's TOML lines, applied as overrides, make the same batch fit.
+  const size_t mb = r.output.find("micro_batch = ", at), ga = r.output.find("grad_accum = ", at);
+  ASSERT_NE(mb, std::string::npos) << r.output;
+  ASSERT_NE(ga, std::string::npos) << r.output;
+  const int micro = std::stoi(r.output.substr(mb + 14)),
+            accum = std::stoi(r.output.substr(ga + 13));
+  EXPECT_EQ(micro * accum, 16);
+  const auto ok =
+      run_headroom("train " + path + " -q --set train.micro_batch=" + std::to_string(micro) +
+                   " --set train.grad_accum=" + std::to_string(accum));
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+}
+
 TEST_F(Cli, CheckPrintsTheResolvedConfigWhichReadsBackTheSame) {
   const std::string path = config("[model]\npreset = \"tiny\"\n[train]\nsteps = 7\n");
   const auto first = run_headroom("check " + path + " --set device.memory_limit=64MiB");

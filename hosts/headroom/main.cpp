@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/advice.h"
 #include "core/alloc_trace.h"
 #include "core/config.h"
 #include "core/device.h"
@@ -104,9 +105,16 @@ int cmd_train(const std::string& file, const std::vector<std::string>& sets,
     trainer->run();
   } catch (const headroom::OutOfMemory& e) {
     std::cout.flush();
-    std::cerr << "\nheadroom: " << e.report().str();
-    std::cerr << "headroom: the run does not fit in memory_limit; lower train.micro_batch (raise "
-                 "train.grad_accum to keep the batch) or raise device.memory_limit\n";
+    const headroom::OomReport& r = e.report();
+    std::cerr << "\nheadroom: " << r.str();
+    // What would make it fit, from the config's closed forms and this failure's numbers, among
+    // the built-in knobs and the plugins this headroom can find.
+    std::vector<std::string> available;
+    for (const headroom::PluginInfo& p : headroom::discover_plugins())
+      if (p.error.empty()) available.push_back(p.name);
+    const std::string advice = headroom::format_remedies(headroom::suggest_remedies(
+        config, r.limit, r.requested, r.free_bytes(), r.largest_free, available));
+    std::cerr << "headroom: " << (advice.empty() ? "raise device.memory_limit\n" : advice);
     if (!flags.memory_timeline.empty())
       std::cerr << "headroom: memory timeline up to the failure: " << flags.memory_timeline << "\n";
     return kExitOutOfMemory;
