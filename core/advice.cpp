@@ -89,7 +89,7 @@ std::vector<Remedy> suggest_remedies(const Config& config, uint64_t limit, uint6
     r.what = "defrag_allocator: the request fits the " + format_bytes(free_bytes) +
              " free, but the largest free block is " + format_bytes(largest_free);
     r.toml = "[[plugins]]\nname = \"defrag_allocator\"";
-    r.saves[static_cast<int>(Category::kWorkspace)] = 0;
+    r.unstranded = free_bytes - largest_free;
     r.fits = true;
     out.push_back(r);
   }
@@ -108,6 +108,9 @@ std::string format_remedies(const std::vector<Remedy>& remedies) {
                format_bytes(r.saves[i]);
     }
     if (!saved.empty()) s += "    saves about " + saved + " at the peak\n";
+    if (r.unstranded)
+      s += "    makes usable " + format_bytes(r.unstranded) +
+           " of free memory now in holes too small for the request\n";
     s += "    in the config:\n";
     size_t start = 0;
     while (start <= r.toml.size()) {

@@ -22,10 +22,11 @@ PeakEstimate estimate_peak(const Config& config, int micro_batch);
 
 // One way out: what to change, the TOML lines that do it, and the bytes it saves by category.
 struct Remedy {
-  std::string what;    // "micro_batch 4 with grad_accum 8 (the same batch)"
-  std::string toml;    // the lines to put in the config
-  ByCategory saves{};  // estimated peak bytes saved, by category
-  bool fits = false;   // the estimate says the run then fits memory_limit
+  std::string what;         // "micro_batch 4 with grad_accum 8 (the same batch)"
+  std::string toml;         // the lines to put in the config
+  ByCategory saves{};       // estimated peak bytes saved, by category
+  uint64_t unstranded = 0;  // free bytes now in holes too small to use, that it makes usable
+  bool fits = false;        // the estimate says the run then fits memory_limit
 };
 
 // Remedies for a run that did not fit `limit`: smaller micro-batches at the same effective batch

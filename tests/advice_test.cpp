@@ -49,8 +49,12 @@ TEST(Remedies, DefragAllocatorOnlyForFragmentationAndOnlyWhenAvailable) {
     return false;
   };
   // 1 MiB requested, 3 MiB free, largest hole 512 KiB: fragmentation.
-  EXPECT_TRUE(
-      has_defrag(suggest_remedies(c, 64 << 20, 1 << 20, 3 << 20, 512 << 10, {"defrag_allocator"})));
+  const auto frag =
+      suggest_remedies(c, 64 << 20, 1 << 20, 3 << 20, 512 << 10, {"defrag_allocator"});
+  EXPECT_TRUE(has_defrag(frag));
+  EXPECT_EQ(frag.back().unstranded, uint64_t(3 << 20) - (512 << 10));
+  EXPECT_NE(format_remedies(frag).find("makes usable 2.50 MiB"), std::string::npos)
+      << format_remedies(frag);
   EXPECT_FALSE(has_defrag(suggest_remedies(c, 64 << 20, 1 << 20, 3 << 20, 512 << 10, {})));
   // Not enough free bytes at all: an allocator cannot help.
   EXPECT_FALSE(
