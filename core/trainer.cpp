@@ -367,6 +367,7 @@ void Trainer::log_step(const StepRecord& r) {
     j["tokens_per_s"] = r.tokens_per_s;
     j["data_wait_ms"] = r.data_wait_ms;
     j["skipped"] = r.skipped;
+    if (r.skipped) j["skip_reason"] = veto_reason_;
     j["skipped_steps"] = skipped_steps_;
     j["mem_live_bytes"] = mt.live_total();
     j["mem_peak_bytes"] = mt.peak_total();
@@ -381,7 +382,7 @@ void Trainer::log_step(const StepRecord& r) {
   if (!options_.log) return;
   const int64_t every = config_.train.log_every;
   const bool last = r.step == config_.train.steps;
-  if (!options_.live_progress && r.step % every != 0 && r.step != 1 && !last) return;
+  if (!options_.live_progress && r.step % every != 0 && r.step != 1 && !last && !r.skipped) return;
   char line[256];
   std::snprintf(line, sizeof line,
                 "step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %9.0f tok/s | %7.1f ms | "
@@ -389,6 +390,8 @@ void Trainer::log_step(const StepRecord& r) {
                 static_cast<long long>(r.step), static_cast<long long>(config_.train.steps), r.loss,
                 r.lr, r.grad_norm, r.tokens_per_s, r.step_ms,
                 format_bytes(mt.peak_total()).c_str());
+  // A vetoed step says who vetoed it and why, whatever the cadence.
+  const std::string skipped = r.skipped ? " | update skipped by " + veto_reason_ : "";
   if (options_.live_progress) {
     // On a terminal: the time left at the average pace of this run so far.
     const double per_step = (now_ms() - run_start_ms_) / double(r.step - first_step_ + 1);
@@ -396,10 +399,10 @@ void Trainer::log_step(const StepRecord& r) {
     char eta[48];
     std::snprintf(eta, sizeof eta, " | ETA %lldh%02lldm%02llds", eta_s / 3600, eta_s / 60 % 60,
                   eta_s % 60);
-    *options_.log << '\r' << line << (last ? "" : eta) << "\033[K" << (last ? "\n" : "")
-                  << std::flush;
+    *options_.log << '\r' << line << skipped << (last ? "" : eta) << "\033[K"
+                  << (last || r.skipped ? "\n" : "") << std::flush;
   } else {
-    *options_.log << line << '\n' << std::flush;
+    *options_.log << line << skipped << '\n' << std::flush;
   }
 }
 
