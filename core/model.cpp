@@ -1,8 +1,10 @@
 #include "core/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/crossentropy.h"
@@ -201,6 +203,7 @@ class Block final : public Layer<T> {
                             ln1_rstd_, N, C);
   }
   const T* output() const override { return out_; }
+  bool recomputable() const override { return true; }
 
  private:
   ModelConfig m_;
@@ -286,6 +289,27 @@ uint64_t Layer<T>::saved_bytes() const {
 }
 
 template <class T>
+void Layer<T>::drop_activations() {
+  if (!recomputable())
+    throw std::logic_error(name_ +
+                           " cannot drop its activations: only transformer blocks can be "
+                           "recomputed (the embedding and the head cannot)");
+  const void* out = output();
+  auto kept = std::find_if(saved_.begin(), saved_.end(), [&](const SavedActivation& a) {
+    return out && a.buffer.template as<const void>() == out;
+  });
+  if (kept == saved_.end())
+    throw std::logic_error(name_ +
+                           " holds no activations to drop (it has not run forward, or "
+                           "its backward is done)");
+  // The output stays where it is (the next layer reads it); everything else is freed.
+  SavedActivation output_tensor = std::move(*kept);
+  saved_.clear();
+  saved_.push_back(std::move(output_tensor));
+  recompute_ = true;
+}
+
+template <class T>
 Param<T>& Layer<T>::add_param(const std::string& name, std::vector<int64_t> shape, bool decay) {
   auto p = std::make_unique<Param<T>>();
   p->name = name;
@@ -368,11 +392,25 @@ void Gpt<T>::backward(const Batch& batch, LayerEvents* events) {
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
     if (events) events->backward_begin(l);
     const T* input = l > 0 ? layers_[l - 1]->output() : nullptr;
+    if (layers_[l]->needs_recompute()) {
+      // The kept output is not needed by this layer's backward: free it first, so the
+      // recomputation holds one block's activations, not one and an output.
+      layers_[l]->release_activations();
+      layers_[l]->forward(input, batch);
+    }
     layers_[l]->backward(l > 0 ? dinput : nullptr, dout, input, batch);
     layers_[l]->release_activations();
     std::swap(dout, dinput);
     if (events) events->backward_end(l);
   }
+}
+
+template <class T>
+void Gpt<T>::drop_activations(int layer) {
+  if (layer < 0 || layer >= static_cast<int>(layers_.size()))
+    throw std::logic_error("layer " + std::to_string(layer) + " does not exist (the model has " +
+                           std::to_string(layers_.size()) + " layers)");
+  layers_[layer]->drop_activations();
 }
 
 template <class T>

@@ -62,10 +62,24 @@ class Layer {
   virtual void backward(T* dinput, const T* dout, const T* input, const Batch& batch) = 0;
   virtual const T* output() const { return nullptr; }
 
-  // Frees every activation this layer saved.
-  void release_activations() { saved_.clear(); }
+  // Frees every activation this layer saved (and forgets a pending recomputation).
+  void release_activations() {
+    saved_.clear();
+    recompute_ = false;
+  }
   uint64_t saved_bytes() const;
   const std::vector<SavedActivation>& saved() const { return saved_; }
+
+  // Activation recomputation. A layer that can be recomputed (a transformer block: its forward
+  // needs nothing but its input and its parameters) may drop every saved tensor after its forward
+  // except its output, the next layer's input; backward then runs its forward again from its
+  // input before its own backward. The embedding and the head cannot: their output is all they
+  // would keep, or nothing is left to drop.
+  virtual bool recomputable() const { return false; }
+  // Keeps only the tensor holding output() and marks the layer for recomputation. Throws
+  // std::logic_error for a layer that is not recomputable or holds no activations.
+  void drop_activations();
+  bool needs_recompute() const { return recompute_; }
 
  protected:
   Param<T>& add_param(const std::string& name, std::vector<int64_t> shape, bool decay);
@@ -78,6 +92,7 @@ class Layer {
   Device& device_;
   std::vector<std::unique_ptr<Param<T>>> params_;
   std::vector<SavedActivation> saved_;
+  bool recompute_ = false;  // dropped after forward: backward runs forward again first
 };
 
 // Layer l's forward and backward, announced around each call (the trainer turns them into
@@ -103,8 +118,15 @@ class Gpt {
   // also writes the gradient of batch.dloss·sum(losses) w.r.t. the logits, ready for backward.
   double forward(const Batch& batch, LayerEvents* events = nullptr);
   // Every layer's backward, last to first, accumulating into the gradients and freeing each
-  // layer's activations as soon as it is done.
+  // layer's activations as soon as it is done. A layer whose activations were dropped runs its
+  // forward again from its input (the previous layer's output) right after backward_begin: the
+  // same kernels on the same inputs, so its saved tensors are bitwise the originals. No
+  // forward_* events fire for the recomputation (its allocations do).
   void backward(const Batch& batch, LayerEvents* events = nullptr);
+  // Layer `layer`'s Layer::drop_activations(), between its forward and its backward. Throws
+  // std::logic_error (with the reason) for an index out of range, the embedding or the head, or a
+  // layer that holds no activations.
+  void drop_activations(int layer);
   void zero_grad();
   // Frees every layer's saved activations: after a forward that has no backward (evaluation,
   // gradient checks) or an abandoned micro-step.

@@ -613,6 +613,36 @@ struct HostServices {
     return HR_OK;
   }
 
+  // --- activation recomputation (ABI 1.3) ---
+  static hr_status drop_activations(hr_host* h, int32_t index) {
+    LoadedPlugin& p = plugin(h);
+    const PluginHost& owner = *h->owner;
+    if (owner.current_event_ != int(Event::kForwardEnd) || owner.current_layer_ != index) {
+      p.error = "drop_activations(" + std::to_string(index) +
+                "): only from FORWARD_END of that layer" +
+                (owner.current_event_ >= 0
+                     ? std::string(" (called from ") + event_name(Event(owner.current_event_)) +
+                           (owner.current_layer_ >= 0
+                                ? " of layer " + std::to_string(owner.current_layer_)
+                                : std::string()) +
+                           ")"
+                     : std::string(" (called outside any event)"));
+      return HR_ERROR_INVALID;
+    }
+    Gpt<float>* m = run(h).built_model();
+    if (!m) {
+      p.error = "drop_activations: the model is not built yet";
+      return HR_ERROR_INVALID;
+    }
+    try {
+      m->drop_activations(index);
+      return HR_OK;
+    } catch (const std::exception& e) {
+      p.error = std::string("drop_activations: ") + e.what();
+      return HR_ERROR_INVALID;
+    }
+  }
+
   static hr_host_services table(LoadedPlugin& p) {
     hr_host_services s;
     std::memset(&s, 0, sizeof s);
@@ -657,6 +687,7 @@ struct HostServices {
     s.vm_map = vm_map;
     s.vm_unmap = vm_unmap;
     s.vm_release = vm_release;
+    s.drop_activations = drop_activations;
     return s;
   }
 };
@@ -847,6 +878,21 @@ void PluginHost::on_event(const EventInfo& e) {
   info.ptr = e.ptr;
   info.bytes = e.bytes;
   info.category = uint32_t(e.category);
+  // Which event the plugins are in, for services that only some events may call; an event fired
+  // inside another (an ALLOC inside a FORWARD_END hook) restores the outer one when done.
+  struct CurrentEvent {
+    PluginHost& host;
+    int event, layer;
+    CurrentEvent(PluginHost& h, int e, int l)
+        : host(h), event(h.current_event_), layer(h.current_layer_) {
+      host.current_event_ = e;
+      host.current_layer_ = l;
+    }
+    ~CurrentEvent() {
+      host.current_event_ = event;
+      host.current_layer_ = layer;
+    }
+  } current(*this, int(e.event), e.layer);
   for (auto& p : plugins_) {
     if (!p->created || !(p->desc.events & HR_EVENT_BIT(info.event))) continue;
     const hr_status s = p->desc.on_event(p->instance, &info);

@@ -101,6 +101,9 @@ class PluginHost final : public EventListener {
   PluginRun* run_ = nullptr;
   std::string device_kind_;
   std::string pending_failure_;
+  // The event being dispatched (-1: none) and its layer: drop_activations checks it.
+  int current_event_ = -1;
+  int current_layer_ = -1;
 };
 
 }  // namespace headroom

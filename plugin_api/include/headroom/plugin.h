@@ -34,7 +34,7 @@ extern "C" {
  * Versions */
 
 #define HR_ABI_VERSION_MAJOR 1
-#define HR_ABI_VERSION_MINOR 2
+#define HR_ABI_VERSION_MINOR 3
 /* One number: major in the high 16 bits, minor in the low 16. */
 #define HR_ABI_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define HR_ABI_VERSION HR_ABI_MAKE_VERSION(HR_ABI_VERSION_MAJOR, HR_ABI_VERSION_MINOR)
@@ -276,6 +276,16 @@ typedef struct hr_host_services {
   hr_status (*vm_map)(hr_host* host, void* addr, uint64_t bytes);
   hr_status (*vm_unmap)(hr_host* host, void* addr, uint64_t bytes);
   hr_status (*vm_release)(hr_host* host, void* addr, uint64_t bytes);
+
+  /* ABI 1.3: activation recomputation. From FORWARD_END(layer) only, for that layer: frees every
+   * activation the layer saved except its output (the next layer's input) and marks it for
+   * recomputation; in backward, after BACKWARD_BEGIN(layer) and before the layer's backward, the
+   * host runs the layer's forward again from its input (no FORWARD_* events; ALLOC / FREE fire),
+   * so its saved tensors exist again — on the CPU bitwise equal to the originals. Only transformer
+   * blocks (layers 1 .. num_layers-2) can be dropped; the embedding, the head, a layer out of range
+   * or a call from any other event is HR_ERROR_INVALID with a message. Calling it twice for one
+   * layer is harmless. */
+  hr_status (*drop_activations)(hr_host* host, int32_t layer);
 } hr_host_services;
 
 /* ---------------------------------------------------------------------------------------------

@@ -1,0 +1,323 @@
+// checkpoint: activation recomputation. A transformer block's saved tensors are most of a run's
+// activation memory; a block that drops them after its forward keeps only its output (the next
+// block's input), and the host runs its forward again in backward, just before the block's own
+// backward. The policy — which blocks drop — is this plugin's; the mechanism is the host's
+// drop_activations service (ABI 1.3).
+//
+//   [[plugins]]
+//   name = "checkpoint"
+//   policy = "sqrt"      # "every" (the default) | "every_n" | "sqrt" | "budget"
+//   n = 4                # every_n: keep every n-th block
+//   budget = "256MiB"    # budget: the activation peak to stay under
+//
+// Blocks are numbered b = 0 .. L-1 (layer b + 1 of the host; layer 0 is the embedding, L + 1 the
+// head, neither of which can drop anything).
+//  - every:   every block drops; backward recomputes each.
+//  - every_n: block b keeps its activations when b % n == n - 1 (the last block of each run of n,
+//             so with L a multiple of n the last block, whose backward comes first, is kept), every
+//             other block drops. n = 1 keeps everything.
+//  - sqrt:    every_n with n = ceil(sqrt(L)) (Chen et al. 2016).
+//  - budget:  drop the fewest blocks such that the activation peak stays under the budget. The
+//             bound used is what the run can hold at once: the embedding's and the head's saved
+//             bytes, each kept block's, each dropped block's output, and one dropped block being
+//             recomputed (its full saved bytes). The bytes are those each layer registered, read
+//             at its FORWARD_END (layer_activation: numel × dtype size). The first micro-step
+//             measures them while dropping every block (the smallest peak there is, so it stays
+//             under any feasible budget); the plan holds from its head's FORWARD_END on. A budget
+//             that even dropping every block cannot meet stops the run with a message naming the
+//             budget and the smallest achievable peak.
+//  - "selective" (recompute only the cheap ops of a block) is not implemented yet: a config error.
+//
+// Recomputation runs the same kernels on the same inputs: on the CPU the recomputed tensors, and
+// so the gradients, are bitwise those of a run without this plugin.
+//
+// Training thread only (FORWARD_END); no locking. Only hr_plugin_entry is exported; no C++
+// exception crosses the C ABI.
+#include <headroom/plugin.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+namespace {
+
+enum class Policy { kEvery, kEveryN, kSqrt, kBudget };
+
+uint64_t dtype_size(uint32_t dtype) {
+  switch (dtype) {
+    case HR_DTYPE_BF16:
+    case HR_DTYPE_F16:
+      return 2;
+    case HR_DTYPE_F64:
+      return 8;
+    default:  // F32, I32
+      return 4;
+  }
+}
+
+std::string format_bytes(uint64_t bytes) {
+  char buf[64];
+  const double kib = 1024.0, mib = kib * 1024.0, gib = mib * 1024.0;
+  if (bytes >= gib) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / gib);
+  } else if (bytes >= mib) {
+    std::snprintf(buf, sizeof buf, "%.2f MiB", double(bytes) / mib);
+  } else if (bytes >= kib) {
+    std::snprintf(buf, sizeof buf, "%.2f KiB", double(bytes) / kib);
+  } else {
+    std::snprintf(buf, sizeof buf, "%" PRIu64 " B", bytes);
+  }
+  return std::string(buf) + " (" + std::to_string(bytes) + " bytes)";
+}
+
+class Checkpoint {
+ public:
+  Checkpoint(const hr_host_services* s, Policy policy, int64_t n, uint64_t budget)
+      : s_(s), policy_(policy), n_(n), budget_(budget) {}
+
+  hr_status on_forward_end(int32_t layer) {
+    const int32_t num_layers = s_->num_layers(s_->host);
+    if (num_layers < 2) return HR_OK;
+    if (!planned_) plan(num_layers);
+    const bool is_block = layer >= 1 && layer <= num_layers - 2;
+    const bool measuring = policy_ == Policy::kBudget && !budget_planned_;
+    if (measuring) full_[size_t(layer)] = saved_bytes(layer);
+    if (is_block && (measuring || drop_[size_t(layer)])) {
+      const hr_status st = s_->drop_activations(s_->host, layer);
+      if (st != HR_OK) return st;  // the host's message stands
+    }
+    if (measuring) {
+      kept_[size_t(layer)] = saved_bytes(layer);
+      if (layer == num_layers - 1) return plan_budget(num_layers);
+    }
+    return HR_OK;
+  }
+
+ private:
+  // The bytes layer `layer` holds now, as it registered them.
+  uint64_t saved_bytes(int32_t layer) const {
+    uint64_t total = 0;
+    const int32_t count = s_->layer_num_activations(s_->host, layer);
+    for (int32_t i = 0; i < count; ++i) {
+      hr_tensor t;
+      std::memset(&t, 0, sizeof t);
+      t.struct_size = sizeof t;
+      if (s_->layer_activation(s_->host, layer, i, &t) != HR_OK) continue;
+      total += t.numel * dtype_size(t.dtype);
+    }
+    return total;
+  }
+
+  // The fixed policies' plan; budget's starts measuring.
+  void plan(int32_t num_layers) {
+    planned_ = true;
+    const int64_t L = num_layers - 2;
+    drop_.assign(size_t(num_layers), false);
+    full_.assign(size_t(num_layers), 0);
+    kept_.assign(size_t(num_layers), 0);
+    int64_t n = 1;
+    switch (policy_) {
+      case Policy::kEvery:
+        for (int64_t b = 0; b < L; ++b)
+          drop_[size_t(b + 1)] = true;
+        return;
+      case Policy::kEveryN:
+        n = n_;
+        break;
+      case Policy::kSqrt:
+        n = static_cast<int64_t>(std::ceil(std::sqrt(double(L))));
+        break;
+      case Policy::kBudget:
+        return;
+    }
+    if (n < 1) n = 1;
+    for (int64_t b = 0; b < L; ++b)
+      drop_[size_t(b + 1)] = b % n != n - 1;
+  }
+
+  // Peak bound for a set of dropped blocks (see the header comment).
+  uint64_t bound(int32_t num_layers, const std::vector<bool>& drop) const {
+    uint64_t total = full_[0] + full_[size_t(num_layers - 1)], recompute = 0;
+    for (int32_t l = 1; l <= num_layers - 2; ++l) {
+      if (drop[size_t(l)]) {
+        total += kept_[size_t(l)];
+        recompute = std::max(recompute, full_[size_t(l)]);
+      } else {
+        total += full_[size_t(l)];
+      }
+    }
+    return total + recompute;
+  }
+
+  // After the first micro-step's head: the fewest drops that meet the budget. Blocks that save
+  // the most by dropping go first (all blocks of GPT-2 save the same; then the earliest, whose
+  // activations live longest).
+  hr_status plan_budget(int32_t num_layers) {
+    budget_planned_ = true;
+    std::vector<int32_t> order;
+    for (int32_t l = 1; l <= num_layers - 2; ++l)
+      order.push_back(l);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return full_[size_t(a)] - kept_[size_t(a)] > full_[size_t(b)] - kept_[size_t(b)];
+    });
+    std::vector<bool> drop(size_t(num_layers), false);
+    uint64_t peak = bound(num_layers, drop);
+    size_t k = 0;
+    while (peak > budget_ && k < order.size()) {
+      drop[size_t(order[k++])] = true;
+      peak = bound(num_layers, drop);
+    }
+    if (peak > budget_) {
+      const std::string m =
+          "budget " + format_bytes(budget_) +
+          " cannot be met: even with every block recomputed the activation peak is " +
+          format_bytes(peak) + " (the embedding's and the head's activations, " +
+          std::to_string(num_layers - 2) +
+          " block outputs and one recomputed block); raise the budget to at least that, or "
+          "shrink micro_batch or seq_len";
+      s_->set_error(s_->host, m.c_str());
+      return HR_ERROR;
+    }
+    drop_ = drop;
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "budget plan: %zu of %d blocks recomputed, activation peak at most %" PRIu64
+                  " bytes (budget %" PRIu64 ")",
+                  k, num_layers - 2, peak, budget_);
+    s_->log(s_->host, HR_LOG_INFO, line);
+    return HR_OK;
+  }
+
+  const hr_host_services* s_;
+  Policy policy_;
+  int64_t n_;
+  uint64_t budget_;
+  bool planned_ = false;
+  bool budget_planned_ = false;
+  std::vector<bool> drop_;      // by layer index
+  std::vector<uint64_t> full_;  // bytes a layer saved in forward
+  std::vector<uint64_t> kept_;  // bytes a dropped block keeps (its output)
+};
+
+hr_status create(const hr_host_services* s, void** instance) {
+  if (!HR_HAS_FIELD(s, hr_host_services, drop_activations) || !s->drop_activations) {
+    s->set_error(s->host, "checkpoint needs plugin ABI 1.3 (drop_activations); this host is older");
+    return HR_ERROR_UNSUPPORTED;
+  }
+  char policy[32] = "every";
+  int64_t n = -1;
+  uint64_t budget = 0;
+  bool has_budget = false;
+  hr_status st = s->config_string(s->host, "policy", policy, sizeof policy);
+  if (st == HR_ERROR_INVALID)
+    return s->config_error(s->host, "policy",
+                           "must be \"every\", \"every_n\", \"sqrt\" or \"budget\"");
+  if (st == HR_OK) st = s->config_int(s->host, "n", &n);
+  if (st == HR_OK) {
+    uint64_t b = ~uint64_t(0);
+    st = s->config_size(s->host, "budget", &b);
+    has_budget = b != ~uint64_t(0);
+    if (has_budget) budget = b;
+  }
+  if (st != HR_OK) return st;
+
+  Policy p;
+  const std::string name = policy;
+  if (name == "every") {
+    p = Policy::kEvery;
+  } else if (name == "every_n") {
+    p = Policy::kEveryN;
+  } else if (name == "sqrt") {
+    p = Policy::kSqrt;
+  } else if (name == "budget") {
+    p = Policy::kBudget;
+  } else if (name == "selective") {
+    return s->config_error(s->host, "policy",
+                           "\"selective\" (recompute only a block's cheap ops) is not implemented "
+                           "yet; use \"every\", \"every_n\", \"sqrt\" or \"budget\"");
+  } else {
+    return s->config_error(
+        s->host, "policy",
+        ("must be \"every\", \"every_n\", \"sqrt\" or \"budget\"; got \"" + name + "\"").c_str());
+  }
+  if (p == Policy::kEveryN && n == -1)
+    return s->config_error(s->host, "policy", "\"every_n\" needs n (keep every n-th block)");
+  if (n != -1 && p != Policy::kEveryN)
+    return s->config_error(s->host, "n", "applies to policy = \"every_n\" only");
+  if (p == Policy::kEveryN && n < 1)
+    return s->config_error(s->host, "n",
+                           ("must be a positive integer; got " + std::to_string(n)).c_str());
+  if (p == Policy::kBudget && !has_budget)
+    return s->config_error(s->host, "policy", "\"budget\" needs budget = \"<size>\" (\"256MiB\")");
+  if (has_budget && p != Policy::kBudget)
+    return s->config_error(s->host, "budget", "applies to policy = \"budget\" only");
+  if (p == Policy::kBudget && budget == 0)
+    return s->config_error(s->host, "budget", "must be above zero");
+  *instance = new Checkpoint(s, p, n, budget);
+  return HR_OK;
+}
+
+hr_status create_hook(const hr_host_services* s, void** instance) {
+  try {
+    return create(s, instance);
+  } catch (const std::bad_alloc&) {
+    s->set_error(s->host, "out of host memory while starting");
+    return HR_ERROR_OUT_OF_MEMORY;
+  } catch (...) {
+    s->set_error(s->host, "failed to start");
+    return HR_ERROR;
+  }
+}
+
+void destroy(void* instance) {
+  delete static_cast<Checkpoint*>(instance);
+}
+
+hr_status on_event(void* instance, const hr_event_info* info) {
+  if (info->event != HR_EVENT_FORWARD_END) return HR_OK;
+  try {
+    return static_cast<Checkpoint*>(instance)->on_forward_end(info->layer);
+  } catch (...) {
+    return HR_ERROR_OUT_OF_MEMORY;  // only allocation of the plan's vectors can throw
+  }
+}
+
+// Constant-initialized: loading the library runs no code before hr_plugin_entry.
+const hr_plugin_descriptor kDescriptor = {
+    sizeof(hr_plugin_descriptor),
+    HR_ABI_VERSION,
+    "checkpoint",
+    "1.0.0",
+    "activation recomputation: blocks drop their activations in forward and recompute them in "
+    "backward (every, every_n, sqrt, budget)",
+    HR_EVENT_BIT(HR_EVENT_FORWARD_END),
+    0,  // roles
+    0,  // reserved0
+    create_hook,
+    destroy,
+    on_event,
+    nullptr,  // allocator
+    nullptr,  // optimizer
+    nullptr,  // save_state: the plan is rebuilt from the config and the first micro-step
+    nullptr,  // load_state
+};
+
+}  // namespace
+
+HR_PLUGIN_EXPORT hr_status hr_plugin_entry(hr_entry_args* args) {
+  // drop_activations is ABI 1.3: an older host is refused at create() with a message.
+  const hr_status status = hr_negotiate(args, &kDescriptor);
+  if (status != HR_OK && args->error && args->error_size > 0)
+    std::snprintf(args->error, args->error_size,
+                  "checkpoint speaks plugin ABI %u.x; the host speaks %u.%u to %u.%u",
+                  unsigned(HR_ABI_VERSION_MAJOR), unsigned(HR_ABI_MAJOR(args->host_abi_min)),
+                  unsigned(HR_ABI_MINOR(args->host_abi_min)),
+                  unsigned(HR_ABI_MAJOR(args->host_abi_max)),
+                  unsigned(HR_ABI_MINOR(args->host_abi_max)));
+  return status;
+}

@@ -1,0 +1,392 @@
+// Activation recomputation: the core mechanism (Gpt::drop_activations and the recomputation in
+// backward) and the checkpoint plugin, loaded by the real plugin host from the TOML list.
+// Gradients are bitwise those of a run without it, for every policy; the activation peaks of
+// `every` and `sqrt` equal their closed forms for a 12-layer model; `budget` stays under its
+// budget and fails with the smallest achievable peak when it cannot; bad keys exit with code 2.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/device.h"
+#include "core/events.h"
+#include "core/model.h"
+#include "core/plugin_host.h"
+#include "core/trainer.h"
+#include "tests/test_util.h"
+
+namespace headroom {
+namespace {
+
+// 12 blocks; B = 2, T = 16, C = 32, NH = 2, V = 64.
+constexpr int kLayers = 12, kB = 2, kT = 16, kC = 32, kNH = 2, kV = 64;
+
+std::string model_toml() {
+  return "[model]\nn_layer = " + std::to_string(kLayers) + "\nn_head = " + std::to_string(kNH) +
+         "\nn_embd = " + std::to_string(kC) + "\nseq_len = " + std::to_string(kT) +
+         "\nvocab_size = " + std::to_string(kV) + "\n";
+}
+
+std::string train_toml(int steps, int grad_accum) {
+  return "[train]\nsteps = " + std::to_string(steps) + "\nmicro_batch = " + std::to_string(kB) +
+         "\ngrad_accum = " + std::to_string(grad_accum) + "\nlr = 1e-3\nwarmup_steps = 0\n";
+}
+
+std::string plugin_toml(const std::string& keys) {
+  return "[[plugins]]\nname = \"checkpoint\"\n" + keys;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Closed forms, from model.cpp's save() calls (es = 4 bytes, N = B·T):
+//   embedding: out (B, T, C)                                          emb   = es·N·C
+//   block:     ln_1, attention out, residual, ln_2, out (B, T, C) ×5; qkv (B, T, 3C);
+//              fc, gelu (B, T, 4C) ×2; four (B, T) LayerNorm statistics; att (B, NH, T, T)
+//                                                                     full  = es·(16·N·C + 4·N
+//                                                                              + B·NH·T·T)
+//   a dropped block keeps its output (B, T, C)                        out   = es·N·C
+//   head:      ln_f (B, T, C), its mean and rstd (B, T), logits (B, T, V), losses (B, T)
+//                                                                     head  = es·(N·C + 2·N + N·V
+//                                                                              + N)
+// (core/advice.cpp's estimate uses the same terms.)
+constexpr uint64_t kEs = 4, kN = uint64_t(kB) * kT;
+constexpr uint64_t kEmb = kEs * kN * kC;
+constexpr uint64_t kFull = kEs * (16 * kN * kC + 4 * kN + uint64_t(kB) * kNH * kT * kT);
+constexpr uint64_t kOut = kEs * kN * kC;
+constexpr uint64_t kHead = kEs * (kN * kC + 2 * kN + kN * kV + kN);
+
+// No plugin: everything is live at the head's forward.
+constexpr uint64_t kPeakNone = kEmb + kLayers * kFull + kHead;
+// every: the peak is either the last block's forward (L-1 outputs kept, the last block whole, not
+// yet dropped) or the head's forward (L outputs kept and the head); backward's recomputation of
+// block l holds the outputs of blocks < l and block l whole, never more than the first.
+constexpr uint64_t kPeakEvery =
+    kEmb + std::max((kLayers - 1) * kOut + kFull, kLayers* kOut + kHead);
+// sqrt: n = ceil(sqrt(12)) = 4; blocks b with b % 4 == 3 keep everything (3 of them), 9 keep their
+// output only. At the head's forward: emb + 3·full + 9·out + head; the last block's forward holds
+// the same less the head, and a recomputation (block 10 at most) less still.
+constexpr int kSqrtN = 4, kSqrtKept = kLayers / kSqrtN;
+constexpr uint64_t kPeakSqrt = kEmb + kSqrtKept * kFull + (kLayers - kSqrtKept) * kOut + kHead;
+
+TEST(CheckpointClosedForm, MatchesTheModel) {
+  ModelConfig m;
+  m.n_layer = kLayers;
+  m.n_head = kNH;
+  m.n_embd = kC;
+  m.seq_len = kT;
+  m.vocab_size = kV;
+  EXPECT_EQ(gpt_block_activation_bytes(m, kB, kT, kEs), kFull);
+  EXPECT_EQ(int(std::ceil(std::sqrt(double(kLayers)))), kSqrtN);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runs: every parameter gradient at each GRADS_READY, and the activation peak.
+
+struct GradRecorder final : EventListener {
+  Trainer* trainer = nullptr;
+  std::vector<std::vector<float>> grads;  // one per step: every gradient, concatenated
+  void on_event(const EventInfo& e) override {
+    if (e.event != Event::kGradsReady) return;
+    std::vector<float> g;
+    for (Param<float>* p : trainer->model().params())
+      g.insert(g.end(), p->gdata(), p->gdata() + p->numel);
+    grads.push_back(std::move(g));
+  }
+};
+
+struct RunOutcome {
+  std::vector<std::vector<float>> grads;
+  std::vector<std::vector<float>> params;  // after the run
+  uint64_t peak_activations = 0;
+};
+
+RunOutcome run(const std::string& plugin, int steps = 2, int grad_accum = 2) {
+  const Config c = test::config_from(model_toml() + train_toml(steps, grad_accum) + plugin);
+  Trainer trainer(c, TrainOptions{});
+  GradRecorder rec;
+  rec.trainer = &trainer;
+  trainer.add_listener(&rec);
+  trainer.run();
+  RunOutcome out;
+  out.grads = std::move(rec.grads);
+  for (Param<float>* p : trainer.model().params())
+    out.params.emplace_back(p->data(), p->data() + p->numel);
+  out.peak_activations = trainer.device().tracker().peak(Category::kActivations);
+  EXPECT_EQ(trainer.device().tracker().live(Category::kActivations), 0u) << plugin;
+  return out;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+const RunOutcome& baseline() {
+  static const RunOutcome b = run("");
+  return b;
+}
+
+TEST(CheckpointPlugin, BaselinePeakIsEveryActivationAtOnce) {
+  EXPECT_EQ(baseline().peak_activations, kPeakNone);
+}
+
+struct PolicyCase {
+  const char* name;
+  const char* keys;
+};
+
+class CheckpointPolicies : public ::testing::TestWithParam<PolicyCase> {};
+
+TEST_P(CheckpointPolicies, GradientsAreBitwiseThoseWithoutIt) {
+  const RunOutcome& base = baseline();
+  const RunOutcome r = run(plugin_toml(GetParam().keys));
+  ASSERT_EQ(r.grads.size(), base.grads.size());
+  for (size_t s = 0; s < base.grads.size(); ++s)
+    EXPECT_TRUE(bitwise_equal(r.grads[s], base.grads[s])) << "step " << s + 1;
+  ASSERT_EQ(r.params.size(), base.params.size());
+  for (size_t i = 0; i < base.params.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(r.params[i], base.params[i])) << "parameter " << i;
+  // ...and it did save memory (every_n with n = 1 keeps everything: equal).
+  if (std::string(GetParam().name) == "EveryN1")
+    EXPECT_EQ(r.peak_activations, kPeakNone);
+  else
+    EXPECT_LT(r.peak_activations, kPeakNone);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Checkpoint, CheckpointPolicies,
+    ::testing::Values(PolicyCase{"Default", ""}, PolicyCase{"Every", "policy = \"every\"\n"},
+                      PolicyCase{"EveryN3", "policy = \"every_n\"\nn = 3\n"},
+                      PolicyCase{"EveryN5", "policy = \"every_n\"\nn = 5\n"},
+                      PolicyCase{"EveryN1", "policy = \"every_n\"\nn = 1\n"},
+                      PolicyCase{"Sqrt", "policy = \"sqrt\"\n"},
+                      PolicyCase{"Budget", "policy = \"budget\"\nbudget = \"400KiB\"\n"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(CheckpointPlugin, EveryPeakIsTheClosedForm) {
+  const RunOutcome r = run(plugin_toml("policy = \"every\"\n"));
+  std::printf("every: peak %llu bytes = closed form %llu (no plugin: %llu)\n",
+              (unsigned long long)r.peak_activations, (unsigned long long)kPeakEvery,
+              (unsigned long long)kPeakNone);
+  EXPECT_EQ(r.peak_activations, kPeakEvery);
+}
+
+TEST(CheckpointPlugin, SqrtPeakIsTheClosedForm) {
+  const RunOutcome r = run(plugin_toml("policy = \"sqrt\"\n"));
+  std::printf("sqrt: peak %llu bytes = closed form %llu (no plugin: %llu)\n",
+              (unsigned long long)r.peak_activations, (unsigned long long)kPeakSqrt,
+              (unsigned long long)kPeakNone);
+  EXPECT_EQ(r.peak_activations, kPeakSqrt);
+}
+
+// budget: the plan's bound for d dropped blocks is emb + head + (L-d)·full + d·out + full (one
+// recomputation). A budget of exactly that bound for d = 7 gives the fewest drops, 7: blocks
+// 0..6 drop (equal savings; the earliest first), 7..11 keep. Its real peak is the head's
+// forward: emb + 5·full + 7·out + head, under the budget by one block.
+TEST(CheckpointPlugin, BudgetKeepsThePeakUnderTheBudget) {
+  constexpr int kDropped = 7;
+  constexpr uint64_t kBudget =
+      kEmb + kHead + (kLayers - kDropped) * kFull + kDropped * kOut + kFull;
+  const RunOutcome r =
+      run(plugin_toml("policy = \"budget\"\nbudget = " + std::to_string(kBudget) + "\n"));
+  EXPECT_LE(r.peak_activations, kBudget);
+  EXPECT_EQ(r.peak_activations, kEmb + (kLayers - kDropped) * kFull + kDropped * kOut + kHead);
+  EXPECT_GT(r.peak_activations, kPeakEvery) << "the fewest drops: some blocks keep everything";
+  // One byte less needs an eighth drop.
+  const RunOutcome tighter =
+      run(plugin_toml("policy = \"budget\"\nbudget = " + std::to_string(kBudget - 1) + "\n"));
+  EXPECT_EQ(tighter.peak_activations,
+            kEmb + (kLayers - kDropped - 1) * kFull + (kDropped + 1) * kOut + kHead);
+  for (size_t s = 0; s < baseline().grads.size(); ++s)
+    EXPECT_TRUE(bitwise_equal(r.grads[s], baseline().grads[s])) << "step " << s + 1;
+}
+
+TEST(CheckpointPlugin, ImpossibleBudgetFailsNamingTheSmallestPeak) {
+  // Even with every block dropped the bound is emb + head + L·out + full.
+  constexpr uint64_t kMinimum = kEmb + kHead + kLayers * kOut + kFull;
+  const Config c = test::config_from(model_toml() + train_toml(2, 1) +
+                                     plugin_toml("policy = \"budget\"\nbudget = \"100KiB\"\n"));
+  Trainer trainer(c, TrainOptions{});
+  try {
+    trainer.run();
+    FAIL() << "expected a PluginFailure";
+  } catch (const PluginFailure& e) {
+    const std::string m = e.what();
+    EXPECT_TRUE(test::contains(m, "checkpoint")) << m;
+    EXPECT_TRUE(test::contains(m, "budget 100.00 KiB (102400 bytes) cannot be met")) << m;
+    EXPECT_TRUE(test::contains(m, "(" + std::to_string(kMinimum) + " bytes)")) << m;
+  }
+}
+
+TEST(CheckpointPlugin, ImpossibleBudgetExitsWithCode1) {
+  const std::string dir = test::temp_dir();
+  const std::string cfg = test::write_file(
+      dir, "tight.toml",
+      model_toml() + train_toml(1, 1) + plugin_toml("policy = \"budget\"\nbudget = \"64KiB\"\n"));
+  const auto r = test::run_headroom("train " + cfg + " -q");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "cannot be met")) << r.output;
+}
+
+TEST(CheckpointPlugin, BadKeysExit2NamingTheKey) {
+  const std::string dir = test::temp_dir();
+  const std::string base = model_toml() + train_toml(1, 1);
+  struct Bad {
+    std::string keys, expect;
+  };
+  for (const Bad& bad :
+       std::vector<Bad>{{"policy = \"often\"\n", "policy"},
+                        {"policy = \"selective\"\n", "not implemented yet"},
+                        {"policy = 3\n", "policy"},
+                        {"policy = \"every_n\"\n", "needs n"},
+                        {"policy = \"every_n\"\nn = 0\n", "plugins.checkpoint.n"},
+                        {"policy = \"sqrt\"\nn = 2\n", "every_n"},
+                        {"policy = \"budget\"\n", "needs budget"},
+                        {"policy = \"budget\"\nbudget = \"lots\"\n", "budget"},
+                        {"policy = \"budget\"\nbudget = 0\n", "above zero"},
+                        {"policy = \"every\"\nbudget = \"1MiB\"\n", "applies to policy"},
+                        {"polcy = \"every\"\n", "unknown key 'polcy'"}}) {
+    const std::string cfg = test::write_file(dir, "bad.toml", base + plugin_toml(bad.keys));
+    const auto r = test::run_headroom("train " + cfg + " -q");
+    EXPECT_EQ(r.exit_code, 2) << bad.keys << r.output;
+    EXPECT_TRUE(test::contains(r.output, bad.expect)) << bad.keys << r.output;
+    EXPECT_TRUE(test::contains(r.output, "bad.toml:")) << "names the file: " << r.output;
+  }
+}
+
+// Only hr_plugin_entry leaves the library (plugins/checkpoint/exports.map).
+TEST(CheckpointPlugin, ExportsOnlyTheEntryPoint) {
+  const std::string bin = HEADROOM_BINARY;
+  const std::string so = bin.substr(0, bin.rfind('/')) + "/../lib/headroom/plugins/checkpoint.so";
+  const std::string cmd = "nm -D --defined-only '" + so + "' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0)
+    out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << cmd << "\n" << out;
+  EXPECT_TRUE(test::contains(out, " T hr_plugin_entry\n")) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The core mechanism without the plugin.
+
+struct DropEveryBlock final : LayerEvents {
+  Gpt<float>* model = nullptr;
+  void forward_begin(int) override {}
+  void forward_end(int layer) override {
+    if (layer >= 1 && layer <= kLayers) model->drop_activations(layer);
+  }
+  void backward_begin(int) override {}
+  void backward_end(int) override {}
+};
+
+TEST(CheckpointMechanism, OnlyBlocksCanDropAndRecomputationIsBitwise) {
+  const Config c = test::config_from(model_toml() + train_toml(1, 1));
+  auto device = Device::create(c.device);
+  std::vector<int32_t> tokens(kN), targets(kN);
+  for (uint64_t i = 0; i < kN; ++i) {
+    tokens[i] = int32_t((i * 7 + 3) % kV);
+    targets[i] = int32_t((i * 5 + 1) % kV);
+  }
+  Batch b;
+  b.tokens = tokens.data();
+  b.targets = targets.data();
+  b.B = kB;
+  b.T = kT;
+  b.dloss = 1.0 / double(kN);
+
+  auto grads_of = [&](bool drop) {
+    Gpt<float> model(c.model, *device, c.train.seed);
+    DropEveryBlock events;
+    events.model = &model;
+    const double loss = model.forward(b, drop ? &events : nullptr);
+    if (drop) {
+      for (int l = 1; l <= kLayers; ++l) {
+        EXPECT_TRUE(model.layers()[l]->needs_recompute());
+        EXPECT_EQ(model.layers()[l]->saved().size(), 1u) << "only the output";
+        EXPECT_EQ(model.layers()[l]->saved_bytes(), kOut);
+      }
+      EXPECT_EQ(device->tracker().live(Category::kActivations), kEmb + kLayers * kOut + kHead);
+      // The embedding and the head cannot drop; nor can a layer that does not exist.
+      EXPECT_THROW(model.drop_activations(0), std::logic_error);
+      EXPECT_THROW(model.drop_activations(kLayers + 1), std::logic_error);
+      EXPECT_THROW(model.drop_activations(kLayers + 2), std::logic_error);
+      EXPECT_THROW(model.drop_activations(-1), std::logic_error);
+    }
+    model.backward(b, drop ? &events : nullptr);
+    EXPECT_EQ(device->tracker().live(Category::kActivations), 0u);
+    for (int l = 1; l <= kLayers; ++l)
+      EXPECT_FALSE(model.layers()[l]->needs_recompute());
+    std::vector<float> g;
+    for (Param<float>* p : model.params())
+      g.insert(g.end(), p->gdata(), p->gdata() + p->numel);
+    return std::make_pair(loss, g);
+  };
+  const auto plain = grads_of(false);
+  const auto dropped = grads_of(true);
+  EXPECT_EQ(plain.first, dropped.first);
+  EXPECT_TRUE(bitwise_equal(plain.second, dropped.second));
+
+  // A block whose backward is done holds nothing to drop.
+  Gpt<float> model(c.model, *device, c.train.seed);
+  EXPECT_THROW(model.drop_activations(1), std::logic_error) << "no forward has run";
+}
+
+// ---------------------------------------------------------------------------------------------
+// The drop_activations service: honoured from FORWARD_END of the same layer, for blocks only.
+// tests/abi/plugins/dropper.c calls it from the event and for the layer its keys choose.
+
+std::string dropper_toml(const std::string& keys) {
+  return "[[plugins]]\nname = \"dropper\"\npath = \"" + std::string(HEADROOM_TEST_PLUGIN_DIR) +
+         "/dropper.so\"\n" + keys;
+}
+
+TEST(DropActivationsService, FromForwardEndOfTheLayerIsBitwise) {
+  const RunOutcome r = run(dropper_toml(""));
+  EXPECT_EQ(r.peak_activations, kPeakEvery);
+  ASSERT_EQ(r.grads.size(), baseline().grads.size());
+  for (size_t s = 0; s < r.grads.size(); ++s)
+    EXPECT_TRUE(bitwise_equal(r.grads[s], baseline().grads[s])) << "step " << s + 1;
+}
+
+std::string failure_of(const std::string& keys) {
+  const Config c = test::config_from(model_toml() + train_toml(1, 1) + dropper_toml(keys));
+  Trainer trainer(c, TrainOptions{});
+  try {
+    trainer.run();
+  } catch (const PluginFailure& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a PluginFailure: " << keys;
+  return "";
+}
+
+TEST(DropActivationsService, RefusedOutsideForwardEndOfThatLayer) {
+  std::string m = failure_of("event = \"FORWARD_BEGIN\"\n");
+  EXPECT_TRUE(test::contains(m, "only from FORWARD_END of that layer")) << m;
+  EXPECT_TRUE(test::contains(m, "called from FORWARD_BEGIN of layer 1")) << m;
+  m = failure_of("event = \"BACKWARD_BEGIN\"\n");
+  EXPECT_TRUE(test::contains(m, "called from BACKWARD_BEGIN of layer " + std::to_string(kLayers)))
+      << m;
+  m = failure_of("offset = -1\n");  // at FORWARD_END(2), drop layer 1
+  EXPECT_TRUE(test::contains(m, "drop_activations(1): only from FORWARD_END of that layer")) << m;
+  EXPECT_TRUE(test::contains(m, "plugin 'dropper' failed in FORWARD_END (layer 2)")) << m;
+}
+
+TEST(DropActivationsService, RefusedForTheEmbedding) {
+  std::string m = failure_of("all_layers = true\n");
+  EXPECT_TRUE(test::contains(m, "(layer 0)")) << m;
+  EXPECT_TRUE(test::contains(m, "embedding cannot drop its activations")) << m;
+}
+
+}  // namespace
+}  // namespace headroom
