@@ -78,10 +78,51 @@ std::vector<Remedy> suggest_remedies(const Config& config, uint64_t limit, uint6
     break;
   }
 
+  // Activation recomputation: dropped blocks keep only their output. The peak is then at the
+  // head's backward (every kept activation plus the head's) or at the recompute of the topmost
+  // dropped block (its full activations and a block's backward scratch); counting every kept
+  // block at both moments makes this an upper bound for sqrt, and exact for every.
+  auto checkpoint_remedy = [&](const char* policy, int keep_every) {
+    const ModelConfig& m = config.model;
+    const uint64_t N = uint64_t(B) * m.seq_len, C = uint64_t(m.n_embd), L = uint64_t(m.n_layer);
+    const uint64_t T = uint64_t(m.seq_len);
+    const uint64_t full = gpt_block_activation_bytes(m, B, m.seq_len, kF32);
+    const uint64_t out = kF32 * N * C, head = kF32 * (N * C + 2 * N + N * m.vocab_size + N);
+    const uint64_t dres = 2 * kF32 * N * C, head_ws = dres + kF32 * N * C;
+    const uint64_t block_ws = dres + kF32 * (8 * N * C + 2 * N * C + T * T);
+    const uint64_t kept = keep_every > 0 ? L / uint64_t(keep_every) : 0, dropped = L - kept;
+    const uint64_t base = out + kept * full;  // the embedding's output and the kept blocks
+    const uint64_t at_head = base + dropped * out + head + head_ws;
+    const uint64_t at_recompute = base + (dropped - 1) * out + full + block_ws;
+    const uint64_t act =
+        at_head >= at_recompute ? base + dropped * out + head : base + (dropped - 1) * out + full;
+    const uint64_t ws = at_head >= at_recompute ? head_ws : block_ws;
+    const int ia = static_cast<int>(Category::kActivations);
+    const int iw = static_cast<int>(Category::kWorkspace);
+    Remedy r;
+    r.what = std::string("checkpoint (activation recomputation, policy ") + policy + ")";
+    r.toml = std::string("[[plugins]]\nname = \"checkpoint\"\npolicy = \"") + policy + "\"";
+    r.saves[ia] = now.at_peak[ia] > act ? now.at_peak[ia] - act : 0;
+    r.saves[iw] = now.at_peak[iw] > ws ? now.at_peak[iw] - ws : 0;
+    const uint64_t after =
+        now.total() - r.saves[ia] - r.saves[iw] + (ws > now.at_peak[iw] ? ws - now.at_peak[iw] : 0);
+    r.fits = !limit || after <= limit;
+    return r;
+  };
+
   auto available = [&](const char* name) {
     return std::find(available_plugins.begin(), available_plugins.end(), name) !=
            available_plugins.end();
   };
+  if (available("checkpoint") && config.model.n_layer >= 2) {
+    // sqrt(L) keeps every ceil(sqrt(L))-th block and recomputes less; every saves the most.
+    int n = 1;
+    while (n * n < config.model.n_layer)
+      ++n;
+    const Remedy sqrt_r = checkpoint_remedy("sqrt", n);
+    out.push_back(sqrt_r.fits ? sqrt_r : checkpoint_remedy("every", 0));
+  }
+
   // Enough bytes free, no hole big enough: fragmentation, which an allocator with expandable
   // segments removes (it maps pages wherever they are free).
   if (available("defrag_allocator") && requested <= free_bytes && largest_free < requested) {

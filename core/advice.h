@@ -31,7 +31,8 @@ struct Remedy {
 
 // Remedies for a run that did not fit `limit`: smaller micro-batches at the same effective batch
 // (built in), and each plugin in `available_plugins` that addresses what filled the memory
-// (defrag_allocator: a failure with enough free bytes but no hole large enough).
+// (checkpoint: activations; defrag_allocator: a failure with enough free bytes but no hole large
+// enough).
 std::vector<Remedy> suggest_remedies(const Config& config, uint64_t limit, uint64_t requested,
                                      uint64_t free_bytes, uint64_t largest_free,
                                      const std::vector<std::string>& available_plugins);

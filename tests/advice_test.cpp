@@ -41,6 +41,23 @@ TEST(Remedies, SmallerMicroBatchAtTheSameBatchFits) {
   EXPECT_NE(text.find("[train]"), std::string::npos) << text;
 }
 
+TEST(Remedies, CheckpointWhenAvailableSavesActivations) {
+  const Config c = test::config_from(kModel, {"train.micro_batch=16"});
+  const uint64_t limit = estimate_peak(c, 16).total() / 2;
+  auto find = [](const std::vector<Remedy>& rs) -> const Remedy* {
+    for (const Remedy& r : rs)
+      if (r.toml.find("\"checkpoint\"") != std::string::npos) return &r;
+    return nullptr;
+  };
+  EXPECT_EQ(find(suggest_remedies(c, limit, 1 << 20, 0, 0, {})), nullptr);
+  const auto rs = suggest_remedies(c, limit, 1 << 20, 0, 0, {"checkpoint"});
+  const Remedy* r = find(rs);
+  ASSERT_NE(r, nullptr);
+  EXPECT_GT(r->saves[static_cast<int>(Category::kActivations)], 0u);
+  EXPECT_LT(r->saves[static_cast<int>(Category::kActivations)],
+            estimate_peak(c, 16).at_peak[static_cast<int>(Category::kActivations)]);
+}
+
 TEST(Remedies, DefragAllocatorOnlyForFragmentationAndOnlyWhenAvailable) {
   const Config c = test::config_from(kModel);
   auto has_defrag = [](const std::vector<Remedy>& rs) {
