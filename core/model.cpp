@@ -135,32 +135,57 @@ class Block final : public Layer<T> {
   void forward(const T* x, const Batch& b) override {
     const int B = b.B, Tn = b.T, C = m_.n_embd, NH = m_.n_head;
     const uint64_t N = uint64_t(B) * Tn;
-    ln1_ = this->save(N * C, "ln_1 (B, T, C)");
-    ln1_mean_ = this->save(N, "ln_1 mean (B, T)");
-    ln1_rstd_ = this->save(N, "ln_1 rstd (B, T)");
+    // Cheap (a selective drop frees them): the LayerNorm outputs and statistics, the attention
+    // probabilities and output, the GELU output. Kept: the GEMM outputs qkv, res1, fc and out.
+    ln1_ = this->save(N * C, "ln_1 (B, T, C)", true);
+    ln1_mean_ = this->save(N, "ln_1 mean (B, T)", true);
+    ln1_rstd_ = this->save(N, "ln_1 rstd (B, T)", true);
     qkv_ = this->save(N * 3 * C, "qkv (B, T, 3C)");
-    att_ = this->save(uint64_t(B) * NH * Tn * Tn, "att (B, NH, T, T)");
-    atty_ = this->save(N * C, "attention out (B, T, C)");
+    att_ = this->save(uint64_t(B) * NH * Tn * Tn, "att (B, NH, T, T)", true);
+    atty_ = this->save(N * C, "attention out (B, T, C)", true);
     res1_ = this->save(N * C, "residual (B, T, C)");
-    ln2_ = this->save(N * C, "ln_2 (B, T, C)");
-    ln2_mean_ = this->save(N, "ln_2 mean (B, T)");
-    ln2_rstd_ = this->save(N, "ln_2 rstd (B, T)");
+    ln2_ = this->save(N * C, "ln_2 (B, T, C)", true);
+    ln2_mean_ = this->save(N, "ln_2 mean (B, T)", true);
+    ln2_rstd_ = this->save(N, "ln_2 rstd (B, T)", true);
     fch_ = this->save(N * 4 * C, "fc (B, T, 4C)");
-    fch_gelu_ = this->save(N * 4 * C, "gelu (B, T, 4C)");
+    fch_gelu_ = this->save(N * 4 * C, "gelu (B, T, 4C)", true);
     out_ = this->save(N * C, "out (B, T, C)");
 
-    cpu::layernorm_forward(ln1_, ln1_mean_, ln1_rstd_, x, ln1w_->data(), ln1b_->data(), N, C);
+    ln1_forward(x, N, C);
     cpu::matmul_forward(qkv_, ln1_, qkvw_->data(), qkvb_->data(), N, C, 3 * C);
     cpu::attention_forward(atty_, att_, qkv_, B, Tn, C, NH);
     // The projection is written straight into res1 and the residual added in place: no separate
     // (B, T, C) buffer for the projection, which backward does not need.
     cpu::matmul_forward(res1_, atty_, projw_->data(), projb_->data(), N, C, C);
     cpu::add_inplace(res1_, x, N * C);
-    cpu::layernorm_forward(ln2_, ln2_mean_, ln2_rstd_, res1_, ln2w_->data(), ln2b_->data(), N, C);
+    ln2_forward(N, C);
     cpu::matmul_forward(fch_, ln2_, fcw_->data(), fcb_->data(), N, C, 4 * C);
     cpu::gelu_forward(fch_gelu_, fch_, N * 4 * C);
     cpu::matmul_forward(out_, fch_gelu_, fcprojw_->data(), fcprojb_->data(), N, 4 * C, C);
     cpu::add_inplace(out_, res1_, N * C);
+  }
+
+  // After a selective drop: the cheap tensors again, from x, qkv, res1 and fc, through the calls
+  // forward() makes — the same kernels on the same inputs, so on the CPU bitwise the originals.
+  // The GEMMs (qkv, the projections, fc) are not run again: that is the point.
+  void recompute_cheap(const T* x, const Batch& b) override {
+    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = m_.n_head;
+    const uint64_t N = uint64_t(B) * Tn;
+    ln1_ = this->save(N * C, "ln_1 (B, T, C)", true);
+    ln1_mean_ = this->save(N, "ln_1 mean (B, T)", true);
+    ln1_rstd_ = this->save(N, "ln_1 rstd (B, T)", true);
+    att_ = this->save(uint64_t(B) * NH * Tn * Tn, "att (B, NH, T, T)", true);
+    atty_ = this->save(N * C, "attention out (B, T, C)", true);
+    ln2_ = this->save(N * C, "ln_2 (B, T, C)", true);
+    ln2_mean_ = this->save(N, "ln_2 mean (B, T)", true);
+    ln2_rstd_ = this->save(N, "ln_2 rstd (B, T)", true);
+    fch_gelu_ = this->save(N * 4 * C, "gelu (B, T, 4C)", true);
+    out_ = nullptr;  // freed by Layer::recompute; backward does not read it
+
+    ln1_forward(x, N, C);
+    cpu::attention_forward(atty_, att_, qkv_, B, Tn, C, NH);
+    ln2_forward(N, C);
+    cpu::gelu_forward(fch_gelu_, fch_, N * 4 * C);
   }
 
   void backward(T* dx, const T* dout, const T* x, const Batch& b) override {
@@ -206,6 +231,14 @@ class Block final : public Layer<T> {
   bool recomputable() const override { return true; }
 
  private:
+  // Shared by forward() and recompute_cheap(), so the two cannot drift apart.
+  void ln1_forward(const T* x, uint64_t N, int C) {
+    cpu::layernorm_forward(ln1_, ln1_mean_, ln1_rstd_, x, ln1w_->data(), ln1b_->data(), N, C);
+  }
+  void ln2_forward(uint64_t N, int C) {
+    cpu::layernorm_forward(ln2_, ln2_mean_, ln2_rstd_, res1_, ln2w_->data(), ln2b_->data(), N, C);
+  }
+
   ModelConfig m_;
   Param<T>*ln1w_, *ln1b_, *qkvw_, *qkvb_, *projw_, *projb_, *ln2w_, *ln2b_, *fcw_, *fcb_, *fcprojw_,
       *fcprojb_;
@@ -289,24 +322,49 @@ uint64_t Layer<T>::saved_bytes() const {
 }
 
 template <class T>
-void Layer<T>::drop_activations() {
+void Layer<T>::drop_activations(Drop what) {
+  if (what != Drop::kAll && what != Drop::kCheap)
+    throw std::logic_error("drop " + std::to_string(static_cast<uint32_t>(what)) +
+                           " is neither all (0) nor cheap (1)");
   if (!recomputable())
     throw std::logic_error(name_ +
                            " cannot drop its activations: only transformer blocks can be "
                            "recomputed (the embedding and the head cannot)");
   const void* out = output();
-  auto kept = std::find_if(saved_.begin(), saved_.end(), [&](const SavedActivation& a) {
+  auto is_output = [&](const SavedActivation& a) {
     return out && a.buffer.template as<const void>() == out;
-  });
-  if (kept == saved_.end())
+  };
+  if (std::none_of(saved_.begin(), saved_.end(), is_output))
     throw std::logic_error(name_ +
                            " holds no activations to drop (it has not run forward, or "
                            "its backward is done)");
-  // The output stays where it is (the next layer reads it); everything else is freed.
-  SavedActivation output_tensor = std::move(*kept);
-  saved_.clear();
-  saved_.push_back(std::move(output_tensor));
-  recompute_ = true;
+  // The output stays where it is (the next layer reads it); so does every non-cheap tensor for a
+  // selective drop. The rest is freed; the survivors are moved, their memory stays put.
+  std::vector<SavedActivation> kept;
+  for (SavedActivation& a : saved_)
+    if (is_output(a) || (what == Drop::kCheap && !a.cheap)) kept.push_back(std::move(a));
+  saved_ = std::move(kept);
+  recompute_ =
+      what == Drop::kAll || recompute_ == Recompute::kAll ? Recompute::kAll : Recompute::kCheap;
+}
+
+template <class T>
+void Layer<T>::recompute(const T* input, const Batch& batch) {
+  const Recompute mode = recompute_;
+  if (mode == Recompute::kNone) return;
+  if (mode == Recompute::kAll) {
+    release_activations();
+    forward(input, batch);
+    return;
+  }
+  const void* out = output();
+  saved_.erase(std::remove_if(saved_.begin(), saved_.end(),
+                              [&](const SavedActivation& a) {
+                                return a.buffer.template as<const void>() == out;
+                              }),
+               saved_.end());
+  recompute_cheap(input, batch);
+  recompute_ = Recompute::kNone;
 }
 
 template <class T>
@@ -326,8 +384,9 @@ Param<T>& Layer<T>::add_param(const std::string& name, std::vector<int64_t> shap
 }
 
 template <class T>
-T* Layer<T>::save(uint64_t numel, const char* what) {
+T* Layer<T>::save(uint64_t numel, const char* what, bool cheap) {
   SavedActivation a;
+  a.cheap = cheap;
   a.buffer =
       Buffer(device_, numel * sizeof(T), Category::kActivations, name_ + " activations: " + what);
   a.what = what;
@@ -392,12 +451,9 @@ void Gpt<T>::backward(const Batch& batch, LayerEvents* events) {
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
     if (events) events->backward_begin(l);
     const T* input = l > 0 ? layers_[l - 1]->output() : nullptr;
-    if (layers_[l]->needs_recompute()) {
-      // The kept output is not needed by this layer's backward: free it first, so the
-      // recomputation holds one block's activations, not one and an output.
-      layers_[l]->release_activations();
-      layers_[l]->forward(input, batch);
-    }
+    // A dropped layer's kept output is not needed by its backward: recompute() frees it first,
+    // so the recomputation holds one block's activations, not one and an output.
+    if (layers_[l]->needs_recompute()) layers_[l]->recompute(input, batch);
     layers_[l]->backward(l > 0 ? dinput : nullptr, dout, input, batch);
     layers_[l]->release_activations();
     std::swap(dout, dinput);
@@ -406,11 +462,11 @@ void Gpt<T>::backward(const Batch& batch, LayerEvents* events) {
 }
 
 template <class T>
-void Gpt<T>::drop_activations(int layer) {
+void Gpt<T>::drop_activations(int layer, Drop what) {
   if (layer < 0 || layer >= static_cast<int>(layers_.size()))
     throw std::logic_error("layer " + std::to_string(layer) + " does not exist (the model has " +
                            std::to_string(layers_.size()) + " layers)");
-  layers_[layer]->drop_activations();
+  layers_[layer]->drop_activations(what);
 }
 
 template <class T>

@@ -41,6 +41,15 @@ struct SavedActivation {
   Buffer buffer;
   std::string what;  // "qkv (B, T, 3C)"
   uint64_t numel = 0;
+  // Cheap to recompute from the tensors the layer keeps (LayerNorm, softmax, GELU outputs): a
+  // selective drop frees it, Layer::recompute_cheap() makes it again.
+  bool cheap = false;
+};
+
+// What drop_activations frees (the values are the C ABI's HR_DROP_ALL and HR_DROP_CHEAP).
+enum class Drop : uint32_t {
+  kAll = 0,    // everything but the output; backward re-runs the whole forward
+  kCheap = 1,  // only the tensors saved as cheap; backward recomputes just those (no GEMMs)
 };
 
 template <class T>
@@ -65,7 +74,7 @@ class Layer {
   // Frees every activation this layer saved (and forgets a pending recomputation).
   void release_activations() {
     saved_.clear();
-    recompute_ = false;
+    recompute_ = Recompute::kNone;
   }
   uint64_t saved_bytes() const;
   const std::vector<SavedActivation>& saved() const { return saved_; }
@@ -76,15 +85,28 @@ class Layer {
   // input before its own backward. The embedding and the head cannot: their output is all they
   // would keep, or nothing is left to drop.
   virtual bool recomputable() const { return false; }
-  // Keeps only the tensor holding output() and marks the layer for recomputation. Throws
-  // std::logic_error for a layer that is not recomputable or holds no activations.
-  void drop_activations();
-  bool needs_recompute() const { return recompute_; }
+  //
+  // Drop::kAll keeps only the tensor holding output(); Drop::kCheap (selective recomputation,
+  // Korthikanti et al. 2022) also keeps every tensor not saved as cheap — for a block the GEMM
+  // outputs — and frees the rest, which recompute_cheap() rebuilds from what was kept. Marks the
+  // layer for recomputation. Dropping again is harmless; kAll after kCheap drops the rest too,
+  // kCheap after kAll changes nothing. Throws std::logic_error for a layer that is not
+  // recomputable or holds no activations.
+  void drop_activations(Drop what = Drop::kAll);
+  bool needs_recompute() const { return recompute_ != Recompute::kNone; }
+  // Rebuilds what drop_activations freed, from `input` (the previous layer's output), before
+  // backward. The output is freed first in either case: backward reads dout, never the output,
+  // so the recomputation holds one tensor less.
+  void recompute(const T* input, const Batch& batch);
 
  protected:
   Param<T>& add_param(const std::string& name, std::vector<int64_t> shape, bool decay);
-  // A saved activation of `numel` elements, alive until release_activations().
-  T* save(uint64_t numel, const char* what);
+  // A saved activation of `numel` elements, alive until release_activations(). `cheap`: see
+  // SavedActivation::cheap.
+  T* save(uint64_t numel, const char* what, bool cheap = false);
+  // Re-saves the cheap tensors after a Drop::kCheap and recomputes them from the kept ones with
+  // the forward's kernels. Only a layer that saves cheap tensors is ever asked to.
+  virtual void recompute_cheap(const T*, const Batch&) {}
   // A scratch buffer for backward, freed when the returned Buffer goes out of scope.
   Buffer workspace(uint64_t numel, const char* what);
 
@@ -92,7 +114,9 @@ class Layer {
   Device& device_;
   std::vector<std::unique_ptr<Param<T>>> params_;
   std::vector<SavedActivation> saved_;
-  bool recompute_ = false;  // dropped after forward: backward runs forward again first
+  // Dropped after forward: backward runs forward again (kAll) or recompute_cheap (kCheap) first.
+  enum class Recompute { kNone, kAll, kCheap };
+  Recompute recompute_ = Recompute::kNone;
 };
 
 // Layer l's forward and backward, announced around each call (the trainer turns them into
@@ -120,13 +144,14 @@ class Gpt {
   // Every layer's backward, last to first, accumulating into the gradients and freeing each
   // layer's activations as soon as it is done. A layer whose activations were dropped runs its
   // forward again from its input (the previous layer's output) right after backward_begin: the
-  // same kernels on the same inputs, so its saved tensors are bitwise the originals. No
-  // forward_* events fire for the recomputation (its allocations do).
+  // same kernels on the same inputs, so its saved tensors are bitwise the originals; a layer that
+  // dropped only its cheap tensors recomputes just those. No forward_* events fire for the
+  // recomputation (its allocations do).
   void backward(const Batch& batch, LayerEvents* events = nullptr);
   // Layer `layer`'s Layer::drop_activations(), between its forward and its backward. Throws
   // std::logic_error (with the reason) for an index out of range, the embedding or the head, or a
   // layer that holds no activations.
-  void drop_activations(int layer);
+  void drop_activations(int layer, Drop what = Drop::kAll);
   void zero_grad();
   // Frees every layer's saved activations: after a forward that has no backward (evaluation,
   // gradient checks) or an abandoned micro-step.

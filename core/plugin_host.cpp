@@ -614,9 +614,14 @@ struct HostServices {
   }
 
   // --- activation recomputation (ABI 1.3) ---
-  static hr_status drop_activations(hr_host* h, int32_t index) {
+  static hr_status drop_activations(hr_host* h, int32_t index, uint32_t what) {
     LoadedPlugin& p = plugin(h);
     const PluginHost& owner = *h->owner;
+    if (what != HR_DROP_ALL && what != HR_DROP_CHEAP) {
+      p.error = "drop_activations(" + std::to_string(index) + ", " + std::to_string(what) +
+                "): what must be HR_DROP_ALL (0) or HR_DROP_CHEAP (1)";
+      return HR_ERROR_INVALID;
+    }
     if (owner.current_event_ != int(Event::kForwardEnd) || owner.current_layer_ != index) {
       p.error = "drop_activations(" + std::to_string(index) +
                 "): only from FORWARD_END of that layer" +
@@ -635,7 +640,7 @@ struct HostServices {
       return HR_ERROR_INVALID;
     }
     try {
-      m->drop_activations(index);
+      m->drop_activations(index, what == HR_DROP_CHEAP ? Drop::kCheap : Drop::kAll);
       return HR_OK;
     } catch (const std::exception& e) {
       p.error = std::string("drop_activations: ") + e.what();

@@ -198,7 +198,8 @@ PIN_TYPE(hr_host_services, vm_unmap, hr_status (*)(hr_host*, void*, uint64_t));
 PIN(hr_host_services, vm_release, 312, 8);
 PIN_TYPE(hr_host_services, vm_release, hr_status (*)(hr_host*, void*, uint64_t));
 PIN(hr_host_services, drop_activations, 320, 8);
-PIN_TYPE(hr_host_services, drop_activations, hr_status (*)(hr_host*, int32_t));
+PIN_TYPE(hr_host_services, drop_activations, hr_status (*)(hr_host*, int32_t, uint32_t));
+static_assert(HR_DROP_ALL == 0 && HR_DROP_CHEAP == 1);
 
 // --- hr_allocator_hooks, hr_optimizer_hooks ---------------------------------------------------
 // ABI 1.0 ended at deallocate (24 bytes); 1.2 appended stats.

@@ -1,8 +1,9 @@
 // Activation recomputation: the core mechanism (Gpt::drop_activations and the recomputation in
 // backward) and the checkpoint plugin, loaded by the real plugin host from the TOML list.
 // Gradients are bitwise those of a run without it, for every policy; the activation peaks of
-// `every` and `sqrt` equal their closed forms for a 12-layer model; `budget` stays under its
-// budget and fails with the smallest achievable peak when it cannot; bad keys exit with code 2.
+// `every`, `sqrt` and `selective` equal their closed forms for a 12-layer model; `budget` stays
+// under its budget and fails with the smallest achievable peak when it cannot; bad keys exit with
+// code 2.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -73,6 +74,19 @@ constexpr uint64_t kPeakEvery =
 // the same less the head, and a recomputation (block 10 at most) less still.
 constexpr int kSqrtN = 4, kSqrtKept = kLayers / kSqrtN;
 constexpr uint64_t kPeakSqrt = kEmb + kSqrtKept * kFull + (kLayers - kSqrtKept) * kOut + kHead;
+// selective: every block drops its cheap tensors (ln_1, attention out, ln_2 (B, T, C) ×3; the
+// four (B, T) LayerNorm statistics; att (B, NH, T, T); gelu (B, T, 4C)) at its FORWARD_END and
+// keeps its GEMM outputs and its output: qkv 3·N·C + res1 N·C + fc 4·N·C + out N·C, no statistics.
+//                                                                     sel   = es·9·N·C
+// Forward: the last block's forward holds L-1 kept blocks and itself whole; the head's forward
+// holds L kept blocks and the head. Backward's recomputation of block l frees its output first and
+// rebuilds the cheap set: full - out for that block, beside l-1 kept blocks, less than the last
+// block's forward. So the peak is the larger of the two forward points (for this config the first:
+// 11·sel + full = 475648 > 12·sel + head = 455040).
+constexpr uint64_t kSel = kEs * 9 * kN * kC;
+constexpr uint64_t kPeakSelective =
+    kEmb + std::max((kLayers - 1) * kSel + kFull, kLayers* kSel + kHead);
+static_assert(kPeakSelective == kEmb + (kLayers - 1) * kSel + kFull, "the last block's forward");
 
 TEST(CheckpointClosedForm, MatchesTheModel) {
   ModelConfig m;
@@ -165,6 +179,7 @@ INSTANTIATE_TEST_SUITE_P(
                       PolicyCase{"EveryN5", "policy = \"every_n\"\nn = 5\n"},
                       PolicyCase{"EveryN1", "policy = \"every_n\"\nn = 1\n"},
                       PolicyCase{"Sqrt", "policy = \"sqrt\"\n"},
+                      PolicyCase{"Selective", "policy = \"selective\"\n"},
                       PolicyCase{"Budget", "policy = \"budget\"\nbudget = \"400KiB\"\n"}),
     [](const auto& info) { return std::string(info.param.name); });
 
@@ -182,6 +197,15 @@ TEST(CheckpointPlugin, SqrtPeakIsTheClosedForm) {
               (unsigned long long)r.peak_activations, (unsigned long long)kPeakSqrt,
               (unsigned long long)kPeakNone);
   EXPECT_EQ(r.peak_activations, kPeakSqrt);
+}
+
+TEST(CheckpointPlugin, SelectivePeakIsTheClosedForm) {
+  const RunOutcome r = run(plugin_toml("policy = \"selective\"\n"));
+  std::printf("selective: peak %llu bytes = closed form %llu (every: %llu, no plugin: %llu)\n",
+              (unsigned long long)r.peak_activations, (unsigned long long)kPeakSelective,
+              (unsigned long long)kPeakEvery, (unsigned long long)kPeakNone);
+  EXPECT_EQ(r.peak_activations, kPeakSelective);
+  EXPECT_GT(r.peak_activations, kPeakEvery) << "it keeps more than every";
 }
 
 // budget: the plan's bound for d dropped blocks is emb + head + (L-d)·full + d·out + full (one
@@ -240,8 +264,7 @@ TEST(CheckpointPlugin, BadKeysExit2NamingTheKey) {
     std::string keys, expect;
   };
   for (const Bad& bad :
-       std::vector<Bad>{{"policy = \"often\"\n", "policy"},
-                        {"policy = \"selective\"\n", "not implemented yet"},
+       std::vector<Bad>{{"policy = \"often\"\n", "\"selective\" or \"budget\"; got \"often\""},
                         {"policy = 3\n", "policy"},
                         {"policy = \"every_n\"\n", "needs n"},
                         {"policy = \"every_n\"\nn = 0\n", "plugins.checkpoint.n"},
@@ -336,6 +359,45 @@ TEST(CheckpointMechanism, OnlyBlocksCanDropAndRecomputationIsBitwise) {
   EXPECT_EQ(plain.first, dropped.first);
   EXPECT_TRUE(bitwise_equal(plain.second, dropped.second));
 
+  // Selective: each block keeps qkv, res1, fc and out, and recomputes the rest bitwise.
+  {
+    Gpt<float> model(c.model, *device, c.train.seed);
+    struct DropCheap final : LayerEvents {
+      Gpt<float>* model = nullptr;
+      void forward_begin(int) override {}
+      void forward_end(int layer) override {
+        if (layer >= 1 && layer <= kLayers) model->drop_activations(layer, Drop::kCheap);
+      }
+      void backward_begin(int) override {}
+      void backward_end(int) override {}
+    } events;
+    events.model = &model;
+    const double loss = model.forward(b, &events);
+    for (int l = 1; l <= kLayers; ++l) {
+      EXPECT_TRUE(model.layers()[l]->needs_recompute());
+      std::vector<std::string> kept;
+      for (const SavedActivation& a : model.layers()[l]->saved())
+        kept.push_back(a.what);
+      EXPECT_EQ(kept, (std::vector<std::string>{"qkv (B, T, 3C)", "residual (B, T, C)",
+                                                "fc (B, T, 4C)", "out (B, T, C)"}));
+      EXPECT_EQ(model.layers()[l]->saved_bytes(), kSel);
+    }
+    EXPECT_EQ(device->tracker().live(Category::kActivations), kEmb + kLayers * kSel + kHead);
+    // Dropping everything after a selective drop frees the rest: the block keeps its output.
+    model.drop_activations(kLayers, Drop::kAll);
+    EXPECT_EQ(model.layers()[kLayers]->saved_bytes(), kOut);
+    model.drop_activations(kLayers, Drop::kCheap);  // after kAll: nothing changes
+    EXPECT_EQ(model.layers()[kLayers]->saved_bytes(), kOut);
+    EXPECT_THROW(model.drop_activations(1, static_cast<Drop>(2)), std::logic_error);
+    model.backward(b, &events);
+    EXPECT_EQ(device->tracker().live(Category::kActivations), 0u);
+    std::vector<float> g;
+    for (Param<float>* p : model.params())
+      g.insert(g.end(), p->gdata(), p->gdata() + p->numel);
+    EXPECT_EQ(loss, plain.first);
+    EXPECT_TRUE(bitwise_equal(g, plain.second));
+  }
+
   // A block whose backward is done holds nothing to drop.
   Gpt<float> model(c.model, *device, c.train.seed);
   EXPECT_THROW(model.drop_activations(1), std::logic_error) << "no forward has run";
@@ -380,6 +442,22 @@ TEST(DropActivationsService, RefusedOutsideForwardEndOfThatLayer) {
   m = failure_of("offset = -1\n");  // at FORWARD_END(2), drop layer 1
   EXPECT_TRUE(test::contains(m, "drop_activations(1): only from FORWARD_END of that layer")) << m;
   EXPECT_TRUE(test::contains(m, "plugin 'dropper' failed in FORWARD_END (layer 2)")) << m;
+}
+
+TEST(DropActivationsService, CheapFromForwardEndIsBitwise) {
+  const RunOutcome r = run(dropper_toml("what = 1\n"));
+  EXPECT_EQ(r.peak_activations, kPeakSelective);
+  ASSERT_EQ(r.grads.size(), baseline().grads.size());
+  for (size_t s = 0; s < r.grads.size(); ++s)
+    EXPECT_TRUE(bitwise_equal(r.grads[s], baseline().grads[s])) << "step " << s + 1;
+}
+
+TEST(DropActivationsService, RefusesAnUnknownWhat) {
+  const std::string m = failure_of("what = 2\n");
+  EXPECT_TRUE(test::contains(m,
+                             "drop_activations(1, 2): what must be HR_DROP_ALL (0) or "
+                             "HR_DROP_CHEAP (1)"))
+      << m;
 }
 
 TEST(DropActivationsService, RefusedForTheEmbedding) {

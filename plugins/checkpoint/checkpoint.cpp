@@ -6,7 +6,7 @@
 //
 //   [[plugins]]
 //   name = "checkpoint"
-//   policy = "sqrt"      # "every" (the default) | "every_n" | "sqrt" | "budget"
+//   policy = "sqrt"      # "every" (the default) | "every_n" | "sqrt" | "selective" | "budget"
 //   n = 4                # every_n: keep every n-th block
 //   budget = "256MiB"    # budget: the activation peak to stay under
 //
@@ -26,7 +26,12 @@
 //             under any feasible budget); the plan holds from its head's FORWARD_END on. A budget
 //             that even dropping every block cannot meet stops the run with a message naming the
 //             budget and the smallest achievable peak.
-//  - "selective" (recompute only the cheap ops of a block) is not implemented yet: a config error.
+//  - selective: every block drops only its cheap tensors (HR_DROP_CHEAP: the LayerNorm outputs
+//             and statistics, the attention probabilities and output, the GELU output) and keeps
+//             its GEMM outputs; backward recomputes those without re-running a GEMM (Korthikanti
+//             et al. 2022, llm.c's recompute levels). It saves less than every (a block keeps
+//             qkv, res1, fc and out: 9·N·C floats) but costs only the element-wise kernels. The
+//             (B, NH, T, T) attention probabilities are the biggest saving at long sequences.
 //
 // Recomputation runs the same kernels on the same inputs: on the CPU the recomputed tensors, and
 // so the gradients, are bitwise those of a run without this plugin.
@@ -46,7 +51,7 @@
 
 namespace {
 
-enum class Policy { kEvery, kEveryN, kSqrt, kBudget };
+enum class Policy { kEvery, kEveryN, kSqrt, kSelective, kBudget };
 
 uint64_t dtype_size(uint32_t dtype) {
   switch (dtype) {
@@ -88,7 +93,8 @@ class Checkpoint {
     const bool measuring = policy_ == Policy::kBudget && !budget_planned_;
     if (measuring) full_[size_t(layer)] = saved_bytes(layer);
     if (is_block && (measuring || drop_[size_t(layer)])) {
-      const hr_status st = s_->drop_activations(s_->host, layer);
+      const uint32_t what = policy_ == Policy::kSelective ? HR_DROP_CHEAP : HR_DROP_ALL;
+      const hr_status st = s_->drop_activations(s_->host, layer, what);
       if (st != HR_OK) return st;  // the host's message stands
     }
     if (measuring) {
@@ -123,6 +129,7 @@ class Checkpoint {
     int64_t n = 1;
     switch (policy_) {
       case Policy::kEvery:
+      case Policy::kSelective:
         for (int64_t b = 0; b < L; ++b)
           drop_[size_t(b + 1)] = true;
         return;
@@ -216,7 +223,8 @@ hr_status create(const hr_host_services* s, void** instance) {
   hr_status st = s->config_string(s->host, "policy", policy, sizeof policy);
   if (st == HR_ERROR_INVALID)
     return s->config_error(s->host, "policy",
-                           "must be \"every\", \"every_n\", \"sqrt\" or \"budget\"");
+                           "must be \"every\", \"every_n\", \"sqrt\", \"selective\" or "
+                           "\"budget\"");
   if (st == HR_OK) st = s->config_int(s->host, "n", &n);
   if (st == HR_OK) {
     uint64_t b = ~uint64_t(0);
@@ -237,13 +245,13 @@ hr_status create(const hr_host_services* s, void** instance) {
   } else if (name == "budget") {
     p = Policy::kBudget;
   } else if (name == "selective") {
-    return s->config_error(s->host, "policy",
-                           "\"selective\" (recompute only a block's cheap ops) is not implemented "
-                           "yet; use \"every\", \"every_n\", \"sqrt\" or \"budget\"");
+    p = Policy::kSelective;
   } else {
-    return s->config_error(
-        s->host, "policy",
-        ("must be \"every\", \"every_n\", \"sqrt\" or \"budget\"; got \"" + name + "\"").c_str());
+    return s->config_error(s->host, "policy",
+                           ("must be \"every\", \"every_n\", \"sqrt\", \"selective\" or "
+                            "\"budget\"; got \"" +
+                            name + "\"")
+                               .c_str());
   }
   if (p == Policy::kEveryN && n == -1)
     return s->config_error(s->host, "policy", "\"every_n\" needs n (keep every n-th block)");
@@ -294,7 +302,7 @@ const hr_plugin_descriptor kDescriptor = {
     "checkpoint",
     "1.0.0",
     "activation recomputation: blocks drop their activations in forward and recompute them in "
-    "backward (every, every_n, sqrt, budget)",
+    "backward (every, every_n, sqrt, selective, budget)",
     HR_EVENT_BIT(HR_EVENT_FORWARD_END),
     0,  // roles
     0,  // reserved0

@@ -182,6 +182,10 @@ typedef struct hr_optimizer_step_info {
 
 typedef struct hr_host hr_host; /* opaque */
 
+/* drop_activations' `what` (ABI 1.3). */
+#define HR_DROP_ALL 0   /* everything but the output; backward re-runs the whole forward */
+#define HR_DROP_CHEAP 1 /* selective: keep the GEMM outputs, recompute the cheap tensors */
+
 typedef struct hr_host_services {
   uint32_t struct_size;
   uint32_t abi_version; /* the version the host chose for this plugin */
@@ -277,15 +281,22 @@ typedef struct hr_host_services {
   hr_status (*vm_unmap)(hr_host* host, void* addr, uint64_t bytes);
   hr_status (*vm_release)(hr_host* host, void* addr, uint64_t bytes);
 
-  /* ABI 1.3: activation recomputation. From FORWARD_END(layer) only, for that layer: frees every
-   * activation the layer saved except its output (the next layer's input) and marks it for
-   * recomputation; in backward, after BACKWARD_BEGIN(layer) and before the layer's backward, the
-   * host runs the layer's forward again from its input (no FORWARD_* events; ALLOC / FREE fire),
-   * so its saved tensors exist again — on the CPU bitwise equal to the originals. Only transformer
-   * blocks (layers 1 .. num_layers-2) can be dropped; the embedding, the head, a layer out of range
-   * or a call from any other event is HR_ERROR_INVALID with a message. Calling it twice for one
-   * layer is harmless. */
-  hr_status (*drop_activations)(hr_host* host, int32_t layer);
+  /* ABI 1.3: activation recomputation. From FORWARD_END(layer) only, for that layer: frees
+   * activations the layer saved and marks it for recomputation; in backward, after
+   * BACKWARD_BEGIN(layer) and before the layer's backward, the host rebuilds them (no FORWARD_*
+   * events; ALLOC / FREE fire) — on the CPU bitwise equal to the originals, same kernels on the
+   * same inputs. `what`:
+   *  - HR_DROP_ALL: everything but the output (the next layer's input); backward re-runs the
+   *    layer's whole forward from its input.
+   *  - HR_DROP_CHEAP: selective recomputation (Korthikanti et al. 2022): a block keeps its GEMM
+   *    outputs (qkv, the attention residual, fc) and its output, and frees the LayerNorm outputs
+   *    and statistics, the attention probabilities and output, and the GELU output; backward
+   *    recomputes just those, no GEMM.
+   * Only transformer blocks (layers 1 .. num_layers-2) can be dropped; the embedding, the head, a
+   * layer out of range, another `what`, or a call from any other event is HR_ERROR_INVALID with a
+   * message. Calling it twice for one layer is harmless (ALL after CHEAP frees the rest; CHEAP
+   * after ALL changes nothing). */
+  hr_status (*drop_activations)(hr_host* host, int32_t layer, uint32_t what);
 } hr_host_services;
 
 /* ---------------------------------------------------------------------------------------------
