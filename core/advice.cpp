@@ -73,6 +73,7 @@ std::vector<Remedy> suggest_remedies(const Config& config, uint64_t limit, uint6
              "\ngrad_accum = " + std::to_string(A * (B / b));
     for (int i = 0; i < kNumCategories; ++i)
       r.saves[i] = now.at_peak[i] > e.at_peak[i] ? now.at_peak[i] - e.at_peak[i] : 0;
+    r.peak_after = e.total();
     r.fits = !limit || e.total() <= limit;
     out.push_back(r);
     break;
@@ -106,6 +107,7 @@ std::vector<Remedy> suggest_remedies(const Config& config, uint64_t limit, uint6
     r.saves[iw] = now.at_peak[iw] > ws ? now.at_peak[iw] - ws : 0;
     const uint64_t after =
         now.total() - r.saves[ia] - r.saves[iw] + (ws > now.at_peak[iw] ? ws - now.at_peak[iw] : 0);
+    r.peak_after = after;
     r.fits = !limit || after <= limit;
     return r;
   };
@@ -142,6 +144,7 @@ std::string format_remedies(const std::vector<Remedy>& remedies) {
   std::string s = "what would make it fit:\n";
   for (const Remedy& r : remedies) {
     s += "  - " + r.what + (r.fits ? "" : " (still over the limit by the estimate)") + "\n";
+    if (r.peak_after) s += "    peak about " + format_bytes(r.peak_after) + "\n";
     std::string saved;
     for (int i = 0; i < kNumCategories; ++i) {
       if (!r.saves[i]) continue;

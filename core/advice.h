@@ -27,6 +27,7 @@ struct Remedy {
   ByCategory saves{};       // estimated peak bytes saved, by category
   uint64_t unstranded = 0;  // free bytes now in holes too small to use, that it makes usable
   bool fits = false;        // the estimate says the run then fits memory_limit
+  uint64_t peak_after = 0;  // the estimated peak with it (0 when not estimated)
 };
 
 // Remedies for a run that did not fit `limit`: smaller micro-batches at the same effective batch

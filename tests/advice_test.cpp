@@ -58,6 +58,18 @@ TEST(Remedies, CheckpointWhenAvailableSavesActivations) {
             estimate_peak(c, 16).at_peak[static_cast<int>(Category::kActivations)]);
 }
 
+TEST(Remedies, CheckpointEveryEstimateIsTheTrackersPeak) {
+  // A limit of 1 byte makes every remedy "not fit", so checkpoint is offered with policy every.
+  const Config c = test::config_from(kModel, {"train.micro_batch=8"});
+  const auto rs = suggest_remedies(c, 1, 1 << 20, 0, 0, {"checkpoint"});
+  ASSERT_EQ(rs.back().toml, "[[plugins]]\nname = \"checkpoint\"\npolicy = \"every\"");
+  const Config with = test::config_from(
+      std::string(kModel) + "[[plugins]]\nname = \"checkpoint\"\n", {"train.micro_batch=8"});
+  Trainer t(with, TrainOptions{});
+  t.run();
+  EXPECT_EQ(rs.back().peak_after, t.device().tracker().peak_total());
+}
+
 TEST(Remedies, DefragAllocatorOnlyForFragmentationAndOnlyWhenAvailable) {
   const Config c = test::config_from(kModel);
   auto has_defrag = [](const std::vector<Remedy>& rs) {
