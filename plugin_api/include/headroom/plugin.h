@@ -39,7 +39,7 @@ extern "C" {
 #define HR_ABI_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define HR_ABI_VERSION HR_ABI_MAKE_VERSION(HR_ABI_VERSION_MAJOR, HR_ABI_VERSION_MINOR)
 #define HR_ABI_MAJOR(version) ((uint32_t)(version) >> 16)
-#define HR_ABI_MINOR(version) ((uint32_t)(version) & 0xFFFFu)
+#define HR_ABI_MINOR(version) (((uint32_t)(version)) & 0xFFFFu)
 
 /* True when a struct whose writer set struct_size covers `field` (a reader checks this before
  * using any field added after v1.0). */
@@ -127,15 +127,15 @@ typedef enum hr_dtype {
 
 typedef struct hr_event_info {
   uint32_t struct_size;
-  uint32_t event;      /* hr_event */
-  int64_t step;        /* 1-based optimizer step; 0 before the first (and for TRAIN_BEGIN) */
-  int32_t micro_step;  /* 1-based within the step; 0 outside micro-steps */
-  int32_t layer;       /* FORWARD_* / BACKWARD_*: the layer index; -1 otherwise */
+  uint32_t event;     /* hr_event */
+  int64_t step;       /* 1-based optimizer step; 0 before the first (and for TRAIN_BEGIN) */
+  int32_t micro_step; /* 1-based within the step; 0 outside micro-steps */
+  int32_t layer;      /* FORWARD_* / BACKWARD_*: the layer index; -1 otherwise */
   /* ALLOC / FREE / OOM */
-  const void* ptr;     /* the buffer (NULL for OOM) */
-  uint64_t bytes;      /* its size, or the size requested (OOM) */
-  uint32_t category;   /* hr_mem_category */
-  uint32_t reserved0;  /* zero */
+  const void* ptr;    /* the buffer (NULL for OOM) */
+  uint64_t bytes;     /* its size, or the size requested (OOM) */
+  uint32_t category;  /* hr_mem_category */
+  uint32_t reserved0; /* zero */
 } hr_event_info;
 
 /* A tensor as a plugin sees it: a view, owned by the host. */
@@ -144,35 +144,35 @@ typedef struct hr_event_info {
  * compiled; the host fills what that covers (a zero struct_size counts as ABI 1.0's size). */
 typedef struct hr_tensor {
   uint32_t struct_size;
-  uint32_t dtype;           /* hr_dtype */
-  const char* name;         /* parameters: Hugging Face GPT-2 names ("h.3.attn.c_attn.weight") */
+  uint32_t dtype;   /* hr_dtype */
+  const char* name; /* parameters: Hugging Face GPT-2 names ("h.3.attn.c_attn.weight") */
   int32_t ndim;
-  int32_t reserved0;        /* zero */
+  int32_t reserved0; /* zero */
   int64_t shape[HR_MAX_DIMS];
   uint64_t numel;
-  void* data;               /* device memory */
-  void* grad;               /* parameters: the gradient (same dtype and shape); else NULL */
-  uint32_t weight_decay;    /* parameters: 1 when weight decay applies (matrices, embeddings) */
-  uint32_t reserved1;       /* zero */
+  void* data;            /* device memory */
+  void* grad;            /* parameters: the gradient (same dtype and shape); else NULL */
+  uint32_t weight_decay; /* parameters: 1 when weight decay applies (matrices, embeddings) */
+  uint32_t reserved1;    /* zero */
 } hr_tensor;
 
 typedef struct hr_memory_stats {
   uint32_t struct_size;
   uint32_t reserved0;
-  uint64_t limit;                               /* [device] memory_limit; 0 = none */
-  uint64_t live_bytes;                          /* now */
-  uint64_t peak_bytes;                          /* highest so far */
+  uint64_t limit;      /* [device] memory_limit; 0 = none */
+  uint64_t live_bytes; /* now */
+  uint64_t peak_bytes; /* highest so far */
   uint64_t live_by_category[HR_MEM_CATEGORY_COUNT_V1];
   uint64_t peak_by_category[HR_MEM_CATEGORY_COUNT_V1];
-  uint64_t num_allocs;                          /* device allocations so far */
+  uint64_t num_allocs; /* device allocations so far */
 } hr_memory_stats;
 
 /* The optimizer role's step: update every parameter from its gradient. */
 typedef struct hr_optimizer_step_info {
   uint32_t struct_size;
   uint32_t reserved0;
-  int64_t step;  /* 1-based */
-  double lr;     /* from the host's schedule ([train] lr, warmup, decay) */
+  int64_t step; /* 1-based */
+  double lr;    /* from the host's schedule ([train] lr, warmup, decay) */
 } hr_optimizer_step_info;
 
 /* ---------------------------------------------------------------------------------------------
@@ -244,13 +244,11 @@ typedef struct hr_host_services {
                        uint32_t src_dtype, uint64_t n); /* round to nearest even */
   hr_status (*op_scale)(hr_host* host, void* x, uint32_t dtype, uint64_t n, double s);
   /* y += a * x */
-  hr_status (*op_axpy)(hr_host* host, void* y, const void* x, uint32_t dtype, uint64_t n,
-                       double a);
+  hr_status (*op_axpy)(hr_host* host, void* y, const void* x, uint32_t dtype, uint64_t n, double a);
   hr_status (*op_sum_squares)(hr_host* host, const void* x, uint32_t dtype, uint64_t n,
                               double* out);
   /* *out = 1 when any element is NaN or infinite, else 0 */
-  hr_status (*op_nonfinite)(hr_host* host, const void* x, uint32_t dtype, uint64_t n,
-                            int32_t* out);
+  hr_status (*op_nonfinite)(hr_host* host, const void* x, uint32_t dtype, uint64_t n, int32_t* out);
 
   /* The device and the distributed run. */
   const char* (*device_kind)(hr_host* host); /* "cpu", "cuda" */
@@ -261,10 +259,10 @@ typedef struct hr_host_services {
 
   /* Step control. veto_step: from any event of the step up to and including OPTIMIZER_STEP, the
    * optimizer update is skipped (OPTIMIZER_STEP is not dispatched when the veto came earlier);
-   * the step still ends with STEP_END. A veto at STEP_END is too late and is ignored. request_retry: from the OOM event, the failed
-   * micro-step is run again once its memory is released — honoured while no layer of the
-   * micro-step has finished its backward (gradients untouched); otherwise the run stops with the
-   * OOM report. */
+   * the step still ends with STEP_END. A veto at STEP_END is too late and is ignored.
+   * request_retry: from the OOM event, the failed micro-step is run again once its memory is
+   * released — honoured while no layer of the micro-step has finished its backward (gradients
+   * untouched); otherwise the run stops with the OOM report. */
   void (*veto_step)(hr_host* host, const char* reason);
   void (*request_retry)(hr_host* host, const char* reason);
 
@@ -382,11 +380,11 @@ typedef struct hr_plugin_descriptor {
 
 typedef struct hr_entry_args {
   uint32_t struct_size;
-  uint32_t host_abi_min; /* in: the oldest ABI version the host speaks */
-  uint32_t host_abi_max; /* in: the newest */
-  uint32_t plugin_abi;   /* out: the version the plugin chose, within [min, max] */
+  uint32_t host_abi_min;                  /* in: the oldest ABI version the host speaks */
+  uint32_t host_abi_max;                  /* in: the newest */
+  uint32_t plugin_abi;                    /* out: the version the plugin chose, within [min, max] */
   const hr_plugin_descriptor* descriptor; /* out: static storage, valid while loaded */
-  char* error;           /* in: a buffer for the plugin's message on failure */
+  char* error;                            /* in: a buffer for the plugin's message on failure */
   size_t error_size;
 } hr_entry_args;
 
