@@ -144,6 +144,26 @@ TEST_F(Cli, OutOfMemoryAdviceNamesAMicroBatchThatFits) {
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
 }
 
+TEST_F(Cli, PlanEstimatesThePeakAndWhatWouldFit) {
+  const std::string path = config(std::string(kSmallModel) +
+                                  "[train]\nsteps = 2\nmicro_batch = 16\n"
+                                  "[device]\nmemory_limit = \"1536KiB\"\n");
+  auto r = run_headroom("plan " + path);
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("does not fit memory_limit 1.50 MiB"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("micro_batch = "), std::string::npos) << r.output;
+  // The plan's estimate is the peak the run then measures.
+  r = run_headroom("plan " + path + " --set train.micro_batch=1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const size_t at = r.output.find("total");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string total = r.output.substr(at + 5, r.output.find('\n', at) - at - 5);
+  const auto run = run_headroom("train " + path + " --set train.micro_batch=1");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::string peak_line = "memory report: peak " + total.substr(total.find_first_not_of(' '));
+  EXPECT_NE(run.output.find(peak_line), std::string::npos) << peak_line << "\n" << run.output;
+}
+
 TEST_F(Cli, CheckPrintsTheResolvedConfigWhichReadsBackTheSame) {
   const std::string path = config("[model]\npreset = \"tiny\"\n[train]\nsteps = 7\n");
   const auto first = run_headroom("check " + path + " --set device.memory_limit=64MiB");

@@ -33,6 +33,44 @@ int cmd_check(const std::string& file, const std::vector<std::string>& sets) {
   return kExitOk;
 }
 
+// The names of the plugins this headroom can load: what the advice may suggest.
+std::vector<std::string> available_plugins() {
+  std::vector<std::string> names;
+  for (const headroom::PluginInfo& p : headroom::discover_plugins())
+    if (p.error.empty()) names.push_back(p.name);
+  return names;
+}
+
+// `headroom plan CONFIG`: the run's peak by category from the config's closed forms, against its
+// memory_limit, and what would make it fit. Exit 0 when the estimate fits, 3 when it does not.
+int cmd_plan(const std::string& file, const std::vector<std::string>& sets) {
+  const headroom::Config config = headroom::load_config(file, sets);
+  const headroom::PeakEstimate e = headroom::estimate_peak(config, config.train.micro_batch);
+  const uint64_t limit = config.device.memory_limit;
+  std::printf("estimated peak, micro_batch %d, no plugins:\n", config.train.micro_batch);
+  for (int i = 0; i < headroom::kNumCategories; ++i)
+    std::printf("  %-16s %14s\n", headroom::category_name(headroom::category_at(i)),
+                headroom::format_bytes(e.at_peak[i]).c_str());
+  std::printf("  %-16s %14s\n", "total", headroom::format_bytes(e.total()).c_str());
+  if (!config.plugins.empty())
+    std::printf("(the [[plugins]] of the config are not in this estimate)\n");
+  if (!limit) {
+    std::printf("memory_limit: none\n");
+    return kExitOk;
+  }
+  if (e.total() <= limit) {
+    std::printf("fits memory_limit %s with %s to spare\n", headroom::format_bytes(limit).c_str(),
+                headroom::format_bytes(limit - e.total()).c_str());
+    return kExitOk;
+  }
+  std::printf("does not fit memory_limit %s: over by %s\n", headroom::format_bytes(limit).c_str(),
+              headroom::format_bytes(e.total() - limit).c_str());
+  std::printf("%s", headroom::format_remedies(
+                        headroom::suggest_remedies(config, limit, 0, 0, 0, available_plugins()))
+                        .c_str());
+  return kExitOutOfMemory;
+}
+
 // Every plugin on the search path, loaded and asked for its descriptor.
 int cmd_plugins() {
   std::printf("plugin search path:\n");
@@ -109,11 +147,8 @@ int cmd_train(const std::string& file, const std::vector<std::string>& sets,
     std::cerr << "\nheadroom: " << r.str();
     // What would make it fit, from the config's closed forms and this failure's numbers, among
     // the built-in knobs and the plugins this headroom can find.
-    std::vector<std::string> available;
-    for (const headroom::PluginInfo& p : headroom::discover_plugins())
-      if (p.error.empty()) available.push_back(p.name);
     const std::string advice = headroom::format_remedies(headroom::suggest_remedies(
-        config, r.limit, r.requested, r.free_bytes(), r.largest_free, available));
+        config, r.limit, r.requested, r.free_bytes(), r.largest_free, available_plugins()));
     std::cerr << "headroom: " << (advice.empty() ? "raise device.memory_limit\n" : advice);
     if (!flags.memory_timeline.empty())
       std::cerr << "headroom: memory timeline up to the failure: " << flags.memory_timeline << "\n";
@@ -173,6 +208,11 @@ int main(int argc, char** argv) {
                     "the run stops out of memory");
   train->add_flag("-q,--quiet", flags.quiet, "print nothing but errors");
 
+  CLI::App* plan = app.add_subcommand(
+      "plan", "estimate the run's peak memory by category and what would make it fit");
+  plan->add_option("config", config_file, "the TOML config file")->required();
+  plan->add_option("--set", sets, "override a config key: --set section.key=value (repeatable)");
+
   CLI::App* check = app.add_subcommand(
       "check", "validate a config and print it resolved, with every default filled in");
   check->add_option("config", config_file, "the TOML config file")->required();
@@ -218,6 +258,7 @@ int main(int argc, char** argv) {
     if (*train) return cmd_train(config_file, sets, flags);
     if (*shard) return cmd_shard(shard_text, shard_dir, tokens_per_shard);
     if (*check) return cmd_check(config_file, sets);
+    if (*plan) return cmd_plan(config_file, sets);
     if (*replay) return cmd_replay(replay_file, replay_config, replay_sets, replay_limit);
     if (*plugins) return cmd_plugins();
   } catch (const headroom::ConfigError& e) {
