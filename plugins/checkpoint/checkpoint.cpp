@@ -40,6 +40,8 @@
 // exception crosses the C ABI.
 #include <headroom/plugin.h>
 
+#include "common/hook_guard.h"
+
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -84,6 +86,7 @@ class Checkpoint {
  public:
   Checkpoint(const hr_host_services* s, Policy policy, int64_t n, uint64_t budget)
       : s_(s), policy_(policy), n_(n), budget_(budget) {}
+  const hr_host_services* services() const { return s_; }
 
   hr_status on_forward_end(int32_t layer) {
     const int32_t num_layers = s_->num_layers(s_->host);
@@ -271,15 +274,7 @@ hr_status create(const hr_host_services* s, void** instance) {
 }
 
 hr_status create_hook(const hr_host_services* s, void** instance) {
-  try {
-    return create(s, instance);
-  } catch (const std::bad_alloc&) {
-    s->set_error(s->host, "out of host memory while starting");
-    return HR_ERROR_OUT_OF_MEMORY;
-  } catch (...) {
-    s->set_error(s->host, "failed to start");
-    return HR_ERROR;
-  }
+  return headroom_plugin::guarded(s, "starting", [&] { return create(s, instance); });
 }
 
 void destroy(void* instance) {
@@ -288,11 +283,9 @@ void destroy(void* instance) {
 
 hr_status on_event(void* instance, const hr_event_info* info) {
   if (info->event != HR_EVENT_FORWARD_END) return HR_OK;
-  try {
-    return static_cast<Checkpoint*>(instance)->on_forward_end(info->layer);
-  } catch (...) {
-    return HR_ERROR_OUT_OF_MEMORY;  // only allocation of the plan's vectors can throw
-  }
+  Checkpoint* c = static_cast<Checkpoint*>(instance);
+  return headroom_plugin::guarded(c->services(), "planning which blocks to drop",
+                                  [&] { return c->on_forward_end(info->layer); });
 }
 
 // Constant-initialized: loading the library runs no code before hr_plugin_entry.

@@ -30,6 +30,8 @@
 // Only hr_plugin_entry is exported; no C++ exception crosses the C ABI.
 #include <headroom/plugin.h>
 
+#include "common/hook_guard.h"
+
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -620,15 +622,7 @@ hr_status create(const hr_host_services* s, void** instance) {
 }
 
 hr_status create_hook(const hr_host_services* s, void** instance) {
-  try {
-    return create(s, instance);
-  } catch (const std::bad_alloc&) {
-    s->set_error(s->host, "out of host memory while starting");
-    return HR_ERROR_OUT_OF_MEMORY;
-  } catch (...) {
-    s->set_error(s->host, "failed to start");
-    return HR_ERROR;
-  }
+  return headroom_plugin::guarded(s, "starting", [&] { return create(s, instance); });
 }
 
 void destroy(void* instance) {
