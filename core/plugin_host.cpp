@@ -480,6 +480,21 @@ struct HostServices {
     Layer<float>* l = layer(h, index);
     return l ? int32_t(l->params().size()) : 0;
   }
+  // An f32 tensor view as the ABI describes it; the name and shape outlive the call.
+  static hr_tensor f32_view(const std::string& name, const std::vector<int64_t>& shape,
+                            uint64_t numel, void* data) {
+    hr_tensor t;
+    std::memset(&t, 0, sizeof t);
+    t.struct_size = sizeof t;
+    t.dtype = HR_DTYPE_F32;
+    t.name = name.c_str();
+    t.ndim = int32_t(std::min<size_t>(shape.size(), HR_MAX_DIMS));
+    for (int32_t d = 0; d < t.ndim; ++d)
+      t.shape[d] = shape[d];
+    t.numel = numel;
+    t.data = data;
+    return t;
+  }
   static hr_status layer_param(hr_host* h, int32_t index, int32_t i, hr_tensor* out) {
     Layer<float>* l = layer(h, index);
     if (!l || !out) return HR_ERROR_INVALID;
@@ -488,16 +503,7 @@ struct HostServices {
       return HR_ERROR_INVALID;
     }
     const Param<float>& p = *l->params()[i];
-    hr_tensor t;
-    std::memset(&t, 0, sizeof t);
-    t.struct_size = sizeof t;
-    t.dtype = HR_DTYPE_F32;
-    t.name = p.name.c_str();
-    t.ndim = int32_t(p.shape.size());
-    for (size_t d = 0; d < p.shape.size() && d < HR_MAX_DIMS; ++d)
-      t.shape[d] = p.shape[d];
-    t.numel = p.numel;
-    t.data = p.data();
+    hr_tensor t = f32_view(p.name, p.shape, p.numel, p.data());
     t.grad = p.gdata();
     t.weight_decay = p.decay ? 1 : 0;
     write_sized(out, t);
@@ -516,16 +522,7 @@ struct HostServices {
       return HR_ERROR_INVALID;
     }
     const SavedActivation& a = l->saved()[i];
-    hr_tensor t;
-    std::memset(&t, 0, sizeof t);
-    t.struct_size = sizeof t;
-    t.dtype = HR_DTYPE_F32;
-    t.name = a.what.c_str();
-    t.ndim = 1;
-    t.shape[0] = int64_t(a.numel);
-    t.numel = a.numel;
-    t.data = a.buffer.as<void>();
-    write_sized(out, t);
+    write_sized(out, f32_view(a.what, {int64_t(a.numel)}, a.numel, a.buffer.as<void>()));
     return HR_OK;
   }
 

@@ -655,14 +655,7 @@ const hr_plugin_descriptor kDescriptor = {
 
 }  // namespace
 
+// hr_negotiate refuses another major version; the host's message names both versions.
 HR_PLUGIN_EXPORT hr_status hr_plugin_entry(hr_entry_args* args) {
-  const hr_status status = hr_negotiate(args, &kDescriptor);
-  if (status != HR_OK && args->error && args->error_size > 0)
-    std::snprintf(args->error, args->error_size,
-                  "defrag_allocator speaks plugin ABI %u.x; the host speaks %u.%u to %u.%u",
-                  unsigned(HR_ABI_VERSION_MAJOR), unsigned(HR_ABI_MAJOR(args->host_abi_min)),
-                  unsigned(HR_ABI_MINOR(args->host_abi_min)),
-                  unsigned(HR_ABI_MAJOR(args->host_abi_max)),
-                  unsigned(HR_ABI_MINOR(args->host_abi_max)));
-  return status;
+  return hr_negotiate(args, &kDescriptor);
 }

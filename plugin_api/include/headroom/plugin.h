@@ -403,10 +403,12 @@ typedef hr_status (*hr_plugin_entry_fn)(hr_entry_args* args);
 HR_PLUGIN_EXPORT hr_status hr_plugin_entry(hr_entry_args* args);
 
 /* The usual negotiation: accept the host's range when it includes this header's major version,
- * and answer the newer of the two sides' common versions (an older host gets its own). */
+ * and answer the newer of the two sides' common versions (an older host gets its own). A refusal
+ * still reports this header's version in plugin_abi, so the host's message can name both. */
 static inline hr_status hr_negotiate(hr_entry_args* args, const hr_plugin_descriptor* descriptor) {
   if (HR_ABI_MAJOR(args->host_abi_min) > HR_ABI_VERSION_MAJOR ||
       HR_ABI_MAJOR(args->host_abi_max) < HR_ABI_VERSION_MAJOR) {
+    args->plugin_abi = HR_ABI_VERSION;
     return HR_ERROR_VERSION;
   }
   args->plugin_abi = args->host_abi_max < HR_ABI_VERSION ? args->host_abi_max : HR_ABI_VERSION;
