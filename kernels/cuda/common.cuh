@@ -1,5 +1,5 @@
-// Internal to the CUDA backend's .cu files: the cuBLAS check, launch helpers and the warp / block
-// reductions the row kernels share.
+// Internal to the CUDA backend's .cu files: the cuBLAS check, launch helpers, the storage-type
+// loads and stores, and the warp / block reductions the row kernels share.
 #pragma once
 
 #include <cublasLt.h>
@@ -10,7 +10,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/common/dtype.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/ops.h"
 
 namespace headroom::cuda {
 
@@ -36,6 +38,68 @@ namespace headroom::cuda {
 namespace headroom::cuda {
 
 constexpr int kWarpSize = 32;
+
+// --- storage types -----------------------------------------------------------------------------
+// Loads widen to float exactly; stores round to nearest even through kernels/common/dtype.h, the
+// functions the CPU backend uses, so both backends round every stored value identically.
+HR_HD inline float to_float(float x) {
+  return x;
+}
+HR_HD inline float to_float(bf16 x) {
+  return bf16_to_float(x.bits);
+}
+HR_HD inline float to_float(f16 x) {
+  return f16_to_float(x.bits);
+}
+
+template <class T>
+HR_HD inline T from_float(float f);
+template <>
+HR_HD inline float from_float<float>(float f) {
+  return f;
+}
+template <>
+HR_HD inline bf16 from_float<bf16>(float f) {
+  return bf16{float_to_bf16(f)};
+}
+template <>
+HR_HD inline f16 from_float<f16>(float f) {
+  return f16{float_to_f16(f)};
+}
+
+// True for NaN and +-infinity, from the bits (an all-ones exponent), so no compiler flag can fold
+// it away.
+HR_HD inline bool is_nonfinite(float x) {
+  return (float_bits(x) & 0x7F800000u) == 0x7F800000u;
+}
+HR_HD inline bool is_nonfinite(bf16 x) {
+  return (x.bits & 0x7F80u) == 0x7F80u;
+}
+HR_HD inline bool is_nonfinite(f16 x) {
+  return (x.bits & 0x7C00u) == 0x7C00u;
+}
+
+// The cuBLAS data type of a storage type.
+template <class T>
+struct CublasType;
+template <>
+struct CublasType<float> {
+  static constexpr cudaDataType_t value = CUDA_R_32F;
+};
+template <>
+struct CublasType<bf16> {
+  static constexpr cudaDataType_t value = CUDA_R_16BF;
+};
+template <>
+struct CublasType<f16> {
+  static constexpr cudaDataType_t value = CUDA_R_16F;
+};
+
+// Explicit instantiation of a launcher template for the three storage types.
+#define HR_INSTANTIATE_FLOAT_TYPES(MACRO) \
+  MACRO(float)                            \
+  MACRO(bf16)                             \
+  MACRO(f16)
 
 inline size_t ceil_div(size_t a, size_t b) {
   return (a + b - 1) / b;

@@ -7,32 +7,44 @@
 namespace headroom::cuda {
 
 // out (N) = gelu(inp (N))
-__global__ void gelu_forward_kernel(float* out, const float* inp, size_t N) {
+template <class T>
+__global__ void gelu_forward_kernel(T* out, const T* inp, size_t N) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < N;
        i += size_t(gridDim.x) * blockDim.x) {
-    out[i] = gelu_tanh(inp[i]);
+    out[i] = from_float<T>(gelu_tanh(to_float(inp[i])));
   }
 }
 
-void gelu_forward(float* out, const float* inp, size_t N, cudaStream_t stream) {
+template <class T>
+void gelu_forward(T* out, const T* inp, size_t N, cudaStream_t stream) {
+  if (N == 0) return;
   const int block = 256;
   gelu_forward_kernel<<<grid_for(N, block), block, 0, stream>>>(out, inp, N);
   CUDA_CHECK_LAUNCH();
 }
 
 // dinp (N) += gelu'(inp) * dout
-__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t N) {
+template <class T>
+__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, size_t N) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < N;
        i += size_t(gridDim.x) * blockDim.x) {
-    dinp[i] += gelu_tanh_grad(inp[i]) * dout[i];
+    dinp[i] =
+        from_float<T>(to_float(dinp[i]) + gelu_tanh_grad(to_float(inp[i])) * to_float(dout[i]));
   }
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N,
-                   cudaStream_t stream) {
+template <class T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N, cudaStream_t stream) {
+  if (N == 0) return;
   const int block = 256;
   gelu_backward_kernel<<<grid_for(N, block), block, 0, stream>>>(dinp, inp, dout, N);
   CUDA_CHECK_LAUNCH();
 }
+
+#define HR_INSTANTIATE(T)                                            \
+  template void gelu_forward<T>(T*, const T*, size_t, cudaStream_t); \
+  template void gelu_backward<T>(T*, const T*, const T*, size_t, cudaStream_t);
+HR_INSTANTIATE_FLOAT_TYPES(HR_INSTANTIATE)
+#undef HR_INSTANTIATE
 
 }  // namespace headroom::cuda

@@ -1,13 +1,18 @@
-// The CUDA backend's ops: float (fp32) launchers mirroring the CPU kernels in kernels/cpu/*.h, one
-// topic per source file (kernels/cuda/<topic>.cu). A plain C++ header: includers need no CUDA types
-// beyond cudaStream_t.
+// The CUDA backend's ops: launchers mirroring the CPU kernels in kernels/cpu/*.h, one topic per
+// source file (kernels/cuda/<topic>.cu). A plain C++ header: includers need no CUDA types beyond
+// cudaStream_t.
 //
-// Conventions, the same as the CPU kernels:
+// Conventions, the same as the CPU kernels and core/backend.h:
 //   - every pointer is a device pointer; shapes are given in the comments, row-major;
-//   - backward ACCUMULATES (+=) into its gradient outputs;
+//   - the storage type T of the float tensors is float, bf16 or f16 (each launcher template is
+//     instantiated for those three in its .cu file). The math is fp32 whatever T is: loads widen
+//     to float, stores round to T to nearest even with kernels/common/dtype.h's functions, the
+//     ones the CPU backend rounds with. Statistics (LayerNorm mean/rstd, losses) are float always;
+//   - backward ACCUMULATES (+=) into its gradient outputs, rounding once per element per call;
 //   - every launcher enqueues its work on `stream` and returns without synchronizing;
 //   - every CUDA/cuBLAS call is checked: a failure throws std::runtime_error with file:line.
-// GEMMs run in true fp32 (CUBLAS_COMPUTE_32F, never TF32), so they match the CPU backend to ~1e-6.
+// GEMMs run in true fp32 accumulation (CUBLAS_COMPUTE_32F, never TF32): f32 GEMMs match the CPU
+// backend to ~1e-6, and bf16/f16 GEMMs take 16-bit A/B/C with fp32 sums.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -21,6 +26,18 @@ struct cublasContext;
 struct cublasLtContext;
 
 namespace headroom::cuda {
+
+// The 16-bit storage types: the bits of a bfloat16 / IEEE half, converted with
+// kernels/common/dtype.h. Two bytes, two-byte aligned: the layout cuBLAS's CUDA_R_16BF and
+// CUDA_R_16F expect.
+struct bf16 {
+  uint16_t bits;
+};
+struct f16 {
+  uint16_t bits;
+};
+static_assert(sizeof(bf16) == 2 && alignof(bf16) == 2, "bf16 is two bytes");
+static_assert(sizeof(f16) == 2 && alignof(f16) == 2, "f16 is two bytes");
 
 // The per-device state the GEMM ops need, created once and reused: the cuBLASLt handle (matmul),
 // the cuBLAS handle (attention's strided-batched GEMMs) and the cuBLASLt workspace.
@@ -42,69 +59,113 @@ struct CudaContext {
 
 // --- embedding.cu ------------------------------------------------------------------------------
 // out (B,T,C) = wte[tokens[b,t]] + wpe[t];  tokens (B,T), wte (V,C), wpe (maxT,C) with maxT >= T.
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
-                       int T, int C, cudaStream_t stream);
+template <class T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int Tn,
+                       int C, cudaStream_t stream);
 // dwte (V,C) += scatter of dout rows by token; dwpe (maxT,C) += dout summed over the batch.
-// Deterministic: each column is summed in (b,t) order, as on the CPU. dwte or dwpe may be null.
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
-                        int T, int C, cudaStream_t stream);
+// Deterministic, no atomics: each touched element of dwte and dwpe is summed in (b,t) order in
+// fp32 starting from its old value and stored once — for float the CPU's additions, bitwise.
+// dwte or dwpe may be null.
+template <class T>
+void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int B, int Tn,
+                        int C, cudaStream_t stream);
 
 // --- layernorm.cu ------------------------------------------------------------------------------
 // out (N,C) = (inp - mean) * rstd * weight (C) + bias (C), eps = 1e-5, biased variance.
-// mean, rstd (N) are saved for backward (either may be null).
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C, cudaStream_t stream);
+// mean, rstd (N) are saved for backward (either may be null); always float.
+template <class T>
+void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
+                       const T* bias, int N, int C, cudaStream_t stream);
 // dbias (C) += sum_n dout,  dweight (C) += sum_n dout * norm,
 // dinp (N,C) += rstd * (dnorm - mean_i(dnorm) - norm * mean_i(dnorm * norm)), dnorm = dout *
-// weight.
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int N, int C, cudaStream_t stream);
+// weight. Any of dinp, dweight, dbias may be null (skipped).
+template <class T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                        const float* mean, const float* rstd, int N, int C, cudaStream_t stream);
 
 // --- matmul.cu (cuBLASLt) ----------------------------------------------------------------------
 // out (N,OC) = inp (N,C) · weight (OC,C)^T + bias (OC); bias may be null. The bias is the GEMM's
-// epilogue (CUBLASLT_EPILOGUE_BIAS), not a second pass.
-void matmul_forward(CudaContext& ctx, float* out, const float* inp, const float* weight,
-                    const float* bias, int N, int C, int OC, cudaStream_t stream);
+// epilogue (CUBLASLT_EPILOGUE_BIAS) where cuBLASLt has an algorithm for it, else it is written
+// first and the GEMM accumulates onto it (the CPU's way).
+template <class T>
+void matmul_forward(CudaContext& ctx, T* out, const T* inp, const T* weight, const T* bias, int N,
+                    int C, int OC, cudaStream_t stream);
 // dinp (N,C) += dout (N,OC) · weight (OC,C);  dweight (OC,C) += dout^T · inp (N,C);
 // dbias (OC) += column sums of dout. dinp and dbias may be null.
-void matmul_backward(CudaContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int C, int OC,
-                     cudaStream_t stream);
+template <class T>
+void matmul_backward(CudaContext& ctx, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                     const T* weight, int N, int C, int OC, cudaStream_t stream);
 
 // --- attention.cu (cuBLAS strided-batched GEMMs over the heads + causal softmax kernels) -------
 // qkv (B,T,3C) laid out [q | k | v]; head h uses columns h*hs..(h+1)*hs, hs = C/NH.
 // att (B,NH,T,T): softmax probabilities saved for backward (exact zeros above the diagonal).
-// out (B,T,C): the heads side by side.
-void attention_forward(CudaContext& ctx, float* out, float* att, const float* qkv, int B, int T,
-                       int C, int NH, cudaStream_t stream);
+// out (B,T,C): the heads side by side. For 16-bit T the pre-softmax scores pass through att in T.
+template <class T>
+void attention_forward(CudaContext& ctx, T* out, T* att, const T* qkv, int B, int Tn, int C, int NH,
+                       cudaStream_t stream);
+// Elements of T the backward's scratch needs: one batch row's heads at a time, (NH,T,T).
+inline uint64_t attention_scratch_numel(int B, int Tn, int NH) {
+  (void)B;
+  return uint64_t(NH) * uint64_t(Tn) * uint64_t(Tn);
+}
 // dqkv (B,T,3C) += gradient w.r.t. qkv, given dout (B,T,C) and the forward's qkv and att.
-// scratch: workspace of NH*T*T floats (one batch row's heads at a time; the CPU kernel needs only
-// T*T), contents undefined on entry and exit.
-void attention_backward(CudaContext& ctx, float* dqkv, float* scratch, const float* dout,
-                        const float* qkv, const float* att, int B, int T, int C, int NH,
-                        cudaStream_t stream);
+// scratch: attention_scratch_numel(B,T,NH) elements, contents undefined on entry and exit.
+template <class T>
+void attention_backward(CudaContext& ctx, T* dqkv, T* scratch, const T* dout, const T* qkv,
+                        const T* att, int B, int Tn, int C, int NH, cudaStream_t stream);
 
 // --- gelu.cu -----------------------------------------------------------------------------------
 // out (N) = gelu(inp (N)), GPT-2's tanh approximation (kernels/common/elementwise.h).
-void gelu_forward(float* out, const float* inp, size_t N, cudaStream_t stream);
+template <class T>
+void gelu_forward(T* out, const T* inp, size_t N, cudaStream_t stream);
 // dinp (N) += gelu'(inp) * dout
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N, cudaStream_t stream);
+template <class T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N, cudaStream_t stream);
 
 // --- residual.cu -------------------------------------------------------------------------------
 // out (N) = a (N) + b (N)
-void residual_forward(float* out, const float* a, const float* b, size_t N, cudaStream_t stream);
+template <class T>
+void residual_forward(T* out, const T* a, const T* b, size_t N, cudaStream_t stream);
 // dst (N) += src (N)
-void add_inplace(float* dst, const float* src, size_t N, cudaStream_t stream);
+template <class T>
+void add_inplace(T* dst, const T* src, size_t N, cudaStream_t stream);
 
 // --- crossentropy.cu ---------------------------------------------------------------------------
 // logits (N,V), targets (N) in [0,V) or < 0 to ignore a row.
-// losses (N) = -log softmax(logits)[target] (0 for ignored rows); logits overwritten with
-// dloss * (softmax - onehot(target)) (zeros for ignored rows).
-void crossentropy_forward_backward(float* logits, float* losses, const int32_t* targets, int N,
-                                   int V, float dloss, cudaStream_t stream);
+// losses (N, float) = -log softmax(logits)[target] (0 for ignored rows); logits overwritten with
+// dloss * (softmax - onehot(target)) (zeros for ignored rows), each element rounded once.
+template <class T>
+void crossentropy_forward_backward(T* logits, float* losses, const int32_t* targets, int N, int V,
+                                   float dloss, cudaStream_t stream);
 
-// --- optimizer.cu ------------------------------------------------------------------------------
+// --- elementwise.cu: fill, cast, scale, axpy, and the reductions that answer the host ----------
+// x (n) = value, rounded once to T (float(value) first, as the CPU backend stores it).
+template <class T>
+void fill(T* x, size_t n, double value, cudaStream_t stream);
+// dst (n) = src (n), widened exactly / narrowed to nearest even; Dst == Src is a device copy.
+template <class Dst, class Src>
+void cast(Dst* dst, const Src* src, size_t n, cudaStream_t stream);
+// x (n) *= s: in fp32 for float (x * float(s), as the CPU), in double for bf16 / f16 (as the CPU
+// backend does, so both round the same product).
+template <class T>
+void scale(T* x, size_t n, double s, cudaStream_t stream);
+// y (n) += a * x (n): fp32 for float (float(a) * x, then the add, no fused multiply-add: the CPU's
+// operations), double for bf16 / f16 (as the CPU backend).
+template <class T>
+void axpy(T* y, const T* x, size_t n, double a, cudaStream_t stream);
+
+// Number of doubles sum_squares needs as scratch.
+constexpr int kSumSquaresBlocks = 512;
+// out[0] (device) = sum of x[i]^2, accumulated in double; deterministic (fixed grid, fixed order
+// of the partial sums). scratch: kSumSquaresBlocks doubles. x may be empty (out[0] = 0).
+template <class T>
+void sum_squares(double* out, double* scratch, const T* x, size_t n, cudaStream_t stream);
+// flag[0] (device) = 1 if any x[i] is NaN or infinite, else 0 (tested on the bits: immune to
+// fast-math). x may be empty.
+template <class T>
+void any_nonfinite(int* flag, const T* x, size_t n, cudaStream_t stream);
+
+// --- optimizer.cu (float parameters, gradients and state) --------------------------------------
 // AdamW, torch.optim.AdamW semantics, t the 1-based step (bias corrections computed on the host in
 // double, as on the CPU); m, v (n) zero-initialized before step 1.
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
@@ -115,11 +176,5 @@ void sgd_update(float* param, const float* grad, float* momentum_buf, size_t n, 
                 float momentum, float weight_decay, cudaStream_t stream);
 // x (n) *= s
 void scale_inplace(float* x, size_t n, float s, cudaStream_t stream);
-
-// Number of doubles sum_squares needs as scratch.
-constexpr int kSumSquaresBlocks = 512;
-// out[0] (device) = sum of x[i]^2, accumulated in double; deterministic (fixed grid, fixed order
-// of the partial sums). scratch: kSumSquaresBlocks doubles. x may be empty (out[0] = 0).
-void sum_squares(double* out, double* scratch, const float* x, size_t n, cudaStream_t stream);
 
 }  // namespace headroom::cuda

@@ -1,5 +1,6 @@
-// Optimizer updates and the reductions around them (gradient norm for clipping, scaling). The
-// per-element update math is kernels/common/elementwise.h, shared with the CPU backend.
+// Optimizer updates on float parameters, gradients and state. The per-element update math is
+// kernels/common/elementwise.h, shared with the CPU backend. (The gradient-norm reduction and the
+// dtype-generic scale live in elementwise.cu.)
 #include <cmath>
 
 #include "kernels/common/elementwise.h"
@@ -65,49 +66,9 @@ void sgd_update(float* param, const float* grad, float* momentum_buf, size_t n, 
   CUDA_CHECK_LAUNCH();
 }
 
-// x (n) *= s
-__global__ void scale_kernel(float* x, size_t n, float s) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    x[i] *= s;
-  }
-}
-
+// x (n) *= s: the float case of the dtype-generic scale (elementwise.cu).
 void scale_inplace(float* x, size_t n, float s, cudaStream_t stream) {
-  const int block = 256;
-  scale_kernel<<<grid_for(n, block), block, 0, stream>>>(x, n, s);
-  CUDA_CHECK_LAUNCH();
-}
-
-constexpr int kSumSquaresThreads = 512;
-
-// Stage 1: kSumSquaresBlocks blocks, each a grid-stride sum of squares in double -> partials.
-__global__ void sum_squares_partial_kernel(double* partials, const float* x, size_t n) {
-  double acc = 0.0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const double xi = x[i];
-    acc += xi * xi;
-  }
-  acc = block_sum(acc);
-  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
-}
-
-// Stage 2: one block adds the partials in a fixed order.
-__global__ void sum_squares_final_kernel(double* out, const double* partials, int count) {
-  double acc = 0.0;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) {
-    acc += partials[i];
-  }
-  acc = block_sum(acc);
-  if (threadIdx.x == 0) out[0] = acc;
-}
-
-void sum_squares(double* out, double* scratch, const float* x, size_t n, cudaStream_t stream) {
-  sum_squares_partial_kernel<<<kSumSquaresBlocks, kSumSquaresThreads, 0, stream>>>(scratch, x, n);
-  CUDA_CHECK_LAUNCH();
-  sum_squares_final_kernel<<<1, kSumSquaresThreads, 0, stream>>>(out, scratch, kSumSquaresBlocks);
-  CUDA_CHECK_LAUNCH();
+  scale<float>(x, n, static_cast<double>(s), stream);
 }
 
 }  // namespace headroom::cuda
