@@ -178,7 +178,7 @@ void record(const std::string& path, const ModelConfig& m, int B, int grad_accum
     if (in_backward) continue;
     phases.micro_step = 0;
     phases.set(Phase::Kind::kOptimizer);
-    clip_grad_norm(params, 1.0);
+    clip_grad_norm(device->backend(), params, 1.0);
     optimizer->step(params, learning_rate(tc, step - 1), step);
   }
   phases.set(Phase::Kind::kDone);

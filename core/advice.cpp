@@ -39,7 +39,7 @@ PeakEstimate estimate_peak(const Config& config, int micro_batch) {
 
   // What the layers save in forward (model.cpp): the embedding's output, each block's tensors,
   // the head's ln_f, its statistics, the logits and the per-token losses.
-  const uint64_t block = gpt_block_activation_bytes(m, micro_batch, m.seq_len, kF32);
+  const uint64_t block = gpt_block_activation_bytes(m, micro_batch, m.seq_len, Dtype::kF32);
   const uint64_t head = kF32 * (N * C + 2 * N + N * V + N);
   const uint64_t all = kF32 * N * C + L * block + head;
   // Backward holds two (B, T, C) gradient buffers throughout, and each layer its own scratch:
@@ -87,7 +87,7 @@ std::vector<Remedy> suggest_remedies(const Config& config, uint64_t limit, uint6
     const ModelConfig& m = config.model;
     const uint64_t N = uint64_t(B) * m.seq_len, C = uint64_t(m.n_embd), L = uint64_t(m.n_layer);
     const uint64_t T = uint64_t(m.seq_len);
-    const uint64_t full = gpt_block_activation_bytes(m, B, m.seq_len, kF32);
+    const uint64_t full = gpt_block_activation_bytes(m, B, m.seq_len, Dtype::kF32);
     const uint64_t out = kF32 * N * C, head = kF32 * (N * C + 2 * N + N * m.vocab_size + N);
     const uint64_t dres = 2 * kF32 * N * C, head_ws = dres + kF32 * N * C;
     const uint64_t block_ws = dres + kF32 * (8 * N * C + 2 * N * C + T * T);

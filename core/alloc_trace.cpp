@@ -290,6 +290,9 @@ class ReplayRun final : public PluginRun {
   Gpt<float>* built_model() override { return nullptr; }
   void veto_step(const std::string&, const std::string&) override {}
   void request_retry(const std::string&, const std::string&) override {}
+  // A replay has no model: a plugin's precision choices (amp) change nothing in it.
+  void set_compute_dtype(const std::string&, Dtype) override {}
+  void set_loss_scale(const std::string&, double) override {}
 
  private:
   Device& device_;

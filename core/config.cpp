@@ -487,12 +487,15 @@ class Validator {
     std::string kind;
     if (get_string(t, s, "kind", kind)) {
       const std::string w = where(s, "kind", *t.get("kind"));
-      if (kind == "cuda") {
-        throw ConfigError(w + ": device.kind = \"cuda\": this build has no CUDA backend yet; " +
-                          "valid kinds: \"cpu\"");
+      if (kind != "cpu" && kind != "cuda") {
+        throw ConfigError(w + ": device.kind must be \"cpu\" or \"cuda\", got \"" + kind + "\"");
       }
-      if (kind != "cpu") {
-        throw ConfigError(w + ": device.kind must be one of \"cpu\", got \"" + kind + "\"");
+      const toml::node* n = t.get("kind");
+      const auto ov = overrides_.find(s + ".kind");
+      c.kind_pos.file = ov != overrides_.end() ? "--set " + ov->second : file_;
+      if (ov == overrides_.end()) {
+        c.kind_pos.line = static_cast<int>(n->source().begin.line);
+        c.kind_pos.column = static_cast<int>(n->source().begin.column);
       }
       c.kind = kind;
     }

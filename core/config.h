@@ -79,7 +79,8 @@ struct SnapshotConfig {
 };
 
 struct DeviceConfig {
-  std::string kind = "cpu";  // "cpu" (the CUDA issue adds "cuda")
+  std::string kind = "cpu";  // "cpu" or "cuda"
+  SourcePos kind_pos;        // where kind was set, for the device's own errors (no CUDA device)
   int index = 0;
   uint64_t memory_limit = 0;  // bytes; 0 = no limit
 };

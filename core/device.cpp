@@ -156,6 +156,7 @@ class CpuDevice final : public Device {
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
   }
   std::string kind() const override { return "cpu"; }
+  Backend& backend() override { return *backend_; }
 
   void* backend_allocate(uint64_t bytes) override {
     if (arena_) return arena_->allocate(bytes);
@@ -208,6 +209,7 @@ class CpuDevice final : public Device {
 
  private:
   std::unique_ptr<Arena> arena_;
+  std::unique_ptr<Backend> backend_ = make_cpu_backend();
 };
 
 }  // namespace
@@ -219,8 +221,22 @@ std::unique_ptr<Device> Device::create(const DeviceConfig& config) {
                         ": the cpu device has only index 0");
     return std::make_unique<CpuDevice>(config.memory_limit);
   }
-  throw ConfigError("device.kind = \"" + config.kind +
-                    "\": this build has no such backend; valid: \"cpu\"");
+  if (config.kind == "cuda") {
+    // The message names where kind was set: the config is right, the machine or build is not.
+    const std::string at = config.kind_pos.file.empty() ? "" : config.kind_pos.str() + ": ";
+#if defined(HEADROOM_HAVE_CUDA)
+    try {
+      return make_cuda_device(config);
+    } catch (const ConfigError& e) {
+      throw ConfigError(at + e.what());
+    }
+#else
+    throw ConfigError(at +
+                      "device.kind = \"cuda\": this build of headroom has no CUDA backend (it was "
+                      "built without nvcc, or with -DHEADROOM_CUDA=OFF); valid here: \"cpu\"");
+#endif
+  }
+  throw ConfigError("device.kind = \"" + config.kind + "\": valid kinds are \"cpu\" and \"cuda\"");
 }
 
 }  // namespace headroom

@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/backend.h"
 #include "core/config.h"
 #include "core/memory.h"
 
@@ -89,6 +90,8 @@ class Device {
 
   virtual std::string kind() const = 0;
   uint64_t memory_limit() const { return limit_; }
+  // The op table that computes on this device's memory.
+  virtual Backend& backend() = 0;
 
   // Every device buffer comes from here. Past the memory limit (or when the backend has no memory
   // left) it notifies the observers and throws OutOfMemory; nothing is allocated then.
@@ -154,6 +157,12 @@ class Device {
   std::unordered_map<const void*, Block> blocks_;
   std::vector<AllocationObserver*> observers_;
 };
+
+#if defined(HEADROOM_HAVE_CUDA)
+// The CUDA device (core/cuda_device.cpp): [device] kind = "cuda". Throws ConfigError when no
+// CUDA device with that index is present.
+std::unique_ptr<Device> make_cuda_device(const DeviceConfig& config);
+#endif
 
 // A device buffer that frees itself. Move-only.
 class Buffer {

@@ -1,9 +1,6 @@
 #include "core/optim.h"
 
 #include <cmath>
-#include <cstring>
-
-#include "kernels/cpu/optimizer.h"
 
 namespace headroom {
 
@@ -17,7 +14,7 @@ std::vector<Buffer> make_state(Device& device, const std::vector<Param<float>*>&
   for (const Param<float>* p : params) {
     state.emplace_back(device, p->numel * sizeof(float), Category::kOptimizer,
                        p->name + " " + what);
-    std::memset(state.back().as<float>(), 0, p->numel * sizeof(float));
+    device.backend().fill(Dtype::kF32, state.back().as<float>(), p->numel, 0.0);
   }
   return state;
 }
@@ -29,10 +26,10 @@ class AdamW final : public Optimizer {
     allocate(params);
     for (size_t i = 0; i < params.size(); ++i) {
       Param<float>& p = *params[i];
-      cpu::adamw_update(p.data(), p.gdata(), m_[i].as<float>(), v_[i].as<float>(), p.numel,
-                        static_cast<float>(lr), static_cast<float>(t_.beta1),
-                        static_cast<float>(t_.beta2), static_cast<float>(t_.eps),
-                        p.decay ? static_cast<float>(t_.weight_decay) : 0.0f, step);
+      device_.backend().adamw_update(p.data(), p.gdata(), m_[i].as<float>(), v_[i].as<float>(),
+                                     p.numel, static_cast<float>(lr), static_cast<float>(t_.beta1),
+                                     static_cast<float>(t_.beta2), static_cast<float>(t_.eps),
+                                     p.decay ? static_cast<float>(t_.weight_decay) : 0.0f, step);
     }
   }
 
@@ -65,9 +62,10 @@ class Sgd final : public Optimizer {
     allocate(params);
     for (size_t i = 0; i < params.size(); ++i) {
       Param<float>& p = *params[i];
-      cpu::sgd_update(p.data(), p.gdata(), buf_.empty() ? nullptr : buf_[i].as<float>(), p.numel,
-                      static_cast<float>(lr), static_cast<float>(t_.momentum),
-                      p.decay ? static_cast<float>(t_.weight_decay) : 0.0f);
+      device_.backend().sgd_update(p.data(), p.gdata(),
+                                   buf_.empty() ? nullptr : buf_[i].as<float>(), p.numel,
+                                   static_cast<float>(lr), static_cast<float>(t_.momentum),
+                                   p.decay ? static_cast<float>(t_.weight_decay) : 0.0f);
     }
   }
 
@@ -108,19 +106,20 @@ double learning_rate(const TrainConfig& t, int64_t step) {
   return t.min_lr + decay * (t.lr - t.min_lr);
 }
 
-double global_grad_norm(const std::vector<Param<float>*>& params) {
+double global_grad_norm(Backend& ops, const std::vector<Param<float>*>& params) {
   double sum = 0.0;
   for (const Param<float>* p : params)
-    sum += cpu::sum_squares(p->gdata(), p->numel);
+    sum += ops.sum_squares(Dtype::kF32, p->gdata(), p->numel);
   return std::sqrt(sum);
 }
 
-double clip_grad_norm(const std::vector<Param<float>*>& params, double max_norm) {
-  const double norm = global_grad_norm(params);
+double clip_grad_norm(Backend& ops, const std::vector<Param<float>*>& params, double max_norm) {
+  const double norm = global_grad_norm(ops, params);
   if (max_norm > 0 && norm > max_norm) {
+    // Rounded to float first, as the factor always was: the same update on every backend.
     const float factor = static_cast<float>(max_norm / (norm + 1e-6));
     for (Param<float>* p : params)
-      cpu::scale_inplace(p->gdata(), p->numel, factor);
+      ops.scale(Dtype::kF32, p->gdata(), p->numel, factor);
   }
   return norm;
 }

@@ -37,9 +37,9 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& train, Device& devi
 double learning_rate(const TrainConfig& train, int64_t step);
 
 // sqrt of the sum of squares of every gradient.
-double global_grad_norm(const std::vector<Param<float>*>& params);
+double global_grad_norm(Backend& ops, const std::vector<Param<float>*>& params);
 // Scales the gradients so their global norm is at most max_norm (torch.nn.utils.clip_grad_norm_:
 // factor max_norm / (norm + 1e-6) when norm > max_norm). Returns the norm before clipping.
-double clip_grad_norm(const std::vector<Param<float>*>& params, double max_norm);
+double clip_grad_norm(Backend& ops, const std::vector<Param<float>*>& params, double max_norm);
 
 }  // namespace headroom

@@ -14,7 +14,7 @@
 #include <set>
 #include <sstream>
 
-#include "core/ops.h"
+#include "core/backend.h"
 #include "headroom/plugin.h"
 
 // The opaque handle a plugin passes back to every service: which plugin is calling.
@@ -522,7 +522,9 @@ struct HostServices {
       return HR_ERROR_INVALID;
     }
     const SavedActivation& a = l->saved()[i];
-    write_sized(out, f32_view(a.what, {int64_t(a.numel)}, a.numel, a.buffer.as<void>()));
+    hr_tensor t = f32_view(a.what, {int64_t(a.numel)}, a.numel, a.buffer.as<void>());
+    t.dtype = static_cast<uint32_t>(a.dtype);  // the compute dtype, or the statistics'
+    write_sized(out, t);
     return HR_OK;
   }
 
@@ -541,38 +543,38 @@ struct HostServices {
     }
   }
   static hr_status op_fill(hr_host* h, void* x, uint32_t dtype, uint64_t n, double value) {
-    return guarded(h, [&] { ops::fill(run(h).device(), x, Dtype(dtype), n, value); });
+    return guarded(h, [&] { run(h).device().backend().fill(Dtype(dtype), x, n, value); });
   }
   static hr_status op_copy(hr_host* h, void* dst, const void* src, uint64_t bytes) {
-    return guarded(h, [&] { ops::copy(run(h).device(), dst, src, bytes); });
+    return guarded(h, [&] { run(h).device().backend().copy(dst, src, bytes); });
   }
   static hr_status op_cast(hr_host* h, void* dst, uint32_t dd, const void* src, uint32_t sd,
                            uint64_t n) {
-    return guarded(h, [&] { ops::cast(run(h).device(), dst, Dtype(dd), src, Dtype(sd), n); });
+    return guarded(h, [&] { run(h).device().backend().cast(dst, Dtype(dd), src, Dtype(sd), n); });
   }
   static hr_status op_scale(hr_host* h, void* x, uint32_t dtype, uint64_t n, double s) {
-    return guarded(h, [&] { ops::scale(run(h).device(), x, Dtype(dtype), n, s); });
+    return guarded(h, [&] { run(h).device().backend().scale(Dtype(dtype), x, n, s); });
   }
   static hr_status op_axpy(hr_host* h, void* y, const void* x, uint32_t dtype, uint64_t n,
                            double a) {
-    return guarded(h, [&] { ops::axpy(run(h).device(), y, x, Dtype(dtype), n, a); });
+    return guarded(h, [&] { run(h).device().backend().axpy(Dtype(dtype), y, x, n, a); });
   }
   static hr_status op_sum_squares(hr_host* h, const void* x, uint32_t dtype, uint64_t n,
                                   double* out) {
     if (!out) return HR_ERROR_INVALID;
-    return guarded(h, [&] { *out = ops::sum_squares(run(h).device(), x, Dtype(dtype), n); });
+    return guarded(h, [&] { *out = run(h).device().backend().sum_squares(Dtype(dtype), x, n); });
   }
   static hr_status op_nonfinite(hr_host* h, const void* x, uint32_t dtype, uint64_t n,
                                 int32_t* out) {
     if (!out) return HR_ERROR_INVALID;
-    return guarded(h,
-                   [&] { *out = ops::any_nonfinite(run(h).device(), x, Dtype(dtype), n) ? 1 : 0; });
+    return guarded(
+        h, [&] { *out = run(h).device().backend().any_nonfinite(Dtype(dtype), x, n) ? 1 : 0; });
   }
 
   // --- device, ranks, step control ---
   static const char* device_kind(hr_host* h) { return h->owner->device_kind_.c_str(); }
   static int32_t device_index(hr_host*) { return 0; }
-  static void* stream(hr_host*) { return nullptr; }
+  static void* stream(hr_host* h) { return run(h).device().backend().native_stream(); }
   static int32_t rank(hr_host*) { return 0; }
   static int32_t world_size(hr_host*) { return 1; }
   static void veto_step(hr_host* h, const char* reason) {
@@ -608,6 +610,30 @@ struct HostServices {
     if (!addr || !vm_aligned(h, addr, bytes)) return HR_ERROR_INVALID;
     run(h).device().vm_release(addr, bytes);
     return HR_OK;
+  }
+
+  // --- precision (ABI 1.4) ---
+  static hr_status set_compute_dtype(hr_host* h, uint32_t dtype) {
+    LoadedPlugin& p = plugin(h);
+    try {
+      if (dtype > HR_DTYPE_I32)
+        throw std::invalid_argument("unknown dtype " + std::to_string(dtype));
+      run(h).set_compute_dtype(p.entry.name, Dtype(dtype));
+      return HR_OK;
+    } catch (const std::exception& e) {
+      p.error = std::string("set_compute_dtype: ") + e.what();
+      return HR_ERROR_INVALID;
+    }
+  }
+  static hr_status set_loss_scale(hr_host* h, double scale) {
+    LoadedPlugin& p = plugin(h);
+    try {
+      run(h).set_loss_scale(p.entry.name, scale);
+      return HR_OK;
+    } catch (const std::exception& e) {
+      p.error = std::string("set_loss_scale: ") + e.what();
+      return HR_ERROR_INVALID;
+    }
   }
 
   // --- activation recomputation (ABI 1.3) ---
@@ -690,6 +716,8 @@ struct HostServices {
     s.vm_unmap = vm_unmap;
     s.vm_release = vm_release;
     s.drop_activations = drop_activations;
+    s.set_compute_dtype = set_compute_dtype;
+    s.set_loss_scale = set_loss_scale;
     return s;
   }
 };

@@ -34,6 +34,13 @@ class PluginRun {
   virtual Gpt<float>* built_model() = 0;  // nullptr until the model is built
   virtual void veto_step(const std::string& plugin, const std::string& reason) = 0;
   virtual void request_retry(const std::string& plugin, const std::string& reason) = 0;
+  // The dtype the model computes in; only before the model is built (std::logic_error after, or
+  // when another plugin chose another; std::invalid_argument for a dtype that is not f32, bf16 or
+  // f16).
+  virtual void set_compute_dtype(const std::string& plugin, Dtype dtype) = 0;
+  // The factor the loss gradient is multiplied by from the next step on (std::invalid_argument
+  // unless finite and > 0).
+  virtual void set_loss_scale(const std::string& plugin, double scale) = 0;
 };
 
 // What `headroom plugins` shows of one library file.

@@ -364,10 +364,11 @@ void save_safetensors(const std::string& path, const Gpt<float>& model) {
     if (fd.get() < 0) throw ConfigError(tmp + ": cannot create: " + errno_str());
     write_all(fd.get(), prefix, 8, tmp);
     write_all(fd.get(), text.data(), text.size(), tmp);
-    std::vector<float> t;
+    std::vector<float> t, host;
     for (const Param<float>* p : params) {
-      // Parameters live in host memory on the CPU backend.
-      const float* src = p->data();
+      host.resize(p->numel);
+      model.device().backend().download(host.data(), p->data(), 4 * p->numel);
+      const float* src = host.data();
       if (is_conv1d_weight(p->name)) {
         const uint64_t rows = uint64_t(p->shape[0]), cols = uint64_t(p->shape[1]);
         t.resize(p->numel);
@@ -489,11 +490,17 @@ void load_safetensors(const std::string& path, Gpt<float>& model) {
                         "embedding: an untied checkpoint cannot be loaded");
   }
 
-  // Parameters live in host memory on the CPU backend, so tensors decode straight into them.
+  // Decoded on the host, then uploaded; the compute copies (amp) follow the new masters.
+  Backend& ops = model.device().backend();
+  std::vector<float> host;
   for (const auto& [name, e] : found) {
     Param<float>& p = *params.at(name);
-    read_floats(*e, p.data(), is_conv1d_weight(name));
+    host.resize(p.numel);
+    read_floats(*e, host.data(), is_conv1d_weight(name));
+    ops.upload(p.data(), host.data(), 4 * p.numel);
+    ops.synchronize();
   }
+  model.sync_compute_params();
 }
 
 }  // namespace headroom

@@ -54,7 +54,9 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     metrics_ = std::move(f);
   }
   try {
-    model_ = std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed);
+    // In the compute dtype a plugin asked for while it was created (amp), else fp32.
+    model_ =
+        std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed, compute_dtype_);
   } catch (const OutOfMemory& e) {
     write_memory_timeline(&e.report());
     throw;
@@ -127,40 +129,56 @@ void Trainer::run_steps() {
   first_step_ = options_.resume_dir.empty() ? 1 : resume() + 1;
   fire(Event::kTrainBegin);
   set_phase(Phase::Kind::kData);
-  Buffer inputs(*device_, uint64_t(B) * T * sizeof(int32_t), Category::kData, "inputs (B, T)");
-  Buffer targets(*device_, uint64_t(B) * T * sizeof(int32_t), Category::kData, "targets (B, T)");
+  const uint64_t batch_bytes = uint64_t(B) * T * sizeof(int32_t);
+  Buffer inputs(*device_, batch_bytes, Category::kData, "inputs (B, T)");
+  Buffer targets(*device_, batch_bytes, Category::kData, "targets (B, T)");
+  // The loader fills host staging buffers (page-locked on CUDA), uploaded on the copy stream.
+  Backend& ops = device_->backend();
+  HostStaging staging(ops, 2 * batch_bytes);
+  int32_t* host_inputs = static_cast<int32_t*>(staging.get());
+  int32_t* host_targets = host_inputs + uint64_t(B) * T;
   Batch batch;
   batch.tokens = inputs.as<int32_t>();
   batch.targets = targets.as<int32_t>();
+  batch.host_targets = host_targets;
   batch.B = B;
   batch.T = T;
-  batch.dloss = 1.0 / double(tokens_per_step);  // the step's loss is the mean over all its tokens
   const std::vector<Param<float>*> params = model_->params();
 
   run_start_ms_ = now_ms();
   for (step_ = first_step_; step_ <= t.steps; ++step_) {
     const double t0 = now_ms();
+    StepRecord r;
     micro_step_ = 0;
     veto_ = false;
     fire(Event::kStepBegin);
     model_->zero_grad();
+    // The step's loss is the mean over all its tokens, times the loss scale a plugin (amp fp16)
+    // set for this step.
+    batch.dloss = loss_scale_ / double(tokens_per_step);
+    r.loss_scale = loss_scale_;
     double loss_sum = 0.0, data_wait_ms = 0.0;
     for (micro_step_ = 1; micro_step_ <= A; ++micro_step_) {
       set_phase(Phase::Kind::kData);
-      data_wait_ms += loader_->next(inputs.as<int32_t>(), targets.as<int32_t>());
+      ops.synchronize();  // the previous micro-step is done with the staging buffers
+      data_wait_ms += loader_->next(host_inputs, host_targets);
+      ops.upload(inputs.as<void>(), host_inputs, batch_bytes);
+      ops.upload(targets.as<void>(), host_targets, batch_bytes);
       loss_sum += micro_step(batch);
     }
     micro_step_ = 0;
     fire(Event::kGradsReady);
-    StepRecord r;
     r.step = step_;
     r.loss = loss_sum / A;
-    r.grad_norm = clip_grad_norm(params, t.grad_clip);
+    r.grad_norm = clip_grad_norm(ops, params, t.grad_clip);
     r.lr = learning_rate(t, step_ - 1);
     set_phase(Phase::Kind::kOptimizer);
     // A veto from any event up to and including OPTIMIZER_STEP skips the update.
     if (!veto_) fire(Event::kOptimizerStep);
-    if (!veto_) optimizer_->step(params, r.lr, step_);
+    if (!veto_) {
+      optimizer_->step(params, r.lr, step_);
+      model_->sync_compute_params();  // the compute copies (amp) follow the updated masters
+    }
     r.skipped = veto_;
     if (veto_) ++skipped_steps_;
     fire(Event::kStepEnd);
@@ -273,6 +291,29 @@ void Trainer::request_retry(const std::string&, const std::string&) {
   retry_requested_ = true;
 }
 
+void Trainer::set_compute_dtype(const std::string& plugin, Dtype dtype) {
+  if (model_)
+    throw std::logic_error(plugin +
+                           ": the compute dtype can only be chosen while the plugin is "
+                           "created, before the model is built");
+  if (dtype != Dtype::kF32 && dtype != Dtype::kBF16 && dtype != Dtype::kF16)
+    throw std::invalid_argument(plugin + ": compute dtype " + dtype_name(dtype) +
+                                " is not one of f32, bf16, f16");
+  if (compute_dtype_ != Dtype::kF32 && compute_dtype_ != dtype)
+    throw std::logic_error(plugin + ": the compute dtype is already " + dtype_name(compute_dtype_) +
+                           " (set by " + compute_dtype_by_ +
+                           "); two plugins cannot both choose it");
+  compute_dtype_ = dtype;
+  compute_dtype_by_ = plugin;
+}
+
+void Trainer::set_loss_scale(const std::string& plugin, double scale) {
+  if (!(scale > 0) || !std::isfinite(scale))
+    throw std::invalid_argument(plugin + ": loss scale " + std::to_string(scale) +
+                                " must be finite and > 0");
+  loss_scale_ = scale;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Snapshots
 
@@ -284,9 +325,10 @@ std::string model_signature(const ModelConfig& m) {
          " vocab_size=" + std::to_string(m.vocab_size);
 }
 
-std::vector<uint8_t> bytes_of(const float* data, uint64_t numel) {
-  const uint8_t* p = reinterpret_cast<const uint8_t*>(data);
-  return std::vector<uint8_t>(p, p + numel * sizeof(float));
+std::vector<uint8_t> bytes_of(Backend& ops, const float* data, uint64_t numel) {
+  std::vector<uint8_t> host(numel * sizeof(float));
+  ops.download(host.data(), data, host.size());
+  return host;
 }
 
 }  // namespace
@@ -300,9 +342,9 @@ void Trainer::write_snapshot() {
   d.optimizer = plugins_->provides_optimizer() ? "plugin" : config_.train.optimizer;
   const std::vector<Param<float>*> params = model_->params();
   for (const Param<float>* p : params)
-    d.tensors[p->name] = bytes_of(p->data(), p->numel);
+    d.tensors[p->name] = bytes_of(device_->backend(), p->data(), p->numel);
   for (const Optimizer::StateTensor& s : optimizer_->state(params))
-    d.tensors[s.name] = bytes_of(s.data, s.numel);
+    d.tensors[s.name] = bytes_of(device_->backend(), s.data, s.numel);
   d.plugins = plugins_->save_states();
   const std::string path = headroom::write_snapshot(config_.snapshot.dir, d, config_.snapshot.keep);
   // The weights beside it, for other tools; pruned with the snapshot.
@@ -343,8 +385,10 @@ int64_t Trainer::resume() {
     if (it->second.size() != dst.second * sizeof(float))
       throw refuse("has tensor '" + name + "' of " + std::to_string(it->second.size()) +
                    " bytes; expected " + std::to_string(dst.second * sizeof(float)));
-    std::memcpy(dst.first, it->second.data(), it->second.size());
+    device_->backend().upload(dst.first, it->second.data(), it->second.size());
   }
+  device_->backend().synchronize();  // `d` holds the bytes until here
+  model_->sync_compute_params();
   loader_->restore(d.data_state);
   plugins_->load_states(d.plugins);
   skipped_steps_ = d.skipped_steps;
@@ -369,6 +413,7 @@ void Trainer::log_step(const StepRecord& r) {
     j["skipped"] = r.skipped;
     if (r.skipped) j["skip_reason"] = veto_reason_;
     j["skipped_steps"] = skipped_steps_;
+    j["loss_scale"] = r.loss_scale;
     j["mem_live_bytes"] = mt.live_total();
     j["mem_peak_bytes"] = mt.peak_total();
     j["mem_num_allocs"] = mt.num_allocs();

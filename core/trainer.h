@@ -43,6 +43,7 @@ struct StepRecord {
   double tokens_per_s = 0.0;
   double data_wait_ms = 0.0;  // waiting for batches, summed over the step's micro-steps
   bool skipped = false;       // a plugin vetoed the optimizer step
+  double loss_scale = 1.0;    // the loss scale the step's backward ran with (amp fp16)
 };
 
 class Trainer final : private LayerEvents, private AllocationObserver, private PluginRun {
@@ -64,6 +65,7 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   const Config& config() const { return config_; }
   Device& device() override { return *device_; }
   Gpt<float>& model() { return *model_; }
+  double loss_scale() const { return loss_scale_; }
   const DataSource& data() const { return *data_; }
   const std::vector<StepRecord>& history() const { return history_; }
   int64_t skipped_steps() const { return skipped_steps_; }
@@ -99,6 +101,8 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   Gpt<float>* built_model() override { return model_.get(); }
   void veto_step(const std::string& plugin, const std::string& reason) override;
   void request_retry(const std::string& plugin, const std::string& reason) override;
+  void set_compute_dtype(const std::string& plugin, Dtype dtype) override;
+  void set_loss_scale(const std::string& plugin, double scale) override;
 
   Config config_;
   TrainOptions options_;
@@ -121,6 +125,9 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   std::string veto_reason_;
   bool retry_requested_ = false;
   int64_t skipped_steps_ = 0;
+  Dtype compute_dtype_ = Dtype::kF32;  // the model's, as a plugin chose it (amp)
+  std::string compute_dtype_by_;
+  double loss_scale_ = 1.0;
   double run_start_ms_ = 0.0;
   int64_t first_step_ = 1;  // > 1 after a resume
 };

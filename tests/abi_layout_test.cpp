@@ -24,7 +24,7 @@
 static_assert(HR_ABI_VERSION_MAJOR == 1);
 // A new minor version appends fields: pin them in this file (offsets of what exists never move;
 // sizes are exact for the current minor version), then raise this bound.
-static_assert(HR_ABI_VERSION_MINOR <= 3, "pin the new minor version's layout in this file");
+static_assert(HR_ABI_VERSION_MINOR <= 4, "pin the new minor version's layout in this file");
 static_assert(HR_ABI_MAKE_VERSION(1, 0) == 0x00010000u);
 static_assert(HR_ABI_MAKE_VERSION(2, 3) == 0x00020003u);
 static_assert(HR_ABI_MAJOR(0x00020003u) == 2 && HR_ABI_MINOR(0x00020003u) == 3);
@@ -111,8 +111,8 @@ PIN_TYPE(hr_optimizer_step_info, lr, double);
 
 // --- hr_host_services: every function pointer's offset and signature --------------------------
 // ABI 1.0 ended at request_retry (280 bytes); 1.2 appended the virtual-memory services (to 320);
-// 1.3 appended drop_activations.
-static_assert(sizeof(hr_host_services) == 328 && alignof(hr_host_services) == 8);
+// 1.3 appended drop_activations (to 328); 1.4 set_compute_dtype and set_loss_scale.
+static_assert(sizeof(hr_host_services) == 344 && alignof(hr_host_services) == 8);
 PIN(hr_host_services, struct_size, 0, 4);
 PIN(hr_host_services, abi_version, 4, 4);
 PIN(hr_host_services, host, 8, 8);
@@ -199,6 +199,10 @@ PIN(hr_host_services, vm_release, 312, 8);
 PIN_TYPE(hr_host_services, vm_release, hr_status (*)(hr_host*, void*, uint64_t));
 PIN(hr_host_services, drop_activations, 320, 8);
 PIN_TYPE(hr_host_services, drop_activations, hr_status (*)(hr_host*, int32_t, uint32_t));
+PIN(hr_host_services, set_compute_dtype, 328, 8);
+PIN_TYPE(hr_host_services, set_compute_dtype, hr_status (*)(hr_host*, uint32_t));
+PIN(hr_host_services, set_loss_scale, 336, 8);
+PIN_TYPE(hr_host_services, set_loss_scale, hr_status (*)(hr_host*, double));
 static_assert(HR_DROP_ALL == 0 && HR_DROP_CHEAP == 1);
 
 // --- hr_allocator_hooks, hr_optimizer_hooks ---------------------------------------------------

@@ -95,7 +95,7 @@ TEST(CheckpointClosedForm, MatchesTheModel) {
   m.n_embd = kC;
   m.seq_len = kT;
   m.vocab_size = kV;
-  EXPECT_EQ(gpt_block_activation_bytes(m, kB, kT, kEs), kFull);
+  EXPECT_EQ(gpt_block_activation_bytes(m, kB, kT, Dtype::kF32), kFull);
   EXPECT_EQ(int(std::ceil(std::sqrt(double(kLayers)))), kSqrtN);
 }
 

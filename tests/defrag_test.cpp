@@ -254,6 +254,8 @@ class DeviceRun final : public PluginRun {
   Gpt<float>* built_model() override { return nullptr; }
   void veto_step(const std::string&, const std::string&) override {}
   void request_retry(const std::string&, const std::string&) override {}
+  void set_compute_dtype(const std::string&, Dtype) override {}
+  void set_loss_scale(const std::string&, double) override {}
 
  private:
   std::unique_ptr<Device> device_;

@@ -169,11 +169,13 @@ TEST(Optimizer, SgdWithAndWithoutMomentum) {
 TEST(Optimizer, ClipGradNormScalesToTheMaximum) {
   OneParam a({0.0f, 0.0f}, {3.0f, 4.0f}, true);
   std::vector<Param<float>*> ps{&a.p};
-  EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 10.0), 5.0);  // under the maximum: untouched
+  EXPECT_DOUBLE_EQ(clip_grad_norm(a.device->backend(), ps, 10.0),
+                   5.0);  // under the maximum: untouched
   EXPECT_EQ(a.p.gdata()[0], 3.0f);
-  EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 1.0), 5.0);
-  EXPECT_NEAR(global_grad_norm(ps), 1.0, 1e-6);
-  EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 0.0), global_grad_norm(ps));  // 0 turns clipping off
+  EXPECT_DOUBLE_EQ(clip_grad_norm(a.device->backend(), ps, 1.0), 5.0);
+  EXPECT_NEAR(global_grad_norm(a.device->backend(), ps), 1.0, 1e-6);
+  EXPECT_DOUBLE_EQ(clip_grad_norm(a.device->backend(), ps, 0.0),
+                   global_grad_norm(a.device->backend(), ps));  // 0 turns clipping off
 }
 
 // ---------------------------------------------------------------------------------------------

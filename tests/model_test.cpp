@@ -138,7 +138,8 @@ TEST_P(TrackerClosedForm, ParameterGradientOptimizerBytes) {
   EXPECT_EQ(mt.live(Category::kActivations), 0u);
   EXPECT_EQ(mt.live(Category::kWorkspace), 0u);
   // The activation peak is at least one block's saved tensors (closed form in the model).
-  EXPECT_GE(mt.peak(Category::kActivations), 2 * gpt_block_activation_bytes(c.model, 2, 16, 4));
+  EXPECT_GE(mt.peak(Category::kActivations),
+            2 * gpt_block_activation_bytes(c.model, 2, 16, Dtype::kF32));
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, TrackerClosedForm,

@@ -6,7 +6,8 @@
 #include <limits>
 #include <random>
 
-#include "core/ops.h"
+#include "core/backend.h"
+#include "core/device.h"
 #include "kernels/common/dtype.h"
 
 namespace headroom {
@@ -84,27 +85,27 @@ TEST(Dtype, F16RoundingMatchesNearestRepresentable) {
 TEST(DeviceOps, FillCastScaleAxpySumNonfinite) {
   auto device = Device::create(DeviceConfig{});
   std::vector<float> x(5), y(5, 1.0f);
-  ops::fill(*device, x.data(), Dtype::kF32, 5, 2.0);
+  device->backend().fill(Dtype::kF32, x.data(), 5, 2.0);
   EXPECT_EQ(x[4], 2.0f);
-  ops::axpy(*device, y.data(), x.data(), Dtype::kF32, 5, -0.5);  // y = 1 - 0.5 * 2
+  device->backend().axpy(Dtype::kF32, y.data(), x.data(), 5, -0.5);  // y = 1 - 0.5 * 2
   EXPECT_EQ(y[0], 0.0f);
-  ops::scale(*device, x.data(), Dtype::kF32, 5, 3.0);
+  device->backend().scale(Dtype::kF32, x.data(), 5, 3.0);
   EXPECT_EQ(x[2], 6.0f);
-  EXPECT_DOUBLE_EQ(ops::sum_squares(*device, x.data(), Dtype::kF32, 5), 180.0);
-  EXPECT_FALSE(ops::any_nonfinite(*device, x.data(), Dtype::kF32, 5));
+  EXPECT_DOUBLE_EQ(device->backend().sum_squares(Dtype::kF32, x.data(), 5), 180.0);
+  EXPECT_FALSE(device->backend().any_nonfinite(Dtype::kF32, x.data(), 5));
   x[3] = std::numeric_limits<float>::infinity();
-  EXPECT_TRUE(ops::any_nonfinite(*device, x.data(), Dtype::kF32, 5));
+  EXPECT_TRUE(device->backend().any_nonfinite(Dtype::kF32, x.data(), 5));
 
   std::vector<uint16_t> h(3);
   const float src[3] = {1.0f, 1.0f + std::ldexp(1.0f, -8), -3.0f};
-  ops::cast(*device, h.data(), Dtype::kBF16, src, Dtype::kF32, 3);
+  device->backend().cast(h.data(), Dtype::kBF16, src, Dtype::kF32, 3);
   EXPECT_EQ(h[0], 0x3F80);
   EXPECT_EQ(h[1], 0x3F80);  // rounded to even
   std::vector<float> back(3);
-  ops::cast(*device, back.data(), Dtype::kF32, h.data(), Dtype::kBF16, 3);
+  device->backend().cast(back.data(), Dtype::kF32, h.data(), Dtype::kBF16, 3);
   EXPECT_EQ(back[2], -3.0f);
-  EXPECT_THROW(ops::scale(*device, h.data(), Dtype(99), 3, 1.0), OpError);
-  EXPECT_THROW(ops::axpy(*device, h.data(), h.data(), Dtype::kI32, 3, 1.0), OpError);
+  EXPECT_THROW(device->backend().scale(Dtype(99), h.data(), 3, 1.0), OpError);
+  EXPECT_THROW(device->backend().axpy(Dtype::kI32, h.data(), h.data(), 3, 1.0), OpError);
 }
 
 }  // namespace

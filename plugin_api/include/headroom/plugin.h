@@ -34,7 +34,7 @@ extern "C" {
  * Versions */
 
 #define HR_ABI_VERSION_MAJOR 1
-#define HR_ABI_VERSION_MINOR 3
+#define HR_ABI_VERSION_MINOR 4
 /* One number: major in the high 16 bits, minor in the low 16. */
 #define HR_ABI_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define HR_ABI_VERSION HR_ABI_MAKE_VERSION(HR_ABI_VERSION_MAJOR, HR_ABI_VERSION_MINOR)
@@ -295,6 +295,22 @@ typedef struct hr_host_services {
    * message. Calling it twice for one layer is harmless (ALL after CHEAP frees the rest; CHEAP
    * after ALL changes nothing). */
   hr_status (*drop_activations)(hr_host* host, int32_t layer, uint32_t what);
+
+  /* ABI 1.4: precision, the mechanism the amp plugin drives.
+   * set_compute_dtype: only from create (the model is built after every plugin is created). The
+   * model then computes in `dtype` (HR_DTYPE_BF16 or HR_DTYPE_F16; HR_DTYPE_F32 is the default):
+   * activations and compute copies of the parameters in that dtype, cast from the f32 masters
+   * (round to nearest even) after every optimizer step; each micro-step's gradients in that dtype,
+   * added into f32 gradients after its backward. layer_param keeps returning the f32 masters and
+   * f32 gradients (what the optimizer updates); layer_activation views carry the compute dtype.
+   * HR_ERROR_INVALID (with a message) from any other event, for another dtype, or when another
+   * plugin already chose a different one.
+   * set_loss_scale: the backward of every micro-step from the next STEP_BEGIN on starts from the
+   * loss gradient times `scale` (finite, > 0; default 1), so the f32 gradients at GRADS_READY are
+   * scaled by it: a plugin that scales unscales them (op_scale) before the optimizer runs, or
+   * vetoes the step. The metrics report it as loss_scale. Any event. */
+  hr_status (*set_compute_dtype)(hr_host* host, uint32_t dtype);
+  hr_status (*set_loss_scale)(hr_host* host, double scale);
 } hr_host_services;
 
 /* ---------------------------------------------------------------------------------------------
