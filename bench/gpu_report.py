@@ -56,7 +56,9 @@ def read_text(path):
 
 
 def gib(b):
-    return "—" if b is None else f"{b / (1 << 30):.2f} GiB"
+    if b is None:
+        return "—"
+    return f"{b / (1 << 30):.2f} GiB" if b >= (1 << 30) else f"{b / (1 << 20):.1f} MiB"
 
 
 def mib(b):
@@ -142,6 +144,8 @@ def headroom_replay(d, name):
     for key, rx in RE_REPLAY.items():
         m = rx.search(text)
         r[key] = m.group(1) if m else None
+    if r["allocations"] is None:  # stopped before the replay ran (no device, bad config)
+        return None
     fm = RE_REPLAY["failed"].search(text)
     r["completed"] = fm is None
     r["failure"] = f"seq {fm.group(1)}, {fm.group(2)}" if fm else None
@@ -294,13 +298,15 @@ def markdown(res, warmup):
     out = []
     dev = res["device"]
     m = res["model"]
-    out.append(f"Device: {dev.get('gpu', '(unknown: env step did not run)')}  ")
+    out.append(f"Device: {dev.get('gpu', '(unknown: no nvidia-smi query in env.log)')}  ")
     out.append(f"Run: {dev.get('date', '?')}; bundle built from "
                f"{dev.get('bundle_describe', dev.get('bundle_commit', '?'))}; "
                f"{dev.get('torch', 'torch ?')}")
     out.append("")
-    out.append(f"### Training: gpt2-124m, seq_len {m['seq_len']}, micro_batch "
-               f"{m['micro_batch']} ({m['seq_len'] * m['micro_batch']} tokens a step)")
+    name = "gpt2-124m" if all(m[k] == GPT2_124M[k] for k in ("n_layer", "n_embd", "vocab_size")) \
+        else f"GPT-2 L{m['n_layer']} C{m['n_embd']} V{m['vocab_size']}"
+    out.append(f"### Training: {name}, seq_len {m['seq_len']}, micro_batch {m['micro_batch']} "
+               f"({m['seq_len'] * m['micro_batch']} tokens a step)")
     out.append("")
     peak = res.get("bf16_peak_tflops")
     out.append(f"N = {m['params']:,} parameters; {m['flops_per_token'] / 1e9:.3f} GFLOP per "
