@@ -56,36 +56,50 @@ std::string plugin_toml(const std::string& keys) {
 //                                                                     head  = es·(N·C + 2·N + N·V
 //                                                                              + N)
 // (core/advice.cpp's estimate uses the same terms.)
-constexpr uint64_t kEs = 4, kN = uint64_t(kB) * kT;
-constexpr uint64_t kEmb = kEs * kN * kC;
-constexpr uint64_t kFull = kEs * (16 * kN * kC + 4 * kN + uint64_t(kB) * kNH * kT * kT);
-constexpr uint64_t kOut = kEs * kN * kC;
-constexpr uint64_t kHead = kEs * (kN * kC + 2 * kN + kN * kV + kN);
-
-// No plugin: everything is live at the head's forward.
-constexpr uint64_t kPeakNone = kEmb + kLayers * kFull + kHead;
-// every: the peak is either the last block's forward (L-1 outputs kept, the last block whole, not
-// yet dropped) or the head's forward (L outputs kept and the head); backward's recomputation of
-// block l holds the outputs of blocks < l and block l whole, never more than the first.
-constexpr uint64_t kPeakEvery =
-    kEmb + std::max((kLayers - 1) * kOut + kFull, kLayers* kOut + kHead);
-// sqrt: n = ceil(sqrt(12)) = 4; blocks b with b % 4 == 3 keep everything (3 of them), 9 keep their
-// output only. At the head's forward: emb + 3·full + 9·out + head; the last block's forward holds
-// the same less the head, and a recomputation (block 10 at most) less still.
-constexpr int kSqrtN = 4, kSqrtKept = kLayers / kSqrtN;
-constexpr uint64_t kPeakSqrt = kEmb + kSqrtKept * kFull + (kLayers - kSqrtKept) * kOut + kHead;
-// selective: every block drops its cheap tensors (ln_1, attention out, ln_2 (B, T, C) ×3; the
-// four (B, T) LayerNorm statistics; att (B, NH, T, T); gelu (B, T, 4C)) at its FORWARD_END and
-// keeps its GEMM outputs and its output: qkv 3·N·C + res1 N·C + fc 4·N·C + out N·C, no statistics.
-//                                                                     sel   = es·9·N·C
-// Forward: the last block's forward holds L-1 kept blocks and itself whole; the head's forward
-// holds L kept blocks and the head. Backward's recomputation of block l frees its output first and
-// rebuilds the cheap set: full - out for that block, beside l-1 kept blocks, less than the last
-// block's forward. So the peak is the larger of the two forward points (for this config the first:
-// 11·sel + full = 475648 > 12·sel + head = 455040).
-constexpr uint64_t kSel = kEs * 9 * kN * kC;
-constexpr uint64_t kPeakSelective =
-    kEmb + std::max((kLayers - 1) * kSel + kFull, kLayers* kSel + kHead);
+// With amp (bf16 or fp16 compute) the tensors have es = 2 bytes and the statistics — LayerNorm
+// mean and rstd, the per-token losses — stay fp32 (ss = 4 bytes): the same terms, split.
+struct Forms {
+  uint64_t emb, full, out, head, sel;  // as above; sel: see selective below
+  uint64_t none, every, sqrt, selective;
+};
+constexpr uint64_t kN = uint64_t(kB) * kT;
+constexpr int kSqrtN = 4, kSqrtKept = kLayers / kSqrtN;  // n = ceil(sqrt(12)) = 4
+constexpr Forms forms(uint64_t es, uint64_t ss) {
+  Forms f{};
+  f.emb = es * kN * kC;
+  f.full = es * (16 * kN * kC + uint64_t(kB) * kNH * kT * kT) + ss * 4 * kN;
+  f.out = es * kN * kC;
+  f.head = es * (kN * kC + kN * kV) + ss * (2 * kN + kN);
+  // selective: every block drops its cheap tensors (ln_1, attention out, ln_2 (B, T, C) ×3; the
+  // four (B, T) LayerNorm statistics; att (B, NH, T, T); gelu (B, T, 4C)) at its FORWARD_END and
+  // keeps its GEMM outputs and its output: qkv 3·N·C + res1 N·C + fc 4·N·C + out N·C.
+  f.sel = es * 9 * kN * kC;
+  // No plugin: everything is live at the head's forward.
+  f.none = f.emb + kLayers * f.full + f.head;
+  // every: the peak is either the last block's forward (L-1 outputs kept, the last block whole,
+  // not yet dropped) or the head's forward (L outputs kept and the head); backward's
+  // recomputation of block l holds the outputs of blocks < l and block l whole, never more than
+  // the first.
+  f.every = f.emb + std::max((kLayers - 1) * f.out + f.full, kLayers * f.out + f.head);
+  // sqrt: blocks b with b % 4 == 3 keep everything (3 of them), 9 keep their output only. At the
+  // head's forward: emb + 3·full + 9·out + head; the last block's forward holds the same less the
+  // head, and a recomputation (block 10 at most) less still.
+  f.sqrt = f.emb + kSqrtKept * f.full + (kLayers - kSqrtKept) * f.out + f.head;
+  // selective: the last block's forward holds L-1 kept blocks and itself whole; the head's
+  // forward holds L kept blocks and the head. Backward's recomputation of block l frees its output
+  // first and rebuilds the cheap set: full - out for that block, beside l-1 kept blocks, less
+  // than the last block's forward. So the peak is the larger of the two forward points.
+  f.selective = f.emb + std::max((kLayers - 1) * f.sel + f.full, kLayers * f.sel + f.head);
+  return f;
+}
+constexpr Forms kF32 = forms(4, 4);
+constexpr Forms kBf16 = forms(2, 4);
+constexpr uint64_t kEmb = kF32.emb, kFull = kF32.full, kOut = kF32.out, kHead = kF32.head,
+                   kSel = kF32.sel;
+constexpr uint64_t kPeakNone = kF32.none, kPeakEvery = kF32.every, kPeakSqrt = kF32.sqrt,
+                   kPeakSelective = kF32.selective;
+// For this config the selective peak is the last block's forward: 11·sel + full = 475648 >
+// 12·sel + head = 455040.
 static_assert(kPeakSelective == kEmb + (kLayers - 1) * kSel + kFull, "the last block's forward");
 
 TEST(CheckpointClosedForm, MatchesTheModel) {
@@ -97,6 +111,7 @@ TEST(CheckpointClosedForm, MatchesTheModel) {
   m.vocab_size = kV;
   EXPECT_EQ(gpt_block_activation_bytes(m, kB, kT, Dtype::kF32), kFull);
   EXPECT_EQ(int(std::ceil(std::sqrt(double(kLayers)))), kSqrtN);
+  EXPECT_EQ(gpt_block_activation_bytes(m, kB, kT, Dtype::kBF16), kBf16.full);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -257,6 +272,38 @@ TEST(CheckpointPlugin, ImpossibleBudgetExitsWithCode1) {
   EXPECT_TRUE(test::contains(r.output, "cannot be met")) << r.output;
 }
 
+// With amp: the same policies on bf16 and fp16 activations. Recomputation is bitwise there too
+// (the same kernels, the same roundings), so the gradients equal amp's alone; the peaks are the
+// closed forms with 2-byte tensors and 4-byte statistics.
+const char* const kAmpBf16 = "[[plugins]]\nname = \"amp\"\ndtype = \"bf16\"\n";
+const char* const kAmpFp16 = "[[plugins]]\nname = \"amp\"\ndtype = \"fp16\"\ninit_scale = 1024.0\n";
+
+TEST(CheckpointWithAmp, GradientsAreBitwiseThoseOfAmpAlone) {
+  for (const char* amp : {kAmpBf16, kAmpFp16}) {
+    const RunOutcome base = run(amp);
+    EXPECT_EQ(base.peak_activations, kBf16.none) << amp;
+    struct Case {
+      const char* keys;
+      uint64_t peak;
+    };
+    for (const Case& c :
+         {Case{"policy = \"every\"\n", kBf16.every}, Case{"policy = \"sqrt\"\n", kBf16.sqrt},
+          Case{"policy = \"selective\"\n", kBf16.selective},
+          Case{"policy = \"every_n\"\nn = 5\n", 0}}) {
+      const RunOutcome r = run(std::string(amp) + plugin_toml(c.keys));
+      ASSERT_EQ(r.grads.size(), base.grads.size());
+      for (size_t s = 0; s < base.grads.size(); ++s)
+        EXPECT_TRUE(bitwise_equal(r.grads[s], base.grads[s])) << amp << c.keys << "step " << s + 1;
+      for (size_t i = 0; i < base.params.size(); ++i)
+        EXPECT_TRUE(bitwise_equal(r.params[i], base.params[i])) << amp << c.keys << i;
+      if (c.peak) {
+        EXPECT_EQ(r.peak_activations, c.peak) << amp << c.keys;
+      }
+      EXPECT_LT(r.peak_activations, base.peak_activations) << amp << c.keys;
+    }
+  }
+}
+
 TEST(CheckpointPlugin, BadKeysExit2NamingTheKey) {
   const std::string dir = test::temp_dir();
   const std::string base = model_toml() + train_toml(1, 1);
@@ -282,188 +329,24 @@ TEST(CheckpointPlugin, BadKeysExit2NamingTheKey) {
   }
 }
 
-// Only hr_plugin_entry leaves the library (plugins/checkpoint/exports.map).
-TEST(CheckpointPlugin, ExportsOnlyTheEntryPoint) {
+// Only hr_plugin_entry leaves an in-tree plugin's library (plugins/common/exports.map).
+TEST(InTreePlugins, ExportOnlyTheEntryPoint) {
   const std::string bin = HEADROOM_BINARY;
-  const std::string so = bin.substr(0, bin.rfind('/')) + "/../lib/headroom/plugins/checkpoint.so";
-  const std::string cmd = "nm -D --defined-only '" + so + "' 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0)
-    out.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << cmd << "\n" << out;
-  EXPECT_TRUE(test::contains(out, " T hr_plugin_entry\n")) << out;
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The core mechanism without the plugin.
-
-struct DropEveryBlock final : LayerEvents {
-  Gpt<float>* model = nullptr;
-  void forward_begin(int) override {}
-  void forward_end(int layer) override {
-    if (layer >= 1 && layer <= kLayers) model->drop_activations(layer);
+  for (const char* name : {"checkpoint", "amp", "defrag_allocator"}) {
+    const std::string so =
+        bin.substr(0, bin.rfind('/')) + "/../lib/headroom/plugins/" + name + ".so";
+    const std::string cmd = "nm -D --defined-only '" + so + "' 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0)
+      out.append(buf, n);
+    ASSERT_EQ(pclose(p), 0) << cmd << "\n" << out;
+    EXPECT_TRUE(test::contains(out, " T hr_plugin_entry\n")) << name << ": " << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << name << ": " << out;
   }
-  void backward_begin(int) override {}
-  void backward_end(int) override {}
-};
-
-TEST(CheckpointMechanism, OnlyBlocksCanDropAndRecomputationIsBitwise) {
-  const Config c = test::config_from(model_toml() + train_toml(1, 1));
-  auto device = Device::create(c.device);
-  std::vector<int32_t> tokens(kN), targets(kN);
-  for (uint64_t i = 0; i < kN; ++i) {
-    tokens[i] = int32_t((i * 7 + 3) % kV);
-    targets[i] = int32_t((i * 5 + 1) % kV);
-  }
-  Batch b;
-  b.tokens = tokens.data();
-  b.targets = targets.data();
-  b.B = kB;
-  b.T = kT;
-  b.dloss = 1.0 / double(kN);
-
-  auto grads_of = [&](bool drop) {
-    Gpt<float> model(c.model, *device, c.train.seed);
-    DropEveryBlock events;
-    events.model = &model;
-    const double loss = model.forward(b, drop ? &events : nullptr);
-    if (drop) {
-      for (int l = 1; l <= kLayers; ++l) {
-        EXPECT_TRUE(model.layers()[l]->needs_recompute());
-        EXPECT_EQ(model.layers()[l]->saved().size(), 1u) << "only the output";
-        EXPECT_EQ(model.layers()[l]->saved_bytes(), kOut);
-      }
-      EXPECT_EQ(device->tracker().live(Category::kActivations), kEmb + kLayers * kOut + kHead);
-      // The embedding and the head cannot drop; nor can a layer that does not exist.
-      EXPECT_THROW(model.drop_activations(0), std::logic_error);
-      EXPECT_THROW(model.drop_activations(kLayers + 1), std::logic_error);
-      EXPECT_THROW(model.drop_activations(kLayers + 2), std::logic_error);
-      EXPECT_THROW(model.drop_activations(-1), std::logic_error);
-    }
-    model.backward(b, drop ? &events : nullptr);
-    EXPECT_EQ(device->tracker().live(Category::kActivations), 0u);
-    for (int l = 1; l <= kLayers; ++l)
-      EXPECT_FALSE(model.layers()[l]->needs_recompute());
-    std::vector<float> g;
-    for (Param<float>* p : model.params())
-      g.insert(g.end(), p->gdata(), p->gdata() + p->numel);
-    return std::make_pair(loss, g);
-  };
-  const auto plain = grads_of(false);
-  const auto dropped = grads_of(true);
-  EXPECT_EQ(plain.first, dropped.first);
-  EXPECT_TRUE(bitwise_equal(plain.second, dropped.second));
-
-  // Selective: each block keeps qkv, res1, fc and out, and recomputes the rest bitwise.
-  {
-    Gpt<float> model(c.model, *device, c.train.seed);
-    struct DropCheap final : LayerEvents {
-      Gpt<float>* model = nullptr;
-      void forward_begin(int) override {}
-      void forward_end(int layer) override {
-        if (layer >= 1 && layer <= kLayers) model->drop_activations(layer, Drop::kCheap);
-      }
-      void backward_begin(int) override {}
-      void backward_end(int) override {}
-    } events;
-    events.model = &model;
-    const double loss = model.forward(b, &events);
-    for (int l = 1; l <= kLayers; ++l) {
-      EXPECT_TRUE(model.layers()[l]->needs_recompute());
-      std::vector<std::string> kept;
-      for (const SavedActivation& a : model.layers()[l]->saved())
-        kept.push_back(a.what);
-      EXPECT_EQ(kept, (std::vector<std::string>{"qkv (B, T, 3C)", "residual (B, T, C)",
-                                                "fc (B, T, 4C)", "out (B, T, C)"}));
-      EXPECT_EQ(model.layers()[l]->saved_bytes(), kSel);
-    }
-    EXPECT_EQ(device->tracker().live(Category::kActivations), kEmb + kLayers * kSel + kHead);
-    // Dropping everything after a selective drop frees the rest: the block keeps its output.
-    model.drop_activations(kLayers, Drop::kAll);
-    EXPECT_EQ(model.layers()[kLayers]->saved_bytes(), kOut);
-    model.drop_activations(kLayers, Drop::kCheap);  // after kAll: nothing changes
-    EXPECT_EQ(model.layers()[kLayers]->saved_bytes(), kOut);
-    EXPECT_THROW(model.drop_activations(1, static_cast<Drop>(2)), std::logic_error);
-    model.backward(b, &events);
-    EXPECT_EQ(device->tracker().live(Category::kActivations), 0u);
-    std::vector<float> g;
-    for (Param<float>* p : model.params())
-      g.insert(g.end(), p->gdata(), p->gdata() + p->numel);
-    EXPECT_EQ(loss, plain.first);
-    EXPECT_TRUE(bitwise_equal(g, plain.second));
-  }
-
-  // A block whose backward is done holds nothing to drop.
-  Gpt<float> model(c.model, *device, c.train.seed);
-  EXPECT_THROW(model.drop_activations(1), std::logic_error) << "no forward has run";
-}
-
-// ---------------------------------------------------------------------------------------------
-// The drop_activations service: honoured from FORWARD_END of the same layer, for blocks only.
-// tests/abi/plugins/dropper.c calls it from the event and for the layer its keys choose.
-
-std::string dropper_toml(const std::string& keys) {
-  return "[[plugins]]\nname = \"dropper\"\npath = \"" + std::string(HEADROOM_TEST_PLUGIN_DIR) +
-         "/dropper.so\"\n" + keys;
-}
-
-TEST(DropActivationsService, FromForwardEndOfTheLayerIsBitwise) {
-  const RunOutcome r = run(dropper_toml(""));
-  EXPECT_EQ(r.peak_activations, kPeakEvery);
-  ASSERT_EQ(r.grads.size(), baseline().grads.size());
-  for (size_t s = 0; s < r.grads.size(); ++s)
-    EXPECT_TRUE(bitwise_equal(r.grads[s], baseline().grads[s])) << "step " << s + 1;
-}
-
-std::string failure_of(const std::string& keys) {
-  const Config c = test::config_from(model_toml() + train_toml(1, 1) + dropper_toml(keys));
-  Trainer trainer(c, TrainOptions{});
-  try {
-    trainer.run();
-  } catch (const PluginFailure& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a PluginFailure: " << keys;
-  return "";
-}
-
-TEST(DropActivationsService, RefusedOutsideForwardEndOfThatLayer) {
-  std::string m = failure_of("event = \"FORWARD_BEGIN\"\n");
-  EXPECT_TRUE(test::contains(m, "only from FORWARD_END of that layer")) << m;
-  EXPECT_TRUE(test::contains(m, "called from FORWARD_BEGIN of layer 1")) << m;
-  m = failure_of("event = \"BACKWARD_BEGIN\"\n");
-  EXPECT_TRUE(test::contains(m, "called from BACKWARD_BEGIN of layer " + std::to_string(kLayers)))
-      << m;
-  m = failure_of("offset = -1\n");  // at FORWARD_END(2), drop layer 1
-  EXPECT_TRUE(test::contains(m, "drop_activations(1): only from FORWARD_END of that layer")) << m;
-  EXPECT_TRUE(test::contains(m, "plugin 'dropper' failed in FORWARD_END (layer 2)")) << m;
-}
-
-TEST(DropActivationsService, CheapFromForwardEndIsBitwise) {
-  const RunOutcome r = run(dropper_toml("what = 1\n"));
-  EXPECT_EQ(r.peak_activations, kPeakSelective);
-  ASSERT_EQ(r.grads.size(), baseline().grads.size());
-  for (size_t s = 0; s < r.grads.size(); ++s)
-    EXPECT_TRUE(bitwise_equal(r.grads[s], baseline().grads[s])) << "step " << s + 1;
-}
-
-TEST(DropActivationsService, RefusesAnUnknownWhat) {
-  const std::string m = failure_of("what = 2\n");
-  EXPECT_TRUE(test::contains(m,
-                             "drop_activations(1, 2): what must be HR_DROP_ALL (0) or "
-                             "HR_DROP_CHEAP (1)"))
-      << m;
-}
-
-TEST(DropActivationsService, RefusedForTheEmbedding) {
-  std::string m = failure_of("all_layers = true\n");
-  EXPECT_TRUE(test::contains(m, "(layer 0)")) << m;
-  EXPECT_TRUE(test::contains(m, "embedding cannot drop its activations")) << m;
 }
 
 }  // namespace

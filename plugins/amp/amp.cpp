@@ -1,0 +1,319 @@
+// amp: mixed precision. The model computes in bf16 or fp16 — activations, compute copies of the
+// parameters and each micro-step's gradients — while the optimizer updates fp32 master weights
+// from fp32 gradients; the host casts the masters to the compute copies after every update and
+// adds each micro-step's gradients into the fp32 ones (ABI 1.4 set_compute_dtype). That halves
+// activation memory. fp16's narrow range needs dynamic loss scaling, which is this plugin's
+// policy and state:
+//
+//   [[plugins]]
+//   name = "amp"
+//   dtype = "bf16"          # "bf16" (the default: fp32's range, no scaling) | "fp16"
+//   master_weights = true   # fp32 masters the optimizer updates (the only mode headroom has)
+//   # fp16 only — the loss scaler, with DeepSpeed's and torch.amp's defaults:
+//   init_scale = 65536.0    # 2^16
+//   growth_factor = 2.0     # after growth_interval steps without overflow
+//   backoff_factor = 0.5    # on overflow, once hysteresis overflows have been absorbed
+//   growth_interval = 2000
+//   hysteresis = 2          # overflows tolerated before the scale backs off (DeepSpeed's
+//                           # delayed_shift; it is restored when the scale grows)
+//   min_scale = 1.0
+//
+// fp16, per step: the loss gradient is multiplied by the scale (set_loss_scale), so the fp32
+// gradients at GRADS_READY are too. If any of them is not finite the step is vetoed (no NaN or
+// infinity reaches the weights) and the scaler counts an overflow: hysteresis - 1 more overflows
+// are tolerated at the same scale, then each overflow multiplies it by backoff_factor (never
+// below min_scale). Otherwise the gradients are divided by the scale before clipping and the
+// optimizer see them, and after growth_interval good steps in a row the scale grows. An overflow
+// at min_scale with the hysteresis spent stops the run: the fp16 run has diverged, and skipping
+// every step from then on would lose the work silently.
+//
+// The scale, the counters and the skipped steps are in snapshots (save_state); the host's metrics
+// carry loss_scale and skipped_steps.
+//
+// Training thread only (create, GRADS_READY); no locking. Device work (op_nonfinite, op_scale)
+// goes on the compute stream. Only hr_plugin_entry is exported; no C++ exception crosses the C
+// ABI.
+#include <headroom/plugin.h>
+
+#include "common/hook_guard.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct ScalerConfig {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  int64_t hysteresis = 2;
+  double min_scale = 1.0;
+};
+
+// What the scaler carries from step to step, and what a snapshot holds.
+struct ScalerState {
+  uint32_t version = 1;
+  uint32_t hysteresis_left = 0;  // overflows still tolerated at this scale
+  double scale = 1.0;
+  int64_t good_steps = 0;  // since the last overflow or growth
+  int64_t skipped_steps = 0;
+};
+
+std::string scale_str(double s) {
+  char buf[64];
+  const double e = std::log2(s);
+  if (s >= 1 && e == std::floor(e)) {
+    std::snprintf(buf, sizeof buf, "2^%d", int(e));
+  } else {
+    std::snprintf(buf, sizeof buf, "%g", s);
+  }
+  return buf;
+}
+
+class Amp {
+ public:
+  Amp(const hr_host_services* s, bool fp16, const ScalerConfig& c) : s_(s), fp16_(fp16), c_(c) {
+    st_.scale = fp16 ? c.init_scale : 1.0;
+    st_.hysteresis_left = uint32_t(c.hysteresis);
+  }
+  const hr_host_services* services() const { return s_; }
+  bool fp16() const { return fp16_; }
+  double scale() const { return st_.scale; }
+
+  hr_status on_grads_ready() {
+    if (!fp16_) return HR_OK;  // bf16 has fp32's exponent range: nothing to scale
+    std::vector<hr_tensor> grads = gradients();
+    bool overflow = false;
+    for (const hr_tensor& g : grads) {
+      int32_t bad = 0;
+      const hr_status st = s_->op_nonfinite(s_->host, g.grad, g.dtype, g.numel, &bad);
+      if (st != HR_OK) return st;
+      if (bad) {
+        overflow = true;
+        break;
+      }
+    }
+    if (overflow) return on_overflow();
+    for (const hr_tensor& g : grads) {
+      const hr_status st = s_->op_scale(s_->host, g.grad, g.dtype, g.numel, 1.0 / st_.scale);
+      if (st != HR_OK) return st;
+    }
+    if (++st_.good_steps >= c_.growth_interval) {
+      st_.good_steps = 0;
+      st_.hysteresis_left = uint32_t(c_.hysteresis);
+      return set_scale(st_.scale * c_.growth_factor);
+    }
+    return HR_OK;
+  }
+
+  // The scale for the first step (and after a resume).
+  hr_status start() { return fp16_ ? s_->set_loss_scale(s_->host, st_.scale) : HR_OK; }
+
+  hr_status save(const hr_state_writer* w) const { return w->write(w->context, &st_, sizeof st_); }
+  hr_status load(const void* data, uint64_t size) {
+    ScalerState loaded;
+    if (size != sizeof loaded) {
+      s_->set_error(s_->host, ("amp state of " + std::to_string(size) + " bytes; expected " +
+                               std::to_string(sizeof loaded))
+                                  .c_str());
+      return HR_ERROR;
+    }
+    std::memcpy(&loaded, data, sizeof loaded);
+    if (loaded.version != 1 || !(loaded.scale > 0) || !std::isfinite(loaded.scale)) {
+      s_->set_error(s_->host, "amp state is damaged (unknown version or a bad loss scale)");
+      return HR_ERROR;
+    }
+    st_ = loaded;
+    return start();
+  }
+
+ private:
+  hr_status on_overflow() {
+    ++st_.skipped_steps;
+    st_.good_steps = 0;
+    const double before = st_.scale;
+    if (st_.hysteresis_left > 1) {
+      --st_.hysteresis_left;
+    } else if (st_.scale > c_.min_scale) {
+      st_.scale = std::fmax(st_.scale * c_.backoff_factor, c_.min_scale);
+    } else {
+      s_->set_error(s_->host,
+                    ("gradient overflow at the minimum loss scale " + scale_str(c_.min_scale) +
+                     ": the fp16 run has diverged (try dtype = \"bf16\", a lower lr, "
+                     "or a smaller min_scale)")
+                        .c_str());
+      return HR_ERROR;
+    }
+    const std::string reason =
+        "gradient overflow (inf/NaN) at loss scale " + scale_str(before) +
+        (st_.scale != before ? "; scale now " + scale_str(st_.scale) : "; scale kept (hysteresis)");
+    s_->veto_step(s_->host, reason.c_str());
+    return set_scale(st_.scale);
+  }
+
+  hr_status set_scale(double scale) {
+    st_.scale = scale;
+    return s_->set_loss_scale(s_->host, scale);
+  }
+
+  // Every parameter's fp32 gradient (the masters' gradients the optimizer reads).
+  std::vector<hr_tensor> gradients() const {
+    std::vector<hr_tensor> out;
+    const int32_t layers = s_->num_layers(s_->host);
+    for (int32_t l = 0; l < layers; ++l) {
+      const int32_t n = s_->layer_num_params(s_->host, l);
+      for (int32_t i = 0; i < n; ++i) {
+        hr_tensor t;
+        std::memset(&t, 0, sizeof t);
+        t.struct_size = sizeof t;
+        if (s_->layer_param(s_->host, l, i, &t) == HR_OK && t.grad) out.push_back(t);
+      }
+    }
+    return out;
+  }
+
+  const hr_host_services* s_;
+  bool fp16_;
+  ScalerConfig c_;
+  ScalerState st_;
+};
+
+hr_status create(const hr_host_services* s, void** instance) {
+  if (!HR_HAS_FIELD(s, hr_host_services, set_loss_scale) || !s->set_compute_dtype) {
+    s->set_error(s->host,
+                 "amp needs plugin ABI 1.4 (set_compute_dtype, set_loss_scale); this host is "
+                 "older");
+    return HR_ERROR_UNSUPPORTED;
+  }
+  char dtype[16] = "bf16";
+  hr_status st = s->config_string(s->host, "dtype", dtype, sizeof dtype);
+  const std::string d = dtype;
+  if (st == HR_ERROR_INVALID || (st == HR_OK && d != "bf16" && d != "fp16"))
+    return s->config_error(s->host, "dtype",
+                           ("must be \"bf16\" or \"fp16\"; got \"" + d + "\"").c_str());
+  if (st != HR_OK) return st;
+  const bool fp16 = d == "fp16";
+
+  int32_t master = 1;
+  st = s->config_bool(s->host, "master_weights", &master);
+  if (st != HR_OK) return st;
+  if (!master)
+    return s->config_error(s->host, "master_weights",
+                           "= false is not available: headroom keeps fp32 master weights for the "
+                           "optimizer (6 bytes per parameter with the compute copy); remove the "
+                           "key or set it to true");
+
+  // The scaler's keys: every one is read (so none is an unknown key), then checked.
+  ScalerConfig c;
+  // Sentinels no TOML value can be, to tell "absent" from "given the default".
+  const double kAbsent = std::nan("");
+  const int64_t kAbsentInt = INT64_MIN;
+  double init = kAbsent, growth = kAbsent, backoff = kAbsent, min_scale = kAbsent;
+  int64_t interval = kAbsentInt, hysteresis = kAbsentInt;
+  st = s->config_float(s->host, "init_scale", &init);
+  if (st == HR_OK) st = s->config_float(s->host, "growth_factor", &growth);
+  if (st == HR_OK) st = s->config_float(s->host, "backoff_factor", &backoff);
+  if (st == HR_OK) st = s->config_int(s->host, "growth_interval", &interval);
+  if (st == HR_OK) st = s->config_int(s->host, "hysteresis", &hysteresis);
+  if (st == HR_OK) st = s->config_float(s->host, "min_scale", &min_scale);
+  if (st != HR_OK) return st;
+  const char* given = !std::isnan(init)          ? "init_scale"
+                      : !std::isnan(growth)      ? "growth_factor"
+                      : !std::isnan(backoff)     ? "backoff_factor"
+                      : interval != kAbsentInt   ? "growth_interval"
+                      : hysteresis != kAbsentInt ? "hysteresis"
+                      : !std::isnan(min_scale)   ? "min_scale"
+                                                 : nullptr;
+  if (given && !fp16)
+    return s->config_error(s->host, given,
+                           "is a loss-scaler key: it applies to dtype = \"fp16\" only (bf16 "
+                           "needs no loss scaling)");
+  if (!std::isnan(init)) c.init_scale = init;
+  if (!std::isnan(growth)) c.growth_factor = growth;
+  if (!std::isnan(backoff)) c.backoff_factor = backoff;
+  if (interval != kAbsentInt) c.growth_interval = interval;
+  if (hysteresis != kAbsentInt) c.hysteresis = hysteresis;
+  if (!std::isnan(min_scale)) c.min_scale = min_scale;
+  if (!(c.init_scale > 0) || !std::isfinite(c.init_scale))
+    return s->config_error(s->host, "init_scale", "must be a finite number > 0 (65536 = 2^16)");
+  if (!(c.growth_factor > 1) || !std::isfinite(c.growth_factor))
+    return s->config_error(s->host, "growth_factor", "must be > 1 (default 2)");
+  if (!(c.backoff_factor > 0 && c.backoff_factor < 1))
+    return s->config_error(s->host, "backoff_factor", "must be in (0, 1) (default 0.5)");
+  if (c.growth_interval < 1)
+    return s->config_error(s->host, "growth_interval", "must be >= 1 step (default 2000)");
+  if (c.hysteresis < 1 || c.hysteresis > 1000000)
+    return s->config_error(s->host, "hysteresis", "must be >= 1 (default 2; 1 backs off at once)");
+  if (!(c.min_scale > 0) || c.min_scale > c.init_scale)
+    return s->config_error(s->host, "min_scale", "must be > 0 and <= init_scale (default 1)");
+
+  st = s->set_compute_dtype(s->host, fp16 ? HR_DTYPE_F16 : HR_DTYPE_BF16);
+  if (st != HR_OK) return st;  // the host's message stands
+  Amp* amp = new Amp(s, fp16, c);
+  st = amp->start();
+  if (st != HR_OK) {
+    delete amp;
+    return st;
+  }
+  *instance = amp;
+  return HR_OK;
+}
+
+hr_status create_hook(const hr_host_services* s, void** instance) {
+  return headroom_plugin::guarded(s, "starting", [&] { return create(s, instance); });
+}
+
+void destroy(void* instance) {
+  delete static_cast<Amp*>(instance);
+}
+
+hr_status on_event(void* instance, const hr_event_info* info) {
+  Amp* a = static_cast<Amp*>(instance);
+  if (info->event != HR_EVENT_GRADS_READY) return HR_OK;
+  return headroom_plugin::guarded(a->services(), "checking and unscaling the gradients",
+                                  [&] { return a->on_grads_ready(); });
+}
+
+hr_status save_state(void* instance, const hr_state_writer* writer) {
+  const Amp* a = static_cast<const Amp*>(instance);
+  return headroom_plugin::guarded(a->services(), "saving the loss scaler",
+                                  [&] { return a->save(writer); });
+}
+
+hr_status load_state(void* instance, const void* data, uint64_t size) {
+  Amp* a = static_cast<Amp*>(instance);
+  return headroom_plugin::guarded(a->services(), "loading the loss scaler",
+                                  [&] { return a->load(data, size); });
+}
+
+// Constant-initialized: loading the library runs no code before hr_plugin_entry.
+const hr_plugin_descriptor kDescriptor = {
+    sizeof(hr_plugin_descriptor),
+    HR_ABI_VERSION,
+    "amp",
+    "1.0.0",
+    "mixed precision: bf16 or fp16 activations and compute weights, fp32 master weights, dynamic "
+    "loss scaling for fp16",
+    HR_EVENT_BIT(HR_EVENT_GRADS_READY),
+    0,  // roles
+    0,  // reserved0
+    create_hook,
+    destroy,
+    on_event,
+    nullptr,  // allocator
+    nullptr,  // optimizer
+    save_state,
+    load_state,
+};
+
+}  // namespace
+
+// hr_negotiate refuses another major version; the host's message names both versions.
+HR_PLUGIN_EXPORT hr_status hr_plugin_entry(hr_entry_args* args) {
+  return hr_negotiate(args, &kDescriptor);
+}
