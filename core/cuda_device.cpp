@@ -327,9 +327,17 @@ std::unique_ptr<Device> make_cuda_device(const DeviceConfig& config) {
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
+    int runtime = 0;
+    (void)cudaRuntimeGetVersion(&runtime);
+    // What the runtime says when there is no driver at all, too.
+    const std::string hint =
+        err == cudaErrorInsufficientDriver
+            ? "; no NVIDIA driver is loaded, or it is older than this build's CUDA " +
+                  std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10)
+            : "";
     throw ConfigError(std::string("device.kind = \"cuda\": no CUDA device is present "
                                   "(cudaGetDeviceCount: ") +
-                      cudaGetErrorString(err) + ")");
+                      cudaGetErrorString(err) + hint + ")");
   }
   if (count == 0)
     throw ConfigError(

@@ -1,9 +1,16 @@
-// The CUDA backend's ops (kernels/cuda/ops.h) against the CPU backend (kernels/cpu/*.h), which is
-// the reference: fresh random inputs each run (the seed is printed with any failure), fp32
-// relative error (norm-wise) below 1e-5, a NaN or infinity never passes, and every output buffer
-// is poisoned with NaN before the GPU writes it, so an element the kernel forgets is caught.
-// Backward ops accumulate, so their gradient buffers start from the same random values on both
-// sides instead (that checks the += as well).
+// The CUDA backend against the CPU kernels (kernels/cpu/*.h), the reference, through the Backend
+// interface of a real CUDA device (make_cuda_device -> backend()), so the dtype dispatch, the
+// streams and the device's memory are tested with the kernels.
+//
+// Every op in f32 (norm-wise relative error below 1e-5) and in bf16 (below 1e-2), most in f16 too:
+// for a 16-bit dtype the reference is the CPU kernel computing in f32 on the same 16-bit-rounded
+// inputs, its outputs rounded to the dtype (what the backends promise: fp32 math, one rounding to
+// the storage dtype). Fill, cast, scale and axpy share their rounding code with the CPU backend and
+// must match it bit for bit. Fresh random inputs each run (the seed is printed with any failure); a
+// NaN or infinity never passes; every output buffer is poisoned (all bits set: NaN in every float
+// dtype) before the GPU writes it, so an element the kernel forgets is caught. Backward ops
+// accumulate, so their gradient buffers start from the same random values on both sides instead
+// (that checks the += as well).
 //
 // Without a CUDA build, or on a machine without a GPU, every test here skips with the reason.
 #include <gtest/gtest.h>
@@ -21,16 +28,21 @@ TEST(CudaOps, SkippedNoCudaBuild) {
 
 #else  // HEADROOM_HAVE_CUDA
 
-#include <cuda_runtime_api.h>
-
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
+#include "core/config.h"
+#include "core/device.h"
+#include "core/memory.h"
+#include "kernels/common/dtype.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/crossentropy.h"
 #include "kernels/cpu/embedding.h"
@@ -39,46 +51,55 @@ TEST(CudaOps, SkippedNoCudaBuild) {
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/cpu/residual.h"
-#include "kernels/cuda/check.h"
-#include "kernels/cuda/ops.h"
 
 namespace headroom {
 namespace {
 
 constexpr double kTolFp32 = 1e-5;
+constexpr double kTol16 = 1e-2;
+double tol(Dtype dt) {
+  return dt == Dtype::kF32 ? kTolFp32 : kTol16;
+}
 
-// A device array of n elements, freed on scope exit.
-template <class T>
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t n) : n_(n) {
-    if (n_ > 0) CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), n_ * sizeof(T)));
-  }
-  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) (void)cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+const Dtype kAllDtypes[] = {Dtype::kF32, Dtype::kBF16, Dtype::kF16};
+const Dtype kF32AndBF16[] = {Dtype::kF32, Dtype::kBF16};
 
-  T* get() const { return ptr_; }
-  void upload(const std::vector<T>& host) {
-    if (n_ > 0) CUDA_CHECK(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> host(n_);
-    if (n_ > 0) CUDA_CHECK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-  }
-  // All bits set: a NaN in float and double, so an element the kernel never writes shows up.
-  void poison() {
-    if (n_ > 0) CUDA_CHECK(cudaMemset(ptr_, 0xFF, n_ * sizeof(T)));
-  }
+// --- host images of device tensors
+// ----------------------------------------------------------------
 
- private:
-  T* ptr_ = nullptr;
-  size_t n_ = 0;
-};
+std::vector<uint8_t> encode(const std::vector<float>& x, Dtype dt) {
+  const size_t es = dtype_size(dt);
+  std::vector<uint8_t> out(x.size() * es);
+  for (size_t i = 0; i < x.size(); i++) {
+    if (dt == Dtype::kF32) {
+      std::memcpy(&out[i * es], &x[i], sizeof(float));
+    } else {
+      const uint16_t h = dt == Dtype::kBF16 ? float_to_bf16(x[i]) : float_to_f16(x[i]);
+      std::memcpy(&out[i * es], &h, sizeof h);
+    }
+  }
+  return out;
+}
+
+std::vector<float> decode(const std::vector<uint8_t>& bytes, Dtype dt) {
+  const size_t es = dtype_size(dt);
+  std::vector<float> out(bytes.size() / es);
+  for (size_t i = 0; i < out.size(); i++) {
+    if (dt == Dtype::kF32) {
+      std::memcpy(&out[i], &bytes[i * es], sizeof(float));
+    } else {
+      uint16_t h;
+      std::memcpy(&h, &bytes[i * es], sizeof h);
+      out[i] = dt == Dtype::kBF16 ? bf16_to_float(h) : f16_to_float(h);
+    }
+  }
+  return out;
+}
+
+// x rounded to dt's precision (to nearest even), as float.
+std::vector<float> rounded(const std::vector<float>& x, Dtype dt) {
+  return decode(encode(x, dt), dt);
+}
 
 // ||got - want|| / ||want||; +infinity when either holds a NaN or infinity, or the sizes differ.
 template <class T>
@@ -95,39 +116,89 @@ double rel_error(const std::vector<T>& got, const std::vector<T>& want) {
   return std::sqrt(num / den);
 }
 
-class CudaOps : public ::testing::Test {
+// The first byte where two images differ, or -1.
+long first_difference(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); i++)
+    if (a[i] != b[i]) return static_cast<long>(i);
+  return -1;
+}
+
+// A CUDA device for the test, or the reason there is none.
+std::unique_ptr<Device> cuda_device(uint64_t memory_limit, std::string* why) {
+  DeviceConfig dc;
+  dc.kind = "cuda";
+  dc.memory_limit = memory_limit;
+  try {
+    return make_cuda_device(dc);
+  } catch (const ConfigError& e) {
+    *why = e.what();
+    return nullptr;
+  }
+}
+
+class CudaBackendOps : public ::testing::Test {
  protected:
   void SetUp() override {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-      (void)cudaGetLastError();  // clear the sticky error, if any
-      GTEST_SKIP() << "no CUDA device: the CUDA-vs-CPU op tests need a GPU (cudaGetDeviceCount: "
-                   << (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") << ")";
-    }
-    CUDA_CHECK(cudaStreamCreate(&stream_));
-    ctx_ = std::make_unique<cuda::CudaContext>();
+    std::string why;
+    device_ = cuda_device(0, &why);
+    if (!device_) GTEST_SKIP() << "no GPU: the CUDA-vs-CPU op tests need one (" << why << ")";
+    ops_ = &device_->backend();
     seed_ = std::random_device{}();
     gen_.seed(seed_);
   }
   void TearDown() override {
-    ctx_.reset();
-    if (stream_ != nullptr) {
-      const cudaError_t err = cudaStreamSynchronize(stream_);
-      if (err != cudaSuccess)
-        ADD_FAILURE() << "CUDA error after the test: " << cudaGetErrorString(err);
-      (void)cudaStreamDestroy(stream_);
+    if (ops_ != nullptr) {
+      try {
+        ops_->synchronize();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "CUDA error after the test: " << e.what();
+      }
     }
+    buffers_.clear();
+    device_.reset();
   }
 
-  void sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  // --- device memory, freed at the end of the test ---
+  void* alloc(uint64_t bytes) {
+    buffers_.emplace_back(*device_, std::max<uint64_t>(bytes, 1), Category::kWorkspace,
+                          "test buffer");
+    return buffers_.back().as<void>();
+  }
+  void* to_device_bytes(const std::vector<uint8_t>& bytes) {
+    void* p = alloc(bytes.size());
+    ops_->upload(p, bytes.data(), bytes.size());
+    ops_->synchronize();  // the host image goes away
+    return p;
+  }
+  void* to_device(const std::vector<float>& x, Dtype dt) { return to_device_bytes(encode(x, dt)); }
+  template <class T>
+  void* to_device_raw(const std::vector<T>& x) {
+    std::vector<uint8_t> bytes(x.size() * sizeof(T));
+    if (!x.empty()) std::memcpy(bytes.data(), x.data(), bytes.size());
+    return to_device_bytes(bytes);
+  }
+  // n elements of dt with every bit set: NaN in f32, bf16 and f16.
+  void* poisoned(size_t n, Dtype dt) {
+    return to_device_bytes(std::vector<uint8_t>(n * dtype_size(dt), 0xFF));
+  }
+  std::vector<uint8_t> bytes_of(const void* p, size_t bytes) {
+    std::vector<uint8_t> b(bytes);
+    ops_->download(b.data(), p, bytes);
+    return b;
+  }
+  std::vector<float> from_device(const void* p, size_t n, Dtype dt) {
+    return decode(bytes_of(p, n * dtype_size(dt)), dt);
+  }
 
-  std::vector<float> normal(size_t n, float scale = 1.0f, float offset = 0.0f) {
+  // --- random inputs, exactly representable in dt ---
+  std::vector<float> normal(size_t n, Dtype dt = Dtype::kF32, float scale = 1.0f,
+                            float offset = 0.0f) {
     std::normal_distribution<float> dist(offset, scale);
     std::vector<float> v(n);
     for (auto& x : v)
       x = dist(gen_);
-    return v;
+    return rounded(v, dt);
   }
   std::vector<int32_t> ints(size_t n, int32_t lo, int32_t hi) {  // uniform in [lo, hi]
     std::uniform_int_distribution<int32_t> dist(lo, hi);
@@ -137,292 +208,583 @@ class CudaOps : public ::testing::Test {
     return v;
   }
 
-  template <class T>
-  void expect_close(const char* what, const std::vector<T>& got, const std::vector<T>& want,
-                    double tol = kTolFp32) {
+  void expect_close(const std::string& what, const std::vector<float>& got,
+                    const std::vector<float>& want, double tolerance) {
     const double err = rel_error(got, want);
-    EXPECT_LT(err, tol) << what << ": CUDA vs CPU relative error " << err << " (seed " << seed_
-                        << ")";
+    EXPECT_LT(err, tolerance) << what << ": CUDA vs CPU relative error " << err << " (seed "
+                              << seed_ << ")";
+  }
+  void expect_same_bytes(const std::string& what, const std::vector<uint8_t>& got,
+                         const std::vector<uint8_t>& want) {
+    const long at = first_difference(got, want);
+    EXPECT_EQ(at, -1) << what << ": CUDA and CPU differ from byte " << at << " (seed " << seed_
+                      << ")";
   }
 
-  cudaStream_t stream_ = nullptr;
-  std::unique_ptr<cuda::CudaContext> ctx_;
+  std::unique_ptr<Device> device_;
+  Backend* ops_ = nullptr;
+  std::vector<Buffer> buffers_;
   uint32_t seed_ = 0;
   std::mt19937 gen_;
 };
 
-TEST_F(CudaOps, EmbeddingForward) {
+// --- model ops
+// --------------------------------------------------------------------------------------
+
+TEST_F(CudaBackendOps, EmbeddingForward) {
   const int B = 3, T = 17, C = 40, V = 53, maxT = 20;
-  const auto tokens = ints(static_cast<size_t>(B) * T, 0, V - 1);
-  const auto wte = normal(static_cast<size_t>(V) * C), wpe = normal(static_cast<size_t>(maxT) * C);
-  std::vector<float> want(static_cast<size_t>(B) * T * C);
-  cpu::embedding_forward(want.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  for (const Dtype dt : kF32AndBF16) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto tokens = ints(size_t(B) * T, 0, V - 1);
+    const auto wte = normal(size_t(V) * C, dt), wpe = normal(size_t(maxT) * C, dt);
+    std::vector<float> want(size_t(B) * T * C);
+    cpu::embedding_forward(want.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+    want = rounded(want, dt);
 
-  DeviceBuffer<int32_t> d_tokens(tokens);
-  DeviceBuffer<float> d_wte(wte), d_wpe(wpe), d_out(want.size());
-  d_out.poison();
-  cuda::embedding_forward(d_out.get(), d_tokens.get(), d_wte.get(), d_wpe.get(), B, T, C, stream_);
-  sync();
-  expect_close("out", d_out.download(), want);
+    void* d_out = poisoned(want.size(), dt);
+    ops_->embedding_forward(dt, d_out, static_cast<const int32_t*>(to_device_raw(tokens)),
+                            to_device(wte, dt), to_device(wpe, dt), B, T, C);
+    expect_close("out", from_device(d_out, want.size(), dt), want, tol(dt));
+  }
 }
 
-TEST_F(CudaOps, EmbeddingBackward) {
-  const int B = 3, T = 17, C = 40, V = 11, maxT = 20;  // small V: many repeated tokens
-  const auto tokens = ints(static_cast<size_t>(B) * T, 0, V - 1);
-  const auto dout = normal(static_cast<size_t>(B) * T * C);
-  auto dwte = normal(static_cast<size_t>(V) * C), dwpe = normal(static_cast<size_t>(maxT) * C);
-  DeviceBuffer<int32_t> d_tokens(tokens);
-  DeviceBuffer<float> d_dout(dout), d_dwte(dwte), d_dwpe(dwpe);
-  cpu::embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
-  cuda::embedding_backward(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_tokens.get(), B, T, C,
-                           stream_);
-  sync();
-  expect_close("dwte", d_dwte.download(), dwte);
-  expect_close("dwpe", d_dwpe.download(), dwpe);
+TEST_F(CudaBackendOps, EmbeddingBackward) {
+  const int B = 3, T = 17, C = 40, V = 11;  // small V: many repeated tokens
+  for (const Dtype dt : kF32AndBF16) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto tokens = ints(size_t(B) * T, 0, V - 1);
+    const auto dout = normal(size_t(B) * T * C, dt);
+    auto dwte = normal(size_t(V) * C, dt), dwpe = normal(size_t(T) * C, dt);
+    void* d_dwte = to_device(dwte, dt);
+    void* d_dwpe = to_device(dwpe, dt);
+    cpu::embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+    ops_->embedding_backward(dt, d_dwte, d_dwpe, to_device(dout, dt),
+                             static_cast<const int32_t*>(to_device_raw(tokens)), B, T, C);
+    expect_close("dwte", from_device(d_dwte, dwte.size(), dt), rounded(dwte, dt), tol(dt));
+    expect_close("dwpe", from_device(d_dwpe, dwpe.size(), dt), rounded(dwpe, dt), tol(dt));
+  }
 }
 
-TEST_F(CudaOps, LayernormForward) {
+TEST_F(CudaBackendOps, LayernormForward) {
   const int N = 37, C = 67;
-  const auto inp = normal(static_cast<size_t>(N) * C, 2.0f, 3.0f);  // a mean far from 0
-  const auto weight = normal(C), bias = normal(C);
-  std::vector<float> out(static_cast<size_t>(N) * C), mean(N), rstd(N);
-  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(),
-                         bias.data(), N, C);
+  for (const Dtype dt : kF32AndBF16) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto inp = normal(size_t(N) * C, dt, 2.0f, 3.0f);  // a mean far from 0
+    const auto weight = normal(C, dt), bias = normal(C, dt);
+    std::vector<float> out(size_t(N) * C), mean(N), rstd(N);
+    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(),
+                           bias.data(), N, C);
 
-  DeviceBuffer<float> d_inp(inp), d_w(weight), d_b(bias), d_out(out.size()), d_mean(N), d_rstd(N);
-  d_out.poison();
-  d_mean.poison();
-  d_rstd.poison();
-  cuda::layernorm_forward(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_w.get(),
-                          d_b.get(), N, C, stream_);
-  sync();
-  expect_close("out", d_out.download(), out);
-  expect_close("mean", d_mean.download(), mean);
-  expect_close("rstd", d_rstd.download(), rstd);
+    void* d_out = poisoned(out.size(), dt);
+    void* d_mean = poisoned(N, Dtype::kF32);  // statistics are f32 for every storage dtype
+    void* d_rstd = poisoned(N, Dtype::kF32);
+    ops_->layernorm_forward(dt, d_out, d_mean, d_rstd, to_device(inp, dt), to_device(weight, dt),
+                            to_device(bias, dt), N, C);
+    expect_close("out", from_device(d_out, out.size(), dt), rounded(out, dt), tol(dt));
+    expect_close("mean", from_device(d_mean, N, Dtype::kF32), mean, kTolFp32);
+    expect_close("rstd", from_device(d_rstd, N, Dtype::kF32), rstd, kTolFp32);
+  }
 }
 
-TEST_F(CudaOps, LayernormBackward) {
+TEST_F(CudaBackendOps, LayernormBackward) {
   const int N = 37, C = 67;
-  const auto inp = normal(static_cast<size_t>(N) * C, 2.0f, 3.0f);
-  const auto weight = normal(C), bias = normal(C), dout = normal(static_cast<size_t>(N) * C);
-  std::vector<float> out(static_cast<size_t>(N) * C), mean(N), rstd(N);
-  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(),
-                         bias.data(), N, C);
-  auto dinp = normal(static_cast<size_t>(N) * C), dweight = normal(C), dbias = normal(C);
-
-  DeviceBuffer<float> d_inp(inp), d_w(weight), d_dout(dout), d_mean(mean), d_rstd(rstd);
-  DeviceBuffer<float> d_dinp(dinp), d_dw(dweight), d_db(dbias);
-  cpu::layernorm_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
-                          weight.data(), mean.data(), rstd.data(), N, C);
-  cuda::layernorm_backward(d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_inp.get(),
-                           d_w.get(), d_mean.get(), d_rstd.get(), N, C, stream_);
-  sync();
-  expect_close("dinp", d_dinp.download(), dinp);
-  expect_close("dweight", d_dw.download(), dweight);
-  expect_close("dbias", d_db.download(), dbias);
+  for (const Dtype dt : kF32AndBF16) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto inp = normal(size_t(N) * C, dt, 2.0f, 3.0f);
+    const auto weight = normal(C, dt), bias = normal(C, dt), dout = normal(size_t(N) * C, dt);
+    std::vector<float> out(size_t(N) * C), mean(N), rstd(N);
+    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(),
+                           bias.data(), N, C);
+    auto dinp = normal(size_t(N) * C, dt), dweight = normal(C, dt), dbias = normal(C, dt);
+    void* d_dinp = to_device(dinp, dt);
+    void* d_dw = to_device(dweight, dt);
+    void* d_db = to_device(dbias, dt);
+    cpu::layernorm_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                            weight.data(), mean.data(), rstd.data(), N, C);
+    ops_->layernorm_backward(dt, d_dinp, d_dw, d_db, to_device(dout, dt), to_device(inp, dt),
+                             to_device(weight, dt), to_device(mean, Dtype::kF32),
+                             to_device(rstd, Dtype::kF32), N, C);
+    expect_close("dinp", from_device(d_dinp, dinp.size(), dt), rounded(dinp, dt), tol(dt));
+    expect_close("dweight", from_device(d_dw, C, dt), rounded(dweight, dt), tol(dt));
+    expect_close("dbias", from_device(d_db, C, dt), rounded(dbias, dt), tol(dt));
+  }
 }
 
-TEST_F(CudaOps, MatmulForward) {
+TEST_F(CudaBackendOps, MatmulForward) {
   struct Shape {
     int N, C, OC;
     bool bias;
   };
-  for (const Shape s :
-       {Shape{37, 53, 101, true}, Shape{74, 48, 144, false}, Shape{64, 96, 32, true}}) {
-    SCOPED_TRACE("N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) +
-                 " OC=" + std::to_string(s.OC) + (s.bias ? " bias" : " no bias"));
-    const auto inp = normal(static_cast<size_t>(s.N) * s.C);
-    const auto weight = normal(static_cast<size_t>(s.OC) * s.C), bias = normal(s.OC);
-    std::vector<float> out(static_cast<size_t>(s.N) * s.OC);
-    cpu::matmul_forward(out.data(), inp.data(), weight.data(), s.bias ? bias.data() : nullptr, s.N,
-                        s.C, s.OC);
+  for (const Dtype dt : kAllDtypes) {
+    for (const Shape s :
+         {Shape{37, 53, 101, true}, Shape{74, 48, 144, false}, Shape{64, 96, 32, true}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " N=" + std::to_string(s.N) +
+                   " C=" + std::to_string(s.C) + " OC=" + std::to_string(s.OC) +
+                   (s.bias ? " bias" : " no bias"));
+      const auto inp = normal(size_t(s.N) * s.C, dt);
+      const auto weight = normal(size_t(s.OC) * s.C, dt), bias = normal(s.OC, dt);
+      std::vector<float> out(size_t(s.N) * s.OC);
+      cpu::matmul_forward(out.data(), inp.data(), weight.data(), s.bias ? bias.data() : nullptr,
+                          s.N, s.C, s.OC);
 
-    DeviceBuffer<float> d_inp(inp), d_w(weight), d_b(bias), d_out(out.size());
-    d_out.poison();
-    cuda::matmul_forward(*ctx_, d_out.get(), d_inp.get(), d_w.get(), s.bias ? d_b.get() : nullptr,
-                         s.N, s.C, s.OC, stream_);
-    sync();
-    expect_close("out", d_out.download(), out);
+      void* d_out = poisoned(out.size(), dt);
+      ops_->matmul_forward(dt, d_out, to_device(inp, dt), to_device(weight, dt),
+                           s.bias ? to_device(bias, dt) : nullptr, s.N, s.C, s.OC);
+      expect_close("out", from_device(d_out, out.size(), dt), rounded(out, dt), tol(dt));
+    }
   }
 }
 
-TEST_F(CudaOps, MatmulBackward) {
+TEST_F(CudaBackendOps, MatmulBackward) {
   const int N = 37, C = 53, OC = 101;
-  const auto inp = normal(static_cast<size_t>(N) * C), weight = normal(static_cast<size_t>(OC) * C);
-  const auto dout = normal(static_cast<size_t>(N) * OC);
-  auto dinp = normal(static_cast<size_t>(N) * C), dweight = normal(static_cast<size_t>(OC) * C);
-  auto dbias = normal(OC);
-  DeviceBuffer<float> d_inp(inp), d_w(weight), d_dout(dout), d_dinp(dinp), d_dw(dweight),
-      d_db(dbias);
-  cpu::matmul_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
-                       weight.data(), N, C, OC);
-  cuda::matmul_backward(*ctx_, d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_inp.get(),
-                        d_w.get(), N, C, OC, stream_);
-  sync();
-  expect_close("dinp", d_dinp.download(), dinp);
-  expect_close("dweight", d_dw.download(), dweight);
-  expect_close("dbias", d_db.download(), dbias);
+  for (const Dtype dt : kAllDtypes) {
+    for (const bool all : {true, false}) {  // false: dinp and dbias null (the LM head's call)
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (all ? " all gradients" : " dweight only"));
+      const auto inp = normal(size_t(N) * C, dt), weight = normal(size_t(OC) * C, dt);
+      const auto dout = normal(size_t(N) * OC, dt);
+      auto dinp = normal(size_t(N) * C, dt), dweight = normal(size_t(OC) * C, dt);
+      auto dbias = normal(OC, dt);
+      void* d_dinp = to_device(dinp, dt);
+      void* d_dw = to_device(dweight, dt);
+      void* d_db = to_device(dbias, dt);
+      cpu::matmul_backward(all ? dinp.data() : nullptr, dweight.data(),
+                           all ? dbias.data() : nullptr, dout.data(), inp.data(), weight.data(), N,
+                           C, OC);
+      ops_->matmul_backward(dt, all ? d_dinp : nullptr, d_dw, all ? d_db : nullptr,
+                            to_device(dout, dt), to_device(inp, dt), to_device(weight, dt), N, C,
+                            OC);
+      expect_close("dinp", from_device(d_dinp, dinp.size(), dt), rounded(dinp, dt), tol(dt));
+      expect_close("dweight", from_device(d_dw, dweight.size(), dt), rounded(dweight, dt), tol(dt));
+      expect_close("dbias", from_device(d_db, OC, dt), rounded(dbias, dt), tol(dt));
+    }
+  }
 }
 
-TEST_F(CudaOps, AttentionForward) {
+TEST_F(CudaBackendOps, AttentionForward) {
   const int B = 2, T = 19, C = 48, NH = 4;
-  const auto qkv = normal(static_cast<size_t>(B) * T * 3 * C);
-  std::vector<float> out(static_cast<size_t>(B) * T * C), att(static_cast<size_t>(B) * NH * T * T);
-  cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  for (const Dtype dt : kF32AndBF16) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto qkv = normal(size_t(B) * T * 3 * C, dt);
+    std::vector<float> out(size_t(B) * T * C), att(size_t(B) * NH * T * T);
+    cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
 
-  DeviceBuffer<float> d_qkv(qkv), d_out(out.size()), d_att(att.size());
-  d_out.poison();
-  d_att.poison();
-  cuda::attention_forward(*ctx_, d_out.get(), d_att.get(), d_qkv.get(), B, T, C, NH, stream_);
-  sync();
-  expect_close("out", d_out.download(), out);
-  expect_close("att", d_att.download(), att);
+    void* d_out = poisoned(out.size(), dt);
+    void* d_att = poisoned(att.size(), dt);
+    ops_->attention_forward(dt, d_out, d_att, to_device(qkv, dt), B, T, C, NH);
+    expect_close("out", from_device(d_out, out.size(), dt), rounded(out, dt), tol(dt));
+    expect_close("att", from_device(d_att, att.size(), dt), rounded(att, dt), tol(dt));
+  }
 }
 
-TEST_F(CudaOps, AttentionBackward) {
+TEST_F(CudaBackendOps, AttentionBackward) {
   const int B = 2, T = 19, C = 48, NH = 4;
-  const auto qkv = normal(static_cast<size_t>(B) * T * 3 * C);
-  const auto dout = normal(static_cast<size_t>(B) * T * C);
-  std::vector<float> out(static_cast<size_t>(B) * T * C), att(static_cast<size_t>(B) * NH * T * T);
-  cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-  auto dqkv = normal(qkv.size());
-  std::vector<float> scratch(static_cast<size_t>(T) * T);
-
-  DeviceBuffer<float> d_qkv(qkv), d_dout(dout), d_att(att), d_dqkv(dqkv);
-  DeviceBuffer<float> d_scratch(static_cast<size_t>(NH) * T * T);
-  d_scratch.poison();  // "contents undefined on entry": the kernel must not read them
-  cpu::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C,
-                          NH);
-  cuda::attention_backward(*ctx_, d_dqkv.get(), d_scratch.get(), d_dout.get(), d_qkv.get(),
-                           d_att.get(), B, T, C, NH, stream_);
-  sync();
-  expect_close("dqkv", d_dqkv.download(), dqkv);
+  EXPECT_EQ(ops_->attention_scratch_numel(B, T, NH), uint64_t(NH) * T * T);
+  for (const Dtype dt : kF32AndBF16) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto qkv = normal(size_t(B) * T * 3 * C, dt);
+    const auto dout = normal(size_t(B) * T * C, dt);
+    std::vector<float> out(size_t(B) * T * C), att(size_t(B) * NH * T * T);
+    cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    att = rounded(att, dt);  // what the forward stored in dt: the input of both backwards
+    auto dqkv = normal(qkv.size(), dt);
+    void* d_dqkv = to_device(dqkv, dt);
+    std::vector<float> scratch(size_t(T) * T);
+    cpu::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T,
+                            C, NH);
+    // "contents undefined on entry": the kernel must not read them
+    void* d_scratch = poisoned(ops_->attention_scratch_numel(B, T, NH), dt);
+    ops_->attention_backward(dt, d_dqkv, d_scratch, to_device(dout, dt), to_device(qkv, dt),
+                             to_device(att, dt), B, T, C, NH);
+    expect_close("dqkv", from_device(d_dqkv, dqkv.size(), dt), rounded(dqkv, dt), tol(dt));
+  }
 }
 
-TEST_F(CudaOps, GeluForward) {
-  const size_t N = 4099;
-  const auto inp = normal(N, 3.0f);
-  std::vector<float> out(N);
-  cpu::gelu_forward(out.data(), inp.data(), N);
-  DeviceBuffer<float> d_inp(inp), d_out(N);
-  d_out.poison();
-  cuda::gelu_forward(d_out.get(), d_inp.get(), N, stream_);
-  sync();
-  expect_close("out", d_out.download(), out);
-}
-
-TEST_F(CudaOps, GeluBackward) {
-  const size_t N = 4099;
-  const auto inp = normal(N, 3.0f), dout = normal(N);
-  auto dinp = normal(N);
-  DeviceBuffer<float> d_inp(inp), d_dout(dout), d_dinp(dinp);
-  cpu::gelu_backward(dinp.data(), inp.data(), dout.data(), N);
-  cuda::gelu_backward(d_dinp.get(), d_inp.get(), d_dout.get(), N, stream_);
-  sync();
-  expect_close("dinp", d_dinp.download(), dinp);
-}
-
-TEST_F(CudaOps, ResidualForward) {
-  const size_t N = 4099;
-  const auto a = normal(N), b = normal(N);
-  std::vector<float> out(N);
-  cpu::residual_forward(out.data(), a.data(), b.data(), N);
-  DeviceBuffer<float> d_a(a), d_b(b), d_out(N);
-  d_out.poison();
-  cuda::residual_forward(d_out.get(), d_a.get(), d_b.get(), N, stream_);
-  sync();
-  expect_close("out", d_out.download(), out);
-}
-
-TEST_F(CudaOps, AddInplace) {  // the residual's backward
-  const size_t N = 4099;
-  auto dst = normal(N);
-  const auto src = normal(N);
-  DeviceBuffer<float> d_dst(dst), d_src(src);
-  cpu::add_inplace(dst.data(), src.data(), N);
-  cuda::add_inplace(d_dst.get(), d_src.get(), N, stream_);
-  sync();
-  expect_close("dst", d_dst.download(), dst);
-}
-
-TEST_F(CudaOps, CrossentropyForwardBackward) {
-  const int N = 23, V = 1031;
-  auto logits = normal(static_cast<size_t>(N) * V, 3.0f);
-  auto targets = ints(N, 0, V - 1);
-  targets[4] = -1;  // ignored rows
-  targets[17] = -1;
-  const float dloss = 1.0f / N;
-  DeviceBuffer<float> d_logits(logits), d_losses(N);
-  DeviceBuffer<int32_t> d_targets(targets);
-  d_losses.poison();
-  std::vector<float> losses(N);
-  cpu::crossentropy_forward_backward(logits.data(), losses.data(), targets.data(), N, V, dloss);
-  cuda::crossentropy_forward_backward(d_logits.get(), d_losses.get(), d_targets.get(), N, V, dloss,
-                                      stream_);
-  sync();
-  expect_close("losses", d_losses.download(), losses);
-  expect_close("dlogits", d_logits.download(), logits);
-}
-
-TEST_F(CudaOps, AdamwUpdate) {
+TEST_F(CudaBackendOps, GeluForward) {
   const size_t n = 4099;
-  auto param = normal(n), m = normal(n, 0.1f), v = normal(n, 0.1f);
+  for (const Dtype dt : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto inp = normal(n, dt, 3.0f);
+    std::vector<float> out(n);
+    cpu::gelu_forward(out.data(), inp.data(), n);
+    void* d_out = poisoned(n, dt);
+    ops_->gelu_forward(dt, d_out, to_device(inp, dt), n);
+    expect_close("out", from_device(d_out, n, dt), rounded(out, dt), tol(dt));
+  }
+}
+
+TEST_F(CudaBackendOps, GeluBackward) {
+  const size_t n = 4099;
+  for (const Dtype dt : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto inp = normal(n, dt, 3.0f), dout = normal(n, dt);
+    auto dinp = normal(n, dt);
+    void* d_dinp = to_device(dinp, dt);
+    cpu::gelu_backward(dinp.data(), inp.data(), dout.data(), n);
+    ops_->gelu_backward(dt, d_dinp, to_device(inp, dt), to_device(dout, dt), n);
+    expect_close("dinp", from_device(d_dinp, n, dt), rounded(dinp, dt), tol(dt));
+  }
+}
+
+TEST_F(CudaBackendOps, AddInplace) {  // the residual's backward
+  const size_t n = 4099;
+  for (const Dtype dt : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    auto dst = normal(n, dt);
+    const auto src = normal(n, dt);
+    void* d_dst = to_device(dst, dt);
+    cpu::add_inplace(dst.data(), src.data(), n);
+    ops_->add_inplace(dt, d_dst, to_device(src, dt), n);
+    expect_close("dst", from_device(d_dst, n, dt), rounded(dst, dt), tol(dt));
+  }
+}
+
+TEST_F(CudaBackendOps, CrossentropyForwardBackward) {
+  const int N = 23, V = 1031;
+  for (const Dtype dt : kF32AndBF16) {
+    SCOPED_TRACE(dtype_name(dt));
+    auto logits = normal(size_t(N) * V, dt, 3.0f);
+    auto targets = ints(N, 0, V - 1);
+    targets[4] = -1;  // ignored rows
+    targets[17] = -1;
+    const float dloss = 1.0f / N;
+    void* d_logits = to_device(logits, dt);
+    void* d_losses = poisoned(N, Dtype::kF32);  // losses are f32 for every storage dtype
+    std::vector<float> losses(N);
+    cpu::crossentropy_forward_backward(logits.data(), losses.data(), targets.data(), N, V, dloss);
+    ops_->crossentropy_forward_backward(
+        dt, d_logits, d_losses, static_cast<const int32_t*>(to_device_raw(targets)), N, V, dloss);
+    expect_close("losses", from_device(d_losses, N, Dtype::kF32), losses, kTolFp32);
+    expect_close("dlogits", from_device(d_logits, logits.size(), dt), rounded(logits, dt), tol(dt));
+  }
+}
+
+// --- optimizer updates (f32)
+// ------------------------------------------------------------------------
+
+TEST_F(CudaBackendOps, AdamwUpdate) {
+  const size_t n = 4099;
+  auto param = normal(n), m = normal(n, Dtype::kF32, 0.1f), v = normal(n, Dtype::kF32, 0.1f);
   for (auto& x : v)
     x = x * x;  // second moments are non-negative
   const auto grad = normal(n);
-  DeviceBuffer<float> d_param(param), d_grad(grad), d_m(m), d_v(v);
+  void* d_param = to_device(param, Dtype::kF32);
+  void* d_m = to_device(m, Dtype::kF32);
+  void* d_v = to_device(v, Dtype::kF32);
   const int64_t t = 7;
   cpu::adamw_update(param.data(), grad.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
                     0.1f, t);
-  cuda::adamw_update(d_param.get(), d_grad.get(), d_m.get(), d_v.get(), n, 1e-3f, 0.9f, 0.95f,
-                     1e-8f, 0.1f, t, stream_);
-  sync();
-  expect_close("param", d_param.download(), param);
-  expect_close("m", d_m.download(), m);
-  expect_close("v", d_v.download(), v);
+  ops_->adamw_update(
+      static_cast<float*>(d_param), static_cast<const float*>(to_device(grad, Dtype::kF32)),
+      static_cast<float*>(d_m), static_cast<float*>(d_v), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+  expect_close("param", from_device(d_param, n, Dtype::kF32), param, kTolFp32);
+  expect_close("m", from_device(d_m, n, Dtype::kF32), m, kTolFp32);
+  expect_close("v", from_device(d_v, n, Dtype::kF32), v, kTolFp32);
 }
 
-TEST_F(CudaOps, SgdUpdate) {
+TEST_F(CudaBackendOps, SgdUpdate) {
   const size_t n = 4099;
   const auto grad = normal(n);
   for (const float momentum : {0.0f, 0.9f}) {
     SCOPED_TRACE("momentum " + std::to_string(momentum));
     auto param = normal(n), buf = normal(n);
-    DeviceBuffer<float> d_param(param), d_grad(grad), d_buf(buf);
+    void* d_param = to_device(param, Dtype::kF32);
+    void* d_buf = to_device(buf, Dtype::kF32);
     cpu::sgd_update(param.data(), grad.data(), momentum != 0.0f ? buf.data() : nullptr, n, 0.1f,
                     momentum, 0.01f);
-    cuda::sgd_update(d_param.get(), d_grad.get(), momentum != 0.0f ? d_buf.get() : nullptr, n, 0.1f,
-                     momentum, 0.01f, stream_);
-    sync();
-    expect_close("param", d_param.download(), param);
-    expect_close("momentum_buf", d_buf.download(), buf);
+    ops_->sgd_update(
+        static_cast<float*>(d_param), static_cast<const float*>(to_device(grad, Dtype::kF32)),
+        momentum != 0.0f ? static_cast<float*>(d_buf) : nullptr, n, 0.1f, momentum, 0.01f);
+    expect_close("param", from_device(d_param, n, Dtype::kF32), param, kTolFp32);
+    expect_close("momentum_buf", from_device(d_buf, n, Dtype::kF32), buf, kTolFp32);
   }
 }
 
-TEST_F(CudaOps, ScaleInplace) {
-  const size_t n = 4099;
-  auto x = normal(n);
-  DeviceBuffer<float> d_x(x);
-  cpu::scale_inplace(x.data(), n, 0.37f);
-  cuda::scale_inplace(d_x.get(), n, 0.37f, stream_);
-  sync();
-  expect_close("x", d_x.download(), x);
+// --- element-wise ops and reductions: the CPU backend's arithmetic, bit for bit
+// ---------------------
+
+// Values that exercise the rounding: ties, subnormals, overflow of f16, infinities, NaN.
+std::vector<float> special_values() {
+  const float inf = std::numeric_limits<float>::infinity();
+  return {0.0f,        -0.0f,         1.0f,         -1.0f,         1.00390625f, 1.01171875f,
+          3.14159265f, 1e-40f,        -1e-45f,      2.9802322e-8f, 6.1e-5f,     65504.0f,
+          65519.0f,    65520.0f,      70000.0f,     -1e30f,        3.0e38f,     inf,
+          -inf,        std::nanf(""), 0.333333343f, -2.5e-3f,      1234.5678f,  -7.0e-6f};
 }
 
-TEST_F(CudaOps, SumSquares) {
-  // Large enough that every block of the fixed grid strides several times; and the empty case.
-  for (const size_t n : {size_t(1000003), size_t(1), size_t(0)}) {
-    SCOPED_TRACE("n = " + std::to_string(n));
-    const auto x = normal(n);
-    const double want = cpu::sum_squares(x.data(), n);
-    DeviceBuffer<float> d_x(x);
-    DeviceBuffer<double> d_out(1), d_scratch(cuda::kSumSquaresBlocks);
-    d_out.poison();
-    d_scratch.poison();
-    cuda::sum_squares(d_out.get(), d_scratch.get(), d_x.get(), n, stream_);
-    sync();
-    // Both sides accumulate in double: only the order of the additions differs.
-    expect_close("sum", d_out.download(), std::vector<double>{want}, 1e-12);
+TEST_F(CudaBackendOps, FillEveryDtype) {
+  const size_t n = 1029;
+  for (const Dtype dt : kAllDtypes) {
+    for (const double value : {0.0, -0.0, 1.3, -2.5e-3, 70000.0}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " value " + std::to_string(value));
+      void* x = poisoned(n, dt);
+      ops_->fill(dt, x, n, value);
+      // The CPU backend writes zero bits for any zero, else the value through float.
+      const std::vector<uint8_t> want =
+          value == 0.0 ? std::vector<uint8_t>(n * dtype_size(dt), 0)
+                       : encode(std::vector<float>(n, static_cast<float>(value)), dt);
+      expect_same_bytes("fill", bytes_of(x, n * dtype_size(dt)), want);
+    }
+  }
+}
+
+TEST_F(CudaBackendOps, CastEveryPair) {
+  std::vector<float> values = special_values();
+  const auto more = normal(1000, Dtype::kF32, 100.0f);
+  values.insert(values.end(), more.begin(), more.end());
+  const size_t n = values.size();
+  for (const Dtype src_dt : kAllDtypes) {
+    for (const Dtype dst_dt : kAllDtypes) {
+      SCOPED_TRACE(std::string(dtype_name(src_dt)) + " -> " + dtype_name(dst_dt));
+      const std::vector<uint8_t> src = encode(values, src_dt);
+      void* d_dst = poisoned(n, dst_dt);
+      ops_->cast(d_dst, dst_dt, to_device_bytes(src), src_dt, n);
+      // Widen exactly, round once to nearest even (the same functions on both sides); a cast to
+      // the same dtype is a copy.
+      const std::vector<uint8_t> want =
+          src_dt == dst_dt ? src : encode(decode(src, src_dt), dst_dt);
+      expect_same_bytes("cast", bytes_of(d_dst, n * dtype_size(dst_dt)), want);
+    }
+  }
+}
+
+TEST_F(CudaBackendOps, ScaleEveryDtype) {
+  const size_t n = 4099;
+  for (const Dtype dt : kAllDtypes) {
+    for (const double s : {0.37, 1.0 / 65536.0, 65536.0}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " s " + std::to_string(s));
+      const auto x = normal(n, dt, 3.0f);
+      void* d_x = to_device(x, dt);
+      ops_->scale(dt, d_x, n, s);
+      // core/backend_cpu.cpp: f32 multiplies by float(s); 16-bit dtypes multiply in double.
+      std::vector<float> want(n);
+      for (size_t i = 0; i < n; i++)
+        want[i] = dt == Dtype::kF32 ? x[i] * static_cast<float>(s)
+                                    : static_cast<float>(static_cast<double>(x[i]) * s);
+      expect_same_bytes("scale", bytes_of(d_x, n * dtype_size(dt)), encode(want, dt));
+    }
+  }
+}
+
+TEST_F(CudaBackendOps, AxpyEveryDtype) {
+  const size_t n = 4099;
+  const double a = -0.7;
+  for (const Dtype dt : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto x = normal(n, dt), y = normal(n, dt);
+    void* d_y = to_device(y, dt);
+    ops_->axpy(dt, d_y, to_device(x, dt), n, a);
+    // core/backend_cpu.cpp: f32 adds float(a) * x (two roundings); 16-bit dtypes work in double.
+    std::vector<float> want(n);
+    for (size_t i = 0; i < n; i++) {
+      if (dt == Dtype::kF32) {
+        const float prod = static_cast<float>(a) * x[i];
+        want[i] = y[i] + prod;
+      } else {
+        want[i] = static_cast<float>(static_cast<double>(y[i]) + a * static_cast<double>(x[i]));
+      }
+    }
+    expect_same_bytes("axpy", bytes_of(d_y, n * dtype_size(dt)), encode(want, dt));
+  }
+}
+
+TEST_F(CudaBackendOps, SumSquaresEveryDtype) {
+  // Large enough that every block of the fixed grid strides several times; and the tiny cases.
+  for (const Dtype dt : kAllDtypes) {
+    for (const size_t n : {size_t(1000003), size_t(1), size_t(0)}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " n = " + std::to_string(n));
+      const auto x = normal(n, dt);
+      double want = 0.0;
+      for (const float v : x)
+        want += static_cast<double>(v) * v;
+      const double got = ops_->sum_squares(dt, to_device(x, dt), n);
+      // Both accumulate in double: only the order of the additions differs.
+      EXPECT_LT(rel_error(std::vector<double>{got}, std::vector<double>{want}), 1e-12)
+          << "got " << got << ", want " << want << " (seed " << seed_ << ")";
+      // Deterministic: the same bits again.
+      if (n > 0) {
+        EXPECT_EQ(ops_->sum_squares(dt, to_device(x, dt), n), got);
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendOps, AnyNonfiniteEveryDtype) {
+  const size_t n = 100003;
+  for (const Dtype dt : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    auto x = normal(n, dt, 100.0f);
+    EXPECT_FALSE(ops_->any_nonfinite(dt, to_device(x, dt), n));
+    EXPECT_FALSE(ops_->any_nonfinite(dt, to_device(x, dt), 0));
+    for (const float bad : {std::nanf(""), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()}) {
+      auto y = x;
+      y[n - 7] = bad;
+      EXPECT_TRUE(ops_->any_nonfinite(dt, to_device(y, dt), n)) << bad;
+    }
+    // 70000 is finite in f32 and bf16 and overflows f16 to infinity.
+    auto z = x;
+    z[3] = 70000.0f;
+    EXPECT_EQ(ops_->any_nonfinite(dt, to_device(z, dt), n), dt == Dtype::kF16);
+  }
+}
+
+// --- memory and streams
+// -----------------------------------------------------------------------------
+
+TEST_F(CudaBackendOps, UploadCopyDownloadThroughPinnedStaging) {
+  const size_t bytes = (size_t(1) << 20) + 12;
+  uint8_t* host = static_cast<uint8_t*>(ops_->host_alloc(bytes));
+  ASSERT_NE(host, nullptr);
+  for (size_t i = 0; i < bytes; i++)
+    host[i] = static_cast<uint8_t>(i * 131 + 7);
+  void* a = alloc(bytes);
+  void* b = alloc(bytes);
+  ops_->upload(a, host, bytes);
+  ops_->copy(b, a, bytes);  // an op after the upload sees its bytes
+  const std::vector<uint8_t> got = bytes_of(b, bytes);
+  EXPECT_EQ(first_difference(got, std::vector<uint8_t>(host, host + bytes)), -1);
+  ops_->synchronize();
+  ops_->host_free(host);
+}
+
+TEST_F(CudaBackendOps, UploadIsOrderedAfterEarlierOpsAndBeforeLaterOnes) {
+  const size_t n = size_t(1) << 22;  // 16 MiB of f32: long enough to race if unordered
+  const std::vector<float> ones(n, 1.0f);
+  const std::vector<uint8_t> image = encode(ones, Dtype::kF32);
+  void* x = alloc(image.size());
+  // fill (compute stream) then upload (copy stream) to the same buffer: the upload lands last.
+  ops_->fill(Dtype::kF32, x, n, 5.0);
+  ops_->upload(x, image.data(), image.size());
+  // scale after the upload sees the uploaded ones.
+  ops_->scale(Dtype::kF32, x, n, 3.0);
+  const std::vector<float> got = from_device(x, n, Dtype::kF32);
+  const size_t wrong =
+      static_cast<size_t>(std::count_if(got.begin(), got.end(), [](float v) { return v != 3.0f; }));
+  EXPECT_EQ(wrong, 0u) << "elements not 3 (fill 5 then upload 1 then scale 3): first " << got[0]
+                       << ", last " << got[n - 1];
+}
+
+TEST_F(CudaBackendOps, Float64AndIntegerDtypesAreRefused) {
+  void* x = alloc(64);
+  try {
+    ops_->fill(Dtype::kF64, x, 8, 1.0);
+    ADD_FAILURE() << "f64 fill did not throw";
+  } catch (const OpError& e) {
+    EXPECT_NE(std::string(e.what()).find("fill"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("f64"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ops_->gelu_forward(Dtype::kF64, x, x, 8), OpError);
+  EXPECT_THROW(ops_->scale(Dtype::kI32, x, 16, 2.0), OpError);
+  EXPECT_THROW(ops_->cast(x, Dtype::kF32, x, Dtype::kF64, 4), OpError);
+  EXPECT_THROW(ops_->sum_squares(Dtype::kF64, x, 8), OpError);
+  EXPECT_NE(ops_->native_stream(), nullptr);
+}
+
+// --- the device: memory wall, backend memory, virtual memory
+// ----------------------------------------
+
+class CudaDeviceMemory : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    probe_ = cuda_device(0, &why);
+    if (!probe_) GTEST_SKIP() << "no GPU: the CUDA device tests need one (" << why << ")";
+  }
+  std::unique_ptr<Device> probe_;
+};
+
+TEST_F(CudaDeviceMemory, MemoryLimitIsAWallWithAReport) {
+  std::string why;
+  const uint64_t MiB = uint64_t(1) << 20;
+  auto device = cuda_device(4 * MiB, &why);
+  ASSERT_TRUE(device) << why;
+  EXPECT_EQ(device->kind(), "cuda");
+  EXPECT_EQ(device->memory_limit(), 4 * MiB);
+  Buffer a(*device, 3 * MiB, Category::kParameters, "a");
+  EXPECT_EQ(device->backend_stats().capacity, 4 * MiB);
+  EXPECT_EQ(device->backend_stats().used, 3 * MiB);
+  EXPECT_EQ(device->try_allocate(2 * MiB, Category::kActivations, "b"), nullptr);
+  try {
+    Buffer b(*device, 2 * MiB, Category::kActivations, "b (B, T, C)");
+    FAIL() << "allocation past the limit succeeded";
+  } catch (const OutOfMemory& e) {
+    const OomReport& r = e.report();
+    EXPECT_EQ(r.requested, 2 * MiB);
+    EXPECT_EQ(r.limit, 4 * MiB);
+    EXPECT_EQ(r.live_total, 3 * MiB);
+    EXPECT_EQ(r.what, "b (B, T, C)");
+    EXPECT_EQ(r.reserved_unused, 0u);
+    EXPECT_NE(r.str().find("out of memory: b (B, T, C)"), std::string::npos) << r.str();
+  }
+  Buffer c(*device, 1 * MiB, Category::kActivations, "c");  // exactly at the limit is fine
+  EXPECT_EQ(device->tracker().live_total(), 4 * MiB);
+}
+
+TEST_F(CudaDeviceMemory, BackendAllocationsAreCounted) {
+  Device& d = *probe_;
+  const uint64_t before = d.backend_stats().used;
+  void* p = d.backend_allocate(1000);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(d.backend_stats().used, before + 1000);
+  EXPECT_GT(d.backend_stats().capacity, 0u);
+  EXPECT_GT(d.backend_stats().largest_free, 0u);
+  d.backend_free(p);
+  EXPECT_EQ(d.backend_stats().used, before);
+  // More than any card has: refused, not thrown.
+  EXPECT_EQ(d.backend_allocate(uint64_t(1) << 50), nullptr);
+}
+
+TEST_F(CudaDeviceMemory, VirtualMemoryMapsAndUnmapsPageByPage) {
+  Device& d = *probe_;
+  Backend& ops = d.backend();
+  const uint64_t g = d.vm_granularity();
+  ASSERT_GT(g, 0u);
+  EXPECT_EQ(g & (g - 1), 0u) << "granularity " << g << " is not a power of two";
+  char* base = static_cast<char*>(d.vm_reserve(4 * g));
+  if (base == nullptr) GTEST_SKIP() << "this device or driver has no virtual memory management";
+  const uint64_t before = d.backend_stats().used;
+  ASSERT_TRUE(d.vm_map(base, 2 * g));
+  EXPECT_EQ(d.backend_stats().used, before + 2 * g);
+  const uint64_t n = 2 * g / sizeof(float);
+  ops.fill(Dtype::kF32, base, n, 1.5);
+  EXPECT_EQ(ops.sum_squares(Dtype::kF32, base, n), 2.25 * double(n));
+  d.vm_unmap(base + g, g);  // the second page only
+  EXPECT_EQ(d.backend_stats().used, before + g);
+  EXPECT_EQ(ops.sum_squares(Dtype::kF32, base, n / 2), 2.25 * double(n / 2));  // first page kept
+  ASSERT_TRUE(d.vm_map(base + g, 3 * g));  // grow to the end of the range
+  EXPECT_EQ(d.backend_stats().used, before + 4 * g);
+  d.vm_unmap(base, 4 * g);
+  d.vm_release(base, 4 * g);
+  EXPECT_EQ(d.backend_stats().used, before);
+}
+
+TEST_F(CudaDeviceMemory, VmMapPastTheLimitFails) {
+  const uint64_t g = probe_->vm_granularity();
+  std::string why;
+  auto device = cuda_device(g, &why);  // room for one page
+  ASSERT_TRUE(device) << why;
+  char* base = static_cast<char*>(device->vm_reserve(2 * g));
+  if (base == nullptr) GTEST_SKIP() << "this device or driver has no virtual memory management";
+  EXPECT_FALSE(device->vm_map(base, 2 * g));
+  EXPECT_EQ(device->backend_stats().used, 0u);
+  EXPECT_TRUE(device->vm_map(base, g));
+  EXPECT_EQ(device->backend_stats().used, g);
+  EXPECT_EQ(device->backend_allocate(1), nullptr);  // the page holds the whole limit
+  device->vm_release(base, 2 * g);                  // unmaps what is still mapped
+  EXPECT_EQ(device->backend_stats().used, 0u);
+}
+
+TEST_F(CudaDeviceMemory, IndexOutOfRangeIsAConfigError) {
+  DeviceConfig dc;
+  dc.kind = "cuda";
+  dc.index = 4096;
+  try {
+    make_cuda_device(dc);
+    FAIL() << "device.index = 4096 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("device.index = 4096: only "), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("CUDA device(s) present"), std::string::npos) << e.what();
   }
 }
 

@@ -45,7 +45,8 @@ struct LtMatmulDescs {
 // Column-major D (m,n) = op(A) (m,k) · op(B) (k,n) + beta * D [+ bias (m) broadcast over columns],
 // storage type T for A, B, D and the bias, fp32 accumulation. The bias requires beta == 0 here.
 // Returns false (having enqueued nothing) when cuBLASLt has no algorithm for the bias epilogue:
-// the caller then adds the bias itself. Without a bias, no algorithm is an error.
+// the caller then adds the bias itself. Without a bias, a shape cuBLASLt has no algorithm for
+// goes to cublasGemmEx.
 template <class T>
 bool lt_matmul(CudaContext& ctx, bool trans_a, bool trans_b, int m, int n, int k, const T* A,
                int lda, const T* B, int ldb, float beta, T* D, int ldd, const T* bias,
@@ -104,11 +105,13 @@ bool lt_matmul(CudaContext& ctx, bool trans_a, bool trans_b, int m, int n, int k
   }
   if (found == 0) {
     if (bias != nullptr) return false;
-    throw std::runtime_error(
-        std::string(__FILE__) + ":" + std::to_string(__LINE__) +
-        ": cublasLtMatmulAlgoGetHeuristic found no algorithm for m=" + std::to_string(m) +
-        " n=" + std::to_string(n) + " k=" + std::to_string(k) +
-        " type=" + std::to_string(static_cast<int>(type)));
+    // No cuBLASLt algorithm for this shape, type and alignment: cuBLAS's GEMM, which has one for
+    // every shape (same types, same fp32 accumulation).
+    const float one = 1.0f;
+    CUBLAS_CHECK(cublasSetStream(ctx.blas, stream));
+    CUBLAS_CHECK(cublasGemmEx(ctx.blas, op_a, op_b, m, n, k, &one, A, type, lda, B, type, ldb,
+                              &beta, D, type, ldd, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return true;
   }
   const float alpha = 1.0f;
   // C and D are the same matrix: beta = 1 accumulates in place.

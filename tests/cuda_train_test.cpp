@@ -1,0 +1,110 @@
+// Training on the CUDA device through the public API (Config -> Trainer), against the same run on
+// the CPU: the losses track step by step in fp32. And the device's errors a user meets there: a
+// model that does not fit under memory_limit is an OutOfMemory with its report, a device index the
+// machine does not have is a ConfigError. Skipped, saying why, without a CUDA build or a GPU.
+#include <gtest/gtest.h>
+
+#if !defined(HEADROOM_HAVE_CUDA)
+
+namespace {
+
+TEST(CudaTrain, SkippedNoCudaBuild) {
+  GTEST_SKIP() << "this build has no CUDA backend (no nvcc found, or -DHEADROOM_CUDA=OFF): the "
+                  "CUDA training tests are not compiled in";
+}
+
+}  // namespace
+
+#else  // HEADROOM_HAVE_CUDA
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/device.h"
+#include "core/trainer.h"
+#include "tests/test_util.h"
+
+namespace headroom {
+namespace {
+
+// A tiny GPT-2 on synthetic data: seconds on either device.
+const char* kTinyRun =
+    "[model]\n"
+    "n_layer = 2\nn_head = 2\nn_embd = 32\nseq_len = 16\nvocab_size = 64\n"
+    "[train]\n"
+    "steps = 20\nmicro_batch = 4\ngrad_accum = 2\nlr = 1e-3\nwarmup_steps = 2\nseed = 7\n"
+    "[data]\n"
+    "kind = \"synthetic\"\nseed = 3\nbranching = 4\n";
+
+class CudaTrain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    DeviceConfig dc;
+    dc.kind = "cuda";
+    try {
+      (void)make_cuda_device(dc);
+    } catch (const ConfigError& e) {
+      GTEST_SKIP() << "no GPU: the CUDA training tests need one (" << e.what() << ")";
+    }
+  }
+};
+
+std::vector<double> losses_of(const Config& config) {
+  Trainer trainer(config, TrainOptions{});
+  trainer.run();
+  std::vector<double> losses;
+  for (const StepRecord& r : trainer.history())
+    losses.push_back(r.loss);
+  return losses;
+}
+
+TEST_F(CudaTrain, Fp32LossesTrackTheCpuRun) {
+  const std::vector<double> cpu = losses_of(test::config_from(kTinyRun, {"device.kind=cpu"}));
+  const std::vector<double> gpu = losses_of(test::config_from(kTinyRun, {"device.kind=cuda"}));
+  ASSERT_EQ(cpu.size(), 20u);
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (size_t i = 0; i < cpu.size(); i++) {
+    ASSERT_TRUE(std::isfinite(gpu[i])) << "step " << i + 1 << ": cuda loss " << gpu[i];
+    EXPECT_LT(std::fabs(gpu[i] - cpu[i]) / std::fabs(cpu[i]), 1e-4)
+        << "step " << i + 1 << ": cuda loss " << gpu[i] << ", cpu loss " << cpu[i];
+  }
+  EXPECT_LT(gpu.back(), gpu.front()) << "the run on cuda did not learn";
+}
+
+TEST_F(CudaTrain, ModelPastTheMemoryLimitIsOutOfMemoryWithAReport) {
+  // ~23M parameters: 92 MB of f32 weights alone, over a 64 MiB limit (the card has far more).
+  const Config c = test::config_from(
+      "[model]\nn_layer = 6\nn_head = 8\nn_embd = 512\nseq_len = 64\nvocab_size = 8192\n"
+      "[train]\nsteps = 1\nmicro_batch = 1\n"
+      "[device]\nkind = \"cuda\"\nmemory_limit = \"64MiB\"\n");
+  const uint64_t limit = uint64_t(64) << 20;
+  try {
+    Trainer trainer(c, TrainOptions{});
+    trainer.run();
+    FAIL() << "a 92 MB model trained under a 64 MiB limit";
+  } catch (const OutOfMemory& e) {
+    const OomReport& r = e.report();
+    EXPECT_EQ(r.limit, limit);
+    EXPECT_GT(r.requested, 0u);
+    EXPECT_GT(r.live_total + r.requested, limit);
+    const std::string report = r.str();
+    for (const char* field : {"out of memory: ", "requested", "memory_limit", "64.00 MiB", "live",
+                              "parameters", "gradients"})
+      EXPECT_NE(report.find(field), std::string::npos) << "missing '" << field << "'\n" << report;
+  }
+}
+
+TEST_F(CudaTrain, DeviceIndexOutOfRangeIsAConfigError) {
+  const Config c =
+      test::config_from(std::string(kTinyRun) + "[device]\nkind = \"cuda\"\nindex = 4096\n");
+  const std::string message = test::error_of([&] { Trainer trainer(c, TrainOptions{}); });
+  EXPECT_NE(message.find("device.index = 4096: only "), std::string::npos) << message;
+  EXPECT_NE(message.find("CUDA device(s) present"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace headroom
+
+#endif  // HEADROOM_HAVE_CUDA
