@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 
+#include <toml++/toml.h>
+
 #include "core/model.h"
 
 namespace headroom {
 
 namespace {
-
-constexpr uint64_t kF32 = 4;
 
 uint64_t& at(ByCategory& b, Category c) {
   return b[static_cast<int>(c)];
@@ -24,14 +24,49 @@ uint64_t PeakEstimate::total() const {
   return t;
 }
 
-PeakEstimate estimate_peak(const Config& config, int micro_batch) {
+Strategy strategy_of(const Config& config) {
+  Strategy s;
+  for (const PluginEntry& p : config.plugins) {
+    // The plugins' own keys, as the plugins read them; a value they would refuse stops the run
+    // before any estimate matters, so anything unexpected here just counts as the default.
+    toml::table t;
+    try {
+      t = toml::parse(p.toml);
+    } catch (const toml::parse_error&) {
+    }
+    if (p.name == "amp") {
+      s.compute = t["dtype"].value_or(std::string("bf16")) == "fp16" ? Dtype::kF16 : Dtype::kBF16;
+    } else if (p.name == "checkpoint") {
+      const std::string policy = t["policy"].value_or(std::string("every"));
+      if (policy == "every") {
+        s.keep_every = 0;
+      } else if (policy == "every_n") {
+        s.keep_every = int(t["n"].value_or(int64_t(1)));
+      } else if (policy == "sqrt") {
+        int n = 1;
+        while (n * n < config.model.n_layer)
+          ++n;
+        s.keep_every = n;
+      }
+      // selective and budget: estimated as no recomputation, an upper bound.
+    }
+  }
+  return s;
+}
+
+PeakEstimate estimate_peak(const Config& config, int micro_batch, const Strategy& s) {
   const ModelConfig& m = config.model;
   const uint64_t B = uint64_t(micro_batch), T = uint64_t(m.seq_len), C = uint64_t(m.n_embd);
   const uint64_t V = uint64_t(m.vocab_size), L = uint64_t(m.n_layer), N = B * T;
+  const uint64_t NH = uint64_t(m.n_head);
   const uint64_t params = gpt_num_params(m);
+  // es: the compute dtype's element size (activations, compute copies); statistics and masters
+  // are fp32.
+  const uint64_t es = dtype_size(s.compute), kF32 = 4;
+  const bool copies = s.compute != Dtype::kF32;
   PeakEstimate e;
-  at(e.at_peak, Category::kParameters) = kF32 * params;
-  at(e.at_peak, Category::kGradients) = kF32 * params;
+  at(e.at_peak, Category::kParameters) = kF32 * params + (copies ? es * params : 0);
+  at(e.at_peak, Category::kGradients) = kF32 * params + (copies ? es * params : 0);
   const TrainConfig& t = config.train;
   const uint64_t states = t.optimizer == "adamw" ? 2 : (t.momentum > 0 ? 1 : 0);
   at(e.at_peak, Category::kOptimizer) = kF32 * states * params;
@@ -39,18 +74,32 @@ PeakEstimate estimate_peak(const Config& config, int micro_batch) {
 
   // What the layers save in forward (model.cpp): the embedding's output, each block's tensors,
   // the head's ln_f, its statistics, the logits and the per-token losses.
-  const uint64_t block = gpt_block_activation_bytes(m, micro_batch, m.seq_len, Dtype::kF32);
-  const uint64_t head = kF32 * (N * C + 2 * N + N * V + N);
-  const uint64_t all = kF32 * N * C + L * block + head;
+  const uint64_t full = gpt_block_activation_bytes(m, micro_batch, m.seq_len, s.compute);
+  const uint64_t out = es * N * C;  // a block's output; the embedding's
+  const uint64_t head = es * (N * C + N * V) + kF32 * (2 * N + N);
   // Backward holds two (B, T, C) gradient buffers throughout, and each layer its own scratch:
-  // the head dln_f (B, T, C); a block two (B, T, 4C), two (B, T, C) and one (T, T).
-  const uint64_t dres = 2 * kF32 * N * C;
-  const uint64_t head_ws = dres + kF32 * N * C;
-  const uint64_t block_ws = dres + kF32 * (8 * N * C + 2 * N * C + T * T);
-  // At the head's backward every activation is live; at the last block's, all but the head's.
-  const uint64_t at_head = all + head_ws, at_block = all - head + block_ws;
-  at(e.at_peak, Category::kActivations) = at_head >= at_block || L == 0 ? all : all - head;
-  at(e.at_peak, Category::kWorkspace) = at_head >= at_block || L == 0 ? head_ws : block_ws;
+  // the head dln_f (B, T, C); a block two (B, T, 4C), two (B, T, C) and the attention scratch —
+  // (T, T) on the CPU, (NH, T, T) on CUDA (Backend::attention_scratch_numel).
+  const uint64_t scratch = config.device.kind == "cuda" ? NH * T * T : T * T;
+  const uint64_t dres = 2 * es * N * C;
+  const uint64_t head_ws = dres + es * N * C;
+  const uint64_t block_ws = dres + es * (8 * N * C + 2 * N * C + scratch);
+
+  // Recomputation: dropped blocks keep only their output. The peak is then at the head's backward
+  // (every kept activation plus the head's) or at the recompute of the topmost dropped block (its
+  // full activations and a block's backward scratch); counting every kept block at both moments
+  // makes this an upper bound for every_n and sqrt, and exact for every. Without it, every block
+  // is kept, and the last block's backward is the other candidate.
+  const uint64_t kept = s.keep_every < 0   ? L
+                        : s.keep_every > 0 ? std::min(L, L / uint64_t(s.keep_every))
+                                           : 0;
+  const uint64_t dropped = L - kept;
+  const uint64_t base = out + kept * full;  // the embedding's output and the kept blocks
+  const uint64_t act_head = base + dropped * out + head;
+  const uint64_t act_other = dropped > 0 ? base + (dropped - 1) * out + full : L > 0 ? base : 0;
+  const bool head_wins = L == 0 || act_head + head_ws >= act_other + block_ws;
+  at(e.at_peak, Category::kActivations) = head_wins ? act_head : act_other;
+  at(e.at_peak, Category::kWorkspace) = head_wins ? head_ws : block_ws;
   return e;
 }
 
@@ -59,70 +108,82 @@ std::vector<Remedy> suggest_remedies(const Config& config, uint64_t limit, uint6
                                      const std::vector<std::string>& available_plugins) {
   std::vector<Remedy> out;
   const int B = config.train.micro_batch, A = config.train.grad_accum;
-  const PeakEstimate now = estimate_peak(config, B);
+  const Strategy current = strategy_of(config);
+  const PeakEstimate now = estimate_peak(config, B, current);
+  auto remedy = [&](std::string what, std::string toml, const PeakEstimate& e) {
+    Remedy r;
+    r.what = std::move(what);
+    r.toml = std::move(toml);
+    for (int i = 0; i < kNumCategories; ++i) {
+      r.saves[i] = now.at_peak[i] > e.at_peak[i] ? now.at_peak[i] - e.at_peak[i] : 0;
+      r.costs[i] = e.at_peak[i] > now.at_peak[i] ? e.at_peak[i] - now.at_peak[i] : 0;
+    }
+    r.peak_after = e.total();
+    r.fits = !limit || e.total() <= limit;
+    return r;
+  };
 
   // Smaller micro-batches, the same effective batch: the largest divisor of B that fits.
   for (int b = B / 2; b >= 1; --b) {
     if (B % b != 0) continue;
-    const PeakEstimate e = estimate_peak(config, b);
+    const PeakEstimate e = estimate_peak(config, b, current);
     if (limit && e.total() > limit && b > 1) continue;
-    Remedy r;
-    r.what = "micro_batch " + std::to_string(b) + " x grad_accum " + std::to_string(A * (B / b)) +
-             " (the same " + std::to_string(B * A) + " sequences per step)";
-    r.toml = "[train]\nmicro_batch = " + std::to_string(b) +
-             "\ngrad_accum = " + std::to_string(A * (B / b));
-    for (int i = 0; i < kNumCategories; ++i)
-      r.saves[i] = now.at_peak[i] > e.at_peak[i] ? now.at_peak[i] - e.at_peak[i] : 0;
-    r.peak_after = e.total();
-    r.fits = !limit || e.total() <= limit;
-    out.push_back(r);
+    out.push_back(remedy("micro_batch " + std::to_string(b) + " x grad_accum " +
+                             std::to_string(A * (B / b)) + " (the same " + std::to_string(B * A) +
+                             " sequences per step)",
+                         "[train]\nmicro_batch = " + std::to_string(b) +
+                             "\ngrad_accum = " + std::to_string(A * (B / b)),
+                         estimate_peak(config, b, current)));
     break;
   }
-
-  // Activation recomputation: dropped blocks keep only their output. The peak is then at the
-  // head's backward (every kept activation plus the head's) or at the recompute of the topmost
-  // dropped block (its full activations and a block's backward scratch); counting every kept
-  // block at both moments makes this an upper bound for sqrt, and exact for every.
-  auto checkpoint_remedy = [&](const char* policy, int keep_every) {
-    const ModelConfig& m = config.model;
-    const uint64_t N = uint64_t(B) * m.seq_len, C = uint64_t(m.n_embd), L = uint64_t(m.n_layer);
-    const uint64_t T = uint64_t(m.seq_len);
-    const uint64_t full = gpt_block_activation_bytes(m, B, m.seq_len, Dtype::kF32);
-    const uint64_t out = kF32 * N * C, head = kF32 * (N * C + 2 * N + N * m.vocab_size + N);
-    const uint64_t dres = 2 * kF32 * N * C, head_ws = dres + kF32 * N * C;
-    const uint64_t block_ws = dres + kF32 * (8 * N * C + 2 * N * C + T * T);
-    const uint64_t kept = keep_every > 0 ? L / uint64_t(keep_every) : 0, dropped = L - kept;
-    const uint64_t base = out + kept * full;  // the embedding's output and the kept blocks
-    const uint64_t at_head = base + dropped * out + head + head_ws;
-    const uint64_t at_recompute = base + (dropped - 1) * out + full + block_ws;
-    const uint64_t act =
-        at_head >= at_recompute ? base + dropped * out + head : base + (dropped - 1) * out + full;
-    const uint64_t ws = at_head >= at_recompute ? head_ws : block_ws;
-    const int ia = static_cast<int>(Category::kActivations);
-    const int iw = static_cast<int>(Category::kWorkspace);
-    Remedy r;
-    r.what = std::string("checkpoint (activation recomputation, policy ") + policy + ")";
-    r.toml = std::string("[[plugins]]\nname = \"checkpoint\"\npolicy = \"") + policy + "\"";
-    r.saves[ia] = now.at_peak[ia] > act ? now.at_peak[ia] - act : 0;
-    r.saves[iw] = now.at_peak[iw] > ws ? now.at_peak[iw] - ws : 0;
-    const uint64_t after =
-        now.total() - r.saves[ia] - r.saves[iw] + (ws > now.at_peak[iw] ? ws - now.at_peak[iw] : 0);
-    r.peak_after = after;
-    r.fits = !limit || after <= limit;
-    return r;
-  };
 
   auto available = [&](const char* name) {
     return std::find(available_plugins.begin(), available_plugins.end(), name) !=
            available_plugins.end();
   };
-  if (available("checkpoint") && config.model.n_layer >= 2) {
-    // sqrt(L) keeps every ceil(sqrt(L))-th block and recomputes less; every saves the most.
+  auto configured = [&](const char* name) {
+    return std::any_of(config.plugins.begin(), config.plugins.end(),
+                       [&](const PluginEntry& p) { return p.name == name; });
+  };
+  const bool can_checkpoint =
+      available("checkpoint") && !configured("checkpoint") && config.model.n_layer >= 2;
+  const bool can_amp = available("amp") && !configured("amp");
+
+  // Activation recomputation: sqrt(L) keeps every ceil(sqrt(L))-th block and recomputes less;
+  // every saves the most.
+  Strategy ckpt = current;
+  std::string ckpt_toml;
+  if (can_checkpoint) {
     int n = 1;
     while (n * n < config.model.n_layer)
       ++n;
-    const Remedy sqrt_r = checkpoint_remedy("sqrt", n);
-    out.push_back(sqrt_r.fits ? sqrt_r : checkpoint_remedy("every", 0));
+    ckpt.keep_every = n;
+    const char* policy = "sqrt";
+    if (limit && estimate_peak(config, B, ckpt).total() > limit) {
+      ckpt.keep_every = 0;
+      policy = "every";
+    }
+    ckpt_toml = std::string("[[plugins]]\nname = \"checkpoint\"\npolicy = \"") + policy + "\"";
+    out.push_back(
+        remedy(std::string("checkpoint (activation recomputation, policy ") + policy + ")",
+               ckpt_toml, estimate_peak(config, B, ckpt)));
+  }
+
+  // Mixed precision: bf16 activations and compute copies beside the fp32 masters.
+  Strategy amp = current;
+  amp.compute = Dtype::kBF16;
+  const std::string amp_toml = "[[plugins]]\nname = \"amp\"\ndtype = \"bf16\"";
+  if (can_amp)
+    out.push_back(remedy("amp (bf16 activations and compute weights, fp32 master weights)",
+                         amp_toml, estimate_peak(config, B, amp)));
+
+  // Both, when neither alone fits.
+  if (can_amp && can_checkpoint && limit && estimate_peak(config, B, ckpt).total() > limit &&
+      estimate_peak(config, B, amp).total() > limit) {
+    Strategy both = ckpt;
+    both.compute = Dtype::kBF16;
+    out.push_back(remedy("amp + checkpoint together", amp_toml + "\n" + ckpt_toml,
+                         estimate_peak(config, B, both)));
   }
 
   // Enough bytes free, no hole big enough: fragmentation, which an allocator with expandable
@@ -152,6 +213,13 @@ std::string format_remedies(const std::vector<Remedy>& remedies) {
                format_bytes(r.saves[i]);
     }
     if (!saved.empty()) s += "    saves about " + saved + " at the peak\n";
+    std::string cost;
+    for (int i = 0; i < kNumCategories; ++i) {
+      if (!r.costs[i]) continue;
+      cost += std::string(cost.empty() ? "" : ", ") + category_name(category_at(i)) + " " +
+              format_bytes(r.costs[i]);
+    }
+    if (!cost.empty()) s += "    costs about " + cost + " more\n";
     if (r.unstranded)
       s += "    makes usable " + format_bytes(r.unstranded) +
            " of free memory now in holes too small for the request\n";

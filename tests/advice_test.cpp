@@ -27,6 +27,62 @@ TEST_P(PeakEstimateTest, MatchesTheTrackerByCategory) {
 
 INSTANTIATE_TEST_SUITE_P(MicroBatches, PeakEstimateTest, ::testing::Values(1, 4, 16));
 
+// With the config's own plugins: amp's bf16 copies and activations, checkpoint's dropped blocks.
+struct PluginCase {
+  const char* name;
+  const char* plugins;
+};
+class StrategyEstimateTest : public ::testing::TestWithParam<PluginCase> {};
+
+TEST_P(StrategyEstimateTest, MatchesTheTrackerByCategory) {
+  const Config c =
+      test::config_from(std::string(kModel) + GetParam().plugins, {"train.micro_batch=8"});
+  Trainer t(c, TrainOptions{});
+  t.run();
+  const MemoryTracker& mt = t.device().tracker();
+  const PeakEstimate e = estimate_peak(c, 8, strategy_of(c));
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(e.at_peak[i], mt.live_at_peak()[i]) << category_name(category_at(i));
+  EXPECT_EQ(e.total(), mt.peak_total());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plugins, StrategyEstimateTest,
+    ::testing::Values(PluginCase{"AmpBf16", "[[plugins]]\nname = \"amp\"\n"},
+                      PluginCase{"AmpFp16", "[[plugins]]\nname = \"amp\"\ndtype = \"fp16\"\n"},
+                      PluginCase{
+                          "AmpAndCheckpointEvery",
+                          "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"checkpoint\"\n"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Remedies, AmpAndBothTogetherWhenNeitherAloneFits) {
+  const Config c = test::config_from(kModel, {"train.micro_batch=16"});
+  const Strategy amp{Dtype::kBF16, -1}, every{Dtype::kF32, 0}, both{Dtype::kBF16, 0};
+  const uint64_t p_amp = estimate_peak(c, 16, amp).total(),
+                 p_every = estimate_peak(c, 16, every).total(),
+                 p_both = estimate_peak(c, 16, both).total();
+  ASSERT_LT(p_both, std::min(p_amp, p_every));
+  const uint64_t limit = p_both + 1000;  // only both fit
+  const auto rs = suggest_remedies(c, limit, 1 << 20, 0, 0, {"amp", "checkpoint"});
+  const Remedy& last = rs.back();
+  EXPECT_EQ(last.what, "amp + checkpoint together");
+  EXPECT_TRUE(last.fits);
+  EXPECT_EQ(last.peak_after, p_both);
+  EXPECT_EQ(last.toml,
+            "[[plugins]]\nname = \"amp\"\ndtype = \"bf16\"\n[[plugins]]\nname = "
+            "\"checkpoint\"\npolicy = \"every\"");
+  bool amp_alone = false;
+  for (const Remedy& r : rs)
+    amp_alone = amp_alone ||
+                (r.toml.find("\"amp\"") != std::string::npos && !r.fits && r.peak_after == p_amp);
+  EXPECT_TRUE(amp_alone) << format_remedies(rs);
+  // A plugin already in the config is not offered again.
+  const Config with_amp = test::config_from(std::string(kModel) + "[[plugins]]\nname = \"amp\"\n",
+                                            {"train.micro_batch=16"});
+  for (const Remedy& r : suggest_remedies(with_amp, limit, 1 << 20, 0, 0, {"amp", "checkpoint"}))
+    EXPECT_EQ(r.toml.find("\"amp\""), std::string::npos) << r.toml;
+}
+
 TEST(Remedies, SmallerMicroBatchAtTheSameBatchFits) {
   const Config c = test::config_from(kModel, {"train.micro_batch=16", "train.grad_accum=2"});
   const uint64_t limit = estimate_peak(c, 4).total() + 1000;  // 4 fits, 8 does not

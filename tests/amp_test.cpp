@@ -210,6 +210,32 @@ TEST(AmpFp16, ScalerStateSurvivesASnapshot) {
   EXPECT_EQ(resumed.skipped, whole.skipped);
 }
 
+// The demo (scripts/demo, README): examples/demo.toml runs out of memory with no plugins, and
+// examples/demo-plugins.toml — the same file plus amp and checkpoint — fits the same limit.
+TEST(Demo, OutOfMemoryWithoutPluginsFitsWithAmpAndCheckpoint) {
+  const std::string src = HEADROOM_SOURCE_DIR;
+  const Config plain = load_config(src + "/examples/demo.toml", {"train.steps=2"});
+  const Config with = load_config(src + "/examples/demo-plugins.toml", {"train.steps=2"});
+  ASSERT_TRUE(plain.plugins.empty());
+  ASSERT_EQ(with.plugins.size(), 2u);
+  EXPECT_EQ(with.plugins[0].name, "amp");
+  EXPECT_EQ(with.plugins[1].name, "checkpoint");
+  // Nothing else differs: the resolved configs print the same without the plugin tables.
+  Config stripped = with;
+  stripped.plugins.clear();
+  stripped.file = plain.file;
+  EXPECT_EQ(format_config(stripped), format_config(plain));
+
+  Trainer oom(plain, TrainOptions{});
+  EXPECT_THROW(oom.run(), OutOfMemory);
+  Trainer fits(with, TrainOptions{});
+  fits.run();
+  EXPECT_LE(fits.device().tracker().peak_total(), with.device.memory_limit);
+  std::printf("demo: peak %llu bytes with amp + checkpoint under the %llu-byte limit\n",
+              (unsigned long long)fits.device().tracker().peak_total(),
+              (unsigned long long)with.device.memory_limit);
+}
+
 TEST(AmpPlugin, BadKeysExit2NamingTheKey) {
   const std::string dir = test::temp_dir();
   const std::string base = model_toml() + train_toml(1);
