@@ -47,8 +47,8 @@ class MeasureWindow final : public EventListener {
 };
 
 struct Variant {
-  const char* name;
-  const char* plugins;  // TOML appended to the config; "" for the baseline
+  std::string name;
+  std::string plugins;  // TOML appended to the config; "" for the baseline
 };
 
 struct Result {
@@ -84,12 +84,18 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "steps run before measuring")->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
-  // amp is not built yet: "amp alone" and "amp + checkpoint" join this list when it is.
+  const std::string amp_bf16 = "[[plugins]]\nname = \"amp\"\ndtype = \"bf16\"\n";
+  const std::string every = "[[plugins]]\nname = \"checkpoint\"\npolicy = \"every\"\n";
+  const std::string selective = "[[plugins]]\nname = \"checkpoint\"\npolicy = \"selective\"\n";
   const std::vector<Variant> variants = {
       {"baseline (no plugins)", ""},
-      {"checkpoint every", "[[plugins]]\nname = \"checkpoint\"\npolicy = \"every\"\n"},
+      {"checkpoint every", every},
       {"checkpoint sqrt", "[[plugins]]\nname = \"checkpoint\"\npolicy = \"sqrt\"\n"},
-      {"checkpoint selective", "[[plugins]]\nname = \"checkpoint\"\npolicy = \"selective\"\n"},
+      {"checkpoint selective", selective},
+      {"amp bf16", amp_bf16},
+      {"amp fp16", "[[plugins]]\nname = \"amp\"\ndtype = \"fp16\"\n"},
+      {"amp bf16 + checkpoint every", amp_bf16 + every},
+      {"amp bf16 + checkpoint selective", amp_bf16 + selective},
       {"defrag_allocator", "[[plugins]]\nname = \"defrag_allocator\"\n"},
   };
 
@@ -108,7 +114,7 @@ int main(int argc, char** argv) {
     for (const Variant& v : variants) {
       const Config c = parse_config(text + v.plugins, file, overrides);
       shown = c;
-      std::fprintf(stderr, "bench_plugins: %s ...\n", v.name);
+      std::fprintf(stderr, "bench_plugins: %s ...\n", v.name.c_str());
       Trainer trainer(c, TrainOptions{});
       MeasureWindow window(warmup + 1);
       trainer.add_listener(&window);
@@ -146,7 +152,7 @@ int main(int argc, char** argv) {
     const Result& base = results.front();
     for (size_t k = 0; k < variants.size(); ++k) {
       const Result& r = results[k];
-      std::printf("| %s |", variants[k].name);
+      std::printf("| %s |", variants[k].name.c_str());
       for (int i : cats)
         std::printf(" %s |", mib(r.at_peak[size_t(i)]).c_str());
       std::printf(" %s | %.3f | %.2f s | %.3f |\n", mib(r.peak_total).c_str(),

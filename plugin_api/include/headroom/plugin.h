@@ -305,10 +305,11 @@ typedef struct hr_host_services {
    * f32 gradients (what the optimizer updates); layer_activation views carry the compute dtype.
    * HR_ERROR_INVALID (with a message) from any other event, for another dtype, or when another
    * plugin already chose a different one.
-   * set_loss_scale: the backward of every micro-step from the next STEP_BEGIN on starts from the
-   * loss gradient times `scale` (finite, > 0; default 1), so the f32 gradients at GRADS_READY are
-   * scaled by it: a plugin that scales unscales them (op_scale) before the optimizer runs, or
-   * vetoes the step. The metrics report it as loss_scale. Any event. */
+   * set_loss_scale: the backward of every micro-step of each step whose STEP_BEGIN dispatch ends
+   * after the call starts from the loss gradient times `scale` (finite, > 0; default 1), so the
+   * f32 gradients at GRADS_READY are scaled by it: a plugin that scales unscales them (op_scale)
+   * before the optimizer runs, or vetoes the step. The metrics report it as loss_scale. Any
+   * event. */
   hr_status (*set_compute_dtype)(hr_host* host, uint32_t dtype);
   hr_status (*set_loss_scale)(hr_host* host, double scale);
 } hr_host_services;
