@@ -85,7 +85,8 @@ def steps_status(d):
 
 
 def gpu_mem_used(d, name):
-    """MiB the GPU's used memory rose above its first sample while step `name` ran."""
+    """Bytes the GPU's used memory rose above its lowest sample (the idle reading the sampler
+    takes before the step starts) while step `name` ran."""
     text = read_text(os.path.join(d, name + ".mem"))
     if not text:
         return None
@@ -97,7 +98,7 @@ def gpu_mem_used(d, name):
             pass
     if len(vals) < 2:
         return None
-    return (max(vals) - vals[0]) * (1 << 20)
+    return (max(vals) - min(vals)) * (1 << 20)
 
 
 def headroom_train(d, name, warmup):
