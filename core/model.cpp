@@ -200,7 +200,7 @@ class Block final : public Layer<T> {
     Buffer dres1_buf = this->workspace(N * C, "dresidual (B, T, C)");
     Buffer dtmp_buf = this->workspace(N * C, "dtmp (B, T, C)");
     Buffer scratch =
-        this->workspace(ops.attention_scratch_numel(B, Tn, NH), "attention scratch (T, T)");
+        this->workspace(ops.attention_scratch_numel(B, Tn, NH), "attention scratch");
     void* dgelu = d4c_a.as<void>();
     void* dfch = d4c_b.as<void>();
     void* dres1 = dres1_buf.as<void>();
