@@ -529,13 +529,6 @@ void Gpt<T>::accumulate_compute_grads() {
 }
 
 template <class T>
-void Gpt<T>::sync_compute_params() {
-  if (!has_compute_copies()) return;
-  for (Param<T>* p : params())
-    device_.backend().cast(p->cdata(), dt_, p->data(), dtype_of<T>(), p->numel);
-}
-
-template <class T>
 void Gpt<T>::drop_activations(int layer, Drop what) {
   if (layer < 0 || layer >= static_cast<int>(layers_.size()))
     throw std::logic_error("layer " + std::to_string(layer) + " does not exist (the model has " +

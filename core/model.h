@@ -193,7 +193,14 @@ class Gpt {
   void zero_grad();
   // Casts every master parameter to its compute copy (round to nearest even): after the optimizer
   // updated the masters, or after they were loaded. Nothing to do without compute copies.
-  void sync_compute_params();
+  // Inline, walking the layers: core/safetensors.cpp calls it and links without model.cpp (its
+  // fuzz target).
+  void sync_compute_params() {
+    if (!has_compute_copies()) return;
+    for (const auto& layer : layers_)
+      for (const auto& p : layer->params())
+        device_.backend().cast(p->cdata(), dt_, p->data(), dtype_of<T>(), p->numel);
+  }
   Dtype compute_dtype() const { return dt_; }
   bool has_compute_copies() const { return dt_ != dtype_of<T>(); }
   // Frees every layer's saved activations: after a forward that has no backward (evaluation,
