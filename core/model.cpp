@@ -199,8 +199,7 @@ class Block final : public Layer<T> {
     Buffer d4c_b = this->workspace(N * 4 * C, "dfc (B, T, 4C)");
     Buffer dres1_buf = this->workspace(N * C, "dresidual (B, T, C)");
     Buffer dtmp_buf = this->workspace(N * C, "dtmp (B, T, C)");
-    Buffer scratch =
-        this->workspace(ops.attention_scratch_numel(B, Tn, NH), "attention scratch");
+    Buffer scratch = this->workspace(ops.attention_scratch_numel(B, Tn, NH), "attention scratch");
     void* dgelu = d4c_a.as<void>();
     void* dfch = d4c_b.as<void>();
     void* dres1 = dres1_buf.as<void>();
