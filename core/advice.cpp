@@ -206,19 +206,18 @@ std::string format_remedies(const std::vector<Remedy>& remedies) {
   for (const Remedy& r : remedies) {
     s += "  - " + r.what + (r.fits ? "" : " (still over the limit by the estimate)") + "\n";
     if (r.peak_after) s += "    peak about " + format_bytes(r.peak_after) + "\n";
-    std::string saved;
-    for (int i = 0; i < kNumCategories; ++i) {
-      if (!r.saves[i]) continue;
-      saved += std::string(saved.empty() ? "" : ", ") + category_name(category_at(i)) + " " +
-               format_bytes(r.saves[i]);
-    }
+    // "activations 1.00 MiB, workspace 2.00 MiB": the categories with bytes.
+    auto by_category = [](const ByCategory& bytes) {
+      std::string list;
+      for (int i = 0; i < kNumCategories; ++i) {
+        if (!bytes[i]) continue;
+        list += std::string(list.empty() ? "" : ", ") + category_name(category_at(i)) + " " +
+                format_bytes(bytes[i]);
+      }
+      return list;
+    };
+    const std::string saved = by_category(r.saves), cost = by_category(r.costs);
     if (!saved.empty()) s += "    saves about " + saved + " at the peak\n";
-    std::string cost;
-    for (int i = 0; i < kNumCategories; ++i) {
-      if (!r.costs[i]) continue;
-      cost += std::string(cost.empty() ? "" : ", ") + category_name(category_at(i)) + " " +
-              format_bytes(r.costs[i]);
-    }
     if (!cost.empty()) s += "    costs about " + cost + " more\n";
     if (r.unstranded)
       s += "    makes usable " + format_bytes(r.unstranded) +

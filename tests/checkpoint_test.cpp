@@ -335,15 +335,10 @@ TEST(InTreePlugins, ExportOnlyTheEntryPoint) {
   for (const char* name : {"checkpoint", "amp", "defrag_allocator"}) {
     const std::string so =
         bin.substr(0, bin.rfind('/')) + "/../lib/headroom/plugins/" + name + ".so";
-    const std::string cmd = "nm -D --defined-only '" + so + "' 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0)
-      out.append(buf, n);
-    ASSERT_EQ(pclose(p), 0) << cmd << "\n" << out;
+    const std::string cmd = "nm -D --defined-only '" + so + "'";
+    const test::RunResult nm = test::run_command(cmd);
+    const std::string& out = nm.output;
+    ASSERT_EQ(nm.exit_code, 0) << cmd << "\n" << out;
     EXPECT_TRUE(test::contains(out, " T hr_plugin_entry\n")) << name << ": " << out;
     EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << name << ": " << out;
   }

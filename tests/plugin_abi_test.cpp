@@ -676,15 +676,10 @@ TEST_F(PluginAbi, PluginsExportOnlyTheEntryPoint) {
   int checked = 0;
   for (const auto& entry : fs::directory_iterator(kPluginDir)) {
     if (entry.path().extension() != ".so") continue;
-    const std::string cmd = "nm -D --defined-only '" + entry.path().string() + "' 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0)
-      out.append(buf, n);
-    ASSERT_EQ(pclose(p), 0) << cmd << "\n" << out;
+    const std::string cmd = "nm -D --defined-only '" + entry.path().string() + "'";
+    const test::RunResult nm = test::run_command(cmd);
+    const std::string& out = nm.output;
+    ASSERT_EQ(nm.exit_code, 0) << cmd << "\n" << out;
     std::vector<std::string> symbols;
     std::istringstream in(out);
     for (std::string line; std::getline(in, line);) {

@@ -27,8 +27,12 @@ Config config_from(const std::string& toml, const std::vector<std::string>& over
 }
 
 RunResult run_headroom(const std::string& args) {
+  return run_command(std::string(HEADROOM_BINARY) + " " + args);
+}
+
+RunResult run_command(const std::string& command) {
   RunResult r;
-  const std::string cmd = std::string(HEADROOM_BINARY) + " " + args + " 2>&1";
+  const std::string cmd = command + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
   char buf[4096];

@@ -24,6 +24,8 @@ struct RunResult {
 };
 // Runs build/bin/headroom with `args` (already shell-quoted where needed).
 RunResult run_headroom(const std::string& args);
+// Runs a shell command line, stdout and stderr together.
+RunResult run_command(const std::string& command);
 
 // The message of the ConfigError that `f` throws; fails the test when it throws nothing.
 template <typename F>
