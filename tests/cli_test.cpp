@@ -74,6 +74,17 @@ TEST_F(Cli, TooSmallDataFileExits2) {
   EXPECT_NE(r.output.find("fewer than one micro-batch"), std::string::npos) << r.output;
 }
 
+// kind = "cuda" where this build has no CUDA backend, or this machine no GPU: exit 2, naming the
+// line that asked for it.
+TEST_F(Cli, CudaWithoutAGpuExits2NamingTheLine) {
+  const std::string path =
+      config(std::string(kSmallModel) + "[train]\nsteps = 1\n[device]\nkind = \"cuda\"\n");
+  const auto r = run_headroom("train " + path + " -q");
+  if (r.exit_code == 0) GTEST_SKIP() << "this machine has a GPU and a CUDA build: the run trained";
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(path + ":11:8: device.kind = \"cuda\""), std::string::npos) << r.output;
+}
+
 TEST_F(Cli, BadSetExits2NamingTheOverride) {
   const std::string path = config(kSmallModel);
   auto r = run_headroom("train " + path + " --set train.steps=abc");
