@@ -82,7 +82,7 @@ TEST_F(Cli, CudaWithoutAGpuExits2NamingTheLine) {
   const auto r = run_headroom("train " + path + " -q");
   if (r.exit_code == 0) GTEST_SKIP() << "this machine has a GPU and a CUDA build: the run trained";
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find(path + ":11:8: device.kind = \"cuda\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(path + ":10:8: device.kind = \"cuda\""), std::string::npos) << r.output;
 }
 
 TEST_F(Cli, BadSetExits2NamingTheOverride) {
