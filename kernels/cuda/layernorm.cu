@@ -77,25 +77,39 @@ __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* 
   }
 }
 
-// dweight, dbias (C; either may be null): one thread per column, the rows in order from the old
-// values, stored once (deterministic, coalesced; the CPU's order of additions).
+// dweight, dbias (C; either may be null). A block is a tile of 32 columns (threadIdx.x) by 32 row
+// lanes (threadIdx.y): lane y sums rows y, y+32, ... of its column, then lane 0 adds the 32
+// partial sums in lane order to the old values and stores once — a fixed order of additions
+// (deterministic), coalesced reads of 32 consecutive columns per warp.
 template <class T>
 __global__ void layernorm_backward_params_kernel(T* dweight, T* dbias, const T* dout, const T* inp,
                                                  const float* mean, const float* rstd, int N,
                                                  int C) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= C) return;
-  float dw = dweight != nullptr ? to_float(dweight[i]) : 0.0f;
-  float db = dbias != nullptr ? to_float(dbias[i]) : 0.0f;
-  for (int n = 0; n < N; n++) {
-    const size_t idx = static_cast<size_t>(n) * C + i;
-    const float norm = (to_float(inp[idx]) - mean[n]) * rstd[n];
-    const float dy = to_float(dout[idx]);
-    db += dy;
-    dw += norm * dy;
+  __shared__ float partial_w[kWarpSize][kWarpSize + 1];  // [lane y][column x]
+  __shared__ float partial_b[kWarpSize][kWarpSize + 1];
+  const int i = blockIdx.x * kWarpSize + threadIdx.x;
+  float dw = 0.0f, db = 0.0f;
+  if (i < C) {
+    for (int n = threadIdx.y; n < N; n += kWarpSize) {
+      const size_t idx = static_cast<size_t>(n) * C + i;
+      const float norm = (to_float(inp[idx]) - mean[n]) * rstd[n];
+      const float dy = to_float(dout[idx]);
+      db += dy;
+      dw += norm * dy;
+    }
   }
-  if (dweight != nullptr) dweight[i] = from_float<T>(dw);
-  if (dbias != nullptr) dbias[i] = from_float<T>(db);
+  partial_w[threadIdx.y][threadIdx.x] = dw;
+  partial_b[threadIdx.y][threadIdx.x] = db;
+  __syncthreads();
+  if (threadIdx.y != 0 || i >= C) return;
+  float tw = dweight != nullptr ? to_float(dweight[i]) : 0.0f;
+  float tb = dbias != nullptr ? to_float(dbias[i]) : 0.0f;
+  for (int y = 0; y < kWarpSize; y++) {
+    tw += partial_w[y][threadIdx.x];
+    tb += partial_b[y][threadIdx.x];
+  }
+  if (dweight != nullptr) dweight[i] = from_float<T>(tw);
+  if (dbias != nullptr) dbias[i] = from_float<T>(tb);
 }
 
 template <class T>
@@ -110,7 +124,8 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
     CUDA_CHECK_LAUNCH();
   }
   if (dweight != nullptr || dbias != nullptr) {
-    layernorm_backward_params_kernel<<<static_cast<unsigned>(ceil_div(C, block)), block, 0,
+    const dim3 tile(kWarpSize, kWarpSize);
+    layernorm_backward_params_kernel<<<static_cast<unsigned>(ceil_div(C, kWarpSize)), tile, 0,
                                        stream>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
     CUDA_CHECK_LAUNCH();
   }

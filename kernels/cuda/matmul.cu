@@ -152,17 +152,28 @@ void matmul_forward(CudaContext& ctx, T* out, const T* inp, const T* weight, con
   lt_matmul<T>(ctx, true, false, OC, N, C, weight, C, inp, C, 1.0f, out, OC, nullptr, stream);
 }
 
-// dbias (OC) += column sums of dout (N,OC): one thread per column, rows in order from the old
-// value (deterministic; the CPU's order of additions), stored once.
+// dbias (OC) += column sums of dout (N,OC). A block is a tile of 32 columns (threadIdx.x) by 32
+// row lanes (threadIdx.y): lane y sums rows y, y+32, y+64, ... of its column, then lane 0 adds the
+// 32 partial sums in lane order to the old value and stores once. The order of additions is fixed
+// (deterministic run to run) and each warp reads 32 consecutive columns of one row (coalesced).
 template <class T>
 __global__ void bias_backward_kernel(T* dbias, const T* dout, int N, int OC) {
-  const int o = blockIdx.x * blockDim.x + threadIdx.x;
-  if (o >= OC) return;
-  float acc = to_float(dbias[o]);
-  for (int n = 0; n < N; n++) {
-    acc += to_float(dout[static_cast<size_t>(n) * OC + o]);
+  __shared__ float partial[kWarpSize][kWarpSize + 1];  // [lane y][column x]; +1: no bank conflicts
+  const int o = blockIdx.x * kWarpSize + threadIdx.x;
+  float acc = 0.0f;
+  if (o < OC) {
+    for (int n = threadIdx.y; n < N; n += kWarpSize) {
+      acc += to_float(dout[static_cast<size_t>(n) * OC + o]);
+    }
   }
-  dbias[o] = from_float<T>(acc);
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || o >= OC) return;
+  float total = to_float(dbias[o]);
+  for (int y = 0; y < kWarpSize; y++) {
+    total += partial[y][threadIdx.x];
+  }
+  dbias[o] = from_float<T>(total);
 }
 
 template <class T>
@@ -179,8 +190,8 @@ void matmul_backward(CudaContext& ctx, T* dinp, T* dweight, T* dbias, const T* d
     lt_matmul<T>(ctx, false, true, C, OC, N, inp, C, dout, OC, 1.0f, dweight, C, nullptr, stream);
   }
   if (dbias != nullptr) {
-    const int block = 256;
-    bias_backward_kernel<<<static_cast<unsigned>(ceil_div(OC, block)), block, 0, stream>>>(
+    const dim3 block(kWarpSize, kWarpSize);
+    bias_backward_kernel<<<static_cast<unsigned>(ceil_div(OC, kWarpSize)), block, 0, stream>>>(
         dbias, dout, N, OC);
     CUDA_CHECK_LAUNCH();
   }
