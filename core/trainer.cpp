@@ -428,13 +428,19 @@ void Trainer::log_step(const StepRecord& r) {
   const int64_t every = config_.train.log_every;
   const bool last = r.step == config_.train.steps;
   if (!options_.live_progress && r.step % every != 0 && r.step != 1 && !last && !r.skipped) return;
+  // An overflowing fp16 step (amp vetoes it) has an infinite or NaN norm: say so plainly.
+  char norm[32];
+  if (std::isfinite(r.grad_norm)) {
+    std::snprintf(norm, sizeof norm, "%.3f", r.grad_norm);
+  } else {
+    std::snprintf(norm, sizeof norm, "%s", std::isnan(r.grad_norm) ? "nan" : "inf");
+  }
   char line[256];
   std::snprintf(line, sizeof line,
-                "step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %9.0f tok/s | %7.1f ms | "
+                "step %6lld/%lld | loss %.4f | lr %.2e | norm %s | %9.0f tok/s | %7.1f ms | "
                 "peak %s",
                 static_cast<long long>(r.step), static_cast<long long>(config_.train.steps), r.loss,
-                r.lr, r.grad_norm, r.tokens_per_s, r.step_ms,
-                format_bytes(mt.peak_total()).c_str());
+                r.lr, norm, r.tokens_per_s, r.step_ms, format_bytes(mt.peak_total()).c_str());
   // A vetoed step says who vetoed it and why, whatever the cadence.
   const std::string skipped = r.skipped ? " | update skipped by " + veto_reason_ : "";
   if (options_.live_progress) {
