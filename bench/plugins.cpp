@@ -8,7 +8,8 @@
 // steps of the same config through the real trainer, with the variant's [[plugins]] table
 // appended to the config text, and measures the last N. The tracker's peak is over the whole run
 // (warm-up included: the optimizer state is allocated in the first step and stays). Everything is
-// measured in this one run, one variant after another, side by side.
+// measured in this one run, one variant after another, side by side, after one unmeasured step
+// that warms up the process.
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -108,6 +109,17 @@ int main(int argc, char** argv) {
     // The [[plugins]] tables go after everything else in the file: an array of tables can follow
     // any table, and a key after it would land in it.
     const std::string text = read_file(file) + "\n";
+
+    // One unmeasured step of the baseline first: the first run in a process pays for faulting in
+    // its heap (the device keeps freed blocks in it) and starting OpenBLAS's threads, which every
+    // later run reuses. Without it the first variant measured, the baseline, is the slowest.
+    {
+      std::vector<std::string> once = overrides;
+      once.push_back("train.steps=1");
+      std::fprintf(stderr, "bench_plugins: warming up the process ...\n");
+      Trainer warm(parse_config(text, file, once), TrainOptions{});
+      warm.run();
+    }
 
     std::vector<Result> results;
     Config shown;
