@@ -102,8 +102,10 @@ class Backend {
 
   // --- memory ---------------------------------------------------------------------------------
   virtual void copy(void* dst, const void* src, uint64_t bytes) = 0;  // device to device
-  // Host to device on the copy stream (a side stream on CUDA), ordered before every op enqueued
-  // after it. `src` must stay unchanged until synchronize(); from host_alloc it may be pinned.
+  // Host to device on the copy stream (a side stream on CUDA), ordered after every op enqueued
+  // before it (its destination may still be read there) and before every op enqueued after it:
+  // the ops see memory as if the copy were immediate. The host does not wait; `src` must stay
+  // unchanged until synchronize(). From host_alloc, `src` is page-locked on CUDA.
   virtual void upload(void* dst, const void* src, uint64_t bytes) = 0;
   // Device to host; waits for the work before it and the copy.
   virtual void download(void* dst, const void* src, uint64_t bytes) = 0;
