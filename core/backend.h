@@ -101,7 +101,8 @@ class Backend {
   virtual bool any_nonfinite(Dtype dt, const void* x, uint64_t n) = 0;
 
   // --- memory ---------------------------------------------------------------------------------
-  virtual void copy(void* dst, const void* src, uint64_t bytes) = 0;  // device to device
+  // Device to device; the two ranges must not overlap (cudaMemcpyAsync's rule).
+  virtual void copy(void* dst, const void* src, uint64_t bytes) = 0;
   // Host to device on the copy stream (a side stream on CUDA), ordered after every op enqueued
   // before it (its destination may still be read there) and before every op enqueued after it:
   // the ops see memory as if the copy were immediate. The host does not wait; `src` must stay

@@ -8,8 +8,12 @@ CudaContext::CudaContext(size_t bytes) : workspace_bytes(bytes) {
   try {
     CUBLAS_CHECK(cublasLtCreate(&lt));
     CUBLAS_CHECK(cublasCreate(&blas));
-    // fp32 stays fp32: no TF32 tensor-op shortcuts, so the GPU matches the CPU backend.
-    CUBLAS_CHECK(cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH));
+    // The default math mode: tensor cores where they keep at least the requested precision, so
+    // bf16 / f16 GEMMs (fp32 accumulation) use them, while fp32 GEMMs (CUBLAS_COMPUTE_32F) stay
+    // true fp32 — no TF32 — and match the CPU backend. (PEDANTIC would keep 16-bit GEMMs off the
+    // tensor cores too.) The environment variable NVIDIA_TF32_OVERRIDE=1 would force TF32: leave
+    // it unset.
+    CUBLAS_CHECK(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH));
     if (workspace_bytes > 0) CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
   } catch (...) {
     release();

@@ -89,8 +89,10 @@ __global__ void axpy_kernel(T* y, const T* x, size_t n, double a) {
     if constexpr (std::is_same_v<T, float>) {
       y[i] = __fadd_rn(y[i], __fmul_rn(af, x[i]));
     } else {
-      const double v =
-          static_cast<double>(to_float(y[i])) + a * static_cast<double>(to_float(x[i]));
+      // Rounded multiply, then rounded add: nvcc would otherwise fuse them into an fma, which
+      // the CPU (and the bitwise test) does not do.
+      const double v = __dadd_rn(static_cast<double>(to_float(y[i])),
+                                 __dmul_rn(a, static_cast<double>(to_float(x[i]))));
       y[i] = from_float<T>(static_cast<float>(v));
     }
   }

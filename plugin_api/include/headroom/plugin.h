@@ -239,7 +239,7 @@ typedef struct hr_host_services {
   /* Device ops on the current backend, on the compute stream, over n elements of dtype.
    * op_sum_squares and op_nonfinite wait for their result: it is ready when they return. */
   hr_status (*op_fill)(hr_host* host, void* x, uint32_t dtype, uint64_t n, double value);
-  hr_status (*op_copy)(hr_host* host, void* dst, const void* src, uint64_t bytes);
+  hr_status (*op_copy)(hr_host* host, void* dst, const void* src, uint64_t bytes); /* no overlap */
   hr_status (*op_cast)(hr_host* host, void* dst, uint32_t dst_dtype, const void* src,
                        uint32_t src_dtype, uint64_t n); /* round to nearest even */
   hr_status (*op_scale)(hr_host* host, void* x, uint32_t dtype, uint64_t n, double s);
