@@ -15,6 +15,14 @@ uint64_t& at(ByCategory& b, Category c) {
   return b[static_cast<int>(c)];
 }
 
+// checkpoint's sqrt policy keeps every n-th block, n = ceil(sqrt(L)).
+int sqrt_keep_every(int n_layer) {
+  int n = 1;
+  while (n * n < n_layer)
+    ++n;
+  return n;
+}
+
 }  // namespace
 
 uint64_t PeakEstimate::total() const {
@@ -43,10 +51,7 @@ Strategy strategy_of(const Config& config) {
       } else if (policy == "every_n") {
         s.keep_every = int(t["n"].value_or(int64_t(1)));
       } else if (policy == "sqrt") {
-        int n = 1;
-        while (n * n < config.model.n_layer)
-          ++n;
-        s.keep_every = n;
+        s.keep_every = sqrt_keep_every(config.model.n_layer);
       }
       // selective and budget: estimated as no recomputation, an upper bound.
     }
@@ -133,7 +138,7 @@ std::vector<Remedy> suggest_remedies(const Config& config, uint64_t limit, uint6
                              " sequences per step)",
                          "[train]\nmicro_batch = " + std::to_string(b) +
                              "\ngrad_accum = " + std::to_string(A * (B / b)),
-                         estimate_peak(config, b, current)));
+                         e));
     break;
   }
 
@@ -154,10 +159,7 @@ std::vector<Remedy> suggest_remedies(const Config& config, uint64_t limit, uint6
   Strategy ckpt = current;
   std::string ckpt_toml;
   if (can_checkpoint) {
-    int n = 1;
-    while (n * n < config.model.n_layer)
-      ++n;
-    ckpt.keep_every = n;
+    ckpt.keep_every = sqrt_keep_every(config.model.n_layer);
     const char* policy = "sqrt";
     if (limit && estimate_peak(config, B, ckpt).total() > limit) {
       ckpt.keep_every = 0;

@@ -281,23 +281,6 @@ double now_s() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
-// What the plugins of a replay reach: a device and no model (as in the trainer before the model
-// is built, which is when plugins are created there too).
-class ReplayRun final : public PluginRun {
- public:
-  explicit ReplayRun(Device& device) : device_(device) {}
-  Device& device() override { return device_; }
-  Gpt<float>* built_model() override { return nullptr; }
-  void veto_step(const std::string&, const std::string&) override {}
-  void request_retry(const std::string&, const std::string&) override {}
-  // A replay has no model: a plugin's precision choices (amp) change nothing in it.
-  void set_compute_dtype(const std::string&, Dtype) override {}
-  void set_loss_scale(const std::string&, double) override {}
-
- private:
-  Device& device_;
-};
-
 // One replay on a fresh device and allocator. `slots` maps each record to a dense index of the
 // live-buffer table, so the timed loop does no hashing of its own.
 struct Pass {
@@ -313,7 +296,7 @@ struct Pass {
     r.memory_limit = dc.memory_limit;
     // The device outlives the plugin host, which hands the allocator back to it on destruction.
     std::unique_ptr<Device> device = Device::create(dc);
-    ReplayRun run(*device);
+    ModelessRun run(*device);  // a replay has a device and no model
     std::unique_ptr<PluginHost> host;
     if (!config.plugins.empty()) {
       host = std::make_unique<PluginHost>(config);

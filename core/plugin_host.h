@@ -43,6 +43,22 @@ class PluginRun {
   virtual void set_loss_scale(const std::string& plugin, double scale) = 0;
 };
 
+// A run with a device and no model — replaying an allocation trace, testing an allocator: vetoes,
+// retries and precision choices (amp's) change nothing in it.
+class ModelessRun final : public PluginRun {
+ public:
+  explicit ModelessRun(Device& device) : device_(device) {}
+  Device& device() override { return device_; }
+  Gpt<float>* built_model() override { return nullptr; }
+  void veto_step(const std::string&, const std::string&) override {}
+  void request_retry(const std::string&, const std::string&) override {}
+  void set_compute_dtype(const std::string&, Dtype) override {}
+  void set_loss_scale(const std::string&, double) override {}
+
+ private:
+  Device& device_;
+};
+
 // What `headroom plugins` shows of one library file.
 struct PluginInfo {
   std::string file;

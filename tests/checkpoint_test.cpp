@@ -198,29 +198,27 @@ INSTANTIATE_TEST_SUITE_P(
                       PolicyCase{"Budget", "policy = \"budget\"\nbudget = \"400KiB\"\n"}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// One test per policy, so that each reports its own failure.
+uint64_t expect_closed_form_peak(const char* policy, uint64_t closed_form) {
+  const RunOutcome r = run(plugin_toml(std::string("policy = \"") + policy + "\"\n"));
+  std::printf("%s: peak %llu bytes = closed form %llu (every: %llu, no plugin: %llu)\n", policy,
+              (unsigned long long)r.peak_activations, (unsigned long long)closed_form,
+              (unsigned long long)kPeakEvery, (unsigned long long)kPeakNone);
+  EXPECT_EQ(r.peak_activations, closed_form);
+  return r.peak_activations;
+}
+
 TEST(CheckpointPlugin, EveryPeakIsTheClosedForm) {
-  const RunOutcome r = run(plugin_toml("policy = \"every\"\n"));
-  std::printf("every: peak %llu bytes = closed form %llu (no plugin: %llu)\n",
-              (unsigned long long)r.peak_activations, (unsigned long long)kPeakEvery,
-              (unsigned long long)kPeakNone);
-  EXPECT_EQ(r.peak_activations, kPeakEvery);
+  expect_closed_form_peak("every", kPeakEvery);
 }
 
 TEST(CheckpointPlugin, SqrtPeakIsTheClosedForm) {
-  const RunOutcome r = run(plugin_toml("policy = \"sqrt\"\n"));
-  std::printf("sqrt: peak %llu bytes = closed form %llu (no plugin: %llu)\n",
-              (unsigned long long)r.peak_activations, (unsigned long long)kPeakSqrt,
-              (unsigned long long)kPeakNone);
-  EXPECT_EQ(r.peak_activations, kPeakSqrt);
+  expect_closed_form_peak("sqrt", kPeakSqrt);
 }
 
 TEST(CheckpointPlugin, SelectivePeakIsTheClosedForm) {
-  const RunOutcome r = run(plugin_toml("policy = \"selective\"\n"));
-  std::printf("selective: peak %llu bytes = closed form %llu (every: %llu, no plugin: %llu)\n",
-              (unsigned long long)r.peak_activations, (unsigned long long)kPeakSelective,
-              (unsigned long long)kPeakEvery, (unsigned long long)kPeakNone);
-  EXPECT_EQ(r.peak_activations, kPeakSelective);
-  EXPECT_GT(r.peak_activations, kPeakEvery) << "it keeps more than every";
+  EXPECT_GT(expect_closed_form_peak("selective", kPeakSelective), kPeakEvery)
+      << "it keeps more than every";
 }
 
 // budget: the plan's bound for d dropped blocks is emb + head + (L-d)·full + d·out + full (one

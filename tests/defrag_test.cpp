@@ -247,20 +247,6 @@ TEST(DeviceArena, FragmentationFailsARequestThatFitsTheFreeBytes) {
 // ---------------------------------------------------------------------------------------------
 // defrag_allocator through the real plugin host
 
-class DeviceRun final : public PluginRun {
- public:
-  explicit DeviceRun(const Config& c) : device_(Device::create(c.device)) {}
-  Device& device() override { return *device_; }
-  Gpt<float>* built_model() override { return nullptr; }
-  void veto_step(const std::string&, const std::string&) override {}
-  void request_retry(const std::string&, const std::string&) override {}
-  void set_compute_dtype(const std::string&, Dtype) override {}
-  void set_loss_scale(const std::string&, double) override {}
-
- private:
-  std::unique_ptr<Device> device_;
-};
-
 std::string defrag_toml(uint64_t limit, const std::string& keys = "") {
   return (limit ? limit_toml(limit) : "") + "[[plugins]]\nname = \"defrag_allocator\"\n" + keys;
 }
@@ -269,13 +255,17 @@ std::string defrag_toml(uint64_t limit, const std::string& keys = "") {
 // plugin host (and the allocator) before the device.
 struct Defrag {
   Config config;
-  DeviceRun run;
+  std::unique_ptr<Device> dev;
+  ModelessRun run;
   PluginHost host;
   explicit Defrag(const std::string& toml)
-      : config(test::config_from(toml)), run(config), host(config) {
+      : config(test::config_from(toml)),
+        dev(Device::create(config.device)),
+        run(*dev),
+        host(config) {
     host.create(run);
   }
-  Device& device() { return run.device(); }
+  Device& device() { return *dev; }
   AllocatorStats stats() {
     AllocatorStats s;
     EXPECT_TRUE(device().allocator_stats(&s));

@@ -4,13 +4,8 @@
 
 #include <math.h>    // exp, copysignf, sqrtf: C names, on the host and in CUDA device code
 #include <stdint.h>  // int32_t, uint32_t
-#include <string.h>  // memcpy (bit casts; also available in device code)
 
-#if defined(__CUDACC__)
-#define HR_HD __host__ __device__
-#else
-#define HR_HD
-#endif
+#include "kernels/common/dtype.h"  // HR_HD, float_bits / bits_float
 
 namespace headroom {
 
@@ -25,22 +20,18 @@ namespace headroom {
 // the exponent bits. Relative error within 2 ulp down to exp(-87.33) = FLT_MIN; beyond that the
 // result stays FLT_MIN ~ 1.2e-38 (no subnormals, never 0). NaN gives NaN.
 HR_HD inline float exp_minus_abs(float x) {
-  uint32_t xb;
-  memcpy(&xb, &x, sizeof(xb));
-  const uint32_t mag = xb & 0x7FFFFFFFu;  // bits of |x|: ordered like |x| for non-NaN values
-  const uint32_t kMaxMag = 0x42AEAC50u;   // 87.3365448 = -ln(FLT_MIN): 2^n stays normal
+  const uint32_t mag =
+      float_bits(x) & 0x7FFFFFFFu;       // bits of |x|: ordered like |x| for non-NaN values
+  const uint32_t kMaxMag = 0x42AEAC50u;  // 87.3365448 = -ln(FLT_MIN): 2^n stays normal
   const uint32_t clamped = mag < kMaxMag ? mag : kMaxMag;
   const uint32_t kInf = 0x7F800000u;
   const uint32_t neg_bits = (mag > kInf ? mag : clamped) | 0x80000000u;  // NaN passes through
-  float xn;                                                              // -min(|x|, 87.34), or NaN
-  memcpy(&xn, &neg_bits, sizeof(xn));
+  const float xn = bits_float(neg_bits);                                 // -min(|x|, 87.34), or NaN
   // n = round(xn / ln2) in [-126, 0]: adding 1.5 * 2^23 rounds to an integer held in the low
   // mantissa bits (round to nearest even; no float -> int conversion, no subtraction a fast-math
   // build could cancel).
   const float shifted = xn * 1.44269504088896341f + 12582912.0f;
-  uint32_t sb;
-  memcpy(&sb, &shifted, sizeof(sb));
-  const int32_t n = static_cast<int32_t>(sb - 0x4B400000u);
+  const int32_t n = static_cast<int32_t>(float_bits(shifted) - 0x4B400000u);
   const float nf = static_cast<float>(n);
   // r = xn - n ln2, with ln2 split in two so that n * hi is exact (Cody-Waite).
   const float r = (xn - nf * 0.693359375f) - nf * -2.12194440e-4f;
@@ -51,9 +42,7 @@ HR_HD inline float exp_minus_abs(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float er = p * r * r + r + 1.0f;
-  const uint32_t two_n_bits = static_cast<uint32_t>(n + 127) << 23;  // 2^n
-  float two_n;
-  memcpy(&two_n, &two_n_bits, sizeof(two_n));
+  const float two_n = bits_float(static_cast<uint32_t>(n + 127) << 23);  // 2^n
   return er * two_n;
 }
 
