@@ -22,8 +22,8 @@
 // - seq counts A and F records from 0 in file order; id numbers allocations from 1 in the order
 //   they were made. A free names an id that is live at that point.
 // - category is a category_name() ("parameters", "activations", ...); stream is the device stream
-//   the buffer belongs to: 0 on the CPU backend (and 0 from the recorder until the device API
-//   carries streams). Replay keeps it in the records; the device allocates on its one stream.
+//   the buffer belongs to. A device allocates every buffer on its compute stream, written 0.
+//   Replay keeps it in the records and allocates on the device's compute stream.
 // - The E line makes truncation visible: a file without it (or with records after it, or with a
 //   last line that has no newline) is refused.
 // - Buffers still live at the end (a run that stopped, or one that never frees its parameters)

@@ -62,7 +62,8 @@ void* Device::allocate_impl(uint64_t bytes, Category category, const std::string
       limit_ == 0 || backend_enforces_limit() || tracker_.live_total() + bytes <= limit_;
   void* ptr = nullptr;
   if (within_budget)
-    ptr = allocator_ ? allocator_->allocate(bytes, category) : backend_allocate(bytes);
+    ptr = allocator_ ? allocator_->allocate(bytes, category, backend().native_stream())
+                     : backend_allocate(bytes);
   if (!ptr) {
     if (!report) return nullptr;
     OomReport r = oom_report(bytes, category, what);
@@ -118,7 +119,7 @@ void Device::free(void* ptr) {
   const Block b = it->second;
   blocks_.erase(it);
   if (allocator_) {
-    allocator_->deallocate(ptr, b.bytes);
+    allocator_->deallocate(ptr, b.bytes, backend().native_stream());
   } else {
     backend_free(ptr);
   }

@@ -69,12 +69,15 @@ struct AllocatorStats {
 };
 
 // Replaces the backend's own allocation for every device buffer (the allocator role). Called on the
-// training thread; returns nullptr when it has no memory for the request.
+// training thread; returns nullptr when it has no memory for the request. `stream` is the native
+// stream the buffer is used on (the backend's compute stream, where all of headroom's device work
+// runs; NULL on the CPU): a caching allocator may hand a freed block out again at once only on the
+// stream it was used on, whose queued work finishes with it before any later work starts.
 class DeviceAllocator {
  public:
   virtual ~DeviceAllocator() = default;
-  virtual void* allocate(uint64_t bytes, Category category) = 0;
-  virtual void deallocate(void* ptr, uint64_t bytes) = 0;
+  virtual void* allocate(uint64_t bytes, Category category, void* stream) = 0;
+  virtual void deallocate(void* ptr, uint64_t bytes, void* stream) = 0;
   // Fills *out and returns true when the allocator keeps statistics.
   virtual bool stats(AllocatorStats* out) const {
     (void)out;

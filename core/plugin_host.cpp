@@ -728,11 +728,11 @@ struct HostServices {
 class PluginHost::AllocatorAdapter final : public DeviceAllocator {
  public:
   explicit AllocatorAdapter(LoadedPlugin& p) : p_(p) {}
-  void* allocate(uint64_t bytes, Category category) override {
-    return p_.allocator.allocate(p_.instance, bytes, uint32_t(category), nullptr);
+  void* allocate(uint64_t bytes, Category category, void* stream) override {
+    return p_.allocator.allocate(p_.instance, bytes, uint32_t(category), stream);
   }
-  void deallocate(void* ptr, uint64_t bytes) override {
-    p_.allocator.deallocate(p_.instance, ptr, bytes, nullptr);
+  void deallocate(void* ptr, uint64_t bytes, void* stream) override {
+    p_.allocator.deallocate(p_.instance, ptr, bytes, stream);
   }
   bool stats(AllocatorStats* out) const override {
     // A plugin built before ABI 1.2 has no stats hook: read_sized left it NULL.

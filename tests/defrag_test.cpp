@@ -296,6 +296,44 @@ TEST(DefragAllocator, ReusesAFreedBlockWithoutTheDevice) {
   EXPECT_EQ(d.stats().device_allocs, freed.device_allocs);
 }
 
+// A freed block may still be read by work queued on its stream, so it is reused at once only on
+// that stream; another stream gets other memory. The device passes its compute stream (NULL on the
+// CPU), so this calls the allocator role directly with two stand-in handles: the plugin only
+// compares them.
+TEST(DefragAllocator, ReusesABlockOnlyOnTheStreamItWasAllocatedOn) {
+  for (const char* extra : {"", "expandable = false\n"}) {
+    SCOPED_TRACE(*extra ? "fixed segments" : "expandable segments");
+    Defrag d(defrag_toml(64 * MiB, extra));
+    DeviceAllocator* allocator = d.device().allocator();
+    ASSERT_NE(allocator, nullptr);
+    int stream_a = 0, stream_b = 0;
+    void* a1 = allocator->allocate(3 * MiB, Category::kActivations, &stream_a);
+    ASSERT_NE(a1, nullptr);
+    allocator->deallocate(a1, 3 * MiB, &stream_a);
+    const AllocatorStats cached = d.stats();
+    EXPECT_EQ(cached.allocated, 0u);
+
+    void* b1 = allocator->allocate(3 * MiB, Category::kActivations, &stream_b);
+    ASSERT_NE(b1, nullptr);
+    EXPECT_NE(b1, a1) << "stream B got the block stream A freed";
+    EXPECT_GT(d.stats().device_allocs, cached.device_allocs) << "B's memory came from the cache";
+    EXPECT_GE(d.stats().reserved, cached.reserved + 3 * MiB);
+
+    const uint64_t before_a2 = d.stats().device_allocs;
+    void* a2 = allocator->allocate(3 * MiB, Category::kActivations, &stream_a);
+    EXPECT_EQ(a2, a1) << "stream A did not get its own cached block back";
+    EXPECT_EQ(d.stats().device_allocs, before_a2);
+
+    // Freed, B's block serves B again, and neither is merged into the other's.
+    allocator->deallocate(b1, 3 * MiB, &stream_b);
+    void* b2 = allocator->allocate(3 * MiB, Category::kActivations, &stream_b);
+    EXPECT_EQ(b2, b1);
+    allocator->deallocate(a2, 3 * MiB, &stream_a);
+    allocator->deallocate(b2, 3 * MiB, &stream_b);
+    EXPECT_EQ(d.stats().allocated, 0u);
+  }
+}
+
 // Small buffers come from their own pool, so they never sit between large ones: the large ones
 // are contiguous and coalesce into one block when freed.
 TEST(DefragAllocator, SmallAndLargePoolsKeepLargeBlocksTogether) {
