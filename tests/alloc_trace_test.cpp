@@ -6,7 +6,6 @@
 #include <sys/stat.h>
 
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -24,17 +23,6 @@ namespace {
 const std::string kSource = HEADROOM_SOURCE_DIR;
 const std::string kVarlenTrace = kSource + "/tests/data/varlen.trace";
 const std::string kVarlenDefrag = kSource + "/tests/data/varlen-defrag.toml";
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-bool has(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 // The ConfigError message parsing `text` as the trace "t.trace" gives; "" when it parses.
 std::string parse_error(const std::string& text) {
@@ -74,7 +62,7 @@ TEST(AllocTrace, RecorderWritesTheDocumentedFormat) {
     a.reset();
     device->remove_observer(&recorder);
   }
-  EXPECT_EQ(read_text(path),
+  EXPECT_EQ(test::read_file(path),
             "headroom-alloc-trace 1 memory_limit=12345 device=cpu version=headroom " +
                 std::string(headroom_version()) +
                 "\n"
@@ -127,7 +115,7 @@ TEST(AllocTrace, MalformedFilesAreConfigErrorsNamingFileAndLine) {
   };
   for (const Case& c : cases) {
     const std::string got = parse_error(c.text);
-    EXPECT_TRUE(has(got, c.want)) << "trace:\n" << c.text << "\nerror: " << got;
+    EXPECT_TRUE(test::contains(got, c.want)) << "trace:\n" << c.text << "\nerror: " << got;
   }
 }
 
@@ -137,7 +125,7 @@ TEST(AllocTrace, ReplayOfAMalformedFileExitsWithCode2NamingTheLine) {
       dir, "bad.trace", kHeader + "A 0 1 100 activations 0\nF 1 9 100 activations 0\nE 2 1 1\n");
   const test::RunResult r = test::run_headroom("replay " + path);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(has(r.output, path + ":3: free of id 9, which is not live")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, path + ":3: free of id 9, which is not live")) << r.output;
   const test::RunResult missing = test::run_headroom("replay " + dir + "/none.trace");
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
 }
@@ -203,11 +191,11 @@ TEST(AllocTrace, TrainRecordAllocsFlagAndReplayCommand) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   for (const char* part : {"allocator              default", "memory_limit           8.00 MiB",
                            "peak live", "peak reserved", "fragmentation", "allocations/s"})
-    EXPECT_TRUE(has(r.output, part)) << part << "\n" << r.output;
+    EXPECT_TRUE(test::contains(r.output, part)) << part << "\n" << r.output;
   const test::RunResult small =
       test::run_headroom("replay " + dir + "/run.trace --memory-limit 64KiB");
   EXPECT_EQ(small.exit_code, 3) << small.output;
-  EXPECT_TRUE(has(small.output, "FAILED at seq")) << small.output;
+  EXPECT_TRUE(test::contains(small.output, "FAILED at seq")) << small.output;
   const test::RunResult bad =
       test::run_headroom("replay " + dir + "/run.trace --set train.steps=2");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
@@ -275,11 +263,13 @@ TEST(VarlenTrace, DefragAllocatorWithExpandableSegmentsCompletes) {
 TEST(VarlenTrace, ReplayCommandExitCodes) {
   const test::RunResult plain = test::run_headroom("replay " + kVarlenTrace);
   EXPECT_EQ(plain.exit_code, 3) << plain.output;
-  EXPECT_TRUE(has(plain.output, "enough bytes were free, but in pieces")) << plain.output;
+  EXPECT_TRUE(test::contains(plain.output, "enough bytes were free, but in pieces"))
+      << plain.output;
   const test::RunResult defrag =
       test::run_headroom("replay " + kVarlenTrace + " --config " + kVarlenDefrag);
   EXPECT_EQ(defrag.exit_code, 0) << defrag.output;
-  EXPECT_TRUE(has(defrag.output, "allocator              defrag_allocator")) << defrag.output;
+  EXPECT_TRUE(test::contains(defrag.output, "allocator              defrag_allocator"))
+      << defrag.output;
 }
 
 }  // namespace

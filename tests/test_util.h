@@ -12,6 +12,8 @@ namespace headroom::test {
 
 // A fresh directory under /tmp for one test.
 std::string temp_dir();
+// The whole file, as bytes ("" when it cannot be read).
+std::string read_file(const std::string& path);
 // Writes `text` to dir/name and returns the path.
 std::string write_file(const std::string& dir, const std::string& name, const std::string& text);
 

@@ -7,9 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 
 #include "core/alloc_trace.h"
@@ -20,30 +18,6 @@
 
 namespace headroom {
 namespace {
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-bool has(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-// The output of a shell command (stdout only) and its exit status.
-std::string run(const std::string& cmd, int* status) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0)
-    out.append(buf, n);
-  *status = pclose(p);
-  return out;
-}
 
 // A short real run: 3 steps of 2 micro-steps, AdamW, under a memory limit.
 const char* kRun =
@@ -67,7 +41,7 @@ const RealRun& real_run() {
     Trainer trainer(test::config_from(kRun), std::move(o));
     trainer.run();
     out.peak = trainer.device().tracker().peak_by_category();
-    out.html = read_text(out.path);
+    out.html = test::read_file(out.path);
     return out;
   }();
   return r;
@@ -109,21 +83,23 @@ TEST(Timeline, HtmlOfARealRunIsSelfContainedWithASeriesPerCategory) {
   ASSERT_FALSE(r.html.empty());
   // Nothing fetched: no URL, no external script, style, font or image.
   for (const char* ref : {"http://", "https://", "<link", "src=", "@import", "url(http"})
-    EXPECT_FALSE(has(r.html, ref)) << ref;
+    EXPECT_FALSE(test::contains(r.html, ref)) << ref;
   for (int i = 0; i < kNumCategories; ++i) {
     const std::string name = category_name(category_at(i));
-    EXPECT_EQ(has(r.html, "class=\"series series-" + name + "\""), r.peak[i] > 0) << name;
-    EXPECT_EQ(has(r.html, "class=\"legend-item legend-" + name + "\""), r.peak[i] > 0) << name;
+    EXPECT_EQ(test::contains(r.html, "class=\"series series-" + name + "\""), r.peak[i] > 0)
+        << name;
+    EXPECT_EQ(test::contains(r.html, "class=\"legend-item legend-" + name + "\""), r.peak[i] > 0)
+        << name;
   }
   EXPECT_GT(r.peak[static_cast<int>(Category::kOptimizer)], 0u);  // AdamW state is drawn too
-  EXPECT_TRUE(has(r.html, "id=\"limit-line\""));
-  EXPECT_TRUE(has(r.html, "memory_limit 16.00 MiB"));
-  EXPECT_TRUE(has(r.html, "id=\"peak-line\""));
-  EXPECT_TRUE(has(r.html, "class=\"step-label\""));
-  EXPECT_TRUE(has(r.html, "data-rendered=\"0\""));  // the script sets 1
+  EXPECT_TRUE(test::contains(r.html, "id=\"limit-line\""));
+  EXPECT_TRUE(test::contains(r.html, "memory_limit 16.00 MiB"));
+  EXPECT_TRUE(test::contains(r.html, "id=\"peak-line\""));
+  EXPECT_TRUE(test::contains(r.html, "class=\"step-label\""));
+  EXPECT_TRUE(test::contains(r.html, "data-rendered=\"0\""));  // the script sets 1
   // The pointer's readout names every phase as the tracker does.
-  EXPECT_TRUE(has(r.html, "\"backward of layer 2 (block 1), step 3, micro-step 2\""));
-  EXPECT_FALSE(has(r.html, "id=\"bucket-low\""));  // short runs are drawn point by point
+  EXPECT_TRUE(test::contains(r.html, "\"backward of layer 2 (block 1), step 3, micro-step 2\""));
+  EXPECT_FALSE(test::contains(r.html, "id=\"bucket-low\""));  // short runs are drawn point by point
 }
 
 TEST(Timeline, ALongRunIsDownsampledWithoutLosingItsPeak) {
@@ -146,10 +122,10 @@ TEST(Timeline, ALongRunIsDownsampledWithoutLosingItsPeak) {
   o.memory_limit = uint64_t(128) << 20;
   const std::string html = render_timeline_html(s, o);
   EXPECT_LT(html.size(), 2000000u);
-  EXPECT_TRUE(has(html, "id=\"bucket-low\""));
-  EXPECT_TRUE(has(html, "peak 101.00 MiB at backward"));
-  EXPECT_TRUE(has(html, ">step 500<"));
-  EXPECT_TRUE(has(html, "drawn as"));
+  EXPECT_TRUE(test::contains(html, "id=\"bucket-low\""));
+  EXPECT_TRUE(test::contains(html, "peak 101.00 MiB at backward"));
+  EXPECT_TRUE(test::contains(html, ">step 500<"));
+  EXPECT_TRUE(test::contains(html, "drawn as"));
 }
 
 TEST(Timeline, WrittenUpToTheFailureWhenTheRunStopsOutOfMemory) {
@@ -162,14 +138,14 @@ TEST(Timeline, WrittenUpToTheFailureWhenTheRunStopsOutOfMemory) {
   const test::RunResult r = test::run_headroom("train " + cfg + " -q --memory-timeline " + dir +
                                                "/oom.html --record-allocs " + dir + "/oom.trace");
   ASSERT_EQ(r.exit_code, 3) << r.output;
-  EXPECT_TRUE(has(r.output, "memory timeline up to the failure: " + dir + "/oom.html"));
-  const std::string html = read_text(dir + "/oom.html");
-  EXPECT_TRUE(has(html, "id=\"oom-marker\""));
-  EXPECT_TRUE(has(html, "out of memory: requested"));
-  EXPECT_TRUE(has(html, "class=\"series series-activations\""));
+  EXPECT_TRUE(test::contains(r.output, "memory timeline up to the failure: " + dir + "/oom.html"));
+  const std::string html = test::read_file(dir + "/oom.html");
+  EXPECT_TRUE(test::contains(html, "id=\"oom-marker\""));
+  EXPECT_TRUE(test::contains(html, "out of memory: requested"));
+  EXPECT_TRUE(test::contains(html, "class=\"series series-activations\""));
   // The trace of the stopped run is complete (its end line written) and notes the failure.
-  const std::string trace = read_text(dir + "/oom.trace");
-  EXPECT_TRUE(has(trace, "\n# out of memory: ")) << trace.substr(0, 500);
+  const std::string trace = test::read_file(dir + "/oom.trace");
+  EXPECT_TRUE(test::contains(trace, "\n# out of memory: ")) << trace.substr(0, 500);
   EXPECT_NO_THROW(read_alloc_trace(dir + "/oom.trace"));
 }
 
@@ -178,14 +154,15 @@ TEST(Timeline, UnwritablePathIsAConfigErrorBeforeTheRun) {
       test::run_headroom("train " + test::write_file(test::temp_dir(), "c.toml", kRun) +
                          " -q --memory-timeline /nonexistent-dir/t.html");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(has(r.output, "--memory-timeline /nonexistent-dir/t.html: cannot open")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "--memory-timeline /nonexistent-dir/t.html: cannot open"))
+      << r.output;
 }
 
 // The page as a browser shows it: the script ran, every series is in the rendered DOM, the status
 // line names the peak's phase; and a screenshot.
 TEST(Timeline, RendersInHeadlessChromium) {
-  int status = 0;
-  const std::string chromium = run("command -v chromium || command -v chromium-browser", &status);
+  const std::string chromium =
+      test::run_command("command -v chromium || command -v chromium-browser").output;
   if (chromium.empty())
     GTEST_SKIP() << "chromium is not installed (Debian package 'chromium'; scripts/setup installs "
                     "it): the rendering check is skipped";
@@ -196,26 +173,28 @@ TEST(Timeline, RendersInHeadlessChromium) {
       " --headless --no-sandbox --disable-gpu --disable-dev-shm-usage "
       "--user-data-dir=" +
       dir + "/profile ";
-  const std::string dom =
-      run("timeout 120 " + exe + flags + "--dump-dom file://" + r.path + " 2>/dev/null", &status);
-  ASSERT_EQ(status, 0) << "chromium --dump-dom failed";
-  EXPECT_TRUE(has(dom, "data-rendered=\"1\"")) << "the page's script did not run";
+  // The DOM is stdout alone: chromium's stderr is discarded inside the subshell.
+  const test::RunResult dump = test::run_command("(timeout 120 " + exe + flags +
+                                                 "--dump-dom file://" + r.path + " 2>/dev/null)");
+  ASSERT_EQ(dump.exit_code, 0) << "chromium --dump-dom failed";
+  const std::string& dom = dump.output;
+  EXPECT_TRUE(test::contains(dom, "data-rendered=\"1\"")) << "the page's script did not run";
   for (int i = 0; i < kNumCategories; ++i) {
     const std::string name = category_name(category_at(i));
-    EXPECT_EQ(has(dom, "class=\"series series-" + name + "\""), r.peak[i] > 0) << name;
+    EXPECT_EQ(test::contains(dom, "class=\"series series-" + name + "\""), r.peak[i] > 0) << name;
     if (r.peak[i] > 0) {
-      EXPECT_TRUE(has(dom, "status-item status-" + name)) << name;
+      EXPECT_TRUE(test::contains(dom, "status-item status-" + name)) << name;
     }
   }
-  EXPECT_TRUE(has(dom, "class=\"phase-name\""));
-  EXPECT_TRUE(has(dom, "visibility=\"visible\""));  // the cursor at the peak
+  EXPECT_TRUE(test::contains(dom, "class=\"phase-name\""));
+  EXPECT_TRUE(test::contains(dom, "visibility=\"visible\""));  // the cursor at the peak
 
   const std::string png = dir + "/timeline.png";
-  run("timeout 120 " + exe + flags + "--screenshot=" + png + " --window-size=1200,700 file://" +
-          r.path + " >/dev/null 2>&1",
-      &status);
-  ASSERT_EQ(status, 0) << "chromium --screenshot failed";
-  const std::string image = read_text(png);
+  const test::RunResult shot =
+      test::run_command("(timeout 120 " + exe + flags + "--screenshot=" + png +
+                        " --window-size=1200,700 file://" + r.path + " >/dev/null 2>&1)");
+  ASSERT_EQ(shot.exit_code, 0) << "chromium --screenshot failed";
+  const std::string image = test::read_file(png);
   ASSERT_GT(image.size(), 10000u);
   EXPECT_EQ(image.substr(1, 3), "PNG");
   std::printf("screenshot: %s\n", png.c_str());
