@@ -129,33 +129,30 @@ __device__ inline float warp_max(float v) {
   return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+// Reduces over the block with `warp_reduce` (warp_sum, warp_max): blockDim.x a multiple of 32, at
+// most 1024; every thread gets the result. `identity` stands in for the warps the block lacks.
 // Safe to call repeatedly in one kernel.
-template <class T>
-__device__ inline T block_sum(T v) {
+template <class T, T (*warp_reduce)(T)>
+__device__ inline T block_reduce(T v, T identity) {
   __shared__ T partial[kWarpSize];
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int nwarps = blockDim.x / kWarpSize;
-  v = warp_sum(v);
+  v = warp_reduce(v);
   __syncthreads();  // a previous call may still be reading `partial`
   if (lane == 0) partial[warp] = v;
   __syncthreads();
-  v = lane < nwarps ? partial[lane] : T(0);
-  return warp_sum(v);
+  v = lane < nwarps ? partial[lane] : identity;
+  return warp_reduce(v);
+}
+
+template <class T>
+__device__ inline T block_sum(T v) {
+  return block_reduce<T, warp_sum<T>>(v, T(0));
 }
 
 __device__ inline float block_max(float v) {
-  __shared__ float partial[kWarpSize];
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  const int nwarps = blockDim.x / kWarpSize;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  v = lane < nwarps ? partial[lane] : -INFINITY;
-  return warp_max(v);
+  return block_reduce<float, warp_max>(v, -INFINITY);
 }
 
 }  // namespace headroom::cuda
