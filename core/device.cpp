@@ -21,11 +21,17 @@ std::string OomReport::str() const {
   s += "out of memory: " + what + "\n";
   add("requested", requested);
   s += "  category               " + std::string(category_name(category)) + "\n";
-  add("memory_limit", limit);
+  if (limit) {
+    add("memory_limit", limit);
+  } else {
+    // No wall of ours: the device itself (the host's malloc, the CUDA driver) said no.
+    s += "  memory_limit           none: the device refused the allocation of " +
+         format_bytes(requested) + " itself\n";
+  }
   add("live", live_total);
   add("reserved-but-unused", reserved_unused);
-  add("free under the limit", free_bytes());
-  add("largest free block", largest_free);
+  if (limit) add("free under the limit", free_bytes());
+  if (limit) add("largest free block", largest_free);
   s += "  phase                  " + phase.str() + "\n";
   std::snprintf(line, sizeof line, "  %-22s %14s %14s\n", "by category", "live", "peak");
   s += line;

@@ -161,6 +161,29 @@ class Device {
   std::vector<AllocationObserver*> observers_;
 };
 
+// An observer registered on a device for as long as this lives. As a class's last member it is
+// destroyed first, so the device stops calling the observer before any other member is gone,
+// whether the owner is destroyed or its constructor throws half way.
+class ObserverRegistration {
+ public:
+  ObserverRegistration() = default;
+  ~ObserverRegistration() {
+    if (device_) device_->remove_observer(observer_);
+  }
+  ObserverRegistration(const ObserverRegistration&) = delete;
+  ObserverRegistration& operator=(const ObserverRegistration&) = delete;
+
+  void attach(Device& device, AllocationObserver* observer) {
+    device.add_observer(observer);
+    device_ = &device;
+    observer_ = observer;
+  }
+
+ private:
+  Device* device_ = nullptr;
+  AllocationObserver* observer_ = nullptr;
+};
+
 #if defined(HEADROOM_HAVE_CUDA)
 // The CUDA device (core/cuda_device.cpp): [device] kind = "cuda". Throws ConfigError when no
 // CUDA device with that index is present.

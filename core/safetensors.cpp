@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/output_file.h"
 #include "kernels/common/dtype.h"
 
 // The format is little-endian; the writer copies floats as they lie in memory and the reader
@@ -135,19 +136,6 @@ bool pread_all(int fd, void* dst, uint64_t bytes, uint64_t offset, const std::st
     offset += uint64_t(n);
   }
   return true;
-}
-
-void write_all(int fd, const void* src, uint64_t bytes, const std::string& file) {
-  const auto* p = static_cast<const uint8_t*>(src);
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd, p, std::min<uint64_t>(bytes, 1u << 30));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw ConfigError(file + ": write failed: " + errno_str());
-    }
-    p += n;
-    bytes -= uint64_t(n);
-  }
 }
 
 // Decodes `numel` elements from src into dst, row-major in the file's layout. With `transpose` the
@@ -356,45 +344,27 @@ void save_safetensors(const std::string& path, const Gpt<float>& model) {
   for (int i = 0; i < 8; ++i)
     prefix[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
 
-  // Write beside the target and rename over it: a crash leaves the old file or the new one, never
-  // a half-written one under the real name.
-  const std::string tmp = path + ".tmp";
-  try {
-    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (fd.get() < 0) throw ConfigError(tmp + ": cannot create: " + errno_str());
-    write_all(fd.get(), prefix, 8, tmp);
-    write_all(fd.get(), text.data(), text.size(), tmp);
-    std::vector<float> t, host;
-    for (const Param<float>* p : params) {
-      host.resize(p->numel);
-      model.device().backend().download(host.data(), p->data(), 4 * p->numel);
-      const float* src = host.data();
-      if (is_conv1d_weight(p->name)) {
-        const uint64_t rows = uint64_t(p->shape[0]), cols = uint64_t(p->shape[1]);
-        t.resize(p->numel);
-        for (uint64_t r = 0; r < rows; ++r)
-          for (uint64_t c = 0; c < cols; ++c)
-            t[c * rows + r] = src[r * cols + c];
-        src = t.data();
-      }
-      write_all(fd.get(), src, 4 * p->numel, tmp);
+  // Beside the target, renamed over it: a crash leaves the old file or the new one, never a
+  // half-written one under the real name.
+  AtomicFile out(path, "weights");
+  out.write(prefix, 8);
+  out.write(text);
+  std::vector<float> t, host;
+  for (const Param<float>* p : params) {
+    host.resize(p->numel);
+    model.device().backend().download(host.data(), p->data(), 4 * p->numel);
+    const float* src = host.data();
+    if (is_conv1d_weight(p->name)) {
+      const uint64_t rows = uint64_t(p->shape[0]), cols = uint64_t(p->shape[1]);
+      t.resize(p->numel);
+      for (uint64_t r = 0; r < rows; ++r)
+        for (uint64_t c = 0; c < cols; ++c)
+          t[c * rows + r] = src[r * cols + c];
+      src = t.data();
     }
-    if (::fsync(fd.get()) != 0) throw ConfigError(tmp + ": fsync failed: " + errno_str());
-    if (fd.close() != 0) throw ConfigError(tmp + ": close failed: " + errno_str());
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
-      throw ConfigError(path + ": cannot rename " + tmp + " to it: " + errno_str());
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
+    out.write(src, 4 * p->numel);
   }
-  // The rename itself is durable only once the directory is synced. Best effort: some file
-  // systems refuse to sync a directory, and the new file is complete either way.
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "."
-                          : slash == 0               ? "/"
-                                                     : path.substr(0, slash);
-  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dfd.get() >= 0) ::fsync(dfd.get());
+  out.commit();
 }
 
 void load_safetensors(const std::string& path, Gpt<float>& model) {

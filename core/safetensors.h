@@ -32,8 +32,9 @@ std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* data, size
                                                        uint64_t file_size, const std::string& file);
 
 // Writes every parameter as F32 under its Hugging Face GPT-2 name and layout: the Conv1D weights
-// (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are stored (in, out), ours are (out, in). Writes
-// PATH.tmp, syncs it and renames it over PATH, so a crash leaves the old file or the new one.
+// (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are stored (in, out), ours are (out, in).
+// Written through an AtomicFile: a crash leaves the old file or the new one. OutputError when it
+// cannot be written.
 void save_safetensors(const std::string& path, const Gpt<float>& model);
 
 // Reads F32, BF16 or F16 tensors into the model's parameters, converting to float and transposing

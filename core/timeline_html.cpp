@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config.h"
+#include "core/output_file.h"
 
 namespace headroom {
 
@@ -503,11 +504,9 @@ std::string render_timeline_html(const std::vector<TimelineSample>& samples,
 
 void write_timeline_html(const std::string& path, const std::vector<TimelineSample>& samples,
                          const TimelineHtmlOptions& options) {
-  std::ofstream out(path, std::ios::trunc | std::ios::binary);
-  if (!out) throw ConfigError("--memory-timeline " + path + ": cannot open for writing");
-  out << render_timeline_html(samples, options);
-  out.flush();
-  if (!out) throw ConfigError("--memory-timeline " + path + ": write failed");
+  AtomicFile out(path, "--memory-timeline");
+  out.write(render_timeline_html(samples, options));
+  out.commit();
 }
 
 }  // namespace headroom

@@ -42,7 +42,7 @@ std::vector<TimelineBucket> downsample_timeline(const std::vector<TimelineSample
 // The HTML document.
 std::string render_timeline_html(const std::vector<TimelineSample>& samples,
                                  const TimelineHtmlOptions& options);
-// Writes it to `path`; ConfigError when the file cannot be written.
+// Writes it to `path`, whole or not at all; OutputError when the file cannot be written.
 void write_timeline_html(const std::string& path, const std::vector<TimelineSample>& samples,
                          const TimelineHtmlOptions& options);
 

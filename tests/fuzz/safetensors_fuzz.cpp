@@ -1,4 +1,4 @@
-// fuzz-sources: core/safetensors.cpp
+// fuzz-sources: core/safetensors.cpp core/output_file.cpp
 //
 // libFuzzer target for the safetensors header parser: any bytes at all must come back as entries or
 // a ConfigError, never a crash, a hang, an out-of-bounds read or an uncaught exception.

@@ -1,0 +1,85 @@
+// Every file headroom writes goes through one of two writers, so that no output can fail silently
+// or be left half written:
+//
+// - AtomicFile: a file that appears whole or not at all (weights, snapshots, the timeline,
+//   shards). Bytes go to a temporary beside the target; commit() syncs it, renames it over the
+//   target and syncs the folder. Destroyed without commit(), the temporary is removed and the
+//   target is untouched.
+// - AppendFile: a file written as the run goes (metrics, the allocation trace). Every write is
+//   checked; flush() and close() report what the OS said.
+//
+// Both throw OutputError naming the file, what it is for and the OS's reason ("No space left on
+// device"). The host turns it into exit code 4.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace headroom {
+
+class OutputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class AtomicFile {
+ public:
+  // `what` names the output in messages: "--save-weights", "snapshot", ...
+  AtomicFile(std::string path, std::string what);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, size_t bytes);
+  void write(std::string_view text) { write(text.data(), text.size()); }
+  // Overwrites bytes already written (a header whose count is known only at the end).
+  void write_at(uint64_t offset, const void* data, size_t bytes);
+  // Syncs, renames over the target, syncs the folder. After it, the file is the target's.
+  void commit();
+
+  const std::string& path() const { return path_; }
+
+ private:
+  [[noreturn]] void fail(const std::string& doing) const;
+
+  std::string path_, what_, tmp_;
+  int fd_ = -1;
+};
+
+class AppendFile {
+ public:
+  // Creates (truncates) `path`.
+  AppendFile(std::string path, std::string what);
+  // Closes; a failure to close here goes unreported: call close() to hear of it.
+  ~AppendFile();
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+
+  // Buffered; a full buffer is written at once.
+  void write(std::string_view text);
+  // Hands everything buffered to the OS.
+  void flush();
+  // flush(), fsync and close; the file is complete after it.
+  void close();
+  bool is_open() const { return fd_ >= 0; }
+
+ private:
+  [[noreturn]] void fail(const std::string& doing);
+
+  std::string path_, what_;
+  std::string buffer_;
+  int fd_ = -1;
+};
+
+// Checks, before any work is done, that `path` can be created: its folder exists and is a folder,
+// and `path` is not a folder. Throws ConfigError "WHAT PATH: why" otherwise. Creates nothing.
+void check_output_path(const std::string& path, const std::string& what);
+
+// Creates `dir` (and its parents) now, so that a folder that cannot be made fails before step 1.
+// Throws ConfigError "WHAT DIR: why".
+void make_output_dir(const std::string& dir, const std::string& what);
+
+}  // namespace headroom
