@@ -21,21 +21,39 @@ double now_ms() {
   return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
 }
 
+// "0.0123", "1e+30", and "nan" / "inf" without the sign printf may give a NaN.
+std::string format_number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 }  // namespace
 
 Trainer::Trainer(const Config& config, TrainOptions options)
     : config_(config), options_(std::move(options)) {
+  // Every output is checked before any work is done: a run must not train for hours and then find
+  // it cannot write its weights.
+  const std::pair<const std::string*, const char*> outputs[] = {
+      {&options_.metrics_path, "--metrics"},
+      {&options_.save_weights_path, "--save-weights"},
+      {&options_.record_allocs_path, "--record-allocs"},
+      {&options_.memory_timeline_path, "--memory-timeline"}};
+  for (const auto& [path, flag] : outputs)
+    if (!path->empty()) check_output_path(*path, flag);
+  if (config_.snapshot.every > 0) make_output_dir(config_.snapshot.dir, "snapshot.dir");
+
+  // Members are torn down in reverse order if any step below throws: the registration (the last
+  // member) first, so the device stops calling back before the model's buffers are freed.
   device_ = Device::create(config_.device);
   if (!options_.record_allocs_path.empty()) {
     recorder_ = std::make_unique<AllocTraceRecorder>(options_.record_allocs_path, *device_,
                                                      device_->memory_limit());
-    device_->add_observer(recorder_.get());
+    device_->add_observer(recorder_.get());  // outlives the device: sees every free
   }
-  if (!options_.memory_timeline_path.empty() &&
-      !std::ofstream(options_.memory_timeline_path, std::ios::trunc))
-    throw ConfigError("--memory-timeline " + options_.memory_timeline_path +
-                      ": cannot open for writing");
-  device_->add_observer(this);
+  observing_.attach(*device_, this);
   set_phase(Phase::Kind::kSetup);
   data_ = options_.data_source ? std::move(options_.data_source)
                                : make_data_source(config_.data, config_.model,
@@ -48,17 +66,14 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   add_listener(plugins_.get());
   optimizer_ = plugins_->provides_optimizer() ? plugins_->make_optimizer()
                                               : make_optimizer(config_.train, *device_);
-  if (!options_.metrics_path.empty()) {
-    auto f = std::make_unique<std::ofstream>(options_.metrics_path, std::ios::trunc);
-    if (!*f) throw ConfigError("--metrics " + options_.metrics_path + ": cannot open for writing");
-    metrics_ = std::move(f);
-  }
+  if (!options_.metrics_path.empty())
+    metrics_ = std::make_unique<AppendFile>(options_.metrics_path, "--metrics");
   try {
     // In the compute dtype a plugin asked for while it was created (amp), else fp32.
     model_ =
         std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed, compute_dtype_);
   } catch (const OutOfMemory& e) {
-    write_memory_timeline(&e.report());
+    close_outputs(&e.report());
     throw;
   }
   if (!config_.train.init_from.empty()) {
@@ -70,10 +85,7 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   }
 }
 
-Trainer::~Trainer() {
-  // The model's and optimizer's buffers are freed through the device; stop observing first.
-  device_->remove_observer(this);
-}
+Trainer::~Trainer() = default;
 
 // ---------------------------------------------------------------------------------------------
 // The loop. Every event it fires, in order:
@@ -94,16 +106,28 @@ void Trainer::run() {
   try {
     run_steps();
   } catch (const OutOfMemory& e) {
-    write_memory_timeline(&e.report());
-    try {
-      if (recorder_) recorder_->flush();
-    } catch (const std::exception&) {
-      // The out-of-memory report matters more; a short trace is refused when read anyway.
-    }
+    close_outputs(&e.report());
+    throw;
+  } catch (const Interrupted&) {
+    close_outputs(nullptr);
+    throw;
+  } catch (const Diverged&) {
+    close_outputs(nullptr);
     throw;
   }
-  write_memory_timeline(nullptr);
-  if (recorder_) recorder_->flush();
+  close_outputs(nullptr);
+}
+
+void Trainer::close_outputs(const OomReport* oom) {
+  try {
+    write_memory_timeline(oom);
+    if (metrics_) metrics_->close();
+    if (recorder_) recorder_->close();
+  } catch (const std::exception&) {
+    if (!oom) throw;
+    // Out of memory: that report matters more than a picture or a trace that could not be
+    // written (a trace without its end record is refused when read).
+  }
 }
 
 void Trainer::write_memory_timeline(const OomReport* oom) {
@@ -112,12 +136,7 @@ void Trainer::write_memory_timeline(const OomReport* oom) {
   o.title = config_.file;
   o.memory_limit = device_->memory_limit();
   o.oom = oom;
-  try {
-    write_timeline_html(options_.memory_timeline_path, device_->tracker().timeline(), o);
-  } catch (const ConfigError&) {
-    if (oom) return;  // the out-of-memory report matters more than the picture
-    throw;
-  }
+  write_timeline_html(options_.memory_timeline_path, device_->tracker().timeline(), o);
 }
 
 void Trainer::run_steps() {
@@ -127,6 +146,7 @@ void Trainer::run_steps() {
 
   // A resumed run's state (plugins' included) is in place before TRAIN_BEGIN.
   first_step_ = options_.resume_dir.empty() ? 1 : resume() + 1;
+  const bool snapshots = config_.snapshot.every > 0;
   fire(Event::kTrainBegin);
   set_phase(Phase::Kind::kData);
   const uint64_t batch_bytes = uint64_t(B) * T * sizeof(int32_t);
@@ -147,6 +167,12 @@ void Trainer::run_steps() {
 
   run_start_ms_ = now_ms();
   for (step_ = first_step_; step_ <= t.steps; ++step_) {
+    // A safe point: the previous step is complete (and snapshotted, if its turn came).
+    if (const int sig = stop_signal()) stop_interrupted(sig, false);
+    if (snapshots) {
+      step_start_data_ = loader_->state();
+      step_start_plugins_ = plugins_->save_states();
+    }
     const double t0 = now_ms();
     StepRecord r;
     micro_step_ = 0;
@@ -165,6 +191,8 @@ void Trainer::run_steps() {
       ops.upload(inputs.as<void>(), host_inputs, batch_bytes);
       ops.upload(targets.as<void>(), host_targets, batch_bytes);
       loss_sum += micro_step(batch);
+      // A safe point. After the last micro-step the step is all but done: finish it instead.
+      if (const int sig = stop_signal(); sig && micro_step_ < A) stop_interrupted(sig, true);
     }
     micro_step_ = 0;
     fire(Event::kGradsReady);
@@ -172,6 +200,26 @@ void Trainer::run_steps() {
     r.loss = loss_sum / A;
     r.grad_norm = clip_grad_norm(ops, params, t.grad_clip);
     r.lr = learning_rate(t, step_ - 1);
+    // A plugin that handles non-finite steps (amp's loss scaler) has vetoed this one by now; one
+    // that nothing handled would poison the weights, so the run stops before the update.
+    if (!veto_ && !(std::isfinite(r.loss) && std::isfinite(r.grad_norm))) {
+      r.step_ms = now_ms() - t0;
+      history_.push_back(r);
+      log_step(r);
+      set_phase(Phase::Kind::kDone);
+      fire(Event::kTrainEnd);
+      std::string msg = "training diverged at step " + std::to_string(step_) + ": the loss is " +
+                        format_number(r.loss) + " and the gradient norm " +
+                        format_number(r.grad_norm) +
+                        ", and no plugin skipped the step. The update was not applied; ";
+      msg += snapshot_path_.empty() ? "no snapshot was written ([snapshot] every = " +
+                                          std::to_string(config_.snapshot.every) + ")"
+                                    : "the last good snapshot is " + snapshot_path_ + " (step " +
+                                          std::to_string(snapshot_step_) + ")";
+      msg += ". Lower train.lr (now " + format_number(t.lr) + ")" +
+             (t.grad_clip > 0 ? "" : " or turn on train.grad_clip") + ", then resume or restart";
+      throw Diverged(msg);
+    }
     set_phase(Phase::Kind::kOptimizer);
     // A veto from any event up to and including OPTIMIZER_STEP skips the update.
     if (!veto_) fire(Event::kOptimizerStep);
@@ -187,7 +235,8 @@ void Trainer::run_steps() {
     r.tokens_per_s = double(tokens_per_step) / (r.step_ms / 1000.0);
     history_.push_back(r);
     log_step(r);
-    if (config_.snapshot.every > 0 && step_ % config_.snapshot.every == 0) write_snapshot();
+    if (snapshots && step_ % config_.snapshot.every == 0)
+      write_snapshot(step_, loader_->state(), plugins_->save_states());
   }
   step_ = t.steps;
   set_phase(Phase::Kind::kDone);
@@ -333,11 +382,50 @@ std::vector<uint8_t> bytes_of(Backend& ops, const float* data, uint64_t numel) {
 
 }  // namespace
 
-void Trainer::write_snapshot() {
+void Trainer::stop_interrupted(int signal, bool mid_step) {
+  const int64_t stopped_in = step_;
+  const int micro_steps_done = micro_step_;
+  // The last completed step: the weights and optimizer state are still those after it (no
+  // update has run in the current step).
+  const int64_t completed = step_ - 1;
+  micro_step_ = 0;
+  set_phase(Phase::Kind::kDone);
+  std::string saved;
+  if (config_.snapshot.every > 0 && completed >= 1 && completed != snapshot_step_) {
+    if (mid_step) {
+      write_snapshot(completed, step_start_data_, step_start_plugins_);
+    } else {
+      write_snapshot(completed, loader_->state(), plugins_->save_states());
+    }
+    saved = "snapshot " + snapshot_path_ + " written";
+  } else if (snapshot_step_ >= 1) {
+    saved = "the newest snapshot is " + snapshot_path_;
+  }
+  step_ = completed;
+  fire(Event::kTrainEnd);
+  std::string what = "stopped by " + signal_name(signal) + " before step " +
+                     std::to_string(stopped_in) + " of " + std::to_string(config_.train.steps);
+  if (mid_step)
+    what = "stopped by " + signal_name(signal) + " in step " + std::to_string(stopped_in) +
+           " (its " + std::to_string(micro_steps_done) + " of " +
+           std::to_string(config_.train.grad_accum) + " micro-steps are dropped)";
+  what += "; " + std::to_string(completed) + " step" + (completed == 1 ? "" : "s") + " done";
+  if (!saved.empty()) {
+    what += "; " + saved + " (resume with --resume " + config_.snapshot.dir + ")";
+  } else {
+    what += config_.snapshot.every > 0 ? "; no step completed, so no snapshot"
+                                       : "; no snapshot ([snapshot] every = 0)";
+  }
+  throw Interrupted(signal, what);
+}
+
+std::string Trainer::write_snapshot(
+    int64_t step, const std::string& data_state,
+    const std::map<std::string, std::vector<uint8_t>>& plugin_states) {
   SnapshotData d;
-  d.step = step_;
+  d.step = step;
   d.skipped_steps = skipped_steps_;
-  d.data_state = loader_->state();
+  d.data_state = data_state;
   d.model = model_signature(config_.model);
   d.optimizer = plugins_->provides_optimizer() ? "plugin" : config_.train.optimizer;
   const std::vector<Param<float>*> params = model_->params();
@@ -345,13 +433,16 @@ void Trainer::write_snapshot() {
     d.tensors[p->name] = bytes_of(device_->backend(), p->data(), p->numel);
   for (const Optimizer::StateTensor& s : optimizer_->state(params))
     d.tensors[s.name] = bytes_of(device_->backend(), s.data, s.numel);
-  d.plugins = plugins_->save_states();
+  d.plugins = plugin_states;
   const std::string path = headroom::write_snapshot(config_.snapshot.dir, d, config_.snapshot.keep);
+  snapshot_path_ = path;
+  snapshot_step_ = step;
   // The weights beside it, for other tools; pruned with the snapshot.
   if (config_.snapshot.save_weights)
     save_safetensors(path.substr(0, path.size() - std::strlen(".hrsnap")) + ".safetensors",
                      *model_);
   if (options_.log && !options_.live_progress) *options_.log << "snapshot: " << path << "\n";
+  return path;
 }
 
 int64_t Trainer::resume() {
@@ -392,6 +483,8 @@ int64_t Trainer::resume() {
   loader_->restore(d.data_state);
   plugins_->load_states(d.plugins);
   skipped_steps_ = d.skipped_steps;
+  snapshot_path_ = path;
+  snapshot_step_ = d.step;
   if (options_.log) *options_.log << "resumed from " << path << " (step " << d.step << ")\n";
   return d.step;
 }
@@ -421,7 +514,7 @@ void Trainer::log_step(const StepRecord& r) {
     for (int i = 0; i < kNumCategories; ++i)
       by[category_name(category_at(i))] = mt.peak_by_category()[i];
     j["mem_peak_by_category"] = by;
-    *metrics_ << j.dump() << '\n';
+    metrics_->write(j.dump() + "\n");
     metrics_->flush();
   }
   if (!options_.log) return;
@@ -430,17 +523,15 @@ void Trainer::log_step(const StepRecord& r) {
   if (!options_.live_progress && r.step % every != 0 && r.step != 1 && !last && !r.skipped) return;
   // An overflowing fp16 step (amp vetoes it) has an infinite or NaN norm: say so plainly.
   char norm[32];
-  if (std::isfinite(r.grad_norm)) {
-    std::snprintf(norm, sizeof norm, "%.3f", r.grad_norm);
-  } else {
-    std::snprintf(norm, sizeof norm, "%s", std::isnan(r.grad_norm) ? "nan" : "inf");
-  }
+  std::snprintf(norm, sizeof norm, "%.3f", r.grad_norm);
+  const std::string norm_text = std::isfinite(r.grad_norm) ? norm : format_number(r.grad_norm);
   char line[256];
   std::snprintf(line, sizeof line,
                 "step %6lld/%lld | loss %.4f | lr %.2e | norm %s | %9.0f tok/s | %7.1f ms | "
                 "peak %s",
                 static_cast<long long>(r.step), static_cast<long long>(config_.train.steps), r.loss,
-                r.lr, norm, r.tokens_per_s, r.step_ms, format_bytes(mt.peak_total()).c_str());
+                r.lr, norm_text.c_str(), r.tokens_per_s, r.step_ms,
+                format_bytes(mt.peak_total()).c_str());
   // A vetoed step says who vetoed it and why, whatever the cadence.
   const std::string skipped = r.skipped ? " | update skipped by " + veto_reason_ : "";
   if (options_.live_progress) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -13,8 +14,10 @@
 #include "core/data_loader.h"
 #include "core/device.h"
 #include "core/events.h"
+#include "core/interrupt.h"
 #include "core/model.h"
 #include "core/optim.h"
+#include "core/output_file.h"
 #include "core/plugin_host.h"
 
 namespace headroom {
@@ -46,18 +49,28 @@ struct StepRecord {
   double loss_scale = 1.0;    // the loss scale the step's backward ran with (amp fp16)
 };
 
+// Thrown by Trainer::run when a step's loss or gradient norm is not finite and no plugin vetoed
+// the step: the update is not applied, so the last snapshot holds the last good weights.
+class Diverged : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class Trainer final : private LayerEvents, private AllocationObserver, private PluginRun {
  public:
-  // Builds the device, loads and creates the plugins, then the model (parameters and gradients
-  // allocated now), the optimizer and the data source. Throws ConfigError for unusable input
-  // (plugins included), PluginFailure when a plugin fails to start, and OutOfMemory if the model
-  // does not fit.
+  // Checks that every output path can be written, builds the device, loads and creates the
+  // plugins, then the model (parameters and gradients allocated now), the optimizer and the data
+  // source. Throws ConfigError for unusable input (plugins and output paths included),
+  // PluginFailure when a plugin fails to start, and OutOfMemory if the model does not fit. A throw
+  // from any step tears down what was built, in order.
   Trainer(const Config& config, TrainOptions options);
   ~Trainer() override;
 
   // Runs config.train.steps optimizer steps. Throws OutOfMemory when an allocation fails (the
   // OOM event has been fired by then) and no plugin recovers, PluginFailure when a plugin hook
-  // fails.
+  // fails, Diverged when a step's loss or gradient norm is not finite, Interrupted after a
+  // SIGINT / SIGTERM (interrupt.h), and OutputError when an output cannot be written. Whatever
+  // ends it, the metrics, the memory timeline and the allocation trace are written up to there.
   void run();
 
   void add_listener(EventListener* listener) { listeners_.push_back(listener); }
@@ -77,14 +90,23 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   void run_steps();
   // To options_.memory_timeline_path, if set; `oom` marks the request that stopped the run.
   void write_memory_timeline(const OomReport* oom);
+  // The timeline, the metrics and the trace, complete: at the end of every run, whatever ended
+  // it. `oom`: the run stopped out of memory, whose report matters more than a failed write.
+  void close_outputs(const OomReport* oom);
+  // A stop request seen at a safe point: snapshot of the last completed step (when [snapshot] is
+  // on and it has none yet), TRAIN_END, then Interrupted. `mid_step`: the current step's
+  // micro-steps so far are dropped, and the step is read again on resume.
+  [[noreturn]] void stop_interrupted(int signal, bool mid_step);
   void fire(Event event, int layer = -1);
   void fire(EventInfo info);
   // One micro-step, forward and backward, run again when a plugin asks for a retry after an OOM.
   double micro_step(const Batch& batch);
   void set_phase(Phase::Kind kind, int layer = -1);
   void log_step(const StepRecord& r);
-  // The run's state after `step_` steps, written to [snapshot] dir.
-  void write_snapshot();
+  // The run's state after `step` steps, written to [snapshot] dir: the device tensors as they
+  // are now, with the data position and plugin states of that moment. Returns the file.
+  std::string write_snapshot(int64_t step, const std::string& data_state,
+                             const std::map<std::string, std::vector<uint8_t>>& plugin_states);
   // Loads the newest snapshot of options_.resume_dir; returns its step.
   int64_t resume();
 
@@ -116,7 +138,7 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   std::unique_ptr<DataSource> data_;
   std::unique_ptr<DataLoader> loader_;
   std::vector<EventListener*> listeners_;
-  std::unique_ptr<std::ostream> metrics_;
+  std::unique_ptr<AppendFile> metrics_;
   std::vector<StepRecord> history_;
   int64_t step_ = 0;
   int micro_step_ = 0;
@@ -130,6 +152,16 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   double loss_scale_ = 1.0;
   double run_start_ms_ = 0.0;
   int64_t first_step_ = 1;  // > 1 after a resume
+  // The newest snapshot of this run (or the one it resumed from) and its step.
+  std::string snapshot_path_;
+  int64_t snapshot_step_ = 0;
+  // With [snapshot] on: the data position and plugin states as the current step began, for a
+  // snapshot of the step before it when a stop drops this step half done.
+  std::string step_start_data_;
+  std::map<std::string, std::vector<uint8_t>> step_start_plugins_;
+  // Last, so destroyed first: from then on the device tells this trainer of no more frees, while
+  // everything its events reach is still alive.
+  ObserverRegistration observing_;
 };
 
 }  // namespace headroom

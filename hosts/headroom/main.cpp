@@ -1,11 +1,16 @@
 // headroom: the host binary. `headroom train CONFIG`, `headroom check CONFIG`,
 // `headroom replay TRACE`, ...
 //
-// Exit codes: 0 done, 1 any other failure, 2 bad config or usage, 3 out of memory.
+// Exit codes (README.md, "Exit codes"): 0 done, 1 any other failure, 2 bad input or usage (and
+// anything that stops a run before its first step), 3 out of memory, 4 an output could not be
+// written, 5 the training diverged, 130 / 143 stopped by SIGINT / SIGTERM.
 
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -16,6 +21,8 @@
 #include "core/alloc_trace.h"
 #include "core/config.h"
 #include "core/device.h"
+#include "core/interrupt.h"
+#include "core/output_file.h"
 #include "core/plugin_host.h"
 #include "core/shards.h"
 #include "core/trainer.h"
@@ -26,6 +33,8 @@ constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitOutOfMemory = 3;
+constexpr int kExitOutput = 4;
+constexpr int kExitDiverged = 5;
 
 int cmd_check(const std::string& file, const std::vector<std::string>& sets) {
   const headroom::Config config = headroom::load_config(file, sets);
@@ -108,6 +117,19 @@ struct TrainFlags {
   bool quiet = false;
 };
 
+// "; wrote metrics m.jsonl, memory timeline t.html": what a run that stopped early still wrote.
+std::string written_outputs(const TrainFlags& flags) {
+  std::vector<std::string> parts;
+  if (!flags.metrics.empty()) parts.push_back("metrics " + flags.metrics);
+  if (!flags.memory_timeline.empty()) parts.push_back("memory timeline " + flags.memory_timeline);
+  if (!flags.record_allocs.empty()) parts.push_back("allocation trace " + flags.record_allocs);
+  std::string s;
+  for (size_t i = 0; i < parts.size(); ++i)
+    s += (i == 0 ? "; wrote " : ", ") + parts[i];
+  if (!flags.save_weights.empty()) s += "; --save-weights not written: the run did not finish";
+  return s;
+}
+
 int cmd_train(const std::string& file, const std::vector<std::string>& sets,
               const TrainFlags& flags) {
   const headroom::Config config = headroom::load_config(file, sets);
@@ -121,9 +143,23 @@ int cmd_train(const std::string& file, const std::vector<std::string>& sets,
   options.log = quiet ? nullptr : &std::cout;
   options.live_progress = !quiet && isatty(STDOUT_FILENO);
 
+  // From here a first SIGINT / SIGTERM stops the run at its next safe point, with its work saved.
+  headroom::install_stop_handlers();
   std::unique_ptr<headroom::Trainer> trainer;
   try {
-    trainer = std::make_unique<headroom::Trainer>(config, std::move(options));
+    try {
+      trainer = std::make_unique<headroom::Trainer>(config, std::move(options));
+    } catch (const headroom::OutOfMemory&) {
+      throw;
+    } catch (const headroom::OutputError&) {
+      throw;
+    } catch (const headroom::ConfigError&) {
+      throw;
+    } catch (const std::exception& e) {
+      // A plugin that fails to start, or anything else before step 1: nothing has run yet, so
+      // this is the setup's input (exit 2), not a failure of the run.
+      throw headroom::ConfigError(std::string("setup failed: ") + e.what());
+    }
     if (!quiet) {
       const auto& m = config.model;
       std::printf(
@@ -153,6 +189,14 @@ int cmd_train(const std::string& file, const std::vector<std::string>& sets,
     if (!flags.memory_timeline.empty())
       std::cerr << "headroom: memory timeline up to the failure: " << flags.memory_timeline << "\n";
     return kExitOutOfMemory;
+  } catch (const headroom::Interrupted& e) {
+    std::cout.flush();
+    std::cerr << "\nheadroom: " << e.what() << written_outputs(flags) << "\n";
+    return e.exit_code();
+  } catch (const headroom::Diverged& e) {
+    std::cout.flush();
+    std::cerr << "headroom: error: " << e.what() << written_outputs(flags) << "\n";
+    return kExitDiverged;
   }
   if (!quiet) std::cout << trainer->memory_report();
   if (!quiet && !flags.memory_timeline.empty())
@@ -182,9 +226,45 @@ int cmd_replay(const std::string& file, const std::string& config_file,
   return r.failed ? kExitOutOfMemory : kExitOk;
 }
 
+// Levenshtein distance, for "did you mean".
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j)
+    row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The first argument when it is neither an option nor a command: name it, and the nearest command.
+int unknown_command(const CLI::App& app, const std::string& word) {
+  std::string names, nearest;
+  size_t best = SIZE_MAX;
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    const std::string& n = sub->get_name();
+    names += (names.empty() ? "" : ", ") + n;
+    const size_t d = edit_distance(word, n);
+    if (d < best) best = d, nearest = n;
+  }
+  std::cerr << "headroom: error: unknown command '" << word << "'";
+  if (best <= 2) std::cerr << "; did you mean '" << nearest << "'?";
+  std::cerr << "\nheadroom: the commands are " << names << " (headroom --help)\n";
+  return kExitUsage;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f) makes writes fail with EFBIG, reported like a full disk,
+  // instead of killing the process with the output half written.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"headroom: train transformer language models when GPU memory is the wall"};
   app.set_version_flag("--version", HEADROOM_VERSION_STRING);
   app.require_subcommand(1);
@@ -226,8 +306,11 @@ int main(int argc, char** argv) {
   shard->add_option("text", shard_text, "the text file")->required();
   shard->add_option("outdir", shard_dir, "the folder to write shard_000000.bin, ... into")
       ->required();
-  shard->add_option("--tokens-per-shard", tokens_per_shard, "at most this many tokens per shard")
-      ->check(CLI::PositiveNumber);
+  shard
+      ->add_option("--tokens-per-shard", tokens_per_shard,
+                   "at most this many tokens per shard (1 to 2147483647)")
+      ->check(CLI::Range(uint64_t(1), uint64_t(INT32_MAX),
+                         "a whole number of tokens from 1 to 2147483647"));
 
   std::string replay_file, replay_config, replay_limit;
   std::vector<std::string> replay_sets;
@@ -247,6 +330,12 @@ int main(int argc, char** argv) {
   CLI::App* plugins = app.add_subcommand(
       "plugins", "list every plugin on the plugin path: name, version, ABI, events, roles, file");
 
+  if (argc > 1 && argv[1][0] != '-') {
+    const auto subs = app.get_subcommands({});
+    if (std::none_of(subs.begin(), subs.end(),
+                     [&](const CLI::App* sub) { return sub->check_name(argv[1]); }))
+      return unknown_command(app, argv[1]);
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -264,6 +353,9 @@ int main(int argc, char** argv) {
   } catch (const headroom::ConfigError& e) {
     std::cerr << "headroom: error: " << e.what() << "\n";
     return kExitUsage;
+  } catch (const headroom::OutputError& e) {
+    std::cerr << "headroom: error: cannot write an output: " << e.what() << "\n";
+    return kExitOutput;
   } catch (const std::exception& e) {
     std::cerr << "headroom: failed: " << e.what() << "\n";
     return kExitFailure;
