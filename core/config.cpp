@@ -22,8 +22,6 @@ namespace {
 constexpr int64_t kIntMax = INT_MAX;
 constexpr int64_t kInt64Max = INT64_MAX;
 
-const std::vector<std::string> kSections = {"model", "train", "data", "device", "snapshot"};
-
 const std::vector<std::string> kModelKeys = {"preset", "n_layer", "n_head",
                                              "n_embd", "seq_len", "vocab_size"};
 const std::vector<std::string> kTrainKeys = {
@@ -34,6 +32,33 @@ const std::vector<std::string> kDataKeys = {"kind",      "path",    "pattern", "
                                             "branching", "shuffle", "workers", "prefetch"};
 const std::vector<std::string> kSnapshotKeys = {"every", "dir", "keep", "save_weights"};
 const std::vector<std::string> kDeviceKeys = {"kind", "index", "memory_limit"};
+// The host's keys of a [[plugins]] entry; every other key is the plugin's own.
+const std::vector<std::string> kPluginHostKeys = {"name", "path"};
+
+// Every section of the file, in the order messages list them. All are tables but plugins, which is
+// an array of tables ([[plugins]]).
+struct Section {
+  const char* name;
+  const std::vector<std::string>* keys;
+  bool array_of_tables;
+};
+const std::vector<Section>& sections() {
+  static const std::vector<Section> s = {
+      {"model", &kModelKeys, false},       {"train", &kTrainKeys, false},
+      {"data", &kDataKeys, false},         {"device", &kDeviceKeys, false},
+      {"snapshot", &kSnapshotKeys, false}, {"plugins", &kPluginHostKeys, true}};
+  return s;
+}
+const Section* find_section(const std::string& name) {
+  for (const Section& s : sections()) {
+    if (name == s.name) return &s;
+  }
+  return nullptr;
+}
+// "[train]", or "[[plugins]]" for the array of tables.
+std::string section_header(const Section& s) {
+  return s.array_of_tables ? "[[" + std::string(s.name) + "]]" : "[" + std::string(s.name) + "]";
+}
 
 struct Preset {
   const char* name;
@@ -67,8 +92,16 @@ std::string quoted_list(const std::vector<std::string>& items) {
   return join(q, ", ");
 }
 
+// "[model], [train], ..., [[plugins]] (an array of tables, one [[plugins]] entry per plugin)".
 std::string sections_list() {
-  return "[model], [train], [data], [device], [[plugins]]";
+  std::vector<std::string> names;
+  for (const Section& s : sections()) {
+    names.push_back(section_header(s) + (s.array_of_tables
+                                             ? " (an array of tables, one [[" +
+                                                   std::string(s.name) + "]] entry per plugin)"
+                                             : ""));
+  }
+  return join(names, ", ");
 }
 
 std::string type_name(const toml::node& node) {
@@ -181,13 +214,16 @@ class Validator {
     c.file = file_;
     for (auto&& [key, node] : root) {
       const std::string k(key.str());
-      const bool known =
-          k == "plugins" || std::find(kSections.begin(), kSections.end(), k) != kSections.end();
-      if (!known) {
+      const Section* section = find_section(k);
+      if (!section && !node.is_table() && !node.is_array_of_tables()) {
+        throw ConfigError(pos_str(file_, key.source()) + ": '" + k +
+                          "' is a key outside any section; " + suggest_section(k));
+      }
+      if (!section) {
         throw ConfigError(pos_str(file_, key.source()) + ": unknown section '" + k +
                           "'; valid sections: " + sections_list());
       }
-      if (k != "plugins" && !node.is_table()) {
+      if (!section->array_of_tables && !node.is_table()) {
         throw ConfigError(pos_str(file_, node.source()) + ": '" + k + "' must be a table ([" + k +
                           "]), got " + type_name(node));
       }
@@ -198,10 +234,33 @@ class Validator {
     if (auto* t = root["device"].as_table()) device(*t, c.device);
     if (auto* t = root["snapshot"].as_table()) snapshot(*t, c.snapshot);
     if (auto* n = root.get("plugins")) plugins(*n, c.plugins);
+    data_fits_model(root, c);
     return c;
   }
 
  private:
+  // For a key written before any section header: the sections that have a key of that name.
+  static std::string suggest_section(const std::string& key) {
+    std::vector<std::string> owners;
+    for (const Section& s : sections()) {
+      if (std::find(s.keys->begin(), s.keys->end(), key) != s.keys->end()) {
+        owners.push_back(section_header(s));
+      }
+    }
+    if (owners.empty()) {
+      return "no section has a key '" + key +
+             "'; every key goes under a section header: " + sections_list();
+    }
+    std::string list = owners[0];
+    for (size_t i = 1; i < owners.size(); ++i)
+      list += (i + 1 == owners.size() ? " and " : ", ") + owners[i];
+    if (owners.size() > 1) return key + " is a key of " + list + ": put it under one of them";
+    if (owners[0] == "[[plugins]]") {
+      return key + " is a key of [[plugins]]: put it under a [[plugins]] entry";
+    }
+    return key + " is a key of " + list + ": put it under " + list;
+  }
+
   // Where a value is: "--set section.key=value" when an override put it there, else FILE:L:C.
   std::string where(const std::string& section, const std::string& key,
                     const toml::source_region& src) const {
@@ -239,29 +298,31 @@ class Validator {
                       expected + ", got " + type_name(node));
   }
 
-  // Reads an integer in [lo, hi] if present.
+  // Reads an integer in [lo, hi] if present. `why`, when given, is appended to a range error to
+  // say where the bound comes from.
   bool get_int(const toml::table& t, const std::string& section, const std::string& key, int64_t lo,
-               int64_t hi, int64_t& out) const {
+               int64_t hi, int64_t& out, const std::string& why = "") const {
     const toml::node* n = t.get(key);
     if (!n) return false;
     if (!n->is_integer()) type_error(section, key, *n, "an integer");
     const int64_t v = n->as_integer()->get();
+    const std::string reason = why.empty() ? "" : " (" + why + ")";
     if (v < lo) {
-      throw ConfigError(where(section, key, *n) + ": " + section + "." + key +
-                        " must be >= " + std::to_string(lo) + ", got " + std::to_string(v));
+      throw ConfigError(where(section, key, *n) + ": " + section + "." + key + " must be >= " +
+                        std::to_string(lo) + reason + ", got " + std::to_string(v));
     }
     if (v > hi) {
-      throw ConfigError(where(section, key, *n) + ": " + section + "." + key +
-                        " must be <= " + std::to_string(hi) + ", got " + std::to_string(v));
+      throw ConfigError(where(section, key, *n) + ": " + section + "." + key + " must be <= " +
+                        std::to_string(hi) + reason + ", got " + std::to_string(v));
     }
     out = v;
     return true;
   }
   template <typename T>
   bool get_int_as(const toml::table& t, const std::string& section, const std::string& key,
-                  int64_t lo, int64_t hi, T& out) const {
+                  int64_t lo, int64_t hi, T& out, const std::string& why = "") const {
     int64_t v = 0;
-    if (!get_int(t, section, key, lo, hi, v)) return false;
+    if (!get_int(t, section, key, lo, hi, v, why)) return false;
     out = static_cast<T>(v);
     return true;
   }
@@ -391,16 +452,18 @@ class Validator {
     struct Shape {
       const char* key;
       int* field;
-      int64_t hi;
+      int64_t lo, hi;
+      const char* why;
     };
-    const Shape shape[] = {{"n_layer", &m.n_layer, kIntMax},
-                           {"n_head", &m.n_head, kIntMax},
-                           {"n_embd", &m.n_embd, kIntMax},
-                           {"seq_len", &m.seq_len, int64_t{1} << 20},
-                           {"vocab_size", &m.vocab_size, int64_t{1} << 24}};
+    const Shape shape[] = {{"n_layer", &m.n_layer, 1, kIntMax, ""},
+                           {"n_head", &m.n_head, 1, kIntMax, ""},
+                           {"n_embd", &m.n_embd, 1, kIntMax, ""},
+                           {"seq_len", &m.seq_len, 1, int64_t{1} << 20, ""},
+                           {"vocab_size", &m.vocab_size, 2, int64_t{1} << 24,
+                            "a language model predicts one of at least 2 tokens"}};
     std::vector<std::string> missing;
     for (const auto& s : shape) {
-      if (!get_int_as(*t, "model", s.key, 1, s.hi, *s.field)) missing.push_back(s.key);
+      if (!get_int_as(*t, "model", s.key, s.lo, s.hi, *s.field, s.why)) missing.push_back(s.key);
     }
     if (preset.empty() && !missing.empty()) {
       throw ConfigError(table_where("model", *t) + ": [model] has no preset, so n_layer, n_head, " +
@@ -479,6 +542,20 @@ class Validator {
     get_bool(t, s, "shuffle", c.shuffle);
     get_int_as(t, s, "workers", 0, 64, c.workers);
     get_int_as(t, s, "prefetch", 1, 1024, c.prefetch);
+  }
+
+  // Text data is bytes: every token 0..255 must be in the vocabulary. (Shards hold token ids of
+  // whatever tokenizer wrote them; a token >= vocab_size is found when its batch is read.)
+  void data_fits_model(toml::table& root, const Config& c) const {
+    if (c.data.kind != "text" || c.model.vocab_size >= 256) return;
+    const toml::table* model = root["model"].as_table();
+    const toml::node* vocab = model ? model->get("vocab_size") : nullptr;
+    const toml::table& data = *root["data"].as_table();  // kind = "text" was written there
+    const std::string kind_at = where("data", "kind", *data.get("kind"));
+    const std::string w = vocab ? where("model", "vocab_size", *vocab) : kind_at;
+    throw ConfigError(w + ": model.vocab_size is " + std::to_string(c.model.vocab_size) +
+                      ", but data.kind = \"text\"" + (vocab ? " (" + kind_at + ")" : "") +
+                      " trains on bytes, tokens 0..255: model.vocab_size must be >= 256");
   }
 
   void device(const toml::table& t, DeviceConfig& c) {
@@ -569,18 +646,30 @@ class Validator {
         throw ConfigError(here + ": plugin '" + p.name + "' is listed twice (first at " +
                           it->second + "); each plugin may appear once in [[plugins]]");
       }
+      // An override (--set plugins.NAME.key=value) is where its value came from.
+      const std::string section = "plugins." + p.name;
+      p.path_pos = p.pos;
       if (const toml::node* path = t.get("path")) {
+        const std::string w = where(section, "path", *path);
         if (!path->is_string()) {
-          throw ConfigError(pos_str(file_, path->source()) +
-                            ": plugins.path: expected a string, got " + type_name(*path));
+          throw ConfigError(w + ": plugins.path: expected a string, got " + type_name(*path));
         }
         const std::string v = path->as_string()->get();
         if (v.empty()) {
-          throw ConfigError(pos_str(file_, path->source()) +
-                            ": plugins.path must name a file, got an empty string; leave it out " +
-                            "to search the plugin path");
+          throw ConfigError(w + ": plugins.path must name a file, got an empty string; leave it " +
+                            "out to search the plugin path");
         }
-        p.path = resolve_path(v, base_dir_);
+        // As every path from --set: relative to the current directory, not the config file's.
+        const auto ov = overrides_.find(section + ".path");
+        p.path = resolve_path(v, ov != overrides_.end() ? std::string() : base_dir_);
+        p.path_pos = SourcePos{};
+        if (ov != overrides_.end()) {
+          p.path_pos.file = "--set " + ov->second;
+        } else {
+          p.path_pos.file = file_;
+          p.path_pos.line = static_cast<int>(path->source().begin.line);
+          p.path_pos.column = static_cast<int>(path->source().begin.column);
+        }
       }
       toml::table own = t;
       own.erase("name");
@@ -589,9 +678,14 @@ class Validator {
       for (auto&& [key, value] : t) {
         if (key.str() == "name" || key.str() == "path") continue;
         SourcePos kp;
-        kp.file = file_;
-        kp.line = static_cast<int>(value.source().begin.line);
-        kp.column = static_cast<int>(value.source().begin.column);
+        const auto ov = overrides_.find(section + "." + std::string(key.str()));
+        if (ov != overrides_.end()) {
+          kp.file = "--set " + ov->second;
+        } else {
+          kp.file = file_;
+          kp.line = static_cast<int>(value.source().begin.line);
+          kp.column = static_cast<int>(value.source().begin.column);
+        }
         p.key_pos[std::string(key.str())] = kp;
       }
       std::ostringstream os;
@@ -607,42 +701,105 @@ class Validator {
   bool model_in_file_;
 };
 
-// "section.key=value" -> root[section][key] = value.
+// The value of an override in TOML syntax; anything that does not parse as one value is a plain
+// string.
+toml::table override_value(const std::string& value) {
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+    if (parsed.size() == 1 && parsed.get("v") != nullptr) return parsed;
+  } catch (const toml::parse_error&) {
+  }
+  parsed = toml::table{};
+  parsed.insert("v", value);
+  return parsed;
+}
+
+// "plugins.NAME.key=value" -> key of the [[plugins]] entry named NAME = value.
+void apply_plugin_override(toml::table& root, const std::string& text, const std::string& name,
+                           const std::string& key, const std::string& value) {
+  const std::string at = "--set " + text + ": ";
+  if (key == "name") {
+    throw ConfigError(at + "a [[plugins]] entry's name cannot be changed with --set (the name " +
+                      "picks the entry); edit the config file, or load another file with " +
+                      "--set plugins." + name + ".path=FILE");
+  }
+  toml::node* plugins = root.get("plugins");
+  toml::array* arr = plugins ? plugins->as_array() : nullptr;
+  if (plugins && !(arr && (arr->empty() || arr->is_array_of_tables()))) {
+    throw ConfigError(at + "'plugins' in the config file is not an array of [[plugins]] tables");
+  }
+  std::vector<std::string> names;
+  toml::table* entry = nullptr;
+  bool unnamed = false;  // an entry without a string name, which validation refuses at its line
+  if (arr) {
+    for (toml::node& e : *arr) {
+      toml::table& t = *e.as_table();
+      const toml::node* n = t.get("name");
+      if (!n || !n->is_string()) {
+        unnamed = true;
+        continue;
+      }
+      const std::string& entry_name = n->as_string()->get();
+      names.push_back(entry_name);
+      if (entry_name == name && !entry) entry = &t;
+    }
+  }
+  if (!entry && unnamed) return;  // the file's own error comes first
+  if (!entry) {
+    throw ConfigError(at + "no [[plugins]] entry is named '" + name + "'; " +
+                      (names.empty() ? std::string("the config lists no plugins")
+                                     : "the config lists: " + join(names, ", ")) +
+                      " (--set can change the keys of a listed plugin, not add one)");
+  }
+  entry->insert_or_assign(key, *override_value(value).get("v"));
+}
+
+// "section.key=value" -> root[section][key] = value; "plugins.NAME.key=value" -> the key of the
+// [[plugins]] entry named NAME.
 void apply_override(toml::table& root, const std::string& text,
                     std::map<std::string, std::string>& where) {
-  const std::string form = "expected --set section.key=value, e.g. --set train.steps=100";
+  const std::string form =
+      "expected --set section.key=value, e.g. --set train.steps=100, or "
+      "--set plugins.NAME.key=value for a [[plugins]] entry";
   const size_t eq = text.find('=');
   if (eq == std::string::npos) {
     throw ConfigError("--set " + text + ": no '=' in the override; " + form);
   }
   const std::string key = trim(text.substr(0, eq));
   const std::string value = trim(text.substr(eq + 1));
-  const size_t dot = key.find('.');
-  if (key.empty() || dot == std::string::npos || dot == 0 || dot + 1 == key.size() ||
-      key.find('.', dot + 1) != std::string::npos) {
+  std::vector<std::string> parts;
+  for (size_t b = 0;;) {
+    const size_t dot = key.find('.', b);
+    parts.push_back(key.substr(b, dot == std::string::npos ? std::string::npos : dot - b));
+    if (dot == std::string::npos) break;
+    b = dot + 1;
+  }
+  const bool empty_part =
+      std::any_of(parts.begin(), parts.end(), [](const std::string& p) { return p.empty(); });
+  if (key.empty() || parts.size() < 2 || empty_part) {
     throw ConfigError("--set " + text + ": the key must be section.key; " + form);
   }
-  const std::string section = key.substr(0, dot);
-  const std::string name = key.substr(dot + 1);
-  if (section == "plugins") {
-    throw ConfigError("--set " + text +
-                      ": overrides into [[plugins]] are not supported; edit the config file " +
-                      "(--set works for [model], [train], [data], [device])");
+  const std::string& section = parts[0];
+  const Section* known = find_section(section);
+  if (!known) {
+    throw ConfigError("--set " + text + ": unknown section '" + section + "'; valid sections: " +
+                      sections_list() + "; a [[plugins]] entry is set as plugins.NAME.key");
   }
-  if (std::find(kSections.begin(), kSections.end(), section) == kSections.end()) {
-    throw ConfigError("--set " + text + ": unknown section '" + section +
-                      "'; valid sections: model, train, data, device");
+  if (known->array_of_tables) {
+    if (parts.size() != 3) {
+      throw ConfigError("--set " + text + ": a [[plugins]] override names the entry and one of " +
+                        "its keys: --set plugins.NAME.key=value, e.g. " +
+                        "--set plugins.amp.loss_scale=1024");
+    }
+    apply_plugin_override(root, text, parts[1], parts[2], value);
+    where[key] = text;
+    return;
   }
-
-  // The value in TOML syntax; anything that does not parse as one value is a plain string.
-  toml::table parsed;
-  bool is_toml = false;
-  try {
-    parsed = toml::parse("v = " + value);
-    is_toml = parsed.size() == 1 && parsed.get("v") != nullptr;
-  } catch (const toml::parse_error&) {
-    is_toml = false;
+  if (parts.size() != 2) {
+    throw ConfigError("--set " + text + ": the key must be section.key; " + form);
   }
+  const std::string& name = parts[1];
 
   toml::node* sec = root.get(section);
   if (sec && !sec->is_table()) {
@@ -652,12 +809,7 @@ void apply_override(toml::table& root, const std::string& text,
     root.insert(section, toml::table{});
     sec = root.get(section);
   }
-  toml::table& t = *sec->as_table();
-  if (is_toml) {
-    t.insert_or_assign(name, *parsed.get("v"));
-  } else {
-    t.insert_or_assign(name, value);
-  }
+  sec->as_table()->insert_or_assign(name, *override_value(value).get("v"));
   where[key] = text;
 }
 

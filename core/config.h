@@ -89,9 +89,11 @@ struct DeviceConfig {
 // is validated by the plugin when it is loaded.
 struct PluginEntry {
   std::string name;
-  std::string path;  // "" = search the plugin path; else resolved relative to the config file
-  SourcePos pos;     // the table's position, for messages
-  std::string toml;  // the plugin's own keys, re-serialised as a TOML table (no name/path)
+  std::string path;    // "" = search the plugin path; else resolved relative to the config file
+  SourcePos pos;       // the table's position, for messages
+  SourcePos path_pos;  // where path was set ("--set plugins.NAME.path=..." for an override); pos
+                       // when path is not set
+  std::string toml;    // the plugin's own keys, re-serialised as a TOML table (no name/path)
   std::map<std::string, SourcePos> key_pos;  // where each of the plugin's own keys was written
 };
 

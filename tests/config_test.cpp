@@ -84,19 +84,42 @@ TEST_F(ConfigFileTest, UnknownKeyInDevice) {
   EXPECT_HAS(e, "kind, index, memory_limit");
 }
 
+// Every section, [snapshot] included, and [[plugins]] said to be an array of tables.
+const char* kSectionList =
+    "[model], [train], [data], [device], [snapshot], [[plugins]] (an array of tables, one "
+    "[[plugins]] entry per plugin)";
+
 TEST_F(ConfigFileTest, UnknownSection) {
   const std::string f = write("s.toml", "[train]\nsteps = 3\n\n[optim]\nlr = 1\n");
   const std::string e = test::error_of([&] { load_config(f); });
-  EXPECT_TRUE(test::starts_with(e, f + ":4:2: ")) << e;
-  EXPECT_HAS(e, "'optim'");
-  EXPECT_HAS(e, "[model], [train], [data], [device], [[plugins]]");
+  EXPECT_EQ(e, f + ":4:2: unknown section 'optim'; valid sections: " + kSectionList);
+  // An array of tables is a section too.
+  EXPECT_EQ(parse_error("[[optim]]\nlr = 1\n"),
+            std::string("demo.toml:1:3: unknown section 'optim'; valid sections: ") + kSectionList);
 }
 
-TEST(Config, UnknownTopLevelKey) {
-  const std::string e = parse_error("steps = 3\n");
-  EXPECT_TRUE(test::starts_with(e, "demo.toml:1:1: ")) << e;
-  EXPECT_HAS(e, "'steps'");
-  EXPECT_HAS(e, "[model], [train], [data], [device], [[plugins]]");
+// A key before any section header is not a section: say so, and where such a key goes.
+TEST(Config, TopLevelKeySuggestsItsSection) {
+  EXPECT_EQ(parse_error("steps = 3\n"),
+            "demo.toml:1:1: 'steps' is a key outside any section; steps is a key of [train]: put "
+            "it under [train]");
+  // Also when the section follows: the key still belongs to no section.
+  EXPECT_EQ(parse_error("\nkeep = 3\n[train]\nsteps = 2\n"),
+            "demo.toml:2:1: 'keep' is a key outside any section; keep is a key of [snapshot]: put "
+            "it under [snapshot]");
+  EXPECT_EQ(parse_error("seed = 3\n"),
+            "demo.toml:1:1: 'seed' is a key outside any section; seed is a key of [train] and "
+            "[data]: put it under one of them");
+  EXPECT_EQ(parse_error("name = \"amp\"\n"),
+            "demo.toml:1:1: 'name' is a key outside any section; name is a key of [[plugins]]: put "
+            "it under a [[plugins]] entry");
+}
+
+TEST(Config, TopLevelKeyOfNoSection) {
+  EXPECT_EQ(parse_error("stepz = 3\n"),
+            std::string("demo.toml:1:1: 'stepz' is a key outside any section; no section has a "
+                        "key 'stepz'; every key goes under a section header: ") +
+                kSectionList);
 }
 
 TEST(Config, SectionThatIsNotATable) {
@@ -183,12 +206,35 @@ TEST(Config, OutOfRangeValues) {
        "demo.toml:3:11: ", "model.seq_len must be <= 1048576"},
       {"[model]\npreset = \"tiny\"\nvocab_size = 20000000\n",
        "demo.toml:3:14: ", "model.vocab_size must be <= 16777216"},
+      {"[model]\npreset = \"tiny\"\nvocab_size = 0\n",
+       "demo.toml:3:14: ", "model.vocab_size must be >= 2"},
+      {"[train]\nmicro_batch = 3000000000\n",
+       "demo.toml:2:15: ", "train.micro_batch must be <= 2147483647, got 3000000000"},
+      {"[device]\nmemory_limit = \"-1\"\n", "demo.toml:2:16: ", "bad size '-1'"},
   };
   for (const auto& c : cases) {
     const std::string e = parse_error(c.text);
     EXPECT_TRUE(test::starts_with(e, c.pos)) << c.text << " -> " << e;
     EXPECT_HAS(e, c.want);
   }
+}
+
+// A language model predicts one of its tokens: one token leaves nothing to predict.
+TEST(Config, VocabSizeNeedsTwoTokens) {
+  EXPECT_EQ(parse_error("[model]\npreset = \"tiny\"\nvocab_size = 1\n"),
+            "demo.toml:3:14: model.vocab_size must be >= 2 (a language model predicts one of at "
+            "least 2 tokens), got 1");
+  EXPECT_EQ(parse_error("", {"model.vocab_size=1"}),
+            "--set model.vocab_size=1: model.vocab_size must be >= 2 (a language model predicts "
+            "one of at least 2 tokens), got 1");
+  EXPECT_EQ(parse_config("[model]\npreset = \"tiny\"\nvocab_size = 2\n", "d").model.vocab_size, 2);
+}
+
+// An integer TOML cannot hold is a syntax error at its position, not a wrapped-around value.
+TEST(Config, IntegerBeyondInt64) {
+  const std::string e = parse_error("[train]\nsteps = 99999999999999999999\n");
+  EXPECT_TRUE(test::starts_with(e, "demo.toml:2:")) << e;
+  EXPECT_HAS(e, "TOML syntax error");
 }
 
 // kind = "cuda" is valid config; where the build has no CUDA backend or the machine no GPU,
@@ -370,6 +416,30 @@ TEST(Config, SyntheticWithPath) {
   EXPECT_HAS(e, "only used with data.kind = \"text\"");
 }
 
+// Text data is bytes, tokens 0..255: a smaller vocabulary is refused when the config is read
+// (check and plan too), at the line of vocab_size.
+TEST(Config, TextDataNeedsAByteVocabulary) {
+  const std::string shape =
+      "[model]\nn_layer = 1\nn_head = 1\nn_embd = 8\nseq_len = 4\nvocab_size = 100\n";
+  const std::string text = "[data]\nkind = \"text\"\npath = \"corpus.txt\"\n";
+  EXPECT_EQ(parse_error(shape + text),
+            "demo.toml:6:14: model.vocab_size is 100, but data.kind = \"text\" (demo.toml:8:8) "
+            "trains on bytes, tokens 0..255: model.vocab_size must be >= 256");
+  EXPECT_EQ(parse_error(text, {"model.vocab_size=255"}),
+            "--set model.vocab_size=255: model.vocab_size is 255, but data.kind = \"text\" "
+            "(demo.toml:2:8) trains on bytes, tokens 0..255: model.vocab_size must be >= 256");
+  EXPECT_EQ(parse_error(shape, {"data.kind=text", "data.path=c.txt"}),
+            "demo.toml:6:14: model.vocab_size is 100, but data.kind = \"text\" "
+            "(--set data.kind=text) trains on bytes, tokens 0..255: model.vocab_size must be >= "
+            "256");
+  EXPECT_EQ(parse_config(text, "demo.toml", {"model.vocab_size=256"}).model.vocab_size, 256);
+  // Synthetic data and shards are not bytes.
+  EXPECT_EQ(parse_config(shape, "demo.toml").model.vocab_size, 100);
+  EXPECT_EQ(parse_config(shape + "[data]\nkind = \"shards\"\npattern = \"*.bin\"\n", "demo.toml")
+                .model.vocab_size,
+            100);
+}
+
 TEST_F(ConfigFileTest, TextPathResolvedAgainstConfigDir) {
   const std::string f = write("text.toml", "[data]\nkind = \"text\"\npath = \"corpus.txt\"\n");
   const Config c = load_config(f);
@@ -474,18 +544,120 @@ TEST(Config, TomlSyntaxErrorDuplicateKey) {
 
 TEST(Config, BadSetForms) {
   for (const std::string bad :
-       {"train.steps", "=3", "steps=3", ".steps=3", "train.=3", "train.a.b=3"}) {
+       {"train.steps", "=3", "steps=3", ".steps=3", "train.=3", "train.a.b=3", "train..x=3"}) {
     const std::string e = parse_error("", {bad});
     EXPECT_TRUE(test::starts_with(e, "--set " + bad + ": ")) << e;
     EXPECT_HAS(e, "--set section.key=value");
+    EXPECT_HAS(e, "--set plugins.NAME.key=value");
   }
-  std::string e = parse_error("", {"optim.lr=1"});
-  EXPECT_TRUE(test::starts_with(e, "--set optim.lr=1: ")) << e;
-  EXPECT_HAS(e, "unknown section 'optim'");
-  EXPECT_HAS(e, "model, train, data, device");
-  e = parse_error("", {"plugins.name=amp"});
-  EXPECT_TRUE(test::starts_with(e, "--set plugins.name=amp: ")) << e;
-  EXPECT_HAS(e, "not supported");
+  // The same list of sections as for the file, with how a [[plugins]] entry is named.
+  EXPECT_EQ(parse_error("", {"optim.lr=1"}),
+            std::string("--set optim.lr=1: unknown section 'optim'; valid sections: ") +
+                kSectionList + "; a [[plugins]] entry is set as plugins.NAME.key");
+}
+
+TEST(Config, SetIntoSnapshot) {
+  const Config c = parse_config("", "demo.toml", {"snapshot.keep=5"});
+  EXPECT_EQ(c.snapshot.keep, 5);
+  EXPECT_EQ(parse_error("", {"snapshot.kept=5"}),
+            "--set snapshot.kept=5: unknown key 'kept' in [snapshot]; valid keys: every, dir, "
+            "keep, save_weights");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Overrides into [[plugins]]: plugins.NAME.key sets a key of the entry named NAME
+
+const char* kTwoPlugins =
+    "[[plugins]]\nname = \"amp\"\nloss_scale = 1024\n\n"
+    "[[plugins]]\nname = \"offload\"\npath = \"lib/off.so\"\n";
+
+TEST(Config, SetPluginKey) {
+  const Config c = parse_config(
+      kTwoPlugins, "/cfg/demo.toml",
+      {"plugins.amp.loss_scale=2048", "plugins.amp.mode=bf16", "plugins.offload.layers=[1, 2]"});
+  ASSERT_EQ(c.plugins.size(), 2u);
+  const PluginEntry& amp = c.plugins[0];
+  EXPECT_EQ(amp.name, "amp");
+  EXPECT_HAS(amp.toml, "loss_scale = 2048");
+  EXPECT_EQ(amp.toml.find("1024"), std::string::npos) << amp.toml;
+  EXPECT_HAS(amp.toml, "mode = 'bf16'");  // a bare word is a string, as for every --set
+  EXPECT_EQ(amp.key_pos.at("loss_scale").str(), "--set plugins.amp.loss_scale=2048");
+  EXPECT_EQ(amp.key_pos.at("mode").str(), "--set plugins.amp.mode=bf16");
+  EXPECT_EQ(amp.pos.str(), "/cfg/demo.toml:1:1");
+  const PluginEntry& off = c.plugins[1];
+  EXPECT_EQ(off.path, "/cfg/lib/off.so");
+  EXPECT_HAS(off.toml, "layers = [ 1, 2 ]");
+  EXPECT_EQ(off.key_pos.at("layers").str(), "--set plugins.offload.layers=[1, 2]");
+  // Keys not overridden keep their place in the file; the later of two overrides wins.
+  const Config d =
+      parse_config(kTwoPlugins, "/cfg/demo.toml",
+                   {"plugins.offload.x=1", "plugins.amp.loss_scale=1", "plugins.amp.loss_scale=8"});
+  EXPECT_EQ(d.plugins[0].key_pos.at("loss_scale").str(), "--set plugins.amp.loss_scale=8");
+  EXPECT_HAS(d.plugins[0].toml, "loss_scale = 8");
+  const Config f = parse_config(kTwoPlugins, "/cfg/demo.toml");
+  EXPECT_EQ(f.plugins[0].key_pos.at("loss_scale").str(), "/cfg/demo.toml:3:14");
+}
+
+TEST(Config, SetPluginKeyRoundTripsThroughFormatConfig) {
+  const Config c = parse_config(kTwoPlugins, "/cfg/demo.toml", {"plugins.amp.loss_scale=0.5"});
+  const Config again = parse_config(format_config(c), "/elsewhere/out.toml");
+  ASSERT_EQ(again.plugins.size(), 2u);
+  EXPECT_EQ(again.plugins[0].toml, c.plugins[0].toml);
+  EXPECT_EQ(again.plugins[1].path, "/cfg/lib/off.so");
+}
+
+// path may be overridden (another build of the plugin); like every --set path it is taken from the
+// current directory.
+TEST(Config, SetPluginPath) {
+  const Config c = parse_config(kTwoPlugins, "/cfg/demo.toml",
+                                {"plugins.amp.path=build/amp.so", "plugins.offload.path=/x/o.so"});
+  EXPECT_EQ(fs::path(c.plugins[0].path), fs::absolute("build/amp.so"));
+  EXPECT_EQ(c.plugins[1].path, "/x/o.so");
+  EXPECT_EQ(c.plugins[0].toml.find("path"), std::string::npos) << c.plugins[0].toml;
+  EXPECT_EQ(c.plugins[0].key_pos.count("path"), 0u);
+  EXPECT_EQ(c.plugins[0].path_pos.str(), "--set plugins.amp.path=build/amp.so");
+  // Without an override: where path is written, or the table when it is not.
+  const Config f = parse_config(kTwoPlugins, "/cfg/demo.toml");
+  EXPECT_EQ(f.plugins[0].path_pos.str(), "/cfg/demo.toml:1:1");
+  EXPECT_EQ(f.plugins[1].path_pos.str(), "/cfg/demo.toml:7:8");
+  EXPECT_EQ(parse_error(kTwoPlugins, {"plugins.amp.path=\"\""}),
+            "--set plugins.amp.path=\"\": plugins.path must name a file, got an empty string; "
+            "leave it out to search the plugin path");
+  EXPECT_EQ(parse_error(kTwoPlugins, {"plugins.offload.path=3"}),
+            "--set plugins.offload.path=3: plugins.path: expected a string, got integer");
+}
+
+TEST(Config, SetPluginNameIsRefused) {
+  EXPECT_EQ(parse_error(kTwoPlugins, {"plugins.amp.name=zero"}),
+            "--set plugins.amp.name=zero: a [[plugins]] entry's name cannot be changed with --set "
+            "(the name picks the entry); edit the config file, or load another file with --set "
+            "plugins.amp.path=FILE");
+}
+
+TEST(Config, SetPluginThatIsNotListed) {
+  EXPECT_EQ(parse_error(kTwoPlugins, {"plugins.zero.stage=2"}),
+            "--set plugins.zero.stage=2: no [[plugins]] entry is named 'zero'; the config lists: "
+            "amp, offload (--set can change the keys of a listed plugin, not add one)");
+  EXPECT_EQ(parse_error("", {"plugins.amp.loss_scale=1"}),
+            "--set plugins.amp.loss_scale=1: no [[plugins]] entry is named 'amp'; the config lists "
+            "no plugins (--set can change the keys of a listed plugin, not add one)");
+  // An entry without a name is the file's error, reported at its line, not hidden by the override.
+  EXPECT_EQ(parse_error("[[plugins]]\nname = 1\n", {"plugins.amp.x=1"}),
+            "demo.toml:2:8: plugins.name: expected a string, got integer");
+  EXPECT_EQ(parse_error("[plugins]\nname = \"amp\"\n", {"plugins.amp.x=1"}),
+            "--set plugins.amp.x=1: 'plugins' in the config file is not an array of [[plugins]] "
+            "tables");
+}
+
+TEST(Config, BadPluginSetForms) {
+  for (const std::string bad : {"plugins.name=amp", "plugins.amp.extra.k=1"}) {
+    EXPECT_EQ(parse_error(kTwoPlugins, {bad}),
+              "--set " + bad +
+                  ": a [[plugins]] override names the entry and one of its keys: --set "
+                  "plugins.NAME.key=value, e.g. --set plugins.amp.loss_scale=1024");
+  }
+  const std::string e = parse_error(kTwoPlugins, {"plugins..x=1"});
+  EXPECT_TRUE(test::starts_with(e, "--set plugins..x=1: the key must be section.key")) << e;
 }
 
 TEST(Config, SetWithBadValue) {
