@@ -2,11 +2,13 @@
 
 #include "core/shards.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <set>
 #include <sstream>
 
@@ -101,6 +103,45 @@ class TextSource final : public DataSource {
   size_t pos_ = 0;
 };
 
+// The bytes of the text file `path`; `where` names it in errors ("FILE:L:C: data.path 'x'"). A
+// directory, a file that cannot be opened or read, and an empty file are ConfigErrors.
+std::vector<uint8_t> read_text_file(const std::string& path, const std::string& where) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw ConfigError(where + ": cannot open the text file: " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    throw ConfigError(where + ": cannot stat the text file: " + std::strerror(errno));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    throw ConfigError(where + " is a directory, not a text file; data.kind = \"text\" trains on " +
+                      "the bytes of one file (for many files, write them as shards with " +
+                      "`headroom shard` and use data.kind = \"shards\")");
+  }
+  std::vector<uint8_t> bytes;
+  if (S_ISREG(st.st_mode)) bytes.reserve(size_t(st.st_size));
+  uint8_t buf[1 << 16];
+  for (;;) {
+    const ssize_t r = ::read(fd, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw ConfigError(where + ": cannot read the text file: " + std::strerror(errno));
+    if (r == 0) break;
+    bytes.insert(bytes.end(), buf, buf + r);
+  }
+  if (bytes.empty()) throw ConfigError(where + ": the text file is empty (0 bytes)");
+  return bytes;
+}
+
+// "FILE:L:C: " where a data key was set, or "" when the config does not say (a DataConfig made in
+// code).
+std::string pos_prefix(const SourcePos& pos) {
+  const std::string p = pos.str();
+  return p.empty() ? "" : p + ": ";
+}
+
 }  // namespace
 
 MarkovChain::MarkovChain(int vocab_size, int branching, uint64_t seed)
@@ -170,15 +211,12 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& data, const Model
   if (data.kind == "synthetic")
     return std::make_unique<SyntheticSource>(model.vocab_size, data.branching, data.seed);
   if (data.kind == "text") {
-    const std::string where = data.path_pos.str() + ": data.path '" + data.path + "'";
+    const std::string where = pos_prefix(data.path_pos) + "data.path '" + data.path + "'";
+    // parse_config already refuses this; a DataConfig made in code may not have been through it.
     if (model.vocab_size < 256)
       throw ConfigError(where + ": text data is bytes (vocab 256) but model.vocab_size is " +
                         std::to_string(model.vocab_size) + "; set model.vocab_size >= 256");
-    std::ifstream in(data.path, std::ios::binary);
-    if (!in) throw ConfigError(where + ": cannot open: " + std::strerror(errno));
-    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                               std::istreambuf_iterator<char>());
-    if (in.bad()) throw ConfigError(where + ": read failed: " + std::strerror(errno));
+    std::vector<uint8_t> bytes = read_text_file(data.path, where);
     const size_t need = size_t(B) * T + 1;
     if (bytes.size() < need)
       throw ConfigError(where + ": has " + std::to_string(bytes.size()) +
@@ -187,10 +225,15 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& data, const Model
     return std::make_unique<TextSource>(data.path, std::move(bytes));
   }
   if (data.kind == "shards") {
+    // Errors about the pattern itself already name it and its line; errors about one shard name
+    // only the shard, so they get the pattern's line in front.
+    const std::string where = pos_prefix(data.path_pos) + "data.pattern '" + data.pattern + "'";
     try {
       return make_shard_source(data, B, T, model.vocab_size);
     } catch (const ConfigError& e) {
-      throw ConfigError(data.path_pos.str() + ": data.pattern '" + data.pattern + "': " + e.what());
+      const std::string what = e.what();
+      if (what.compare(0, where.size(), where) == 0) throw;
+      throw ConfigError(where + ": " + what);
     }
   }
   throw ConfigError("data.kind = \"" + data.kind +
