@@ -15,6 +15,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "core/output_file.h"
+
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "llm.c token shards are little-endian; this reader maps them as they are"
 #endif
@@ -475,30 +477,16 @@ std::vector<std::string> write_text_shards(const std::string& text_file, const s
   std::vector<std::string> paths;
   std::vector<uint8_t> bytes(1 << 20);
   std::vector<uint16_t> tokens(bytes.size());
-  std::FILE* out = nullptr;
-  std::string tmp, path;
+  // The shard being written: complete under its name once its header holds the count, or gone.
+  std::unique_ptr<AtomicFile> out;
   uint64_t in_shard = 0;
-
-  // Fills in the header now that the count is known, then renames the shard into place.
   auto finish = [&]() {
     uint8_t header[kShardHeaderBytes];
     header_bytes(in_shard, header);
-    const bool ok = std::fseek(out, 0, SEEK_SET) == 0 &&
-                    std::fwrite(header, 1, sizeof header, out) == sizeof header &&
-                    std::fflush(out) == 0 && ::fsync(fileno(out)) == 0;
-    const std::string why = errno_str();
-    const bool closed = std::fclose(out) == 0;
-    out = nullptr;
-    if (!ok || !closed) {
-      std::remove(tmp.c_str());
-      throw ConfigError(tmp + ": write failed: " + why);
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      const std::string why_rename = errno_str();
-      std::remove(tmp.c_str());
-      throw ConfigError(path + ": cannot rename " + tmp + " to it: " + why_rename);
-    }
-    paths.push_back(path);
+    out->write_at(0, header, sizeof header);
+    out->commit();
+    paths.push_back(out->path());
+    out.reset();
   };
 
   try {
@@ -511,21 +499,16 @@ std::vector<std::string> write_text_shards(const std::string& text_file, const s
         if (!out) {
           char name[32];
           std::snprintf(name, sizeof name, "shard_%06zu.bin", paths.size());
-          path = out_dir + "/" + name;
-          tmp = out_dir + "/." + name + ".tmp";
-          out = std::fopen(tmp.c_str(), "wb");
-          if (!out) throw ConfigError(tmp + ": cannot create: " + errno_str());
+          out = std::make_unique<AtomicFile>(out_dir + "/" + name, "shard");
           uint8_t header[kShardHeaderBytes];
           header_bytes(0, header);  // the count is filled in by finish()
-          if (std::fwrite(header, 1, sizeof header, out) != sizeof header)
-            throw ConfigError(tmp + ": write failed: " + errno_str());
+          out->write(header, sizeof header);
           in_shard = 0;
         }
         const size_t take = size_t(std::min<uint64_t>(n - done, tokens_per_shard - in_shard));
         for (size_t i = 0; i < take; ++i)
           tokens[i] = bytes[done + i];
-        if (std::fwrite(tokens.data(), 2, take, out) != take)
-          throw ConfigError(tmp + ": write failed: " + errno_str());
+        out->write(tokens.data(), 2 * take);
         done += take;
         in_shard += take;
         if (in_shard == tokens_per_shard) finish();
@@ -533,10 +516,11 @@ std::vector<std::string> write_text_shards(const std::string& text_file, const s
     }
     if (out) finish();
   } catch (...) {
-    if (out) {
-      std::fclose(out);
-      std::remove(tmp.c_str());
-    }
+    // A set of shards is written whole or not at all: a later run would refuse the folder, or
+    // train on part of the text.
+    out.reset();
+    for (const std::string& p : paths)
+      std::remove(p.c_str());
     throw;
   }
   if (paths.empty()) throw ConfigError(text_file + ": is empty: no tokens to write");

@@ -57,8 +57,9 @@ std::unique_ptr<DataSource> make_shard_source(const DataConfig& data, int B, int
 
 // `headroom shard TEXTFILE OUTDIR`: writes the bytes of a text file as tokens (vocab 256) into
 // OUTDIR/shard_000000.bin, shard_000001.bin, ... of at most tokens_per_shard tokens each, each
-// written to a temporary name and then renamed. Returns the paths. Errors (unreadable or empty
-// input, cannot create OUTDIR, a failed write, tokens_per_shard outside 1..2^31-1) are ConfigError.
+// written to a temporary name and then renamed. Returns the paths. Bad input (unreadable or empty
+// input, cannot create OUTDIR, tokens_per_shard outside 1..2^31-1) is a ConfigError; a failed
+// write is an OutputError, and removes the shards this call wrote.
 std::vector<std::string> write_text_shards(const std::string& text_file, const std::string& out_dir,
                                            uint64_t tokens_per_shard = 100000000);
 

@@ -114,6 +114,14 @@ void Trainer::run() {
   } catch (const Diverged&) {
     close_outputs(nullptr);
     throw;
+  } catch (...) {
+    // A plugin hook or an output failed: the rest is still written as far as it can be, and the
+    // first error is the one reported.
+    try {
+      close_outputs(nullptr);
+    } catch (const std::exception&) {
+    }
+    throw;
   }
   close_outputs(nullptr);
 }

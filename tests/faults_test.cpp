@@ -348,21 +348,25 @@ TEST_F(Faults, StopBetweenMicroStepsResumesBitwise) {
 // ---------------------------------------------------------------------------------------------
 // 4. A full disk
 
-// Runs `args` with its outputs on an 8 KiB tmpfs mounted at dir/small in a mount namespace of its
-// own, or, where that cannot be done, under an 8 KiB file-size limit; *how says which.
-test::RunResult run_on_small_disk(const std::string& dir, const std::string& args,
+// Runs the shell commands `script` ($H: the host binary) with a tmpfs of `kib` KiB mounted at
+// dir/small, in a mount namespace of their own or, where that cannot be done, under a file-size
+// limit of `kib` KiB; *how says which.
+test::RunResult run_on_small_disk(const std::string& dir, const std::string& script, int kib,
                                   std::string* how) {
   const std::string small = dir + "/small";
   fs::create_directories(small);
-  if (run_command("unshare -m sh -c 'mount -t tmpfs -o size=8k tmpfs " + small + "'").exit_code ==
-      0) {
+  const std::string commands = "H=" + std::string(HEADROOM_BINARY) + "; " + script;
+  const std::string mount = "mount -t tmpfs -o size=" + std::to_string(kib) + "k tmpfs " + small;
+  if (run_command("unshare -m sh -c '" + mount + "'").exit_code == 0) {
     *how = "tmpfs";
-    return run_command("unshare -m sh -c 'mount -t tmpfs -o size=8k tmpfs " + small + " && exec " +
-                       HEADROOM_BINARY + " " + args + "'");
+    return run_command("unshare -m sh -c '" + mount + " && " + commands + "'");
   }
   *how = "ulimit -f";
-  return run_command("bash -c 'ulimit -f 8; exec " + std::string(HEADROOM_BINARY) + " " + args +
-                     "'");
+  return run_command("bash -c 'ulimit -f " + std::to_string(kib) + "; " + commands + "'");
+}
+
+std::string disk_full_reason(const std::string& how) {
+  return how == "tmpfs" ? "No space left on device" : "File too large";
 }
 
 TEST_F(Faults, FullDiskForMetricsExits4NamingTheFileAndReason) {
@@ -380,15 +384,49 @@ TEST_F(Faults, FullDiskForAtomicOutputsLeavesNoPartialFile) {
     const std::string out = dir + "/small/out";
     std::string how;
     const auto r = run_on_small_disk(
-        dir, "train -q " + cfg + " " + flag + " " + out + " --set model.n_embd=64", &how);
+        dir, "$H train -q " + cfg + " " + flag + " " + out + " --set model.n_embd=64", 8, &how);
     EXPECT_EQ(r.exit_code, 4) << how << ": " << r.output;
     EXPECT_TRUE(contains(r.output, flag + " " + out) || contains(r.output, "weights " + out))
         << r.output;
-    EXPECT_TRUE(contains(r.output, how == "tmpfs" ? "No space left on device" : "File too large"))
-        << r.output;
+    EXPECT_TRUE(contains(r.output, disk_full_reason(how))) << r.output;
     EXPECT_FALSE(fs::exists(out));
     EXPECT_TRUE(temporaries(dir + "/small").empty());
   }
+}
+
+TEST_F(Faults, FullDiskForASnapshotExits4AndKeepsThePreviousOne) {
+  // One snapshot (about 400 KiB) fits in 600 KiB, two do not.
+  const std::string snaps = dir + "/small/snaps";
+  const std::string cfg =
+      config("steps = 5\n[snapshot]\nevery = 1\nkeep = 100\ndir = \"" + snaps + "\"\n");
+  std::string how;
+  const auto r = run_on_small_disk(
+      dir,
+      "$H train -q " + cfg + "; echo exit=$?; ls -a " + snaps + "; $H train -q " + cfg +
+          " --set snapshot.every=0 --set train.steps=2 --resume " + snaps + "; echo resumed=$?",
+      600, &how);
+  // A file-size limit holds each file, not the folder: it cannot make the second one fail.
+  if (how != "tmpfs") GTEST_SKIP() << "no tmpfs can be mounted here";
+  EXPECT_TRUE(contains(r.output, "exit=4")) << r.output;
+  EXPECT_TRUE(contains(r.output, "snapshot " + snaps + "/step_000000000002.hrsnap")) << r.output;
+  EXPECT_TRUE(contains(r.output, disk_full_reason(how))) << r.output;
+  EXPECT_TRUE(contains(r.output, "step_000000000001.hrsnap\n")) << r.output;
+  EXPECT_FALSE(contains(r.output, ".tmp\n")) << "no temporary left: " << r.output;
+  EXPECT_TRUE(contains(r.output, "resumed=0")) << "the previous one loads: " << r.output;
+}
+
+TEST_F(Faults, FullDiskForShardsExits4AndLeavesNoShard) {
+  std::string text;
+  for (int i = 0; i < 2000; ++i)
+    text += "some text to shard, line " + std::to_string(i) + "\n";
+  const std::string txt = write_file(dir, "corpus.txt", text);
+  std::string how;
+  const auto r = run_on_small_disk(
+      dir, "$H shard " + txt + " " + dir + "/small/out --tokens-per-shard 100000", 32, &how);
+  EXPECT_EQ(r.exit_code, 4) << how << ": " << r.output;
+  EXPECT_TRUE(contains(r.output, "shard " + dir + "/small/out/shard_0000")) << r.output;
+  EXPECT_TRUE(contains(r.output, disk_full_reason(how))) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/small/out/shard_000000.bin"));
 }
 
 // ---------------------------------------------------------------------------------------------
