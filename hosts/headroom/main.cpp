@@ -275,7 +275,9 @@ int main(int argc, char** argv) {
 
   CLI::App* train = app.add_subcommand("train", "train the model a config describes");
   train->add_option("config", config_file, "the TOML config file")->required();
-  train->add_option("--set", sets, "override a config key: --set section.key=value (repeatable)");
+  train->add_option("--set", sets,
+                    "override a config key: --set section.key=value, or plugins.NAME.key=value for "
+                    "a listed plugin (repeatable)");
   train->add_option("--metrics", flags.metrics, "write one JSON object per optimizer step to FILE");
   train->add_option("--resume", flags.resume,
                     "continue from the newest snapshot in DIR (see [snapshot] in the config)");
@@ -291,12 +293,16 @@ int main(int argc, char** argv) {
   CLI::App* plan = app.add_subcommand(
       "plan", "estimate the run's peak memory by category and what would make it fit");
   plan->add_option("config", config_file, "the TOML config file")->required();
-  plan->add_option("--set", sets, "override a config key: --set section.key=value (repeatable)");
+  plan->add_option("--set", sets,
+                   "override a config key: --set section.key=value, or plugins.NAME.key=value for "
+                   "a listed plugin (repeatable)");
 
   CLI::App* check = app.add_subcommand(
       "check", "validate a config and print it resolved, with every default filled in");
   check->add_option("config", config_file, "the TOML config file")->required();
-  check->add_option("--set", sets, "override a config key: --set section.key=value (repeatable)");
+  check->add_option("--set", sets,
+                    "override a config key: --set section.key=value, or plugins.NAME.key=value for "
+                    "a listed plugin (repeatable)");
 
   std::string shard_text, shard_dir;
   uint64_t tokens_per_shard = 100000000;
