@@ -1,12 +1,16 @@
 #define BOOST_DLL_USE_STD_FS
 #include "core/plugin_host.h"
 
+#include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <toml++/toml.h>
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -62,16 +66,215 @@ std::string exe_dir() {
   return fs::path(buf).parent_path().string();
 }
 
-// "mode 0666" when the file or folder is writable by others than its owner, else "".
-std::string unsafe_mode(const fs::path& p) {
-  struct stat st;
-  if (stat(p.c_str(), &st) != 0) return "";
-  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "mode %04o", unsigned(st.st_mode & 07777));
-    return buf;
+std::string mode_str(mode_t mode) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "mode %04o", unsigned(mode & 07777));
+  return buf;
+}
+
+// Why loading `file` would let others than its owner change the code headroom runs, or "": the
+// file, or its folder, is writable by the group or by others. A folder with the sticky bit (/tmp)
+// is safe for a file its owner or root owns there: nobody else can rename or remove it.
+std::string unsafe_because(const fs::path& file) {
+  struct stat st, dir;
+  if (stat(file.c_str(), &st) != 0) return "";
+  if (st.st_mode & (S_IWGRP | S_IWOTH))
+    return "'" + file.string() + "' is writable by others than its owner (" + mode_str(st.st_mode) +
+           "); refusing to load it (chmod go-w '" + file.string() + "' fixes that)";
+  const fs::path folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  if (stat(folder.c_str(), &dir) != 0 || !(dir.st_mode & (S_IWGRP | S_IWOTH))) return "";
+  const bool owned = st.st_uid == geteuid() || st.st_uid == 0;
+  if ((dir.st_mode & S_ISVTX) && owned) return "";
+  return "'" + file.string() + "' is in the folder '" + folder.string() +
+         "', which is writable by others than its owner (" + mode_str(dir.st_mode) +
+         "): they could replace the plugin; refusing to load it (chmod go-w '" + folder.string() +
+         "', or move the plugin to a folder only you can write)";
+}
+
+// ELF identification: what the first bytes of a shared library say it was built for.
+struct ElfId {
+  unsigned cls = 0;   // ELFCLASS32 / ELFCLASS64
+  unsigned data = 0;  // ELFDATA2LSB / ELFDATA2MSB
+  unsigned type = 0;  // ET_DYN for a shared library
+  unsigned machine = 0;
+};
+
+// The identification of an ELF header's first 20 bytes (e_ident, e_type, e_machine).
+ElfId elf_id(const unsigned char* b) {
+  ElfId id;
+  id.cls = b[EI_CLASS];
+  id.data = b[EI_DATA];
+  auto u16 = [&](int at) {
+    return id.data == ELFDATA2MSB ? unsigned(b[at]) << 8 | b[at + 1]
+                                  : unsigned(b[at]) | unsigned(b[at + 1]) << 8;
+  };
+  id.type = u16(16);
+  id.machine = u16(18);
+  return id;
+}
+
+// This process's own identification (from /proc/self/exe); false when it cannot be read.
+bool host_elf_id(ElfId* out) {
+  static const std::pair<bool, ElfId> id = [] {
+    unsigned char b[20] = {0};
+    const int fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return std::make_pair(false, ElfId{});
+    const ssize_t n = read(fd, b, sizeof b);
+    close(fd);
+    if (n != ssize_t(sizeof b) || std::memcmp(b, ELFMAG, SELFMAG) != 0)
+      return std::make_pair(false, ElfId{});
+    return std::make_pair(true, elf_id(b));
+  }();
+  *out = id.second;
+  return id.first;
+}
+
+std::string machine_name(unsigned machine) {
+  switch (machine) {
+    case EM_X86_64:
+      return "x86-64";
+    case EM_386:
+      return "32-bit x86";
+    case EM_AARCH64:
+      return "AArch64 (64-bit ARM)";
+    case EM_ARM:
+      return "32-bit ARM";
+    case EM_PPC64:
+      return "64-bit PowerPC";
+    case EM_PPC:
+      return "32-bit PowerPC";
+    case EM_S390:
+      return "IBM Z (s390)";
+    case EM_RISCV:
+      return "RISC-V";
+    case EM_MIPS:
+      return "MIPS";
+    default:
+      return "ELF machine " + std::to_string(machine);
   }
+}
+
+// The first bytes of a file as a C string literal, for a message: "this is not an".
+std::string quoted_start(const unsigned char* b, size_t n) {
+  std::string q = "\"";
+  for (size_t i = 0; i < std::min<size_t>(n, 16); ++i) {
+    const unsigned char c = b[i];
+    if (c == '\n') {
+      q += "\\n";
+    } else if (c == '"' || c == '\\') {
+      q += '\\';
+      q += char(c);
+    } else if (c >= 0x20 && c < 0x7f) {
+      q += char(c);
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", unsigned(c));
+      q += hex;
+    }
+  }
+  return q + (n > 16 ? "...\"" : "\"");
+}
+
+// Why `file` is not a shared library this process can load, from what it is and from its first
+// bytes: a missing file, a directory, an empty or text file, an ELF file of another kind or for
+// another machine. "" when it may be one (dlopen then has the last word). dlopen's own words for
+// these ("file too short" for a text file, "invalid ELF header") do not say what is wrong.
+std::string not_a_library(const std::string& file) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(file, ec);
+  if (!fs::exists(st)) {
+    if (fs::is_symlink(fs::symlink_status(file, ec)))
+      return "is a broken symbolic link (to '" + fs::read_symlink(file, ec).string() +
+             "', which does not exist)";
+    return "does not exist";
+  }
+  if (fs::is_directory(st))
+    return "is a directory, not a shared library: name the plugin's .so file itself";
+  if (!fs::is_regular_file(st))
+    return "is not a regular file (a device, a pipe or a socket), not a shared library";
+  const int fd = open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::string("cannot be read: ") + std::strerror(errno);
+  unsigned char b[64] = {0};
+  const ssize_t n = read(fd, b, sizeof b);
+  const int read_errno = errno;
+  close(fd);
+  if (n < 0) return std::string("cannot be read: ") + std::strerror(read_errno);
+  const std::string plugin_is =
+      "; a plugin is a shared library built against headroom/plugin.h (docs/plugin-guide.md)";
+  if (n == 0) return "is not a shared library: it is empty (0 bytes)" + plugin_is;
+  if (n < SELFMAG || std::memcmp(b, ELFMAG, SELFMAG) != 0)
+    return "is not a shared library: it is not an ELF file (it starts with " +
+           quoted_start(b, size_t(n)) + ")" + plugin_is;
+  if (n < 20)
+    return "is not a shared library: it is a truncated ELF file (" + std::to_string(n) + " bytes)";
+  const ElfId id = elf_id(b);
+  ElfId host;
+  if (host_elf_id(&host)) {
+    const std::string rebuild = ": build the plugin for this machine";
+    if (id.cls != host.cls && (id.cls == ELFCLASS32 || id.cls == ELFCLASS64))
+      return std::string("is a ") + (id.cls == ELFCLASS32 ? "32" : "64") +
+             "-bit library; this headroom is " + (host.cls == ELFCLASS32 ? "32" : "64") + "-bit (" +
+             machine_name(host.machine) + ")" + rebuild;
+    if (id.data != host.data)
+      return std::string("is a ") + (id.data == ELFDATA2MSB ? "big" : "little") +
+             "-endian ELF file; this machine is " + (host.data == ELFDATA2MSB ? "big" : "little") +
+             "-endian" + rebuild;
+    if (id.machine != host.machine)
+      return "is built for " + machine_name(id.machine) + "; this headroom runs on " +
+             machine_name(host.machine) + rebuild;
+  }
+  if (id.type == ET_REL)
+    return "is an ELF object file (.o), not a shared library: link it into one (cc -shared, or "
+           "headroom_add_plugin in CMake)";
+  if (id.type == ET_EXEC)
+    return "is an ELF executable, not a shared library: build it as one (cc -shared, or "
+           "headroom_add_plugin in CMake)";
+  if (id.type == ET_CORE) return "is a core dump, not a shared library";
   return "";
+}
+
+// dlopen's reason in plain words: without the file's own name in front (the message names it),
+// and with what to do for the usual ones.
+std::string loader_reason(const std::string& file, const char* dl_error) {
+  std::string why = dl_error ? dl_error : "";
+  if (why.empty()) return "dlopen failed and gave no reason";
+  if (why.compare(0, file.size() + 2, file + ": ") == 0) why.erase(0, file.size() + 2);
+  std::string hint;
+  if (why.find("cannot open shared object file") != std::string::npos)
+    hint =
+        " (a library it depends on is not on the loader's path: install it, or add its "
+        "folder to LD_LIBRARY_PATH; `ldd` on the plugin lists what it needs)";
+  else if (why.find("undefined symbol") != std::string::npos)
+    hint = " (it was built against another version of a library it links to)";
+  return why + hint;
+}
+
+std::string status_name(hr_status s) {
+  switch (s) {
+    case HR_OK:
+      return "HR_OK";
+    case HR_ERROR:
+      return "HR_ERROR";
+    case HR_ERROR_CONFIG:
+      return "HR_ERROR_CONFIG";
+    case HR_ERROR_OUT_OF_MEMORY:
+      return "HR_ERROR_OUT_OF_MEMORY";
+    case HR_ERROR_UNSUPPORTED:
+      return "HR_ERROR_UNSUPPORTED";
+    case HR_ERROR_INVALID:
+      return "HR_ERROR_INVALID";
+    case HR_ERROR_VERSION:
+      return "HR_ERROR_VERSION";
+    default:
+      return "status " + std::to_string(s);
+  }
+}
+
+std::string join(const std::vector<std::string>& parts, const std::string& sep = ", ") {
+  std::string s;
+  for (const std::string& p : parts)
+    s += (s.empty() ? "" : sep) + p;
+  return s;
 }
 
 }  // namespace
@@ -100,7 +303,7 @@ struct LoadedPlugin {
   std::string where() const { return entry.pos.str() + ": plugin '" + entry.name + "'"; }
   // The message the plugin handed over, or a generic one for its status.
   std::string take_error(hr_status status) {
-    std::string m = error.empty() ? "returned status " + std::to_string(status) : error;
+    std::string m = error.empty() ? "it gave no message (" + status_name(status) + ")" : error;
     error.clear();
     return m;
   }
@@ -156,25 +359,30 @@ std::vector<std::string> plugin_search_path() {
 
 namespace {
 
-// Loads `file` and asks its entry point for the descriptor. Throws ConfigError prefixed by `where`.
+// Loads `file` and asks its entry point for the descriptor. Throws ConfigError prefixed by `where`
+// (when not empty), naming the file and what is wrong with it.
 std::unique_ptr<LoadedPlugin> load_library(const std::string& file, const std::string& where) {
+  auto fail = [&](const std::string& what) {
+    return ConfigError((where.empty() ? "" : where + ": ") + "'" + file + "' " + what);
+  };
   auto p = std::make_unique<LoadedPlugin>();
   p->file = file;
-  for (const fs::path& checked : {fs::path(file), fs::path(file).parent_path()}) {
-    const std::string mode = unsafe_mode(checked);
-    if (!mode.empty())
-      throw ConfigError(where + ": '" + checked.string() + "' is writable by others than its " +
-                        "owner (" + mode + "); refusing to load it (chmod go-w fixes that)");
-  }
-  try {
-    p->library.load(fs::path(file),
-                    boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
-  } catch (const std::exception& e) {
-    throw ConfigError(where + ": cannot load '" + file + "' as a shared library: " + e.what());
-  }
+  const std::string not_library = not_a_library(file);
+  if (!not_library.empty()) throw fail(not_library);
+  const std::string unsafe = unsafe_because(fs::path(file));
+  if (!unsafe.empty()) throw ConfigError((where.empty() ? "" : where + ": ") + unsafe);
+
+  std::error_code load_error;
+  dlerror();  // clear any earlier message: the one read below is this load's
+  p->library.load(fs::path(file),
+                  boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, load_error);
+  if (load_error || !p->library.is_loaded())
+    throw fail("cannot be loaded as a shared library: the system's loader (dlopen) says: " +
+               loader_reason(file, dlerror()));
   if (!p->library.has(HR_PLUGIN_ENTRY_SYMBOL))
-    throw ConfigError(where + ": '" + file + "' has no " + HR_PLUGIN_ENTRY_SYMBOL +
-                      " symbol: it is not a headroom plugin (see docs/plugin-guide.md)");
+    throw fail(std::string("has no ") + HR_PLUGIN_ENTRY_SYMBOL +
+               " symbol: it is a shared library but not a headroom plugin (see "
+               "docs/plugin-guide.md)");
   auto& entry = p->library.get<hr_status(hr_entry_args*)>(HR_PLUGIN_ENTRY_SYMBOL);
 
   char message[1024] = {0};
@@ -187,58 +395,117 @@ std::unique_ptr<LoadedPlugin> load_library(const std::string& file, const std::s
   args.error_size = sizeof message;
   const hr_status status = entry(&args);
   message[sizeof message - 1] = '\0';
+  // The plugin's own words, when it gave any: every refusal carries them.
+  const std::string says =
+      message[0] ? std::string("; the plugin says: ") + message : std::string();
 
-  const std::string host_range = "this host speaks ABI " + format_abi_version(kHostAbiMin) +
-                                 " to " + format_abi_version(kHostAbiMax);
+  const std::string host_range =
+      format_abi_version(kHostAbiMin) + " to " + format_abi_version(kHostAbiMax);
   uint32_t claimed = args.plugin_abi;
   if (claimed == 0 && args.descriptor) claimed = args.descriptor->abi_version;
-  if (status == HR_ERROR_VERSION ||
-      (claimed != 0 && HR_ABI_MAJOR(claimed) != HR_ABI_VERSION_MAJOR)) {
-    throw ConfigError(where + ": '" + file + "' speaks plugin ABI " +
-                      (claimed ? format_abi_version(claimed) : std::string("(none offered)")) +
-                      "; " + host_range + " (a different major version is incompatible: " +
-                      "rebuild the plugin against this headroom's plugin.h)");
+  if (claimed != 0 && HR_ABI_MAJOR(claimed) != HR_ABI_VERSION_MAJOR)
+    throw fail("speaks plugin ABI " + format_abi_version(claimed) + "; this host speaks ABI " +
+               host_range + " (a different major version is incompatible: rebuild the plugin " +
+               "against this headroom's plugin.h)" + says);
+  if (status == HR_ERROR_VERSION) {
+    // The same major version (or none named): the plugin wants a minor this host lacks, or
+    // refuses for a reason of its own.
+    if (claimed > kHostAbiMax)
+      throw fail("needs plugin ABI " + format_abi_version(claimed) + "; this host speaks ABI " +
+                 host_range + " (use a headroom whose plugin.h is " + format_abi_version(claimed) +
+                 " or newer, or a build of the plugin for ABI " + format_abi_version(kHostAbiMax) +
+                 " or older)" + says);
+    if (claimed != 0)
+      throw fail("refused the plugin ABI versions this host speaks (" + host_range +
+                 ", HR_ERROR_VERSION), though it named " + format_abi_version(claimed) +
+                 ", one of them" + (says.empty() ? "; it gave no message" : says));
+    throw fail("refused every plugin ABI version this host speaks (" + host_range +
+               ", HR_ERROR_VERSION) and named none it would take" +
+               (says.empty() ? "; it gave no message" : says));
   }
   if (status != HR_OK)
-    throw ConfigError(where + ": '" + file + "' refused to load (status " + std::to_string(status) +
-                      "): " + (message[0] ? message : "no message given"));
+    throw fail("refused to load (" + status_name(status) +
+               "): " + (message[0] ? message : "it gave no message"));
   if (!args.descriptor)
-    throw ConfigError(where + ": '" + file + "' returned no descriptor from " +
-                      HR_PLUGIN_ENTRY_SYMBOL);
+    throw fail(std::string("returned HR_OK from ") + HR_PLUGIN_ENTRY_SYMBOL +
+               " without a descriptor (args->descriptor is NULL; hr_negotiate() sets it)");
   if (args.descriptor->struct_size < offsetof(hr_plugin_descriptor, optimizer) + sizeof(void*))
-    throw ConfigError(where + ": '" + file + "' returned a descriptor of " +
-                      std::to_string(args.descriptor->struct_size) +
-                      " bytes, smaller than ABI 1.0's");
+    throw fail("returned a descriptor of " + std::to_string(args.descriptor->struct_size) +
+               " bytes (its struct_size), smaller than ABI 1.0's " +
+               std::to_string(offsetof(hr_plugin_descriptor, optimizer) + sizeof(void*)));
   // A plugin built against a newer minor may answer with it; the host runs it at the newest
   // version the host speaks, which is what the services table says.
   p->abi = std::min(claimed ? claimed : args.descriptor->abi_version, kHostAbiMax);
   p->desc = read_sized(args.descriptor);
   const hr_plugin_descriptor& d = p->desc;
-  if (!d.name || !d.version || !d.create || !d.destroy)
-    throw ConfigError(where + ": '" + file + "' has an incomplete descriptor: name, version, " +
-                      "create and destroy are required");
-  if ((d.roles & HR_ROLE_ALLOCATOR) && !d.allocator)
-    throw ConfigError(where + ": '" + file + "' claims the allocator role without allocator hooks");
-  if ((d.roles & HR_ROLE_OPTIMIZER) && !d.optimizer)
-    throw ConfigError(where + ": '" + file + "' claims the optimizer role without optimizer hooks");
+
+  // Every callback the descriptor must have, by field name.
+  std::vector<std::string> missing;
+  if (!d.name) missing.push_back("name");
+  if (!d.version) missing.push_back("version");
+  if (!d.create) missing.push_back("create");
+  if (!d.destroy) missing.push_back("destroy");
   if (d.events && !d.on_event)
-    throw ConfigError(where + ": '" + file + "' subscribes to events but has no on_event hook");
-  if (d.allocator) p->allocator = read_sized(d.allocator);
-  if (d.optimizer) p->optimizer = read_sized(d.optimizer);
+    missing.push_back("on_event (it subscribes to " + describe_events(d.events) + ")");
+  // A role's hooks: the struct, then each function the host calls.
+  auto hooks_size_ok = [&](const char* role, uint32_t size, size_t v1_0_size) {
+    if (size >= v1_0_size) return true;
+    missing.push_back(std::string(role) + " (its struct_size is " + std::to_string(size) +
+                      ", smaller than ABI 1.0's " + std::to_string(v1_0_size) + ")");
+    return false;
+  };
+  if (d.roles & HR_ROLE_ALLOCATOR) {
+    if (!d.allocator) {
+      missing.push_back("allocator (it claims the allocator role)");
+    } else if (hooks_size_ok("allocator", d.allocator->struct_size,
+                             offsetof(hr_allocator_hooks, deallocate) + sizeof(void*))) {
+      p->allocator = read_sized(d.allocator);
+      if (!p->allocator.allocate) missing.push_back("allocator->allocate");
+      if (!p->allocator.deallocate) missing.push_back("allocator->deallocate");
+    }
+  }
+  if (d.roles & HR_ROLE_OPTIMIZER) {
+    if (!d.optimizer) {
+      missing.push_back("optimizer (it claims the optimizer role)");
+    } else if (hooks_size_ok("optimizer", d.optimizer->struct_size,
+                             offsetof(hr_optimizer_hooks, step) + sizeof(void*))) {
+      p->optimizer = read_sized(d.optimizer);
+      if (!p->optimizer.step) missing.push_back("optimizer->step");
+    }
+  }
+  if (!missing.empty())
+    throw fail("has an incomplete descriptor" +
+               (d.name ? " (plugin '" + std::string(d.name) + "')" : std::string()) + ": missing " +
+               join(missing) +
+               ". Required: name, version, create and destroy; on_event when events is not 0; " +
+               "for each role in roles, its hooks (allocator: allocate, deallocate; " +
+               "optimizer: step)");
   return p;
+}
+
+// How messages about an entry's library begin: where its path was set (the entry's position when
+// it has none, or when the entry was made without one), and the plugin's name.
+std::string file_where(const PluginEntry& e) {
+  const SourcePos& at = e.path_pos.file.empty() ? e.pos : e.path_pos;
+  return at.str() + ": plugin '" + e.name + "'";
 }
 
 // The file for a [[plugins]] entry: its path, else <name>.so on the search path.
 std::string find_plugin_file(const PluginEntry& e) {
-  const std::string where = e.pos.str() + ": plugin '" + e.name + "'";
+  const std::string where = file_where(e);
   if (!e.path.empty()) {
-    if (!fs::exists(e.path)) throw ConfigError(where + ": path '" + e.path + "' does not exist");
-    return e.path;
+    std::error_code ec;
+    if (!fs::exists(e.path, ec) && !fs::is_symlink(fs::symlink_status(e.path, ec)))
+      throw ConfigError(where + ": path '" + e.path + "' does not exist");
+    return e.path;  // load_library says what else may be wrong with it
   }
   const std::vector<std::string> dirs = plugin_search_path();
   for (const std::string& d : dirs) {
     const fs::path candidate = fs::path(d) / (e.name + ".so");
-    if (fs::exists(candidate)) return candidate.string();
+    std::error_code ec;
+    // A broken link is found too: the message then says what it points at.
+    if (fs::exists(candidate, ec) || fs::is_symlink(fs::symlink_status(candidate, ec)))
+      return candidate.string();
   }
   std::string searched;
   for (const std::string& d : dirs)
@@ -264,7 +531,7 @@ std::vector<PluginInfo> discover_plugins() {
       PluginInfo info;
       info.file = f.string();
       try {
-        auto p = load_library(info.file, info.file);
+        auto p = load_library(info.file, "");
         info.name = p->desc.name;
         info.version = p->desc.version;
         info.description = p->desc.description ? p->desc.description : "";
@@ -786,11 +1053,13 @@ PluginHost::PluginHost(const Config& config) : device_kind_(config.device.kind) 
   std::map<uint32_t, const LoadedPlugin*> role_owner;
   for (const PluginEntry& e : config.plugins) {
     const std::string where = e.pos.str() + ": plugin '" + e.name + "'";
-    auto p = load_library(find_plugin_file(e), where);
+    auto p = load_library(find_plugin_file(e), file_where(e));
     p->entry = e;
     if (e.name != p->desc.name)
-      throw ConfigError(where + ": '" + p->file + "' is the plugin '" + p->desc.name + "', not '" +
-                        e.name + "'");
+      throw ConfigError(file_where(e) + ": '" + p->file + "' is the plugin '" + p->desc.name +
+                        "' (its descriptor's name), not '" + e.name + "': set name = \"" +
+                        p->desc.name + "\" in this [[plugins]] table, or point path at " + e.name +
+                        "'s library");
     for (uint32_t role : {HR_ROLE_ALLOCATOR, HR_ROLE_OPTIMIZER}) {
       if (!(p->desc.roles & role)) continue;
       auto [it, first] = role_owner.emplace(role, p.get());

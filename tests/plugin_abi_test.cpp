@@ -177,15 +177,108 @@ TEST_F(PluginAbi, PathIsRelativeToTheConfigFile) {
   EXPECT_FALSE(read_lines(file("events.txt")).empty());
 }
 
-TEST_F(PluginAbi, NotASharedLibraryExits2) {
+// A file that is no shared library: the message says what it is, not the loader's "file too
+// short" or Boost's "Bad file descriptor".
+TEST_F(PluginAbi, NotASharedLibraryExits2SayingItIsNoElfFile) {
   const std::string so = write_file(dir, "garbage.so", "this is not an ELF file\n");
   fs::permissions(so, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
                           fs::perms::others_read);
   const auto r =
       run_headroom("train " + config(kTinyModel + plugin("garbage", "path = \"garbage.so\"\n")));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(test::contains(r.output, "cannot load")) << r.output;
-  EXPECT_TRUE(test::contains(r.output, "garbage.so")) << r.output;
+  EXPECT_TRUE(
+      test::contains(r.output, "'" + so + "' is not a shared library: it is not an ELF file"))
+      << r.output;
+  EXPECT_TRUE(test::contains(r.output, "\"this is not an E...\"")) << "how it starts: " << r.output;
+  EXPECT_FALSE(test::contains(r.output, "boost")) << r.output;
+  EXPECT_FALSE(test::contains(r.output, "Bad file descriptor")) << r.output;
+}
+
+TEST_F(PluginAbi, EmptyFileExits2SayingItIsEmpty) {
+  const std::string so = write_file(dir, "empty.so", "");
+  const auto r =
+      run_headroom("train " + config(kTinyModel + plugin("empty", "path = \"empty.so\"\n")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(
+      test::contains(r.output, "'" + so + "' is not a shared library: it is empty (0 bytes)"))
+      << r.output;
+  EXPECT_FALSE(test::contains(r.output, "boost")) << r.output;
+}
+
+TEST_F(PluginAbi, DirectoryAsPathExits2SayingSo) {
+  fs::create_directory(file("libs"));
+  const auto r = run_headroom("train " + config(kTinyModel + plugin("rec_a", "path = \"libs\"\n")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "'" + file("libs") + "' is a directory")) << r.output;
+  EXPECT_FALSE(test::contains(r.output, "boost")) << r.output;
+}
+
+TEST_F(PluginAbi, BrokenSymlinkExits2NamingItsTarget) {
+  fs::create_symlink(file("gone.so"), file("rec_a.so"));
+  const auto r = run_headroom(
+      "train " + config(kTinyModel + recorder("rec_a", "events.txt", "path = \"rec_a.so\"\n")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "is a broken symbolic link (to '" + file("gone.so") + "'"))
+      << r.output;
+}
+
+// The ELF header of a shared library: 64- or 32-bit, little-endian, for `machine`.
+std::string elf_header(unsigned char elf_class, uint16_t machine) {
+  std::string h(64, '\0');
+  h[0] = 0x7f;
+  h[1] = 'E';
+  h[2] = 'L';
+  h[3] = 'F';
+  h[4] = char(elf_class);        // EI_CLASS: 1 = 32-bit, 2 = 64-bit
+  h[5] = 1;                      // EI_DATA: little-endian
+  h[6] = 1;                      // EI_VERSION
+  h[16] = 3;                     // e_type: ET_DYN
+  h[18] = char(machine & 0xff);  // e_machine
+  h[19] = char(machine >> 8);
+  return h;
+}
+
+// A library for another machine, or a 32-bit one: named as such, with this host's machine.
+TEST_F(PluginAbi, LibraryForAnotherMachineExits2NamingBoth) {
+#if defined(__x86_64__)
+  const uint16_t other = 183;  // EM_AARCH64
+  const std::string other_name = "AArch64 (64-bit ARM)", host_name = "x86-64";
+#elif defined(__aarch64__)
+  const uint16_t other = 62;  // EM_X86_64
+  const std::string other_name = "x86-64", host_name = "AArch64 (64-bit ARM)";
+#else
+  GTEST_SKIP() << "the expected names are written for x86-64 and AArch64 hosts";
+  const uint16_t other = 0;
+  const std::string other_name, host_name;
+#endif
+  const std::string so = write_file(dir, "foreign.so", elf_header(2, other));
+  const auto r =
+      run_headroom("train " + config(kTinyModel + plugin("foreign", "path = \"foreign.so\"\n")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(test::contains(
+      r.output, "'" + so + "' is built for " + other_name + "; this headroom runs on " + host_name))
+      << r.output;
+
+  const std::string so32 = write_file(dir, "narrow.so", elf_header(1, other));
+  const auto r32 =
+      run_headroom("train " + config(kTinyModel + plugin("narrow", "path = \"narrow.so\"\n")));
+  EXPECT_EQ(r32.exit_code, 2) << r32.output;
+  EXPECT_TRUE(test::contains(r32.output,
+                             "'" + so32 + "' is a 32-bit library; this headroom is " + "64-bit"))
+      << r32.output;
+}
+
+// A plugin whose dependency is not found: the loader's reason, in its own words.
+TEST_F(PluginAbi, MissingDependencyExits2WithTheLoadersReason) {
+  const auto r = run_headroom("train " + config(kTinyModel + plugin("needs_gone")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "'" + kPluginDir + "/needs_gone.so' cannot be loaded"))
+      << r.output;
+  EXPECT_TRUE(
+      test::contains(r.output, "libtest_gone_dependency.so: cannot open shared object file"))
+      << r.output;
+  EXPECT_TRUE(test::contains(r.output, "LD_LIBRARY_PATH")) << r.output;
+  EXPECT_FALSE(test::contains(r.output, "boost")) << r.output;
 }
 
 TEST_F(PluginAbi, NoEntryPointExits2) {
@@ -220,6 +313,76 @@ TEST_F(PluginAbi, OtherMajorVersionRefusingItselfExits2) {
   EXPECT_TRUE(test::contains(r.output, "major2_refuses")) << r.output;
 }
 
+// Same major version, HR_ERROR_VERSION: the version the plugin asked for and its own message.
+TEST_F(PluginAbi, NewerMinorRefusalNamesTheVersionAndThePluginsMessage) {
+  const auto r = run_headroom("train " + config(kTinyModel + plugin("needs_newer")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const std::string asked = "1." + std::to_string(HR_ABI_VERSION_MINOR + 5);
+  const std::string host = "1.0 to 1." + std::to_string(HR_ABI_VERSION_MINOR);
+  EXPECT_TRUE(
+      test::contains(r.output, "needs plugin ABI " + asked + "; this host speaks ABI " + host))
+      << r.output;
+  EXPECT_TRUE(test::contains(r.output, "the plugin says: needs the services of a newer headroom"))
+      << r.output;
+  EXPECT_FALSE(test::contains(r.output, "(none offered)")) << r.output;
+  EXPECT_FALSE(test::contains(r.output, "different major")) << r.output;
+}
+
+TEST_F(PluginAbi, VersionRefusalNamingNoVersionCarriesThePluginsMessage) {
+  const auto r = run_headroom("train " + config(kTinyModel + plugin("refuses_version")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(
+      test::contains(r.output, "refused every plugin ABI version this host speaks (1.0 to 1." +
+                                   std::to_string(HR_ABI_VERSION_MINOR)))
+      << r.output;
+  EXPECT_TRUE(test::contains(r.output, "the plugin says: this build is disabled")) << r.output;
+  EXPECT_FALSE(test::contains(r.output, "(none offered)")) << r.output;
+
+  const auto silent = run_headroom("train " + config(kTinyModel + plugin("refuses_silently")));
+  EXPECT_EQ(silent.exit_code, 2) << silent.output;
+  EXPECT_TRUE(test::contains(silent.output, kPluginDir + "/refuses_silently.so' refused every"))
+      << silent.output;
+  EXPECT_TRUE(test::contains(silent.output, "it gave no message")) << silent.output;
+}
+
+// A descriptor without what it must have: the missing fields by name, and the file.
+TEST_F(PluginAbi, IncompleteDescriptorExits2NamingTheMissingFields) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"no_create_destroy", "missing create, destroy."},
+      {"no_on_event", "missing on_event (it subscribes to STEP_END)."},
+      {"no_deallocate", "missing allocator->deallocate."},
+      {"no_optimizer_hooks", "missing optimizer (it claims the optimizer role)."}};
+  for (const auto& [name, missing] : cases) {
+    const auto r = run_headroom("train " + config(kTinyModel + plugin(name)));
+    EXPECT_EQ(r.exit_code, 2) << name << ": " << r.output;
+    EXPECT_TRUE(test::contains(r.output, "'" + kPluginDir + "/" + name +
+                                             ".so' has an incomplete descriptor (plugin '" + name +
+                                             "'): " + missing))
+        << name << ": " << r.output;
+  }
+}
+
+TEST_F(PluginAbi, EntryPointWithoutDescriptorExits2) {
+  const auto r = run_headroom("train " + config(kTinyModel + plugin("no_descriptor")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(test::contains(r.output,
+                             "no_descriptor.so' returned HR_OK from hr_plugin_entry "
+                             "without a descriptor"))
+      << r.output;
+}
+
+// The file holds another plugin than the table names: both names, and what to change.
+TEST_F(PluginAbi, NameMismatchExits2NamingBoth) {
+  fs::copy_file(kPluginDir + "/rec_a.so", file("rec_z.so"));
+  const auto r = run_headroom(
+      "train " + config(kTinyModel + recorder("rec_z", "events.txt", "path = \"rec_z.so\"\n")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "'" + file("rec_z.so") +
+                                           "' is the plugin 'rec_a' (its descriptor's name), not "
+                                           "'rec_z': set name = \"rec_a\""))
+      << r.output;
+}
+
 TEST_F(PluginAbi, TwoPluginsInOneRoleExit2NamingBoth) {
   const auto r = run_headroom(
       "train " + config(kTinyModel + plugin("alloc_a", "out = \"" + file("a.txt") + "\"\n") +
@@ -247,6 +410,35 @@ TEST_F(PluginAbi, GroupWritablePluginIsRefused) {
       "train " + config(kTinyModel + recorder("rec_a", "events.txt", "path = \"rec_a.so\"\n")));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(test::contains(r.output, "writable")) << r.output;
+}
+
+// A folder anyone can write: anyone could replace the plugin in it. The message names the folder.
+TEST_F(PluginAbi, PluginInAWritableFolderIsRefusedNamingTheFolder) {
+  const std::string open_dir = file("open");
+  fs::create_directory(open_dir);
+  copy_plugin("rec_a", open_dir, kMode755);
+  fs::permissions(open_dir, fs::perms::all);
+  const auto r =
+      run_headroom("train " + config(kTinyModel + recorder("rec_a", "events.txt",
+                                                           "path = \"open/rec_a.so\"\n")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(
+      test::contains(r.output, "'" + open_dir + "/rec_a.so' is in the folder '" + open_dir +
+                                   "', which is writable by others than its owner (mode 0777)"))
+      << r.output;
+}
+
+// With the sticky bit (as /tmp has), others cannot replace a file its owner owns there: it loads.
+TEST_F(PluginAbi, PluginInAStickyFolderLoads) {
+  const std::string sticky = file("sticky");
+  fs::create_directory(sticky);
+  copy_plugin("rec_a", sticky, kMode755);
+  fs::permissions(sticky, fs::perms::all | fs::perms::sticky_bit);
+  const auto r =
+      run_headroom("train " + config(kTinyModel + recorder("rec_a", "events.txt",
+                                                           "path = \"sticky/rec_a.so\"\n")));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(read_lines(file("events.txt")).empty());
 }
 
 // --- Events --------------------------------------------------------------------------------------
