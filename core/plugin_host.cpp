@@ -307,6 +307,19 @@ struct LoadedPlugin {
     error.clear();
     return m;
   }
+  // A hook's HR_ERROR_CONFIG as a ConfigError: the config getters' and config_error's messages
+  // already start with the key's file:line; anything else is prefixed with the entry's.
+  ConfigError config_error(const std::string& hook) {
+    bool positioned = false;
+    auto starts_with_file = [&](const SourcePos& pos) {
+      positioned |= !pos.file.empty() && error.compare(0, pos.file.size(), pos.file) == 0;
+    };
+    starts_with_file(entry.pos);
+    for (const auto& kp : entry.key_pos)
+      starts_with_file(kp.second);
+    const std::string m = take_error(HR_ERROR_CONFIG);
+    return ConfigError(positioned ? m : where() + ": " + hook + ": " + m);
+  }
 };
 
 std::string format_abi_version(uint32_t v) {
@@ -1114,7 +1127,7 @@ void PluginHost::create(PluginRun& run) {
     p->services = HostServices::table(*p);
     void* instance = nullptr;
     const hr_status s = p->desc.create(&p->services, &instance);
-    if (s == HR_ERROR_CONFIG) throw ConfigError(p->take_error(s));
+    if (s == HR_ERROR_CONFIG) throw p->config_error("create");
     if (s != HR_OK)
       throw PluginFailure(p->where() + " failed to start (create): " + p->take_error(s));
     p->instance = instance;
@@ -1233,21 +1246,28 @@ std::map<std::string, std::vector<uint8_t>> PluginHost::save_states() {
   return out;
 }
 
-void PluginHost::load_states(const std::map<std::string, std::vector<uint8_t>>& states) {
+void PluginHost::load_states(const std::map<std::string, std::vector<uint8_t>>& states,
+                             const std::string& snapshot) {
+  const std::string from = snapshot.empty() ? "the snapshot" : "the snapshot " + snapshot;
   for (const auto& [name, bytes] : states) {
     LoadedPlugin* p = nullptr;
     for (auto& q : plugins_)
       if (q->entry.name == name) p = q.get();
     if (!p)
-      throw ConfigError("--resume: the snapshot holds the state of plugin '" + name +
+      throw ConfigError("--resume: " + from + " holds the state of plugin '" + name +
                         "', which this config does not load; add it to [[plugins]]");
     if (!p->desc.load_state)
-      throw ConfigError(p->where() + ": the snapshot holds its state but this version of the " +
-                        "plugin cannot load state (no load_state hook)");
+      throw ConfigError(p->where() + ": --resume: " + from + " holds its state, but '" + p->file +
+                        "' cannot load state (its descriptor has no load_state)");
     const hr_status s = p->desc.load_state(p->instance, bytes.data(), bytes.size());
-    if (s == HR_ERROR_CONFIG) throw ConfigError(p->take_error(s));
-    if (s != HR_OK)
-      throw PluginFailure("plugin '" + name + "' failed to load its state: " + p->take_error(s));
+    if (s == HR_OK) continue;
+    const std::string what = "--resume: loading its state (" + std::to_string(bytes.size()) +
+                             " bytes) from " + from + " failed, load_state returned " +
+                             status_name(s) + ": " +
+                             (p->error.empty() ? "it gave no message" : p->error);
+    p->error.clear();
+    if (s == HR_ERROR_CONFIG) throw ConfigError(p->where() + ": " + what);
+    throw PluginFailure(p->where() + ": " + what);
   }
 }
 

@@ -110,9 +110,12 @@ class PluginHost final : public EventListener {
 
   // Each plugin's state for a snapshot, by plugin name (plugins without save_state have none).
   std::map<std::string, std::vector<uint8_t>> save_states();
-  // Hands each plugin its saved state. A state for a plugin this run does not load, or for one
-  // that cannot load state, is a ConfigError.
-  void load_states(const std::map<std::string, std::vector<uint8_t>>& states);
+  // Hands each plugin its saved state from `snapshot` (the file, for messages; may be empty). A
+  // state for a plugin this run does not load, or for one that cannot load state, is a
+  // ConfigError; so is a load_state returning HR_ERROR_CONFIG, naming the plugin and carrying its
+  // message. Any other failure is a PluginFailure.
+  void load_states(const std::map<std::string, std::vector<uint8_t>>& states,
+                   const std::string& snapshot = "");
 
   size_t size() const { return plugins_.size(); }
 

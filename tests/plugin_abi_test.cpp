@@ -662,6 +662,80 @@ TEST_F(PluginAbi, ConfigErrorNamesTheKeysLine) {
   EXPECT_TRUE(test::contains(r.output, "not an event name")) << r.output;
 }
 
+// --- A plugin's state in snapshots --------------------------------------------------------------
+
+// load_state refusing the saved bytes with HR_ERROR_CONFIG: exit 2, naming the plugin, what it was
+// doing and its message; another status is a failure (exit 1) with the same.
+TEST_F(PluginAbi, LoadStateConfigErrorNamesThePluginAndCarriesItsMessage) {
+  const std::string snap = "[snapshot]\nevery = 1\ndir = \"snaps\"\n";
+  const std::string one =
+      "[model]\nn_layer = 1\nn_head = 1\nn_embd = 8\nseq_len = 4\nvocab_size = 16\n"
+      "[train]\nsteps = 1\nmicro_batch = 1\n" +
+      snap;
+  ASSERT_EQ(run_headroom("train " + config(one + plugin("stateful"))).exit_code, 0);
+  // The resumed runs write no snapshots: each resumes from step 1's.
+  const std::string two =
+      "[model]\nn_layer = 1\nn_head = 1\nn_embd = 8\nseq_len = 4\nvocab_size = 16\n"
+      "[train]\nsteps = 2\nmicro_batch = 1\n";
+  const std::string resume = " --resume " + file("snaps");
+  ASSERT_EQ(run_headroom("train " + config(two + plugin("stateful")) + resume).exit_code, 0)
+      << "the state round-trips";
+
+  const std::string text =
+      two + plugin("stateful", "load_status = 2\nload_message = \"the scale is out of range\"\n");
+  const std::string path = config(text);
+  const auto r = run_headroom("train " + path + resume);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const std::string where =
+      path + ":" + std::to_string(line_of(text, "[[plugins]]")) + ":1: " + "plugin 'stateful'";
+  EXPECT_TRUE(test::contains(r.output, where + ": --resume: loading its state (12 bytes) from the "
+                                               "snapshot failed, load_state returned "
+                                               "HR_ERROR_CONFIG: the scale is out of range"))
+      << r.output;
+  EXPECT_FALSE(test::contains(r.output, "unreadable")) << r.output;
+
+  const auto silent =
+      run_headroom("train " + config(two + plugin("stateful", "load_status = 2\n")) + resume);
+  EXPECT_EQ(silent.exit_code, 2) << silent.output;
+  EXPECT_TRUE(test::contains(silent.output, "plugin 'stateful': --resume: loading its state"))
+      << silent.output;
+  EXPECT_TRUE(
+      test::contains(silent.output, "load_state returned HR_ERROR_CONFIG: it gave no message"))
+      << silent.output;
+
+  const auto failed = run_headroom(
+      "train " + config(two + plugin("stateful", "load_status = 1\nload_message = \"broken\"\n")) +
+      resume);
+  EXPECT_EQ(failed.exit_code, 1) << failed.output;
+  EXPECT_TRUE(test::contains(failed.output, "plugin 'stateful': --resume: loading its state"))
+      << failed.output;
+  EXPECT_TRUE(test::contains(failed.output, "load_state returned HR_ERROR: broken"))
+      << failed.output;
+}
+
+// create() returning HR_ERROR_CONFIG with a message of its own, not a key's: the entry's position
+// and the plugin come first. A getter's message keeps the key's position.
+TEST_F(PluginAbi, CreateConfigErrorWithoutAKeyNamesThePlugin) {
+  const std::string text = kTinyModel + plugin("stateful", "create_message = \"keys disagree\"\n");
+  const std::string path = config(text);
+  const auto r = run_headroom("train " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(test::contains(r.output, path + ":" + std::to_string(line_of(text, "[[plugins]]")) +
+                                           ":1: plugin 'stateful': create: keys disagree"))
+      << r.output;
+
+  const std::string typed = kTinyModel + plugin("stateful", "load_status = \"two\"\n");
+  const std::string typed_path = config(typed);
+  const auto t = run_headroom("train " + typed_path);
+  EXPECT_EQ(t.exit_code, 2) << t.output;
+  EXPECT_TRUE(test::contains(
+      t.output, "error: " + typed_path + ":" + std::to_string(line_of(typed, "load_status")) + ":"))
+      << t.output;
+  EXPECT_TRUE(test::contains(t.output, "plugins.stateful.load_status: expected an integer"))
+      << t.output;
+  EXPECT_FALSE(test::contains(t.output, "plugin 'stateful': create:")) << t.output;
+}
+
 // --- Roles ---------------------------------------------------------------------------------------
 
 // Every device allocation goes through the allocator plugin: its count is the host tracker's, and
