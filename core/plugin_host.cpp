@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -1244,6 +1245,58 @@ std::map<std::string, std::vector<uint8_t>> PluginHost::save_states() {
     out[p->entry.name] = std::move(bytes);
   }
   return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checking a config's plugins without a run
+
+namespace {
+
+// The run validate_plugins creates the plugins against: a device, no model, and the trainer's
+// rules for the compute dtype and the loss scale (Trainer::set_compute_dtype, set_loss_scale),
+// which a plugin's create() may call.
+class ValidationRun final : public PluginRun {
+ public:
+  explicit ValidationRun(Device& device) : device_(device) {}
+  Device& device() override { return device_; }
+  Gpt<float>* built_model() override { return nullptr; }
+  void veto_step(const std::string&, const std::string&) override {}
+  void request_retry(const std::string&, const std::string&) override {}
+  void set_compute_dtype(const std::string& plugin, Dtype dtype) override {
+    if (dtype != Dtype::kF32 && dtype != Dtype::kBF16 && dtype != Dtype::kF16)
+      throw std::invalid_argument(plugin + ": compute dtype " + dtype_name(dtype) +
+                                  " is not one of f32, bf16, f16");
+    if (dtype_ != Dtype::kF32 && dtype_ != dtype)
+      throw std::logic_error(plugin + ": the compute dtype is already " + dtype_name(dtype_) +
+                             " (set by " + dtype_by_ + "); two plugins cannot both choose it");
+    dtype_ = dtype;
+    dtype_by_ = plugin;
+  }
+  void set_loss_scale(const std::string& plugin, double scale) override {
+    if (!(scale > 0) || !std::isfinite(scale))
+      throw std::invalid_argument(plugin + ": loss scale " + std::to_string(scale) +
+                                  " must be finite and > 0");
+  }
+
+ private:
+  Device& device_;
+  Dtype dtype_ = Dtype::kF32;
+  std::string dtype_by_;
+};
+
+}  // namespace
+
+void validate_plugins(const Config& config) {
+  if (config.plugins.empty()) return;
+  DeviceConfig cpu;
+  cpu.kind = "cpu";
+  if (config.device.kind == "cpu") cpu.memory_limit = config.device.memory_limit;
+  // Declared in this order so that they go in reverse: the instances (the allocator last), then
+  // the device they allocated from.
+  const std::unique_ptr<Device> device = Device::create(cpu);
+  ValidationRun run(*device);
+  PluginHost host(config);
+  host.create(run);
 }
 
 void PluginHost::load_states(const std::map<std::string, std::vector<uint8_t>>& states,

@@ -80,6 +80,22 @@ std::string describe_roles(uint32_t roles);        // "allocator,optimizer" or "
 
 struct LoadedPlugin;  // one library and its instance (plugin_host.cpp)
 
+// What `train` checks of the [[plugins]] before it builds the model, for `headroom check` and
+// `headroom plan`: finds and loads every entry's library (the same lookup and refusals as
+// PluginHost), negotiates its ABI, and creates each instance as train does — the allocator role
+// first — then destroys them all. A plugin reads its own table only in create(), through the
+// config getters, so that is where a wrong-typed or unknown key, or a value the plugin rejects, is
+// found: the same ConfigError as train's, naming file:line of the key. Any other create() failure
+// is a PluginFailure, as in train.
+//
+// There is no model. The device is the CPU backend: the config's own when [device] kind is "cpu"
+// (its memory_limit included), otherwise a CPU device without a limit, so that a CUDA config is
+// checked on a machine without a GPU (services->device_kind still says "cuda"; a value a plugin
+// checks against the device, such as defrag_allocator's page_size against vm_granularity, is
+// checked against the CPU's 2 MiB). What a plugin does in create() happens here too (amp chooses
+// its compute dtype; a plugin may open a file), then its destroy() runs.
+void validate_plugins(const Config& config);
+
 class PluginHost final : public EventListener {
  public:
   // Finds, checks and loads every [[plugins]] entry and negotiates its ABI version. Throws

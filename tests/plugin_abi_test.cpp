@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "core/plugin_host.h"
 #include "headroom/plugin.h"
 #include "tests/test_util.h"
 
@@ -734,6 +735,67 @@ TEST_F(PluginAbi, CreateConfigErrorWithoutAKeyNamesThePlugin) {
   EXPECT_TRUE(test::contains(t.output, "plugins.stateful.load_status: expected an integer"))
       << t.output;
   EXPECT_FALSE(test::contains(t.output, "plugin 'stateful': create:")) << t.output;
+}
+
+// --- Checking a config's plugins without training (`headroom check`, `headroom plan`) ----------
+
+TEST_F(PluginAbi, ValidatePluginsRejectsAnUnknownKeyAsTrainDoes) {
+  const std::string text = kTinyModel + plugin("amp", "dtypo = \"bf16\"\n");
+  const Config c = test::config_from(text);
+  const std::string error = test::error_of([&] { validate_plugins(c); });
+  const std::string at = "test.toml:" + std::to_string(line_of(text, "dtypo")) + ":";
+  EXPECT_TRUE(test::starts_with(error, at)) << error;
+  EXPECT_TRUE(test::contains(error, "unknown key 'dtypo' for plugin 'amp'")) << error;
+  EXPECT_TRUE(test::contains(error, "valid keys: ")) << error;
+  EXPECT_TRUE(test::contains(error, "dtype")) << error;
+
+  // train says the same.
+  const std::string path = config(text);
+  const auto r = run_headroom("train " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(test::contains(r.output, error.substr(std::string("test.toml").size())))
+      << error << "\n"
+      << r.output;
+}
+
+TEST_F(PluginAbi, ValidatePluginsRejectsWhatThePluginRejects) {
+  const std::string text = kTinyModel + plugin("amp", "dtype = \"fp8\"\n");
+  const std::string error = test::error_of([&] { validate_plugins(test::config_from(text)); });
+  EXPECT_TRUE(test::starts_with(error, "test.toml:" + std::to_string(line_of(text, "dtype")) + ":"))
+      << error;
+  EXPECT_TRUE(test::contains(error, "must be \"bf16\" or \"fp16\"; got \"fp8\"")) << error;
+
+  const std::string typed = kTinyModel + plugin("amp", "dtype = \"fp16\"\ninit_scale = \"big\"\n");
+  const std::string wrong = test::error_of([&] { validate_plugins(test::config_from(typed)); });
+  EXPECT_TRUE(test::contains(wrong, "plugins.amp.init_scale: expected a number, got a string"))
+      << wrong;
+}
+
+TEST_F(PluginAbi, ValidatePluginsPassesAValidConfig) {
+  EXPECT_NO_THROW(validate_plugins(test::config_from(kTinyModel)));
+  EXPECT_NO_THROW(validate_plugins(test::config_from(
+      kTinyModel + plugin("amp", "dtype = \"fp16\"\ninit_scale = 1024.0\n") +
+      plugin("defrag_allocator", "page_size = \"2MiB\"\n") + plugin("checkpoint"))));
+  // A CUDA config is checked without a GPU (this build may have no CUDA backend at all).
+  EXPECT_NO_THROW(validate_plugins(
+      test::config_from(kTinyModel + std::string("[device]\nkind = \"cuda\"\n") + plugin("amp"))));
+}
+
+// The same loader as train: a missing plugin, a broken file, a role conflict.
+TEST_F(PluginAbi, ValidatePluginsLoadsAsTrainDoes) {
+  EXPECT_TRUE(test::contains(
+      test::error_of([&] { validate_plugins(test::config_from(kTinyModel + plugin("nope"))); }),
+      "cannot find plugin 'nope'"));
+  EXPECT_TRUE(test::contains(test::error_of([&] {
+                               validate_plugins(
+                                   test::config_from(kTinyModel + plugin("needs_newer")));
+                             }),
+                             "the plugin says: needs the services of a newer headroom"));
+  const std::string both = test::error_of([&] {
+    validate_plugins(test::config_from(kTinyModel + plugin("alloc_a", "out = \"/dev/null\"\n") +
+                                       plugin("alloc_b", "out = \"/dev/null\"\n")));
+  });
+  EXPECT_TRUE(test::contains(both, "provide the allocator role")) << both;
 }
 
 // --- Roles ---------------------------------------------------------------------------------------
