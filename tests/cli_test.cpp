@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/device.h"
 #include "tests/test_util.h"
 
 namespace headroom {
@@ -207,6 +208,56 @@ TEST_F(Cli, MetricsWritesOneJsonObjectPerStep) {
     EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
   }
   EXPECT_EQ(n, 3);
+}
+
+TEST_F(Cli, UnknownCommandNamesTheWordAndTheNearestCommand) {
+  const auto r = run_headroom("trian " + dir + "/run.toml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("unknown command 'trian'; did you mean 'train'?"), std::string::npos)
+      << r.output;
+  const auto far = run_headroom("frobnicate");
+  EXPECT_EQ(far.exit_code, 2) << far.output;
+  EXPECT_NE(far.output.find("unknown command 'frobnicate'"), std::string::npos) << far.output;
+  EXPECT_EQ(far.output.find("did you mean"), std::string::npos) << far.output;
+  EXPECT_NE(far.output.find("train, plan, check"), std::string::npos) << far.output;
+}
+
+TEST_F(Cli, TokensPerShardOutsideItsRangeSaysTheRange) {
+  const std::string text = write_file(dir, "t.txt", "some text");
+  for (const char* n : {"0", "2147483648"}) {
+    const auto r = run_headroom("shard " + text + " " + dir + "/out --tokens-per-shard " + n);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("not in range 1 to 2147483647"), std::string::npos) << r.output;
+  }
+}
+
+TEST(OomReport, WithoutAMemoryLimitSaysTheDeviceRefusedTheAllocation) {
+  OomReport r;
+  r.requested = 3ull << 30;
+  r.what = "block 0 activations: att (B, NH, T, T)";
+  const std::string s = r.str();
+  EXPECT_NE(s.find("none: the device refused the allocation of 3.00 GiB itself"), std::string::npos)
+      << s;
+  EXPECT_EQ(s.find("memory_limit                0 B"), std::string::npos) << s;
+  EXPECT_EQ(s.find("free under the limit"), std::string::npos) << s;
+}
+
+// A host that refuses an allocation (here an address-space limit) with no memory_limit set: the
+// report says so, with the size, and the exit code is 3.
+TEST_F(Cli, HostRefusingAnAllocationReportsItsSize) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space: ulimit -v cannot hold it";
+#endif
+  // Each (B, T, C) activation is 1 GiB, past a 1 GiB address-space limit.
+  const std::string path = config(
+      "[model]\nn_layer = 1\nn_head = 2\nn_embd = 64\nseq_len = 64\nvocab_size = 256\n"
+      "[train]\nsteps = 1\nmicro_batch = 65536\n");
+  const auto r = test::run_command("bash -c 'ulimit -v 1000000; exec " +
+                                   std::string(HEADROOM_BINARY) + " train -q " + path + "'");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("memory_limit           none: the device refused the allocation of"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace
