@@ -38,6 +38,7 @@ constexpr int kExitDiverged = 5;
 
 int cmd_check(const std::string& file, const std::vector<std::string>& sets) {
   const headroom::Config config = headroom::load_config(file, sets);
+  headroom::validate_plugins(config);  // each plugin checks its own keys, as in `train`
   std::cout << headroom::format_config(config);
   return kExitOk;
 }
@@ -54,6 +55,7 @@ std::vector<std::string> available_plugins() {
 // memory_limit, and what would make it fit. Exit 0 when the estimate fits, 3 when it does not.
 int cmd_plan(const std::string& file, const std::vector<std::string>& sets) {
   const headroom::Config config = headroom::load_config(file, sets);
+  headroom::validate_plugins(config);
   const headroom::PeakEstimate e = headroom::estimate_peak(config, config.train.micro_batch);
   const uint64_t limit = config.device.memory_limit;
   std::printf("estimated peak, micro_batch %d, no plugins:\n", config.train.micro_batch);
