@@ -460,7 +460,7 @@ class Validator {
                            {"n_embd", &m.n_embd, 1, kIntMax, ""},
                            {"seq_len", &m.seq_len, 1, int64_t{1} << 20, ""},
                            {"vocab_size", &m.vocab_size, 2, int64_t{1} << 24,
-                            "a language model predicts one of at least 2 tokens"}};
+                            "the number of tokens, from 2 to 16777216"}};
     std::vector<std::string> missing;
     for (const auto& s : shape) {
       if (!get_int_as(*t, "model", s.key, s.lo, s.hi, *s.field, s.why)) missing.push_back(s.key);

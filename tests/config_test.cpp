@@ -222,11 +222,11 @@ TEST(Config, OutOfRangeValues) {
 // A language model predicts one of its tokens: one token leaves nothing to predict.
 TEST(Config, VocabSizeNeedsTwoTokens) {
   EXPECT_EQ(parse_error("[model]\npreset = \"tiny\"\nvocab_size = 1\n"),
-            "demo.toml:3:14: model.vocab_size must be >= 2 (a language model predicts one of at "
-            "least 2 tokens), got 1");
+            "demo.toml:3:14: model.vocab_size must be >= 2 (the number of tokens, from 2 to "
+            "16777216), got 1");
   EXPECT_EQ(parse_error("", {"model.vocab_size=1"}),
-            "--set model.vocab_size=1: model.vocab_size must be >= 2 (a language model predicts "
-            "one of at least 2 tokens), got 1");
+            "--set model.vocab_size=1: model.vocab_size must be >= 2 (the number of tokens, from 2 "
+            "to 16777216), got 1");
   EXPECT_EQ(parse_config("[model]\npreset = \"tiny\"\nvocab_size = 2\n", "d").model.vocab_size, 2);
 }
 

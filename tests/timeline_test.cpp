@@ -154,8 +154,11 @@ TEST(Timeline, UnwritablePathIsAConfigErrorBeforeTheRun) {
       test::run_headroom("train " + test::write_file(test::temp_dir(), "c.toml", kRun) +
                          " -q --memory-timeline /nonexistent-dir/t.html");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(test::contains(r.output, "--memory-timeline /nonexistent-dir/t.html: cannot open"))
+  EXPECT_TRUE(test::contains(r.output,
+                             "--memory-timeline /nonexistent-dir/t.html: its folder "
+                             "/nonexistent-dir does not exist"))
       << r.output;
+  EXPECT_FALSE(test::contains(r.output, "step ")) << "before step 1: " << r.output;
 }
 
 // The page as a browser shows it: the script ran, every series is in the rendered DOM, the status
