@@ -1,11 +1,16 @@
 #include "core/alloc_trace.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <istream>
+#include <set>
 #include <stdexcept>
 
 #include "core/plugin_host.h"
@@ -75,8 +80,13 @@ uint64_t AllocTrace::num_frees() const {
 // Reading
 
 AllocTrace read_alloc_trace(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError(path +
+                      ": is a folder, not an allocation trace file (give the file that "
+                      "train --record-allocs wrote)");
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path + ": cannot open the allocation trace");
+  if (!in) throw ConfigError(path + ": cannot open the allocation trace: " + std::strerror(errno));
   return parse_alloc_trace(in, path);
 }
 
@@ -95,6 +105,7 @@ AllocTrace parse_alloc_trace(std::istream& in, const std::string& name) {
   };
   std::unordered_map<uint64_t, Live> live;
   bool header = false, ended = false;
+  const std::string max_bytes = std::to_string(kMaxTraceBytes);
   uint64_t allocs = 0, frees = 0;
   std::string line;
   while (std::getline(in, line)) {
@@ -112,19 +123,26 @@ AllocTrace parse_alloc_trace(std::istream& in, const std::string& name) {
       if (!parse_u64(f[1], &format) || format != uint64_t(kFormat))
         throw fail("trace format '" + f[1] + "' is not one this headroom reads (" +
                    std::to_string(kFormat) + ")");
-      for (size_t i = 2; i < f.size(); ++i) {
+      std::set<std::string> seen;
+      size_t at = f[0].size() + 1 + f[1].size() + 1;  // where f[i] starts in the line
+      for (size_t i = 2; i < f.size(); at += f[i].size() + 1, ++i) {
         const size_t eq = f[i].find('=');
         const std::string key = f[i].substr(0, eq),
                           value = eq == std::string::npos ? "" : f[i].substr(eq + 1);
         if (eq == std::string::npos) throw fail("header field '" + f[i] + "' is not key=value");
+        if (!seen.insert(key).second) throw fail("header field '" + key + "' appears twice");
         if (key == "memory_limit") {
           if (!parse_u64(value, &t.memory_limit))
             throw fail("memory_limit '" + value + "' is not a byte count");
+          if (t.memory_limit > kMaxTraceBytes)
+            throw fail("memory_limit " + value + " is out of range: at most " + max_bytes +
+                       " bytes (256 TiB)");
         } else if (key == "device") {
+          if (value.empty()) throw fail("header field device= is empty");
           t.device = value;
         } else if (key == "version") {
           // The rest of the line: a version string may hold spaces.
-          t.version = line.substr(line.find("version=") + 8);
+          t.version = line.substr(at + 8);
           break;
         } else {
           throw fail("unknown header field '" + key + "'; valid: memory_limit, device, version");
@@ -171,10 +189,16 @@ AllocTrace parse_alloc_trace(std::istream& in, const std::string& name) {
     r.stream = uint32_t(stream);
     if (r.seq != t.records.size())
       throw fail("seq " + f[1] + " out of order: expected " + std::to_string(t.records.size()));
+    if (r.bytes > kMaxTraceBytes)
+      throw fail(std::string(r.op == TraceRecord::Op::kAlloc ? "an allocation" : "a free") +
+                 " of " + f[3] + " bytes is out of range: no device holds more than " + max_bytes +
+                 " bytes (256 TiB), so no run can have recorded it");
     if (r.op == TraceRecord::Op::kAlloc) {
       if (r.id == 0) throw fail("allocation id 0: ids start at 1");
-      if (!live.emplace(r.id, Live{r.bytes, r.category}).second)
-        throw fail("allocation id " + f[2] + " is already live");
+      if (r.id != allocs + 1)
+        throw fail("allocation id " + f[2] + " out of order: expected " +
+                   std::to_string(allocs + 1) + " (the n-th allocation has id n)");
+      live.emplace(r.id, Live{r.bytes, r.category});
       ++allocs;
     } else {
       const auto it = live.find(r.id);
@@ -188,6 +212,7 @@ AllocTrace parse_alloc_trace(std::istream& in, const std::string& name) {
     }
     t.records.push_back(r);
   }
+  if (in.bad()) throw fail(std::string("read failed: ") + std::strerror(errno));
   if (!header) {
     lineno = 1;
     throw fail("empty file: not an allocation trace");
@@ -200,75 +225,129 @@ AllocTrace parse_alloc_trace(std::istream& in, const std::string& name) {
 // ---------------------------------------------------------------------------------------------
 // Recording
 
+namespace {
+
+const std::string& checked_output(const std::string& path) {
+  check_output_path(path, "--record-allocs");
+  return path;
+}
+
+}  // namespace
+
 AllocTraceRecorder::AllocTraceRecorder(const std::string& path, const Device& device,
                                        uint64_t memory_limit)
-    : path_(path), out_(path, std::ios::trunc | std::ios::binary), device_(device) {
-  if (!out_) throw ConfigError("--record-allocs " + path + ": cannot open for writing");
-  out_ << kMagic << ' ' << kFormat << " memory_limit=" << memory_limit
-       << " device=" << device.kind() << " version=headroom " << headroom_version() << '\n';
+    : path_(checked_output(path)), out_(path, "--record-allocs"), device_(device) {
+  put(std::string(kMagic) + ' ' + std::to_string(kFormat) +
+      " memory_limit=" + std::to_string(memory_limit) + " device=" + device.kind() +
+      " version=headroom " + headroom_version() + '\n');
 }
 
 AllocTraceRecorder::~AllocTraceRecorder() {
-  char line[96];
-  std::snprintf(line, sizeof line, "E %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", seq_, allocs_,
-                frees_);
-  out_ << line;
-  out_.flush();
+  try {
+    close();
+  } catch (const std::exception&) {
+    // Silent: call close() to hear of it. The file has no E line, so it is refused when read.
+  }
 }
 
-void AllocTraceRecorder::comment(const std::string& text) {
+void AllocTraceRecorder::put(const std::string& text) {
+  if (closed_ || !error_.empty()) return;
+  try {
+    out_.write(text);
+  } catch (const OutputError& e) {
+    error_ = e.what();
+  }
+}
+
+void AllocTraceRecorder::check() const {
+  if (!error_.empty()) throw OutputError(error_);
+}
+
+void AllocTraceRecorder::put_comment(const std::string& text) {
   size_t i = 0;
   // One '#' line per line of text, so a note can never be read as a record.
   while (i <= text.size()) {
     const size_t j = std::min(text.find('\n', i), text.size());
-    out_ << "# " << text.substr(i, j - i) << '\n';
+    put("# " + text.substr(i, j - i) + '\n');
     i = j + 1;
   }
 }
 
+void AllocTraceRecorder::comment(const std::string& text) {
+  put_comment(text);
+  check();
+}
+
 void AllocTraceRecorder::flush() {
-  out_.flush();
-  if (!out_) throw std::runtime_error("--record-allocs " + path_ + ": write failed");
+  check();
+  if (closed_) return;
+  try {
+    out_.flush();
+  } catch (const OutputError& e) {
+    error_ = e.what();
+    throw;
+  }
+}
+
+void AllocTraceRecorder::close() {
+  if (closed_) return;
+  char line[96];
+  std::snprintf(line, sizeof line, "E %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", seq_, allocs_,
+                frees_);
+  put(line);
+  closed_ = true;
+  ids_.clear();
+  if (error_.empty()) {
+    try {
+      out_.close();
+    } catch (const OutputError& e) {
+      error_ = e.what();
+    }
+  }
+  check();
 }
 
 void AllocTraceRecorder::write_phase() {
   // Only when the phase changes: the phase string is most of a record's size otherwise.
   std::string p = device_.tracker().phase().str();
   if (phase_written_ && p == phase_) return;
-  out_ << "P " << p << '\n';
+  put("P " + p + '\n');
   phase_ = std::move(p);
   phase_written_ = true;
 }
 
 void AllocTraceRecorder::on_alloc(const void* ptr, uint64_t bytes, Category category,
                                   const std::string&) {
+  if (closed_) return;
   write_phase();
   const uint64_t id = next_id_++;
   ids_[ptr] = id;
   char line[128];
   std::snprintf(line, sizeof line, "A %" PRIu64 " %" PRIu64 " %" PRIu64 " %s 0\n", seq_++, id,
                 bytes, category_name(category));
-  out_ << line;
+  put(line);
   ++allocs_;
 }
 
 void AllocTraceRecorder::on_free(const void* ptr, uint64_t bytes, Category category) {
+  if (closed_) return;
   const auto it = ids_.find(ptr);
   if (it == ids_.end()) return;  // allocated before the recorder was registered
   write_phase();
   char line[128];
   std::snprintf(line, sizeof line, "F %" PRIu64 " %" PRIu64 " %" PRIu64 " %s 0\n", seq_++,
                 it->second, bytes, category_name(category));
-  out_ << line;
+  put(line);
   ids_.erase(it);
   ++frees_;
 }
 
 void AllocTraceRecorder::on_oom(const OomReport& report) {
+  if (closed_) return;
   write_phase();
-  comment("out of memory: " + std::to_string(report.requested) + " bytes of " +
-          category_name(report.category) + " (" + report.what + ") with " +
-          std::to_string(report.live_total) + " bytes live");
+  put_comment("out of memory: " + std::to_string(report.requested) + " bytes of " +
+              category_name(report.category) + " (" + report.what + ") with " +
+              std::to_string(report.live_total) + " bytes live");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -317,10 +396,17 @@ struct Pass {
     const std::string what = "replayed allocation";
     const double t0 = now_s();
     size_t i = 0;
+    bool failed = false;
     try {
       for (; i < trace.records.size(); ++i) {
         const TraceRecord& rec = trace.records[i];
         if (rec.op == TraceRecord::Op::kAlloc) {
+          // More than the whole memory cannot fit, whatever the allocator answers: the request
+          // fails without reaching it (as a device would refuse it).
+          if (dc.memory_limit > 0 && rec.bytes > dc.memory_limit) {
+            failed = true;
+            break;
+          }
           ptrs[slots[i]] = device->allocate(rec.bytes, rec.category, what);
           ++r.allocations;
           if (measure) {
@@ -336,7 +422,10 @@ struct Pass {
           ++r.frees;
         }
       }
-    } catch (const OutOfMemory& e) {
+    } catch (const OutOfMemory&) {
+      failed = true;
+    }
+    if (failed) {
       r.seconds = now_s() - t0;
       const TraceRecord& rec = trace.records[i];
       r.failed = true;

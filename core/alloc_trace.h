@@ -20,18 +20,20 @@
 //   what a replay uses unless told otherwise. The version is the rest of the line (it may hold
 //   spaces).
 // - seq counts A and F records from 0 in file order; id numbers allocations from 1 in the order
-//   they were made. A free names an id that is live at that point.
+//   they were made (the n-th A record has id n). A free names an id that is live at that point.
+// - bytes is at most 2^48 (256 TiB), more than any device holds; 0 is a valid request. The
+//   header's memory_limit is bounded the same way.
 // - category is a category_name() ("parameters", "activations", ...); stream is the device stream
 //   the buffer belongs to. A device allocates every buffer on its compute stream, written 0.
 //   Replay keeps it in the records and allocates on the device's compute stream.
 // - The E line makes truncation visible: a file without it (or with records after it, or with a
-//   last line that has no newline) is refused.
+//   last line that has no newline) is refused. The recorder writes it in close(); records after
+//   close() are not recorded.
 // - Buffers still live at the end (a run that stopped, or one that never frees its parameters)
 //   simply have no F record.
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -41,6 +43,7 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "core/memory.h"
+#include "core/output_file.h"
 
 namespace headroom {
 
@@ -72,31 +75,49 @@ struct AllocTrace {
 // The headroom version a recorder writes into the header ("0.1.0").
 const char* headroom_version();
 
+// The largest allocation (and memory_limit) a trace may hold: 2^48 bytes, 256 TiB, more than any
+// device has. A larger one cannot have been recorded: the file is refused.
+constexpr uint64_t kMaxTraceBytes = uint64_t(1) << 48;
+
 // Reads and checks a trace. Any malformed line — an unknown record type, a bad number or category,
-// a seq out of order, a free of an id that is not live or that disagrees with its allocation, a
-// missing or misplaced E line — is a ConfigError "FILE:LINE: what is wrong".
+// a number out of range, a seq or id out of order, a free of an id that is not live or that
+// disagrees with its allocation, a missing or misplaced E line — is a ConfigError "FILE:LINE: what
+// is wrong". A folder, or a file that cannot be read, is a ConfigError "FILE: why".
 AllocTrace read_alloc_trace(const std::string& path);
 // The same from text; `name` stands for the file in messages.
 AllocTrace parse_alloc_trace(std::istream& in, const std::string& name);
 
 // Writes every allocation and free of the device it observes, with the tracker's phase, as the
-// format above. Register it on the device before the first allocation (ids of buffers allocated
-// earlier are unknown to it: their frees are skipped).
+// format above, through an AppendFile. Register it on the device before the first allocation (ids
+// of buffers allocated earlier are unknown to it: their frees are skipped).
+//
+// Errors: the observer calls (on_alloc, on_free, on_oom) never throw — a free runs in destructors
+// and a plugin's allocation would swallow the error. The first write failure is kept, nothing more
+// is written, and comment(), flush() and close() throw it: OutputError "--record-allocs PATH:
+// write failed: No space left on device". Call flush() now and then (once a step) to hear of a
+// full disk early, and close() at the end.
 class AllocTraceRecorder final : public AllocationObserver {
  public:
-  // Writes to `path` (ConfigError when it cannot be opened). `memory_limit` is the value the
+  // Writes to `path`: ConfigError when its folder does not exist or it is a folder
+  // (check_output_path), OutputError when it cannot be created. `memory_limit` is the value the
   // header records: the device's own limit, or the one a trace is meant to be replayed under.
   AllocTraceRecorder(const std::string& path, const Device& device, uint64_t memory_limit);
-  // Writes the E line and closes the file.
+  // If close() was not called: writes the E line and closes, best effort and silently (a
+  // destructor cannot report; a trace with a write failure gets no E line and is refused).
   ~AllocTraceRecorder() override;
   AllocTraceRecorder(const AllocTraceRecorder&) = delete;
   AllocTraceRecorder& operator=(const AllocTraceRecorder&) = delete;
 
   // Adds a '#' comment line (a note for the reader, e.g. the command that made the trace).
+  // Throws OutputError for a write that failed, now or before.
   void comment(const std::string& text);
-  // Flushes what is written so far; throws std::runtime_error when the file could not be written
-  // (a full disk), which the destructor cannot report.
+  // Hands what is written so far to the OS. Throws OutputError for a write that failed, now or
+  // before. Does nothing after close().
   void flush();
+  // Writes the E line, flushes, fsyncs and closes: the trace is complete. Throws OutputError for
+  // a write that failed, now or before (the file then has no E line). Allocations and frees after
+  // it are not recorded; a second close() does nothing.
+  void close();
 
   uint64_t records() const { return seq_; }
 
@@ -107,9 +128,16 @@ class AllocTraceRecorder final : public AllocationObserver {
 
  private:
   void write_phase();
+  // Buffers `text`; after a failure (kept in error_) or close(), does nothing. Never throws.
+  void put(const std::string& text);
+  void put_comment(const std::string& text);
+  // Throws the kept failure, if any.
+  void check() const;
 
   std::string path_;
-  std::ofstream out_;
+  AppendFile out_;
+  std::string error_;  // the first write failure's message
+  bool closed_ = false;
   const Device& device_;
   std::string phase_;  // the last P line written
   bool phase_written_ = false;
