@@ -1,10 +1,43 @@
 // Training snapshots: everything a run needs to continue exactly where it stopped — weights,
 // optimizer state, step, data position, every plugin's state. (Not activation checkpointing.)
 //
-// One file per snapshot, DIR/step_<N>.hrsnap: written to a temporary name, fsynced, renamed, and
-// the folder fsynced, so a crash at any moment leaves the previous complete snapshot usable.
+// One file per snapshot, DIR/step_<N>.hrsnap (N zero-padded to 12 digits), written through
+// AtomicFile: a temporary beside it (DIR/.step_<N>.hrsnap.tmp), fsynced, renamed, the folder
+// fsynced. A crash or a failed write at any moment leaves the previous complete snapshots as they
+// were.
+//
+// File format 02 (all integers little-endian):
+//
+//   offset  size  field
+//   0       8     magic "HRSNAP02"
+//   8       8     manifest_len: bytes of the manifest
+//   16      8     checksum: FNV-1a 64 of bytes [0, 16) followed by bytes [24, end of file) -- every
+//                 byte of the file except the checksum itself
+//   24      M     manifest: a JSON object of exactly these keys
+//                   "step"           integer >= 1: the last completed optimizer step
+//                   "skipped_steps"  integer, 0 <= skipped_steps <= step
+//                   "data_state"     string
+//                   "model"          non-empty string
+//                   "optimizer"      non-empty string
+//                   "tensors"        array of {"name": non-empty string, "offset": integer,
+//                                     "bytes": integer}; names unique
+//                   "plugins"        the same, for plugin states
+//                   "payload_bytes"  integer: the size of the payload
+//   24 + M  P     payload: the tensors' bytes and then the plugins' bytes, in manifest order, each
+//                 entry starting where the one before ends (offset 0 first): no gaps, no overlaps,
+//                 and the last one ends exactly at payload_bytes, which is exactly the rest of the
+//                 file.
+//
+// A reader checks the checksum before it believes anything, then every key and value above; a
+// duplicate or unknown key is refused as well. So nothing a resume reads can come from a damaged
+// or hand-edited file. (FNV-1a catches damage and edits; it is not a signature: whoever can write
+// the file can recompute it.)
+//
+// Format 01 (magic "HRSNAP01", headroom before this change) checked only the payload; it is
+// refused with a message that says so.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -22,16 +55,32 @@ struct SnapshotData {
   std::map<std::string, std::vector<uint8_t>> plugins;  // each plugin's saved state
 };
 
-// Writes `data` as DIR/step_<step>.hrsnap (creating DIR), then deletes all but the newest `keep`.
-// Returns the file's path. Throws std::runtime_error when the file cannot be written.
+// The size of the fixed header (magic, manifest_len, checksum).
+constexpr size_t kSnapshotHeaderBytes = 24;
+
+// Writes `data` as DIR/step_<step>.hrsnap (creating DIR), then deletes all but the newest `keep`
+// and any temporaries a killed run left behind. Returns the file's path. Throws OutputError naming
+// the file (or DIR) and the OS's reason when it cannot be written; the snapshots already there are
+// then untouched and no temporary is left. std::invalid_argument for a step < 1 or a
+// skipped_steps outside [0, step] (a bug of the caller: such a file would be refused).
 std::string write_snapshot(const std::string& dir, const SnapshotData& data, int keep);
 
-// The newest snapshot in `dir` that reads back whole (magic, manifest, checksum), and its path in
-// *path; files that do not are skipped with a warning on stderr. Throws ConfigError when there is
-// none.
+// The newest snapshot in `dir` that reads back whole (read_snapshot), and its path in *path;
+// files that do not are skipped with a warning on stderr, and leftover temporaries
+// (.step_*.hrsnap.tmp) are ignored. Throws ConfigError when there is none.
 SnapshotData read_newest_snapshot(const std::string& dir, std::string* path);
 
-// Reads and verifies one snapshot. Throws ConfigError naming the file and what is wrong.
+// Reads and verifies one snapshot (parse_snapshot), and that a file named step_<N>.hrsnap holds
+// step N. Throws ConfigError "snapshot FILE: what is wrong".
 SnapshotData read_snapshot(const std::string& file);
+
+// Verifies and decodes a snapshot's bytes; `name` stands for the file in messages. Any bytes at
+// all give either a SnapshotData that satisfies every rule above or a ConfigError
+// "snapshot NAME: what is wrong".
+SnapshotData parse_snapshot(const uint8_t* data, size_t size, const std::string& name);
+
+// The checksum format 02 stores at offset 16, of a whole file's bytes (size >= 24). For tools and
+// tests that build a file by hand.
+uint64_t snapshot_checksum(const uint8_t* data, size_t size);
 
 }  // namespace headroom

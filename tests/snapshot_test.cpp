@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,9 +10,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/output_file.h"
 #include "core/shards.h"
 #include "core/snapshot.h"
 #include "core/trainer.h"
@@ -139,7 +142,7 @@ TEST(Snapshot, KilledWhileWritingResumesFromThePreviousSnapshot) {
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    setenv("HEADROOM_SNAPSHOT_WRITE_DELAY_MS", "5", 1);
+    setenv("HEADROOM_TEST_WRITE_DELAY_MS", "5", 1);
     const int devnull = open("/dev/null", O_WRONLY);
     dup2(devnull, 1);
     dup2(devnull, 2);
@@ -185,6 +188,399 @@ TEST(Snapshot, KilledWhileWritingResumesFromThePreviousSnapshot) {
     ++resumed_steps;
   }
   EXPECT_EQ(resumed_steps, 20);  // steps 11..30
+}
+
+// ---------------------------------------------------------------------------------------------
+// The file format: every byte a resume reads is covered by the checksum and range-checked.
+
+SnapshotData small_snapshot(int64_t step) {
+  SnapshotData d;
+  d.step = step;
+  d.skipped_steps = 1;
+  d.data_state = "synthetic 7";
+  d.model = "n_layer=1";
+  d.optimizer = "adamw";
+  d.tensors["a"] = {1, 2, 3, 4};
+  d.tensors["b"] = std::vector<uint8_t>(64, 7);
+  d.plugins["amp"] = {9, 9};
+  return d;
+}
+
+void put_u64(std::string& file, size_t at, uint64_t v) {
+  for (int i = 0; i < 8; ++i)
+    file[at + i] = char(uint8_t(v >> (8 * i)));
+}
+
+// The file with its checksum (bytes 16..23) made right again, as a careful forger would.
+std::string with_checksum(std::string file) {
+  put_u64(file, 16, snapshot_checksum(reinterpret_cast<const uint8_t*>(file.data()), file.size()));
+  return file;
+}
+
+// A file of `magic`, `manifest` and `payload`, with a correct checksum.
+std::string build_file(const std::string& manifest, const std::string& payload,
+                       const char* magic = "HRSNAP02") {
+  std::string f(kSnapshotHeaderBytes, '\0');
+  std::memcpy(&f[0], magic, 8);
+  put_u64(f, 8, manifest.size());
+  return with_checksum(f + manifest + payload);
+}
+
+// The ConfigError parse_snapshot gives for `file` as "s.hrsnap"; "" when it parses.
+std::string parse_error(const std::string& file) {
+  try {
+    parse_snapshot(reinterpret_cast<const uint8_t*>(file.data()), file.size(), "s.hrsnap");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string manifest_of(const std::string& file) {
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i)
+    n |= uint64_t(uint8_t(file[8 + i])) << (8 * i);
+  return file.substr(kSnapshotHeaderBytes, n);
+}
+
+// The same file with `from` replaced by `to` in the manifest, manifest_len adjusted: the JSON
+// still parses, only the checksum (left as it was) can tell.
+std::string edit_manifest(const std::string& file, const std::string& from, const std::string& to) {
+  std::string m = manifest_of(file);
+  const size_t at = m.find(from);
+  EXPECT_NE(at, std::string::npos) << from << " not in " << m;
+  if (at == std::string::npos) return file;
+  const std::string payload = file.substr(kSnapshotHeaderBytes + m.size());
+  m.replace(at, from.size(), to);
+  std::string out = file.substr(0, kSnapshotHeaderBytes);
+  put_u64(out, 8, m.size());
+  return out + m + payload;
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+TEST(Snapshot, WritesFormat02AndReadsBackEveryField) {
+  const std::string dir = test::temp_dir();
+  const SnapshotData d = small_snapshot(10);
+  const std::string path = write_snapshot(dir, d, 2);
+  EXPECT_EQ(path, dir + "/step_000000000010.hrsnap");
+  const std::string file = test::read_file(path);
+  ASSERT_GE(file.size(), kSnapshotHeaderBytes);
+  EXPECT_EQ(file.substr(0, 8), "HRSNAP02");
+  EXPECT_EQ(file, with_checksum(file));  // the checksum covers header and manifest and payload
+  const auto m = nlohmann::json::parse(manifest_of(file));
+  EXPECT_EQ(m["step"], 10);
+  EXPECT_EQ(m["payload_bytes"], 4 + 64 + 2);
+  EXPECT_FALSE(m.contains("checksum"));
+
+  const SnapshotData r = read_snapshot(path);
+  EXPECT_EQ(r.step, d.step);
+  EXPECT_EQ(r.skipped_steps, d.skipped_steps);
+  EXPECT_EQ(r.data_state, d.data_state);
+  EXPECT_EQ(r.model, d.model);
+  EXPECT_EQ(r.optimizer, d.optimizer);
+  EXPECT_EQ(r.tensors, d.tensors);
+  EXPECT_EQ(r.plugins, d.plugins);
+  // Nothing beside it but the snapshot.
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+}
+
+TEST(Snapshot, TamperedManifestIsRefusedNamingTheFile) {
+  const std::string dir = test::temp_dir();
+  write_snapshot(dir, small_snapshot(5), 3);
+  const std::string path = write_snapshot(dir, small_snapshot(10), 3);
+  const std::string file = test::read_file(path);
+
+  // step 10 -> -5 (same length) and -> -500 (manifest_len adjusted): the JSON parses, the
+  // checksum does not match.
+  for (const std::string& to : {std::string("\"step\":-5"), std::string("\"step\":-500")}) {
+    write_bytes(path, edit_manifest(file, "\"step\":10", to));
+    const std::string e = test::error_of([&] { read_snapshot(path); });
+    EXPECT_TRUE(test::starts_with(e, "snapshot " + path + ": checksum mismatch")) << e;
+  }
+  // A resume falls back to the previous snapshot, with a warning naming the damaged one.
+  testing::internal::CaptureStderr();
+  std::string used;
+  const SnapshotData d = read_newest_snapshot(dir, &used);
+  const std::string warning = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(d.step, 5);
+  EXPECT_EQ(used, dir + "/step_000000000005.hrsnap");
+  EXPECT_TRUE(test::contains(warning, "skipping snapshot " + path + ": checksum mismatch"))
+      << warning;
+
+  // With the checksum forged too, the range check still refuses a negative step.
+  write_bytes(path, with_checksum(edit_manifest(file, "\"step\":10", "\"step\":-5")));
+  const std::string e = test::error_of([&] { read_snapshot(path); });
+  EXPECT_EQ(e, "snapshot " + path + ": step -5 is out of range (>= 1)") << e;
+  // An edited tensor byte is caught the same way.
+  std::string payload_edit = file;
+  payload_edit[payload_edit.size() - 3] ^= 1;
+  write_bytes(path, payload_edit);
+  EXPECT_TRUE(test::contains(test::error_of([&] { read_snapshot(path); }), "checksum mismatch"));
+}
+
+TEST(Snapshot, TamperedSnapshotAtTheCommandLineResumesFromThePreviousOne) {
+  const std::string dir = test::temp_dir();
+  const std::string config = test::write_file(dir, "run.toml", resume_config("snaps", ""));
+  const std::string snaps = dir + "/snaps";
+  const auto first =
+      test::run_headroom("train " + config + " -q --set train.steps=10");  // snapshots 5, 10
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string newest = snaps + "/step_000000000010.hrsnap";
+  write_bytes(newest, edit_manifest(test::read_file(newest), "\"step\":10", "\"step\":-5"));
+  const auto resumed = test::run_headroom("train " + config + " --resume " + snaps);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(test::contains(resumed.output, "skipping snapshot " + newest + ": checksum mismatch"))
+      << resumed.output;
+  EXPECT_TRUE(test::contains(resumed.output, "step_000000000005.hrsnap (step 5)"))
+      << resumed.output;
+}
+
+// Every value read is range-checked, even in a file whose checksum is right.
+struct ManifestCase {
+  const char* name;
+  std::function<void(nlohmann::json&)> edit;
+  std::string want;
+};
+
+class SnapshotManifest : public ::testing::TestWithParam<ManifestCase> {};
+
+nlohmann::json good_manifest() {
+  return nlohmann::json::parse(R"({"step": 10, "skipped_steps": 2, "data_state": "synthetic 3",
+    "model": "n_layer=1", "optimizer": "sgd",
+    "tensors": [{"name": "a", "offset": 0, "bytes": 4}, {"name": "b", "offset": 4, "bytes": 2}],
+    "plugins": [{"name": "amp", "offset": 6, "bytes": 2}], "payload_bytes": 8})");
+}
+
+TEST(SnapshotManifest, TheGoodOneParses) {
+  EXPECT_EQ(parse_error(build_file(good_manifest().dump(), "ABCDEFGH")), "");
+  const std::string file = build_file(good_manifest().dump(), "ABCDEFGH");
+  const SnapshotData d =
+      parse_snapshot(reinterpret_cast<const uint8_t*>(file.data()), file.size(), "s");
+  EXPECT_EQ(d.tensors.at("b"), (std::vector<uint8_t>{'E', 'F'}));
+  EXPECT_EQ(d.plugins.at("amp"), (std::vector<uint8_t>{'G', 'H'}));
+}
+
+TEST_P(SnapshotManifest, IsRefusedNamingTheFile) {
+  nlohmann::json m = good_manifest();
+  GetParam().edit(m);
+  const std::string e = parse_error(build_file(m.dump(), "ABCDEFGH"));
+  EXPECT_TRUE(test::starts_with(e, "snapshot s.hrsnap: ")) << e;
+  EXPECT_TRUE(test::contains(e, GetParam().want)) << e;
+}
+
+using J = nlohmann::json;
+INSTANTIATE_TEST_SUITE_P(
+    RangeChecks, SnapshotManifest,
+    ::testing::Values(
+        ManifestCase{"StepZero", [](J& m) { m["step"] = 0; }, "step 0 is out of range (>= 1)"},
+        ManifestCase{"StepNegative", [](J& m) { m["step"] = -5; }, "step -5 is out of range"},
+        ManifestCase{"StepString", [](J& m) { m["step"] = "10"; },
+                     "step is a string, not an integer"},
+        ManifestCase{"StepFraction", [](J& m) { m["step"] = 2.5; }, "step is 2.5, not an integer"},
+        ManifestCase{"StepTooLarge", [](J& m) { m["step"] = uint64_t(1) << 63; },
+                     "not an integer in range"},
+        ManifestCase{"SkippedNegative", [](J& m) { m["skipped_steps"] = -1; },
+                     "skipped_steps -1 is out of range (0 to the step, 10)"},
+        ManifestCase{"SkippedAboveStep", [](J& m) { m["skipped_steps"] = 11; },
+                     "skipped_steps 11 is out of range"},
+        ManifestCase{"MissingKey", [](J& m) { m.erase("model"); }, "the manifest has no 'model'"},
+        ManifestCase{"UnknownKey", [](J& m) { m["extra"] = 1; }, "unknown manifest key 'extra'"},
+        ManifestCase{"ModelEmpty", [](J& m) { m["model"] = ""; }, "model is empty"},
+        ManifestCase{"OptimizerNotString", [](J& m) { m["optimizer"] = 3; },
+                     "optimizer is 3, not a string"},
+        ManifestCase{"DataStateNull", [](J& m) { m["data_state"] = nullptr; },
+                     "data_state is null, not a string"},
+        ManifestCase{"TensorsNotArray", [](J& m) { m["tensors"] = J::object(); },
+                     "'tensors' is an object, not an array"},
+        ManifestCase{"EntryNotObject", [](J& m) { m["tensors"][0] = 5; },
+                     "tensors entry 0 is 5, not an object"},
+        ManifestCase{"EntryNameEmpty", [](J& m) { m["tensors"][0]["name"] = ""; },
+                     "tensor name (tensors entry 0) is empty"},
+        ManifestCase{"PluginNameNotString", [](J& m) { m["plugins"][0]["name"] = 7; },
+                     "plugin state name (plugins entry 0) is 7, not a string"},
+        ManifestCase{"EntryNameTwice", [](J& m) { m["tensors"][1]["name"] = "a"; },
+                     "tensor 'a' appears twice"},
+        ManifestCase{"EntryUnknownKey", [](J& m) { m["tensors"][0]["dtype"] = "f32"; },
+                     "unknown manifest key 'dtype' (tensors entry 0)"},
+        ManifestCase{"EntryMissingOffset", [](J& m) { m["tensors"][0].erase("offset"); },
+                     "the manifest (tensors entry 0) has no 'offset'"},
+        ManifestCase{"EntryNegativeBytes", [](J& m) { m["tensors"][0]["bytes"] = -4; },
+                     "the size of tensor 'a' is -4, not a byte count"},
+        ManifestCase{"EntryOutsidePayload", [](J& m) { m["tensors"][1]["offset"] = 100; },
+                     "tensor 'b' (2 bytes at offset 100) lies outside the 8-byte payload"},
+        ManifestCase{"EntryHugeSize", [](J& m) { m["tensors"][1]["bytes"] = UINT64_MAX; },
+                     "lies outside the 8-byte payload"},
+        ManifestCase{"EntriesOverlap", [](J& m) { m["tensors"][1]["offset"] = 2; },
+                     "tensor 'b' at offset 2 overlaps the entry before it, which ends at 4"},
+        ManifestCase{"EntriesLeaveAGap",
+                     [](J& m) {
+                       m["tensors"][1]["offset"] = 5;
+                       m["tensors"][1]["bytes"] = 1;
+                     },
+                     "tensor 'b' at offset 5 leaves a gap"},
+        ManifestCase{"EntriesDoNotCoverThePayload", [](J& m) { m["plugins"] = J::array(); },
+                     "the entries cover 6 of the 8 payload bytes"},
+        ManifestCase{"PayloadShorterThanSaid", [](J& m) { m["payload_bytes"] = 9; },
+                     "truncated: the payload holds 8 of its 9 bytes"},
+        ManifestCase{"PayloadLongerThanSaid", [](J& m) { m["payload_bytes"] = 7; },
+                     "the payload is 8 bytes but the manifest says 7"},
+        ManifestCase{"NotAnObject",
+                     [](J& m) {
+                       m = J::array({1, 2});
+                     },
+                     "the manifest is an array, not a JSON object"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(SnapshotManifest, DuplicateKeysAndBadJsonAreRefused) {
+  std::string m = good_manifest().dump();
+  m.insert(1, "\"step\":3,");
+  EXPECT_TRUE(test::contains(parse_error(build_file(m, "ABCDEFGH")),
+                             "snapshot s.hrsnap: bad manifest: the key 'step' appears twice"));
+  EXPECT_TRUE(test::contains(parse_error(build_file("{\"step\":", "ABCDEFGH")),
+                             "snapshot s.hrsnap: bad manifest: "));
+}
+
+TEST(Snapshot, HeaderProblemsAreRefusedNamingTheFile) {
+  const std::string good = build_file(good_manifest().dump(), "ABCDEFGH");
+  struct Case {
+    std::string file, want;
+  };
+  std::string long_manifest = good;
+  put_u64(long_manifest, 8, 1u << 20);
+  std::string bad_sum = good;
+  bad_sum[20] ^= 1;
+  const Case cases[] = {
+      {"", "not a headroom snapshot (bad magic"},
+      {"GARBAGE!" + good.substr(8), "not a headroom snapshot (bad magic"},
+      {build_file(good_manifest().dump(), "ABCDEFGH", "HRSNAP01"),
+       "written by an older headroom (format 01"},
+      {build_file(good_manifest().dump(), "ABCDEFGH", "HRSNAP07"),
+       "format 07 is not one this headroom reads (it reads 02)"},
+      {good.substr(0, 20), "truncated: 20 bytes, shorter than the 24-byte header"},
+      {long_manifest, "truncated: the manifest is 1048576 bytes"},
+      {bad_sum, "checksum mismatch: the file is damaged or was edited"},
+      {good.substr(0, good.size() - 3), "truncated: the payload holds 5 of its 8 bytes"},
+      {good + "X", "checksum mismatch"},
+  };
+  for (const Case& c : cases) {
+    const std::string e = parse_error(c.file);
+    EXPECT_TRUE(test::starts_with(e, "snapshot s.hrsnap: ")) << e;
+    EXPECT_TRUE(test::contains(e, c.want)) << c.want << "\n" << e;
+  }
+}
+
+TEST(Snapshot, OldFormatFileIsRefusedWithAClearMessage) {
+  const std::string dir = test::temp_dir();
+  // What headroom before format 02 wrote: magic, native manifest_len, manifest with a checksum.
+  const std::string manifest =
+      R"({"step":5,"skipped_steps":0,"data_state":"","model":"m","optimizer":"sgd",)"
+      R"("tensors":[],"plugins":[],"payload_bytes":0,"checksum":14695981039346656037})";
+  std::string file = "HRSNAP01" + std::string(8, '\0') + manifest;
+  put_u64(file, 8, manifest.size());
+  const std::string path = dir + "/step_000000000005.hrsnap";
+  write_bytes(path, file);
+  const std::string e = test::error_of([&] { read_snapshot(path); });
+  EXPECT_TRUE(test::starts_with(
+      e, "snapshot " + path + ": written by an older headroom (format 01, whose checksum"))
+      << e;
+  EXPECT_TRUE(test::contains(e, "without --resume")) << e;
+  testing::internal::CaptureStderr();
+  const std::string none = test::error_of([&] { read_newest_snapshot(dir, nullptr); });
+  EXPECT_TRUE(test::contains(testing::internal::GetCapturedStderr(), "format 01"));
+  EXPECT_TRUE(test::contains(none, "no complete snapshot")) << none;
+}
+
+TEST(Snapshot, RenamedFileIsRefused) {
+  const std::string dir = test::temp_dir();
+  const std::string path = write_snapshot(dir, small_snapshot(5), 2);
+  const std::string renamed = dir + "/step_000000000010.hrsnap";
+  fs::rename(path, renamed);
+  EXPECT_EQ(test::error_of([&] { read_snapshot(renamed); }),
+            "snapshot " + renamed + ": holds step 5 but its name says step 10 (was it renamed?)");
+}
+
+TEST(Snapshot, LeftoverTemporariesAndFoldersAreIgnored) {
+  const std::string dir = test::temp_dir();
+  write_snapshot(dir, small_snapshot(10), 3);
+  // What a killed run leaves: a half-written temporary of a newer step. And a folder where a
+  // snapshot would be.
+  const std::string tmp = dir + "/.step_000000000020.hrsnap.tmp";
+  write_bytes(tmp, "HRSNAP02 half written");
+  fs::create_directories(dir + "/step_000000000030.hrsnap");
+  testing::internal::CaptureStderr();
+  std::string used;
+  EXPECT_EQ(read_newest_snapshot(dir, &used).step, 10);
+  const std::string warnings = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(used, dir + "/step_000000000010.hrsnap");
+  EXPECT_FALSE(test::contains(warnings, ".tmp")) << warnings;
+  EXPECT_TRUE(test::contains(warnings, "step_000000000030.hrsnap: is a folder")) << warnings;
+  // The next snapshot written removes the temporary.
+  write_snapshot(dir, small_snapshot(15), 3);
+  EXPECT_FALSE(fs::exists(tmp));
+  EXPECT_TRUE(fs::exists(dir + "/step_000000000010.hrsnap"));
+}
+
+TEST(Snapshot, WriteSnapshotRefusesAStepItCouldNotReadBack) {
+  const std::string dir = test::temp_dir();
+  SnapshotData d = small_snapshot(0);
+  EXPECT_THROW(write_snapshot(dir, d, 2), std::invalid_argument);
+  d = small_snapshot(3);
+  d.skipped_steps = 4;
+  EXPECT_THROW(write_snapshot(dir, d, 2), std::invalid_argument);
+}
+
+// A write that fails (here: the file size limit, which stops root too) is an OutputError naming
+// the snapshot and the OS's reason; the previous snapshot is untouched, nothing else is left, and
+// nothing is pruned.
+TEST(Snapshot, FailedWriteLeavesThePreviousSnapshot) {
+  const std::string dir = test::temp_dir();
+  const std::string previous = write_snapshot(dir, small_snapshot(5), 1);
+  const std::string before = test::read_file(previous);
+
+  SnapshotData big = small_snapshot(10);
+  big.tensors["big"] = std::vector<uint8_t>(1 << 20, 3);
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit small = old;
+  small.rlim_cur = 64 * 1024;
+  void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of a signal
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string message;
+  try {
+    write_snapshot(dir, big, 1);
+  } catch (const OutputError& e) {
+    message = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  signal(SIGXFSZ, old_handler);
+
+  const std::string path = dir + "/step_000000000010.hrsnap";
+  EXPECT_TRUE(test::starts_with(message, "snapshot " + path + ": write failed: File too large"))
+      << message;
+  EXPECT_EQ(test::read_file(previous), before);
+  EXPECT_EQ(read_snapshot(previous).step, 5);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir))
+    left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"step_000000000005.hrsnap"});
+
+  // A folder that cannot be made: an OutputError naming it.
+  const std::string file = test::write_file(dir, "plain", "x");
+  try {
+    write_snapshot(file + "/snaps", small_snapshot(5), 1);
+    ADD_FAILURE() << "wrote a snapshot under a file";
+  } catch (const OutputError& e) {
+    EXPECT_TRUE(test::starts_with(e.what(), "snapshot " + file + "/snaps: cannot create"))
+        << e.what();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
