@@ -6,6 +6,10 @@
 #
 # A target names the core sources it links in a line at its top:
 #   // fuzz-sources: core/safetensors.cpp core/config.cpp
+# and, if those need libraries beyond toml++, the pkg-config packages that provide them, and any
+# other compiler flags (words, no shell quoting: -DNAME="x" defines NAME as the literal "x"):
+#   // fuzz-pkgs: openblas
+#   // fuzz-flags: -DHEADROOM_BUILD_PLUGIN_DIR="/nonexistent"
 # It is seeded from tests/fuzz/corpus/NAME/ (NAME = the file name without _fuzz.cpp) and, if there is
 # one, the libFuzzer dictionary tests/fuzz/NAME.dict. The corpus folder is only read; what the run
 # discovers goes to a scratch folder. A crash leaves the input that caused it in that folder, whose
@@ -42,7 +46,7 @@ trap cleanup EXIT
 dep_cflags="$(pkg-config --cflags tomlplusplus nlohmann_json 2>/dev/null || true)"
 dep_libs="$(pkg-config --libs tomlplusplus 2>/dev/null || true)"
 cxxflags=(-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
-          -fno-sanitize-recover=all -I"$root")
+          -fno-sanitize-recover=all -I"$root" -I"$root/plugin_api/include" -pthread)
 
 # A clang without the libFuzzer runtime fails at link time with a cryptic message; say which
 # package it needs instead.
@@ -79,10 +83,23 @@ for src in "${targets[@]}"; do
     sources+=("$root/$s")
   done
 
+  pkgs_line="$(grep -m1 '^// fuzz-pkgs:' "$src" || true)"
+  pkg_flags=""
+  if [ -n "$pkgs_line" ]; then
+    # shellcheck disable=SC2086  # a word list of package names
+    if ! pkg_flags="$(pkg-config --cflags --libs ${pkgs_line#// fuzz-pkgs:})"; then
+      echo "fuzz: $src needs the pkg-config packages${pkgs_line#// fuzz-pkgs:}" >&2
+      exit 1
+    fi
+  fi
+
+  flags_line="$(grep -m1 '^// fuzz-flags:' "$src" || true)"
+  extra_flags="${flags_line#// fuzz-flags:}"
+
   bin="$work/${name}_fuzz"
   echo "fuzz: building $name ($cxx, ${sources_line#// fuzz-sources: })"
-  # shellcheck disable=SC2086  # dep_cflags / dep_libs are word lists
-  "$cxx" "${cxxflags[@]}" $dep_cflags "$src" "${sources[@]}" -o "$bin" $dep_libs
+  # shellcheck disable=SC2086  # dep_cflags / dep_libs / pkg_flags / extra_flags are word lists
+  "$cxx" "${cxxflags[@]}" $dep_cflags "$src" "${sources[@]}" -o "$bin" $dep_libs $pkg_flags $extra_flags -ldl
 
   corpus="$work/corpus-$name"
   mkdir -p "$corpus"
