@@ -77,7 +77,7 @@ const char* headroom_version();
 
 // The largest allocation (and memory_limit) a trace may hold: 2^48 bytes, 256 TiB, more than any
 // device has. A larger one cannot have been recorded: the file is refused.
-constexpr uint64_t kMaxTraceBytes = uint64_t(1) << 48;
+constexpr uint64_t kMaxTraceBytes = kMaxDeviceBytes;
 
 // Reads and checks a trace. Any malformed line — an unknown record type, a bad number or category,
 // a number out of range, a seq or id out of order, a free of an id that is not live or that

@@ -68,7 +68,7 @@ uint64_t Arena::take(uint64_t bytes, uint64_t align) {
   for (auto it = holes_.begin(); it != holes_.end(); ++it) {
     const uint64_t off = it->first, size = it->second;
     const uint64_t start = align_up(off, align);
-    if (start + bytes > off + size) continue;
+    if (start - off > size || bytes > off + size - start) continue;  // no wrap-around
     holes_.erase(it);
     if (start > off) holes_.emplace(off, start - off);
     if (start + bytes < off + size) holes_.emplace(start + bytes, off + size - start - bytes);

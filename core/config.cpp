@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -602,6 +603,10 @@ class Validator {
         type_error(s, "memory_limit", *n,
                    "a size string like \"64MiB\", an integer number of bytes, or \"none\"");
       }
+      if (c.memory_limit > kMaxDeviceBytes)
+        throw ConfigError(
+            w + ": device.memory_limit must be at most " + std::to_string(kMaxDeviceBytes) +
+            " bytes (256 TiB, more than any device holds), got " + std::to_string(c.memory_limit));
     }
   }
 
@@ -703,13 +708,42 @@ class Validator {
 
 // The value of an override in TOML syntax; anything that does not parse as one value is a plain
 // string.
-toml::table override_value(const std::string& value) {
+// Whether `s` is UTF-8 without control characters (tab aside): what a TOML string may hold.
+bool is_toml_text(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if ((c < 0x20 && c != '\t') || c == 0x7f) return false;
+      ++i;
+      continue;
+    }
+    const int n = c >= 0xf0 && c <= 0xf4 ? 3 : c >= 0xe0 ? 2 : c >= 0xc2 && c < 0xe0 ? 1 : -1;
+    if (n < 0 || i + size_t(n) >= s.size()) return false;  // a bad lead byte, or cut short
+    uint32_t cp = c & (0x3f >> n);
+    for (int k = 1; k <= n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xc0) != 0x80) return false;
+      cp = cp << 6 | (d & 0x3f);
+    }
+    const uint32_t min = n == 1 ? 0x80 : n == 2 ? 0x800 : 0x10000;
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += size_t(n) + 1;
+  }
+  return true;
+}
+
+// The value of an override: TOML, else a bare word taken as a string.
+toml::table override_value(const std::string& text, const std::string& value) {
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + value);
     if (parsed.size() == 1 && parsed.get("v") != nullptr) return parsed;
   } catch (const toml::parse_error&) {
   }
+  if (!is_toml_text(value))
+    throw ConfigError("--set " + text +
+                      ": the value is neither TOML nor plain text (it holds invalid UTF-8 or a "
+                      "control character); quote a string as TOML: key=\"...\"");
   parsed = toml::table{};
   parsed.insert("v", value);
   return parsed;
@@ -752,7 +786,7 @@ void apply_plugin_override(toml::table& root, const std::string& text, const std
                                      : "the config lists: " + join(names, ", ")) +
                       " (--set can change the keys of a listed plugin, not add one)");
   }
-  entry->insert_or_assign(key, *override_value(value).get("v"));
+  entry->insert_or_assign(key, *override_value(text, value).get("v"));
 }
 
 // "section.key=value" -> root[section][key] = value; "plugins.NAME.key=value" -> the key of the
@@ -779,6 +813,14 @@ void apply_override(toml::table& root, const std::string& text,
       std::any_of(parts.begin(), parts.end(), [](const std::string& p) { return p.empty(); });
   if (key.empty() || parts.size() < 2 || empty_part) {
     throw ConfigError("--set " + text + ": the key must be section.key; " + form);
+  }
+  // Bare TOML keys only: anything else could not be written back by `headroom check`.
+  for (const std::string& p : parts) {
+    if (!std::all_of(p.begin(), p.end(), [](char c) {
+          return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+        }))
+      throw ConfigError("--set " + text + ": '" + p +
+                        "' is not a key: keys are made of letters, digits, '_' and '-'; " + form);
   }
   const std::string& section = parts[0];
   const Section* known = find_section(section);
@@ -809,7 +851,7 @@ void apply_override(toml::table& root, const std::string& text,
     root.insert(section, toml::table{});
     sec = root.get(section);
   }
-  sec->as_table()->insert_or_assign(name, *override_value(value).get("v"));
+  sec->as_table()->insert_or_assign(name, *override_value(text, value).get("v"));
   where[key] = text;
 }
 

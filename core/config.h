@@ -78,6 +78,10 @@ struct SnapshotConfig {
   bool save_weights = false;  // also write model.safetensors beside each snapshot
 };
 
+// More memory than any device holds (2^48 bytes, 256 TiB): the largest memory_limit, and the
+// largest allocation an allocation trace may record.
+constexpr uint64_t kMaxDeviceBytes = uint64_t(1) << 48;
+
 struct DeviceConfig {
   std::string kind = "cpu";  // "cpu" or "cuda"
   SourcePos kind_pos;        // where kind was set, for the device's own errors (no CUDA device)

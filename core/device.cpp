@@ -65,7 +65,8 @@ void* Device::allocate_impl(uint64_t bytes, Category category, const std::string
   // request can fail with enough bytes free when no hole is large enough, as on a GPU. Elsewhere
   // the limit is a budget of live bytes.
   const bool within_budget =
-      limit_ == 0 || backend_enforces_limit() || tracker_.live_total() + bytes <= limit_;
+      limit_ == 0 || backend_enforces_limit() ||
+      (bytes <= limit_ && tracker_.live_total() <= limit_ - bytes);  // no wrap-around
   void* ptr = nullptr;
   if (within_budget)
     ptr = allocator_ ? allocator_->allocate(bytes, category, backend().native_stream())
@@ -168,6 +169,7 @@ class CpuDevice final : public Device {
   void* backend_allocate(uint64_t bytes) override {
     if (arena_) return arena_->allocate(bytes);
     // 64-byte alignment for vector loads; aligned_alloc wants a multiple of the alignment.
+    if (bytes > UINT64_MAX - 63) return nullptr;  // rounding up would wrap: no host has it
     const uint64_t rounded = std::max<uint64_t>(64, (bytes + 63) / 64 * 64);
     return std::aligned_alloc(64, rounded);
   }

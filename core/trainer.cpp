@@ -243,6 +243,7 @@ void Trainer::run_steps() {
     r.tokens_per_s = double(tokens_per_step) / (r.step_ms / 1000.0);
     history_.push_back(r);
     log_step(r);
+    if (recorder_) recorder_->flush();  // a full disk stops the run now, not at its end
     if (snapshots && step_ % config_.snapshot.every == 0)
       write_snapshot(step_, loader_->state(), plugins_->save_states());
   }
@@ -489,7 +490,7 @@ int64_t Trainer::resume() {
   device_->backend().synchronize();  // `d` holds the bytes until here
   model_->sync_compute_params();
   loader_->restore(d.data_state);
-  plugins_->load_states(d.plugins);
+  plugins_->load_states(d.plugins, path);
   skipped_steps_ = d.skipped_steps;
   snapshot_path_ = path;
   snapshot_step_ = d.step;

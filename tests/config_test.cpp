@@ -841,4 +841,17 @@ TEST(Config, SourcePosStr) {
 }
 
 }  // namespace
+
+// What the fuzzer found: values and keys that `check` could not write back as TOML.
+TEST(Config, SetValuesAndKeysThatAreNotTomlAreRefused) {
+  EXPECT_HAS(parse_error("", {"train.init_from=t\xe9st"}), "neither TOML nor plain text");
+  EXPECT_HAS(parse_error("", {"train.init_from=a\x1e b"}), "neither TOML nor plain text");
+  EXPECT_NO_THROW(parse_config("", "d.toml", {"train.init_from=caf\xc3\xa9.safetensors"}));
+  EXPECT_HAS(parse_error(kTwoPlugins, {"plugins.amp.d]]\nname=1"}), "is not a key");
+  EXPECT_HAS(parse_error("", {"device.memory_limit=9511862599518519294"}),
+             "device.memory_limit must be at most 281474976710656 bytes");
+  EXPECT_HAS(parse_error("[device]\nmemory_limit = \"1048577GiB\"\n"),
+             "device.memory_limit must be at most 281474976710656 bytes");
+}
+
 }  // namespace headroom

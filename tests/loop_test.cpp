@@ -50,6 +50,20 @@ TEST(MemoryWall, AllocationPastTheLimitFailsWithAReportAndAllocatesNothing) {
   EXPECT_EQ(device->tracker().live_total(), 10240u);
 }
 
+// A request near 2^64 bytes must fail as out of memory, not wrap around to a small buffer.
+TEST(MemoryWall, RequestsNear2To64BytesFailWithoutWrapping) {
+  for (const uint64_t limit : {uint64_t{0}, uint64_t{1} << 20}) {
+    DeviceConfig dc;
+    dc.memory_limit = limit;
+    auto device = Device::create(dc);
+    Buffer a(*device, 4096, Category::kParameters, "a");
+    for (const uint64_t bytes : {UINT64_MAX, UINT64_MAX - 62, UINT64_MAX - 4095})
+      EXPECT_THROW(Buffer(*device, bytes, Category::kWorkspace, "huge"), OutOfMemory)
+          << bytes << " bytes, memory_limit " << limit;
+    EXPECT_EQ(device->tracker().live_total(), 4096u);
+  }
+}
+
 TEST(MemoryTracker, PeaksPhasesAndTimeline) {
   MemoryTracker t;
   Phase fwd;

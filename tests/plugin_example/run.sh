@@ -115,6 +115,6 @@ expect_error() {
 expect_error missing_file 2 "file"
 expect_error every_zero 2 "must be >= 1" "file = \"$tmp/x.csv\"" "every = 0"
 expect_error unknown_key 2 "evry" "file = \"$tmp/x.csv\"" "evry = 2"
-expect_error unopenable 1 "No such file or directory" "file = \"$tmp/no/such/dir/x.csv\""
+expect_error unopenable 2 "No such file or directory" "file = \"$tmp/no/such/dir/x.csv\""
 
 echo "memory_csv built against the installed package, loaded by the installed host, wrote its CSV"
