@@ -101,6 +101,13 @@ Trainer::~Trainer() = default;
 //     STEP_END
 //   TRAIN_END
 //   ALLOC / FREE at every device allocation, OOM when one fails.
+//
+// Two ways out before the last step, both ending in TRAIN_END:
+// - a stop request (SIGINT / SIGTERM, interrupt.h), seen after each micro-step and between steps:
+//   a step stopped half way is dropped (no GRADS_READY, no STEP_END), and with [snapshot] on the
+//   last completed step is snapshotted;
+// - a loss or gradient norm that is not finite after GRADS_READY, in a step no plugin vetoed: no
+//   OPTIMIZER_STEP, and the run throws Diverged.
 
 void Trainer::run() {
   try {
