@@ -249,37 +249,45 @@ TEST_F(Faults, SigintDuringAStepWritesWhatTheRunHasAndExits130) {
   EXPECT_EQ(a, b) << "the resumed run's step " << until << " loss differs";
 }
 
-TEST_F(Faults, SigtermDuringASnapshotFinishesItThenExits143) {
-  const std::string snaps = dir + "/snaps";
-  const std::string cfg =
-      config("steps = 1000000\n[snapshot]\nevery = 1\nkeep = 100\ndir = \"" + snaps + "\"\n");
-  // Slow writes, so that the signal lands while the second snapshot is being written.
+// A run that snapshots every step, writing slowly (at least a second a snapshot), sent `signals`
+// as soon as its second snapshot is being written.
+struct SlowSnapshots {
+  std::string snaps, cfg;
+  test::RunResult signalled;
+};
+SlowSnapshots signal_during_snapshot(Faults& f, const std::string& signals) {
+  SlowSnapshots s;
+  s.snaps = f.dir + "/snaps";
+  s.cfg =
+      f.config("steps = 1000000\n[snapshot]\nevery = 1\nkeep = 100\ndir = \"" + s.snaps + "\"\n");
   const std::string cmd =
-      "HEADROOM_TEST_WRITE_DELAY_MS=3 " + std::string(HEADROOM_BINARY) + " train -q " + cfg;
-  const std::string writing = "[ -e " + snaps + "/.step_000000000002.hrsnap.tmp ]";
-  const auto r = run_command(signal_script(cmd, writing, "kill -TERM $pid"));
-  EXPECT_EQ(exit_of(r.output), 143) << r.output;
-  EXPECT_TRUE(contains(r.output, "stopped by SIGTERM")) << r.output;
-  EXPECT_TRUE(fs::exists(snaps + "/step_000000000002.hrsnap")) << "the write was finished";
-  EXPECT_TRUE(temporaries(snaps).empty());
-  const auto resumed = run_headroom("train -q " + cfg + " --set train.steps=4 --resume " + snaps);
+      "HEADROOM_TEST_WRITE_DELAY_MS=10 " + std::string(HEADROOM_BINARY) + " train -q " + s.cfg;
+  const std::string writing = "[ -e " + s.snaps + "/.step_000000000002.hrsnap.tmp ]";
+  s.signalled = run_command(signal_script(cmd, writing, signals));
+  return s;
+}
+
+TEST_F(Faults, SigtermDuringASnapshotFinishesItThenExits143) {
+  const SlowSnapshots s = signal_during_snapshot(*this, "kill -TERM $pid");
+  const std::string& out = s.signalled.output;
+  EXPECT_EQ(exit_of(out), 143) << out;
+  EXPECT_TRUE(contains(out, "stopped by SIGTERM")) << out;
+  EXPECT_TRUE(fs::exists(s.snaps + "/step_000000000002.hrsnap")) << "the write was finished";
+  EXPECT_TRUE(temporaries(s.snaps).empty());
+  const auto resumed =
+      run_headroom("train -q " + s.cfg + " --set train.steps=4 --resume " + s.snaps);
   EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
 }
 
 TEST_F(Faults, SecondSignalDuringASnapshotExitsAtOnceAndThePreviousStaysLoadable) {
-  const std::string snaps = dir + "/snaps";
-  const std::string cfg =
-      config("steps = 1000000\n[snapshot]\nevery = 1\nkeep = 100\ndir = \"" + snaps + "\"\n");
-  const std::string cmd =
-      "HEADROOM_TEST_WRITE_DELAY_MS=3 " + std::string(HEADROOM_BINARY) + " train -q " + cfg;
-  const std::string writing = "[ -e " + snaps + "/.step_000000000002.hrsnap.tmp ]";
-  const auto r =
-      run_command(signal_script(cmd, writing, "kill -INT $pid; sleep 0.2; kill -INT $pid"));
-  EXPECT_EQ(exit_of(r.output), 130) << r.output;
-  EXPECT_TRUE(contains(r.output, "second signal")) << r.output;
-  EXPECT_FALSE(fs::exists(snaps + "/step_000000000002.hrsnap")) << "cut off while it was written";
-  EXPECT_TRUE(fs::exists(snaps + "/step_000000000001.hrsnap"));
-  const auto resumed = run_headroom("train " + cfg + " --set train.steps=3 --resume " + snaps);
+  const SlowSnapshots s =
+      signal_during_snapshot(*this, "kill -INT $pid; sleep 0.2; kill -INT $pid");
+  const std::string& out = s.signalled.output;
+  EXPECT_EQ(exit_of(out), 130) << out;
+  EXPECT_TRUE(contains(out, "second signal")) << out;
+  EXPECT_FALSE(fs::exists(s.snaps + "/step_000000000002.hrsnap")) << "cut off while written";
+  EXPECT_TRUE(fs::exists(s.snaps + "/step_000000000001.hrsnap"));
+  const auto resumed = run_headroom("train " + s.cfg + " --set train.steps=3 --resume " + s.snaps);
   EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(contains(resumed.output, "step_000000000001.hrsnap")) << resumed.output;
 }
