@@ -54,8 +54,9 @@ class SyntheticSource final : public DataSource {
     std::string kind;
     int32_t last = -1;
     is >> kind >> last >> rng_;
-    if (!is || kind != "synthetic" || last < 0)
-      throw ConfigError("the snapshot's data position is not a synthetic source's");
+    if (!is || kind != "synthetic" || last < 0 || last >= chain_.vocab_size())
+      throw ConfigError("the snapshot's data position is not a synthetic source's of vocab_size " +
+                        std::to_string(chain_.vocab_size()));
     last_ = last;
   }
 

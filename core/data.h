@@ -36,6 +36,7 @@ class MarkovChain {
  public:
   MarkovChain(int vocab_size, int branching, uint64_t seed);
   int32_t start() const { return start_; }
+  int vocab_size() const { return vocab_; }
   int32_t sample(int32_t from, std::mt19937_64& rng) const;
   double entropy_rate() const { return entropy_rate_; }
   // The successors of `from` and their probabilities.

@@ -496,7 +496,11 @@ int64_t Trainer::resume() {
   }
   device_->backend().synchronize();  // `d` holds the bytes until here
   model_->sync_compute_params();
-  loader_->restore(d.data_state);
+  try {
+    loader_->restore(d.data_state);
+  } catch (const ConfigError& e) {
+    throw refuse(std::string("has a data position this run cannot use: ") + e.what());
+  }
   plugins_->load_states(d.plugins, path);
   skipped_steps_ = d.skipped_steps;
   snapshot_path_ = path;

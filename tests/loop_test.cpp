@@ -64,6 +64,19 @@ TEST(MemoryWall, RequestsNear2To64BytesFailWithoutWrapping) {
   }
 }
 
+// A data position from a snapshot is range-checked before it is used.
+TEST(DataSource, RestoreRefusesAPositionOutsideTheSource) {
+  DataConfig d;
+  ModelConfig m;
+  m.vocab_size = 64;
+  m.seq_len = 8;
+  auto src = make_data_source(d, m, 2, 8);
+  const std::string good = src->state();
+  for (const std::string bad : {"synthetic 64 1", "synthetic -1 1", "synthetic x", "text 1 0", ""})
+    EXPECT_THROW(src->restore(bad), ConfigError) << bad;
+  EXPECT_NO_THROW(src->restore(good));
+}
+
 TEST(MemoryTracker, PeaksPhasesAndTimeline) {
   MemoryTracker t;
   Phase fwd;
