@@ -25,9 +25,9 @@ void on_stop_signal(int sig) {
     write_stderr("\nheadroom: second signal: exiting now\n");
     ::_exit(128 + sig);
   }
-  write_stderr(sig == SIGINT ? "\nheadroom: SIGINT: stopping at the end of this micro-step "
+  write_stderr(sig == SIGINT ? "\nheadroom: SIGINT: stopping at the next safe point "
                                "(press Ctrl-C again to exit at once)\n"
-                             : "\nheadroom: SIGTERM: stopping at the end of this micro-step "
+                             : "\nheadroom: SIGTERM: stopping at the next safe point "
                                "(a second signal exits at once)\n");
 }
 

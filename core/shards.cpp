@@ -15,6 +15,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "core/interrupt.h"
 #include "core/output_file.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -497,6 +498,10 @@ std::vector<std::string> write_text_shards(const std::string& text_file, const s
       size_t done = 0;
       while (done < n) {
         if (!out) {
+          // A safe point: a stop request (interrupt.h) drops the whole set, as a failure does.
+          if (const int sig = stop_signal())
+            throw Interrupted(sig, "shard: stopped by " + signal_name(sig) +
+                                       "; the shards it had written are removed");
           char name[32];
           std::snprintf(name, sizeof name, "shard_%06zu.bin", paths.size());
           out = std::make_unique<AtomicFile>(out_dir + "/" + name, "shard");

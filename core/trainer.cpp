@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -44,6 +45,8 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   for (const auto& [path, flag] : outputs)
     if (!path->empty()) check_output_path(*path, flag);
   if (config_.snapshot.every > 0) make_output_dir(config_.snapshot.dir, "snapshot.dir");
+  if (!options_.resume_dir.empty() && !std::filesystem::is_directory(options_.resume_dir))
+    throw ConfigError("--resume " + options_.resume_dir + ": not a folder of snapshots");
 
   // Members are torn down in reverse order if any step below throws: the registration (the last
   // member) first, so the device stops calling back before the model's buffers are freed.

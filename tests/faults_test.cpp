@@ -185,7 +185,8 @@ TEST_F(Faults, EverySetupStepThatThrowsExits2WithItsMessage) {
 std::string signal_script(const std::string& command, const std::string& ready,
                           const std::string& signals) {
   return "bash -c '" + command + " & pid=$!; for i in $(seq 1 2400); do if " + ready +
-         "; then break; fi; sleep 0.05; done; " + signals + "; wait $pid; echo \"exit=$?\"'";
+         "; then break; fi; kill -0 $pid 2>/dev/null || break; sleep 0.05; done; " + signals +
+         "; wait $pid; echo \"exit=$?\"'";
 }
 
 int exit_of(const std::string& output) {
@@ -290,6 +291,23 @@ TEST_F(Faults, SecondSignalDuringASnapshotExitsAtOnceAndThePreviousStaysLoadable
   const auto resumed = run_headroom("train " + s.cfg + " --set train.steps=3 --resume " + s.snaps);
   EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(contains(resumed.output, "step_000000000001.hrsnap")) << resumed.output;
+}
+
+TEST_F(Faults, SigintWhileShardingLeavesNoShard) {
+  std::string text;
+  for (int i = 0; i < 20000; ++i)
+    text += "a line of text to shard, number " + std::to_string(i) + "\n";
+  const std::string txt = write_file(dir, "corpus.txt", text);
+  const std::string out = dir + "/out";
+  // Slow writes: the signal comes after two shards of many.
+  const std::string cmd = "HEADROOM_TEST_WRITE_DELAY_MS=10 " + std::string(HEADROOM_BINARY) +
+                          " shard " + txt + " " + out + " --tokens-per-shard 2048";
+  const auto r =
+      run_command(signal_script(cmd, "[ -e " + out + "/shard_000001.bin ]", "kill -INT $pid"));
+  EXPECT_EQ(exit_of(r.output), 130) << r.output;
+  EXPECT_TRUE(contains(r.output, "shard: stopped by SIGINT")) << r.output;
+  std::error_code ec;
+  EXPECT_TRUE(fs::is_empty(out, ec)) << "no shard and no temporary left";
 }
 
 // In process, at an exact point: a stop between the micro-steps of a step drops them, snapshots

@@ -109,6 +109,7 @@ int cmd_plugins() {
 
 // `headroom shard TEXTFILE OUTDIR`: llm.c token shards of a file's bytes.
 int cmd_shard(const std::string& text, const std::string& out_dir, uint64_t tokens_per_shard) {
+  headroom::install_stop_handlers();  // a stop leaves no half set of shards behind
   for (const std::string& path : headroom::write_text_shards(text, out_dir, tokens_per_shard))
     std::printf("%s\n", path.c_str());
   return kExitOk;
@@ -364,6 +365,9 @@ int main(int argc, char** argv) {
   } catch (const headroom::OutputError& e) {
     std::cerr << "headroom: error: cannot write an output: " << e.what() << "\n";
     return kExitOutput;
+  } catch (const headroom::Interrupted& e) {
+    std::cerr << "headroom: " << e.what() << "\n";
+    return e.exit_code();
   } catch (const std::exception& e) {
     std::cerr << "headroom: failed: " << e.what() << "\n";
     return kExitFailure;

@@ -1,4 +1,4 @@
-// fuzz-sources: core/shards.cpp core/config.cpp core/data.cpp core/output_file.cpp
+// fuzz-sources: core/shards.cpp core/config.cpp core/data.cpp core/output_file.cpp core/interrupt.cpp
 //
 // libFuzzer target for the llm.c token shard header parser: any bytes, with any claimed file size,
 // must come back as a token count or a ConfigError, never a crash, an out-of-bounds read or an
