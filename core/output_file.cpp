@@ -60,6 +60,18 @@ bool write_fully(int fd, const void* data, size_t bytes, int64_t offset, long de
 
 AtomicFile::AtomicFile(std::string path, std::string what)
     : path_(std::move(path)), what_(std::move(what)) {
+  // A target that is not a regular file (/dev/null, a pipe, /dev/stdout) is written in place:
+  // renaming over it would replace the device or the pipe with a file.
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    if (S_ISDIR(st.st_mode)) {
+      errno = EISDIR;
+      fail("cannot write it");
+    }
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd_ < 0) fail("cannot open for writing");
+    return;
+  }
   const fs::path p(path_);
   tmp_ = (p.parent_path() / ("." + p.filename().string() + ".tmp")).string();
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -69,7 +81,7 @@ AtomicFile::AtomicFile(std::string path, std::string what)
 AtomicFile::~AtomicFile() {
   if (fd_ < 0) return;
   ::close(fd_);
-  ::unlink(tmp_.c_str());
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
 }
 
 void AtomicFile::fail(const std::string& doing) const {
@@ -85,6 +97,12 @@ void AtomicFile::write_at(uint64_t offset, const void* data, size_t bytes) {
 }
 
 void AtomicFile::commit() {
+  if (tmp_.empty()) {  // written in place: nothing to sync or rename
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) fail("close failed");
+    return;
+  }
   if (::fsync(fd_) != 0) fail("fsync failed");
   const int fd = fd_;
   fd_ = -1;

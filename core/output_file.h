@@ -4,7 +4,8 @@
 // - AtomicFile: a file that appears whole or not at all (weights, snapshots, the timeline,
 //   shards). Bytes go to a temporary beside the target; commit() syncs it, renames it over the
 //   target and syncs the folder. Destroyed without commit(), the temporary is removed and the
-//   target is untouched.
+//   target is untouched. A target that exists and is not a regular file (/dev/null, a pipe) is
+//   written in place instead.
 // - AppendFile: a file written as the run goes (metrics, the allocation trace). Every write is
 //   checked; flush() and close() report what the OS said.
 //
@@ -45,7 +46,8 @@ class AtomicFile {
  private:
   [[noreturn]] void fail(const std::string& doing) const;
 
-  std::string path_, what_, tmp_;
+  std::string path_, what_;
+  std::string tmp_;  // "" when written in place
   int fd_ = -1;
 };
 

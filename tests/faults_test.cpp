@@ -455,6 +455,23 @@ TEST_F(Faults, FullDiskForShardsExits4AndLeavesNoShard) {
   EXPECT_FALSE(fs::exists(dir + "/small/out/shard_000000.bin"));
 }
 
+// A target that is not a regular file is written in place: a rename over /dev/null would replace
+// the device with a file.
+TEST_F(Faults, OutputsToADeviceAreWrittenInPlace) {
+  const std::string cfg = config("steps = 2\n");
+  const auto r = run_headroom("train -q " + cfg +
+                              " --save-weights /dev/null --memory-timeline /dev/null "
+                              "--metrics /dev/null --record-allocs /dev/null");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  EXPECT_FALSE(fs::exists("/dev/.null.tmp"));
+  const auto full = run_headroom("train -q " + cfg + " --save-weights /dev/full");
+  EXPECT_EQ(full.exit_code, 4) << full.output;
+  EXPECT_TRUE(contains(full.output, "weights /dev/full: write failed: No space left on device"))
+      << full.output;
+  EXPECT_TRUE(fs::is_character_file("/dev/full"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // 5. Output paths are checked before step 1
 
