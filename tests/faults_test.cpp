@@ -484,12 +484,14 @@ TEST_F(Faults, UnwritableOutputPathsFailBeforeTheFirstStep) {
       {"--memory-timeline " + dir, "is a folder"},
       {"--record-allocs " + dir + "/missing/a.trace", "does not exist"},
       {"--set 'snapshot.dir=\"" + dir + "/a-file/snaps\"' --set snapshot.every=1", "is a file"},
+      {"--resume " + dir + "/no-snapshots", "not a folder of snapshots"},
   };
   for (const auto& [flags, expect] : cases) {
     const auto r = run_headroom("train " + cfg + " " + flags);
     EXPECT_EQ(r.exit_code, 2) << flags << ": " << r.output;
     EXPECT_TRUE(contains(r.output, expect)) << r.output;
     EXPECT_FALSE(contains(r.output, "step      1")) << "failed before step 1: " << r.output;
+    EXPECT_FALSE(contains(r.output, "headroom: model")) << "before the run began: " << r.output;
   }
 }
 
