@@ -689,12 +689,13 @@ TEST_F(PluginAbi, LoadStateConfigErrorNamesThePluginAndCarriesItsMessage) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   const std::string where =
       path + ":" + std::to_string(line_of(text, "[[plugins]]")) + ":1: " + "plugin 'stateful'";
-  EXPECT_TRUE(test::contains(r.output, where + ": --resume: loading its state (12 bytes) from the "
-                                               "snapshot " +
-                                               file("snaps") +
-                                               "/step_000000000001.hrsnap failed, load_state "
-                                               "returned HR_ERROR_CONFIG: the scale is out of "
-                                               "range"))
+  EXPECT_TRUE(test::contains(r.output, where +
+                                           ": --resume: loading its state (12 bytes) from the "
+                                           "snapshot " +
+                                           file("snaps") +
+                                           "/step_000000000001.hrsnap failed, load_state "
+                                           "returned HR_ERROR_CONFIG: the scale is out of "
+                                           "range"))
       << r.output;
   EXPECT_FALSE(test::contains(r.output, "unreadable")) << r.output;
 

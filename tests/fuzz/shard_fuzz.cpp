@@ -1,5 +1,7 @@
+// clang-format off
 // fuzz-sources: core/shards.cpp core/config.cpp core/data.cpp core/output_file.cpp core/interrupt.cpp
-//
+// (run.sh reads the sources from that one line)
+// clang-format on
 // libFuzzer target for the llm.c token shard header parser: any bytes, with any claimed file size,
 // must come back as a token count or a ConfigError, never a crash, an out-of-bounds read or an
 // uncaught exception.
