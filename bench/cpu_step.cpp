@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
-#include "core/trainer.h"
+#include "core/config/config.h"
+#include "core/run/trainer.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/crossentropy.h"
 #include "kernels/cpu/gelu.h"

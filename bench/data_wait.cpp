@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "core/trainer.h"
+#include "core/run/trainer.h"
 
 namespace {
 

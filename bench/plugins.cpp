@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
-#include "core/memory.h"
-#include "core/trainer.h"
+#include "core/config/config.h"
+#include "core/device/memory.h"
+#include "core/run/trainer.h"
 
 namespace {
 

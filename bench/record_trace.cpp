@@ -6,7 +6,7 @@
 //
 // The run: a small GPT-2 (Gpt<float>, 3 layers, n_embd 32, 8 heads, context 1024) on random
 // tokens, forward and backward of batches whose T cycles through --seq-lens (640, 64, 1024, 128,
-// 512, 256: documents of different lengths), with AdamW (core/optim.h) and an AllocTraceRecorder
+// 512, 256: documents of different lengths), with AdamW (core/optim/optim.h) and an AllocTraceRecorder
 // on the device. The next batch is loaded onto the device while the current one computes (at the
 // head's forward), as the trainer's prefetching loader does.
 //
@@ -27,7 +27,7 @@
 // it asked for were free in total (the CPU arena's first-fit placement) and, with
 // --defrag-config, that config's allocator plugin completes. The middle, so that either allocator
 // can change a little without flipping the test that asserts both. The scan is the replay itself
-// (core/alloc_trace.h): it sees exactly what `headroom replay` and the tests will.
+// (core/report/alloc_trace.h): it sees exactly what `headroom replay` and the tests will.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -40,11 +40,11 @@
 #include <string>
 #include <vector>
 
-#include "core/alloc_trace.h"
-#include "core/config.h"
-#include "core/device.h"
-#include "core/model.h"
-#include "core/optim.h"
+#include "core/report/alloc_trace.h"
+#include "core/config/config.h"
+#include "core/device/device.h"
+#include "core/model/model.h"
+#include "core/optim/optim.h"
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/alloc_trace.h"
+#include "core/report/alloc_trace.h"
 
 namespace {
 

@@ -23,7 +23,7 @@ no cap. Per setting, as headroom's replay does:
 The loop is Python: each call also pays the interpreter and the binding; the per-call time of the
 same loop over a no-op function is printed (python_loop_ns) so the reader can see how much.
 
-The trace format is core/alloc_trace.h's (version 1); this reader checks it as strictly.
+The trace format is core/report/alloc_trace.h's (version 1); this reader checks it as strictly.
 """
 
 import argparse
@@ -53,7 +53,7 @@ class Trace:
 
 
 def parse_trace(path):
-    """Reads and checks a trace as core/alloc_trace.cpp does; TraceError 'FILE:LINE: what'."""
+    """Reads and checks a trace as core/report/alloc_trace.cpp does; TraceError 'FILE:LINE: what'."""
     t = Trace()
     t.path = path
     with open(path, "rb") as f:
@@ -148,7 +148,7 @@ def parse_trace(path):
 
 def compile_replay(trace):
     """(is_alloc, slot, bytes, live_after) per record: a dense slot per live buffer, so the timed
-    loop indexes a list instead of hashing ids (as core/alloc_trace.cpp's replay does)."""
+    loop indexes a list instead of hashing ids (as core/report/alloc_trace.cpp's replay does)."""
     slot_of, free_slots, out = {}, [], []
     num_slots, live = 0, 0
     for is_alloc, ident, nbytes in trace.records:

@@ -1,8 +1,8 @@
 // The closed-form peak estimate behind the out-of-memory advice, against the tracker.
 #include <gtest/gtest.h>
 
-#include "core/advice.h"
-#include "core/trainer.h"
+#include "core/report/advice.h"
+#include "core/run/trainer.h"
 #include "tests/test_util.h"
 
 namespace headroom {

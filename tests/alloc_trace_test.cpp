@@ -11,11 +11,11 @@
 #include <sstream>
 #include <string>
 
-#include "core/alloc_trace.h"
-#include "core/config.h"
-#include "core/device.h"
-#include "core/output_file.h"
-#include "core/trainer.h"
+#include "core/report/alloc_trace.h"
+#include "core/config/config.h"
+#include "core/device/device.h"
+#include "core/os/output_file.h"
+#include "core/run/trainer.h"
 #include "tests/test_util.h"
 
 namespace headroom {

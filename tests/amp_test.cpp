@@ -17,10 +17,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/config.h"
-#include "core/events.h"
-#include "core/model.h"
-#include "core/trainer.h"
+#include "core/config/config.h"
+#include "core/events/events.h"
+#include "core/model/model.h"
+#include "core/run/trainer.h"
 #include "tests/test_util.h"
 
 namespace headroom {

@@ -15,12 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
-#include "core/device.h"
-#include "core/events.h"
-#include "core/model.h"
-#include "core/plugin_host.h"
-#include "core/trainer.h"
+#include "core/config/config.h"
+#include "core/device/device.h"
+#include "core/events/events.h"
+#include "core/model/model.h"
+#include "core/plugin_host/plugin_host.h"
+#include "core/run/trainer.h"
 #include "tests/test_util.h"
 
 namespace headroom {
@@ -55,7 +55,7 @@ std::string plugin_toml(const std::string& keys) {
 //   head:      ln_f (B, T, C), its mean and rstd (B, T), logits (B, T, V), losses (B, T)
 //                                                                     head  = es·(N·C + 2·N + N·V
 //                                                                              + N)
-// (core/advice.cpp's estimate uses the same terms.)
+// (core/report/advice.cpp's estimate uses the same terms.)
 // With amp (bf16 or fp16 compute) the tensors have es = 2 bytes and the statistics — LayerNorm
 // mean and rstd, the per-token losses — stay fp32 (ss = 4 bytes): the same terms, split.
 struct Forms {

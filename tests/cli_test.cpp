@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/device.h"
+#include "core/device/device.h"
 #include "tests/test_util.h"
 
 namespace headroom {

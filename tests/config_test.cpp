@@ -1,6 +1,6 @@
 // The strict TOML config: every kind of bad input names its position and what would be valid.
-#include "core/config.h"
-#include "core/device.h"
+#include "core/config/config.h"
+#include "core/device/device.h"
 
 #include <gtest/gtest.h>
 

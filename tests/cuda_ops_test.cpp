@@ -38,10 +38,10 @@ TEST(CudaOps, SkippedNoCudaBuild) {
 #include <string>
 #include <vector>
 
-#include "core/backend.h"
-#include "core/config.h"
-#include "core/device.h"
-#include "core/memory.h"
+#include "core/device/backend.h"
+#include "core/config/config.h"
+#include "core/device/device.h"
+#include "core/device/memory.h"
 #include "kernels/common/dtype.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/crossentropy.h"
@@ -555,7 +555,7 @@ TEST_F(CudaBackendOps, ScaleEveryDtype) {
       const auto x = normal(n, dt, 3.0f);
       void* d_x = to_device(x, dt);
       ops_->scale(dt, d_x, n, s);
-      // core/backend_cpu.cpp: f32 multiplies by float(s); 16-bit dtypes multiply in double.
+      // core/device/backend_cpu.cpp: f32 multiplies by float(s); 16-bit dtypes multiply in double.
       std::vector<float> want(n);
       for (size_t i = 0; i < n; i++)
         want[i] = dt == Dtype::kF32 ? x[i] * static_cast<float>(s)
@@ -573,7 +573,7 @@ TEST_F(CudaBackendOps, AxpyEveryDtype) {
     const auto x = normal(n, dt), y = normal(n, dt);
     void* d_y = to_device(y, dt);
     ops_->axpy(dt, d_y, to_device(x, dt), n, a);
-    // core/backend_cpu.cpp: f32 adds float(a) * x (two roundings); 16-bit dtypes work in double.
+    // core/device/backend_cpu.cpp: f32 adds float(a) * x (two roundings); 16-bit dtypes work in double.
     std::vector<float> want(n);
     for (size_t i = 0; i < n; i++) {
       if (dt == Dtype::kF32) {

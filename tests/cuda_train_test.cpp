@@ -21,9 +21,9 @@ TEST(CudaTrain, SkippedNoCudaBuild) {
 #include <string>
 #include <vector>
 
-#include "core/config.h"
-#include "core/device.h"
-#include "core/trainer.h"
+#include "core/config/config.h"
+#include "core/device/device.h"
+#include "core/run/trainer.h"
 #include "tests/test_util.h"
 
 namespace headroom {

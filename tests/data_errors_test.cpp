@@ -1,7 +1,7 @@
 // Data files a config points at that cannot be used: a ConfigError (exit 2) naming the config line
 // of data.path or data.pattern, the file, and what is wrong with it.
-#include "core/config.h"
-#include "core/data.h"
+#include "core/config/config.h"
+#include "core/data/data.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

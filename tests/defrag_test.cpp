@@ -1,4 +1,4 @@
-// Fragmentation and its cure. The CPU arena (core/arena.h): first-fit placement, 512-byte blocks,
+// Fragmentation and its cure. The CPU arena (core/device/arena.h): first-fit placement, 512-byte blocks,
 // a request that fails with enough bytes free, coalescing, and vm_map aliasing arena pages into a
 // reserved range. The defrag_allocator plugin, loaded by the real plugin host onto a real Device:
 // pools, best fit, splitting and coalescing, the release threshold, random alloc/free sequences
@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "core/arena.h"
-#include "core/config.h"
-#include "core/device.h"
-#include "core/events.h"
-#include "core/plugin_host.h"
+#include "core/device/arena.h"
+#include "core/config/config.h"
+#include "core/device/device.h"
+#include "core/events/events.h"
+#include "core/plugin_host/plugin_host.h"
 #include "tests/test_util.h"
 
 namespace headroom {

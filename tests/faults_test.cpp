@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/interrupt.h"
-#include "core/trainer.h"
+#include "core/os/interrupt.h"
+#include "core/run/trainer.h"
 #include "tests/test_util.h"
 
 namespace headroom {

@@ -6,10 +6,10 @@
 #include <map>
 #include <string>
 
-#include "core/data.h"
-#include "core/device.h"
-#include "core/optim.h"
-#include "core/trainer.h"
+#include "core/data/data.h"
+#include "core/device/device.h"
+#include "core/optim/optim.h"
+#include "core/run/trainer.h"
 #include "tests/test_util.h"
 
 namespace headroom {

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <random>
 
-#include "core/device.h"
-#include "core/model.h"
-#include "core/trainer.h"
+#include "core/device/device.h"
+#include "core/model/model.h"
+#include "core/run/trainer.h"
 #include "tests/test_util.h"
 
 namespace headroom {

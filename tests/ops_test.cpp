@@ -6,8 +6,8 @@
 #include <limits>
 #include <random>
 
-#include "core/backend.h"
-#include "core/device.h"
+#include "core/device/backend.h"
+#include "core/device/device.h"
 #include "kernels/common/dtype.h"
 
 namespace headroom {

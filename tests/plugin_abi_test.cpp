@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "core/plugin_host.h"
+#include "core/plugin_host/plugin_host.h"
 #include "headroom/plugin.h"
 #include "tests/test_util.h"
 

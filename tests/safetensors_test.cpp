@@ -1,8 +1,8 @@
 // safetensors import/export: round trips bitwise, reads BF16 and F16, uses Hugging Face's (in, out)
 // layout for the Conv1D weights, and turns every kind of malformed file into a ConfigError that
 // names the file.
-#include "core/safetensors.h"
-#include "core/output_file.h"
+#include "core/model/safetensors.h"
+#include "core/os/output_file.h"
 
 #include <gtest/gtest.h>
 
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "core/device.h"
-#include "core/model.h"
+#include "core/device/device.h"
+#include "core/model/model.h"
 #include "kernels/common/dtype.h"
 #include "tests/test_util.h"
 

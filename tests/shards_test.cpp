@@ -1,6 +1,6 @@
 // llm.c token shards: validation errors, the llm.c window sequence, rank strides, shuffling, exact
 // resume, tokens past 4 GiB, and `headroom shard`'s writer.
-#include "core/shards.h"
+#include "core/data/shards.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -14,10 +14,10 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "core/output_file.h"
-#include "core/shards.h"
-#include "core/snapshot.h"
-#include "core/trainer.h"
+#include "core/os/output_file.h"
+#include "core/data/shards.h"
+#include "core/run/snapshot.h"
+#include "core/run/trainer.h"
 #include "tests/test_util.h"
 
 namespace headroom {

@@ -10,10 +10,10 @@
 #include <random>
 #include <string>
 
-#include "core/alloc_trace.h"
-#include "core/config.h"
-#include "core/timeline_html.h"
-#include "core/trainer.h"
+#include "core/report/alloc_trace.h"
+#include "core/config/config.h"
+#include "core/report/timeline_html.h"
+#include "core/run/trainer.h"
 #include "tests/test_util.h"
 
 namespace headroom {

@@ -17,15 +17,15 @@
 #include <string>
 #include <vector>
 
-#include "core/advice.h"
-#include "core/alloc_trace.h"
-#include "core/config.h"
-#include "core/device.h"
-#include "core/interrupt.h"
-#include "core/output_file.h"
-#include "core/plugin_host.h"
-#include "core/shards.h"
-#include "core/trainer.h"
+#include "core/report/advice.h"
+#include "core/report/alloc_trace.h"
+#include "core/config/config.h"
+#include "core/device/device.h"
+#include "core/os/interrupt.h"
+#include "core/os/output_file.h"
+#include "core/plugin_host/plugin_host.h"
+#include "core/data/shards.h"
+#include "core/run/trainer.h"
 
 namespace {
 

@@ -2,7 +2,7 @@
 // source file (kernels/cuda/<topic>.cu). A plain C++ header: includers need no CUDA types beyond
 // cudaStream_t.
 //
-// Conventions, the same as the CPU kernels and core/backend.h:
+// Conventions, the same as the CPU kernels and core/device/backend.h:
 //   - every pointer is a device pointer; shapes are given in the comments, row-major;
 //   - the storage type T of the float tensors is float, bf16 or f16 (each launcher template is
 //     instantiated for those three in its .cu file). The math is fp32 whatever T is: loads widen

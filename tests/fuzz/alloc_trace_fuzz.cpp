@@ -1,11 +1,11 @@
 // clang-format off
-// fuzz-sources: core/alloc_trace.cpp core/arena.cpp core/backend.cpp core/backend_cpu.cpp core/config.cpp core/device.cpp core/events.cpp core/memory.cpp core/model.cpp core/output_file.cpp core/plugin_host.cpp
+// fuzz-sources: core/report/alloc_trace.cpp core/device/arena.cpp core/device/backend.cpp core/device/backend_cpu.cpp core/config/config.cpp core/device/device.cpp core/events/events.cpp core/device/memory.cpp core/model/model.cpp core/os/output_file.cpp core/plugin_host/plugin_host.cpp
 // fuzz-pkgs: openblas
 // fuzz-flags: -DHEADROOM_INSTALL_LIBDIR="lib" -DHEADROOM_INSTALL_PLUGIN_DIR="/nonexistent" -DHEADROOM_BUILD_PLUGIN_DIR="/nonexistent" -DHEADROOM_VERSION="fuzz"
 // clang-format on
 //
 // libFuzzer target for the allocation trace reader (and the replay of what it accepts): any text
-// must come back as a trace that keeps every rule of the format (core/alloc_trace.h) or as a
+// must come back as a trace that keeps every rule of the format (core/report/alloc_trace.h) or as a
 // ConfigError, never a crash, a hang, an out-of-bounds read or another exception. (Replay is what
 // pulls in the device and plugin host sources.)
 #include <cstddef>
@@ -14,8 +14,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "core/alloc_trace.h"
-#include "core/config.h"
+#include "core/report/alloc_trace.h"
+#include "core/config/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::istringstream in(std::string(reinterpret_cast<const char*>(data), size));

@@ -5,7 +5,7 @@
 #   tests/fuzz/run.sh [SECONDS]
 #
 # A target names the core sources it links in a line at its top:
-#   // fuzz-sources: core/safetensors.cpp core/config.cpp
+#   // fuzz-sources: core/model/safetensors.cpp core/config/config.cpp
 # and, if those need libraries beyond toml++, the pkg-config packages that provide them, and any
 # other compiler flags (words, no shell quoting: -DNAME="x" defines NAME as the literal "x"):
 #   // fuzz-pkgs: openblas

@@ -1,11 +1,11 @@
-// fuzz-sources: core/safetensors.cpp core/output_file.cpp
+// fuzz-sources: core/model/safetensors.cpp core/os/output_file.cpp
 //
 // libFuzzer target for the safetensors header parser: any bytes at all must come back as entries or
 // a ConfigError, never a crash, a hang, an out-of-bounds read or an uncaught exception.
 #include <cstddef>
 #include <cstdint>
 
-#include "core/safetensors.h"
+#include "core/model/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

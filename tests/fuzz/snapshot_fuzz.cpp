@@ -1,15 +1,15 @@
-// fuzz-sources: core/snapshot.cpp core/output_file.cpp
+// fuzz-sources: core/run/snapshot.cpp core/os/output_file.cpp
 //
 // libFuzzer target for the training snapshot reader: any bytes must come back as a SnapshotData
-// that keeps every rule of the format (core/snapshot.h) or as a ConfigError, never a crash, an
+// that keeps every rule of the format (core/run/snapshot.h) or as a ConfigError, never a crash, an
 // out-of-bounds read or another exception.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
-#include "core/config.h"
-#include "core/snapshot.h"
+#include "core/config/config.h"
+#include "core/run/snapshot.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // Links the installed runtime library and uses it.
-#include <core/config.h>
+#include <core/config/config.h>
 
 #include <cstdio>
 

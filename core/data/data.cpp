@@ -1,0 +1,244 @@
+#include "core/data/data.h"
+
+#include "core/data/shards.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+namespace headroom {
+
+namespace {
+
+double uniform01(std::mt19937_64& rng) {
+  return double(rng() >> 11) * 0x1.0p-53;
+}
+
+// A continuous stream from the chain, cut into llm.c-style windows.
+class SyntheticSource final : public DataSource {
+ public:
+  SyntheticSource(int vocab, int branching, uint64_t seed)
+      : chain_(vocab, branching, seed), rng_(seed ^ 0x9e3779b97f4a7c15ull), last_(chain_.start()) {}
+
+  void next(int32_t* inputs, int32_t* targets, int B, int T) override {
+    const size_t n = size_t(B) * T;
+    // The stream continues where the previous batch ended: its last target is this first input.
+    int32_t token = last_;
+    for (size_t i = 0; i < n; ++i) {
+      inputs[i] = token;
+      token = chain_.sample(token, rng_);
+      targets[i] = token;
+    }
+    last_ = token;
+  }
+  std::string describe() const override {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "synthetic Markov source, entropy rate %.4f nats/token",
+                  chain_.entropy_rate());
+    return buf;
+  }
+  double entropy() const override { return chain_.entropy_rate(); }
+  std::string state() const override {
+    std::ostringstream os;
+    os << "synthetic " << last_ << ' ' << rng_;
+    return os.str();
+  }
+  void restore(const std::string& state) override {
+    std::istringstream is(state);
+    std::string kind;
+    int32_t last = -1;
+    is >> kind >> last >> rng_;
+    if (!is || kind != "synthetic" || last < 0 || last >= chain_.vocab_size())
+      throw ConfigError("the snapshot's data position is not a synthetic source's of vocab_size " +
+                        std::to_string(chain_.vocab_size()));
+    last_ = last;
+  }
+
+ private:
+  MarkovChain chain_;
+  std::mt19937_64 rng_;
+  int32_t last_;
+};
+
+// The bytes of a text file, vocab 256, consecutive windows wrapping to the start.
+class TextSource final : public DataSource {
+ public:
+  TextSource(std::string path, std::vector<uint8_t> bytes)
+      : path_(std::move(path)), bytes_(std::move(bytes)) {}
+
+  void next(int32_t* inputs, int32_t* targets, int B, int T) override {
+    const size_t n = size_t(B) * T;
+    if (pos_ + n + 1 > bytes_.size()) pos_ = 0;
+    for (size_t i = 0; i < n; ++i) {
+      inputs[i] = bytes_[pos_ + i];
+      targets[i] = bytes_[pos_ + i + 1];
+    }
+    pos_ += n;
+  }
+  std::string describe() const override {
+    return "text '" + path_ + "', " + std::to_string(bytes_.size()) + " bytes (vocab 256)";
+  }
+  std::string state() const override {
+    return "text " + std::to_string(bytes_.size()) + " " + std::to_string(pos_);
+  }
+  void restore(const std::string& state) override {
+    std::istringstream is(state);
+    std::string kind;
+    size_t size = 0, pos = 0;
+    is >> kind >> size >> pos;
+    if (!is || kind != "text" || size != bytes_.size() || pos > bytes_.size())
+      throw ConfigError("the snapshot's data position does not fit '" + path_ + "' (" +
+                        std::to_string(bytes_.size()) + " bytes)");
+    pos_ = pos;
+  }
+
+ private:
+  std::string path_;
+  std::vector<uint8_t> bytes_;
+  size_t pos_ = 0;
+};
+
+// The bytes of the text file `path`; `where` names it in errors ("FILE:L:C: data.path 'x'"). A
+// directory, a file that cannot be opened or read, and an empty file are ConfigErrors.
+std::vector<uint8_t> read_text_file(const std::string& path, const std::string& where) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw ConfigError(where + ": cannot open the text file: " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    throw ConfigError(where + ": cannot stat the text file: " + std::strerror(errno));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    throw ConfigError(where + " is a directory, not a text file; data.kind = \"text\" trains on " +
+                      "the bytes of one file (for many files, write them as shards with " +
+                      "`headroom shard` and use data.kind = \"shards\")");
+  }
+  std::vector<uint8_t> bytes;
+  if (S_ISREG(st.st_mode)) bytes.reserve(size_t(st.st_size));
+  uint8_t buf[1 << 16];
+  for (;;) {
+    const ssize_t r = ::read(fd, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw ConfigError(where + ": cannot read the text file: " + std::strerror(errno));
+    if (r == 0) break;
+    bytes.insert(bytes.end(), buf, buf + r);
+  }
+  if (bytes.empty()) throw ConfigError(where + ": the text file is empty (0 bytes)");
+  return bytes;
+}
+
+// "FILE:L:C: " where a data key was set, or "" when the config does not say (a DataConfig made in
+// code).
+std::string pos_prefix(const SourcePos& pos) {
+  const std::string p = pos.str();
+  return p.empty() ? "" : p + ": ";
+}
+
+}  // namespace
+
+MarkovChain::MarkovChain(int vocab_size, int branching, uint64_t seed)
+    : vocab_(vocab_size), k_(std::min(branching, vocab_size)) {
+  std::mt19937_64 rng(seed);
+  next_.resize(size_t(vocab_) * k_);
+  prob_.resize(size_t(vocab_) * k_);
+  for (int i = 0; i < vocab_; ++i) {
+    std::set<int32_t> chosen;
+    while (int(chosen.size()) < k_)
+      chosen.insert(int32_t(rng() % uint64_t(vocab_)));
+    double total = 0.0;
+    int j = 0;
+    for (int32_t s : chosen) {
+      next_[size_t(i) * k_ + j] = s;
+      // Exponential weights: the normalised row is a Dirichlet(1) sample.
+      const double w = -std::log(1.0 - uniform01(rng));
+      prob_[size_t(i) * k_ + j] = w;
+      total += w;
+      ++j;
+    }
+    for (j = 0; j < k_; ++j)
+      prob_[size_t(i) * k_ + j] /= total;
+  }
+  start_ = int32_t(rng() % uint64_t(vocab_));
+
+  // The long-run distribution of a stream started at start_: Cesaro average of the distribution
+  // over time (correct even for a periodic or reducible chain).
+  std::vector<double> p(vocab_, 0.0), q(vocab_), avg(vocab_, 0.0);
+  p[start_] = 1.0;
+  const int burn_in = 500, averaged = 1500;
+  for (int it = 0; it < burn_in + averaged; ++it) {
+    std::fill(q.begin(), q.end(), 0.0);
+    for (int i = 0; i < vocab_; ++i) {
+      if (p[i] == 0.0) continue;
+      for (int j = 0; j < k_; ++j)
+        q[next_[size_t(i) * k_ + j]] += p[i] * prob_[size_t(i) * k_ + j];
+    }
+    p.swap(q);
+    if (it >= burn_in)
+      for (int i = 0; i < vocab_; ++i)
+        avg[i] += p[i] / averaged;
+  }
+  for (int i = 0; i < vocab_; ++i) {
+    double h = 0.0;
+    for (int j = 0; j < k_; ++j) {
+      const double pj = prob_[size_t(i) * k_ + j];
+      if (pj > 0) h -= pj * std::log(pj);
+    }
+    entropy_rate_ += avg[i] * h;
+  }
+}
+
+int32_t MarkovChain::sample(int32_t from, std::mt19937_64& rng) const {
+  const double u = uniform01(rng);
+  double c = 0.0;
+  const double* p = probabilities(from);
+  for (int j = 0; j < k_ - 1; ++j) {
+    c += p[j];
+    if (u < c) return successors(from)[j];
+  }
+  return successors(from)[k_ - 1];
+}
+
+std::unique_ptr<DataSource> make_data_source(const DataConfig& data, const ModelConfig& model,
+                                             int B, int T) {
+  if (data.kind == "synthetic")
+    return std::make_unique<SyntheticSource>(model.vocab_size, data.branching, data.seed);
+  if (data.kind == "text") {
+    const std::string where = pos_prefix(data.path_pos) + "data.path '" + data.path + "'";
+    // parse_config already refuses this; a DataConfig made in code may not have been through it.
+    if (model.vocab_size < 256)
+      throw ConfigError(where + ": text data is bytes (vocab 256) but model.vocab_size is " +
+                        std::to_string(model.vocab_size) + "; set model.vocab_size >= 256");
+    std::vector<uint8_t> bytes = read_text_file(data.path, where);
+    const size_t need = size_t(B) * T + 1;
+    if (bytes.size() < need)
+      throw ConfigError(where + ": has " + std::to_string(bytes.size()) +
+                        " bytes, fewer than one micro-batch needs (micro_batch * seq_len + 1 = " +
+                        std::to_string(need) + ")");
+    return std::make_unique<TextSource>(data.path, std::move(bytes));
+  }
+  if (data.kind == "shards") {
+    // Errors about the pattern itself already name it and its line; errors about one shard name
+    // only the shard, so they get the pattern's line in front.
+    const std::string where = pos_prefix(data.path_pos) + "data.pattern '" + data.pattern + "'";
+    try {
+      return make_shard_source(data, B, T, model.vocab_size);
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      if (what.compare(0, where.size(), where) == 0) throw;
+      throw ConfigError(where + ": " + what);
+    }
+  }
+  throw ConfigError("data.kind = \"" + data.kind +
+                    "\": valid kinds are \"synthetic\", \"text\", \"shards\"");
+}
+
+}  // namespace headroom

@@ -1,0 +1,60 @@
+// Where training tokens come from: a synthetic Markov source whose entropy rate is known (so a test
+// knows the loss a model should reach), and the raw bytes of a text file (vocab 256).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+
+namespace headroom {
+
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  // The next micro-batch: B·T+1 consecutive tokens of the stream, inputs the first B·T and targets
+  // the same shifted by one (as llm.c). Both (B, T).
+  virtual void next(int32_t* inputs, int32_t* targets, int B, int T) = 0;
+  // One line for the log: what the data is.
+  virtual std::string describe() const = 0;
+  // The best loss a model can reach on this data in nats/token, or a negative number if unknown.
+  virtual double entropy() const { return -1.0; }
+  // The position in the stream, for training snapshots: a source restored from state() yields
+  // exactly the batches this one would have yielded next. Opaque bytes.
+  virtual std::string state() const = 0;
+  // Throws ConfigError when the state does not belong to this source (another file or config).
+  virtual void restore(const std::string& state) = 0;
+};
+
+// A seeded random Markov chain over the vocabulary: each token has `branching` distinct successors
+// with random probabilities. Its entropy rate, sum_i pi_i H(P_i) under the long-run distribution
+// pi of the stream, is the loss a perfect model reaches.
+class MarkovChain {
+ public:
+  MarkovChain(int vocab_size, int branching, uint64_t seed);
+  int32_t start() const { return start_; }
+  int vocab_size() const { return vocab_; }
+  int32_t sample(int32_t from, std::mt19937_64& rng) const;
+  double entropy_rate() const { return entropy_rate_; }
+  // The successors of `from` and their probabilities.
+  const int32_t* successors(int32_t from) const { return &next_[size_t(from) * k_]; }
+  const double* probabilities(int32_t from) const { return &prob_[size_t(from) * k_]; }
+
+ private:
+  int vocab_;
+  int k_;
+  int32_t start_;
+  std::vector<int32_t> next_;  // (V, k)
+  std::vector<double> prob_;   // (V, k)
+  double entropy_rate_ = 0.0;
+};
+
+// Throws ConfigError (naming the config file and line) when the data cannot be used: an unreadable
+// or too small text file, a vocabulary too small for the data.
+std::unique_ptr<DataSource> make_data_source(const DataConfig& data, const ModelConfig& model,
+                                             int B, int T);
+
+}  // namespace headroom

@@ -1,0 +1,140 @@
+// The op table: every computation the model, the optimizer and the plugins' device ops run, one
+// implementation per backend — the CPU reference (core/device/backend_cpu.cpp) and CUDA
+// (core/device/cuda/backend_cuda.cpp). A Device owns its Backend (Device::backend()).
+//
+// Conventions, the same in both backends:
+//   - Tensor arguments are device memory. Float tensors are in the storage dtype `dt` given to the
+//     op (f32, bf16, f16; f64 on the CPU only, for gradient checks) and are computed in fp32 (f64
+//     for f64): low-precision inputs are widened, results rounded to the storage dtype to nearest
+//     even (kernels/common/dtype.h) — so bf16 storage halves memory, not the precision of sums.
+//   - Statistics — LayerNorm mean and rstd, per-token losses — are in stat_dtype(dt): f32, or f64
+//     for an f64 model. Tokens and targets are int32.
+//   - Backward ACCUMULATES (+=) into its gradient outputs; a null gradient output is skipped where
+//     the comment says it may be null.
+//   - Ops run in order on the backend's compute stream and return without waiting. Only the ops
+//     that hand a value to the host (sum_squares, any_nonfinite, download) wait for the work
+//     before them.
+//   - A dtype an op does not have on this backend throws OpError.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+
+namespace headroom {
+
+enum class Dtype : uint32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kF64 = 3, kI32 = 4 };
+const char* dtype_name(Dtype d);
+uint64_t dtype_size(Dtype d);  // 0 for a value outside the enum
+// The dtype of the statistics that go with tensors of dtype `dt`: f64 for f64, else f32.
+inline Dtype stat_dtype(Dtype dt) {
+  return dt == Dtype::kF64 ? Dtype::kF64 : Dtype::kF32;
+}
+
+class OpError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // --- model ops (shapes as in kernels/cpu/*.h) ------------------------------------------------
+  // out (B,T,C) = wte[tokens[b,t]] + wpe[t]
+  virtual void embedding_forward(Dtype dt, void* out, const int32_t* tokens, const void* wte,
+                                 const void* wpe, int B, int T, int C) = 0;
+  // dwte (V,C) += dout rows scattered by token; dwpe (T,C) += dout summed over the batch
+  virtual void embedding_backward(Dtype dt, void* dwte, void* dwpe, const void* dout,
+                                  const int32_t* tokens, int B, int T, int C) = 0;
+  // out (N,C) = LayerNorm(inp (N,C)) * weight (C) + bias (C); mean, rstd (N) in stat_dtype(dt)
+  virtual void layernorm_forward(Dtype dt, void* out, void* mean, void* rstd, const void* inp,
+                                 const void* weight, const void* bias, int N, int C) = 0;
+  virtual void layernorm_backward(Dtype dt, void* dinp, void* dweight, void* dbias,
+                                  const void* dout, const void* inp, const void* weight,
+                                  const void* mean, const void* rstd, int N, int C) = 0;
+  // out (N,OC) = inp (N,C) · weight (OC,C)^T + bias (OC); bias may be null
+  virtual void matmul_forward(Dtype dt, void* out, const void* inp, const void* weight,
+                              const void* bias, int N, int C, int OC) = 0;
+  // dinp (N,C) += dout · weight; dweight (OC,C) += dout^T · inp; dbias (OC) += column sums.
+  // dinp and dbias may be null.
+  virtual void matmul_backward(Dtype dt, void* dinp, void* dweight, void* dbias, const void* dout,
+                               const void* inp, const void* weight, int N, int C, int OC) = 0;
+  // qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) the causal softmax probabilities, for backward
+  virtual void attention_forward(Dtype dt, void* out, void* att, const void* qkv, int B, int T,
+                                 int C, int NH) = 0;
+  // dqkv (B,T,3C) += gradient; scratch holds attention_scratch_numel elements of dt
+  virtual void attention_backward(Dtype dt, void* dqkv, void* scratch, const void* dout,
+                                  const void* qkv, const void* att, int B, int T, int C,
+                                  int NH) = 0;
+  virtual uint64_t attention_scratch_numel(int B, int T, int NH) const = 0;
+  // out (n) = gelu(inp), GPT-2's tanh approximation; dinp (n) += gelu'(inp) * dout
+  virtual void gelu_forward(Dtype dt, void* out, const void* inp, uint64_t n) = 0;
+  virtual void gelu_backward(Dtype dt, void* dinp, const void* inp, const void* dout,
+                             uint64_t n) = 0;
+  // dst (n) += src (n)
+  virtual void add_inplace(Dtype dt, void* dst, const void* src, uint64_t n) = 0;
+  // logits (N,V) -> losses (N, stat_dtype) = -log softmax[target] (0 where target < 0); logits
+  // are overwritten with dloss * (softmax - onehot(target)) (zeros for ignored rows).
+  virtual void crossentropy_forward_backward(Dtype dt, void* logits, void* losses,
+                                             const int32_t* targets, int N, int V,
+                                             double dloss) = 0;
+
+  // --- optimizer updates, on f32 parameters, gradients and state -------------------------------
+  // torch.optim.AdamW; t is the 1-based step
+  virtual void adamw_update(float* param, const float* grad, float* m, float* v, uint64_t n,
+                            float lr, float beta1, float beta2, float eps, float weight_decay,
+                            int64_t t) = 0;
+  // torch.optim.SGD; momentum_buf null means no momentum state
+  virtual void sgd_update(float* param, const float* grad, float* momentum_buf, uint64_t n,
+                          float lr, float momentum, float weight_decay) = 0;
+
+  // --- element-wise and reductions, any float dtype --------------------------------------------
+  virtual void fill(Dtype dt, void* x, uint64_t n, double value) = 0;
+  // dst (n of dst_dt) = src (n of src_dt); narrowing rounds to nearest even
+  virtual void cast(void* dst, Dtype dst_dt, const void* src, Dtype src_dt, uint64_t n) = 0;
+  virtual void scale(Dtype dt, void* x, uint64_t n, double s) = 0;                // x *= s
+  virtual void axpy(Dtype dt, void* y, const void* x, uint64_t n, double a) = 0;  // y += a x
+  // Sum of x[i]^2 accumulated in double; waits for the result.
+  virtual double sum_squares(Dtype dt, const void* x, uint64_t n) = 0;
+  // Any NaN or infinity in x; waits for the result.
+  virtual bool any_nonfinite(Dtype dt, const void* x, uint64_t n) = 0;
+
+  // --- memory ---------------------------------------------------------------------------------
+  // Device to device; the two ranges must not overlap (cudaMemcpyAsync's rule).
+  virtual void copy(void* dst, const void* src, uint64_t bytes) = 0;
+  // Host to device on the copy stream (a side stream on CUDA), ordered after every op enqueued
+  // before it (its destination may still be read there) and before every op enqueued after it:
+  // the ops see memory as if the copy were immediate. The host does not wait; `src` must stay
+  // unchanged until synchronize(). From host_alloc, `src` is page-locked on CUDA.
+  virtual void upload(void* dst, const void* src, uint64_t bytes) = 0;
+  // Device to host; waits for the work before it and the copy.
+  virtual void download(void* dst, const void* src, uint64_t bytes) = 0;
+  // Waits until every op and copy enqueued so far is done.
+  virtual void synchronize() = 0;
+  // Host staging memory for uploads (page-locked on CUDA, so a copy can overlap compute); not
+  // device memory, not tracked.
+  virtual void* host_alloc(uint64_t bytes) = 0;
+  virtual void host_free(void* ptr) = 0;
+  // The compute stream as the platform knows it (cudaStream_t); nullptr on the CPU.
+  virtual void* native_stream() { return nullptr; }
+};
+
+// Host staging memory from Backend::host_alloc, freed on scope exit.
+class HostStaging {
+ public:
+  HostStaging(Backend& ops, uint64_t bytes) : ops_(ops), ptr_(ops.host_alloc(bytes)) {}
+  ~HostStaging() { ops_.host_free(ptr_); }
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  Backend& ops_;
+  void* ptr_;
+};
+
+// The CPU reference backend (core/device/backend_cpu.cpp).
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace headroom

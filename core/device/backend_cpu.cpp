@@ -1,0 +1,349 @@
+// The CPU backend's op table: the reference every other backend is checked against.
+//
+// f32 and f64 tensors go straight to the kernels of kernels/cpu (templates over the element
+// type). bf16 and f16 tensors are computed in fp32: each op widens its inputs to float, runs the
+// f32 kernel, and rounds its outputs back to the storage dtype to nearest even — the same
+// conversions (kernels/common/dtype.h) the CUDA kernels use in registers. The float copies live
+// only for the op's duration in host memory outside the device's accounting: they stand for a
+// GPU's registers, not for device memory.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/device/backend.h"
+#include "kernels/common/dtype.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/crossentropy.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/optimizer.h"
+#include "kernels/cpu/residual.h"
+
+namespace headroom {
+
+namespace {
+
+// Tensors of a native dtype (float, double): the kernels read and write them where they are.
+template <class T>
+struct Native {
+  const T* in(const void* x, uint64_t) const { return static_cast<const T*>(x); }
+  T* out(void* x, uint64_t, bool) const { return static_cast<T*>(x); }
+  T* stat(void* x) const { return static_cast<T*>(x); }
+  const T* stat(const void* x) const { return static_cast<const T*>(x); }
+};
+
+float load_low(Dtype dt, const void* x, uint64_t i) {
+  const uint16_t h = static_cast<const uint16_t*>(x)[i];
+  return dt == Dtype::kBF16 ? bf16_to_float(h) : f16_to_float(h);
+}
+
+uint16_t to_low(Dtype dt, float f) {
+  return dt == Dtype::kBF16 ? float_to_bf16(f) : float_to_f16(f);
+}
+
+// Tensors of a 16-bit dtype, widened to float for one op: in() copies, out() registers a float
+// buffer that finish() rounds back into the tensor. Statistics are f32 already.
+class Widened {
+ public:
+  explicit Widened(Dtype dt) : dt_(dt) {}
+  const float* in(const void* x, uint64_t n) {
+    if (!x) return nullptr;
+    std::vector<float>& v = buffers_.emplace_back(n);
+    for (uint64_t i = 0; i < n; ++i)
+      v[i] = load_low(dt_, x, i);
+    return v.data();
+  }
+  // `load`: the op reads the tensor too (an accumulating gradient, an in-place update).
+  float* out(void* x, uint64_t n, bool load) {
+    if (!x) return nullptr;
+    float* f = load ? const_cast<float*>(in(x, n)) : buffers_.emplace_back(n).data();
+    outs_.push_back({x, f, n});
+    return f;
+  }
+  float* stat(void* x) const { return static_cast<float*>(x); }
+  const float* stat(const void* x) const { return static_cast<const float*>(x); }
+  void finish() {
+    for (const Out& o : outs_) {
+      uint16_t* dst = static_cast<uint16_t*>(o.dst);
+      for (uint64_t i = 0; i < o.n; ++i)
+        dst[i] = to_low(dt_, o.src[i]);
+    }
+  }
+
+ private:
+  struct Out {
+    void* dst;
+    const float* src;
+    uint64_t n;
+  };
+  Dtype dt_;
+  // Moving an inner vector when the outer one grows keeps its data(): the pointers handed out
+  // stay valid.
+  std::vector<std::vector<float>> buffers_;
+  std::vector<Out> outs_;
+};
+
+// Runs fn with the access object for dt: Native<float>, Native<double> or Widened.
+template <class Fn>
+void dispatch(Dtype dt, const char* op, Fn&& fn) {
+  switch (dt) {
+    case Dtype::kF32:
+      fn(Native<float>{});
+      return;
+    case Dtype::kF64:
+      fn(Native<double>{});
+      return;
+    case Dtype::kBF16:
+    case Dtype::kF16: {
+      Widened w(dt);
+      fn(w);
+      w.finish();
+      return;
+    }
+    case Dtype::kI32:
+      break;
+  }
+  throw OpError(std::string(op) + ": needs a floating-point dtype (f32, bf16, f16, f64), got " +
+                dtype_name(dt));
+}
+
+// Element i of x as a double, for the element-wise ops over any float dtype.
+double load(const void* x, Dtype d, uint64_t i) {
+  switch (d) {
+    case Dtype::kF32:
+      return static_cast<const float*>(x)[i];
+    case Dtype::kF64:
+      return static_cast<const double*>(x)[i];
+    case Dtype::kBF16:
+    case Dtype::kF16:
+      return load_low(d, x, i);
+    case Dtype::kI32:
+      return static_cast<const int32_t*>(x)[i];
+  }
+  return 0.0;
+}
+
+void store(void* x, Dtype d, uint64_t i, double v) {
+  switch (d) {
+    case Dtype::kF32:
+      static_cast<float*>(x)[i] = static_cast<float>(v);
+      return;
+    case Dtype::kF64:
+      static_cast<double*>(x)[i] = v;
+      return;
+    // Through float first, as the storage formats are defined from it.
+    case Dtype::kBF16:
+    case Dtype::kF16:
+      static_cast<uint16_t*>(x)[i] = to_low(d, static_cast<float>(v));
+      return;
+    case Dtype::kI32:
+      static_cast<int32_t*>(x)[i] = static_cast<int32_t>(v);
+      return;
+  }
+}
+
+void require_dtype(Dtype d, const char* op) {
+  if (dtype_size(d) == 0)
+    throw OpError(std::string(op) + ": unknown dtype " + std::to_string(uint32_t(d)));
+}
+
+void require_float(Dtype d, const char* op) {
+  require_dtype(d, op);
+  if (d == Dtype::kI32) throw OpError(std::string(op) + ": needs a floating-point dtype, got i32");
+}
+
+class CpuBackend final : public Backend {
+ public:
+  void embedding_forward(Dtype dt, void* out, const int32_t* tokens, const void* wte,
+                         const void* wpe, int B, int T, int C) override {
+    const uint64_t N = uint64_t(B) * T;
+    dispatch(dt, "embedding_forward", [&](auto&& a) {
+      // The token table is read only at the tokens' rows; widening all of it would cost V·C.
+      cpu::embedding_forward(a.out(out, N * C, false), tokens, a.in(wte, vocab_rows(tokens, N) * C),
+                             a.in(wpe, uint64_t(T) * C), B, T, C);
+    });
+  }
+  void embedding_backward(Dtype dt, void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
+                          int B, int T, int C) override {
+    const uint64_t N = uint64_t(B) * T;
+    dispatch(dt, "embedding_backward", [&](auto&& a) {
+      cpu::embedding_backward(a.out(dwte, vocab_rows(tokens, N) * C, true),
+                              a.out(dwpe, uint64_t(T) * C, true), a.in(dout, N * C), tokens, B, T,
+                              C);
+    });
+  }
+  void layernorm_forward(Dtype dt, void* out, void* mean, void* rstd, const void* inp,
+                         const void* weight, const void* bias, int N, int C) override {
+    const uint64_t n = uint64_t(N) * C;
+    dispatch(dt, "layernorm_forward", [&](auto&& a) {
+      cpu::layernorm_forward(a.out(out, n, false), a.stat(mean), a.stat(rstd), a.in(inp, n),
+                             a.in(weight, C), a.in(bias, C), N, C);
+    });
+  }
+  void layernorm_backward(Dtype dt, void* dinp, void* dweight, void* dbias, const void* dout,
+                          const void* inp, const void* weight, const void* mean, const void* rstd,
+                          int N, int C) override {
+    const uint64_t n = uint64_t(N) * C;
+    dispatch(dt, "layernorm_backward", [&](auto&& a) {
+      cpu::layernorm_backward(a.out(dinp, n, true), a.out(dweight, C, true), a.out(dbias, C, true),
+                              a.in(dout, n), a.in(inp, n), a.in(weight, C), a.stat(mean),
+                              a.stat(rstd), N, C);
+    });
+  }
+  void matmul_forward(Dtype dt, void* out, const void* inp, const void* weight, const void* bias,
+                      int N, int C, int OC) override {
+    dispatch(dt, "matmul_forward", [&](auto&& a) {
+      cpu::matmul_forward(a.out(out, uint64_t(N) * OC, false), a.in(inp, uint64_t(N) * C),
+                          a.in(weight, uint64_t(OC) * C), a.in(bias, OC), N, C, OC);
+    });
+  }
+  void matmul_backward(Dtype dt, void* dinp, void* dweight, void* dbias, const void* dout,
+                       const void* inp, const void* weight, int N, int C, int OC) override {
+    dispatch(dt, "matmul_backward", [&](auto&& a) {
+      cpu::matmul_backward(a.out(dinp, uint64_t(N) * C, true),
+                           a.out(dweight, uint64_t(OC) * C, true), a.out(dbias, OC, true),
+                           a.in(dout, uint64_t(N) * OC), a.in(inp, uint64_t(N) * C),
+                           a.in(weight, uint64_t(OC) * C), N, C, OC);
+    });
+  }
+  void attention_forward(Dtype dt, void* out, void* att, const void* qkv, int B, int T, int C,
+                         int NH) override {
+    const uint64_t N = uint64_t(B) * T;
+    dispatch(dt, "attention_forward", [&](auto&& a) {
+      cpu::attention_forward(a.out(out, N * C, false), a.out(att, N * NH * T, false),
+                             a.in(qkv, N * 3 * C), B, T, C, NH);
+    });
+  }
+  void attention_backward(Dtype dt, void* dqkv, void* scratch, const void* dout, const void* qkv,
+                          const void* att, int B, int T, int C, int NH) override {
+    const uint64_t N = uint64_t(B) * T;
+    dispatch(dt, "attention_backward", [&](auto&& a) {
+      cpu::attention_backward(
+          a.out(dqkv, N * 3 * C, true), a.out(scratch, attention_scratch_numel(B, T, NH), false),
+          a.in(dout, N * C), a.in(qkv, N * 3 * C), a.in(att, N * NH * T), B, T, C, NH);
+    });
+  }
+  uint64_t attention_scratch_numel(int, int T, int) const override { return uint64_t(T) * T; }
+  void gelu_forward(Dtype dt, void* out, const void* inp, uint64_t n) override {
+    dispatch(dt, "gelu_forward",
+             [&](auto&& a) { cpu::gelu_forward(a.out(out, n, false), a.in(inp, n), n); });
+  }
+  void gelu_backward(Dtype dt, void* dinp, const void* inp, const void* dout, uint64_t n) override {
+    dispatch(dt, "gelu_backward", [&](auto&& a) {
+      cpu::gelu_backward(a.out(dinp, n, true), a.in(inp, n), a.in(dout, n), n);
+    });
+  }
+  void add_inplace(Dtype dt, void* dst, const void* src, uint64_t n) override {
+    dispatch(dt, "add_inplace",
+             [&](auto&& a) { cpu::add_inplace(a.out(dst, n, true), a.in(src, n), n); });
+  }
+  void crossentropy_forward_backward(Dtype dt, void* logits, void* losses, const int32_t* targets,
+                                     int N, int V, double dloss) override {
+    dispatch(dt, "crossentropy_forward_backward", [&](auto&& a) {
+      auto* l = a.out(logits, uint64_t(N) * V, true);
+      using T = std::remove_pointer_t<decltype(l)>;
+      cpu::crossentropy_forward_backward(l, a.stat(losses), targets, N, V, static_cast<T>(dloss));
+    });
+  }
+
+  void adamw_update(float* param, const float* grad, float* m, float* v, uint64_t n, float lr,
+                    float beta1, float beta2, float eps, float weight_decay, int64_t t) override {
+    cpu::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+  }
+  void sgd_update(float* param, const float* grad, float* momentum_buf, uint64_t n, float lr,
+                  float momentum, float weight_decay) override {
+    cpu::sgd_update(param, grad, momentum_buf, n, lr, momentum, weight_decay);
+  }
+
+  void fill(Dtype dt, void* x, uint64_t n, double value) override {
+    require_dtype(dt, "fill");
+    if (value == 0.0) {  // +0.0 is all zero bits in every dtype
+      std::memset(x, 0, n * dtype_size(dt));
+      return;
+    }
+    for (uint64_t i = 0; i < n; ++i)
+      store(x, dt, i, value);
+  }
+  void cast(void* dst, Dtype dst_dt, const void* src, Dtype src_dt, uint64_t n) override {
+    require_dtype(dst_dt, "cast");
+    require_dtype(src_dt, "cast");
+    if (dst_dt == src_dt) {
+      std::memmove(dst, src, n * dtype_size(dst_dt));
+      return;
+    }
+    for (uint64_t i = 0; i < n; ++i)
+      store(dst, dst_dt, i, load(src, src_dt, i));
+  }
+  void scale(Dtype dt, void* x, uint64_t n, double s) override {
+    require_float(dt, "scale");
+    if (dt == Dtype::kF32) {
+      cpu::scale_inplace(static_cast<float*>(x), n, static_cast<float>(s));
+      return;
+    }
+    for (uint64_t i = 0; i < n; ++i)
+      store(x, dt, i, load(x, dt, i) * s);
+  }
+  void axpy(Dtype dt, void* y, const void* x, uint64_t n, double a) override {
+    require_float(dt, "axpy");
+    if (dt == Dtype::kF32) {
+      float* fy = static_cast<float*>(y);
+      const float* fx = static_cast<const float*>(x);
+      const float fa = static_cast<float>(a);
+      for (uint64_t i = 0; i < n; ++i)
+        fy[i] += fa * fx[i];
+      return;
+    }
+    for (uint64_t i = 0; i < n; ++i)
+      store(y, dt, i, load(y, dt, i) + a * load(x, dt, i));
+  }
+  double sum_squares(Dtype dt, const void* x, uint64_t n) override {
+    require_float(dt, "sum_squares");
+    if (dt == Dtype::kF32) return cpu::sum_squares(static_cast<const float*>(x), n);
+    if (dt == Dtype::kF64) return cpu::sum_squares(static_cast<const double*>(x), n);
+    double s = 0.0;
+    for (uint64_t i = 0; i < n; ++i) {
+      const double v = load(x, dt, i);
+      s += v * v;
+    }
+    return s;
+  }
+  bool any_nonfinite(Dtype dt, const void* x, uint64_t n) override {
+    require_float(dt, "nonfinite");
+    for (uint64_t i = 0; i < n; ++i)
+      if (!std::isfinite(load(x, dt, i))) return true;
+    return false;
+  }
+
+  void copy(void* dst, const void* src, uint64_t bytes) override { std::memmove(dst, src, bytes); }
+  void upload(void* dst, const void* src, uint64_t bytes) override { std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, uint64_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void synchronize() override {}
+  void* host_alloc(uint64_t bytes) override { return std::malloc(bytes ? bytes : 1); }
+  void host_free(void* ptr) override { std::free(ptr); }
+
+ private:
+  // Rows of the token table the batch can touch: up to the largest token (the kernels index
+  // wte by token), so a widened copy need not cover the whole vocabulary.
+  static uint64_t vocab_rows(const int32_t* tokens, uint64_t n) {
+    int64_t top = -1;
+    for (uint64_t i = 0; i < n; ++i)
+      if (tokens[i] > top) top = tokens[i];
+    return uint64_t(top + 1);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() {
+  return std::make_unique<CpuBackend>();
+}
+
+}  // namespace headroom

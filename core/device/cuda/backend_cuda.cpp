@@ -1,0 +1,363 @@
+// The CUDA backend's op table: each Backend method dispatches on the storage dtype to the
+// launchers of kernels/cuda (float, bf16, f16; f64 is the CPU's alone) and enqueues them on one
+// compute stream.
+//
+// Streams: one compute stream for every op, and a side copy stream for upload(). An upload waits
+// for the compute work enqueued before it (its destination may still be read there: a batch
+// buffer reused by the next micro-step) and every op enqueued after it waits for the copy; so the
+// ops see the memory exactly as on the CPU backend, where upload is an immediate memcpy. The
+// copy still leaves the host thread at once, so the host can keep preparing work.
+// (Once every caller uploads into a buffer no pending op reads, e.g. double-buffered batches, the
+// wait on compute can go and the copy overlaps the step before it.)
+//
+// Every method makes the backend's device current first, so the backend may be driven from any
+// host thread (one at a time).
+#include "core/device/cuda/backend_cuda.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/ops.h"
+
+namespace headroom {
+
+namespace {
+
+using cuda::bf16;
+using cuda::f16;
+
+[[noreturn]] void unsupported_dtype(const char* op, Dtype dt) {
+  if (dt == Dtype::kF64)
+    throw OpError(std::string(op) +
+                  ": f64 is CPU-only (the gradient checks' dtype); the cuda backend computes "
+                  "f32, bf16 and f16");
+  throw OpError(std::string(op) + ": needs a floating-point dtype (f32, bf16, f16), got " +
+                dtype_name(dt));
+}
+
+// Runs fn with a value of the storage type for dt (float, bf16 or f16): fn's parameter type is
+// the element type the launcher is instantiated for.
+template <class Fn>
+void dispatch(Dtype dt, const char* op, Fn&& fn) {
+  switch (dt) {
+    case Dtype::kF32:
+      fn(float{});
+      return;
+    case Dtype::kBF16:
+      fn(bf16{});
+      return;
+    case Dtype::kF16:
+      fn(f16{});
+      return;
+    case Dtype::kF64:
+    case Dtype::kI32:
+      break;
+  }
+  unsupported_dtype(op, dt);
+}
+
+template <class S>
+S* as(void* p) {
+  return static_cast<S*>(p);
+}
+template <class S>
+const S* as(const void* p) {
+  return static_cast<const S*>(p);
+}
+
+// Owners of CUDA objects; teardown errors are ignored (destructors, possibly after the runtime is
+// shutting down).
+struct StreamDestroy {
+  void operator()(CUstream_st* s) const noexcept { (void)cudaStreamDestroy(s); }
+};
+struct EventDestroy {
+  void operator()(CUevent_st* e) const noexcept { (void)cudaEventDestroy(e); }
+};
+struct DeviceFree {
+  void operator()(void* p) const noexcept { (void)cudaFree(p); }
+};
+struct HostFree {
+  void operator()(void* p) const noexcept { (void)cudaFreeHost(p); }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    CUDA_CHECK(cudaSetDevice(device_));
+    cudaStream_t s = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    compute_.reset(s);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    copy_.reset(s);
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    computed_.reset(e);
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    uploaded_.reset(e);
+    ctx_ = std::make_unique<cuda::CudaContext>();
+    void* p = nullptr;
+    // [0] the result, [1..] the per-block partial sums of sum_squares.
+    CUDA_CHECK(cudaMalloc(&p, sizeof(double) * (1 + cuda::kSumSquaresBlocks)));
+    reduce_.reset(p);
+    CUDA_CHECK(cudaMalloc(&p, sizeof(int)));
+    flag_.reset(p);
+    CUDA_CHECK(cudaMallocHost(&p, sizeof(HostResult)));
+    result_.reset(p);
+  }
+  ~CudaBackend() override {
+    // Work still in flight may use the scratch and the handles released below.
+    (void)cudaSetDevice(device_);
+    (void)cudaStreamSynchronize(copy_.get());
+    (void)cudaStreamSynchronize(compute_.get());
+  }
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  // --- model ops
+  // ----------------------------------------------------------------------------------
+  void embedding_forward(Dtype dt, void* out, const int32_t* tokens, const void* wte,
+                         const void* wpe, int B, int T, int C) override {
+    on_device();
+    dispatch(dt, "embedding_forward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::embedding_forward(as<S>(out), tokens, as<S>(wte), as<S>(wpe), B, T, C, stream());
+    });
+  }
+  void embedding_backward(Dtype dt, void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
+                          int B, int T, int C) override {
+    on_device();
+    dispatch(dt, "embedding_backward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::embedding_backward(as<S>(dwte), as<S>(dwpe), as<S>(dout), tokens, B, T, C, stream());
+    });
+  }
+  void layernorm_forward(Dtype dt, void* out, void* mean, void* rstd, const void* inp,
+                         const void* weight, const void* bias, int N, int C) override {
+    on_device();
+    dispatch(dt, "layernorm_forward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::layernorm_forward(as<S>(out), as<float>(mean), as<float>(rstd), as<S>(inp),
+                              as<S>(weight), as<S>(bias), N, C, stream());
+    });
+  }
+  void layernorm_backward(Dtype dt, void* dinp, void* dweight, void* dbias, const void* dout,
+                          const void* inp, const void* weight, const void* mean, const void* rstd,
+                          int N, int C) override {
+    on_device();
+    dispatch(dt, "layernorm_backward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::layernorm_backward(as<S>(dinp), as<S>(dweight), as<S>(dbias), as<S>(dout), as<S>(inp),
+                               as<S>(weight), as<float>(mean), as<float>(rstd), N, C, stream());
+    });
+  }
+  void matmul_forward(Dtype dt, void* out, const void* inp, const void* weight, const void* bias,
+                      int N, int C, int OC) override {
+    on_device();
+    dispatch(dt, "matmul_forward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::matmul_forward(*ctx_, as<S>(out), as<S>(inp), as<S>(weight), as<S>(bias), N, C, OC,
+                           stream());
+    });
+  }
+  void matmul_backward(Dtype dt, void* dinp, void* dweight, void* dbias, const void* dout,
+                       const void* inp, const void* weight, int N, int C, int OC) override {
+    on_device();
+    dispatch(dt, "matmul_backward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::matmul_backward(*ctx_, as<S>(dinp), as<S>(dweight), as<S>(dbias), as<S>(dout),
+                            as<S>(inp), as<S>(weight), N, C, OC, stream());
+    });
+  }
+  void attention_forward(Dtype dt, void* out, void* att, const void* qkv, int B, int T, int C,
+                         int NH) override {
+    on_device();
+    dispatch(dt, "attention_forward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::attention_forward(*ctx_, as<S>(out), as<S>(att), as<S>(qkv), B, T, C, NH, stream());
+    });
+  }
+  void attention_backward(Dtype dt, void* dqkv, void* scratch, const void* dout, const void* qkv,
+                          const void* att, int B, int T, int C, int NH) override {
+    on_device();
+    dispatch(dt, "attention_backward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::attention_backward(*ctx_, as<S>(dqkv), as<S>(scratch), as<S>(dout), as<S>(qkv),
+                               as<S>(att), B, T, C, NH, stream());
+    });
+  }
+  uint64_t attention_scratch_numel(int B, int T, int NH) const override {
+    return cuda::attention_scratch_numel(B, T, NH);
+  }
+  void gelu_forward(Dtype dt, void* out, const void* inp, uint64_t n) override {
+    on_device();
+    dispatch(dt, "gelu_forward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::gelu_forward(as<S>(out), as<S>(inp), n, stream());
+    });
+  }
+  void gelu_backward(Dtype dt, void* dinp, const void* inp, const void* dout, uint64_t n) override {
+    on_device();
+    dispatch(dt, "gelu_backward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::gelu_backward(as<S>(dinp), as<S>(inp), as<S>(dout), n, stream());
+    });
+  }
+  void add_inplace(Dtype dt, void* dst, const void* src, uint64_t n) override {
+    on_device();
+    dispatch(dt, "add_inplace", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::add_inplace(as<S>(dst), as<S>(src), n, stream());
+    });
+  }
+  void crossentropy_forward_backward(Dtype dt, void* logits, void* losses, const int32_t* targets,
+                                     int N, int V, double dloss) override {
+    on_device();
+    dispatch(dt, "crossentropy_forward_backward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::crossentropy_forward_backward(as<S>(logits), as<float>(losses), targets, N, V,
+                                          static_cast<float>(dloss), stream());
+    });
+  }
+
+  // --- optimizer updates (f32) -------------------------------------------------------------------
+  void adamw_update(float* param, const float* grad, float* m, float* v, uint64_t n, float lr,
+                    float beta1, float beta2, float eps, float weight_decay, int64_t t) override {
+    on_device();
+    cuda::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, stream());
+  }
+  void sgd_update(float* param, const float* grad, float* momentum_buf, uint64_t n, float lr,
+                  float momentum, float weight_decay) override {
+    on_device();
+    cuda::sgd_update(param, grad, momentum_buf, n, lr, momentum, weight_decay, stream());
+  }
+
+  // --- element-wise and reductions ---------------------------------------------------------------
+  void fill(Dtype dt, void* x, uint64_t n, double value) override {
+    on_device();
+    dispatch(dt, "fill", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::fill(as<S>(x), n, value, stream());
+    });
+  }
+  void cast(void* dst, Dtype dst_dt, const void* src, Dtype src_dt, uint64_t n) override {
+    on_device();
+    dispatch(dst_dt, "cast", [&](auto dst_tag) {
+      using D = decltype(dst_tag);
+      dispatch(src_dt, "cast", [&](auto src_tag) {
+        using S = decltype(src_tag);
+        cuda::cast(as<D>(dst), as<S>(src), n, stream());
+      });
+    });
+  }
+  void scale(Dtype dt, void* x, uint64_t n, double s) override {
+    on_device();
+    dispatch(dt, "scale", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::scale(as<S>(x), n, s, stream());
+    });
+  }
+  void axpy(Dtype dt, void* y, const void* x, uint64_t n, double a) override {
+    on_device();
+    dispatch(dt, "axpy", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::axpy(as<S>(y), as<S>(x), n, a, stream());
+    });
+  }
+  double sum_squares(Dtype dt, const void* x, uint64_t n) override {
+    on_device();
+    double* d = static_cast<double*>(reduce_.get());
+    dispatch(dt, "sum_squares", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::sum_squares(d, d + 1, as<S>(x), n, stream());
+    });
+    HostResult* r = result();
+    CUDA_CHECK(cudaMemcpyAsync(&r->sum, d, sizeof(double), cudaMemcpyDeviceToHost, stream()));
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+    return r->sum;
+  }
+  bool any_nonfinite(Dtype dt, const void* x, uint64_t n) override {
+    on_device();
+    int* flag = static_cast<int*>(flag_.get());
+    dispatch(dt, "any_nonfinite", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::any_nonfinite(flag, as<S>(x), n, stream());
+    });
+    HostResult* r = result();
+    CUDA_CHECK(cudaMemcpyAsync(&r->flag, flag, sizeof(int), cudaMemcpyDeviceToHost, stream()));
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+    return r->flag != 0;
+  }
+
+  // --- memory ------------------------------------------------------------------------------------
+  void copy(void* dst, const void* src, uint64_t bytes) override {
+    if (bytes == 0) return;
+    on_device();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+  }
+  void upload(void* dst, const void* src, uint64_t bytes) override {
+    if (bytes == 0) return;
+    on_device();
+    // After the compute work already enqueued (it may still read dst), before every op after.
+    CUDA_CHECK(cudaEventRecord(computed_.get(), compute_.get()));
+    CUDA_CHECK(cudaStreamWaitEvent(copy_.get(), computed_.get(), 0));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_.get()));
+    CUDA_CHECK(cudaEventRecord(uploaded_.get(), copy_.get()));
+    CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), uploaded_.get(), 0));
+  }
+  void download(void* dst, const void* src, uint64_t bytes) override {
+    if (bytes == 0) return;
+    on_device();
+    // On the compute stream: after every op before it, and after every upload (the compute stream
+    // waits for each).
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
+  void synchronize() override {
+    on_device();
+    CUDA_CHECK(cudaStreamSynchronize(copy_.get()));
+    CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+  }
+  void* host_alloc(uint64_t bytes) override {
+    on_device();
+    void* p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, bytes > 0 ? bytes : 1));
+    return p;
+  }
+  void host_free(void* ptr) override {
+    if (ptr != nullptr) (void)cudaFreeHost(ptr);
+  }
+  void* native_stream() override { return compute_.get(); }
+
+ private:
+  // Page-locked, so the reductions' results come back by DMA on the compute stream.
+  struct HostResult {
+    double sum;
+    int flag;
+  };
+
+  void on_device() const { CUDA_CHECK(cudaSetDevice(device_)); }
+  cudaStream_t stream() const { return compute_.get(); }
+  HostResult* result() const { return static_cast<HostResult*>(result_.get()); }
+
+  int device_;
+  std::unique_ptr<CUstream_st, StreamDestroy> compute_;
+  std::unique_ptr<CUstream_st, StreamDestroy> copy_;
+  std::unique_ptr<CUevent_st, EventDestroy> computed_;  // compute work before an upload
+  std::unique_ptr<CUevent_st, EventDestroy> uploaded_;  // the last upload
+  std::unique_ptr<cuda::CudaContext> ctx_;
+  std::unique_ptr<void, DeviceFree> reduce_;  // sum_squares: result + partials (doubles)
+  std::unique_ptr<void, DeviceFree> flag_;    // any_nonfinite's flag (int)
+  std::unique_ptr<void, HostFree> result_;    // HostResult, pinned
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  return std::make_unique<CudaBackend>(device);
+}
+
+}  // namespace headroom

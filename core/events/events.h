@@ -1,0 +1,47 @@
+// The events of the training loop (DESIGN.md, "The loop and its events"). The trainer fires them;
+// listeners — the plugin host, once plugins load — receive them in registration order.
+#pragma once
+
+#include <cstdint>
+
+#include "core/device/memory.h"
+
+namespace headroom {
+
+enum class Event : int {
+  kTrainBegin = 0,
+  kTrainEnd,
+  kStepBegin,
+  kStepEnd,
+  kForwardBegin,   // per layer
+  kForwardEnd,     // per layer
+  kBackwardBegin,  // per layer
+  kBackwardEnd,    // per layer
+  kGradsReady,     // every micro-step's gradient accumulated (and reduced across ranks)
+  kOptimizerStep,  // just before the optimizer updates the parameters
+  kAlloc,
+  kFree,
+  kOom,
+};
+constexpr int kNumEvents = 13;
+const char* event_name(Event e);  // "TRAIN_BEGIN", ...
+
+struct EventInfo {
+  Event event = Event::kTrainBegin;
+  int64_t step = 0;    // 1-based optimizer step; 0 outside steps
+  int micro_step = 0;  // 1-based within the step; 0 outside micro-steps
+  int layer = -1;      // FORWARD_* / BACKWARD_*
+  // ALLOC / FREE / OOM
+  const void* ptr = nullptr;
+  uint64_t bytes = 0;
+  Category category = Category::kWorkspace;
+};
+
+class EventListener {
+ public:
+  virtual ~EventListener() = default;
+  // Called on the training thread, in loop order.
+  virtual void on_event(const EventInfo& info) = 0;
+};
+
+}  // namespace headroom

@@ -1,0 +1,591 @@
+#include "core/model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+
+namespace headroom {
+
+namespace {
+
+// Normal samples from a seeded mt19937_64 through Box-Muller: std::normal_distribution differs
+// between standard libraries, and the same seed must give the same model everywhere.
+class NormalRng {
+ public:
+  explicit NormalRng(uint64_t seed) : rng_(seed) {}
+  double next() {
+    if (have_spare_) {
+      have_spare_ = false;
+      return spare_;
+    }
+    double u1 = uniform(), u2 = uniform();
+    if (u1 < 1e-300) u1 = 1e-300;
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    spare_ = r * std::sin(2.0 * M_PI * u2);
+    have_spare_ = true;
+    return r * std::cos(2.0 * M_PI * u2);
+  }
+
+ private:
+  double uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
+  std::mt19937_64 rng_;
+  bool have_spare_ = false;
+  double spare_ = 0.0;
+};
+
+// Parameters are initialised on the host and uploaded: the same values on every backend.
+template <class T>
+void upload(Device& device, Param<T>& p, const std::vector<T>& host) {
+  device.backend().upload(p.data(), host.data(), p.numel * sizeof(T));
+  device.backend().synchronize();  // `host` goes out of scope
+}
+
+template <class T>
+void fill_normal(Device& device, Param<T>& p, NormalRng& rng, double std) {
+  std::vector<T> host(p.numel);
+  for (T& v : host)
+    v = static_cast<T>(rng.next() * std);
+  upload(device, p, host);
+}
+
+template <class T>
+void fill_value(Device& device, Param<T>& p, T v) {
+  upload(device, p, std::vector<T>(p.numel, v));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embedding: tokens (B, T) -> wte[token] + wpe[position] (B, T, C)
+
+template <class T>
+class Embedding final : public Layer<T> {
+ public:
+  Embedding(const ModelConfig& m, Device& device, Dtype dt)
+      : Layer<T>("embedding", device, dt), m_(m) {
+    wte_ = &this->add_param("wte.weight", {m.vocab_size, m.n_embd}, true);
+    wpe_ = &this->add_param("wpe.weight", {m.seq_len, m.n_embd}, true);
+  }
+  Param<T>& wte() { return *wte_; }
+  Param<T>& wpe() { return *wpe_; }
+
+  void forward(const void*, const Batch& b) override {
+    out_ = this->save(uint64_t(b.B) * b.T * m_.n_embd, "out (B, T, C)");
+    this->ops().embedding_forward(this->dt_, out_, b.tokens, wte_->cdata(), wpe_->cdata(), b.B, b.T,
+                                  m_.n_embd);
+  }
+  void backward(void*, const void* dout, const void*, const Batch& b) override {
+    this->ops().embedding_backward(this->dt_, wte_->cgrad(), wpe_->cgrad(), dout, b.tokens, b.B,
+                                   b.T, m_.n_embd);
+  }
+  const void* output() const override { return out_; }
+
+ private:
+  ModelConfig m_;
+  Param<T>* wte_;
+  Param<T>* wpe_;
+  void* out_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Transformer block, pre-LayerNorm:
+//   res1 = x + attn_proj(attention(qkv(ln_1(x))))
+//   out  = res1 + mlp_proj(gelu(fc(ln_2(res1))))
+
+template <class T>
+class Block final : public Layer<T> {
+ public:
+  Block(int index, const ModelConfig& m, Device& device, Dtype dt)
+      : Layer<T>("block " + std::to_string(index), device, dt), m_(m) {
+    const int64_t C = m.n_embd;
+    const std::string h = "h." + std::to_string(index) + ".";
+    ln1w_ = &this->add_param(h + "ln_1.weight", {C}, false);
+    ln1b_ = &this->add_param(h + "ln_1.bias", {C}, false);
+    qkvw_ = &this->add_param(h + "attn.c_attn.weight", {3 * C, C}, true);
+    qkvb_ = &this->add_param(h + "attn.c_attn.bias", {3 * C}, false);
+    projw_ = &this->add_param(h + "attn.c_proj.weight", {C, C}, true);
+    projb_ = &this->add_param(h + "attn.c_proj.bias", {C}, false);
+    ln2w_ = &this->add_param(h + "ln_2.weight", {C}, false);
+    ln2b_ = &this->add_param(h + "ln_2.bias", {C}, false);
+    fcw_ = &this->add_param(h + "mlp.c_fc.weight", {4 * C, C}, true);
+    fcb_ = &this->add_param(h + "mlp.c_fc.bias", {4 * C}, false);
+    fcprojw_ = &this->add_param(h + "mlp.c_proj.weight", {C, 4 * C}, true);
+    fcprojb_ = &this->add_param(h + "mlp.c_proj.bias", {C}, false);
+  }
+
+  void init(NormalRng& rng, double proj_std) {
+    Device& d = this->device_;
+    fill_value<T>(d, *ln1w_, 1);
+    fill_value<T>(d, *ln1b_, 0);
+    fill_normal(d, *qkvw_, rng, 0.02);
+    fill_value<T>(d, *qkvb_, 0);
+    fill_normal(d, *projw_, rng, proj_std);
+    fill_value<T>(d, *projb_, 0);
+    fill_value<T>(d, *ln2w_, 1);
+    fill_value<T>(d, *ln2b_, 0);
+    fill_normal(d, *fcw_, rng, 0.02);
+    fill_value<T>(d, *fcb_, 0);
+    fill_normal(d, *fcprojw_, rng, proj_std);
+    fill_value<T>(d, *fcprojb_, 0);
+  }
+
+  void forward(const void* x, const Batch& b) override {
+    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = m_.n_head;
+    const uint64_t N = uint64_t(B) * Tn;
+    const Dtype st = stat_dtype(this->dt_);
+    Backend& ops = this->ops();
+    const Dtype dt = this->dt_;
+    // Cheap (a selective drop frees them): the LayerNorm outputs and statistics, the attention
+    // probabilities and output, the GELU output. Kept: the GEMM outputs qkv, res1, fc and out.
+    ln1_ = this->save(N * C, "ln_1 (B, T, C)", true);
+    ln1_mean_ = this->save(N, "ln_1 mean (B, T)", true, st);
+    ln1_rstd_ = this->save(N, "ln_1 rstd (B, T)", true, st);
+    qkv_ = this->save(N * 3 * C, "qkv (B, T, 3C)");
+    att_ = this->save(uint64_t(B) * NH * Tn * Tn, "att (B, NH, T, T)", true);
+    atty_ = this->save(N * C, "attention out (B, T, C)", true);
+    res1_ = this->save(N * C, "residual (B, T, C)");
+    ln2_ = this->save(N * C, "ln_2 (B, T, C)", true);
+    ln2_mean_ = this->save(N, "ln_2 mean (B, T)", true, st);
+    ln2_rstd_ = this->save(N, "ln_2 rstd (B, T)", true, st);
+    fch_ = this->save(N * 4 * C, "fc (B, T, 4C)");
+    fch_gelu_ = this->save(N * 4 * C, "gelu (B, T, 4C)", true);
+    out_ = this->save(N * C, "out (B, T, C)");
+
+    ln1_forward(x, N, C);
+    ops.matmul_forward(dt, qkv_, ln1_, qkvw_->cdata(), qkvb_->cdata(), N, C, 3 * C);
+    ops.attention_forward(dt, atty_, att_, qkv_, B, Tn, C, NH);
+    // The projection is written straight into res1 and the residual added in place: no separate
+    // (B, T, C) buffer for the projection, which backward does not need.
+    ops.matmul_forward(dt, res1_, atty_, projw_->cdata(), projb_->cdata(), N, C, C);
+    ops.add_inplace(dt, res1_, x, N * C);
+    ln2_forward(N, C);
+    ops.matmul_forward(dt, fch_, ln2_, fcw_->cdata(), fcb_->cdata(), N, C, 4 * C);
+    ops.gelu_forward(dt, fch_gelu_, fch_, N * 4 * C);
+    ops.matmul_forward(dt, out_, fch_gelu_, fcprojw_->cdata(), fcprojb_->cdata(), N, 4 * C, C);
+    ops.add_inplace(dt, out_, res1_, N * C);
+  }
+
+  // After a selective drop: the cheap tensors again, from x, qkv, res1 and fc, through the calls
+  // forward() makes — the same kernels on the same inputs, so on the CPU bitwise the originals.
+  // The GEMMs (qkv, the projections, fc) are not run again: that is the point.
+  void recompute_cheap(const void* x, const Batch& b) override {
+    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = m_.n_head;
+    const uint64_t N = uint64_t(B) * Tn;
+    const Dtype st = stat_dtype(this->dt_);
+    ln1_ = this->save(N * C, "ln_1 (B, T, C)", true);
+    ln1_mean_ = this->save(N, "ln_1 mean (B, T)", true, st);
+    ln1_rstd_ = this->save(N, "ln_1 rstd (B, T)", true, st);
+    att_ = this->save(uint64_t(B) * NH * Tn * Tn, "att (B, NH, T, T)", true);
+    atty_ = this->save(N * C, "attention out (B, T, C)", true);
+    ln2_ = this->save(N * C, "ln_2 (B, T, C)", true);
+    ln2_mean_ = this->save(N, "ln_2 mean (B, T)", true, st);
+    ln2_rstd_ = this->save(N, "ln_2 rstd (B, T)", true, st);
+    fch_gelu_ = this->save(N * 4 * C, "gelu (B, T, 4C)", true);
+    out_ = nullptr;  // freed by Layer::recompute; backward does not read it
+
+    ln1_forward(x, N, C);
+    this->ops().attention_forward(this->dt_, atty_, att_, qkv_, B, Tn, C, NH);
+    ln2_forward(N, C);
+    this->ops().gelu_forward(this->dt_, fch_gelu_, fch_, N * 4 * C);
+  }
+
+  void backward(void* dx, const void* dout, const void* x, const Batch& b) override {
+    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = m_.n_head;
+    const uint64_t N = uint64_t(B) * Tn;
+    Backend& ops = this->ops();
+    const Dtype dt = this->dt_;
+    const uint64_t es = dtype_size(dt);
+    Buffer d4c_a = this->workspace(N * 4 * C, "dgelu (B, T, 4C)");
+    Buffer d4c_b = this->workspace(N * 4 * C, "dfc (B, T, 4C)");
+    Buffer dres1_buf = this->workspace(N * C, "dresidual (B, T, C)");
+    Buffer dtmp_buf = this->workspace(N * C, "dtmp (B, T, C)");
+    Buffer scratch = this->workspace(ops.attention_scratch_numel(B, Tn, NH), "attention scratch");
+    void* dgelu = d4c_a.as<void>();
+    void* dfch = d4c_b.as<void>();
+    void* dres1 = dres1_buf.as<void>();
+    void* dtmp = dtmp_buf.as<void>();
+
+    // MLP: out = res1 + fcproj(gelu(fc(ln_2(res1))))
+    ops.fill(dt, dgelu, N * 4 * C, 0.0);
+    ops.matmul_backward(dt, dgelu, fcprojw_->cgrad(), fcprojb_->cgrad(), dout, fch_gelu_,
+                        fcprojw_->cdata(), N, 4 * C, C);
+    ops.fill(dt, dfch, N * 4 * C, 0.0);
+    ops.gelu_backward(dt, dfch, fch_, dgelu, N * 4 * C);
+    ops.fill(dt, dtmp, N * C, 0.0);
+    ops.matmul_backward(dt, dtmp, fcw_->cgrad(), fcb_->cgrad(), dfch, ln2_, fcw_->cdata(), N, C,
+                        4 * C);
+    ops.copy(dres1, dout, N * C * es);  // the residual path
+    ops.layernorm_backward(dt, dres1, ln2w_->cgrad(), ln2b_->cgrad(), dtmp, res1_, ln2w_->cdata(),
+                           ln2_mean_, ln2_rstd_, N, C);
+
+    // Attention: res1 = x + proj(attention(qkv(ln_1(x))))
+    ops.fill(dt, dtmp, N * C, 0.0);
+    ops.matmul_backward(dt, dtmp, projw_->cgrad(), projb_->cgrad(), dres1, atty_, projw_->cdata(),
+                        N, C, C);
+    void* dqkv = dgelu;  // (B, T, 3C) fits in the (B, T, 4C) buffer, free again by now
+    ops.fill(dt, dqkv, N * 3 * C, 0.0);
+    ops.attention_backward(dt, dqkv, scratch.as<void>(), dtmp, qkv_, att_, B, Tn, C, NH);
+    ops.fill(dt, dtmp, N * C, 0.0);
+    ops.matmul_backward(dt, dtmp, qkvw_->cgrad(), qkvb_->cgrad(), dqkv, ln1_, qkvw_->cdata(), N, C,
+                        3 * C);
+    ops.copy(dx, dres1, N * C * es);
+    ops.layernorm_backward(dt, dx, ln1w_->cgrad(), ln1b_->cgrad(), dtmp, x, ln1w_->cdata(),
+                           ln1_mean_, ln1_rstd_, N, C);
+  }
+  const void* output() const override { return out_; }
+  bool recomputable() const override { return true; }
+
+ private:
+  // Shared by forward() and recompute_cheap(), so the two cannot drift apart.
+  void ln1_forward(const void* x, uint64_t N, int C) {
+    this->ops().layernorm_forward(this->dt_, ln1_, ln1_mean_, ln1_rstd_, x, ln1w_->cdata(),
+                                  ln1b_->cdata(), N, C);
+  }
+  void ln2_forward(uint64_t N, int C) {
+    this->ops().layernorm_forward(this->dt_, ln2_, ln2_mean_, ln2_rstd_, res1_, ln2w_->cdata(),
+                                  ln2b_->cdata(), N, C);
+  }
+
+  ModelConfig m_;
+  Param<T>*ln1w_, *ln1b_, *qkvw_, *qkvb_, *projw_, *projb_, *ln2w_, *ln2b_, *fcw_, *fcb_, *fcprojw_,
+      *fcprojb_;
+  void *ln1_ = nullptr, *ln1_mean_ = nullptr, *ln1_rstd_ = nullptr, *qkv_ = nullptr,
+       *att_ = nullptr, *atty_ = nullptr, *res1_ = nullptr, *ln2_ = nullptr, *ln2_mean_ = nullptr,
+       *ln2_rstd_ = nullptr, *fch_ = nullptr, *fch_gelu_ = nullptr, *out_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Head: final LayerNorm, logits through the tied token embedding, fused softmax + cross-entropy.
+
+template <class T>
+class Head final : public Layer<T> {
+ public:
+  Head(const ModelConfig& m, Device& device, Dtype dt, Param<T>& wte)
+      : Layer<T>("head", device, dt), m_(m), wte_(wte) {
+    lnfw_ = &this->add_param("ln_f.weight", {m.n_embd}, false);
+    lnfb_ = &this->add_param("ln_f.bias", {m.n_embd}, false);
+  }
+  void init() {
+    fill_value<T>(this->device_, *lnfw_, 1);
+    fill_value<T>(this->device_, *lnfb_, 0);
+  }
+  double loss() const { return loss_; }
+
+  void forward(const void* x, const Batch& b) override {
+    const int C = m_.n_embd, V = m_.vocab_size;
+    const uint64_t N = uint64_t(b.B) * b.T;
+    const Dtype dt = this->dt_, st = stat_dtype(dt);
+    Backend& ops = this->ops();
+    lnf_ = this->save(N * C, "ln_f (B, T, C)");
+    lnf_mean_ = this->save(N, "ln_f mean (B, T)", false, st);
+    lnf_rstd_ = this->save(N, "ln_f rstd (B, T)", false, st);
+    logits_ = this->save(N * V, "logits (B, T, V)");
+    void* losses = this->save(N, "losses (B, T)", false, st);
+
+    ops.layernorm_forward(dt, lnf_, lnf_mean_, lnf_rstd_, x, lnfw_->cdata(), lnfb_->cdata(), N, C);
+    ops.matmul_forward(dt, logits_, lnf_, wte_.cdata(), nullptr, N, C, V);
+    // logits (B, T, V) become dlogits in place: no second (B, T, V) buffer.
+    ops.crossentropy_forward_backward(dt, logits_, losses, b.targets, N, V, b.dloss);
+    // The mean loss, on the host: (B, T) values, one small copy per micro-step.
+    std::vector<double> host(N);
+    if (st == Dtype::kF64) {
+      ops.download(host.data(), losses, N * sizeof(double));
+    } else {
+      std::vector<float> f(N);
+      ops.download(f.data(), losses, N * sizeof(float));
+      std::copy(f.begin(), f.end(), host.begin());
+    }
+    const int32_t* targets = b.host_targets ? b.host_targets : b.targets;
+    double sum = 0.0;
+    uint64_t counted = 0;
+    for (uint64_t i = 0; i < N; ++i) {
+      if (targets[i] < 0) continue;
+      sum += host[i];
+      ++counted;
+    }
+    loss_ = counted ? sum / counted : 0.0;
+  }
+
+  void backward(void* dx, const void*, const void* x, const Batch& b) override {
+    const int C = m_.n_embd, V = m_.vocab_size;
+    const uint64_t N = uint64_t(b.B) * b.T;
+    const Dtype dt = this->dt_;
+    Backend& ops = this->ops();
+    Buffer dlnf_buf = this->workspace(N * C, "dln_f (B, T, C)");
+    void* dlnf = dlnf_buf.as<void>();
+    ops.fill(dt, dlnf, N * C, 0.0);
+    ops.matmul_backward(dt, dlnf, wte_.cgrad(), nullptr, logits_, lnf_, wte_.cdata(), N, C, V);
+    ops.fill(dt, dx, N * C, 0.0);
+    ops.layernorm_backward(dt, dx, lnfw_->cgrad(), lnfb_->cgrad(), dlnf, x, lnfw_->cdata(),
+                           lnf_mean_, lnf_rstd_, N, C);
+  }
+
+ private:
+  ModelConfig m_;
+  Param<T>& wte_;  // tied: owned by the embedding
+  Param<T>*lnfw_, *lnfb_;
+  void *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr;
+  double loss_ = 0.0;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Layer
+
+template <class T>
+uint64_t Layer<T>::saved_bytes() const {
+  uint64_t total = 0;
+  for (const SavedActivation& a : saved_)
+    total += a.buffer.bytes();
+  return total;
+}
+
+template <class T>
+void Layer<T>::drop_activations(Drop what) {
+  if (what != Drop::kAll && what != Drop::kCheap)
+    throw std::logic_error("drop " + std::to_string(static_cast<uint32_t>(what)) +
+                           " is neither all (0) nor cheap (1)");
+  if (!recomputable())
+    throw std::logic_error(name_ +
+                           " cannot drop its activations: only transformer blocks can be "
+                           "recomputed (the embedding and the head cannot)");
+  const void* out = output();
+  auto is_output = [&](const SavedActivation& a) {
+    return out && a.buffer.template as<const void>() == out;
+  };
+  if (std::none_of(saved_.begin(), saved_.end(), is_output))
+    throw std::logic_error(name_ +
+                           " holds no activations to drop (it has not run forward, or "
+                           "its backward is done)");
+  // The output stays where it is (the next layer reads it); so does every non-cheap tensor for a
+  // selective drop. The rest is freed; the survivors are moved, their memory stays put.
+  std::vector<SavedActivation> kept;
+  for (SavedActivation& a : saved_)
+    if (is_output(a) || (what == Drop::kCheap && !a.cheap)) kept.push_back(std::move(a));
+  saved_ = std::move(kept);
+  recompute_ =
+      what == Drop::kAll || recompute_ == Recompute::kAll ? Recompute::kAll : Recompute::kCheap;
+}
+
+template <class T>
+void Layer<T>::recompute(const void* input, const Batch& batch) {
+  const Recompute mode = recompute_;
+  if (mode == Recompute::kNone) return;
+  if (mode == Recompute::kAll) {
+    release_activations();
+    forward(input, batch);
+    return;
+  }
+  const void* out = output();
+  saved_.erase(std::remove_if(saved_.begin(), saved_.end(),
+                              [&](const SavedActivation& a) {
+                                return a.buffer.template as<const void>() == out;
+                              }),
+               saved_.end());
+  recompute_cheap(input, batch);
+  recompute_ = Recompute::kNone;
+}
+
+template <class T>
+Param<T>& Layer<T>::add_param(const std::string& name, std::vector<int64_t> shape, bool decay) {
+  auto p = std::make_unique<Param<T>>();
+  p->name = name;
+  p->numel = 1;
+  for (int64_t d : shape)
+    p->numel *= static_cast<uint64_t>(d);
+  p->shape = std::move(shape);
+  p->decay = decay;
+  p->value = Buffer(device_, p->numel * sizeof(T), Category::kParameters, name);
+  p->grad = Buffer(device_, p->numel * sizeof(T), Category::kGradients, name + " grad");
+  ops().fill(dtype_of<T>(), p->gdata(), p->numel, 0.0);
+  if (dt_ != dtype_of<T>()) {
+    const uint64_t bytes = p->numel * dtype_size(dt_);
+    p->compute = Buffer(device_, bytes, Category::kParameters, name + " (" + dtype_name(dt_) + ")");
+    p->compute_grad = Buffer(device_, bytes, Category::kGradients,
+                             name + " grad (" + std::string(dtype_name(dt_)) + ")");
+    ops().fill(dt_, p->cgrad(), p->numel, 0.0);
+  }
+  params_.push_back(std::move(p));
+  return *params_.back();
+}
+
+template <class T>
+void* Layer<T>::save(uint64_t numel, const char* what, bool cheap) {
+  return save(numel, what, cheap, dt_);
+}
+
+template <class T>
+void* Layer<T>::save(uint64_t numel, const char* what, bool cheap, Dtype dtype) {
+  SavedActivation a;
+  a.cheap = cheap;
+  a.dtype = dtype;
+  a.buffer = Buffer(device_, numel * dtype_size(dtype), Category::kActivations,
+                    name_ + " activations: " + what);
+  a.what = what;
+  a.numel = numel;
+  saved_.push_back(std::move(a));
+  return saved_.back().buffer.template as<void>();
+}
+
+template <class T>
+Buffer Layer<T>::workspace(uint64_t numel, const char* what) {
+  return Buffer(device_, numel * dtype_size(dt_), Category::kWorkspace,
+                name_ + " backward: " + what);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gpt
+
+template <class T>
+Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, Dtype compute)
+    : config_(config), device_(device), dt_(compute) {
+  const bool ok = compute == dtype_of<T>() || (dtype_of<T>() == Dtype::kF32 &&
+                                               (compute == Dtype::kBF16 || compute == Dtype::kF16));
+  if (!ok)
+    throw std::invalid_argument(std::string("a model with ") + dtype_name(dtype_of<T>()) +
+                                " parameters cannot compute in " + dtype_name(compute) +
+                                " (valid: its own dtype; bf16 or f16 for f32 parameters)");
+  auto emb = std::make_unique<Embedding<T>>(config, device, compute);
+  Embedding<T>& e = *emb;
+  layers_.push_back(std::move(emb));
+  for (int l = 0; l < config.n_layer; ++l)
+    layers_.push_back(std::make_unique<Block<T>>(l, config, device, compute));
+  auto head = std::make_unique<Head<T>>(config, device, compute, e.wte());
+  Head<T>& h = *head;
+  layers_.push_back(std::move(head));
+
+  // GPT-2 init, in a fixed order: wte, wpe, then each block.
+  NormalRng rng(seed);
+  fill_normal(device, e.wte(), rng, 0.02);
+  fill_normal(device, e.wpe(), rng, 0.02);
+  const double proj_std = 0.02 / std::sqrt(2.0 * config.n_layer);
+  for (int l = 0; l < config.n_layer; ++l)
+    static_cast<Block<T>&>(*layers_[1 + l]).init(rng, proj_std);
+  h.init();
+  sync_compute_params();
+}
+
+template <class T>
+Gpt<T>::~Gpt() = default;
+
+template <class T>
+double Gpt<T>::forward(const Batch& batch, LayerEvents* events) {
+  const void* x = nullptr;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (events) events->forward_begin(static_cast<int>(l));
+    layers_[l]->forward(x, batch);
+    x = layers_[l]->output();
+    if (events) events->forward_end(static_cast<int>(l));
+  }
+  return static_cast<const Head<T>&>(*layers_.back()).loss();
+}
+
+template <class T>
+void Gpt<T>::backward(const Batch& batch, LayerEvents* events) {
+  const uint64_t n = uint64_t(batch.B) * batch.T * config_.n_embd;
+  // Two (B, T, C) buffers in turn: the gradient flowing into a layer and the one it passes down.
+  const uint64_t bytes = n * dtype_size(dt_);
+  Buffer a(device_, bytes, Category::kWorkspace, "backward: dresidual (B, T, C)");
+  Buffer b(device_, bytes, Category::kWorkspace, "backward: dresidual (B, T, C)");
+  void* dout = a.as<void>();
+  void* dinput = b.as<void>();
+  for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
+    if (events) events->backward_begin(l);
+    const void* input = l > 0 ? layers_[l - 1]->output() : nullptr;
+    // A dropped layer's kept output is not needed by its backward: recompute() frees it first,
+    // so the recomputation holds one block's activations, not one and an output.
+    if (layers_[l]->needs_recompute()) layers_[l]->recompute(input, batch);
+    layers_[l]->backward(l > 0 ? dinput : nullptr, dout, input, batch);
+    layers_[l]->release_activations();
+    std::swap(dout, dinput);
+    if (events) events->backward_end(l);
+  }
+  accumulate_compute_grads();
+}
+
+template <class T>
+void Gpt<T>::accumulate_compute_grads() {
+  if (!has_compute_copies()) return;
+  // grad (f32) += compute_grad, widened through a bounded f32 workspace: casting a whole
+  // gradient would need a buffer the size of the largest parameter (wte: V·C).
+  constexpr uint64_t kChunk = uint64_t(1) << 20;
+  uint64_t largest = 0;
+  for (Param<T>* p : params())
+    largest = std::max(largest, p->numel);
+  const uint64_t chunk = std::min(kChunk, largest);
+  Buffer wide(device_, chunk * sizeof(T), Category::kWorkspace, "gradient accumulation (fp32)");
+  Backend& ops = device_.backend();
+  const uint64_t es = dtype_size(dt_);
+  for (Param<T>* p : params()) {
+    for (uint64_t at = 0; at < p->numel; at += chunk) {
+      const uint64_t n = std::min(chunk, p->numel - at);
+      ops.cast(wide.as<T>(), dtype_of<T>(), p->compute_grad.template as<char>() + at * es, dt_, n);
+      ops.axpy(dtype_of<T>(), p->gdata() + at, wide.as<T>(), n, 1.0);
+    }
+    ops.fill(dt_, p->cgrad(), p->numel, 0.0);  // ready for the next micro-step
+  }
+}
+
+template <class T>
+void Gpt<T>::drop_activations(int layer, Drop what) {
+  if (layer < 0 || layer >= static_cast<int>(layers_.size()))
+    throw std::logic_error("layer " + std::to_string(layer) + " does not exist (the model has " +
+                           std::to_string(layers_.size()) + " layers)");
+  layers_[layer]->drop_activations(what);
+}
+
+template <class T>
+void Gpt<T>::zero_grad() {
+  for (Param<T>* p : params()) {
+    device_.backend().fill(dtype_of<T>(), p->gdata(), p->numel, 0.0);
+    if (has_compute_copies()) device_.backend().fill(dt_, p->cgrad(), p->numel, 0.0);
+  }
+}
+
+template <class T>
+void Gpt<T>::release_activations() {
+  for (auto& layer : layers_)
+    layer->release_activations();
+}
+
+template <class T>
+std::vector<Param<T>*> Gpt<T>::params() const {
+  std::vector<Param<T>*> out;
+  for (const auto& layer : layers_)
+    for (const auto& p : layer->params())
+      out.push_back(p.get());
+  return out;
+}
+
+template <class T>
+uint64_t Gpt<T>::num_params() const {
+  uint64_t n = 0;
+  for (Param<T>* p : params())
+    n += p->numel;
+  return n;
+}
+
+template class Layer<float>;
+template class Layer<double>;
+template class Gpt<float>;
+template class Gpt<double>;
+
+uint64_t gpt_num_params(const ModelConfig& m) {
+  const uint64_t C = m.n_embd, L = m.n_layer;
+  // wte + wpe + per block (ln_1, c_attn, c_proj, ln_2, c_fc, mlp c_proj) + ln_f
+  const uint64_t per_block =
+      2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (4 * C * C + 4 * C) + (4 * C * C + C);
+  return uint64_t(m.vocab_size) * C + uint64_t(m.seq_len) * C + L * per_block + 2 * C;
+}
+
+uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt) {
+  const uint64_t N = uint64_t(B) * T, C = m.n_embd;
+  // ln_1, qkv (3), attention out, residual, ln_2, fc (4), gelu (4), out: 16·N·C and the
+  // (B, NH, T, T) attention probabilities in the compute dtype; four (B, T) LayerNorm statistics
+  // in the statistics' dtype.
+  return dtype_size(dt) * (16 * N * C + uint64_t(B) * m.n_head * T * T) +
+         dtype_size(stat_dtype(dt)) * 4 * N;
+}
+
+}  // namespace headroom

@@ -1,0 +1,232 @@
+// GPT-2 as a list of layers — embedding, n_layer transformer blocks, head — each owning its
+// parameters and the activations it saves for backward, so a strategy can drop a layer's
+// activations and recompute them.
+//
+// The model is a template over the element type of its master parameters and their accumulated
+// gradients: float for training, double for gradient checks. Everything the layers compute —
+// activations, and the compute copies of the parameters with their per-micro-step gradients — is
+// in the model's compute dtype: T's own (f32, f64), or bf16 / f16 when a plugin (amp) asks for
+// them. All of it runs on the device's op table (core/device/backend.h), so the one model trains on the
+// CPU and on CUDA.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/device/device.h"
+
+namespace headroom {
+
+// One micro-batch as the layers see it.
+struct Batch {
+  const int32_t* tokens = nullptr;   // (B, T)
+  const int32_t* targets = nullptr;  // (B, T); a target < 0 is ignored
+  int B = 0;
+  int T = 0;
+  double dloss = 0.0;  // d(objective)/d(per-token loss): 1 / (B·T·grad_accum) times the loss scale
+  // The targets in host memory, for counting the tokens of the loss; null when `targets` is host
+  // memory itself (the CPU backend).
+  const int32_t* host_targets = nullptr;
+};
+
+// The dtype of a native element type.
+template <class T>
+constexpr Dtype dtype_of();
+template <>
+constexpr Dtype dtype_of<float>() {
+  return Dtype::kF32;
+}
+template <>
+constexpr Dtype dtype_of<double>() {
+  return Dtype::kF64;
+}
+
+template <class T>
+struct Param {
+  std::string name;            // Hugging Face GPT-2 name: "h.3.attn.c_attn.weight"
+  std::vector<int64_t> shape;  // ours is (out, in) for matrices, as llm.c
+  bool decay = false;          // weight decay applies: matrices and embeddings, not biases or gains
+  Buffer value;                // the master copy, what the optimizer updates
+  Buffer grad;                 // its gradient, accumulated over the step's micro-steps
+  // Only with a compute dtype other than T's: the copy the layers compute with (cast from value
+  // after every update) and its gradient for one micro-step (added into grad after each).
+  Buffer compute;
+  Buffer compute_grad;
+  uint64_t numel = 0;
+  T* data() const { return value.as<T>(); }
+  T* gdata() const { return grad.as<T>(); }
+  // What the layers read and write: the compute copy where there is one, else the master.
+  void* cdata() const { return compute ? compute.as<void>() : value.as<void>(); }
+  void* cgrad() const { return compute_grad ? compute_grad.as<void>() : grad.as<void>(); }
+};
+
+// One tensor a layer keeps from forward for backward.
+struct SavedActivation {
+  Buffer buffer;
+  std::string what;  // "qkv (B, T, 3C)"
+  uint64_t numel = 0;
+  Dtype dtype = Dtype::kF32;  // the compute dtype, or the statistics' (LayerNorm mean and rstd)
+  // Cheap to recompute from the tensors the layer keeps (LayerNorm, softmax, GELU outputs): a
+  // selective drop frees it, Layer::recompute_cheap() makes it again.
+  bool cheap = false;
+};
+
+// What drop_activations frees (the values are the C ABI's HR_DROP_ALL and HR_DROP_CHEAP).
+enum class Drop : uint32_t {
+  kAll = 0,    // everything but the output; backward re-runs the whole forward
+  kCheap = 1,  // only the tensors saved as cheap; backward recomputes just those (no GEMMs)
+};
+
+template <class T>
+class Layer {
+ public:
+  Layer(std::string name, Device& device, Dtype dtype)
+      : name_(std::move(name)), device_(device), dt_(dtype) {}
+  virtual ~Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  const std::string& name() const { return name_; }
+  const std::vector<std::unique_ptr<Param<T>>>& params() const { return params_; }
+
+  // Tensors are device memory of the compute dtype.
+  // input (B, T, C) is the previous layer's output (unused by the embedding). Saves what backward
+  // needs and, except for the head, leaves its output (B, T, C) in output().
+  virtual void forward(const void* input, const Batch& batch) = 0;
+  // dout (B, T, C) -> dinput (B, T, C), overwritten; parameter gradients (Param::cgrad)
+  // accumulate. The head takes no dout (its gradient starts at the loss); the embedding writes no
+  // dinput.
+  virtual void backward(void* dinput, const void* dout, const void* input, const Batch& batch) = 0;
+  virtual const void* output() const { return nullptr; }
+
+  // Frees every activation this layer saved (and forgets a pending recomputation).
+  void release_activations() {
+    saved_.clear();
+    recompute_ = Recompute::kNone;
+  }
+  uint64_t saved_bytes() const;
+  const std::vector<SavedActivation>& saved() const { return saved_; }
+
+  // Activation recomputation. A layer that can be recomputed (a transformer block: its forward
+  // needs nothing but its input and its parameters) may drop every saved tensor after its forward
+  // except its output, the next layer's input; backward then runs its forward again from its
+  // input before its own backward. The embedding and the head cannot: their output is all they
+  // would keep, or nothing is left to drop.
+  virtual bool recomputable() const { return false; }
+  //
+  // Drop::kAll keeps only the tensor holding output(); Drop::kCheap (selective recomputation,
+  // Korthikanti et al. 2022) also keeps every tensor not saved as cheap — for a block the GEMM
+  // outputs — and frees the rest, which recompute_cheap() rebuilds from what was kept. Marks the
+  // layer for recomputation. Dropping again is harmless; kAll after kCheap drops the rest too,
+  // kCheap after kAll changes nothing. Throws std::logic_error for a layer that is not
+  // recomputable or holds no activations.
+  void drop_activations(Drop what = Drop::kAll);
+  bool needs_recompute() const { return recompute_ != Recompute::kNone; }
+  // Rebuilds what drop_activations freed, from `input` (the previous layer's output), before
+  // backward. The output is freed first in either case: backward reads dout, never the output,
+  // so the recomputation holds one tensor less.
+  void recompute(const void* input, const Batch& batch);
+
+ protected:
+  Param<T>& add_param(const std::string& name, std::vector<int64_t> shape, bool decay);
+  // A saved activation of `numel` elements of the compute dtype (or `dtype`), alive until
+  // release_activations(). `cheap`: see SavedActivation::cheap.
+  void* save(uint64_t numel, const char* what, bool cheap = false);
+  void* save(uint64_t numel, const char* what, bool cheap, Dtype dtype);
+  // Re-saves the cheap tensors after a Drop::kCheap and recomputes them from the kept ones with
+  // the forward's kernels. Only a layer that saves cheap tensors is ever asked to.
+  virtual void recompute_cheap(const void*, const Batch&) {}
+  // A scratch buffer of the compute dtype for backward, freed when the Buffer goes out of scope.
+  Buffer workspace(uint64_t numel, const char* what);
+  Backend& ops() { return device_.backend(); }
+
+  std::string name_;
+  Device& device_;
+  Dtype dt_;  // the compute dtype
+  std::vector<std::unique_ptr<Param<T>>> params_;
+  std::vector<SavedActivation> saved_;
+  // Dropped after forward: backward runs forward again (kAll) or recompute_cheap (kCheap) first.
+  enum class Recompute { kNone, kAll, kCheap };
+  Recompute recompute_ = Recompute::kNone;
+};
+
+// Layer l's forward and backward, announced around each call (the trainer turns them into
+// FORWARD_BEGIN/END and BACKWARD_BEGIN/END).
+class LayerEvents {
+ public:
+  virtual ~LayerEvents() = default;
+  virtual void forward_begin(int layer) = 0;
+  virtual void forward_end(int layer) = 0;
+  virtual void backward_begin(int layer) = 0;
+  virtual void backward_end(int layer) = 0;
+};
+
+template <class T>
+class Gpt {
+ public:
+  // Allocates parameters and gradients on `device` and initialises the parameters as GPT-2 does
+  // (normal 0.02, residual projections scaled by 1/sqrt(2·n_layer)), deterministically from seed.
+  // `compute`: the dtype the layers compute in — T's own, or bf16 / f16 for a float model, which
+  // then also holds compute copies of the parameters and their gradients (Param::compute).
+  // Throws std::invalid_argument for another combination.
+  Gpt(const ModelConfig& config, Device& device, uint64_t seed, Dtype compute = dtype_of<T>());
+  ~Gpt();
+
+  // Every layer's forward: returns the mean loss over the batch's (non-ignored) tokens. The head
+  // also writes the gradient of batch.dloss·sum(losses) w.r.t. the logits, ready for backward.
+  double forward(const Batch& batch, LayerEvents* events = nullptr);
+  // Every layer's backward, last to first, accumulating into the gradients and freeing each
+  // layer's activations as soon as it is done. A layer whose activations were dropped runs its
+  // forward again from its input (the previous layer's output) right after backward_begin: the
+  // same kernels on the same inputs, so its saved tensors are bitwise the originals; a layer that
+  // dropped only its cheap tensors recomputes just those. No forward_* events fire for the
+  // recomputation (its allocations do).
+  void backward(const Batch& batch, LayerEvents* events = nullptr);
+  // Layer `layer`'s Layer::drop_activations(), between its forward and its backward. Throws
+  // std::logic_error (with the reason) for an index out of range, the embedding or the head, or a
+  // layer that holds no activations.
+  void drop_activations(int layer, Drop what = Drop::kAll);
+  // Zeroes the gradients (master and compute).
+  void zero_grad();
+  // Casts every master parameter to its compute copy (round to nearest even): after the optimizer
+  // updated the masters, or after they were loaded. Nothing to do without compute copies.
+  // Inline, walking the layers: core/model/safetensors.cpp calls it and links without model.cpp (its
+  // fuzz target).
+  void sync_compute_params() {
+    if (!has_compute_copies()) return;
+    for (const auto& layer : layers_)
+      for (const auto& p : layer->params())
+        device_.backend().cast(p->cdata(), dt_, p->data(), dtype_of<T>(), p->numel);
+  }
+  Dtype compute_dtype() const { return dt_; }
+  bool has_compute_copies() const { return dt_ != dtype_of<T>(); }
+  // Frees every layer's saved activations: after a forward that has no backward (evaluation,
+  // gradient checks) or an abandoned micro-step.
+  void release_activations();
+
+  const ModelConfig& config() const { return config_; }
+  Device& device() const { return device_; }
+  const std::vector<std::unique_ptr<Layer<T>>>& layers() const { return layers_; }
+  std::vector<Param<T>*> params() const;
+  uint64_t num_params() const;
+
+ private:
+  // Adds each compute gradient of the micro-step into its master gradient, in fp32.
+  void accumulate_compute_grads();
+
+  ModelConfig config_;
+  Device& device_;
+  Dtype dt_;
+  std::vector<std::unique_ptr<Layer<T>>> layers_;
+};
+
+// Closed forms the tests check the tracker against.
+uint64_t gpt_num_params(const ModelConfig& m);
+// Bytes of activations one transformer block saves for a (B, T) micro-batch in compute dtype `dt`
+// (its LayerNorm statistics in stat_dtype(dt)).
+uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt);
+
+}  // namespace headroom

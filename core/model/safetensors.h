@@ -1,0 +1,46 @@
+// Weights in the safetensors format (https://github.com/huggingface/safetensors), with Hugging Face
+// GPT-2 names and layouts, so a model trained here opens in `transformers` and a pretrained GPT-2
+// checkpoint starts a run here.
+//
+// A file is an 8-byte little-endian header length N, N bytes of JSON mapping each tensor name to
+// {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the data section that
+// follows the header), then the data section. Every file read here is untrusted input: a bad one is
+// a ConfigError that names the file and says what is wrong, never a crash or a read past its end.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/model/model.h"
+
+namespace headroom {
+
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;  // "F32", "BF16" or "F16"
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // offsets relative to the data section
+};
+
+// Parses and validates a safetensors header from the first `size` bytes of a file of `file_size`
+// bytes (the 8-byte header length, then the JSON). Checks every length and offset against the file,
+// the dtypes (F32, BF16, F16), the shapes against the byte ranges, and that no two tensors overlap;
+// skips "__metadata__". Entries come sorted by name. Throws ConfigError("FILE: ...").
+std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* data, size_t size,
+                                                       uint64_t file_size, const std::string& file);
+
+// Writes every parameter as F32 under its Hugging Face GPT-2 name and layout: the Conv1D weights
+// (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are stored (in, out), ours are (out, in).
+// Written through an AtomicFile: a crash leaves the old file or the new one. OutputError when it
+// cannot be written.
+void save_safetensors(const std::string& path, const Gpt<float>& model);
+
+// Reads F32, BF16 or F16 tensors into the model's parameters, converting to float and transposing
+// the Conv1D weights back. Names may carry a "transformer." prefix; the attention-mask buffers
+// (h.N.attn.bias, h.N.attn.masked_bias) and an lm_head.weight tied to wte.weight are ignored. A
+// missing, unknown or mis-shaped tensor is a ConfigError naming it; nothing is changed then.
+void load_safetensors(const std::string& path, Gpt<float>& model);
+
+}  // namespace headroom

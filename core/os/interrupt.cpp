@@ -1,0 +1,64 @@
+#include "core/os/interrupt.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstring>
+
+namespace headroom {
+
+namespace {
+
+std::atomic<int> g_stop{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the handler must not lock");
+
+void write_stderr(const char* text) {
+  ssize_t ignored = ::write(STDERR_FILENO, text, std::strlen(text));
+  (void)ignored;
+}
+
+void on_stop_signal(int sig) {
+  int expected = 0;
+  if (!g_stop.compare_exchange_strong(expected, sig)) {
+    // The second signal: the user means it. Only async-signal-safe calls here.
+    write_stderr("\nheadroom: second signal: exiting now\n");
+    ::_exit(128 + sig);
+  }
+  write_stderr(sig == SIGINT ? "\nheadroom: SIGINT: stopping at the next safe point "
+                               "(press Ctrl-C again to exit at once)\n"
+                             : "\nheadroom: SIGTERM: stopping at the next safe point "
+                               "(a second signal exits at once)\n");
+}
+
+}  // namespace
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // reads and writes in progress go on; the loop checks the flag
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+int stop_signal() {
+  return g_stop.load(std::memory_order_relaxed);
+}
+
+void request_stop(int signal) {
+  int expected = 0;
+  g_stop.compare_exchange_strong(expected, signal);
+}
+
+void clear_stop() {
+  g_stop.store(0);
+}
+
+std::string signal_name(int signal) {
+  if (signal == SIGINT) return "SIGINT";
+  if (signal == SIGTERM) return "SIGTERM";
+  return "signal " + std::to_string(signal);
+}
+
+}  // namespace headroom

@@ -1,0 +1,151 @@
+// The plugin host: finds the libraries a config's [[plugins]] list names, loads them with
+// Boost.DLL, negotiates the ABI, hands each its services table, dispatches the loop's events to
+// them in TOML order, and puts the allocator and optimizer roles in place.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/device/device.h"
+#include "core/events/events.h"
+#include "core/model/model.h"
+#include "core/optim/optim.h"
+#include "headroom/plugin.h"
+
+namespace headroom {
+
+// A plugin hook failed during the run: the host stops with exit code 1. The message names the
+// plugin and the event.
+class PluginFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What plugins reach of the training run beyond the device: implemented by the trainer.
+class PluginRun {
+ public:
+  virtual ~PluginRun() = default;
+  virtual Device& device() = 0;
+  virtual Gpt<float>* built_model() = 0;  // nullptr until the model is built
+  virtual void veto_step(const std::string& plugin, const std::string& reason) = 0;
+  virtual void request_retry(const std::string& plugin, const std::string& reason) = 0;
+  // The dtype the model computes in; only before the model is built (std::logic_error after, or
+  // when another plugin chose another; std::invalid_argument for a dtype that is not f32, bf16 or
+  // f16).
+  virtual void set_compute_dtype(const std::string& plugin, Dtype dtype) = 0;
+  // The factor the loss gradient is multiplied by from the next step on (std::invalid_argument
+  // unless finite and > 0).
+  virtual void set_loss_scale(const std::string& plugin, double scale) = 0;
+};
+
+// A run with a device and no model — replaying an allocation trace, testing an allocator: vetoes,
+// retries and precision choices (amp's) change nothing in it.
+class ModelessRun final : public PluginRun {
+ public:
+  explicit ModelessRun(Device& device) : device_(device) {}
+  Device& device() override { return device_; }
+  Gpt<float>* built_model() override { return nullptr; }
+  void veto_step(const std::string&, const std::string&) override {}
+  void request_retry(const std::string&, const std::string&) override {}
+  void set_compute_dtype(const std::string&, Dtype) override {}
+  void set_loss_scale(const std::string&, double) override {}
+
+ private:
+  Device& device_;
+};
+
+// What `headroom plugins` shows of one library file.
+struct PluginInfo {
+  std::string file;
+  std::string name, version, description;
+  uint32_t abi_version = 0;
+  uint64_t events = 0;
+  uint32_t roles = 0;
+  std::string error;  // non-empty when the file could not be loaded as a plugin
+};
+
+// Where plugins are looked for, in order: HEADROOM_PLUGIN_PATH (colon-separated), the folder next
+// to the executable (<exe>/../lib/headroom/plugins), the installed folder, the build folder.
+std::vector<std::string> plugin_search_path();
+// Every <dir>/*.so on the search path, loaded and asked for its descriptor (not instantiated).
+std::vector<PluginInfo> discover_plugins();
+std::string format_abi_version(uint32_t version);  // "1.0"
+std::string describe_events(uint64_t mask);        // "STEP_END,ALLOC,FREE"
+std::string describe_roles(uint32_t roles);        // "allocator,optimizer" or "-"
+
+struct LoadedPlugin;  // one library and its instance (plugin_host.cpp)
+
+// What `train` checks of the [[plugins]] before it builds the model, for `headroom check` and
+// `headroom plan`: finds and loads every entry's library (the same lookup and refusals as
+// PluginHost), negotiates its ABI, and creates each instance as train does — the allocator role
+// first — then destroys them all. A plugin reads its own table only in create(), through the
+// config getters, so that is where a wrong-typed or unknown key, or a value the plugin rejects, is
+// found: the same ConfigError as train's, naming file:line of the key. Any other create() failure
+// is a PluginFailure, as in train.
+//
+// There is no model. The device is the CPU backend: the config's own when [device] kind is "cpu"
+// (its memory_limit included), otherwise a CPU device without a limit, so that a CUDA config is
+// checked on a machine without a GPU (services->device_kind still says "cuda"; a value a plugin
+// checks against the device, such as defrag_allocator's page_size against vm_granularity, is
+// checked against the CPU's 2 MiB). What a plugin does in create() happens here too (amp chooses
+// its compute dtype; a plugin may open a file), then its destroy() runs.
+void validate_plugins(const Config& config);
+
+class PluginHost final : public EventListener {
+ public:
+  // Finds, checks and loads every [[plugins]] entry and negotiates its ABI version. Throws
+  // ConfigError (exit code 2), naming the entry's file:line, for a plugin that cannot be found or
+  // loaded, is writable by others than its owner, speaks another major version, refuses to load,
+  // or takes a role another plugin already has.
+  explicit PluginHost(const Config& config);
+  // Destroys every instance (the allocator last), then unloads the libraries.
+  ~PluginHost() override;
+  PluginHost(const PluginHost&) = delete;
+  PluginHost& operator=(const PluginHost&) = delete;
+
+  // Creates the instances — the allocator-role plugin first, then the rest in TOML order — and
+  // installs the allocator on the device. A plugin whose table has a wrong-typed or unknown key
+  // is a ConfigError; any other create() failure is a PluginFailure.
+  void create(PluginRun& run);
+
+  bool provides_optimizer() const;
+  // The allocator-role plugin's statistics; false when there is none or it keeps none.
+  bool allocator_stats(hr_allocator_stats* out) const;
+  // The optimizer-role plugin behind the host's Optimizer interface.
+  std::unique_ptr<Optimizer> make_optimizer();
+
+  // Dispatches to every plugin subscribed to the event, in TOML order. Throws PluginFailure when
+  // a hook returns an error (a failure in a FREE hook is reported at the next event, since frees
+  // happen where nothing may throw).
+  void on_event(const EventInfo& info) override;
+
+  // Each plugin's state for a snapshot, by plugin name (plugins without save_state have none).
+  std::map<std::string, std::vector<uint8_t>> save_states();
+  // Hands each plugin its saved state from `snapshot` (the file, for messages; may be empty). A
+  // state for a plugin this run does not load, or for one that cannot load state, is a
+  // ConfigError; so is a load_state returning HR_ERROR_CONFIG, naming the plugin and carrying its
+  // message. Any other failure is a PluginFailure.
+  void load_states(const std::map<std::string, std::vector<uint8_t>>& states,
+                   const std::string& snapshot = "");
+
+  size_t size() const { return plugins_.size(); }
+
+ private:
+  friend struct HostServices;
+  std::vector<std::unique_ptr<LoadedPlugin>> plugins_;
+  class AllocatorAdapter;
+  std::unique_ptr<AllocatorAdapter> allocator_;
+  PluginRun* run_ = nullptr;
+  std::string device_kind_;
+  std::string pending_failure_;
+  // The event being dispatched (-1: none) and its layer: drop_activations checks it.
+  int current_event_ = -1;
+  int current_layer_ = -1;
+};
+
+}  // namespace headroom

@@ -1,0 +1,592 @@
+#include "core/run/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/model/safetensors.h"
+#include "core/run/snapshot.h"
+#include "core/report/timeline_html.h"
+
+namespace headroom {
+
+namespace {
+
+double now_ms() {
+  using namespace std::chrono;
+  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+// "0.0123", "1e+30", and "nan" / "inf" without the sign printf may give a NaN.
+std::string format_number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+}  // namespace
+
+Trainer::Trainer(const Config& config, TrainOptions options)
+    : config_(config), options_(std::move(options)) {
+  // Every output is checked before any work is done: a run must not train for hours and then find
+  // it cannot write its weights.
+  const std::pair<const std::string*, const char*> outputs[] = {
+      {&options_.metrics_path, "--metrics"},
+      {&options_.save_weights_path, "--save-weights"},
+      {&options_.record_allocs_path, "--record-allocs"},
+      {&options_.memory_timeline_path, "--memory-timeline"}};
+  for (const auto& [path, flag] : outputs)
+    if (!path->empty()) check_output_path(*path, flag);
+  if (config_.snapshot.every > 0) make_output_dir(config_.snapshot.dir, "snapshot.dir");
+  if (!options_.resume_dir.empty() && !std::filesystem::is_directory(options_.resume_dir))
+    throw ConfigError("--resume " + options_.resume_dir + ": not a folder of snapshots");
+
+  // Members are torn down in reverse order if any step below throws: the registration (the last
+  // member) first, so the device stops calling back before the model's buffers are freed.
+  device_ = Device::create(config_.device);
+  if (!options_.record_allocs_path.empty()) {
+    recorder_ = std::make_unique<AllocTraceRecorder>(options_.record_allocs_path, *device_,
+                                                     device_->memory_limit());
+    device_->add_observer(recorder_.get());  // outlives the device: sees every free
+  }
+  observing_.attach(*device_, this);
+  set_phase(Phase::Kind::kSetup);
+  data_ = options_.data_source ? std::move(options_.data_source)
+                               : make_data_source(config_.data, config_.model,
+                                                  config_.train.micro_batch, config_.model.seq_len);
+  loader_ = std::make_unique<DataLoader>(*data_, config_.data.workers, config_.data.prefetch,
+                                         config_.train.micro_batch, config_.model.seq_len);
+  // Plugins come before anything allocates: an allocator-role plugin serves every buffer.
+  plugins_ = std::make_unique<PluginHost>(config_);
+  plugins_->create(*this);
+  add_listener(plugins_.get());
+  optimizer_ = plugins_->provides_optimizer() ? plugins_->make_optimizer()
+                                              : make_optimizer(config_.train, *device_);
+  if (!options_.metrics_path.empty())
+    metrics_ = std::make_unique<AppendFile>(options_.metrics_path, "--metrics");
+  try {
+    // In the compute dtype a plugin asked for while it was created (amp), else fp32.
+    model_ =
+        std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed, compute_dtype_);
+  } catch (const OutOfMemory& e) {
+    close_outputs(&e.report());
+    throw;
+  }
+  if (!config_.train.init_from.empty()) {
+    try {
+      load_safetensors(config_.train.init_from, *model_);
+    } catch (const ConfigError& e) {
+      throw ConfigError(config_.train.init_from_pos.str() + ": train.init_from: " + e.what());
+    }
+  }
+}
+
+Trainer::~Trainer() = default;
+
+// ---------------------------------------------------------------------------------------------
+// The loop. Every event it fires, in order:
+//
+//   TRAIN_BEGIN
+//   per optimizer step:
+//     STEP_BEGIN
+//     grad_accum times:   batch <- data
+//                         FORWARD_BEGIN(l) forward FORWARD_END(l)      l = 0 .. L+1
+//                         BACKWARD_BEGIN(l) backward BACKWARD_END(l)   l = L+1 .. 0
+//     GRADS_READY         (the gradients of every micro-step are accumulated; then clipping)
+//     OPTIMIZER_STEP      (just before the update; neither when a plugin vetoed the step)
+//     STEP_END
+//   TRAIN_END
+//   ALLOC / FREE at every device allocation, OOM when one fails.
+//
+// Two ways out before the last step, both ending in TRAIN_END:
+// - a stop request (SIGINT / SIGTERM, interrupt.h), seen after each micro-step and between steps:
+//   a step stopped half way is dropped (no GRADS_READY, no STEP_END), and with [snapshot] on the
+//   last completed step is snapshotted;
+// - a loss or gradient norm that is not finite after GRADS_READY, in a step no plugin vetoed: no
+//   OPTIMIZER_STEP, and the run throws Diverged.
+
+void Trainer::run() {
+  try {
+    run_steps();
+  } catch (const OutOfMemory& e) {
+    close_outputs(&e.report());
+    throw;
+  } catch (const Interrupted&) {
+    close_outputs(nullptr);
+    throw;
+  } catch (const Diverged&) {
+    close_outputs(nullptr);
+    throw;
+  } catch (...) {
+    // A plugin hook or an output failed: the rest is still written as far as it can be, and the
+    // first error is the one reported.
+    try {
+      close_outputs(nullptr);
+    } catch (const std::exception&) {
+    }
+    throw;
+  }
+  close_outputs(nullptr);
+}
+
+void Trainer::close_outputs(const OomReport* oom) {
+  try {
+    write_memory_timeline(oom);
+    if (metrics_) metrics_->close();
+    if (recorder_) recorder_->close();
+  } catch (const std::exception&) {
+    if (!oom) throw;
+    // Out of memory: that report matters more than a picture or a trace that could not be
+    // written (a trace without its end record is refused when read).
+  }
+}
+
+void Trainer::write_memory_timeline(const OomReport* oom) {
+  if (options_.memory_timeline_path.empty()) return;
+  TimelineHtmlOptions o;
+  o.title = config_.file;
+  o.memory_limit = device_->memory_limit();
+  o.oom = oom;
+  write_timeline_html(options_.memory_timeline_path, device_->tracker().timeline(), o);
+}
+
+void Trainer::run_steps() {
+  const TrainConfig& t = config_.train;
+  const int B = t.micro_batch, T = config_.model.seq_len, A = t.grad_accum;
+  const uint64_t tokens_per_step = uint64_t(B) * T * A;
+
+  // A resumed run's state (plugins' included) is in place before TRAIN_BEGIN.
+  first_step_ = options_.resume_dir.empty() ? 1 : resume() + 1;
+  const bool snapshots = config_.snapshot.every > 0;
+  fire(Event::kTrainBegin);
+  set_phase(Phase::Kind::kData);
+  const uint64_t batch_bytes = uint64_t(B) * T * sizeof(int32_t);
+  Buffer inputs(*device_, batch_bytes, Category::kData, "inputs (B, T)");
+  Buffer targets(*device_, batch_bytes, Category::kData, "targets (B, T)");
+  // The loader fills host staging buffers (page-locked on CUDA), uploaded on the copy stream.
+  Backend& ops = device_->backend();
+  HostStaging staging(ops, 2 * batch_bytes);
+  int32_t* host_inputs = static_cast<int32_t*>(staging.get());
+  int32_t* host_targets = host_inputs + uint64_t(B) * T;
+  Batch batch;
+  batch.tokens = inputs.as<int32_t>();
+  batch.targets = targets.as<int32_t>();
+  batch.host_targets = host_targets;
+  batch.B = B;
+  batch.T = T;
+  const std::vector<Param<float>*> params = model_->params();
+
+  run_start_ms_ = now_ms();
+  for (step_ = first_step_; step_ <= t.steps; ++step_) {
+    // A safe point: the previous step is complete (and snapshotted, if its turn came).
+    if (const int sig = stop_signal()) stop_interrupted(sig, false);
+    if (snapshots) {
+      step_start_data_ = loader_->state();
+      step_start_plugins_ = plugins_->save_states();
+    }
+    const double t0 = now_ms();
+    StepRecord r;
+    micro_step_ = 0;
+    veto_ = false;
+    fire(Event::kStepBegin);
+    model_->zero_grad();
+    // The step's loss is the mean over all its tokens, times the loss scale a plugin (amp fp16)
+    // set for this step.
+    batch.dloss = loss_scale_ / double(tokens_per_step);
+    r.loss_scale = loss_scale_;
+    double loss_sum = 0.0, data_wait_ms = 0.0;
+    for (micro_step_ = 1; micro_step_ <= A; ++micro_step_) {
+      set_phase(Phase::Kind::kData);
+      ops.synchronize();  // the previous micro-step is done with the staging buffers
+      data_wait_ms += loader_->next(host_inputs, host_targets);
+      ops.upload(inputs.as<void>(), host_inputs, batch_bytes);
+      ops.upload(targets.as<void>(), host_targets, batch_bytes);
+      loss_sum += micro_step(batch);
+      // A safe point. After the last micro-step the step is all but done: finish it instead.
+      if (const int sig = stop_signal(); sig && micro_step_ < A) stop_interrupted(sig, true);
+    }
+    micro_step_ = 0;
+    fire(Event::kGradsReady);
+    r.step = step_;
+    r.loss = loss_sum / A;
+    r.grad_norm = clip_grad_norm(ops, params, t.grad_clip);
+    r.lr = learning_rate(t, step_ - 1);
+    // A plugin that handles non-finite steps (amp's loss scaler) has vetoed this one by now; one
+    // that nothing handled would poison the weights, so the run stops before the update.
+    if (!veto_ && !(std::isfinite(r.loss) && std::isfinite(r.grad_norm))) {
+      r.step_ms = now_ms() - t0;
+      history_.push_back(r);
+      log_step(r);
+      set_phase(Phase::Kind::kDone);
+      fire(Event::kTrainEnd);
+      std::string msg = "training diverged at step " + std::to_string(step_) + ": the loss is " +
+                        format_number(r.loss) + " and the gradient norm " +
+                        format_number(r.grad_norm) +
+                        ", and no plugin skipped the step. The update was not applied; ";
+      msg += snapshot_path_.empty() ? "no snapshot was written ([snapshot] every = " +
+                                          std::to_string(config_.snapshot.every) + ")"
+                                    : "the last good snapshot is " + snapshot_path_ + " (step " +
+                                          std::to_string(snapshot_step_) + ")";
+      msg += ". Lower train.lr (now " + format_number(t.lr) + ")" +
+             (t.grad_clip > 0 ? "" : " or turn on train.grad_clip") + ", then resume or restart";
+      throw Diverged(msg);
+    }
+    set_phase(Phase::Kind::kOptimizer);
+    // A veto from any event up to and including OPTIMIZER_STEP skips the update.
+    if (!veto_) fire(Event::kOptimizerStep);
+    if (!veto_) {
+      optimizer_->step(params, r.lr, step_);
+      model_->sync_compute_params();  // the compute copies (amp) follow the updated masters
+    }
+    r.skipped = veto_;
+    if (veto_) ++skipped_steps_;
+    fire(Event::kStepEnd);
+    r.data_wait_ms = data_wait_ms;
+    r.step_ms = now_ms() - t0;
+    r.tokens_per_s = double(tokens_per_step) / (r.step_ms / 1000.0);
+    history_.push_back(r);
+    log_step(r);
+    if (recorder_) recorder_->flush();  // a full disk stops the run now, not at its end
+    if (snapshots && step_ % config_.snapshot.every == 0)
+      write_snapshot(step_, loader_->state(), plugins_->save_states());
+  }
+  step_ = t.steps;
+  set_phase(Phase::Kind::kDone);
+  fire(Event::kTrainEnd);
+  if (!options_.save_weights_path.empty()) save_safetensors(options_.save_weights_path, *model_);
+}
+
+double Trainer::micro_step(const Batch& batch) {
+  // An OOM that a plugin answers with request_retry (having freed memory, or changed what the
+  // next attempt needs) runs the micro-step again on the same batch — as long as no layer has
+  // finished its backward, so that no gradient is accumulated twice.
+  constexpr int kMaxRetries = 8;
+  for (int attempt = 0;; ++attempt) {
+    backward_layers_done_ = 0;
+    retry_requested_ = false;
+    try {
+      const double loss = model_->forward(batch, this);
+      model_->backward(batch, this);
+      return loss;
+    } catch (const OutOfMemory&) {
+      if (!retry_requested_ || backward_layers_done_ > 0 || attempt >= kMaxRetries) throw;
+      model_->release_activations();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void Trainer::fire(Event event, int layer) {
+  EventInfo info;
+  info.event = event;
+  info.layer = layer;
+  fire(info);
+}
+
+void Trainer::fire(EventInfo info) {
+  info.step = step_;
+  info.micro_step = micro_step_;
+  for (EventListener* l : listeners_)
+    l->on_event(info);
+}
+
+void Trainer::set_phase(Phase::Kind kind, int layer) {
+  Phase p;
+  p.kind = kind;
+  p.layer = layer;
+  if (layer >= 0 && model_) p.layer_name = model_->layers()[layer]->name();
+  p.step = step_;
+  p.micro_step = micro_step_;
+  device_->tracker().set_phase(p);
+}
+
+void Trainer::forward_begin(int layer) {
+  set_phase(Phase::Kind::kForward, layer);
+  fire(Event::kForwardBegin, layer);
+}
+void Trainer::forward_end(int layer) {
+  fire(Event::kForwardEnd, layer);
+}
+void Trainer::backward_begin(int layer) {
+  set_phase(Phase::Kind::kBackward, layer);
+  fire(Event::kBackwardBegin, layer);
+}
+void Trainer::backward_end(int layer) {
+  ++backward_layers_done_;
+  fire(Event::kBackwardEnd, layer);
+}
+
+void Trainer::on_alloc(const void* ptr, uint64_t bytes, Category c, const std::string&) {
+  EventInfo info;
+  info.event = Event::kAlloc;
+  info.ptr = ptr;
+  info.bytes = bytes;
+  info.category = c;
+  fire(info);
+}
+
+void Trainer::on_free(const void* ptr, uint64_t bytes, Category c) {
+  EventInfo info;
+  info.event = Event::kFree;
+  info.ptr = ptr;
+  info.bytes = bytes;
+  info.category = c;
+  fire(info);
+}
+
+void Trainer::on_oom(const OomReport& report) {
+  EventInfo info;
+  info.event = Event::kOom;
+  info.bytes = report.requested;
+  info.category = report.category;
+  fire(info);
+}
+
+void Trainer::veto_step(const std::string& plugin, const std::string& reason) {
+  veto_ = true;
+  veto_reason_ = plugin + ": " + reason;
+}
+
+void Trainer::request_retry(const std::string&, const std::string&) {
+  retry_requested_ = true;
+}
+
+void Trainer::set_compute_dtype(const std::string& plugin, Dtype dtype) {
+  if (model_)
+    throw std::logic_error(plugin +
+                           ": the compute dtype can only be chosen while the plugin is "
+                           "created, before the model is built");
+  if (dtype != Dtype::kF32 && dtype != Dtype::kBF16 && dtype != Dtype::kF16)
+    throw std::invalid_argument(plugin + ": compute dtype " + dtype_name(dtype) +
+                                " is not one of f32, bf16, f16");
+  if (compute_dtype_ != Dtype::kF32 && compute_dtype_ != dtype)
+    throw std::logic_error(plugin + ": the compute dtype is already " + dtype_name(compute_dtype_) +
+                           " (set by " + compute_dtype_by_ +
+                           "); two plugins cannot both choose it");
+  compute_dtype_ = dtype;
+  compute_dtype_by_ = plugin;
+}
+
+void Trainer::set_loss_scale(const std::string& plugin, double scale) {
+  if (!(scale > 0) || !std::isfinite(scale))
+    throw std::invalid_argument(plugin + ": loss scale " + std::to_string(scale) +
+                                " must be finite and > 0");
+  loss_scale_ = scale;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshots
+
+namespace {
+
+std::string model_signature(const ModelConfig& m) {
+  return "n_layer=" + std::to_string(m.n_layer) + " n_head=" + std::to_string(m.n_head) +
+         " n_embd=" + std::to_string(m.n_embd) + " seq_len=" + std::to_string(m.seq_len) +
+         " vocab_size=" + std::to_string(m.vocab_size);
+}
+
+std::vector<uint8_t> bytes_of(Backend& ops, const float* data, uint64_t numel) {
+  std::vector<uint8_t> host(numel * sizeof(float));
+  ops.download(host.data(), data, host.size());
+  return host;
+}
+
+}  // namespace
+
+void Trainer::stop_interrupted(int signal, bool mid_step) {
+  const int64_t stopped_in = step_;
+  const int micro_steps_done = micro_step_;
+  // The last completed step: the weights and optimizer state are still those after it (no
+  // update has run in the current step).
+  const int64_t completed = step_ - 1;
+  micro_step_ = 0;
+  set_phase(Phase::Kind::kDone);
+  std::string saved;
+  if (config_.snapshot.every > 0 && completed >= 1 && completed != snapshot_step_) {
+    if (mid_step) {
+      write_snapshot(completed, step_start_data_, step_start_plugins_);
+    } else {
+      write_snapshot(completed, loader_->state(), plugins_->save_states());
+    }
+    saved = "snapshot " + snapshot_path_ + " written";
+  } else if (snapshot_step_ >= 1) {
+    saved = "the newest snapshot is " + snapshot_path_;
+  }
+  step_ = completed;
+  fire(Event::kTrainEnd);
+  std::string what = "stopped by " + signal_name(signal) + " before step " +
+                     std::to_string(stopped_in) + " of " + std::to_string(config_.train.steps);
+  if (mid_step)
+    what = "stopped by " + signal_name(signal) + " in step " + std::to_string(stopped_in) +
+           " (its " + std::to_string(micro_steps_done) + " of " +
+           std::to_string(config_.train.grad_accum) + " micro-steps are dropped)";
+  what += "; " + std::to_string(completed) + " step" + (completed == 1 ? "" : "s") + " done";
+  if (!saved.empty()) {
+    what += "; " + saved + " (resume with --resume " + config_.snapshot.dir + ")";
+  } else {
+    what += config_.snapshot.every > 0 ? "; no step completed, so no snapshot"
+                                       : "; no snapshot ([snapshot] every = 0)";
+  }
+  throw Interrupted(signal, what);
+}
+
+std::string Trainer::write_snapshot(
+    int64_t step, const std::string& data_state,
+    const std::map<std::string, std::vector<uint8_t>>& plugin_states) {
+  SnapshotData d;
+  d.step = step;
+  d.skipped_steps = skipped_steps_;
+  d.data_state = data_state;
+  d.model = model_signature(config_.model);
+  d.optimizer = plugins_->provides_optimizer() ? "plugin" : config_.train.optimizer;
+  const std::vector<Param<float>*> params = model_->params();
+  for (const Param<float>* p : params)
+    d.tensors[p->name] = bytes_of(device_->backend(), p->data(), p->numel);
+  for (const Optimizer::StateTensor& s : optimizer_->state(params))
+    d.tensors[s.name] = bytes_of(device_->backend(), s.data, s.numel);
+  d.plugins = plugin_states;
+  const std::string path = headroom::write_snapshot(config_.snapshot.dir, d, config_.snapshot.keep);
+  snapshot_path_ = path;
+  snapshot_step_ = step;
+  // The weights beside it, for other tools; pruned with the snapshot.
+  if (config_.snapshot.save_weights)
+    save_safetensors(path.substr(0, path.size() - std::strlen(".hrsnap")) + ".safetensors",
+                     *model_);
+  if (options_.log && !options_.live_progress) *options_.log << "snapshot: " << path << "\n";
+  return path;
+}
+
+int64_t Trainer::resume() {
+  std::string path;
+  const SnapshotData d = read_newest_snapshot(options_.resume_dir, &path);
+  auto refuse = [&](const std::string& why) {
+    return ConfigError("--resume: snapshot " + path + " " + why);
+  };
+  if (d.model != model_signature(config_.model))
+    throw refuse("is of another model (" + d.model + "); this config has " +
+                 model_signature(config_.model));
+  const std::string optimizer = plugins_->provides_optimizer() ? "plugin" : config_.train.optimizer;
+  if (d.optimizer != optimizer)
+    throw refuse("was made with optimizer " + d.optimizer + ", this config uses " + optimizer);
+  if (d.step >= config_.train.steps)
+    throw refuse("is at step " + std::to_string(d.step) +
+                 ", already at train.steps = " + std::to_string(config_.train.steps));
+  // Every tensor the run has must be in the snapshot, with the same size; nothing else may be.
+  const std::vector<Param<float>*> params = model_->params();
+  std::vector<std::pair<std::string, std::pair<float*, uint64_t>>> targets;
+  for (Param<float>* p : params)
+    targets.push_back({p->name, {p->data(), p->numel}});
+  for (const Optimizer::StateTensor& s : optimizer_->state(params))
+    targets.push_back({s.name, {s.data, s.numel}});
+  if (targets.size() != d.tensors.size())
+    throw refuse("holds " + std::to_string(d.tensors.size()) + " tensors; this run has " +
+                 std::to_string(targets.size()));
+  for (const auto& [name, dst] : targets) {
+    const auto it = d.tensors.find(name);
+    if (it == d.tensors.end()) throw refuse("has no tensor '" + name + "'");
+    if (it->second.size() != dst.second * sizeof(float))
+      throw refuse("has tensor '" + name + "' of " + std::to_string(it->second.size()) +
+                   " bytes; expected " + std::to_string(dst.second * sizeof(float)));
+    device_->backend().upload(dst.first, it->second.data(), it->second.size());
+  }
+  device_->backend().synchronize();  // `d` holds the bytes until here
+  model_->sync_compute_params();
+  try {
+    loader_->restore(d.data_state);
+  } catch (const ConfigError& e) {
+    throw refuse(std::string("has a data position this run cannot use: ") + e.what());
+  }
+  plugins_->load_states(d.plugins, path);
+  skipped_steps_ = d.skipped_steps;
+  snapshot_path_ = path;
+  snapshot_step_ = d.step;
+  if (options_.log) *options_.log << "resumed from " << path << " (step " << d.step << ")\n";
+  return d.step;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+
+void Trainer::log_step(const StepRecord& r) {
+  const MemoryTracker& mt = device_->tracker();
+  if (metrics_) {
+    nlohmann::json j;
+    j["step"] = r.step;
+    j["loss"] = r.loss;
+    j["lr"] = r.lr;
+    j["grad_norm"] = r.grad_norm;
+    j["step_ms"] = r.step_ms;
+    j["tokens_per_s"] = r.tokens_per_s;
+    j["data_wait_ms"] = r.data_wait_ms;
+    j["skipped"] = r.skipped;
+    if (r.skipped) j["skip_reason"] = veto_reason_;
+    j["skipped_steps"] = skipped_steps_;
+    j["loss_scale"] = r.loss_scale;
+    j["mem_live_bytes"] = mt.live_total();
+    j["mem_peak_bytes"] = mt.peak_total();
+    j["mem_num_allocs"] = mt.num_allocs();
+    nlohmann::json by = nlohmann::json::object();
+    for (int i = 0; i < kNumCategories; ++i)
+      by[category_name(category_at(i))] = mt.peak_by_category()[i];
+    j["mem_peak_by_category"] = by;
+    metrics_->write(j.dump() + "\n");
+    metrics_->flush();
+  }
+  if (!options_.log) return;
+  const int64_t every = config_.train.log_every;
+  const bool last = r.step == config_.train.steps;
+  if (!options_.live_progress && r.step % every != 0 && r.step != 1 && !last && !r.skipped) return;
+  // An overflowing fp16 step (amp vetoes it) has an infinite or NaN norm: say so plainly.
+  char norm[32];
+  std::snprintf(norm, sizeof norm, "%.3f", r.grad_norm);
+  const std::string norm_text = std::isfinite(r.grad_norm) ? norm : format_number(r.grad_norm);
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "step %6lld/%lld | loss %.4f | lr %.2e | norm %s | %9.0f tok/s | %7.1f ms | "
+                "peak %s",
+                static_cast<long long>(r.step), static_cast<long long>(config_.train.steps), r.loss,
+                r.lr, norm_text.c_str(), r.tokens_per_s, r.step_ms,
+                format_bytes(mt.peak_total()).c_str());
+  // A vetoed step says who vetoed it and why, whatever the cadence.
+  const std::string skipped = r.skipped ? " | update skipped by " + veto_reason_ : "";
+  if (options_.live_progress) {
+    // On a terminal: the time left at the average pace of this run so far.
+    const double per_step = (now_ms() - run_start_ms_) / double(r.step - first_step_ + 1);
+    const long long eta_s = llround(per_step * double(config_.train.steps - r.step) / 1000.0);
+    char eta[48];
+    std::snprintf(eta, sizeof eta, " | ETA %lldh%02lldm%02llds", eta_s / 3600, eta_s / 60 % 60,
+                  eta_s % 60);
+    *options_.log << '\r' << line << skipped << (last ? "" : eta) << "\033[K"
+                  << (last || r.skipped ? "\n" : "") << std::flush;
+  } else {
+    *options_.log << line << skipped << '\n' << std::flush;
+  }
+}
+
+std::string Trainer::memory_report() const {
+  const MemoryTracker& mt = device_->tracker();
+  std::string s;
+  char line[256];
+  s += "memory report: peak " + format_bytes(mt.peak_total());
+  if (device_->memory_limit()) s += " of memory_limit " + format_bytes(device_->memory_limit());
+  s += ", at " + mt.peak_phase().str() + "\n";
+  std::snprintf(line, sizeof line, "  %-16s %14s %14s\n", "category", "at peak", "own peak");
+  s += line;
+  for (int i = 0; i < kNumCategories; ++i) {
+    std::snprintf(line, sizeof line, "  %-16s %14s %14s\n", category_name(category_at(i)),
+                  format_bytes(mt.live_at_peak()[i]).c_str(),
+                  format_bytes(mt.peak_by_category()[i]).c_str());
+    s += line;
+  }
+  return s;
+}
+
+}  // namespace headroom

@@ -1,0 +1,167 @@
+// The training loop: one place that runs the steps and fires every event of DESIGN.md.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/report/alloc_trace.h"
+#include "core/config/config.h"
+#include "core/data/data.h"
+#include "core/data/data_loader.h"
+#include "core/device/device.h"
+#include "core/events/events.h"
+#include "core/os/interrupt.h"
+#include "core/model/model.h"
+#include "core/optim/optim.h"
+#include "core/os/output_file.h"
+#include "core/plugin_host/plugin_host.h"
+
+namespace headroom {
+
+struct TrainOptions {
+  std::string metrics_path;     // "" = no metrics file; else one JSON object per optimizer step
+  std::ostream* log = nullptr;  // progress and reports; nullptr = silent
+  bool live_progress = false;   // rewrite one progress line (a terminal) instead of printing lines
+  std::string resume_dir;       // continue from the newest snapshot in this folder
+  std::string save_weights_path;  // write the final weights here (safetensors)
+  // Every allocation and free of the run, as an allocation trace (core/report/alloc_trace.h).
+  std::string record_allocs_path;
+  // The memory timeline as self-contained HTML (core/report/timeline_html.h), written at the end of run()
+  // and also when the run stops out of memory, so the picture shows the way to the failure.
+  std::string memory_timeline_path;
+  // The data, when not the one [data] describes (embedding hosts, benchmarks, tests).
+  std::unique_ptr<DataSource> data_source;
+};
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0.0;  // mean over the step's micro-steps
+  double lr = 0.0;
+  double grad_norm = 0.0;  // before clipping
+  double step_ms = 0.0;
+  double tokens_per_s = 0.0;
+  double data_wait_ms = 0.0;  // waiting for batches, summed over the step's micro-steps
+  bool skipped = false;       // a plugin vetoed the optimizer step
+  double loss_scale = 1.0;    // the loss scale the step's backward ran with (amp fp16)
+};
+
+// Thrown by Trainer::run when a step's loss or gradient norm is not finite and no plugin vetoed
+// the step: the update is not applied, so the last snapshot holds the last good weights.
+class Diverged : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Trainer final : private LayerEvents, private AllocationObserver, private PluginRun {
+ public:
+  // Checks that every output path can be written, builds the device, loads and creates the
+  // plugins, then the model (parameters and gradients allocated now), the optimizer and the data
+  // source. Throws ConfigError for unusable input (plugins and output paths included),
+  // PluginFailure when a plugin fails to start, and OutOfMemory if the model does not fit. A throw
+  // from any step tears down what was built, in order.
+  Trainer(const Config& config, TrainOptions options);
+  ~Trainer() override;
+
+  // Runs config.train.steps optimizer steps. Throws OutOfMemory when an allocation fails (the
+  // OOM event has been fired by then) and no plugin recovers, PluginFailure when a plugin hook
+  // fails, Diverged when a step's loss or gradient norm is not finite, Interrupted after a
+  // SIGINT / SIGTERM (interrupt.h), and OutputError when an output cannot be written. Whatever
+  // ends it, the metrics, the memory timeline and the allocation trace are written up to there.
+  void run();
+
+  void add_listener(EventListener* listener) { listeners_.push_back(listener); }
+
+  const Config& config() const { return config_; }
+  Device& device() override { return *device_; }
+  Gpt<float>& model() { return *model_; }
+  double loss_scale() const { return loss_scale_; }
+  const DataSource& data() const { return *data_; }
+  const std::vector<StepRecord>& history() const { return history_; }
+  int64_t skipped_steps() const { return skipped_steps_; }
+
+  // The peak-by-category table printed at the end of a run.
+  std::string memory_report() const;
+
+ private:
+  void run_steps();
+  // To options_.memory_timeline_path, if set; `oom` marks the request that stopped the run.
+  void write_memory_timeline(const OomReport* oom);
+  // The timeline, the metrics and the trace, complete: at the end of every run, whatever ended
+  // it. `oom`: the run stopped out of memory, whose report matters more than a failed write.
+  void close_outputs(const OomReport* oom);
+  // A stop request seen at a safe point: snapshot of the last completed step (when [snapshot] is
+  // on and it has none yet), TRAIN_END, then Interrupted. `mid_step`: the current step's
+  // micro-steps so far are dropped, and the step is read again on resume.
+  [[noreturn]] void stop_interrupted(int signal, bool mid_step);
+  void fire(Event event, int layer = -1);
+  void fire(EventInfo info);
+  // One micro-step, forward and backward, run again when a plugin asks for a retry after an OOM.
+  double micro_step(const Batch& batch);
+  void set_phase(Phase::Kind kind, int layer = -1);
+  void log_step(const StepRecord& r);
+  // The run's state after `step` steps, written to [snapshot] dir: the device tensors as they
+  // are now, with the data position and plugin states of that moment. Returns the file.
+  std::string write_snapshot(int64_t step, const std::string& data_state,
+                             const std::map<std::string, std::vector<uint8_t>>& plugin_states);
+  // Loads the newest snapshot of options_.resume_dir; returns its step.
+  int64_t resume();
+
+  // LayerEvents: the model announces each layer's forward and backward.
+  void forward_begin(int layer) override;
+  void forward_end(int layer) override;
+  void backward_begin(int layer) override;
+  void backward_end(int layer) override;
+  // AllocationObserver: every device allocation, free and failure.
+  void on_alloc(const void* ptr, uint64_t bytes, Category c, const std::string& what) override;
+  void on_free(const void* ptr, uint64_t bytes, Category c) override;
+  void on_oom(const OomReport& report) override;
+  // PluginRun: what plugins reach of the run.
+  Gpt<float>* built_model() override { return model_.get(); }
+  void veto_step(const std::string& plugin, const std::string& reason) override;
+  void request_retry(const std::string& plugin, const std::string& reason) override;
+  void set_compute_dtype(const std::string& plugin, Dtype dtype) override;
+  void set_loss_scale(const std::string& plugin, double scale) override;
+
+  Config config_;
+  TrainOptions options_;
+  // Before the device: it is destroyed after it, so it sees the frees of everything the device
+  // still holds when the trainer goes away.
+  std::unique_ptr<AllocTraceRecorder> recorder_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<PluginHost> plugins_;  // after the device, before everything that allocates
+  std::unique_ptr<Gpt<float>> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<DataSource> data_;
+  std::unique_ptr<DataLoader> loader_;
+  std::vector<EventListener*> listeners_;
+  std::unique_ptr<AppendFile> metrics_;
+  std::vector<StepRecord> history_;
+  int64_t step_ = 0;
+  int micro_step_ = 0;
+  int backward_layers_done_ = 0;  // in this micro-step: a retry is safe only while it is 0
+  bool veto_ = false;
+  std::string veto_reason_;
+  bool retry_requested_ = false;
+  int64_t skipped_steps_ = 0;
+  Dtype compute_dtype_ = Dtype::kF32;  // the model's, as a plugin chose it (amp)
+  std::string compute_dtype_by_;
+  double loss_scale_ = 1.0;
+  double run_start_ms_ = 0.0;
+  int64_t first_step_ = 1;  // > 1 after a resume
+  // The newest snapshot of this run (or the one it resumed from) and its step.
+  std::string snapshot_path_;
+  int64_t snapshot_step_ = 0;
+  // With [snapshot] on: the data position and plugin states as the current step began, for a
+  // snapshot of the step before it when a stop drops this step half done.
+  std::string step_start_data_;
+  std::map<std::string, std::vector<uint8_t>> step_start_plugins_;
+  // Last, so destroyed first: from then on the device tells this trainer of no more frees, while
+  // everything its events reach is still alive.
+  ObserverRegistration observing_;
+};
+
+}  // namespace headroom
