@@ -1286,17 +1286,72 @@ class ValidationRun final : public PluginRun {
 
 }  // namespace
 
-void validate_plugins(const Config& config) {
-  if (config.plugins.empty()) return;
+CreatedPlugins::CreatedPlugins(const Config& config) {
   DeviceConfig cpu;
   cpu.kind = "cpu";
   if (config.device.kind == "cpu") cpu.memory_limit = config.device.memory_limit;
-  // Declared in this order so that they go in reverse: the instances (the allocator last), then
-  // the device they allocated from.
-  const std::unique_ptr<Device> device = Device::create(cpu);
-  ValidationRun run(*device);
-  PluginHost host(config);
-  host.create(run);
+  device_ = Device::create(cpu);
+  run_ = std::make_unique<ValidationRun>(*device_);
+  host_ = std::make_unique<PluginHost>(config);
+  host_->create(*run_);
+}
+
+CreatedPlugins::~CreatedPlugins() = default;
+
+void validate_plugins(const Config& config) {
+  if (config.plugins.empty()) return;
+  CreatedPlugins created(config);
+}
+
+std::vector<OfferedExtension> PluginHost::offered(const char* id) const {
+  std::vector<OfferedExtension> out;
+  for (const auto& p : plugins_) {
+    if (!p->created || !p->desc.get_extension) continue;
+    if (const void* table = p->desc.get_extension(id))
+      out.push_back(OfferedExtension{p->entry.name, table, p->instance});
+  }
+  return out;
+}
+
+PluginCatalog::PluginCatalog() {
+  std::set<std::string> seen;
+  for (const std::string& d : plugin_search_path()) {
+    std::error_code ec;
+    if (!fs::is_directory(d, ec)) continue;
+    std::vector<fs::path> files;
+    for (const auto& f : fs::directory_iterator(d, ec))
+      if (f.path().extension() == ".so") files.push_back(f.path());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& f : files) {
+      try {
+        auto p = load_library(f.string(), "");
+        if (!seen.insert(p->desc.name).second) continue;  // a later copy of one found before
+        p->entry.name = p->desc.name;
+        plugins_.push_back(std::move(p));
+      } catch (const ConfigError&) {
+        // Not loadable: `headroom plugins` says why; the catalog has nothing from it.
+      }
+    }
+  }
+}
+
+PluginCatalog::~PluginCatalog() = default;
+
+std::vector<std::string> PluginCatalog::names() const {
+  std::vector<std::string> out;
+  for (const auto& p : plugins_)
+    out.push_back(p->entry.name);
+  return out;
+}
+
+std::vector<OfferedExtension> PluginCatalog::offered(const char* id) const {
+  std::vector<OfferedExtension> out;
+  for (const auto& p : plugins_) {
+    if (!p->desc.get_extension) continue;
+    if (const void* table = p->desc.get_extension(id))
+      out.push_back(OfferedExtension{p->entry.name, table, nullptr});
+  }
+  return out;
 }
 
 void PluginHost::load_states(const std::map<std::string, std::vector<uint8_t>>& states,

@@ -80,6 +80,29 @@ std::string describe_roles(uint32_t roles);        // "allocator,optimizer" or "
 
 struct LoadedPlugin;  // one library and its instance (plugin_host.cpp)
 
+// What a plugin offers the host under one extension id (hr_plugin_descriptor.get_extension).
+struct OfferedExtension {
+  std::string plugin;        // the plugin's name
+  const void* table;         // its table for the id, to be cast to the id's struct
+  void* instance = nullptr;  // the created instance; nullptr for a plugin that is not created
+};
+
+// Every loadable plugin on the search path, loaded and kept loaded but not created: what the
+// plugins a config does not list would offer (their estimates, for the advice).
+class PluginCatalog {
+ public:
+  PluginCatalog();
+  ~PluginCatalog();
+  PluginCatalog(const PluginCatalog&) = delete;
+  PluginCatalog& operator=(const PluginCatalog&) = delete;
+  std::vector<std::string> names() const;
+  // In search-path order, the first library of each name only; instance is nullptr.
+  std::vector<OfferedExtension> offered(const char* id) const;
+
+ private:
+  std::vector<std::unique_ptr<LoadedPlugin>> plugins_;
+};
+
 // What `train` checks of the [[plugins]] before it builds the model, for `headroom check` and
 // `headroom plan`: finds and loads every entry's library (the same lookup and refusals as
 // PluginHost), negotiates its ABI, and creates each instance as train does — the allocator role
@@ -95,6 +118,26 @@ struct LoadedPlugin;  // one library and its instance (plugin_host.cpp)
 // checked against the CPU's 2 MiB). What a plugin does in create() happens here too (amp chooses
 // its compute dtype; a plugin may open a file), then its destroy() runs.
 void validate_plugins(const Config& config);
+
+class PluginHost;
+// The config's plugins created as validate_plugins creates them, and kept until destroyed: what
+// the created plugins offer (their estimates of the config as written, for `headroom plan` and
+// the advice).
+class CreatedPlugins {
+ public:
+  explicit CreatedPlugins(const Config& config);  // throws as validate_plugins does
+  ~CreatedPlugins();
+  CreatedPlugins(const CreatedPlugins&) = delete;
+  CreatedPlugins& operator=(const CreatedPlugins&) = delete;
+  PluginHost& host() { return *host_; }
+
+ private:
+  // In this order, so that they go in reverse: the instances (the allocator last), then the run
+  // and the device they allocated from.
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<PluginRun> run_;
+  std::unique_ptr<PluginHost> host_;
+};
 
 class PluginHost final : public EventListener {
  public:
@@ -134,6 +177,8 @@ class PluginHost final : public EventListener {
                    const std::string& snapshot = "");
 
   size_t size() const { return plugins_.size(); }
+  // What the created plugins offer under `id`, in TOML order.
+  std::vector<OfferedExtension> offered(const char* id) const;
 
  private:
   friend struct HostServices;

@@ -1,4 +1,5 @@
-/* headroom plugin ABI v1 — the only header a plugin needs.
+/* headroom plugin ABI v1 — the only header a plugin needs (with the headroom/ext/ headers of the
+ * extensions it uses).
  *
  * C99; depends on stdint.h and stddef.h only; compiles warning-free as C99, C11 and C++17.
  *
@@ -34,7 +35,7 @@ extern "C" {
  * Versions */
 
 #define HR_ABI_VERSION_MAJOR 1
-#define HR_ABI_VERSION_MINOR 4
+#define HR_ABI_VERSION_MINOR 5
 /* One number: major in the high 16 bits, minor in the low 16. */
 #define HR_ABI_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define HR_ABI_VERSION HR_ABI_MAKE_VERSION(HR_ABI_VERSION_MAJOR, HR_ABI_VERSION_MINOR)
@@ -57,6 +58,9 @@ typedef int32_t hr_status;
 #define HR_ERROR_UNSUPPORTED 4   /* e.g. a dtype or device op this backend does not have */
 #define HR_ERROR_INVALID 5       /* a bad argument: an index out of range, a NULL pointer */
 #define HR_ERROR_VERSION 6       /* no ABI version both sides speak */
+#define HR_ERROR_NOT_ALLOWED 7   /* ABI 1.5: a service called from an event, or by a plugin without
+                                  * the role, that its header comment does not allow; the message
+                                  * (set by the host) says what may call it */
 
 /* ---------------------------------------------------------------------------------------------
  * Events of the training loop. One optimizer step with A micro-steps and layers 0..L-1:
@@ -136,6 +140,11 @@ typedef struct hr_event_info {
   uint64_t bytes;     /* its size, or the size requested (OOM) */
   uint32_t category;  /* hr_mem_category */
   uint32_t reserved0; /* zero */
+  /* ABI 1.5 (HR_HAS_FIELD). BACKWARD_END: the micro-step's mean loss over its tokens and its
+   * token count. GRADS_READY and STEP_END: the step's mean loss over all its micro-steps' tokens
+   * and the step's token count. Other events: loss 0, tokens 0. */
+  double loss;
+  uint64_t tokens;
 } hr_event_info;
 
 /* A tensor as a plugin sees it: a view, owned by the host. */
@@ -312,6 +321,16 @@ typedef struct hr_host_services {
    * event. */
   hr_status (*set_compute_dtype)(hr_host* host, uint32_t dtype);
   hr_status (*set_loss_scale)(hr_host* host, double scale);
+
+  /* ABI 1.5: extensions. The table above is frozen at 1.4; every service from 1.5 on is an
+   * extension: a versioned table of functions named by an id such as "headroom.tensors/1", each
+   * with its header in headroom/ext/. get_extension returns the host's table for `id`, valid
+   * until destroy() returns, or NULL when this host has no such extension (or no such version):
+   * the plugin then does without it, or fails create() with a message. Any thread, any time.
+   * A role-only extension (headroom.vm/1: the allocator role) is returned to every plugin, but its
+   * functions answer HR_ERROR_NOT_ALLOWED (with a message) to a plugin without the role — as do
+   * the 1.4 table's vm_* and raw_* functions. */
+  const void* (*get_extension)(hr_host* host, const char* id);
 } hr_host_services;
 
 /* ---------------------------------------------------------------------------------------------
@@ -390,6 +409,16 @@ typedef struct hr_plugin_descriptor {
    * gets back exactly the bytes save_state wrote. A non-zero status stops the run. */
   hr_status (*save_state)(void* instance, const hr_state_writer* writer);
   hr_status (*load_state)(void* instance, const void* data, uint64_t size);
+
+  /* ABI 1.5; may be NULL. What the plugin offers the host, by id, the same way the host offers
+   * its services: "headroom.state/1" (instead of save_state / load_state),
+   * "headroom.allocator/1" and "headroom.optimizer/1" (the role hooks, instead of the two fields
+   * above; the role bits in roles still say which roles it takes), "headroom.estimate/1" (what
+   * it would do to the run's memory, for `headroom plan` and the out-of-memory advice). Returns
+   * a static table, or NULL for an id it does not offer. Any thread, any time after the entry
+   * point returned, also for a library whose plugin was never created. A descriptor field, when
+   * set, wins over the extension of the same purpose. */
+  const void* (*get_extension)(const char* id);
 } hr_plugin_descriptor;
 
 /* ---------------------------------------------------------------------------------------------

@@ -1,0 +1,42 @@
+/* headroom.step/1 — where the current optimizer step stands (ABI 1.5).
+ *
+ * Training thread, from any event. What is not known yet at the event reads as documented. */
+#ifndef HEADROOM_EXT_STEP_H
+#define HEADROOM_EXT_STEP_H
+
+#include "headroom/plugin.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HR_EXT_STEP "headroom.step/1"
+
+/* An out-struct: the caller sets struct_size; the host fills what it covers. */
+typedef struct hr_step_state {
+  uint32_t struct_size;
+  int32_t micro_step;  /* 1-based within the step; 0 outside micro-steps */
+  int64_t step;        /* 1-based; 0 before the first */
+  double lr;           /* the learning rate of this step's update (the schedule's) */
+  double loss_scale;   /* what this step's backward multiplies the loss gradient by */
+  double loss;         /* the mean loss of the micro-steps done so far in this step; 0 before */
+  uint64_t tokens;     /* the tokens of the micro-steps done so far in this step */
+  double grad_norm;    /* from OPTIMIZER_STEP on: the global gradient norm (as the gradients are,
+                        * scaled or not); 0 before */
+  double clip_coef;    /* from OPTIMIZER_STEP on: what clipping multiplies the gradients by (1 when
+                        * it does not clip); 1 before */
+  int32_t skipped;     /* 1 once a plugin vetoed this step's update */
+  int32_t reserved0;
+} hr_step_state;
+
+typedef struct hr_ext_step {
+  uint32_t struct_size;
+  uint32_t reserved0;
+  hr_status (*state)(hr_host* host, hr_step_state* out);
+} hr_ext_step;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HEADROOM_EXT_STEP_H */
