@@ -38,6 +38,7 @@
 //
 // Training thread only (FORWARD_END); no locking. Only hr_plugin_entry is exported; no C++
 // exception crosses the C ABI.
+#include <headroom/ext/estimate.h>
 #include <headroom/plugin.h>
 
 #include "common/hook_guard.h"
@@ -87,6 +88,9 @@ class Checkpoint {
   Checkpoint(const hr_host_services* s, Policy policy, int64_t n, uint64_t budget)
       : s_(s), policy_(policy), n_(n), budget_(budget) {}
   const hr_host_services* services() const { return s_; }
+  Policy policy() const { return policy_; }
+  int64_t n() const { return n_; }
+  uint64_t budget() const { return budget_; }
 
   hr_status on_forward_end(int32_t layer) {
     const int32_t num_layers = s_->num_layers(s_->host);
@@ -288,6 +292,130 @@ hr_status on_event(void* instance, const hr_event_info* info) {
                                   [&] { return c->on_forward_end(info->layer); });
 }
 
+// headroom.estimate/1. The policy is this plugin's, so the estimate is too: it sets which blocks
+// drop (plan()'s rule, layer b + 1 for block b) and core's closed form has the bytes.
+int64_t sqrt_n(int64_t L) {
+  return static_cast<int64_t>(std::ceil(std::sqrt(double(L))));  // as plan() computes it
+}
+
+// The drops of a fixed policy (plan()): every and selective drop every block (selective only its
+// cheap tensors); every_n (and sqrt, n = ceil(sqrt(L))) drops block b unless b % n == n - 1. A
+// kept block's entry is left as the plugins before this one set it.
+void set_drops(Policy p, int64_t n, hr_mechanisms* m) {
+  const int64_t L = int64_t(m->num_layers) - 2;
+  if (p == Policy::kSqrt) n = sqrt_n(L);
+  if (n < 1) n = 1;
+  for (int64_t b = 0; b < L; ++b) {
+    uint8_t& d = m->drop[b + 1];
+    if (p == Policy::kEvery) {
+      d = HR_DROP_ALL;
+    } else if (p == Policy::kSelective) {
+      if (d != HR_DROP_ALL) d = HR_DROP_CHEAP;  // CHEAP after ALL changes nothing
+    } else if (b % n != n - 1) {
+      d = HR_DROP_ALL;
+    }
+  }
+}
+
+// Step time over no plugins: docs/results/plugins.md, "Results", rows "checkpoint every" (1.179),
+// "checkpoint sqrt" (1.147) and "checkpoint selective" (0.955: no GEMM re-run, within the noise of
+// 1). every_n and budget re-run the forward of the blocks they drop: every's overhead times the
+// share of blocks dropped (sqrt's 9 of 12 blocks, 1.147 against 1 + 0.18 × 0.75 = 1.135, agrees).
+double step_time(Policy p, const hr_mechanisms* m) {
+  if (p == Policy::kEvery) return 1.18;
+  if (p == Policy::kSqrt) return 1.15;
+  if (p == Policy::kSelective) return 1.0;
+  const int64_t L = int64_t(m->num_layers) - 2;
+  int64_t dropped = 0;
+  for (int64_t b = 0; b < L; ++b)
+    dropped += m->drop[b + 1] == HR_DROP_ALL;
+  return L > 0 ? 1.0 + 0.18 * double(dropped) / double(L) : 1.0;
+}
+
+uint64_t total_of(const uint64_t* bytes) {
+  uint64_t t = 0;
+  for (int i = 0; i < HR_MEM_CATEGORY_COUNT_V1; ++i)
+    t += bytes[i];
+  return t;
+}
+
+hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_result* r) {
+  if (!q || !r || !r->after || !r->after->drop || !q->peak || !q->model) return HR_ERROR_INVALID;
+  hr_mechanisms* m = r->after;
+  const int64_t L = int64_t(m->num_layers) - 2;
+  const Checkpoint* c = static_cast<const Checkpoint*>(instance);
+  if (!c && L < 1) return HR_ERROR_UNSUPPORTED;  // no block to drop
+  const std::vector<uint8_t> before(m->drop, m->drop + m->num_layers);
+  Policy p = c ? c->policy() : Policy::kSqrt;
+  const int64_t n = c ? c->n() : 0;
+  std::string extra;
+  hr_status st = HR_OK;
+  if (p == Policy::kBudget) {
+    // plan_budget(): the fewest blocks, the earliest first (every block saves the same), such that
+    // the activation peak stays under the budget. Its bound counts what it measures at run time;
+    // here the closed form's activations at the peak stand in for it. The run may drop a block
+    // more than this, never fewer, so the estimate is an upper bound.
+    const uint64_t budget = c->budget();
+    int64_t k = 0;
+    for (;; ++k) {
+      for (int64_t l = 0; l < int64_t(m->num_layers); ++l)
+        m->drop[l] = l >= 1 && l <= k ? HR_DROP_ALL : before[size_t(l)];
+      st = q->peak(q->context, m, r->bytes);
+      if (st != HR_OK) return st;
+      if (r->bytes[HR_MEM_ACTIVATIONS] <= budget || k == L) break;
+    }
+    if (r->bytes[HR_MEM_ACTIVATIONS] > budget)
+      extra = "; the budget cannot be met, the run stops at its first step";
+    std::snprintf(r->what, sizeof r->what,
+                  "activation recomputation, policy budget: %lld of %lld blocks recomputed%s",
+                  static_cast<long long>(k), static_cast<long long>(L), extra.c_str());
+    std::snprintf(r->toml, sizeof r->toml, "policy = \"budget\"\nbudget = %llu",
+                  static_cast<unsigned long long>(budget));
+    r->step_time_factor = step_time(p, m);
+    return HR_OK;
+  }
+  set_drops(p, n, m);
+  st = q->peak(q->context, m, r->bytes);
+  if (st != HR_OK) return st;
+  if (!c && q->model->memory_limit && total_of(r->bytes) > q->model->memory_limit) {
+    // sqrt does not fit: propose every, which saves the most.
+    p = Policy::kEvery;
+    std::copy(before.begin(), before.end(), m->drop);
+    set_drops(p, 0, m);
+    st = q->peak(q->context, m, r->bytes);
+    if (st != HR_OK) return st;
+  }
+  static const char* const kNames[] = {"every", "every_n", "sqrt", "selective", "budget"};
+  const char* name = kNames[int(p)];
+  if (p == Policy::kEveryN) {
+    std::snprintf(r->what, sizeof r->what,
+                  "activation recomputation, policy every_n: every %lld-th block keeps its "
+                  "activations",
+                  static_cast<long long>(n));
+    std::snprintf(r->toml, sizeof r->toml, "policy = \"every_n\"\nn = %lld",
+                  static_cast<long long>(n));
+  } else {
+    std::snprintf(r->what, sizeof r->what, "activation recomputation, policy %s", name);
+    std::snprintf(r->toml, sizeof r->toml, "policy = \"%s\"", name);
+  }
+  r->step_time_factor = step_time(p, m);
+  return HR_OK;
+}
+
+hr_status estimate_hook(void* instance, const hr_estimate_query* q, hr_estimate_result* r) {
+  try {
+    return estimate(instance, q, r);
+  } catch (...) {
+    return HR_ERROR;
+  }
+}
+
+const hr_ext_estimate kEstimate = {sizeof(hr_ext_estimate), 0, estimate_hook};
+
+const void* get_extension(const char* id) {
+  return id && std::strcmp(id, HR_EXT_ESTIMATE) == 0 ? &kEstimate : nullptr;
+}
+
 // Constant-initialized: loading the library runs no code before hr_plugin_entry.
 const hr_plugin_descriptor kDescriptor = {
     sizeof(hr_plugin_descriptor),
@@ -306,6 +434,7 @@ const hr_plugin_descriptor kDescriptor = {
     nullptr,  // optimizer
     nullptr,  // save_state: the plan is rebuilt from the config and the first micro-step
     nullptr,  // load_state
+    get_extension,
 };
 
 }  // namespace
