@@ -1,6 +1,12 @@
-// The closed-form peak estimate behind the out-of-memory advice, against the tracker.
+// The closed-form peak estimate behind `plan` and the out-of-memory advice, against the tracker;
+// the in-tree plugins' estimates (headroom.estimate/1) chained as the config lists them; the
+// remedies built from the installed plugins' proposals.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+
+#include "core/plugin_host/plugin_host.h"
 #include "core/report/advice.h"
 #include "core/run/trainer.h"
 #include "tests/test_util.h"
@@ -11,6 +17,15 @@ namespace {
 const char* kModel =
     "[model]\nn_layer = 3\nn_head = 4\nn_embd = 64\nseq_len = 32\nvocab_size = 256\n"
     "[train]\nsteps = 2\n";
+
+// The installed plugins named, as PluginCatalog offers them.
+std::vector<OfferedExtension> installed(const std::vector<std::string>& names) {
+  static const PluginCatalog catalog;
+  std::vector<OfferedExtension> out;
+  for (const OfferedExtension& e : catalog.offered(HR_EXT_ESTIMATE))
+    if (std::find(names.begin(), names.end(), e.plugin) != names.end()) out.push_back(e);
+  return out;
+}
 
 class PeakEstimateTest : public ::testing::TestWithParam<int> {};
 
@@ -23,11 +38,14 @@ TEST_P(PeakEstimateTest, MatchesTheTrackerByCategory) {
   for (int i = 0; i < kNumCategories; ++i)
     EXPECT_EQ(e.at_peak[i], mt.live_at_peak()[i]) << category_name(category_at(i));
   EXPECT_EQ(e.total(), mt.peak_total());
+  EXPECT_EQ(estimate_config(c).peak.total(), mt.peak_total());  // no plugins: the same
 }
 
 INSTANTIATE_TEST_SUITE_P(MicroBatches, PeakEstimateTest, ::testing::Values(1, 4, 16));
 
-// With the config's own plugins: amp's bf16 copies and activations, checkpoint's dropped blocks.
+// With the config's own plugins, through their estimates: amp's compute copies and activations,
+// checkpoint's dropped blocks. Exact where the closed form is (every block kept or dropped, and
+// every_n / sqrt, whose last block decides the block-side peak).
 struct PluginCase {
   const char* name;
   const char* plugins;
@@ -40,110 +58,221 @@ TEST_P(StrategyEstimateTest, MatchesTheTrackerByCategory) {
   Trainer t(c, TrainOptions{});
   t.run();
   const MemoryTracker& mt = t.device().tracker();
-  const PeakEstimate e = estimate_peak(c, 8, strategy_of(c));
+  const ConfigEstimate e = estimate_config(c);
+  ASSERT_EQ(e.plugins.size(), c.plugins.size());
+  for (const PluginEstimate& pe : e.plugins)
+    EXPECT_TRUE(pe.ok()) << pe.plugin << " status " << pe.status;
   for (int i = 0; i < kNumCategories; ++i)
-    EXPECT_EQ(e.at_peak[i], mt.live_at_peak()[i]) << category_name(category_at(i));
-  EXPECT_EQ(e.total(), mt.peak_total());
+    EXPECT_EQ(e.peak.at_peak[i], mt.live_at_peak()[i]) << category_name(category_at(i));
+  EXPECT_EQ(e.peak.total(), mt.peak_total());
+  EXPECT_LT(e.peak.total(), estimate_peak(c, 8).total());
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Plugins, StrategyEstimateTest,
-    ::testing::Values(PluginCase{"AmpBf16", "[[plugins]]\nname = \"amp\"\n"},
-                      PluginCase{"AmpFp16", "[[plugins]]\nname = \"amp\"\ndtype = \"fp16\"\n"},
-                      PluginCase{
-                          "AmpAndCheckpointEvery",
-                          "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"checkpoint\"\n"}),
+    ::testing::Values(
+        PluginCase{"AmpBf16", "[[plugins]]\nname = \"amp\"\n"},
+        PluginCase{"AmpFp16", "[[plugins]]\nname = \"amp\"\ndtype = \"fp16\"\n"},
+        PluginCase{"CheckpointEvery", "[[plugins]]\nname = \"checkpoint\"\n"},
+        PluginCase{"CheckpointEveryN2",
+                   "[[plugins]]\nname = \"checkpoint\"\npolicy = \"every_n\"\nn = 2\n"},
+        PluginCase{"CheckpointSqrt", "[[plugins]]\nname = \"checkpoint\"\npolicy = \"sqrt\"\n"},
+        PluginCase{"AmpAndCheckpointEvery",
+                   "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"checkpoint\"\n"}),
     [](const auto& info) { return std::string(info.param.name); });
 
-TEST(Remedies, AmpAndBothTogetherWhenNeitherAloneFits) {
-  const Config c = test::config_from(kModel, {"train.micro_batch=16"});
-  const Strategy amp{Dtype::kBF16, -1}, every{Dtype::kF32, 0}, both{Dtype::kBF16, 0};
-  const uint64_t p_amp = estimate_peak(c, 16, amp).total(),
-                 p_every = estimate_peak(c, 16, every).total(),
-                 p_both = estimate_peak(c, 16, both).total();
+// Selective keeps the GEMM outputs: HR_DROP_CHEAP is counted as kept, an upper bound.
+TEST(StrategyEstimate, SelectiveIsAnUpperBound) {
+  const Config c = test::config_from(
+      std::string(kModel) + "[[plugins]]\nname = \"checkpoint\"\npolicy = \"selective\"\n",
+      {"train.micro_batch=8"});
+  const ConfigEstimate e = estimate_config(c);
+  ASSERT_EQ(e.plugins.size(), 1u);
+  EXPECT_TRUE(e.plugins[0].ok());
+  EXPECT_EQ(e.mechanisms.drop[1], HR_DROP_CHEAP);
+  EXPECT_EQ(e.mechanisms.drop[0], HR_KEEP_ACTIVATIONS);  // the embedding cannot drop
+  Trainer t(c, TrainOptions{});
+  t.run();
+  EXPECT_GE(e.peak.total(), t.device().tracker().peak_total());
+}
+
+// A plugin without headroom.estimate/1 (here one built against the frozen ABI 1.0 header, which
+// has no get_extension) changes nothing in the estimate, and the estimate says so.
+TEST(StrategyEstimate, APluginWithoutAnEstimateCountsAsChangingNothing) {
+  // The tests run in the build folder (tests/CMakeLists.txt); tests/abi builds the plugin there.
+  const std::string lib =
+      std::filesystem::current_path().string() + "/tests/plugins/frozen_v1_0.so";
+  ASSERT_TRUE(std::filesystem::exists(lib)) << lib;
+  const std::string dir = test::temp_dir();
+  const Config c = test::config_from(
+      std::string(kModel) + "[[plugins]]\nname = \"frozen_v1_0\"\npath = \"" + lib +
+          "\"\nout = \"" + dir + "/f.txt\"\n" + "[[plugins]]\nname = \"checkpoint\"\n",
+      {"train.micro_batch=8"});
+  const ConfigEstimate e = estimate_config(c);
+  ASSERT_EQ(e.plugins.size(), 2u);
+  EXPECT_FALSE(e.plugins[0].offered);
+  EXPECT_TRUE(e.plugins[1].ok());
+  EXPECT_EQ(e.peak.total(),
+            estimate_config(
+                test::config_from(std::string(kModel) + "[[plugins]]\nname = \"checkpoint\"\n",
+                                  {"train.micro_batch=8"}))
+                .peak.total());
+  EXPECT_NE(format_estimate(e).find("frozen_v1_0: offers no estimate"), std::string::npos)
+      << format_estimate(e);
+}
+
+uint64_t peak_with(const std::string& plugins, int micro_batch) {
+  return estimate_config(test::config_from(std::string(kModel) + plugins,
+                                           {"train.micro_batch=" + std::to_string(micro_batch)}))
+      .peak.total();
+}
+
+TEST(Remedies, BothTogetherWhenNeitherAloneFits) {
+  const char* amp = "[[plugins]]\nname = \"amp\"\n";
+  const char* every = "[[plugins]]\nname = \"checkpoint\"\n";
+  const uint64_t p_amp = peak_with(amp, 16), p_every = peak_with(every, 16),
+                 p_both = peak_with(std::string(amp) + every, 16);
   ASSERT_LT(p_both, std::min(p_amp, p_every));
   const uint64_t limit = p_both + 1000;  // only both fit
-  const auto rs = suggest_remedies(c, limit, 1 << 20, 0, 0, {"amp", "checkpoint"});
-  const Remedy& last = rs.back();
-  EXPECT_EQ(last.what, "amp + checkpoint together");
-  EXPECT_TRUE(last.fits);
-  EXPECT_EQ(last.peak_after, p_both);
-  EXPECT_EQ(last.toml,
-            "[[plugins]]\nname = \"amp\"\ndtype = \"bf16\"\n[[plugins]]\nname = "
-            "\"checkpoint\"\npolicy = \"every\"");
+  const Config c = test::config_from(kModel, {"train.micro_batch=16", "train.grad_accum=1",
+                                              "device.memory_limit=" + std::to_string(limit)});
+  const Advice a = advise(c, installed({"amp", "checkpoint"}));
+  ASSERT_FALSE(a.fits);
+  const Remedy& both = a.remedies.back();
+  EXPECT_TRUE(both.fits);
+  EXPECT_EQ(both.peak_after, p_both);
+  std::vector<std::string> names = both.plugins;
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"amp", "checkpoint"}));
+  EXPECT_NE(both.toml.find("[[plugins]]\nname = \"amp\"\ndtype = \"bf16\""), std::string::npos)
+      << both.toml;
+  EXPECT_NE(both.toml.find("[[plugins]]\nname = \"checkpoint\"\npolicy = \"every\""),
+            std::string::npos)
+      << both.toml;
+  // Each alone helps but does not fit: mentioned, not offered as a remedy.
   bool amp_alone = false;
-  for (const Remedy& r : rs)
+  for (const Remedy& r : a.not_enough)
     amp_alone = amp_alone ||
-                (r.toml.find("\"amp\"") != std::string::npos && !r.fits && r.peak_after == p_amp);
-  EXPECT_TRUE(amp_alone) << format_remedies(rs);
-  // A plugin already in the config is not offered again.
-  const Config with_amp = test::config_from(std::string(kModel) + "[[plugins]]\nname = \"amp\"\n",
-                                            {"train.micro_batch=16"});
-  for (const Remedy& r : suggest_remedies(with_amp, limit, 1 << 20, 0, 0, {"amp", "checkpoint"}))
-    EXPECT_EQ(r.toml.find("\"amp\""), std::string::npos) << r.toml;
+                (r.plugins == std::vector<std::string>{"amp"} && !r.fits && r.peak_after == p_amp);
+  EXPECT_TRUE(amp_alone) << format_remedies(a);
+  for (const Remedy& r : a.remedies)
+    EXPECT_TRUE(r.fits) << r.what;
+  // A plugin already in the config is not offered again; its estimate is the starting point.
+  const Config with_amp =
+      test::config_from(std::string(kModel) + amp,
+                        {"train.micro_batch=16", "device.memory_limit=" + std::to_string(limit)});
+  const Advice b = advise(with_amp, installed({"amp", "checkpoint"}));
+  EXPECT_EQ(b.config.peak.total(), p_amp);
+  for (const auto* list : {&b.remedies, &b.not_enough})
+    for (const Remedy& r : *list)
+      EXPECT_EQ(r.toml.find("\"amp\""), std::string::npos) << r.toml;
 }
 
 TEST(Remedies, SmallerMicroBatchAtTheSameBatchFits) {
-  const Config c = test::config_from(kModel, {"train.micro_batch=16", "train.grad_accum=2"});
-  const uint64_t limit = estimate_peak(c, 4).total() + 1000;  // 4 fits, 8 does not
-  ASSERT_GT(estimate_peak(c, 8).total(), limit);
-  const auto remedies = suggest_remedies(c, limit, 1 << 20, 0, 0, {});
-  ASSERT_FALSE(remedies.empty());
-  EXPECT_TRUE(remedies[0].fits);
-  EXPECT_NE(remedies[0].toml.find("micro_batch = 4"), std::string::npos) << remedies[0].toml;
-  EXPECT_NE(remedies[0].toml.find("grad_accum = 8"), std::string::npos) << remedies[0].toml;
-  EXPECT_GT(remedies[0].saves[static_cast<int>(Category::kActivations)], 0u);
-  const std::string text = format_remedies(remedies);
-  EXPECT_NE(text.find("[train]"), std::string::npos) << text;
+  const uint64_t limit = estimate_peak(test::config_from(kModel), 4).total() + 1000;
+  const Config c = test::config_from(kModel, {"train.micro_batch=16", "train.grad_accum=2",
+                                              "device.memory_limit=" + std::to_string(limit)});
+  ASSERT_GT(estimate_peak(c, 8).total(), limit);  // 4 fits, 8 does not
+  const Advice a = advise(c, installed({}));
+  ASSERT_FALSE(a.remedies.empty()) << format_remedies(a);
+  const Remedy& r = a.remedies[0];
+  EXPECT_TRUE(r.fits);
+  EXPECT_EQ(r.sets, (std::vector<std::string>{"train.micro_batch=4", "train.grad_accum=8"}));
+  EXPECT_EQ(r.peak_after, estimate_peak(c, 4).total());
+  EXPECT_GT(r.saves[static_cast<int>(Category::kActivations)], 0u);
+  const std::string text = format_remedies(a);
+  EXPECT_NE(text.find("--set train.micro_batch=4 --set train.grad_accum=8"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("[train]"), std::string::npos) << text;
 }
 
-TEST(Remedies, CheckpointWhenAvailableSavesActivations) {
-  const Config c = test::config_from(kModel, {"train.micro_batch=16"});
-  const uint64_t limit = estimate_peak(c, 16).total() / 2;
-  auto find = [](const std::vector<Remedy>& rs) -> const Remedy* {
-    for (const Remedy& r : rs)
-      if (r.toml.find("\"checkpoint\"") != std::string::npos) return &r;
+TEST(Remedies, NothingWhenTheConfigFits) {
+  const Config c = test::config_from(kModel, {"device.memory_limit=64MiB"});
+  const Advice a = advise(c, installed({"amp", "checkpoint", "defrag_allocator"}));
+  EXPECT_TRUE(a.fits);
+  EXPECT_TRUE(a.remedies.empty());
+  EXPECT_TRUE(a.not_enough.empty());
+}
+
+TEST(Remedies, CheckpointWhenInstalledSavesActivations) {
+  const uint64_t limit = estimate_peak(test::config_from(kModel), 16).total() / 2;
+  const Config c = test::config_from(
+      kModel, {"train.micro_batch=16", "device.memory_limit=" + std::to_string(limit)});
+  auto find = [](const Advice& a) -> const Remedy* {
+    for (const auto* list : {&a.remedies, &a.not_enough})
+      for (const Remedy& r : *list)
+        if (r.plugins == std::vector<std::string>{"checkpoint"}) return &r;
     return nullptr;
   };
-  EXPECT_EQ(find(suggest_remedies(c, limit, 1 << 20, 0, 0, {})), nullptr);
-  const auto rs = suggest_remedies(c, limit, 1 << 20, 0, 0, {"checkpoint"});
-  const Remedy* r = find(rs);
-  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(find(advise(c, installed({}))), nullptr);
+  const Advice a = advise(c, installed({"checkpoint"}));
+  const Remedy* r = find(a);
+  ASSERT_NE(r, nullptr) << format_remedies(a);
   EXPECT_GT(r->saves[static_cast<int>(Category::kActivations)], 0u);
   EXPECT_LT(r->saves[static_cast<int>(Category::kActivations)],
             estimate_peak(c, 16).at_peak[static_cast<int>(Category::kActivations)]);
+  EXPECT_GT(r->step_time_factor, 1.0);
+}
+
+TEST(Remedies, CheckpointProposesSqrtWhenItFitsElseEvery) {
+  const uint64_t sqrt_peak =
+      peak_with("[[plugins]]\nname = \"checkpoint\"\npolicy = \"sqrt\"\n", 8);
+  const uint64_t every_peak = peak_with("[[plugins]]\nname = \"checkpoint\"\n", 8);
+  ASSERT_LT(every_peak, sqrt_peak);
+  auto proposal = [&](uint64_t limit) {
+    const Config c = test::config_from(
+        kModel, {"train.micro_batch=8", "device.memory_limit=" + std::to_string(limit)});
+    for (const auto& list : {advise(c, installed({"checkpoint"})).remedies,
+                             advise(c, installed({"checkpoint"})).not_enough})
+      for (const Remedy& r : list)
+        if (r.plugins == std::vector<std::string>{"checkpoint"}) return r;
+    ADD_FAILURE() << "no checkpoint remedy under " << limit;
+    return Remedy{};
+  };
+  const Remedy s = proposal(sqrt_peak);
+  EXPECT_EQ(s.toml, "[[plugins]]\nname = \"checkpoint\"\npolicy = \"sqrt\"");
+  EXPECT_EQ(s.peak_after, sqrt_peak);
+  EXPECT_TRUE(s.fits);
+  const Remedy e = proposal(sqrt_peak - 1);
+  EXPECT_EQ(e.toml, "[[plugins]]\nname = \"checkpoint\"\npolicy = \"every\"");
+  EXPECT_EQ(e.peak_after, every_peak);
 }
 
 TEST(Remedies, CheckpointEveryEstimateIsTheTrackersPeak) {
-  // A limit of 1 byte makes every remedy "not fit", so checkpoint is offered with policy every.
-  const Config c = test::config_from(kModel, {"train.micro_batch=8"});
-  const auto rs = suggest_remedies(c, 1, 1 << 20, 0, 0, {"checkpoint"});
-  ASSERT_EQ(rs.back().toml, "[[plugins]]\nname = \"checkpoint\"\npolicy = \"every\"");
+  // A limit of 1 byte: nothing fits, so checkpoint proposes policy every.
+  const Config c = test::config_from(kModel, {"train.micro_batch=8", "device.memory_limit=1"});
+  const Advice a = advise(c, installed({"checkpoint"}));
+  ASSERT_TRUE(a.remedies.empty());
+  ASSERT_FALSE(a.not_enough.empty());
+  const Remedy& r = a.not_enough.back();
+  ASSERT_EQ(r.toml, "[[plugins]]\nname = \"checkpoint\"\npolicy = \"every\"");
   const Config with = test::config_from(
       std::string(kModel) + "[[plugins]]\nname = \"checkpoint\"\n", {"train.micro_batch=8"});
   Trainer t(with, TrainOptions{});
   t.run();
-  EXPECT_EQ(rs.back().peak_after, t.device().tracker().peak_total());
+  EXPECT_EQ(r.peak_after, t.device().tracker().peak_total());
 }
 
-TEST(Remedies, DefragAllocatorOnlyForFragmentationAndOnlyWhenAvailable) {
-  const Config c = test::config_from(kModel);
-  auto has_defrag = [](const std::vector<Remedy>& rs) {
-    for (const Remedy& r : rs)
-      if (r.toml.find("defrag_allocator") != std::string::npos) return true;
-    return false;
+TEST(Remedies, DefragAllocatorOnlyForFragmentationAndOnlyWhenInstalled) {
+  const Config c = test::config_from(kModel, {"device.memory_limit=64MiB"});
+  auto defrag = [](const Advice& a) -> const Remedy* {
+    for (const Remedy& r : a.remedies)
+      if (r.plugins == std::vector<std::string>{"defrag_allocator"}) return &r;
+    return nullptr;
   };
-  // 1 MiB requested, 3 MiB free, largest hole 512 KiB: fragmentation.
-  const auto frag =
-      suggest_remedies(c, 64 << 20, 1 << 20, 3 << 20, 512 << 10, {"defrag_allocator"});
-  EXPECT_TRUE(has_defrag(frag));
-  EXPECT_EQ(frag.back().unstranded, uint64_t(3 << 20) - (512 << 10));
-  EXPECT_NE(format_remedies(frag).find("makes usable 2.50 MiB"), std::string::npos)
-      << format_remedies(frag);
-  EXPECT_FALSE(has_defrag(suggest_remedies(c, 64 << 20, 1 << 20, 3 << 20, 512 << 10, {})));
+  // 1 MiB requested, 3 MiB free, largest hole 512 KiB: fragmentation (the estimate fits).
+  const OomNumbers frag{1 << 20, 3 << 20, 512 << 10};
+  const Advice a = advise(c, installed({"defrag_allocator"}), frag);
+  const Remedy* r = defrag(a);
+  ASSERT_NE(r, nullptr) << format_remedies(a);
+  EXPECT_EQ(r->unstranded, uint64_t(3 << 20) - (512 << 10));
+  EXPECT_EQ(r->toml, "[[plugins]]\nname = \"defrag_allocator\"");
+  EXPECT_NE(format_remedies(a).find("makes usable 2.50 MiB"), std::string::npos)
+      << format_remedies(a);
+  EXPECT_EQ(defrag(advise(c, installed({}), frag)), nullptr);
   // Not enough free bytes at all: an allocator cannot help.
-  EXPECT_FALSE(
-      has_defrag(suggest_remedies(c, 64 << 20, 4 << 20, 3 << 20, 3 << 20, {"defrag_allocator"})));
+  EXPECT_EQ(defrag(advise(c, installed({"defrag_allocator"}), {4 << 20, 3 << 20, 3 << 20})),
+            nullptr);
 }
 
 }  // namespace

@@ -2,8 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
-
-#include <toml++/toml.h>
+#include <cstring>
 
 #include "core/model/model.h"
 
@@ -15,12 +14,143 @@ uint64_t& at(ByCategory& b, Category c) {
   return b[static_cast<int>(c)];
 }
 
-// checkpoint's sqrt policy keeps every n-th block, n = ceil(sqrt(L)).
-int sqrt_keep_every(int n_layer) {
-  int n = 1;
-  while (n * n < n_layer)
-    ++n;
-  return n;
+bool fits(uint64_t bytes, uint64_t limit) {
+  return !limit || bytes <= limit;
+}
+
+// hr_mechanisms over a Mechanisms' own drop array.
+struct CMechanisms {
+  explicit CMechanisms(const Mechanisms& m) : drop(m.drop) {
+    std::memset(&c, 0, sizeof c);
+    c.struct_size = sizeof c;
+    c.compute_dtype = static_cast<uint32_t>(m.compute);
+    c.micro_batch = m.micro_batch;
+    c.grad_accum = m.grad_accum;
+    c.num_layers = int32_t(drop.size());
+    c.drop = drop.data();
+  }
+  CMechanisms(const CMechanisms&) = delete;
+  CMechanisms& operator=(const CMechanisms&) = delete;
+  hr_mechanisms c;
+  std::vector<uint8_t> drop;
+};
+
+// What a plugin handed back, checked: the dtypes core computes in, a layer count it was given.
+bool from_c(const hr_mechanisms& c, size_t num_layers, Mechanisms* out) {
+  if (c.compute_dtype != HR_DTYPE_F32 && c.compute_dtype != HR_DTYPE_BF16 &&
+      c.compute_dtype != HR_DTYPE_F16)
+    return false;
+  if (!c.drop || c.num_layers < 0 || size_t(c.num_layers) != num_layers || c.micro_batch < 1 ||
+      c.grad_accum < 1)
+    return false;
+  for (int32_t l = 0; l < c.num_layers; ++l)
+    if (c.drop[l] != HR_KEEP_ACTIVATIONS && c.drop[l] != HR_DROP_ALL && c.drop[l] != HR_DROP_CHEAP)
+      return false;
+  out->compute = static_cast<Dtype>(c.compute_dtype);
+  out->micro_batch = c.micro_batch;
+  out->grad_accum = c.grad_accum;
+  out->drop.assign(c.drop, c.drop + c.num_layers);
+  return true;
+}
+
+// query->peak: the closed form for the config's shapes.
+hr_status peak_of(void* context, const hr_mechanisms* m, uint64_t* out) {
+  const Config& config = *static_cast<const Config*>(context);
+  Mechanisms mm;
+  if (!m || !out || !from_c(*m, size_t(config.model.n_layer) + 2, &mm)) return HR_ERROR_INVALID;
+  const PeakEstimate e = estimate_peak(config, mm);
+  for (int i = 0; i < HR_MEM_CATEGORY_COUNT_V1; ++i)
+    out[i] = e.at_peak[i];
+  return HR_OK;
+}
+
+// One plugin's estimate with the mechanisms `before` (which give `baseline`): its instance from
+// the config, or nullptr for its proposal.
+PluginEstimate ask(const Config& config, const OfferedExtension& ext, void* instance,
+                   const Mechanisms& before, const PeakEstimate& baseline, const OomNumbers& oom) {
+  PluginEstimate pe;
+  pe.plugin = ext.plugin;
+  pe.after = before;
+  pe.peak = baseline;
+  const auto* table = static_cast<const hr_ext_estimate*>(ext.table);
+  if (!table || table->struct_size < sizeof(hr_ext_estimate) || !table->estimate) return pe;
+  pe.offered = true;
+
+  hr_estimate_model model;
+  std::memset(&model, 0, sizeof model);
+  model.struct_size = sizeof model;
+  model.n_layer = config.model.n_layer;
+  model.n_head = config.model.n_head;
+  model.n_embd = config.model.n_embd;
+  model.seq_len = config.model.seq_len;
+  model.vocab_size = config.model.vocab_size;
+  model.num_params = gpt_num_params(config.model);
+  model.memory_limit = config.device.memory_limit;
+  model.device_kind = config.device.kind.c_str();
+
+  const CMechanisms in(before);
+  CMechanisms out(before);
+  hr_estimate_query q;
+  std::memset(&q, 0, sizeof q);
+  q.struct_size = sizeof q;
+  q.model = &model;
+  q.before = &in.c;
+  for (int i = 0; i < HR_MEM_CATEGORY_COUNT_V1; ++i)
+    q.baseline[i] = baseline.at_peak[i];
+  q.context = const_cast<Config*>(&config);
+  q.peak = peak_of;
+  q.oom_requested = oom.requested;
+  q.oom_free_bytes = oom.free_bytes;
+  q.oom_largest_free = oom.largest_free;
+
+  hr_estimate_result r;
+  std::memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  r.after = &out.c;
+  for (int i = 0; i < HR_MEM_CATEGORY_COUNT_V1; ++i)
+    r.bytes[i] = baseline.at_peak[i];
+  r.step_time_factor = 1;
+  pe.status = table->estimate(instance, &q, &r);
+  if (pe.status != HR_OK) return pe;
+  // A result core cannot use (a drop array it did not hand out, a dtype it has no kernels for, a
+  // factor that is no factor) counts as an error of the plugin.
+  Mechanisms after;
+  if (r.after != &out.c || out.c.drop != out.drop.data() ||
+      !from_c(out.c, before.drop.size(), &after) || !(r.step_time_factor > 0)) {
+    pe.status = HR_ERROR_INVALID;
+    return pe;
+  }
+  pe.after = std::move(after);
+  for (int i = 0; i < HR_MEM_CATEGORY_COUNT_V1; ++i)
+    pe.peak.at_peak[i] = r.bytes[i];
+  pe.makes_usable = r.makes_usable;
+  pe.step_time_factor = r.step_time_factor;
+  pe.what.assign(r.what, strnlen(r.what, sizeof r.what));
+  pe.toml.assign(r.toml, strnlen(r.toml, sizeof r.toml));
+  while (!pe.toml.empty() && (pe.toml.back() == '\n' || pe.toml.back() == ' '))
+    pe.toml.pop_back();
+  return pe;
+}
+
+std::string plugin_table(const PluginEstimate& pe) {
+  return "[[plugins]]\nname = \"" + pe.plugin + "\"" + (pe.toml.empty() ? "" : "\n" + pe.toml);
+}
+
+Remedy remedy_from(const PeakEstimate& now, const PeakEstimate& after, uint64_t limit) {
+  Remedy r;
+  for (int i = 0; i < kNumCategories; ++i) {
+    r.saves[i] = now.at_peak[i] > after.at_peak[i] ? now.at_peak[i] - after.at_peak[i] : 0;
+    r.costs[i] = after.at_peak[i] > now.at_peak[i] ? after.at_peak[i] - now.at_peak[i] : 0;
+  }
+  r.peak_after = after.total();
+  r.fits = fits(r.peak_after, limit);
+  return r;
+}
+
+std::string factor_str(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "x%.2f", f);
+  return buf;
 }
 
 }  // namespace
@@ -32,36 +162,23 @@ uint64_t PeakEstimate::total() const {
   return t;
 }
 
-Strategy strategy_of(const Config& config) {
-  Strategy s;
-  for (const PluginEntry& p : config.plugins) {
-    // The plugins' own keys, as the plugins read them; a value they would refuse stops the run
-    // before any estimate matters, so anything unexpected here just counts as the default.
-    toml::table t;
-    try {
-      t = toml::parse(p.toml);
-    } catch (const toml::parse_error&) {
-    }
-    if (p.name == "amp") {
-      s.compute = t["dtype"].value_or(std::string("bf16")) == "fp16" ? Dtype::kF16 : Dtype::kBF16;
-    } else if (p.name == "checkpoint") {
-      const std::string policy = t["policy"].value_or(std::string("every"));
-      if (policy == "every") {
-        s.keep_every = 0;
-      } else if (policy == "every_n") {
-        s.keep_every = int(t["n"].value_or(int64_t(1)));
-      } else if (policy == "sqrt") {
-        s.keep_every = sqrt_keep_every(config.model.n_layer);
-      }
-      // selective and budget: estimated as no recomputation, an upper bound.
-    }
-  }
-  return s;
+Mechanisms mechanisms_of(const Config& config) {
+  Mechanisms m;
+  m.micro_batch = config.train.micro_batch;
+  m.grad_accum = config.train.grad_accum;
+  m.drop.assign(size_t(std::max(0, config.model.n_layer)) + 2, HR_KEEP_ACTIVATIONS);
+  return m;
 }
 
-PeakEstimate estimate_peak(const Config& config, int micro_batch, const Strategy& s) {
+PeakEstimate estimate_peak(const Config& config, int micro_batch) {
+  Mechanisms m = mechanisms_of(config);
+  m.micro_batch = micro_batch;
+  return estimate_peak(config, m);
+}
+
+PeakEstimate estimate_peak(const Config& config, const Mechanisms& s) {
   const ModelConfig& m = config.model;
-  const uint64_t B = uint64_t(micro_batch), T = uint64_t(m.seq_len), C = uint64_t(m.n_embd);
+  const uint64_t B = uint64_t(s.micro_batch), T = uint64_t(m.seq_len), C = uint64_t(m.n_embd);
   const uint64_t V = uint64_t(m.vocab_size), L = uint64_t(m.n_layer), N = B * T;
   const uint64_t NH = uint64_t(m.n_head);
   const uint64_t params = gpt_num_params(m);
@@ -79,7 +196,7 @@ PeakEstimate estimate_peak(const Config& config, int micro_batch, const Strategy
 
   // What the layers save in forward (model.cpp): the embedding's output, each block's tensors,
   // the head's ln_f, its statistics, the logits and the per-token losses.
-  const uint64_t full = gpt_block_activation_bytes(m, micro_batch, m.seq_len, s.compute);
+  const uint64_t full = gpt_block_activation_bytes(m, s.micro_batch, m.seq_len, s.compute);
   const uint64_t out = es * N * C;  // a block's output; the embedding's
   const uint64_t head = es * (N * C + N * V) + kF32 * (2 * N + N);
   // Backward holds two (B, T, C) gradient buffers throughout, and each layer its own scratch:
@@ -90,148 +207,242 @@ PeakEstimate estimate_peak(const Config& config, int micro_batch, const Strategy
   const uint64_t head_ws = dres + es * N * C;
   const uint64_t block_ws = dres + es * (8 * N * C + 2 * N * C + scratch);
 
-  // Recomputation: dropped blocks keep only their output. The peak is then at the head's backward
-  // (every kept activation plus the head's) or at the recompute of the topmost dropped block (its
-  // full activations and a block's backward scratch); counting every kept block at both moments
-  // makes this an upper bound for every_n and sqrt, and exact for every. Without it, every block
-  // is kept, and the last block's backward is the other candidate.
-  const uint64_t kept = s.keep_every < 0   ? L
-                        : s.keep_every > 0 ? std::min(L, L / uint64_t(s.keep_every))
-                                           : 0;
-  const uint64_t dropped = L - kept;
-  const uint64_t base = out + kept * full;  // the embedding's output and the kept blocks
-  const uint64_t act_head = base + dropped * out + head;
-  const uint64_t act_other = dropped > 0 ? base + (dropped - 1) * out + full : L > 0 ? base : 0;
-  const bool head_wins = L == 0 || act_head + head_ws >= act_other + block_ws;
-  at(e.at_peak, Category::kActivations) = head_wins ? act_head : act_other;
+  // A block that drops everything (HR_DROP_ALL) holds only its output; any other (kept, or
+  // HR_DROP_CHEAP, counted as kept: an upper bound) its full activations. The peak is at the
+  // head's backward (the embedding's output, every block's held bytes, the head's) or at the
+  // backward of the last block (the blocks below it held, its own full activations — recomputed
+  // when it dropped them — and a block's scratch): the blocks' bytes only grow towards the top,
+  // so no lower block's backward holds more. Exact for every block kept and every block dropped.
+  uint64_t below_last = 0;  // the blocks below the last one
+  for (uint64_t l = 1; l + 1 <= L; ++l) {
+    const bool all = l < s.drop.size() && s.drop[l] == HR_DROP_ALL;
+    below_last += all ? out : full;
+  }
+  const bool last_drops = L > 0 && L < s.drop.size() && s.drop[L] == HR_DROP_ALL;
+  const uint64_t held = L > 0 ? below_last + (last_drops ? out : full) : 0;
+  const uint64_t act_head = out + held + head;
+  const uint64_t act_block = L > 0 ? out + below_last + full : 0;
+  const bool head_wins = L == 0 || act_head + head_ws >= act_block + block_ws;
+  at(e.at_peak, Category::kActivations) = head_wins ? act_head : act_block;
   at(e.at_peak, Category::kWorkspace) = head_wins ? head_ws : block_ws;
   return e;
 }
 
-std::vector<Remedy> suggest_remedies(const Config& config, uint64_t limit, uint64_t requested,
-                                     uint64_t free_bytes, uint64_t largest_free,
-                                     const std::vector<std::string>& available_plugins) {
-  std::vector<Remedy> out;
-  const int B = config.train.micro_batch, A = config.train.grad_accum;
-  const Strategy current = strategy_of(config);
-  const PeakEstimate now = estimate_peak(config, B, current);
-  auto remedy = [&](std::string what, std::string toml, const PeakEstimate& e) {
-    Remedy r;
-    r.what = std::move(what);
-    r.toml = std::move(toml);
-    for (int i = 0; i < kNumCategories; ++i) {
-      r.saves[i] = now.at_peak[i] > e.at_peak[i] ? now.at_peak[i] - e.at_peak[i] : 0;
-      r.costs[i] = e.at_peak[i] > now.at_peak[i] ? e.at_peak[i] - now.at_peak[i] : 0;
+ConfigEstimate estimate_config(const Config& config, const OomNumbers& oom) {
+  ConfigEstimate ce;
+  ce.mechanisms = mechanisms_of(config);
+  ce.peak = estimate_peak(config, ce.mechanisms);
+  if (config.plugins.empty()) return ce;
+  CreatedPlugins created(config);
+  const std::vector<OfferedExtension> offered = created.host().offered(HR_EXT_ESTIMATE);
+  size_t k = 0;  // offered is in TOML order, the plugins that offer one
+  for (const PluginEntry& entry : config.plugins) {
+    PluginEstimate pe;
+    if (k < offered.size() && offered[k].plugin == entry.name) {
+      pe = ask(config, offered[k], offered[k].instance, ce.mechanisms, ce.peak, oom);
+      ++k;
+    } else {
+      pe.plugin = entry.name;
+      pe.after = ce.mechanisms;
+      pe.peak = ce.peak;
     }
-    r.peak_after = e.total();
-    r.fits = !limit || e.total() <= limit;
-    return r;
-  };
+    if (pe.ok()) {
+      ce.mechanisms = pe.after;
+      ce.peak = pe.peak;
+      ce.step_time_factor *= pe.step_time_factor;
+    }
+    ce.plugins.push_back(std::move(pe));
+  }
+  return ce;
+}
 
-  // Smaller micro-batches, the same effective batch: the largest divisor of B that fits.
+Advice advise(const Config& config, const std::vector<OfferedExtension>& installed,
+              const OomNumbers& oom) {
+  Advice a;
+  a.config = estimate_config(config, oom);
+  a.limit = config.device.memory_limit;
+  const uint64_t now_total = a.config.peak.total();
+  a.fits = fits(now_total, a.limit);
+  // `plan` of a config that fits needs nothing; an out-of-memory failure of one the estimate says
+  // fits still asks the plugins (an allocator may explain it).
+  if (a.fits && !oom.requested) return a;
+  auto file = [&](Remedy r) { (r.fits ? a.remedies : a.not_enough).push_back(std::move(r)); };
+
+  // Built in: smaller micro-batches at the same effective batch, the largest divisor of B that
+  // fits, with the config's plugins as they are.
+  const int B = config.train.micro_batch, A = config.train.grad_accum;
   for (int b = B / 2; b >= 1; --b) {
     if (B % b != 0) continue;
-    const PeakEstimate e = estimate_peak(config, b, current);
-    if (limit && e.total() > limit && b > 1) continue;
-    out.push_back(remedy("micro_batch " + std::to_string(b) + " x grad_accum " +
-                             std::to_string(A * (B / b)) + " (the same " + std::to_string(B * A) +
-                             " sequences per step)",
-                         "[train]\nmicro_batch = " + std::to_string(b) +
-                             "\ngrad_accum = " + std::to_string(A * (B / b)),
-                         e));
+    Config smaller = config;
+    smaller.train.micro_batch = b;
+    smaller.train.grad_accum = A * (B / b);
+    const ConfigEstimate e = estimate_config(smaller, oom);
+    if (!fits(e.peak.total(), a.limit) && b > 1) continue;
+    Remedy r = remedy_from(a.config.peak, e.peak, a.limit);
+    r.what = "micro_batch " + std::to_string(b) + " x grad_accum " +
+             std::to_string(smaller.train.grad_accum) + " (the same " + std::to_string(B * A) +
+             " sequences per step)";
+    r.sets = {"train.micro_batch=" + std::to_string(b),
+              "train.grad_accum=" + std::to_string(smaller.train.grad_accum)};
+    r.step_time_measured = false;
+    if (r.peak_after < now_total) file(std::move(r));
     break;
   }
 
-  auto available = [&](const char* name) {
-    return std::find(available_plugins.begin(), available_plugins.end(), name) !=
-           available_plugins.end();
-  };
-  auto configured = [&](const char* name) {
+  // Each installed plugin the config does not list, as it proposes itself.
+  auto listed = [&](const std::string& name) {
     return std::any_of(config.plugins.begin(), config.plugins.end(),
                        [&](const PluginEntry& p) { return p.name == name; });
   };
-  const bool can_checkpoint =
-      available("checkpoint") && !configured("checkpoint") && config.model.n_layer >= 2;
-  const bool can_amp = available("amp") && !configured("amp");
-
-  // Activation recomputation: sqrt(L) keeps every ceil(sqrt(L))-th block and recomputes less;
-  // every saves the most.
-  Strategy ckpt = current;
-  std::string ckpt_toml;
-  if (can_checkpoint) {
-    ckpt.keep_every = sqrt_keep_every(config.model.n_layer);
-    const char* policy = "sqrt";
-    if (limit && estimate_peak(config, B, ckpt).total() > limit) {
-      ckpt.keep_every = 0;
-      policy = "every";
+  std::vector<const OfferedExtension*> helping;  // its proposal lowers the peak
+  std::vector<uint64_t> helping_peak;
+  bool one_fits = false;
+  for (const OfferedExtension& ext : installed) {
+    if (listed(ext.plugin)) continue;
+    const PluginEstimate pe = ask(config, ext, nullptr, a.config.mechanisms, a.config.peak, oom);
+    if (!pe.ok()) continue;
+    Remedy r = remedy_from(a.config.peak, pe.peak, a.limit);
+    r.what = pe.plugin + ": " + pe.what;
+    r.toml = plugin_table(pe);
+    r.plugins = {pe.plugin};
+    r.unstranded = pe.makes_usable;
+    r.step_time_factor = pe.step_time_factor;
+    if (r.peak_after < now_total) {
+      helping.push_back(&ext);
+      helping_peak.push_back(r.peak_after);
     }
-    ckpt_toml = std::string("[[plugins]]\nname = \"checkpoint\"\npolicy = \"") + policy + "\"";
-    out.push_back(
-        remedy(std::string("checkpoint (activation recomputation, policy ") + policy + ")",
-               ckpt_toml, estimate_peak(config, B, ckpt)));
+    if (r.peak_after < now_total || r.unstranded) {
+      one_fits = one_fits || r.fits;
+      file(std::move(r));
+    }
   }
 
-  // Mixed precision: bf16 activations and compute copies beside the fp32 masters.
-  Strategy amp = current;
-  amp.compute = Dtype::kBF16;
-  const std::string amp_toml = "[[plugins]]\nname = \"amp\"\ndtype = \"bf16\"";
-  if (can_amp)
-    out.push_back(remedy("amp (bf16 activations and compute weights, fp32 master weights)",
-                         amp_toml, estimate_peak(config, B, amp)));
-
-  // Both, when neither alone fits.
-  if (can_amp && can_checkpoint && limit && estimate_peak(config, B, ckpt).total() > limit &&
-      estimate_peak(config, B, amp).total() > limit) {
-    Strategy both = ckpt;
-    both.compute = Dtype::kBF16;
-    out.push_back(remedy("amp + checkpoint together", amp_toml + "\n" + ckpt_toml,
-                         estimate_peak(config, B, both)));
+  // None fits alone: the ones that lower the peak, the largest saving first, each proposing
+  // itself on top of the ones before, until the estimate fits.
+  if (!one_fits && helping.size() >= 2) {
+    std::vector<size_t> order(helping.size());
+    for (size_t i = 0; i < order.size(); ++i)
+      order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t x, size_t y) { return helping_peak[x] < helping_peak[y]; });
+    Mechanisms m = a.config.mechanisms;
+    PeakEstimate peak = a.config.peak;
+    Remedy combined;
+    std::vector<std::string> whats, tables;
+    double factor = 1;
+    for (size_t i : order) {
+      const PluginEstimate pe = ask(config, *helping[i], nullptr, m, peak, oom);
+      if (!pe.ok() || pe.peak.total() >= peak.total()) continue;
+      m = pe.after;
+      peak = pe.peak;
+      factor *= pe.step_time_factor;
+      combined.plugins.push_back(pe.plugin);
+      whats.push_back(pe.plugin + " (" + pe.what + ")");
+      tables.push_back(plugin_table(pe));
+      if (combined.plugins.size() >= 2 && fits(peak.total(), a.limit)) break;
+    }
+    if (combined.plugins.size() >= 2 && fits(peak.total(), a.limit)) {
+      Remedy r = remedy_from(a.config.peak, peak, a.limit);
+      r.plugins = combined.plugins;
+      for (size_t i = 0; i < whats.size(); ++i) {
+        r.what += (i ? " + " : "") + whats[i];
+        r.toml += (i ? "\n\n" : "") + tables[i];
+      }
+      r.step_time_factor = factor;
+      a.remedies.push_back(std::move(r));
+    }
   }
-
-  // Enough bytes free, no hole big enough: fragmentation, which an allocator with expandable
-  // segments removes (it maps pages wherever they are free).
-  if (available("defrag_allocator") && requested <= free_bytes && largest_free < requested) {
-    Remedy r;
-    r.what = "defrag_allocator: the request fits the " + format_bytes(free_bytes) +
-             " free, but the largest free block is " + format_bytes(largest_free);
-    r.toml = "[[plugins]]\nname = \"defrag_allocator\"";
-    r.unstranded = free_bytes - largest_free;
-    r.fits = true;
-    out.push_back(r);
-  }
-  return out;
+  return a;
 }
 
-std::string format_remedies(const std::vector<Remedy>& remedies) {
-  if (remedies.empty()) return "";
-  std::string s = "what would make it fit:\n";
-  for (const Remedy& r : remedies) {
-    s += "  - " + r.what + (r.fits ? "" : " (still over the limit by the estimate)") + "\n";
-    if (r.peak_after) s += "    peak about " + format_bytes(r.peak_after) + "\n";
-    // "activations 1.00 MiB, workspace 2.00 MiB": the categories with bytes.
-    auto by_category = [](const ByCategory& bytes) {
-      std::string list;
-      for (int i = 0; i < kNumCategories; ++i) {
-        if (!bytes[i]) continue;
-        list += std::string(list.empty() ? "" : ", ") + category_name(category_at(i)) + " " +
-                format_bytes(bytes[i]);
-      }
-      return list;
-    };
+Advice advise(const Config& config, const OomNumbers& oom) {
+  const PluginCatalog catalog;
+  return advise(config, catalog.offered(HR_EXT_ESTIMATE), oom);
+}
+
+std::string format_estimate(const ConfigEstimate& e) {
+  std::string s;
+  for (const PluginEstimate& pe : e.plugins) {
+    if (!pe.offered) {
+      s += "  " + pe.plugin +
+           ": offers no estimate (headroom.estimate/1); counted as changing nothing\n";
+    } else if (pe.status != HR_OK) {
+      s += "  " + pe.plugin + ": its estimate failed (status " + std::to_string(pe.status) +
+           "); counted as changing nothing\n";
+    } else {
+      s += "  " + pe.plugin + ": " + pe.what + "; step time about " +
+           factor_str(pe.step_time_factor) + "\n";
+    }
+  }
+  if (!e.plugins.empty()) s = "with the config's [[plugins]], in order:\n" + s;
+  char line[128];
+  std::snprintf(line, sizeof line, "estimated peak, micro_batch %d x grad_accum %d:\n",
+                e.mechanisms.micro_batch, e.mechanisms.grad_accum);
+  s += line;
+  for (int i = 0; i < kNumCategories; ++i) {
+    std::snprintf(line, sizeof line, "  %-16s %14s\n", category_name(category_at(i)),
+                  format_bytes(e.peak.at_peak[i]).c_str());
+    s += line;
+  }
+  std::snprintf(line, sizeof line, "  %-16s %14s\n", "total", format_bytes(e.peak.total()).c_str());
+  return s + line;
+}
+
+std::string format_remedies(const Advice& advice) {
+  std::string s;
+  if (advice.remedies.empty()) {
+    s = "nothing found that fits by the estimate: raise device.memory_limit, or shrink the model "
+        "or seq_len\n";
+  } else {
+    s = "what would make it fit (each by the estimate; step time against the run as "
+        "configured):\n";
+  }
+  auto by_category = [](const ByCategory& bytes) {
+    std::string list;
+    for (int i = 0; i < kNumCategories; ++i) {
+      if (!bytes[i]) continue;
+      list += std::string(list.empty() ? "" : ", ") + category_name(category_at(i)) + " " +
+              format_bytes(bytes[i]);
+    }
+    return list;
+  };
+  for (const Remedy& r : advice.remedies) {
+    s += "  - " + r.what + "\n";
+    s += "    peak about " + format_bytes(r.peak_after) + "; step time " +
+         (r.step_time_measured ? "about " + factor_str(r.step_time_factor) : "not measured") + "\n";
     const std::string saved = by_category(r.saves), cost = by_category(r.costs);
     if (!saved.empty()) s += "    saves about " + saved + " at the peak\n";
     if (!cost.empty()) s += "    costs about " + cost + " more\n";
     if (r.unstranded)
       s += "    makes usable " + format_bytes(r.unstranded) +
            " of free memory now in holes too small for the request\n";
-    s += "    in the config:\n";
-    size_t start = 0;
-    while (start <= r.toml.size()) {
-      const size_t end = r.toml.find('\n', start);
-      s += "      " + r.toml.substr(start, end - start) + "\n";
-      if (end == std::string::npos) break;
-      start = end + 1;
+    if (!r.sets.empty()) {
+      s += "    on the command line:\n     ";
+      for (const std::string& f : r.sets)
+        s += " --set " + f;
+      s += "\n";
     }
+    if (!r.toml.empty()) {
+      s += "    append to the config:\n";
+      size_t start = 0;
+      while (start <= r.toml.size()) {
+        const size_t end = r.toml.find('\n', start);
+        const std::string line = r.toml.substr(start, end - start);
+        s += line.empty() ? "\n" : "      " + line + "\n";
+        if (end == std::string::npos) break;
+        start = end + 1;
+      }
+    }
+  }
+  if (!advice.not_enough.empty()) {
+    s += "not enough alone:";
+    for (size_t i = 0; i < advice.not_enough.size(); ++i) {
+      const Remedy& r = advice.not_enough[i];
+      const std::string name = r.plugins.empty() ? r.what : r.plugins[0];
+      s += std::string(i ? ";" : "") + " " + name + " (peak about " + format_bytes(r.peak_after) +
+           (r.unstranded ? ", makes usable " + format_bytes(r.unstranded) : "") + ")";
+    }
+    s += "\n";
   }
   return s;
 }

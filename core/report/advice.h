@@ -1,56 +1,112 @@
-// What would make a run fit: the advice that follows an out-of-memory report. Estimates come
-// from the config (closed forms of the model's memory) and the tracker's numbers at the failure.
+// What a run needs and what would make it fit: `headroom plan` and the advice that follows an
+// out-of-memory report. Core knows what its mechanisms cost (the closed form of the peak given a
+// compute dtype and which layers drop their activations); the plugins know which mechanisms their
+// policy sets and what it costs in step time (headroom.estimate/1, headroom/ext/estimate.h). This
+// file names no plugin.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "core/device/backend.h"
 #include "core/config/config.h"
+#include "core/device/backend.h"
 #include "core/device/memory.h"
+#include "core/plugin_host/plugin_host.h"
+#include "headroom/ext/estimate.h"
 
 namespace headroom {
 
 // The peak bytes of one training run by category, in closed form: parameters, gradients and
 // optimizer state, plus the activations and workspace at the start of the head's backward (every
-// activation still held) or of the last block's backward, whichever is higher.
+// activation still held) or of a block's backward, whichever is higher.
 struct PeakEstimate {
   ByCategory at_peak{};
   uint64_t total() const;
 };
-// What the run does about memory, as far as the estimate is concerned: the compute dtype (amp)
-// and which blocks recompute (checkpoint).
-struct Strategy {
+
+// What core's mechanisms are set to, as far as the peak is concerned (hr_mechanisms).
+struct Mechanisms {
   Dtype compute = Dtype::kF32;
-  int keep_every = -1;  // -1: no recomputation; 0: every block drops; n: every n-th block keeps
+  int micro_batch = 1, grad_accum = 1;
+  std::vector<uint8_t> drop;  // per layer (n_layer + 2): HR_KEEP_ACTIVATIONS, HR_DROP_ALL or
+                              // HR_DROP_CHEAP
 };
-// The strategy the config's plugin list gives (amp's dtype; checkpoint's every, every_n, sqrt —
-// selective and budget count as none, an upper bound).
-Strategy strategy_of(const Config& config);
-PeakEstimate estimate_peak(const Config& config, int micro_batch, const Strategy& strategy = {});
+// The config's micro_batch and grad_accum, fp32, every layer keeping its activations: the run as
+// it is without plugins.
+Mechanisms mechanisms_of(const Config& config);
 
-// One way out: what to change, the TOML lines that do it, and the bytes it saves by category.
+// The closed form. Exact on the CPU backend when every layer keeps its activations and when every
+// block drops them all; HR_DROP_CHEAP counts as kept (an upper bound).
+PeakEstimate estimate_peak(const Config& config, const Mechanisms& m);
+PeakEstimate estimate_peak(const Config& config, int micro_batch);  // no plugins
+
+// The numbers of an out-of-memory failure (all 0 for `headroom plan`).
+struct OomNumbers {
+  uint64_t requested = 0, free_bytes = 0, largest_free = 0;
+};
+
+// One plugin's headroom.estimate/1 answer.
+struct PluginEstimate {
+  std::string plugin;
+  bool offered = false;      // the plugin offers headroom.estimate/1
+  hr_status status = HR_OK;  // its answer (HR_ERROR_UNSUPPORTED: nothing to offer here)
+  Mechanisms after;          // as it leaves them
+  PeakEstimate peak;         // the peak it leaves
+  uint64_t makes_usable = 0;
+  double step_time_factor = 1;
+  std::string what, toml;  // toml: its table's keys, one `key = value` a line
+  bool ok() const { return offered && status == HR_OK; }
+};
+
+// The config as written: its [[plugins]] created (as `train` creates them) and their estimates
+// chained in TOML order, each given the mechanisms the ones before it left. A plugin that offers
+// no estimate, or answers with an error, is counted as changing nothing.
+struct ConfigEstimate {
+  Mechanisms mechanisms;  // as the last plugin leaves them
+  PeakEstimate peak;
+  double step_time_factor = 1;  // the product of the plugins'
+  std::vector<PluginEstimate> plugins;
+};
+// Throws as validate_plugins does for a config whose plugins cannot be created.
+ConfigEstimate estimate_config(const Config& config, const OomNumbers& oom = {});
+
+// One way to fit: pasteable as `--set` flags, or as [[plugins]] tables to append to the config.
 struct Remedy {
-  std::string what;         // "micro_batch 4 with grad_accum 8 (the same batch)"
-  std::string toml;         // the lines to put in the config
-  ByCategory saves{};       // estimated peak bytes saved, by category
-  ByCategory costs{};       // ... and added (amp's compute copies beside the fp32 masters)
-  uint64_t unstranded = 0;  // free bytes now in holes too small to use, that it makes usable
-  bool fits = false;        // the estimate says the run then fits memory_limit
-  uint64_t peak_after = 0;  // the estimated peak with it (0 when not estimated)
+  std::string what;               // "micro_batch 8 x grad_accum 4 (the same 32 sequences a step)"
+  std::vector<std::string> sets;  // "train.micro_batch=8", for --set
+  std::string toml;               // the [[plugins]] tables to append
+  std::vector<std::string> plugins;  // the plugins it adds, in the order of `toml`
+  ByCategory saves{};                // estimated peak bytes saved, by category
+  ByCategory costs{};                // ... and added
+  uint64_t unstranded = 0;           // free bytes in holes too small that it makes usable
+  uint64_t peak_after = 0;           // the estimated peak with it
+  bool fits = false;                 // the estimate says the run then fits memory_limit
+  double step_time_factor = 1;       // step time with it over without it
+  bool step_time_measured = true;    // false: step_time_factor is not a measurement
 };
 
-// Remedies for a run that did not fit `limit`: smaller micro-batches at the same effective batch
-// (built in), and each plugin in `available_plugins` and not yet in the config that addresses what
-// filled the memory (checkpoint and amp: activations — both together when neither alone fits;
-// defrag_allocator: a failure with enough free bytes but no hole large enough). Estimates start
-// from the config's own plugins (strategy_of).
-std::vector<Remedy> suggest_remedies(const Config& config, uint64_t limit, uint64_t requested,
-                                     uint64_t free_bytes, uint64_t largest_free,
-                                     const std::vector<std::string>& available_plugins);
+struct Advice {
+  ConfigEstimate config;           // the config as written
+  uint64_t limit = 0;              // memory_limit (0: none)
+  bool fits = true;                // the config as written fits by the estimate
+  std::vector<Remedy> remedies;    // each fits by the estimate
+  std::vector<Remedy> not_enough;  // each helps but does not fit alone
+};
 
-// The remedies as the report prints them.
-std::string format_remedies(const std::vector<Remedy>& remedies);
+// Remedies for `config` when it does not fit its memory_limit: the built-in smaller micro-batch at
+// the same effective batch, and each plugin of `installed` (what PluginCatalog::offered gives for
+// HR_EXT_ESTIMATE) that the config does not list, as it proposes itself; when none fits alone,
+// the proposals that help, added one after the other (the largest saving first) until they fit.
+Advice advise(const Config& config, const std::vector<OfferedExtension>& installed,
+              const OomNumbers& oom = {});
+// The same with the plugins installed on the search path.
+Advice advise(const Config& config, const OomNumbers& oom = {});
+
+// "  amp: mixed precision ... (step time x1.15)" for each configured plugin, then the peak by
+// category and its total.
+std::string format_estimate(const ConfigEstimate& e);
+// The remedies as `plan` and the out-of-memory report print them.
+std::string format_remedies(const Advice& advice);
 
 }  // namespace headroom

@@ -17,14 +17,14 @@
 #include <string>
 #include <vector>
 
-#include "core/report/advice.h"
-#include "core/report/alloc_trace.h"
 #include "core/config/config.h"
+#include "core/data/shards.h"
 #include "core/device/device.h"
 #include "core/os/interrupt.h"
 #include "core/os/output_file.h"
+#include "core/plan/plan.h"
 #include "core/plugin_host/plugin_host.h"
-#include "core/data/shards.h"
+#include "core/report/alloc_trace.h"
 #include "core/run/trainer.h"
 
 namespace {
@@ -43,43 +43,14 @@ int cmd_check(const std::string& file, const std::vector<std::string>& sets) {
   return kExitOk;
 }
 
-// The names of the plugins this headroom can load: what the advice may suggest.
-std::vector<std::string> available_plugins() {
-  std::vector<std::string> names;
-  for (const headroom::PluginInfo& p : headroom::discover_plugins())
-    if (p.error.empty()) names.push_back(p.name);
-  return names;
-}
-
-// `headroom plan CONFIG`: the run's peak by category from the config's closed forms, against its
-// memory_limit, and what would make it fit. Exit 0 when the estimate fits, 3 when it does not.
+// `headroom plan CONFIG`: the run's peak by category as the config is written, its [[plugins]]
+// included, against its memory_limit; when it does not fit, what would. Exit 0 when the estimate
+// fits, 3 when it does not.
 int cmd_plan(const std::string& file, const std::vector<std::string>& sets) {
   const headroom::Config config = headroom::load_config(file, sets);
-  headroom::validate_plugins(config);
-  const headroom::PeakEstimate e = headroom::estimate_peak(config, config.train.micro_batch);
-  const uint64_t limit = config.device.memory_limit;
-  std::printf("estimated peak, micro_batch %d, no plugins:\n", config.train.micro_batch);
-  for (int i = 0; i < headroom::kNumCategories; ++i)
-    std::printf("  %-16s %14s\n", headroom::category_name(headroom::category_at(i)),
-                headroom::format_bytes(e.at_peak[i]).c_str());
-  std::printf("  %-16s %14s\n", "total", headroom::format_bytes(e.total()).c_str());
-  if (!config.plugins.empty())
-    std::printf("(the [[plugins]] of the config are not in this estimate)\n");
-  if (!limit) {
-    std::printf("memory_limit: none\n");
-    return kExitOk;
-  }
-  if (e.total() <= limit) {
-    std::printf("fits memory_limit %s with %s to spare\n", headroom::format_bytes(limit).c_str(),
-                headroom::format_bytes(limit - e.total()).c_str());
-    return kExitOk;
-  }
-  std::printf("does not fit memory_limit %s: over by %s\n", headroom::format_bytes(limit).c_str(),
-              headroom::format_bytes(e.total() - limit).c_str());
-  std::printf("%s", headroom::format_remedies(
-                        headroom::suggest_remedies(config, limit, 0, 0, 0, available_plugins()))
-                        .c_str());
-  return kExitOutOfMemory;
+  const headroom::PlanResult r = headroom::plan(config);  // creates the plugins, as check does
+  std::printf("%s", r.text.c_str());
+  return r.fits ? kExitOk : kExitOutOfMemory;
 }
 
 // Every plugin on the search path, loaded and asked for its descriptor.
@@ -184,11 +155,10 @@ int cmd_train(const std::string& file, const std::vector<std::string>& sets,
     std::cout.flush();
     const headroom::OomReport& r = e.report();
     std::cerr << "\nheadroom: " << r.str();
-    // What would make it fit, from the config's closed forms and this failure's numbers, among
-    // the built-in knobs and the plugins this headroom can find.
-    const std::string advice = headroom::format_remedies(headroom::suggest_remedies(
-        config, r.limit, r.requested, r.free_bytes(), r.largest_free, available_plugins()));
-    std::cerr << "headroom: " << (advice.empty() ? "raise device.memory_limit\n" : advice);
+    // What the run needs by the estimate of the config as written, and what would make it fit:
+    // the built-in knobs and the plugins this headroom can find. The trainer's memory goes first.
+    trainer.reset();
+    std::cerr << "headroom: " << headroom::oom_advice(config, r);
     if (!flags.memory_timeline.empty())
       std::cerr << "headroom: memory timeline up to the failure: " << flags.memory_timeline << "\n";
     return kExitOutOfMemory;

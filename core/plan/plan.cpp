@@ -1,0 +1,45 @@
+#include "core/plan/plan.h"
+
+#include "core/report/advice.h"
+
+namespace headroom {
+
+PlanResult plan(const Config& config) {
+  PlanResult r;
+  const uint64_t limit = config.device.memory_limit;
+  const ConfigEstimate e = estimate_config(config);
+  r.text = format_estimate(e);
+  const uint64_t total = e.peak.total();
+  if (!limit) {
+    r.text += "memory_limit: none\n";
+    return r;
+  }
+  if (total <= limit) {
+    r.text += "fits memory_limit " + format_bytes(limit) + " with " + format_bytes(limit - total) +
+              " to spare\n";
+    return r;
+  }
+  r.fits = false;
+  r.text += "does not fit memory_limit " + format_bytes(limit) + ": needs about " +
+            format_bytes(total) + ", over by " + format_bytes(total - limit) + "\n";
+  r.text += format_remedies(advise(config));
+  return r;
+}
+
+std::string oom_advice(const Config& config, const OomReport& report) {
+  OomNumbers oom;
+  oom.requested = report.requested;
+  oom.free_bytes = report.free_bytes();
+  oom.largest_free = report.largest_free;
+  const Advice a = advise(config, oom);
+  const uint64_t total = a.config.peak.total();
+  std::string s = "needs about " + format_bytes(total) + "; " +
+                  (report.limit ? format_bytes(report.limit) : std::string("no limit")) +
+                  " available";
+  if (a.fits)
+    s += " (the estimate fits: what failed is outside it — free memory in pieces, or bytes the "
+         "estimate does not count)";
+  return s + "\n" + format_remedies(a);
+}
+
+}  // namespace headroom
