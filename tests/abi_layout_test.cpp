@@ -6,8 +6,17 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 #include <type_traits>
 
+#include "headroom/ext/estimate.h"
+#include "headroom/ext/precision.h"
+#include "headroom/ext/recompute.h"
+#include "headroom/ext/roles.h"
+#include "headroom/ext/state.h"
+#include "headroom/ext/step.h"
+#include "headroom/ext/tensors.h"
+#include "headroom/ext/vm.h"
 #include "headroom/plugin.h"
 
 // offsetof and size of one field.
@@ -24,14 +33,15 @@
 static_assert(HR_ABI_VERSION_MAJOR == 1);
 // A new minor version appends fields: pin them in this file (offsets of what exists never move;
 // sizes are exact for the current minor version), then raise this bound.
-static_assert(HR_ABI_VERSION_MINOR <= 4, "pin the new minor version's layout in this file");
+static_assert(HR_ABI_VERSION_MINOR <= 5, "pin the new minor version's layout in this file");
 static_assert(HR_ABI_MAKE_VERSION(1, 0) == 0x00010000u);
 static_assert(HR_ABI_MAKE_VERSION(2, 3) == 0x00020003u);
 static_assert(HR_ABI_MAJOR(0x00020003u) == 2 && HR_ABI_MINOR(0x00020003u) == 3);
 static_assert(HR_ABI_VERSION == HR_ABI_MAKE_VERSION(HR_ABI_VERSION_MAJOR, HR_ABI_VERSION_MINOR));
 static_assert(std::is_same_v<hr_status, int32_t>);
 static_assert(HR_OK == 0 && HR_ERROR == 1 && HR_ERROR_CONFIG == 2 && HR_ERROR_OUT_OF_MEMORY == 3 &&
-              HR_ERROR_UNSUPPORTED == 4 && HR_ERROR_INVALID == 5 && HR_ERROR_VERSION == 6);
+              HR_ERROR_UNSUPPORTED == 4 && HR_ERROR_INVALID == 5 && HR_ERROR_VERSION == 6 &&
+              HR_ERROR_NOT_ALLOWED == 7);
 static_assert(HR_ROLE_ALLOCATOR == 1u && HR_ROLE_OPTIMIZER == 2u);
 static_assert(HR_LOG_DEBUG == 0 && HR_LOG_INFO == 1 && HR_LOG_WARN == 2 && HR_LOG_ERROR == 3);
 static_assert(HR_MAX_DIMS == 8);
@@ -51,7 +61,12 @@ static_assert(HR_DTYPE_F32 == 0 && HR_DTYPE_BF16 == 1 && HR_DTYPE_F16 == 2 && HR
               HR_DTYPE_I32 == 4);
 
 // --- hr_event_info ----------------------------------------------------------------------------
-static_assert(sizeof(hr_event_info) == 48 && alignof(hr_event_info) == 8);
+// ABI 1.0 ended at reserved0 (48 bytes); 1.5 appended loss and tokens.
+static_assert(sizeof(hr_event_info) == 64 && alignof(hr_event_info) == 8);
+PIN(hr_event_info, loss, 48, 8);
+PIN(hr_event_info, tokens, 56, 8);
+PIN_TYPE(hr_event_info, loss, double);
+PIN_TYPE(hr_event_info, tokens, uint64_t);
 PIN(hr_event_info, struct_size, 0, 4);
 PIN(hr_event_info, event, 4, 4);
 PIN(hr_event_info, step, 8, 8);
@@ -61,6 +76,10 @@ PIN(hr_event_info, ptr, 24, 8);
 PIN(hr_event_info, bytes, 32, 8);
 PIN(hr_event_info, category, 40, 4);
 PIN(hr_event_info, reserved0, 44, 4);
+PIN(hr_event_info, loss, 48, 8);
+PIN(hr_event_info, tokens, 56, 8);
+PIN_TYPE(hr_event_info, loss, double);
+PIN_TYPE(hr_event_info, tokens, uint64_t);
 PIN_TYPE(hr_event_info, step, int64_t);
 PIN_TYPE(hr_event_info, micro_step, int32_t);
 PIN_TYPE(hr_event_info, layer, int32_t);
@@ -111,8 +130,11 @@ PIN_TYPE(hr_optimizer_step_info, lr, double);
 
 // --- hr_host_services: every function pointer's offset and signature --------------------------
 // ABI 1.0 ended at request_retry (280 bytes); 1.2 appended the virtual-memory services (to 320);
-// 1.3 appended drop_activations (to 328); 1.4 set_compute_dtype and set_loss_scale.
-static_assert(sizeof(hr_host_services) == 344 && alignof(hr_host_services) == 8);
+// 1.3 appended drop_activations (to 328); 1.4 set_compute_dtype and set_loss_scale (to 344); 1.5
+// get_extension, after which the table is frozen (every later service is an extension).
+static_assert(sizeof(hr_host_services) == 352 && alignof(hr_host_services) == 8);
+PIN(hr_host_services, get_extension, 344, 8);
+PIN_TYPE(hr_host_services, get_extension, const void* (*)(hr_host*, const char*));
 PIN(hr_host_services, struct_size, 0, 4);
 PIN(hr_host_services, abi_version, 4, 4);
 PIN(hr_host_services, host, 8, 8);
@@ -203,6 +225,8 @@ PIN(hr_host_services, set_compute_dtype, 328, 8);
 PIN_TYPE(hr_host_services, set_compute_dtype, hr_status (*)(hr_host*, uint32_t));
 PIN(hr_host_services, set_loss_scale, 336, 8);
 PIN_TYPE(hr_host_services, set_loss_scale, hr_status (*)(hr_host*, double));
+PIN(hr_host_services, get_extension, 344, 8);
+PIN_TYPE(hr_host_services, get_extension, const void* (*)(hr_host*, const char*));
 static_assert(HR_DROP_ALL == 0 && HR_DROP_CHEAP == 1);
 
 // --- hr_allocator_hooks, hr_optimizer_hooks ---------------------------------------------------
@@ -260,8 +284,11 @@ PIN_TYPE(hr_plugin_descriptor, optimizer, const hr_optimizer_hooks*);
 #if HR_ABI_VERSION_MINOR == 0
 static_assert(sizeof(hr_plugin_descriptor) == 88);
 #else
-// ABI 1.0 ended at `optimizer` (88 bytes); 1.1 appended save_state and load_state.
-static_assert(sizeof(hr_plugin_descriptor) == 104);
+// ABI 1.0 ended at `optimizer` (88 bytes); 1.1 appended save_state and load_state (to 104); 1.5
+// get_extension.
+static_assert(sizeof(hr_plugin_descriptor) == 112);
+PIN(hr_plugin_descriptor, get_extension, 104, 8);
+PIN_TYPE(hr_plugin_descriptor, get_extension, const void* (*)(const char*));
 PIN(hr_plugin_descriptor, save_state, 88, 8);
 PIN_TYPE(hr_plugin_descriptor, save_state, hr_status (*)(void*, const hr_state_writer*));
 PIN(hr_plugin_descriptor, load_state, 96, 8);
@@ -291,6 +318,138 @@ PIN_TYPE(hr_entry_args, error, char*);
 PIN_TYPE(hr_entry_args, error_size, size_t);
 static_assert(std::is_same_v<hr_plugin_entry_fn, hr_status (*)(hr_entry_args*)>);
 static_assert(std::is_same_v<decltype(&hr_plugin_entry), hr_plugin_entry_fn>);
+
+// --- The extensions (1.5): ids, constants, and every table's layout ---------------------------
+#define PIN_ID(macro, id) static_assert(std::string_view(macro) == id, #macro " changed")
+PIN_ID(HR_EXT_VM, "headroom.vm/1");
+PIN_ID(HR_EXT_PRECISION, "headroom.precision/1");
+PIN_ID(HR_EXT_RECOMPUTE, "headroom.recompute/1");
+PIN_ID(HR_EXT_TENSORS, "headroom.tensors/1");
+PIN_ID(HR_EXT_STEP, "headroom.step/1");
+PIN_ID(HR_EXT_STATE, "headroom.state/1");
+PIN_ID(HR_EXT_ALLOCATOR, "headroom.allocator/1");
+PIN_ID(HR_EXT_OPTIMIZER, "headroom.optimizer/1");
+PIN_ID(HR_EXT_ESTIMATE, "headroom.estimate/1");
+static_assert(HR_REDUCE_SUM == 0 && HR_REDUCE_MAX == 1 && HR_REDUCE_MAX_ABS == 2 &&
+              HR_REDUCE_SUM_SQUARES == 3);
+static_assert(HR_READ_MAX_BYTES == (uint64_t(1) << 20));
+static_assert(HR_KEEP_ACTIVATIONS == 0xFFu);
+static_assert(sizeof(hr_ext_vm) == 64 && alignof(hr_ext_vm) == 8);
+PIN(hr_ext_vm, struct_size, 0, 4);
+PIN(hr_ext_vm, reserved0, 4, 4);
+PIN(hr_ext_vm, raw_alloc, 8, 8);
+PIN(hr_ext_vm, raw_free, 16, 8);
+PIN(hr_ext_vm, granularity, 24, 8);
+PIN(hr_ext_vm, reserve, 32, 8);
+PIN(hr_ext_vm, map, 40, 8);
+PIN(hr_ext_vm, unmap, 48, 8);
+PIN(hr_ext_vm, release, 56, 8);
+static_assert(sizeof(hr_ext_precision) == 40 && alignof(hr_ext_precision) == 8);
+PIN(hr_ext_precision, struct_size, 0, 4);
+PIN(hr_ext_precision, reserved0, 4, 4);
+PIN(hr_ext_precision, set_compute_dtype, 8, 8);
+PIN(hr_ext_precision, set_loss_scale, 16, 8);
+PIN(hr_ext_precision, compute_dtype, 24, 8);
+PIN(hr_ext_precision, loss_scale, 32, 8);
+static_assert(sizeof(hr_ext_recompute) == 24 && alignof(hr_ext_recompute) == 8);
+PIN(hr_ext_recompute, struct_size, 0, 4);
+PIN(hr_ext_recompute, reserved0, 4, 4);
+PIN(hr_ext_recompute, drop_activations, 8, 8);
+PIN(hr_ext_recompute, layer_activation_bytes, 16, 8);
+static_assert(sizeof(hr_ext_tensors) == 32 && alignof(hr_ext_tensors) == 8);
+PIN(hr_ext_tensors, struct_size, 0, 4);
+PIN(hr_ext_tensors, reserved0, 4, 4);
+PIN(hr_ext_tensors, find_param, 8, 8);
+PIN(hr_ext_tensors, read, 16, 8);
+PIN(hr_ext_tensors, reduce, 24, 8);
+static_assert(sizeof(hr_step_state) == 72 && alignof(hr_step_state) == 8);
+PIN(hr_step_state, struct_size, 0, 4);
+PIN(hr_step_state, micro_step, 4, 4);
+PIN(hr_step_state, step, 8, 8);
+PIN(hr_step_state, lr, 16, 8);
+PIN(hr_step_state, loss_scale, 24, 8);
+PIN(hr_step_state, loss, 32, 8);
+PIN(hr_step_state, tokens, 40, 8);
+PIN(hr_step_state, grad_norm, 48, 8);
+PIN(hr_step_state, clip_coef, 56, 8);
+PIN(hr_step_state, skipped, 64, 4);
+PIN(hr_step_state, reserved0, 68, 4);
+static_assert(sizeof(hr_ext_step) == 16 && alignof(hr_ext_step) == 8);
+PIN(hr_ext_step, struct_size, 0, 4);
+PIN(hr_ext_step, reserved0, 4, 4);
+PIN(hr_ext_step, state, 8, 8);
+static_assert(sizeof(hr_ext_state) == 24 && alignof(hr_ext_state) == 8);
+PIN(hr_ext_state, struct_size, 0, 4);
+PIN(hr_ext_state, reserved0, 4, 4);
+PIN(hr_ext_state, save, 8, 8);
+PIN(hr_ext_state, load, 16, 8);
+static_assert(sizeof(hr_estimate_model) == 48 && alignof(hr_estimate_model) == 8);
+PIN(hr_estimate_model, struct_size, 0, 4);
+PIN(hr_estimate_model, n_layer, 4, 4);
+PIN(hr_estimate_model, n_head, 8, 4);
+PIN(hr_estimate_model, n_embd, 12, 4);
+PIN(hr_estimate_model, seq_len, 16, 4);
+PIN(hr_estimate_model, vocab_size, 20, 4);
+PIN(hr_estimate_model, num_params, 24, 8);
+PIN(hr_estimate_model, memory_limit, 32, 8);
+PIN(hr_estimate_model, device_kind, 40, 8);
+static_assert(sizeof(hr_mechanisms) == 32 && alignof(hr_mechanisms) == 8);
+PIN(hr_mechanisms, struct_size, 0, 4);
+PIN(hr_mechanisms, compute_dtype, 4, 4);
+PIN(hr_mechanisms, micro_batch, 8, 4);
+PIN(hr_mechanisms, grad_accum, 12, 4);
+PIN(hr_mechanisms, num_layers, 16, 4);
+PIN(hr_mechanisms, reserved0, 20, 4);
+PIN(hr_mechanisms, drop, 24, 8);
+static_assert(sizeof(hr_estimate_query) == 120 && alignof(hr_estimate_query) == 8);
+PIN(hr_estimate_query, struct_size, 0, 4);
+PIN(hr_estimate_query, reserved0, 4, 4);
+PIN(hr_estimate_query, model, 8, 8);
+PIN(hr_estimate_query, before, 16, 8);
+PIN(hr_estimate_query, baseline, 24, 56);
+PIN(hr_estimate_query, context, 80, 8);
+PIN(hr_estimate_query, peak, 88, 8);
+PIN(hr_estimate_query, oom_requested, 96, 8);
+PIN(hr_estimate_query, oom_free_bytes, 104, 8);
+PIN(hr_estimate_query, oom_largest_free, 112, 8);
+static_assert(sizeof(hr_estimate_result) == 760 && alignof(hr_estimate_result) == 8);
+PIN(hr_estimate_result, struct_size, 0, 4);
+PIN(hr_estimate_result, reserved0, 4, 4);
+PIN(hr_estimate_result, after, 8, 8);
+PIN(hr_estimate_result, bytes, 16, 56);
+PIN(hr_estimate_result, makes_usable, 72, 8);
+PIN(hr_estimate_result, step_time_factor, 80, 8);
+PIN(hr_estimate_result, what, 88, 160);
+PIN(hr_estimate_result, toml, 248, 512);
+static_assert(sizeof(hr_ext_estimate) == 16 && alignof(hr_ext_estimate) == 8);
+PIN(hr_ext_estimate, struct_size, 0, 4);
+PIN(hr_ext_estimate, reserved0, 4, 4);
+PIN(hr_ext_estimate, estimate, 8, 8);
+
+PIN_TYPE(hr_ext_vm, raw_alloc, void* (*)(hr_host*, uint64_t));
+PIN_TYPE(hr_ext_vm, raw_free, void (*)(hr_host*, void*));
+PIN_TYPE(hr_ext_vm, granularity, uint64_t (*)(hr_host*));
+PIN_TYPE(hr_ext_vm, reserve, void* (*)(hr_host*, uint64_t));
+PIN_TYPE(hr_ext_vm, map, hr_status (*)(hr_host*, void*, uint64_t));
+PIN_TYPE(hr_ext_vm, unmap, hr_status (*)(hr_host*, void*, uint64_t));
+PIN_TYPE(hr_ext_vm, release, hr_status (*)(hr_host*, void*, uint64_t));
+PIN_TYPE(hr_ext_precision, set_compute_dtype, hr_status (*)(hr_host*, uint32_t));
+PIN_TYPE(hr_ext_precision, set_loss_scale, hr_status (*)(hr_host*, double));
+PIN_TYPE(hr_ext_precision, compute_dtype, uint32_t (*)(hr_host*));
+PIN_TYPE(hr_ext_precision, loss_scale, double (*)(hr_host*));
+PIN_TYPE(hr_ext_recompute, drop_activations, hr_status (*)(hr_host*, int32_t, uint32_t));
+PIN_TYPE(hr_ext_recompute, layer_activation_bytes, uint64_t (*)(hr_host*, int32_t));
+PIN_TYPE(hr_ext_tensors, find_param,
+         hr_status (*)(hr_host*, const char*, hr_tensor*, int32_t*, int32_t*));
+PIN_TYPE(hr_ext_tensors, read, hr_status (*)(hr_host*, void*, const void*, uint64_t));
+PIN_TYPE(hr_ext_tensors, reduce,
+         hr_status (*)(hr_host*, const void*, uint32_t, uint64_t, uint32_t, double*));
+PIN_TYPE(hr_ext_step, state, hr_status (*)(hr_host*, hr_step_state*));
+PIN_TYPE(hr_ext_state, save, hr_status (*)(void*, const hr_state_writer*));
+PIN_TYPE(hr_ext_state, load, hr_status (*)(void*, const void*, uint64_t));
+PIN_TYPE(hr_estimate_query, peak, hr_status (*)(void*, const hr_mechanisms*, uint64_t*));
+PIN_TYPE(hr_ext_estimate, estimate,
+         hr_status (*)(void*, const hr_estimate_query*, hr_estimate_result*));
 
 #endif  // x86-64 LP64
 
