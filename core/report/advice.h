@@ -84,6 +84,7 @@ struct Remedy {
   bool fits = false;                 // the estimate says the run then fits memory_limit
   double step_time_factor = 1;       // step time with it over without it
   bool step_time_measured = true;    // false: step_time_factor is not a measurement
+  std::string step_time_note;        // what is known instead, with its source
 };
 
 struct Advice {
@@ -103,7 +104,7 @@ Advice advise(const Config& config, const std::vector<OfferedExtension>& install
 // The same with the plugins installed on the search path.
 Advice advise(const Config& config, const OomNumbers& oom = {});
 
-// "  amp: mixed precision ... (step time x1.15)" for each configured plugin, then the peak by
+// "  NAME: what it does; step time about x1.15" for each configured plugin, then the peak by
 // category and its total.
 std::string format_estimate(const ConfigEstimate& e);
 // The remedies as `plan` and the out-of-memory report print them.
