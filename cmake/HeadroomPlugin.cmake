@@ -24,6 +24,11 @@ function(headroom_add_plugin target)
   else()
     target_link_libraries(${target} PRIVATE headroom_plugin_api)
   endif()
+  # The C math library (sqrt, fabs, exp, ...): with --no-undefined below, a plugin that calls one
+  # must link it, and C does not by itself (C++ does, through libstdc++).
+  if(UNIX AND NOT APPLE)
+    target_link_libraries(${target} PRIVATE m)
+  endif()
   # No undefined symbols: a plugin links to no host symbol, only to what the services table gives.
   target_link_options(${target} PRIVATE -Wl,--no-undefined)
 endfunction()

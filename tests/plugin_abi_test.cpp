@@ -352,7 +352,9 @@ TEST_F(PluginAbi, IncompleteDescriptorExits2NamingTheMissingFields) {
       {"no_create_destroy", "missing create, destroy."},
       {"no_on_event", "missing on_event (it subscribes to STEP_END)."},
       {"no_deallocate", "missing allocator->deallocate."},
-      {"no_optimizer_hooks", "missing optimizer (it claims the optimizer role)."}};
+      {"no_optimizer_hooks",
+       "missing optimizer (it claims the optimizer role; neither descriptor->optimizer nor "
+       "get_extension(\"headroom.optimizer/1\") gives its hooks)."}};
   for (const auto& [name, missing] : cases) {
     const auto r = run_headroom("train " + config(kTinyModel + plugin(name)));
     EXPECT_EQ(r.exit_code, 2) << name << ": " << r.output;
@@ -933,6 +935,242 @@ TEST_F(PluginAbi, FrozenV1_0PluginRunsWithSnapshots) {
   EXPECT_EQ(read_lines(file("f.txt")).size(), 4u) << join(read_lines(file("f.txt")));
 }
 #endif
+
+// Built against tests/abi/v1.4/headroom/plugin.h only (no get_extension in its descriptor, and
+// garbage after it): a 1.5 host loads it, runs its hooks, keeps its state across a resume, and
+// answers its 1.4 vm_granularity with 0, since it does not have the allocator role.
+TEST_F(PluginAbi, FrozenV1_4PluginLoadsRunsAndResumes) {
+  const std::string cfg =
+      config(std::string(kTinyModel) + "[snapshot]\nevery = 1\ndir = \"" + file("snaps") + "\"\n" +
+             plugin("frozen_v1_4", "out = \"" + file("f.txt") + "\"\n"));
+  const auto r = run_headroom("train " + cfg);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = read_lines(file("f.txt"));
+  ASSERT_EQ(lines.size(), 5u) << join(lines);
+  EXPECT_EQ(lines[0], "frozen_v1_4 CREATE abi=1.4 granularity=0");
+  EXPECT_EQ(lines[1], "frozen_v1_4 TRAIN_BEGIN step=0");
+  EXPECT_EQ(lines[2], "frozen_v1_4 STEP_END step=1");
+  EXPECT_EQ(lines[3], "frozen_v1_4 STEP_END step=2");
+  EXPECT_EQ(split(lines[4])[1], "TRAIN_END");
+
+  fs::remove(file("f.txt"));
+  const auto resumed =
+      run_headroom("train " + cfg + " --set train.steps=3 --resume " + file("snaps"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto again = read_lines(file("f.txt"));
+  ASSERT_GE(again.size(), 4u) << join(again);
+  EXPECT_EQ(again[1], "frozen_v1_4 LOAD steps=2") << join(again);
+  EXPECT_EQ(again[3], "frozen_v1_4 STEP_END step=3") << join(again);
+}
+
+// --- ABI 1.5: the host's extensions
+// ---------------------------------------------------------------
+
+// What ext_probe wrote, as lines starting with `prefix`.
+std::vector<std::string> lines_with(const std::vector<std::string>& lines,
+                                    const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& l : lines)
+    if (l.rfind(prefix, 0) == 0) out.push_back(l);
+  return out;
+}
+
+double number(const std::string& line, const std::string& key) {
+  const std::string v = field(line, key);
+  EXPECT_FALSE(v.empty()) << key << " in " << line;
+  return v.empty() ? std::nan("") : std::strtod(v.c_str(), nullptr);
+}
+
+TEST_F(PluginAbi, ExtensionsTheHostLacksAreNullAndTheRestWork) {
+  const auto r = run_headroom("train " + config(kTinyModel + recorder("ext_probe", "p.txt")) +
+                              " --metrics " + file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = read_lines(file("p.txt"));
+  ASSERT_FALSE(lines.empty()) << r.output;
+  // Another id, another version of one, and NULL: NULL. The five the host has: tables.
+  EXPECT_EQ(lines[0], "ids nope=0 vm2=0 null=0 vm=1 precision=1 recompute=1 tensors=1 step=1");
+  // Without the allocator role, every vm function of both tables is refused: NULL, 0, or
+  // HR_ERROR_NOT_ALLOWED (7).
+  EXPECT_EQ(lines_with(lines, "vm14 ").at(0),
+            "vm14 granularity=0 reserve=0 raw_alloc=0 map=7 unmap=7 release=7");
+  EXPECT_EQ(lines_with(lines, "vm1 ").at(0),
+            "vm1 granularity=0 reserve=0 raw_alloc=0 map=7 unmap=7 release=7");
+  // Precision getters, and set_compute_dtype outside create: refused.
+  EXPECT_EQ(lines_with(lines, "precision create").at(0), "precision create dtype=0 scale=1");
+  EXPECT_EQ(lines_with(lines, "precision TRAIN_BEGIN").at(0),
+            "precision TRAIN_BEGIN dtype=0 scale=1 set_dtype=7");
+  // drop_activations from another event than that layer's FORWARD_END: refused.
+  EXPECT_EQ(lines_with(lines, "recompute ").at(0), "recompute TRAIN_BEGIN drop=7");
+
+  // find_param: h.0.attn.c_attn.weight is layer 1 (after the embedding), the same view as
+  // layer_param's; an unknown name and NULL are HR_ERROR_INVALID.
+  const std::string find = lines_with(lines, "find ").at(0);
+  EXPECT_EQ(field(find, "layer"), "1") << find;
+  EXPECT_EQ(field(find, "same"), "1") << find;
+  EXPECT_EQ(field(find, "missing"), "5") << find;
+  EXPECT_EQ(field(find, "null_name"), "5") << find;
+  EXPECT_EQ(lines_with(lines, "read ").at(0), "read ok=0 same=1 too_big=5");
+
+  // Every op, f32 and bf16, against the plugin's own host-side reduction.
+  const auto reduces = lines_with(lines, "reduce dtype=");
+  ASSERT_EQ(reduces.size(), 8u) << join(lines);
+  for (const auto& l : reduces) {
+    const double got = number(l, "got"), want = number(l, "want");
+    EXPECT_NEAR(got, want, 1e-9 * std::max(1.0, std::abs(want))) << l;
+    if (field(l, "op") != "0") {
+      EXPECT_GT(got, 0) << l;  // max, max-abs, sum of squares
+    }
+  }
+  EXPECT_NE(field(reduces[0], "got"), field(reduces[4], "got")) << "bf16 rounds the elements";
+  EXPECT_EQ(lines_with(lines, "reduce nan").at(0), "reduce nan max=nan max_abs=nan sum=nan");
+  EXPECT_EQ(lines_with(lines, "reduce empty").at(0),
+            "reduce empty sum=0 max=-inf max_abs=-inf sum_squares=0");
+
+  // layer_activation_bytes: at FORWARD_END, the bytes the layer's activation views cover (> 0
+  // for the block and the head); after its backward, 0.
+  const auto fwd = lines_with(lines, "act FORWARD_END");
+  ASSERT_EQ(fwd.size(), 3u) << join(lines);
+  for (const auto& l : fwd)
+    EXPECT_EQ(field(l, "bytes"), field(l, "views")) << l;
+  EXPECT_GT(number(fwd[1], "bytes"), 0) << fwd[1];
+  for (const auto& l : lines_with(lines, "act BACKWARD_END"))
+    EXPECT_EQ(field(l, "bytes"), "0") << l;
+
+  // Step state and event info, against the metrics: 2 steps of 2 micro-steps of 1 x 4 tokens.
+  std::vector<nlohmann::json> metrics;
+  for (const auto& l : read_lines(file("m.jsonl")))
+    if (!l.empty()) metrics.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(metrics.size(), 2u);
+  const auto states = lines_with(lines, "state ");
+  // Per step: STEP_BEGIN, 2 BACKWARD_END (layer 0), GRADS_READY, OPTIMIZER_STEP, STEP_END.
+  ASSERT_EQ(states.size(), 12u) << join(lines);
+  for (int step = 1; step <= 2; ++step) {
+    const auto& m = metrics[step - 1];
+    const double loss = m.at("loss").get<double>(), lr = m.at("lr").get<double>();
+    const double norm = m.at("grad_norm").get<double>();
+    const std::vector<std::string> st(states.begin() + 6 * (step - 1), states.begin() + 6 * step);
+    EXPECT_EQ(split(st[0])[1], "STEP_BEGIN");
+    EXPECT_EQ(split(st[1])[1], "BACKWARD_END");
+    EXPECT_EQ(split(st[3])[1], "GRADS_READY");
+    EXPECT_EQ(split(st[4])[1], "OPTIMIZER_STEP");
+    EXPECT_EQ(split(st[5])[1], "STEP_END");
+    for (const auto& l : st) {
+      EXPECT_EQ(field(l, "step"), std::to_string(step)) << l;
+      EXPECT_EQ(number(l, "lr"), lr) << l;
+      EXPECT_EQ(field(l, "scale"), "1") << l;
+      EXPECT_EQ(field(l, "skipped"), "0") << l;
+    }
+    // STEP_BEGIN: nothing known yet; no loss in its event info.
+    EXPECT_EQ(field(st[0], "loss"), "0") << st[0];
+    EXPECT_EQ(field(st[0], "tokens"), "0") << st[0];
+    EXPECT_EQ(field(st[0], "info_tokens"), "0") << st[0];
+    // BACKWARD_END: the micro-step's loss and its 4 tokens; the step's so far.
+    EXPECT_EQ(field(st[1], "micro"), "1") << st[1];
+    EXPECT_EQ(field(st[1], "info_tokens"), "4") << st[1];
+    EXPECT_EQ(field(st[1], "tokens"), "4") << st[1];
+    EXPECT_EQ(field(st[1], "loss"), field(st[1], "info_loss")) << st[1];
+    EXPECT_EQ(field(st[2], "info_tokens"), "4") << st[2];
+    EXPECT_EQ(field(st[2], "tokens"), "8") << st[2];
+    const double l1 = number(st[1], "info_loss"), l2 = number(st[2], "info_loss");
+    EXPECT_DOUBLE_EQ(number(st[2], "loss"), (l1 + l2) / 2) << st[2];
+    // GRADS_READY and STEP_END: the step's loss, exactly the metrics', over its 8 tokens.
+    for (const auto& l : {st[3], st[5]}) {
+      EXPECT_EQ(number(l, "info_loss"), loss) << l;
+      EXPECT_EQ(field(l, "info_tokens"), "8") << l;
+      EXPECT_EQ(number(l, "loss"), loss) << l;
+      EXPECT_EQ(field(l, "tokens"), "8") << l;
+    }
+    // The gradient norm and the clip coefficient from OPTIMIZER_STEP on (train.grad_clip is 1).
+    EXPECT_EQ(field(st[3], "norm"), "0") << st[3];
+    EXPECT_EQ(field(st[3], "clip"), "1") << st[3];
+    EXPECT_EQ(number(st[4], "norm"), norm) << st[4];
+    EXPECT_EQ(number(st[5], "norm"), norm) << st[5];
+    EXPECT_EQ(number(st[4], "clip"), norm > 1 ? double(float(1 / (norm + 1e-6))) : 1.0) << st[4];
+    // Other events carry no loss.
+    EXPECT_EQ(field(st[4], "info_tokens"), "0") << st[4];
+  }
+}
+
+// Clipping and a veto show in the step state: clip_coef below 1 by grad_clip / norm, and skipped
+// from the veto on.
+TEST_F(PluginAbi, StepStateShowsClippingAndVetoes) {
+  const auto r = run_headroom("train " +
+                              config(std::string(kTinyModel) + "grad_clip = 1e-3\n" +
+                                     recorder("ext_probe", "p.txt", "veto_step = 2\n")) +
+                              " --metrics " + file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto states = lines_with(read_lines(file("p.txt")), "state ");
+  ASSERT_EQ(states.size(), 11u) << join(states);  // step 2 has no OPTIMIZER_STEP
+  const double norm = number(states[4], "norm"), clip = number(states[4], "clip");
+  EXPECT_GT(norm, 1e-3) << states[4];
+  EXPECT_NEAR(clip, 1e-3 / norm, 1e-6 * clip) << states[4];
+  EXPECT_EQ(field(states[9], "skipped"), "1") << states[9];  // GRADS_READY of step 2, vetoed
+  EXPECT_EQ(split(states[10])[1], "STEP_END");
+  EXPECT_EQ(field(states[10], "skipped"), "1") << states[10];
+  EXPECT_EQ(field(states[8], "skipped"), "0") << states[8];  // before the veto
+}
+
+// A compute dtype chosen through headroom.precision/1 in create: the getter says so at
+// TRAIN_BEGIN, and the run trains in it.
+TEST_F(PluginAbi, PrecisionExtensionChoosesTheComputeDtype) {
+  const auto r = run_headroom(
+      "train " + config(kTinyModel + recorder("ext_probe", "p.txt", "dtype = \"bf16\"\n")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = read_lines(file("p.txt"));
+  EXPECT_EQ(lines_with(lines, "precision TRAIN_BEGIN").at(0),
+            "precision TRAIN_BEGIN dtype=1 scale=1 set_dtype=7")
+      << join(lines);
+}
+
+// A plugin without the allocator role that returns the vm services' refusal from create fails the
+// run cleanly (exit code 2, as for any plugin that fails to start), with the host's message: the
+// function, the rule, the plugin.
+TEST_F(PluginAbi, VmServicesWithoutTheAllocatorRoleAreNotAllowed) {
+  for (const auto& [fail, function] : std::vector<std::pair<std::string, std::string>>{
+           {"vm1", "headroom.vm/1 map"}, {"vm14", "vm_map"}}) {
+    const auto r =
+        run_headroom("train " + config(kTinyModel + recorder("ext_probe", "p.txt",
+                                                             "fail = \"" + fail + "\"\n")));
+    EXPECT_EQ(r.exit_code, 2) << fail << ": " << r.output;  // a plugin failing to start
+    EXPECT_TRUE(test::contains(
+        r.output, function + ": not allowed: the allocator role only; plugin 'ext_probe' does "
+                             "not provide the allocator role (its descriptor's roles: -)"))
+        << fail << ": " << r.output;
+    EXPECT_TRUE(test::contains(r.output, "failed to start (create)")) << r.output;
+    EXPECT_FALSE(test::contains(lower(r.output), "segmentation")) << r.output;
+  }
+}
+
+// Roles and state offered through descriptor->get_extension, every descriptor field NULL: the
+// allocator serves the run's memory, the optimizer updates it, and the state survives a resume.
+TEST_F(PluginAbi, RolesAndStateOfferedAsExtensions) {
+  const std::string cfg =
+      config(std::string(kTinyModel) + "[snapshot]\nevery = 1\ndir = \"" + file("snaps") + "\"\n" +
+             plugin("offered", "out = \"" + file("o.txt") + "\"\n"));
+  const auto r = run_headroom("train " + cfg + " --metrics " + file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto lines = read_lines(file("o.txt"));
+  ASSERT_EQ(lines.size(), 3u) << join(lines);
+  EXPECT_EQ(field(lines[0], "step"), "1") << join(lines);
+  EXPECT_EQ(field(lines[0], "steps"), "1") << join(lines);
+  EXPECT_EQ(field(lines[1], "step"), "2") << join(lines);
+  EXPECT_EQ(field(lines[1], "steps"), "2") << join(lines);
+  EXPECT_EQ(split(lines[2])[1], "DESTROY");
+  EXPECT_GT(number(lines[2], "allocations"), 5) << lines[2];
+  EXPECT_EQ(field(lines[2], "live"), "0") << lines[2];
+  const auto m = nlohmann::json::parse(read_lines(file("m.jsonl")).back());
+  EXPECT_EQ(m.at("mem_peak_by_category").at("optimizer"), 0) << m;
+
+  fs::remove(file("o.txt"));
+  const auto resumed =
+      run_headroom("train " + cfg + " --set train.steps=3 --resume " + file("snaps"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  lines = read_lines(file("o.txt"));
+  ASSERT_GE(lines.size(), 2u) << join(lines);
+  EXPECT_EQ(lines[0], "offered LOAD steps=2");
+  EXPECT_EQ(field(lines[1], "step"), "3") << join(lines);
+  EXPECT_EQ(field(lines[1], "steps"), "3") << join(lines);
+}
 
 // A descriptor inside a larger struct (from a minor version newer than the host's): the host reads
 // what it knows, negotiates its own version, and runs the hooks.

@@ -35,6 +35,11 @@ struct EventInfo {
   const void* ptr = nullptr;
   uint64_t bytes = 0;
   Category category = Category::kWorkspace;
+  // BACKWARD_END: the micro-step's mean loss over its tokens, and its token count; GRADS_READY and
+  // STEP_END: the step's, over all its micro-steps' tokens. 0 for other events. Read on the host
+  // where the head computes the loss (once a micro-step): no device sync of its own.
+  double loss = 0.0;
+  uint64_t tokens = 0;
 };
 
 class EventListener {

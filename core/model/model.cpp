@@ -270,6 +270,7 @@ class Head final : public Layer<T> {
     fill_value<T>(this->device_, *lnfb_, 0);
   }
   double loss() const { return loss_; }
+  uint64_t tokens() const { return tokens_; }
 
   void forward(const void* x, const Batch& b) override {
     const int C = m_.n_embd, V = m_.vocab_size;
@@ -304,6 +305,7 @@ class Head final : public Layer<T> {
       ++counted;
     }
     loss_ = counted ? sum / counted : 0.0;
+    tokens_ = counted;
   }
 
   void backward(void* dx, const void*, const void* x, const Batch& b) override {
@@ -326,6 +328,7 @@ class Head final : public Layer<T> {
   Param<T>*lnfw_, *lnfb_;
   void *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr;
   double loss_ = 0.0;
+  uint64_t tokens_ = 0;  // the (non-ignored) tokens of loss_
 };
 
 }  // namespace
@@ -479,6 +482,11 @@ double Gpt<T>::forward(const Batch& batch, LayerEvents* events) {
     if (events) events->forward_end(static_cast<int>(l));
   }
   return static_cast<const Head<T>&>(*layers_.back()).loss();
+}
+
+template <class T>
+uint64_t Gpt<T>::loss_tokens() const {
+  return static_cast<const Head<T>&>(*layers_.back()).tokens();
 }
 
 template <class T>

@@ -178,6 +178,8 @@ class Gpt {
   // Every layer's forward: returns the mean loss over the batch's (non-ignored) tokens. The head
   // also writes the gradient of batch.dloss·sum(losses) w.r.t. the logits, ready for backward.
   double forward(const Batch& batch, LayerEvents* events = nullptr);
+  // The tokens the last forward's loss is the mean over (the batch's non-ignored targets).
+  uint64_t loss_tokens() const;
   // Every layer's backward, last to first, accumulating into the gradients and freeing each
   // layer's activations as soon as it is done. A layer whose activations were dropped runs its
   // forward again from its input (the previous layer's output) right after backward_begin: the

@@ -26,6 +26,21 @@ class PluginFailure : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Where the current optimizer step stands, for headroom.step/1 and headroom.precision/1 (the
+// fields are hr_step_state's, headroom/ext/step.h, which says when each is defined).
+struct RunState {
+  int64_t step = 0;
+  int micro_step = 0;
+  double lr = 0.0;
+  double loss_scale = 1.0;  // what this step's backward uses
+  double loss = 0.0;        // the mean over the tokens of the micro-steps whose loss is known
+  uint64_t tokens = 0;
+  double grad_norm = 0.0;  // from OPTIMIZER_STEP on
+  double clip_coef = 1.0;  // from OPTIMIZER_STEP on
+  bool skipped = false;
+  Dtype compute_dtype = Dtype::kF32;
+};
+
 // What plugins reach of the training run beyond the device: implemented by the trainer.
 class PluginRun {
  public:
@@ -41,6 +56,8 @@ class PluginRun {
   // The factor the loss gradient is multiplied by from the next step on (std::invalid_argument
   // unless finite and > 0).
   virtual void set_loss_scale(const std::string& plugin, double scale) = 0;
+  // Where the run stands now.
+  virtual RunState state() const = 0;
 };
 
 // A run with a device and no model — replaying an allocation trace, testing an allocator: vetoes,
@@ -54,6 +71,7 @@ class ModelessRun final : public PluginRun {
   void request_retry(const std::string&, const std::string&) override {}
   void set_compute_dtype(const std::string&, Dtype) override {}
   void set_loss_scale(const std::string&, double) override {}
+  RunState state() const override { return RunState{}; }
 
  private:
   Device& device_;
@@ -70,7 +88,8 @@ struct PluginInfo {
 };
 
 // Where plugins are looked for, in order: HEADROOM_PLUGIN_PATH (colon-separated), the folder next
-// to the executable (<exe>/../lib/headroom/plugins), the installed folder, the build folder.
+// to the executable (<exe>/../lib/headroom/plugins), the installed folder, and the build folder —
+// that last only for an executable of the build tree itself (an installed headroom has its own).
 std::vector<std::string> plugin_search_path();
 // Every <dir>/*.so on the search path, loaded and asked for its descriptor (not instantiated).
 std::vector<PluginInfo> discover_plugins();
@@ -167,7 +186,8 @@ class PluginHost final : public EventListener {
   // happen where nothing may throw).
   void on_event(const EventInfo& info) override;
 
-  // Each plugin's state for a snapshot, by plugin name (plugins without save_state have none).
+  // Each plugin's state for a snapshot, by plugin name (plugins without save_state, or
+  // headroom.state/1, have none).
   std::map<std::string, std::vector<uint8_t>> save_states();
   // Hands each plugin its saved state from `snapshot` (the file, for messages; may be empty). A
   // state for a plugin this run does not load, or for one that cannot load state, is a
@@ -187,6 +207,7 @@ class PluginHost final : public EventListener {
   std::unique_ptr<AllocatorAdapter> allocator_;
   PluginRun* run_ = nullptr;
   std::string device_kind_;
+  int device_index_ = 0;  // [device] index
   std::string pending_failure_;
   // The event being dispatched (-1: none) and its layer: drop_activations checks it.
   int current_event_ = -1;

@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/model/safetensors.h"
-#include "core/run/snapshot.h"
 #include "core/report/timeline_html.h"
+#include "core/run/snapshot.h"
 
 namespace headroom {
 
@@ -195,29 +195,39 @@ void Trainer::run_steps() {
     StepRecord r;
     micro_step_ = 0;
     veto_ = false;
+    cur_ = StepProgress{};
+    cur_.lr = learning_rate(t, step_ - 1);
     fire(Event::kStepBegin);
     model_->zero_grad();
     // The step's loss is the mean over all its tokens, times the loss scale a plugin (amp fp16)
     // set for this step.
     batch.dloss = loss_scale_ / double(tokens_per_step);
     r.loss_scale = loss_scale_;
-    double loss_sum = 0.0, data_wait_ms = 0.0;
+    cur_.loss_scale = loss_scale_;
+    cur_.loss_scale_set = true;
+    double data_wait_ms = 0.0;
     for (micro_step_ = 1; micro_step_ <= A; ++micro_step_) {
       set_phase(Phase::Kind::kData);
       ops.synchronize();  // the previous micro-step is done with the staging buffers
       data_wait_ms += loader_->next(host_inputs, host_targets);
       ops.upload(inputs.as<void>(), host_inputs, batch_bytes);
       ops.upload(targets.as<void>(), host_targets, batch_bytes);
-      loss_sum += micro_step(batch);
+      micro_step(batch);
+      cur_.add_micro_step();
       // A safe point. After the last micro-step the step is all but done: finish it instead.
       if (const int sig = stop_signal(); sig && micro_step_ < A) stop_interrupted(sig, true);
     }
     micro_step_ = 0;
     fire(Event::kGradsReady);
     r.step = step_;
-    r.loss = loss_sum / A;
+    r.loss = cur_.step_loss();
     r.grad_norm = clip_grad_norm(ops, params, t.grad_clip);
-    r.lr = learning_rate(t, step_ - 1);
+    r.lr = cur_.lr;
+    cur_.grad_norm = r.grad_norm;
+    // What clip_grad_norm multiplied the gradients by (optim.h), for headroom.step/1.
+    cur_.clip_coef = t.grad_clip > 0 && r.grad_norm > t.grad_clip
+                         ? double(static_cast<float>(t.grad_clip / (r.grad_norm + 1e-6)))
+                         : 1.0;
     // A plugin that handles non-finite steps (amp's loss scaler) has vetoed this one by now; one
     // that nothing handled would poison the weights, so the run stops before the update.
     if (!veto_ && !(std::isfinite(r.loss) && std::isfinite(r.grad_norm))) {
@@ -239,6 +249,7 @@ void Trainer::run_steps() {
       throw Diverged(msg);
     }
     set_phase(Phase::Kind::kOptimizer);
+    cur_.norm_known = true;  // headroom.step/1: grad_norm and clip_coef from OPTIMIZER_STEP on
     // A veto from any event up to and including OPTIMIZER_STEP skips the update.
     if (!veto_) fire(Event::kOptimizerStep);
     if (!veto_) {
@@ -273,9 +284,15 @@ double Trainer::micro_step(const Batch& batch) {
     retry_requested_ = false;
     try {
       const double loss = model_->forward(batch, this);
+      // Known from here to the micro-step's end: BACKWARD_END carries it, headroom.step/1 counts
+      // it. On the host already (the head reads its losses back once a micro-step).
+      cur_.micro_loss = loss;
+      cur_.micro_tokens = model_->loss_tokens();
+      cur_.micro_known = true;
       model_->backward(batch, this);
       return loss;
     } catch (const OutOfMemory&) {
+      cur_.micro_known = false;
       if (!retry_requested_ || backward_layers_done_ > 0 || attempt >= kMaxRetries) throw;
       model_->release_activations();
     }
@@ -294,6 +311,13 @@ void Trainer::fire(Event event, int layer) {
 void Trainer::fire(EventInfo info) {
   info.step = step_;
   info.micro_step = micro_step_;
+  if (info.event == Event::kBackwardEnd && cur_.micro_known) {
+    info.loss = cur_.micro_loss;
+    info.tokens = cur_.micro_tokens;
+  } else if (info.event == Event::kGradsReady || info.event == Event::kStepEnd) {
+    info.loss = cur_.step_loss();
+    info.tokens = cur_.tokens;
+  }
   for (EventListener* l : listeners_)
     l->on_event(info);
 }
@@ -348,6 +372,43 @@ void Trainer::on_oom(const OomReport& report) {
   info.bytes = report.requested;
   info.category = report.category;
   fire(info);
+}
+
+double Trainer::StepProgress::step_loss() const {
+  if (micro_steps == 0) return 0.0;
+  // With the same number of tokens in every micro-step (every target counted), the mean of the
+  // micro-steps' means, as the metrics always reported it; else weighted by their tokens.
+  if (equal_tokens) return loss_sum / micro_steps;
+  return tokens ? weighted_sum / double(tokens) : 0.0;
+}
+
+void Trainer::StepProgress::add_micro_step() {
+  if (!micro_known) return;
+  if (micro_steps > 0 && micro_tokens != first_tokens) equal_tokens = false;
+  if (micro_steps == 0) first_tokens = micro_tokens;
+  ++micro_steps;
+  loss_sum += micro_loss;
+  weighted_sum += micro_loss * double(micro_tokens);
+  tokens += micro_tokens;
+  micro_known = false;
+}
+
+RunState Trainer::state() const {
+  RunState r;
+  r.step = step_;
+  r.micro_step = micro_step_;
+  r.lr = cur_.lr;
+  r.loss_scale = cur_.loss_scale_set ? cur_.loss_scale : loss_scale_;
+  // The micro-steps done, and the current one once its forward has computed its loss.
+  StepProgress p = cur_;
+  p.add_micro_step();
+  r.loss = p.step_loss();
+  r.tokens = p.tokens;
+  r.grad_norm = cur_.norm_known ? cur_.grad_norm : 0.0;
+  r.clip_coef = cur_.norm_known ? cur_.clip_coef : 1.0;
+  r.skipped = veto_;
+  r.compute_dtype = compute_dtype_;
+  return r;
 }
 
 void Trainer::veto_step(const std::string& plugin, const std::string& reason) {

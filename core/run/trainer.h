@@ -8,17 +8,17 @@
 #include <string>
 #include <vector>
 
-#include "core/report/alloc_trace.h"
 #include "core/config/config.h"
 #include "core/data/data.h"
 #include "core/data/data_loader.h"
 #include "core/device/device.h"
 #include "core/events/events.h"
-#include "core/os/interrupt.h"
 #include "core/model/model.h"
 #include "core/optim/optim.h"
+#include "core/os/interrupt.h"
 #include "core/os/output_file.h"
 #include "core/plugin_host/plugin_host.h"
+#include "core/report/alloc_trace.h"
 
 namespace headroom {
 
@@ -30,8 +30,8 @@ struct TrainOptions {
   std::string save_weights_path;  // write the final weights here (safetensors)
   // Every allocation and free of the run, as an allocation trace (core/report/alloc_trace.h).
   std::string record_allocs_path;
-  // The memory timeline as self-contained HTML (core/report/timeline_html.h), written at the end of run()
-  // and also when the run stops out of memory, so the picture shows the way to the failure.
+  // The memory timeline as self-contained HTML (core/report/timeline_html.h), written at the end of
+  // run() and also when the run stops out of memory, so the picture shows the way to the failure.
   std::string memory_timeline_path;
   // The data, when not the one [data] describes (embedding hosts, benchmarks, tests).
   std::unique_ptr<DataSource> data_source;
@@ -39,7 +39,7 @@ struct TrainOptions {
 
 struct StepRecord {
   int64_t step = 0;
-  double loss = 0.0;  // mean over the step's micro-steps
+  double loss = 0.0;  // the mean over the step's tokens (of its micro-steps' means, when equal)
   double lr = 0.0;
   double grad_norm = 0.0;  // before clipping
   double step_ms = 0.0;
@@ -125,6 +125,7 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   void request_retry(const std::string& plugin, const std::string& reason) override;
   void set_compute_dtype(const std::string& plugin, Dtype dtype) override;
   void set_loss_scale(const std::string& plugin, double scale) override;
+  RunState state() const override;
 
   Config config_;
   TrainOptions options_;
@@ -145,6 +146,28 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   int backward_layers_done_ = 0;  // in this micro-step: a retry is safe only while it is 0
   bool veto_ = false;
   std::string veto_reason_;
+  // The current step as far as it has gone: headroom.step/1, and the loss and tokens the
+  // BACKWARD_END, GRADS_READY and STEP_END events carry.
+  struct StepProgress {
+    double lr = 0.0;
+    double loss_scale = 1.0;
+    bool loss_scale_set = false;  // after STEP_BEGIN: the step's backward uses loss_scale
+    int micro_steps = 0;          // done
+    double loss_sum = 0.0, weighted_sum = 0.0;  // of their mean losses; times their tokens
+    uint64_t tokens = 0, first_tokens = 0;
+    bool equal_tokens = true;
+    // The micro-step running now, once its forward has computed its loss.
+    bool micro_known = false;
+    double micro_loss = 0.0;
+    uint64_t micro_tokens = 0;
+    bool norm_known = false;  // from OPTIMIZER_STEP on
+    double grad_norm = 0.0, clip_coef = 1.0;
+    // The step's mean loss over its tokens (the metrics' loss).
+    double step_loss() const;
+    // Counts the current micro-step in, once it is known.
+    void add_micro_step();
+  };
+  StepProgress cur_;
   bool retry_requested_ = false;
   int64_t skipped_steps_ = 0;
   Dtype compute_dtype_ = Dtype::kF32;  // the model's, as a plugin chose it (amp)

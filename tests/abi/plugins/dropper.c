@@ -84,6 +84,7 @@ static const hr_plugin_descriptor kDescriptor = {sizeof(hr_plugin_descriptor),
                                                  NULL,
                                                  NULL,
                                                  NULL,
+                                                 NULL,
                                                  NULL};
 
 HR_PLUGIN_EXPORT hr_status hr_plugin_entry(hr_entry_args* args) {

@@ -1,0 +1,954 @@
+// The services table a plugin gets in create() (ABI 1.0 to 1.4), the host's extension tables
+// (ABI 1.5: headroom.vm/1, precision/1, recompute/1, tensors/1, step/1), and the one rules table
+// that says which plugin may call which of their functions, and from which events.
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <tuple>
+#include <type_traits>
+
+#include "core/device/backend.h"
+#include "core/plugin_host/plugin_internal.h"
+#include "headroom/ext/precision.h"
+#include "headroom/ext/recompute.h"
+#include "headroom/ext/step.h"
+#include "headroom/ext/tensors.h"
+#include "headroom/ext/vm.h"
+
+namespace headroom {
+
+// ---------------------------------------------------------------------------------------------
+// The services table. Every function is a C entry point: nothing may throw through it.
+
+struct HostServices {
+  static LoadedPlugin& plugin(hr_host* h) { return *h->plugin; }
+  static PluginRun& run(hr_host* h) { return *h->owner->run_; }
+  // The event being dispatched (-1: none) and its layer.
+  static int current_event(hr_host* h) { return h->owner->current_event_; }
+  static int current_layer(hr_host* h) { return h->owner->current_layer_; }
+
+  static void log(hr_host* h, int32_t level, const char* message) {
+    static const char* names[] = {"debug", "info", "warning", "error"};
+    const char* lv = level >= 0 && level <= 3 ? names[level] : "info";
+    std::fprintf(stderr, "[%s] %s: %s\n", plugin(h).entry.name.c_str(), lv, message ? message : "");
+  }
+  static void set_error(hr_host* h, const char* message) {
+    plugin(h).error = message ? message : "";
+  }
+
+  // --- the plugin's own TOML table ---
+  static const char* type_name(const toml::node& n) {
+    switch (n.type()) {
+      case toml::node_type::string:
+        return "a string";
+      case toml::node_type::integer:
+        return "an integer";
+      case toml::node_type::floating_point:
+        return "a float";
+      case toml::node_type::boolean:
+        return "a boolean";
+      case toml::node_type::table:
+        return "a table";
+      case toml::node_type::array:
+        return "an array";
+      default:
+        return "a date or time";
+    }
+  }
+  // The node for `key`, marking it asked for; nullptr when absent.
+  static const toml::node* lookup(hr_host* h, const char* key) {
+    if (!key) return nullptr;
+    LoadedPlugin& p = plugin(h);
+    p.asked.insert(key);
+    return p.table.get(key);
+  }
+  static hr_status wrong_type(hr_host* h, const char* key, const char* want, const toml::node& n) {
+    LoadedPlugin& p = plugin(h);
+    p.error = key_where(p, key) + ": expected " + want + ", got " + type_name(n);
+    return HR_ERROR_CONFIG;
+  }
+  static hr_status config_int(hr_host* h, const char* key, int64_t* out) {
+    const toml::node* n = lookup(h, key);
+    if (!n) return HR_OK;
+    if (!n->is_integer()) return wrong_type(h, key, "an integer", *n);
+    *out = n->as_integer()->get();
+    return HR_OK;
+  }
+  static hr_status config_float(hr_host* h, const char* key, double* out) {
+    const toml::node* n = lookup(h, key);
+    if (!n) return HR_OK;
+    if (n->is_integer()) {
+      *out = static_cast<double>(n->as_integer()->get());
+    } else if (n->is_floating_point()) {
+      *out = n->as_floating_point()->get();
+    } else {
+      return wrong_type(h, key, "a number", *n);
+    }
+    return HR_OK;
+  }
+  static hr_status config_bool(hr_host* h, const char* key, int32_t* out) {
+    const toml::node* n = lookup(h, key);
+    if (!n) return HR_OK;
+    if (!n->is_boolean()) return wrong_type(h, key, "a boolean (true or false)", *n);
+    *out = n->as_boolean()->get() ? 1 : 0;
+    return HR_OK;
+  }
+  static hr_status config_string(hr_host* h, const char* key, char* out, size_t size) {
+    const toml::node* n = lookup(h, key);
+    if (!n) return HR_OK;
+    if (!n->is_string()) return wrong_type(h, key, "a string", *n);
+    const std::string& v = n->as_string()->get();
+    if (!out || v.size() + 1 > size) {
+      plugin(h).error = key_where(plugin(h), key) + ": the value is " + std::to_string(v.size()) +
+                        " bytes, longer than the plugin's buffer";
+      return HR_ERROR_INVALID;
+    }
+    std::memcpy(out, v.c_str(), v.size() + 1);
+    return HR_OK;
+  }
+  static hr_status config_size(hr_host* h, const char* key, uint64_t* out) {
+    const toml::node* n = lookup(h, key);
+    if (!n) return HR_OK;
+    LoadedPlugin& p = plugin(h);
+    if (n->is_integer() && n->as_integer()->get() >= 0) {
+      *out = static_cast<uint64_t>(n->as_integer()->get());
+      return HR_OK;
+    }
+    if (!n->is_string()) return wrong_type(h, key, "a size (\"256MiB\" or a number of bytes)", *n);
+    try {
+      *out = parse_size(n->as_string()->get(), key_where(p, key));
+    } catch (const ConfigError& e) {
+      p.error = e.what();
+      return HR_ERROR_CONFIG;
+    }
+    return HR_OK;
+  }
+  static hr_status config_error(hr_host* h, const char* key, const char* message) {
+    LoadedPlugin& p = plugin(h);
+    p.error = (key ? key_where(p, key) : p.where()) + ": " + (message ? message : "bad value");
+    return HR_ERROR_CONFIG;
+  }
+
+  // --- memory ---
+  static void* alloc(hr_host* h, uint64_t bytes, uint32_t category, const char* what) {
+    LoadedPlugin& p = plugin(h);
+    if (category >= uint32_t(kNumCategories)) {
+      p.error = "alloc: category " + std::to_string(category) + " is not an hr_mem_category";
+      return nullptr;
+    }
+    try {
+      void* ptr = run(h).device().try_allocate(bytes, category_at(int(category)),
+                                               p.entry.name + ": " + (what ? what : "buffer"));
+      if (!ptr) {
+        p.error = "alloc: " + format_bytes(bytes) + " do not fit in device memory";
+        return nullptr;
+      }
+      p.allocations.insert(ptr);
+      return ptr;
+    } catch (const PluginFailure& e) {
+      // Another plugin's ALLOC hook failed inside this allocation: the run stops at the next
+      // event, with that plugin's message.
+      if (h->owner->pending_failure_.empty()) h->owner->pending_failure_ = e.what();
+      p.error = "alloc: stopped by a failing plugin";
+    } catch (const std::exception& e) {
+      p.error = e.what();
+    }
+    return nullptr;
+  }
+  static void free(hr_host* h, void* ptr) {
+    LoadedPlugin& p = plugin(h);
+    if (!ptr) return;
+    if (!p.allocations.erase(ptr)) {
+      log(h, HR_LOG_ERROR, "free: a pointer services->alloc did not return; ignored");
+      return;
+    }
+    run(h).device().free(ptr);
+  }
+  static void* raw_alloc(hr_host* h, uint64_t bytes) {
+    return run(h).device().backend_allocate(bytes);
+  }
+  static void raw_free(hr_host* h, void* ptr) {
+    if (ptr) run(h).device().backend_free(ptr);
+  }
+  static hr_status memory_stats(hr_host* h, hr_memory_stats* out) {
+    if (!out) return HR_ERROR_INVALID;
+    const Device& d = run(h).device();
+    const MemoryTracker& t = d.tracker();
+    hr_memory_stats s;
+    std::memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    s.limit = d.memory_limit();
+    s.live_bytes = t.live_total();
+    s.peak_bytes = t.peak_total();
+    for (int i = 0; i < kNumCategories; ++i) {
+      s.live_by_category[i] = t.live_by_category()[i];
+      s.peak_by_category[i] = t.peak_by_category()[i];
+    }
+    s.num_allocs = t.num_allocs();
+    write_sized(out, s);
+    return HR_OK;
+  }
+
+  // --- the model ---
+  static Layer<float>* layer(hr_host* h, int32_t index) {
+    Gpt<float>* m = run(h).built_model();
+    if (!m || index < 0 || index >= int32_t(m->layers().size())) {
+      plugin(h).error = "layer " + std::to_string(index) + " does not exist" +
+                        (m ? " (the model has " + std::to_string(m->layers().size()) + ")"
+                           : " (the model is not built yet)");
+      return nullptr;
+    }
+    return m->layers()[index].get();
+  }
+  static int32_t num_layers(hr_host* h) {
+    Gpt<float>* m = run(h).built_model();
+    return m ? int32_t(m->layers().size()) : 0;
+  }
+  static hr_status layer_name(hr_host* h, int32_t index, char* out, size_t size) {
+    Layer<float>* l = layer(h, index);
+    if (!l) return HR_ERROR_INVALID;
+    if (!out || l->name().size() + 1 > size) return HR_ERROR_INVALID;
+    std::memcpy(out, l->name().c_str(), l->name().size() + 1);
+    return HR_OK;
+  }
+  static int32_t layer_num_params(hr_host* h, int32_t index) {
+    Layer<float>* l = layer(h, index);
+    return l ? int32_t(l->params().size()) : 0;
+  }
+  // An f32 tensor view as the ABI describes it; the name and shape outlive the call.
+  static hr_tensor f32_view(const std::string& name, const std::vector<int64_t>& shape,
+                            uint64_t numel, void* data) {
+    hr_tensor t;
+    std::memset(&t, 0, sizeof t);
+    t.struct_size = sizeof t;
+    t.dtype = HR_DTYPE_F32;
+    t.name = name.c_str();
+    t.ndim = int32_t(std::min<size_t>(shape.size(), HR_MAX_DIMS));
+    for (int32_t d = 0; d < t.ndim; ++d)
+      t.shape[d] = shape[d];
+    t.numel = numel;
+    t.data = data;
+    return t;
+  }
+  static hr_status layer_param(hr_host* h, int32_t index, int32_t i, hr_tensor* out) {
+    Layer<float>* l = layer(h, index);
+    if (!l || !out) return HR_ERROR_INVALID;
+    if (i < 0 || i >= int32_t(l->params().size())) {
+      plugin(h).error = "layer " + std::to_string(index) + " has no parameter " + std::to_string(i);
+      return HR_ERROR_INVALID;
+    }
+    const Param<float>& p = *l->params()[i];
+    hr_tensor t = f32_view(p.name, p.shape, p.numel, p.data());
+    t.grad = p.gdata();
+    t.weight_decay = p.decay ? 1 : 0;
+    write_sized(out, t);
+    return HR_OK;
+  }
+  static int32_t layer_num_activations(hr_host* h, int32_t index) {
+    Layer<float>* l = layer(h, index);
+    return l ? int32_t(l->saved().size()) : 0;
+  }
+  static hr_status layer_activation(hr_host* h, int32_t index, int32_t i, hr_tensor* out) {
+    Layer<float>* l = layer(h, index);
+    if (!l || !out) return HR_ERROR_INVALID;
+    if (i < 0 || i >= int32_t(l->saved().size())) {
+      plugin(h).error =
+          "layer " + std::to_string(index) + " holds no activation " + std::to_string(i) + " now";
+      return HR_ERROR_INVALID;
+    }
+    const SavedActivation& a = l->saved()[i];
+    hr_tensor t = f32_view(a.what, {int64_t(a.numel)}, a.numel, a.buffer.as<void>());
+    t.dtype = static_cast<uint32_t>(a.dtype);  // the compute dtype, or the statistics'
+    write_sized(out, t);
+    return HR_OK;
+  }
+
+  // --- device ops ---
+  template <class F>
+  static hr_status guarded(hr_host* h, F&& f) {
+    try {
+      f();
+      return HR_OK;
+    } catch (const OpError& e) {
+      plugin(h).error = e.what();
+      return HR_ERROR_UNSUPPORTED;
+    } catch (const std::exception& e) {
+      plugin(h).error = e.what();
+      return HR_ERROR;
+    }
+  }
+  static hr_status op_fill(hr_host* h, void* x, uint32_t dtype, uint64_t n, double value) {
+    return guarded(h, [&] { run(h).device().backend().fill(Dtype(dtype), x, n, value); });
+  }
+  static hr_status op_copy(hr_host* h, void* dst, const void* src, uint64_t bytes) {
+    return guarded(h, [&] { run(h).device().backend().copy(dst, src, bytes); });
+  }
+  static hr_status op_cast(hr_host* h, void* dst, uint32_t dd, const void* src, uint32_t sd,
+                           uint64_t n) {
+    return guarded(h, [&] { run(h).device().backend().cast(dst, Dtype(dd), src, Dtype(sd), n); });
+  }
+  static hr_status op_scale(hr_host* h, void* x, uint32_t dtype, uint64_t n, double s) {
+    return guarded(h, [&] { run(h).device().backend().scale(Dtype(dtype), x, n, s); });
+  }
+  static hr_status op_axpy(hr_host* h, void* y, const void* x, uint32_t dtype, uint64_t n,
+                           double a) {
+    return guarded(h, [&] { run(h).device().backend().axpy(Dtype(dtype), y, x, n, a); });
+  }
+  static hr_status op_sum_squares(hr_host* h, const void* x, uint32_t dtype, uint64_t n,
+                                  double* out) {
+    if (!out) return HR_ERROR_INVALID;
+    return guarded(h, [&] { *out = run(h).device().backend().sum_squares(Dtype(dtype), x, n); });
+  }
+  static hr_status op_nonfinite(hr_host* h, const void* x, uint32_t dtype, uint64_t n,
+                                int32_t* out) {
+    if (!out) return HR_ERROR_INVALID;
+    return guarded(
+        h, [&] { *out = run(h).device().backend().any_nonfinite(Dtype(dtype), x, n) ? 1 : 0; });
+  }
+
+  // --- device, ranks, step control ---
+  static const char* device_kind(hr_host* h) { return h->owner->device_kind_.c_str(); }
+  static int32_t device_index(hr_host* h) { return h->owner->device_index_; }
+  static void* stream(hr_host* h) { return run(h).device().backend().native_stream(); }
+  static int32_t rank(hr_host*) { return 0; }
+  static int32_t world_size(hr_host*) { return 1; }
+  static void veto_step(hr_host* h, const char* reason) {
+    run(h).veto_step(plugin(h).entry.name, reason ? reason : "");
+  }
+  static void request_retry(hr_host* h, const char* reason) {
+    run(h).request_retry(plugin(h).entry.name, reason ? reason : "");
+  }
+
+  // --- virtual memory (allocator role) ---
+  static uint64_t vm_granularity(hr_host* h) { return run(h).device().vm_granularity(); }
+  static bool vm_aligned(hr_host* h, const void* addr, uint64_t bytes) {
+    const uint64_t g = run(h).device().vm_granularity();
+    if (bytes % g == 0 && reinterpret_cast<uintptr_t>(addr) % g == 0) return true;
+    plugin(h).error =
+        "vm: address and size must be multiples of vm_granularity() = " + std::to_string(g);
+    return false;
+  }
+  static void* vm_reserve(hr_host* h, uint64_t bytes) {
+    if (!vm_aligned(h, nullptr, bytes)) return nullptr;
+    return run(h).device().vm_reserve(bytes);
+  }
+  static hr_status vm_map(hr_host* h, void* addr, uint64_t bytes) {
+    if (!addr || !vm_aligned(h, addr, bytes)) return HR_ERROR_INVALID;
+    return run(h).device().vm_map(addr, bytes) ? HR_OK : HR_ERROR_OUT_OF_MEMORY;
+  }
+  static hr_status vm_unmap(hr_host* h, void* addr, uint64_t bytes) {
+    if (!addr || !vm_aligned(h, addr, bytes)) return HR_ERROR_INVALID;
+    run(h).device().vm_unmap(addr, bytes);
+    return HR_OK;
+  }
+  static hr_status vm_release(hr_host* h, void* addr, uint64_t bytes) {
+    if (!addr || !vm_aligned(h, addr, bytes)) return HR_ERROR_INVALID;
+    run(h).device().vm_release(addr, bytes);
+    return HR_OK;
+  }
+
+  // --- precision (ABI 1.4) ---
+  static hr_status set_compute_dtype(hr_host* h, uint32_t dtype) {
+    LoadedPlugin& p = plugin(h);
+    try {
+      if (dtype > HR_DTYPE_I32)
+        throw std::invalid_argument("unknown dtype " + std::to_string(dtype));
+      run(h).set_compute_dtype(p.entry.name, Dtype(dtype));
+      return HR_OK;
+    } catch (const std::exception& e) {
+      p.error = std::string("set_compute_dtype: ") + e.what();
+      return HR_ERROR_INVALID;
+    }
+  }
+  static hr_status set_loss_scale(hr_host* h, double scale) {
+    LoadedPlugin& p = plugin(h);
+    try {
+      run(h).set_loss_scale(p.entry.name, scale);
+      return HR_OK;
+    } catch (const std::exception& e) {
+      p.error = std::string("set_loss_scale: ") + e.what();
+      return HR_ERROR_INVALID;
+    }
+  }
+
+  // --- activation recomputation (ABI 1.3) ---
+  static hr_status drop_activations(hr_host* h, int32_t index, uint32_t what) {
+    LoadedPlugin& p = plugin(h);
+    if (what != HR_DROP_ALL && what != HR_DROP_CHEAP) {
+      p.error = "drop_activations(" + std::to_string(index) + ", " + std::to_string(what) +
+                "): what must be HR_DROP_ALL (0) or HR_DROP_CHEAP (1)";
+      return HR_ERROR_INVALID;
+    }
+    Gpt<float>* m = run(h).built_model();
+    if (!m) {
+      p.error = "drop_activations: the model is not built yet";
+      return HR_ERROR_INVALID;
+    }
+    try {
+      m->drop_activations(index, what == HR_DROP_CHEAP ? Drop::kCheap : Drop::kAll);
+      return HR_OK;
+    } catch (const std::exception& e) {
+      p.error = std::string("drop_activations: ") + e.what();
+      return HR_ERROR_INVALID;
+    }
+  }
+
+  // --- headroom.precision/1's getters ---
+  static uint32_t compute_dtype(hr_host* h) { return uint32_t(run(h).state().compute_dtype); }
+  static double loss_scale(hr_host* h) { return run(h).state().loss_scale; }
+
+  // --- headroom.recompute/1 ---
+  static uint64_t layer_activation_bytes(hr_host* h, int32_t index) {
+    Layer<float>* l = layer(h, index);
+    if (!l) return 0;
+    uint64_t bytes = 0;
+    for (const SavedActivation& a : l->saved())
+      if (a.buffer) bytes += a.buffer.bytes();
+    return bytes;
+  }
+
+  // --- headroom.tensors/1 ---
+  static hr_status find_param(hr_host* h, const char* name, hr_tensor* out, int32_t* layer_out,
+                              int32_t* index_out) {
+    LoadedPlugin& p = plugin(h);
+    if (!name || !out) {
+      p.error = "find_param: name and out must not be NULL";
+      return HR_ERROR_INVALID;
+    }
+    Gpt<float>* m = run(h).built_model();
+    if (!m) {
+      p.error = std::string("find_param(\"") + name + "\"): the model is not built yet";
+      return HR_ERROR_INVALID;
+    }
+    for (size_t l = 0; l < m->layers().size(); ++l) {
+      const auto& params = m->layers()[l]->params();
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (params[i]->name != name) continue;
+        if (layer_out) *layer_out = int32_t(l);
+        if (index_out) *index_out = int32_t(i);
+        return layer_param(h, int32_t(l), int32_t(i), out);
+      }
+    }
+    p.error = std::string("find_param: the model has no parameter \"") + name +
+              "\" (Hugging Face GPT-2 names: \"wte.weight\", \"h.0.attn.c_attn.weight\", ...)";
+    return HR_ERROR_INVALID;
+  }
+  static hr_status read(hr_host* h, void* dst, const void* src, uint64_t bytes) {
+    LoadedPlugin& p = plugin(h);
+    if (bytes > HR_READ_MAX_BYTES) {
+      p.error = "read: " + std::to_string(bytes) + " bytes is more than HR_READ_MAX_BYTES (" +
+                std::to_string(HR_READ_MAX_BYTES) + "): read() is for scalars and small buffers";
+      return HR_ERROR_INVALID;
+    }
+    if (bytes == 0) return HR_OK;
+    if (!dst || !src) {
+      p.error = "read: dst and src must not be NULL";
+      return HR_ERROR_INVALID;
+    }
+    return guarded(h, [&] { run(h).device().backend().download(dst, src, bytes); });
+  }
+  // One element of `dtype` at `b`, widened to double.
+  static double element(uint32_t dtype, const unsigned char* b) {
+    switch (dtype) {
+      case HR_DTYPE_F32: {
+        float f;
+        std::memcpy(&f, b, 4);
+        return f;
+      }
+      case HR_DTYPE_F64: {
+        double d;
+        std::memcpy(&d, b, 8);
+        return d;
+      }
+      case HR_DTYPE_I32: {
+        int32_t i;
+        std::memcpy(&i, b, 4);
+        return i;
+      }
+      case HR_DTYPE_BF16: {
+        uint16_t u;
+        std::memcpy(&u, b, 2);
+        const uint32_t bits = uint32_t(u) << 16;
+        float f;
+        std::memcpy(&f, &bits, 4);
+        return f;
+      }
+      default: {  // HR_DTYPE_F16
+        uint16_t u;
+        std::memcpy(&u, b, 2);
+        const int exp = (u >> 10) & 0x1F, mant = u & 0x3FF;
+        const double sign = (u & 0x8000) ? -1.0 : 1.0;
+        if (exp == 0) return sign * std::ldexp(double(mant), -24);
+        if (exp == 31)
+          return mant ? std::numeric_limits<double>::quiet_NaN()
+                      : sign * std::numeric_limits<double>::infinity();
+        return sign * std::ldexp(double(mant | 0x400), exp - 25);
+      }
+    }
+  }
+  static hr_status reduce(hr_host* h, const void* x, uint32_t dtype, uint64_t n, uint32_t op,
+                          double* out) {
+    LoadedPlugin& p = plugin(h);
+    if (!out) {
+      p.error = "reduce: out must not be NULL";
+      return HR_ERROR_INVALID;
+    }
+    if (op > HR_REDUCE_SUM_SQUARES) {
+      p.error = "reduce: op " + std::to_string(op) +
+                " is not HR_REDUCE_SUM, _MAX, _MAX_ABS or _SUM_SQUARES";
+      return HR_ERROR_INVALID;
+    }
+    if (dtype > HR_DTYPE_I32) {
+      p.error = "reduce: dtype " + std::to_string(dtype) + " is not an hr_dtype";
+      return HR_ERROR_INVALID;
+    }
+    const bool sums = op == HR_REDUCE_SUM || op == HR_REDUCE_SUM_SQUARES;
+    if (n == 0) {
+      *out = sums ? 0.0 : -std::numeric_limits<double>::infinity();
+      return HR_OK;
+    }
+    if (!x) {
+      p.error = "reduce: x must not be NULL";
+      return HR_ERROR_INVALID;
+    }
+    // The sum of squares of a float tensor is the backend's own reduction, on the device; the
+    // rest reads the elements back a bounded chunk at a time and reduces on the host.
+    if (op == HR_REDUCE_SUM_SQUARES &&
+        (dtype == HR_DTYPE_F32 || dtype == HR_DTYPE_BF16 || dtype == HR_DTYPE_F16))
+      return guarded(h, [&] { *out = run(h).device().backend().sum_squares(Dtype(dtype), x, n); });
+    const uint64_t size = dtype_size(Dtype(dtype));
+    return guarded(h, [&] {
+      constexpr uint64_t kChunkBytes = uint64_t(1) << 20;
+      std::vector<unsigned char> chunk(kChunkBytes);
+      const uint64_t per_chunk = kChunkBytes / size;
+      double acc = sums ? 0.0 : -std::numeric_limits<double>::infinity();
+      bool nan = false;
+      Backend& ops = run(h).device().backend();
+      for (uint64_t at = 0; at < n; at += per_chunk) {
+        const uint64_t k = std::min(per_chunk, n - at);
+        ops.download(chunk.data(), static_cast<const unsigned char*>(x) + at * size, k * size);
+        for (uint64_t i = 0; i < k; ++i) {
+          const double v = element(dtype, chunk.data() + i * size);
+          switch (op) {
+            case HR_REDUCE_SUM:
+              acc += v;
+              break;
+            case HR_REDUCE_SUM_SQUARES:
+              acc += v * v;
+              break;
+            case HR_REDUCE_MAX:
+              nan |= std::isnan(v);
+              acc = std::max(acc, v);
+              break;
+            default:
+              nan |= std::isnan(v);
+              acc = std::max(acc, std::fabs(v));
+              break;
+          }
+        }
+      }
+      *out = nan ? std::numeric_limits<double>::quiet_NaN() : acc;
+    });
+  }
+
+  // --- headroom.step/1 ---
+  static hr_status step_state(hr_host* h, hr_step_state* out) {
+    if (!out) {
+      plugin(h).error = "state: out must not be NULL";
+      return HR_ERROR_INVALID;
+    }
+    const RunState r = run(h).state();
+    hr_step_state s;
+    std::memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    s.step = r.step;
+    s.micro_step = r.micro_step;
+    s.lr = r.lr;
+    s.loss_scale = r.loss_scale;
+    s.loss = r.loss;
+    s.tokens = r.tokens;
+    s.grad_norm = r.grad_norm;
+    s.clip_coef = r.clip_coef;
+    s.skipped = r.skipped ? 1 : 0;
+    write_sized(out, s, offsetof(hr_step_state, struct_size) + sizeof(uint32_t));
+    return HR_OK;
+  }
+
+  static const void* get_extension(hr_host* h, const char* id);
+};
+
+// ---------------------------------------------------------------------------------------------
+// The rules: who may call what. One row per function of the services table and of the host's
+// extensions; every call goes through checked<>, which holds the caller against its row before
+// the function runs. The header comment of each function (headroom/plugin.h, headroom/ext/*.h)
+// says the same in words.
+
+namespace {
+
+enum class When {
+  kAnyTime,
+  kCreate,             // from the plugin's create() only
+  kForwardEndOfLayer,  // from FORWARD_END of the layer the call names (its first argument)
+  kNotInAllocation,    // not from an ALLOC, FREE or OOM hook (they run inside an allocation)
+};
+
+struct Rule {
+  const char* function;  // as a plugin reaches it: "vm_map", "headroom.vm/1 map"
+  uint32_t roles;        // the HR_ROLE_* the caller must provide; 0: any plugin
+  When when;
+  // What a refused call returns when the function returns an hr_status: HR_ERROR_NOT_ALLOWED,
+  // or the HR_ERROR_INVALID that ABI 1.3 / 1.4 documented for drop_activations and
+  // set_compute_dtype called from the wrong event. A pointer or a size is NULL / 0.
+  hr_status refused;
+};
+
+enum Fn : int {
+  // the 1.4 table
+  kLog,
+  kSetError,
+  kConfigInt,
+  kConfigFloat,
+  kConfigBool,
+  kConfigString,
+  kConfigSize,
+  kConfigError,
+  kAlloc,
+  kFree,
+  kRawAlloc,
+  kRawFree,
+  kMemoryStats,
+  kNumLayers,
+  kLayerName,
+  kLayerNumParams,
+  kLayerParam,
+  kLayerNumActivations,
+  kLayerActivation,
+  kOpFill,
+  kOpCopy,
+  kOpCast,
+  kOpScale,
+  kOpAxpy,
+  kOpSumSquares,
+  kOpNonfinite,
+  kDeviceKind,
+  kDeviceIndex,
+  kStream,
+  kRank,
+  kWorldSize,
+  kVetoStep,
+  kRequestRetry,
+  kVmGranularity,
+  kVmReserve,
+  kVmMap,
+  kVmUnmap,
+  kVmRelease,
+  kDropActivations,
+  kSetComputeDtype,
+  kSetLossScale,
+  // headroom.vm/1
+  kExtRawAlloc,
+  kExtRawFree,
+  kExtGranularity,
+  kExtReserve,
+  kExtMap,
+  kExtUnmap,
+  kExtRelease,
+  // headroom.precision/1
+  kExtSetComputeDtype,
+  kExtSetLossScale,
+  kExtComputeDtype,
+  kExtLossScale,
+  // headroom.recompute/1
+  kExtDropActivations,
+  kExtLayerActivationBytes,
+  // headroom.tensors/1
+  kExtFindParam,
+  kExtRead,
+  kExtReduce,
+  // headroom.step/1
+  kExtStepState,
+  kNumFns
+};
+
+constexpr uint32_t kAnyone = 0;
+constexpr uint32_t kAllocatorRole = HR_ROLE_ALLOCATOR;
+constexpr hr_status kNotAllowed = HR_ERROR_NOT_ALLOWED;
+
+// In Fn's order (checked below).
+constexpr Rule kRules[kNumFns] = {
+    {"log", kAnyone, When::kAnyTime, kNotAllowed},
+    {"set_error", kAnyone, When::kAnyTime, kNotAllowed},
+    {"config_int", kAnyone, When::kAnyTime, kNotAllowed},
+    {"config_float", kAnyone, When::kAnyTime, kNotAllowed},
+    {"config_bool", kAnyone, When::kAnyTime, kNotAllowed},
+    {"config_string", kAnyone, When::kAnyTime, kNotAllowed},
+    {"config_size", kAnyone, When::kAnyTime, kNotAllowed},
+    {"config_error", kAnyone, When::kAnyTime, kNotAllowed},
+    {"alloc", kAnyone, When::kNotInAllocation, kNotAllowed},
+    {"free", kAnyone, When::kNotInAllocation, kNotAllowed},
+    {"raw_alloc", kAllocatorRole, When::kAnyTime, kNotAllowed},
+    {"raw_free", kAllocatorRole, When::kAnyTime, kNotAllowed},
+    {"memory_stats", kAnyone, When::kAnyTime, kNotAllowed},
+    {"num_layers", kAnyone, When::kAnyTime, kNotAllowed},
+    {"layer_name", kAnyone, When::kAnyTime, kNotAllowed},
+    {"layer_num_params", kAnyone, When::kAnyTime, kNotAllowed},
+    {"layer_param", kAnyone, When::kAnyTime, kNotAllowed},
+    {"layer_num_activations", kAnyone, When::kAnyTime, kNotAllowed},
+    {"layer_activation", kAnyone, When::kAnyTime, kNotAllowed},
+    {"op_fill", kAnyone, When::kAnyTime, kNotAllowed},
+    {"op_copy", kAnyone, When::kAnyTime, kNotAllowed},
+    {"op_cast", kAnyone, When::kAnyTime, kNotAllowed},
+    {"op_scale", kAnyone, When::kAnyTime, kNotAllowed},
+    {"op_axpy", kAnyone, When::kAnyTime, kNotAllowed},
+    {"op_sum_squares", kAnyone, When::kAnyTime, kNotAllowed},
+    {"op_nonfinite", kAnyone, When::kAnyTime, kNotAllowed},
+    {"device_kind", kAnyone, When::kAnyTime, kNotAllowed},
+    {"device_index", kAnyone, When::kAnyTime, kNotAllowed},
+    {"stream", kAnyone, When::kAnyTime, kNotAllowed},
+    {"rank", kAnyone, When::kAnyTime, kNotAllowed},
+    {"world_size", kAnyone, When::kAnyTime, kNotAllowed},
+    {"veto_step", kAnyone, When::kAnyTime, kNotAllowed},
+    {"request_retry", kAnyone, When::kAnyTime, kNotAllowed},
+    {"vm_granularity", kAllocatorRole, When::kAnyTime, kNotAllowed},
+    {"vm_reserve", kAllocatorRole, When::kAnyTime, kNotAllowed},
+    {"vm_map", kAllocatorRole, When::kAnyTime, kNotAllowed},
+    {"vm_unmap", kAllocatorRole, When::kAnyTime, kNotAllowed},
+    {"vm_release", kAllocatorRole, When::kAnyTime, kNotAllowed},
+    {"drop_activations", kAnyone, When::kForwardEndOfLayer, HR_ERROR_INVALID},
+    {"set_compute_dtype", kAnyone, When::kCreate, HR_ERROR_INVALID},
+    {"set_loss_scale", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_VM " raw_alloc", kAllocatorRole, When::kAnyTime, kNotAllowed},
+    {HR_EXT_VM " raw_free", kAllocatorRole, When::kAnyTime, kNotAllowed},
+    {HR_EXT_VM " granularity", kAllocatorRole, When::kAnyTime, kNotAllowed},
+    {HR_EXT_VM " reserve", kAllocatorRole, When::kAnyTime, kNotAllowed},
+    {HR_EXT_VM " map", kAllocatorRole, When::kAnyTime, kNotAllowed},
+    {HR_EXT_VM " unmap", kAllocatorRole, When::kAnyTime, kNotAllowed},
+    {HR_EXT_VM " release", kAllocatorRole, When::kAnyTime, kNotAllowed},
+    {HR_EXT_PRECISION " set_compute_dtype", kAnyone, When::kCreate, kNotAllowed},
+    {HR_EXT_PRECISION " set_loss_scale", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_PRECISION " compute_dtype", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_PRECISION " loss_scale", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_RECOMPUTE " drop_activations", kAnyone, When::kForwardEndOfLayer, kNotAllowed},
+    {HR_EXT_RECOMPUTE " layer_activation_bytes", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_TENSORS " find_param", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_TENSORS " read", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_TENSORS " reduce", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_STEP " state", kAnyone, When::kAnyTime, kNotAllowed},
+};
+
+std::string roles_words(uint32_t roles) {
+  return describe_roles(roles) + " role";
+}
+
+// "only from FORWARD_END of that layer", for the messages.
+std::string rule_words(const Rule& r) {
+  std::string s;
+  if (r.roles) s = "the " + roles_words(r.roles) + " only";
+  std::string when;
+  switch (r.when) {
+    case When::kAnyTime:
+      break;
+    case When::kCreate:
+      when = "from create() only";
+      break;
+    case When::kForwardEndOfLayer:
+      when = "from FORWARD_END of the layer it names only";
+      break;
+    case When::kNotInAllocation:
+      when = "not from ALLOC, FREE or OOM hooks";
+      break;
+  }
+  if (!when.empty()) s += (s.empty() ? "" : ", ") + when;
+  return s.empty() ? "any plugin, any time" : s;
+}
+
+// The layer a call names: the first argument when it is one.
+inline int32_t layer_argument() {
+  return -1;
+}
+template <class First, class... Rest>
+int32_t layer_argument(First first, Rest...) {
+  if constexpr (std::is_same_v<First, int32_t>) {
+    return first;
+  } else {
+    (void)first;
+    return -1;
+  }
+}
+
+// Whether `h`'s plugin may make this call now; if not, its error message says why, naming the
+// function, the rule and the plugin.
+bool allowed(hr_host* h, const Rule& rule, int32_t layer) {
+  LoadedPlugin& p = *h->plugin;
+  const int ev = HostServices::current_event(h), ev_layer = HostServices::current_layer(h);
+  std::string why;
+  if ((p.desc.roles & rule.roles) != rule.roles) {
+    why = "plugin '" + p.entry.name + "' does not provide the " + roles_words(rule.roles) +
+          " (its descriptor's roles: " + describe_roles(p.desc.roles) + ")";
+  } else {
+    const std::string from =
+        p.creating ? std::string("create()")
+        : ev >= 0  ? std::string(event_name(Event(ev))) +
+                        (ev_layer >= 0 ? " of layer " + std::to_string(ev_layer) : std::string())
+                  : std::string("outside any event");
+    switch (rule.when) {
+      case When::kAnyTime:
+        break;
+      case When::kCreate:
+        if (!p.creating) why = "plugin '" + p.entry.name + "' called it from " + from;
+        break;
+      case When::kForwardEndOfLayer:
+        if (p.creating || ev != int(Event::kForwardEnd) || ev_layer != layer)
+          why = "plugin '" + p.entry.name + "' called it for layer " + std::to_string(layer) +
+                " from " + from;
+        break;
+      case When::kNotInAllocation:
+        if (!p.creating &&
+            (ev == int(Event::kAlloc) || ev == int(Event::kFree) || ev == int(Event::kOom)))
+          why = "plugin '" + p.entry.name + "' called it from " + from;
+        break;
+    }
+  }
+  if (why.empty()) return true;
+  p.error = std::string(rule.function) + ": not allowed: " + rule_words(rule) + "; " + why;
+  return false;
+}
+
+// A service function behind its rule: the call runs only when allowed() says so.
+template <Fn F, auto Impl>
+struct checked;
+template <Fn F, class R, class... A, R (*Impl)(hr_host*, A...)>
+struct checked<F, Impl> {
+  static R call(hr_host* h, A... a) {
+    if (!h || !h->plugin) {
+      if constexpr (std::is_void_v<R>) {
+        return;
+      } else {
+        return R{};
+      }
+    }
+    if (!allowed(h, kRules[F], layer_argument(a...))) {
+      if constexpr (std::is_void_v<R>) {
+        return;
+      } else if constexpr (std::is_same_v<R, hr_status>) {
+        return kRules[F].refused;
+      } else {
+        return R{};
+      }
+    }
+    return Impl(h, a...);
+  }
+};
+
+// The hr_status functions among the 1.4 table's int32_t ones: a refused num_layers, device_index,
+// rank or world_size would otherwise answer a status. None of them has a rule that can refuse.
+static_assert(kRules[kNumLayers].roles == 0 && kRules[kNumLayers].when == When::kAnyTime);
+static_assert(kRules[kLayerNumParams].roles == 0 && kRules[kLayerNumParams].when == When::kAnyTime);
+static_assert(kRules[kLayerNumActivations].roles == 0 &&
+              kRules[kLayerNumActivations].when == When::kAnyTime);
+static_assert(kRules[kDeviceIndex].roles == 0 && kRules[kDeviceIndex].when == When::kAnyTime);
+static_assert(kRules[kRank].roles == 0 && kRules[kWorldSize].roles == 0);
+
+#define HR_CHECKED(fn, impl) checked<fn, &HostServices::impl>::call
+
+const hr_ext_vm kVm = {sizeof(hr_ext_vm),
+                       0,
+                       HR_CHECKED(kExtRawAlloc, raw_alloc),
+                       HR_CHECKED(kExtRawFree, raw_free),
+                       HR_CHECKED(kExtGranularity, vm_granularity),
+                       HR_CHECKED(kExtReserve, vm_reserve),
+                       HR_CHECKED(kExtMap, vm_map),
+                       HR_CHECKED(kExtUnmap, vm_unmap),
+                       HR_CHECKED(kExtRelease, vm_release)};
+
+const hr_ext_precision kPrecision = {sizeof(hr_ext_precision),
+                                     0,
+                                     HR_CHECKED(kExtSetComputeDtype, set_compute_dtype),
+                                     HR_CHECKED(kExtSetLossScale, set_loss_scale),
+                                     HR_CHECKED(kExtComputeDtype, compute_dtype),
+                                     HR_CHECKED(kExtLossScale, loss_scale)};
+
+const hr_ext_recompute kRecompute = {sizeof(hr_ext_recompute), 0,
+                                     HR_CHECKED(kExtDropActivations, drop_activations),
+                                     HR_CHECKED(kExtLayerActivationBytes, layer_activation_bytes)};
+
+const hr_ext_tensors kTensors = {sizeof(hr_ext_tensors), 0, HR_CHECKED(kExtFindParam, find_param),
+                                 HR_CHECKED(kExtRead, read), HR_CHECKED(kExtReduce, reduce)};
+
+const hr_ext_step kStep = {sizeof(hr_ext_step), 0, HR_CHECKED(kExtStepState, step_state)};
+
+}  // namespace
+
+const void* HostServices::get_extension(hr_host*, const char* id) {
+  if (!id) return nullptr;
+  // Exact ids only: another version of one ("headroom.vm/2") is another extension.
+  const std::pair<const char*, const void*> tables[] = {{HR_EXT_VM, &kVm},
+                                                        {HR_EXT_PRECISION, &kPrecision},
+                                                        {HR_EXT_RECOMPUTE, &kRecompute},
+                                                        {HR_EXT_TENSORS, &kTensors},
+                                                        {HR_EXT_STEP, &kStep}};
+  for (const auto& [name, table] : tables)
+    if (std::strcmp(id, name) == 0) return table;
+  return nullptr;
+}
+
+hr_host_services make_services(LoadedPlugin& p) {
+  hr_host_services s;
+  std::memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  s.abi_version = p.abi;
+  s.host = &p.handle;
+  s.log = HR_CHECKED(kLog, log);
+  s.set_error = HR_CHECKED(kSetError, set_error);
+  s.config_int = HR_CHECKED(kConfigInt, config_int);
+  s.config_float = HR_CHECKED(kConfigFloat, config_float);
+  s.config_bool = HR_CHECKED(kConfigBool, config_bool);
+  s.config_string = HR_CHECKED(kConfigString, config_string);
+  s.config_size = HR_CHECKED(kConfigSize, config_size);
+  s.config_error = HR_CHECKED(kConfigError, config_error);
+  s.alloc = HR_CHECKED(kAlloc, alloc);
+  s.free = HR_CHECKED(kFree, free);
+  s.raw_alloc = HR_CHECKED(kRawAlloc, raw_alloc);
+  s.raw_free = HR_CHECKED(kRawFree, raw_free);
+  s.memory_stats = HR_CHECKED(kMemoryStats, memory_stats);
+  s.num_layers = HR_CHECKED(kNumLayers, num_layers);
+  s.layer_name = HR_CHECKED(kLayerName, layer_name);
+  s.layer_num_params = HR_CHECKED(kLayerNumParams, layer_num_params);
+  s.layer_param = HR_CHECKED(kLayerParam, layer_param);
+  s.layer_num_activations = HR_CHECKED(kLayerNumActivations, layer_num_activations);
+  s.layer_activation = HR_CHECKED(kLayerActivation, layer_activation);
+  s.op_fill = HR_CHECKED(kOpFill, op_fill);
+  s.op_copy = HR_CHECKED(kOpCopy, op_copy);
+  s.op_cast = HR_CHECKED(kOpCast, op_cast);
+  s.op_scale = HR_CHECKED(kOpScale, op_scale);
+  s.op_axpy = HR_CHECKED(kOpAxpy, op_axpy);
+  s.op_sum_squares = HR_CHECKED(kOpSumSquares, op_sum_squares);
+  s.op_nonfinite = HR_CHECKED(kOpNonfinite, op_nonfinite);
+  s.device_kind = HR_CHECKED(kDeviceKind, device_kind);
+  s.device_index = HR_CHECKED(kDeviceIndex, device_index);
+  s.stream = HR_CHECKED(kStream, stream);
+  s.rank = HR_CHECKED(kRank, rank);
+  s.world_size = HR_CHECKED(kWorldSize, world_size);
+  s.veto_step = HR_CHECKED(kVetoStep, veto_step);
+  s.request_retry = HR_CHECKED(kRequestRetry, request_retry);
+  s.vm_granularity = HR_CHECKED(kVmGranularity, vm_granularity);
+  s.vm_reserve = HR_CHECKED(kVmReserve, vm_reserve);
+  s.vm_map = HR_CHECKED(kVmMap, vm_map);
+  s.vm_unmap = HR_CHECKED(kVmUnmap, vm_unmap);
+  s.vm_release = HR_CHECKED(kVmRelease, vm_release);
+  s.drop_activations = HR_CHECKED(kDropActivations, drop_activations);
+  s.set_compute_dtype = HR_CHECKED(kSetComputeDtype, set_compute_dtype);
+  s.set_loss_scale = HR_CHECKED(kSetLossScale, set_loss_scale);
+  s.get_extension = HostServices::get_extension;
+  return s;
+}
+
+#undef HR_CHECKED
+
+std::string key_where(const LoadedPlugin& p, const std::string& key) {
+  auto it = p.entry.key_pos.find(key);
+  const std::string pos = it != p.entry.key_pos.end() ? it->second.str() : p.entry.pos.str();
+  return pos + ": plugins." + p.entry.name + "." + key;
+}
+
+}  // namespace headroom
