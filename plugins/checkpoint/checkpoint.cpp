@@ -352,19 +352,34 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
   hr_status st = HR_OK;
   if (p == Policy::kBudget) {
     // plan_budget(): the fewest blocks, the earliest first (every block saves the same), such that
-    // the activation peak stays under the budget. Its bound counts what it measures at run time;
-    // here the closed form's activations at the peak stand in for it. The run may drop a block
-    // more than this, never fewer, so the estimate is an upper bound.
+    // its bound stays under the budget: every held byte plus one block recomputed. Here the closed
+    // form's activations at the peak plus what one block saves by dropping (the peak of all kept
+    // less the peak with block 1 dropped) stand in for it; that is a block's output short of the
+    // bound, so the run may drop a block more than this (a lower peak) or find a budget this
+    // estimate meets unmeetable (its message says so, at the first step).
     const uint64_t budget = c->budget();
+    uint64_t saves = 0;  // one block's activations less its output
+    if (L >= 2) {
+      uint64_t kept[HR_MEM_CATEGORY_COUNT_V1], one[HR_MEM_CATEGORY_COUNT_V1];
+      st = q->peak(q->context, m, kept);
+      if (st != HR_OK) return st;
+      const uint8_t first = m->drop[1];
+      m->drop[1] = HR_DROP_ALL;
+      st = q->peak(q->context, m, one);
+      m->drop[1] = first;
+      if (st != HR_OK) return st;
+      if (kept[HR_MEM_ACTIVATIONS] > one[HR_MEM_ACTIVATIONS])
+        saves = kept[HR_MEM_ACTIVATIONS] - one[HR_MEM_ACTIVATIONS];
+    }
     int64_t k = 0;
     for (;; ++k) {
       for (int64_t l = 0; l < int64_t(m->num_layers); ++l)
         m->drop[l] = l >= 1 && l <= k ? HR_DROP_ALL : before[size_t(l)];
       st = q->peak(q->context, m, r->bytes);
       if (st != HR_OK) return st;
-      if (r->bytes[HR_MEM_ACTIVATIONS] <= budget || k == L) break;
+      if (r->bytes[HR_MEM_ACTIVATIONS] + (k > 0 ? saves : 0) <= budget || k == L) break;
     }
-    if (r->bytes[HR_MEM_ACTIVATIONS] > budget)
+    if (r->bytes[HR_MEM_ACTIVATIONS] + (k > 0 ? saves : 0) > budget)
       extra = "; the budget cannot be met, the run stops at its first step";
     std::snprintf(r->what, sizeof r->what,
                   "activation recomputation, policy budget: %lld of %lld blocks recomputed%s",
