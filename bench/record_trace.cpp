@@ -6,9 +6,9 @@
 //
 // The run: a small GPT-2 (Gpt<float>, 3 layers, n_embd 32, 8 heads, context 1024) on random
 // tokens, forward and backward of batches whose T cycles through --seq-lens (640, 64, 1024, 128,
-// 512, 256: documents of different lengths), with AdamW (core/optim/optim.h) and an AllocTraceRecorder
-// on the device. The next batch is loaded onto the device while the current one computes (at the
-// head's forward), as the trainer's prefetching loader does.
+// 512, 256: documents of different lengths), with AdamW (core/optim/optim.h) and an
+// AllocTraceRecorder on the device. The next batch is loaded onto the device while the current one
+// computes (at the head's forward), as the trainer's prefetching loader does.
 //
 // By default the optimizer steps in backward: each layer's AdamW runs as soon as that layer's
 // gradients are final (the memory-saving "optimizer in backward" of torchtune and LOMO). That is
@@ -40,11 +40,11 @@
 #include <string>
 #include <vector>
 
-#include "core/report/alloc_trace.h"
 #include "core/config/config.h"
 #include "core/device/device.h"
 #include "core/model/model.h"
 #include "core/optim/optim.h"
+#include "core/report/alloc_trace.h"
 
 namespace {
 

@@ -11,10 +11,10 @@
 #include <sstream>
 #include <string>
 
-#include "core/report/alloc_trace.h"
 #include "core/config/config.h"
 #include "core/device/device.h"
 #include "core/os/output_file.h"
+#include "core/report/alloc_trace.h"
 #include "core/run/trainer.h"
 #include "tests/test_util.h"
 

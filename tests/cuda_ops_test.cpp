@@ -38,8 +38,8 @@ TEST(CudaOps, SkippedNoCudaBuild) {
 #include <string>
 #include <vector>
 
-#include "core/device/backend.h"
 #include "core/config/config.h"
+#include "core/device/backend.h"
 #include "core/device/device.h"
 #include "core/device/memory.h"
 #include "kernels/common/dtype.h"
@@ -573,7 +573,8 @@ TEST_F(CudaBackendOps, AxpyEveryDtype) {
     const auto x = normal(n, dt), y = normal(n, dt);
     void* d_y = to_device(y, dt);
     ops_->axpy(dt, d_y, to_device(x, dt), n, a);
-    // core/device/backend_cpu.cpp: f32 adds float(a) * x (two roundings); 16-bit dtypes work in double.
+    // core/device/backend_cpu.cpp: f32 adds float(a) * x (two roundings); 16-bit dtypes work in
+    // double.
     std::vector<float> want(n);
     for (size_t i = 0; i < n; i++) {
       if (dt == Dtype::kF32) {

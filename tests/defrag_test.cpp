@@ -1,9 +1,9 @@
-// Fragmentation and its cure. The CPU arena (core/device/arena.h): first-fit placement, 512-byte blocks,
-// a request that fails with enough bytes free, coalescing, and vm_map aliasing arena pages into a
-// reserved range. The defrag_allocator plugin, loaded by the real plugin host onto a real Device:
-// pools, best fit, splitting and coalescing, the release threshold, random alloc/free sequences
-// that must never overlap and whose statistics must agree with the tracker, a fragmented device
-// where the default allocator fails and expandable segments succeed, and training runs whose
+// Fragmentation and its cure. The CPU arena (core/device/arena.h): first-fit placement, 512-byte
+// blocks, a request that fails with enough bytes free, coalescing, and vm_map aliasing arena pages
+// into a reserved range. The defrag_allocator plugin, loaded by the real plugin host onto a real
+// Device: pools, best fit, splitting and coalescing, the release threshold, random alloc/free
+// sequences that must never overlap and whose statistics must agree with the tracker, a fragmented
+// device where the default allocator fails and expandable segments succeed, and training runs whose
 // losses do not change.
 #include <gtest/gtest.h>
 
@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "core/device/arena.h"
 #include "core/config/config.h"
+#include "core/device/arena.h"
 #include "core/device/device.h"
 #include "core/events/events.h"
 #include "core/plugin_host/plugin_host.h"

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "core/os/output_file.h"
 #include "core/data/shards.h"
+#include "core/os/output_file.h"
 #include "core/run/snapshot.h"
 #include "core/run/trainer.h"
 #include "tests/test_util.h"

@@ -10,8 +10,8 @@
 #include <random>
 #include <string>
 
-#include "core/report/alloc_trace.h"
 #include "core/config/config.h"
+#include "core/report/alloc_trace.h"
 #include "core/report/timeline_html.h"
 #include "core/run/trainer.h"
 #include "tests/test_util.h"

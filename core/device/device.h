@@ -9,8 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/device/backend.h"
 #include "core/config/config.h"
+#include "core/device/backend.h"
 #include "core/device/memory.h"
 
 namespace headroom {
@@ -185,8 +185,8 @@ class ObserverRegistration {
 };
 
 #if defined(HEADROOM_HAVE_CUDA)
-// The CUDA device (core/device/cuda/cuda_device.cpp): [device] kind = "cuda". Throws ConfigError when no
-// CUDA device with that index is present.
+// The CUDA device (core/device/cuda/cuda_device.cpp): [device] kind = "cuda". Throws ConfigError
+// when no CUDA device with that index is present.
 std::unique_ptr<Device> make_cuda_device(const DeviceConfig& config);
 #endif
 

@@ -1,5 +1,5 @@
-// The events of the training loop (DESIGN.md, "The loop and its events"). The trainer fires them;
-// listeners — the plugin host, once plugins load — receive them in registration order.
+// The events of the training loop (docs/design.md, "The loop and its events"). The trainer fires
+// them; listeners — the plugin host, once plugins load — receive them in registration order.
 #pragma once
 
 #include <cstdint>

@@ -6,8 +6,8 @@
 // gradients: float for training, double for gradient checks. Everything the layers compute —
 // activations, and the compute copies of the parameters with their per-micro-step gradients — is
 // in the model's compute dtype: T's own (f32, f64), or bf16 / f16 when a plugin (amp) asks for
-// them. All of it runs on the device's op table (core/device/backend.h), so the one model trains on the
-// CPU and on CUDA.
+// them. All of it runs on the device's op table (core/device/backend.h), so the one model trains on
+// the CPU and on CUDA.
 #pragma once
 
 #include <cstdint>
@@ -195,8 +195,8 @@ class Gpt {
   void zero_grad();
   // Casts every master parameter to its compute copy (round to nearest even): after the optimizer
   // updated the masters, or after they were loaded. Nothing to do without compute copies.
-  // Inline, walking the layers: core/model/safetensors.cpp calls it and links without model.cpp (its
-  // fuzz target).
+  // Inline, walking the layers: core/model/safetensors.cpp calls it and links without model.cpp
+  // (its fuzz target).
   void sync_compute_params() {
     if (!has_compute_copies()) return;
     for (const auto& layer : layers_)

@@ -91,26 +91,9 @@ Trainer::Trainer(const Config& config, TrainOptions options)
 Trainer::~Trainer() = default;
 
 // ---------------------------------------------------------------------------------------------
-// The loop. Every event it fires, in order:
-//
-//   TRAIN_BEGIN
-//   per optimizer step:
-//     STEP_BEGIN
-//     grad_accum times:   batch <- data
-//                         FORWARD_BEGIN(l) forward FORWARD_END(l)      l = 0 .. L+1
-//                         BACKWARD_BEGIN(l) backward BACKWARD_END(l)   l = L+1 .. 0
-//     GRADS_READY         (the gradients of every micro-step are accumulated; then clipping)
-//     OPTIMIZER_STEP      (just before the update; neither when a plugin vetoed the step)
-//     STEP_END
-//   TRAIN_END
-//   ALLOC / FREE at every device allocation, OOM when one fails.
-//
-// Two ways out before the last step, both ending in TRAIN_END:
-// - a stop request (SIGINT / SIGTERM, interrupt.h), seen after each micro-step and between steps:
-//   a step stopped half way is dropped (no GRADS_READY, no STEP_END), and with [snapshot] on the
-//   last completed step is snapshotted;
-// - a loss or gradient norm that is not finite after GRADS_READY, in a step no plugin vetoed: no
-//   OPTIMIZER_STEP, and the run throws Diverged.
+// The loop. docs/design.md ("The loop and its events") draws every event it fires, in order, and
+// the ways out before the last step: a stop request (seen after each micro-step and between steps;
+// a half step is dropped) and a non-finite loss or gradient norm that no plugin vetoed.
 
 void Trainer::run() {
   try {

@@ -1,4 +1,5 @@
-// The training loop: one place that runs the steps and fires every event of DESIGN.md.
+// The training loop: one place that runs the steps and fires every event (docs/design.md, "The loop
+// and its events").
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 // Element-wise ops over any storage type (fill, cast, scale, axpy) and the two reductions that
 // hand a value to the host (sum of squares for the gradient norm, the non-finite check for amp).
-// Where the CPU backend (core/device/backend_cpu.cpp) computes a 16-bit op in double, so does this: the
-// same product, rounded to float and then to the storage type, gives the same bits.
+// Where the CPU backend (core/device/backend_cpu.cpp) computes a 16-bit op in double, so does this:
+// the same product, rounded to float and then to the storage type, gives the same bits.
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"

@@ -14,8 +14,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "core/report/alloc_trace.h"
 #include "core/config/config.h"
+#include "core/report/alloc_trace.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::istringstream in(std::string(reinterpret_cast<const char*>(data), size));

@@ -23,8 +23,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "core/device/cuda/backend_cuda.h"
 #include "core/config/config.h"
+#include "core/device/cuda/backend_cuda.h"
 #include "core/device/device.h"
 #include "kernels/cuda/check.h"
 

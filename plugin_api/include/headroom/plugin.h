@@ -58,9 +58,10 @@ typedef int32_t hr_status;
 #define HR_ERROR_UNSUPPORTED 4   /* e.g. a dtype or device op this backend does not have */
 #define HR_ERROR_INVALID 5       /* a bad argument: an index out of range, a NULL pointer */
 #define HR_ERROR_VERSION 6       /* no ABI version both sides speak */
-#define HR_ERROR_NOT_ALLOWED 7   /* ABI 1.5: a service called from an event, or by a plugin without
-                                  * the role, that its header comment does not allow; the message
-                                  * (set by the host) says what may call it */
+#define HR_ERROR_NOT_ALLOWED                                           \
+  7 /* ABI 1.5: a service called from an event, or by a plugin without \
+     * the role, that its header comment does not allow; the message   \
+     * (set by the host) says what may call it */
 
 /* ---------------------------------------------------------------------------------------------
  * Events of the training loop. One optimizer step with A micro-steps and layers 0..L-1:
@@ -74,7 +75,7 @@ typedef int32_t hr_status;
  *
  * TRAIN_BEGIN before the first step, TRAIN_END after the last; ALLOC and FREE at every device
  * allocation and free, OOM when an allocation fails. Plugins receive each event in the order the
- * TOML lists them. */
+ * TOML lists them. docs/design.md in headroom's source draws the whole loop. */
 typedef enum hr_event {
   HR_EVENT_TRAIN_BEGIN = 0,
   HR_EVENT_TRAIN_END = 1,

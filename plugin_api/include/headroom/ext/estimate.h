@@ -26,7 +26,8 @@ extern "C" {
 /* The run's shapes. */
 typedef struct hr_estimate_model {
   uint32_t struct_size;
-  int32_t n_layer; /* transformer blocks; the model's layers are the embedding, the blocks, the head */
+  /* Transformer blocks; the model's layers are the embedding, the blocks and the head. */
+  int32_t n_layer;
   int32_t n_head;
   int32_t n_embd;
   int32_t seq_len;
@@ -51,7 +52,7 @@ typedef struct hr_estimate_query {
   uint32_t struct_size;
   uint32_t reserved0;
   const hr_estimate_model* model;
-  const hr_mechanisms* before; /* as the plugins before this one leave them */
+  const hr_mechanisms* before;                 /* as the plugins before this one leave them */
   uint64_t baseline[HR_MEM_CATEGORY_COUNT_V1]; /* the peak bytes by category with `before` */
   /* Core's closed form: the peak bytes by category (out[HR_MEM_CATEGORY_COUNT_V1]) with the
    * mechanisms set as `m`. Exact on the CPU backend for HR_DROP_ALL and every layer kept; an upper
@@ -72,13 +73,13 @@ typedef struct hr_estimate_result {
                          * changes what its policy sets */
   uint64_t bytes[HR_MEM_CATEGORY_COUNT_V1]; /* out: the peak bytes by category it leaves
                                              * (in: the baseline) */
-  uint64_t makes_usable; /* out: free bytes now in holes too small for the failed request that it
-                          * would make usable (an allocator); 0 for most plugins */
+  uint64_t makes_usable;   /* out: free bytes now in holes too small for the failed request that it
+                            * would make usable (an allocator); 0 for most plugins */
   double step_time_factor; /* out: step time with it over step time without it (in: 1); its
                             * source, a measurement in docs/results, in the plugin's comment */
-  char what[160];  /* out: one line: "activation recomputation, policy sqrt" */
-  char toml[512];  /* out: the keys of its [[plugins]] table that turn it on as estimated, one
-                    * `key = value` a line, without the [[plugins]] header and the name */
+  char what[160];          /* out: one line: "activation recomputation, policy sqrt" */
+  char toml[512]; /* out: the keys of its [[plugins]] table that turn it on as estimated, one
+                   * `key = value` a line, without the [[plugins]] header and the name */
 } hr_estimate_result;
 
 typedef struct hr_ext_estimate {
@@ -90,8 +91,7 @@ typedef struct hr_ext_estimate {
    * HR_ERROR_UNSUPPORTED when it has nothing to offer this run (the advice then leaves it out).
    * Training thread, any time after the entry point (also when the plugin was never created);
    * no device work. */
-  hr_status (*estimate)(void* instance, const hr_estimate_query* query,
-                        hr_estimate_result* result);
+  hr_status (*estimate)(void* instance, const hr_estimate_query* query, hr_estimate_result* result);
 } hr_ext_estimate;
 
 #ifdef __cplusplus

@@ -15,18 +15,18 @@ extern "C" {
 /* An out-struct: the caller sets struct_size; the host fills what it covers. */
 typedef struct hr_step_state {
   uint32_t struct_size;
-  int32_t micro_step;  /* 1-based within the step; 0 outside micro-steps */
-  int64_t step;        /* 1-based; 0 before the first */
-  double lr;           /* the learning rate of this step's update (the schedule's) */
-  double loss_scale;   /* what this step's backward multiplies the loss gradient by */
-  double loss;         /* the mean loss over the tokens of this step's micro-steps whose forward
-                        * is done (the running one from its backward on); 0 before the first */
-  uint64_t tokens;     /* the tokens of those micro-steps */
-  double grad_norm;    /* from OPTIMIZER_STEP on: the global gradient norm (as the gradients are,
-                        * scaled or not); 0 before */
-  double clip_coef;    /* from OPTIMIZER_STEP on: what clipping multiplies the gradients by (1 when
-                        * it does not clip); 1 before */
-  int32_t skipped;     /* 1 once a plugin vetoed this step's update */
+  int32_t micro_step; /* 1-based within the step; 0 outside micro-steps */
+  int64_t step;       /* 1-based; 0 before the first */
+  double lr;          /* the learning rate of this step's update (the schedule's) */
+  double loss_scale;  /* what this step's backward multiplies the loss gradient by */
+  double loss;        /* the mean loss over the tokens of this step's micro-steps whose forward
+                       * is done (the running one from its backward on); 0 before the first */
+  uint64_t tokens;    /* the tokens of those micro-steps */
+  double grad_norm;   /* from OPTIMIZER_STEP on: the global gradient norm (as the gradients are,
+                       * scaled or not); 0 before */
+  double clip_coef;   /* from OPTIMIZER_STEP on: what clipping multiplies the gradients by (1 when
+                       * it does not clip); 1 before */
+  int32_t skipped;    /* 1 once a plugin vetoed this step's update */
   int32_t reserved0;
 } hr_step_state;
 

@@ -27,7 +27,8 @@ typedef struct hr_ext_vm {
   uint64_t (*granularity)(hr_host* host);
   /* An address range with no memory behind it (NULL on failure). */
   void* (*reserve)(hr_host* host, uint64_t bytes);
-  /* Backs [addr, addr+bytes) with device memory; HR_ERROR_OUT_OF_MEMORY when there is not enough. */
+  /* Backs [addr, addr+bytes) with device memory; HR_ERROR_OUT_OF_MEMORY when there is not enough.
+   */
   hr_status (*map)(hr_host* host, void* addr, uint64_t bytes);
   hr_status (*unmap)(hr_host* host, void* addr, uint64_t bytes);
   /* Returns the whole range, unmapping what is still mapped. */
