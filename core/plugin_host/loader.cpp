@@ -466,31 +466,37 @@ std::string find_plugin_file(const PluginEntry& e) {
                     "HEADROOM_PLUGIN_PATH");
 }
 
-std::vector<PluginInfo> discover_plugins() {
-  std::vector<PluginInfo> out;
+std::vector<std::string> plugin_files_on_search_path() {
+  std::vector<std::string> out;
   for (const std::string& d : plugin_search_path()) {
     std::error_code ec;
     if (!fs::is_directory(d, ec)) continue;
-    std::vector<fs::path> files;
+    std::vector<std::string> files;
     for (const auto& f : fs::directory_iterator(d, ec))
-      if (f.path().extension() == ".so") files.push_back(f.path());
+      if (f.path().extension() == ".so") files.push_back(f.path().string());
     std::sort(files.begin(), files.end());
-    for (const fs::path& f : files) {
-      PluginInfo info;
-      info.file = f.string();
-      try {
-        auto p = load_library(info.file, "");
-        info.name = p->desc.name;
-        info.version = p->desc.version;
-        info.description = p->desc.description ? p->desc.description : "";
-        info.abi_version = p->abi;
-        info.events = p->desc.events;
-        info.roles = p->desc.roles;
-      } catch (const ConfigError& e) {
-        info.error = e.what();
-      }
-      out.push_back(std::move(info));
+    out.insert(out.end(), files.begin(), files.end());
+  }
+  return out;
+}
+
+std::vector<PluginInfo> discover_plugins() {
+  std::vector<PluginInfo> out;
+  for (const std::string& file : plugin_files_on_search_path()) {
+    PluginInfo info;
+    info.file = file;
+    try {
+      auto p = load_library(info.file, "");
+      info.name = p->desc.name;
+      info.version = p->desc.version;
+      info.description = p->desc.description ? p->desc.description : "";
+      info.abi_version = p->abi;
+      info.events = p->desc.events;
+      info.roles = p->desc.roles;
+    } catch (const ConfigError& e) {
+      info.error = e.what();
     }
+    out.push_back(std::move(info));
   }
   return out;
 }

@@ -339,22 +339,14 @@ std::vector<OfferedExtension> PluginHost::offered(const char* id) const {
 
 PluginCatalog::PluginCatalog() {
   std::set<std::string> seen;
-  for (const std::string& d : plugin_search_path()) {
-    std::error_code ec;
-    if (!fs::is_directory(d, ec)) continue;
-    std::vector<fs::path> files;
-    for (const auto& f : fs::directory_iterator(d, ec))
-      if (f.path().extension() == ".so") files.push_back(f.path());
-    std::sort(files.begin(), files.end());
-    for (const fs::path& f : files) {
-      try {
-        auto p = load_library(f.string(), "");
-        if (!seen.insert(p->desc.name).second) continue;  // a later copy of one found before
-        p->entry.name = p->desc.name;
-        plugins_.push_back(std::move(p));
-      } catch (const ConfigError&) {
-        // Not loadable: `headroom plugins` says why; the catalog has nothing from it.
-      }
+  for (const std::string& file : plugin_files_on_search_path()) {
+    try {
+      auto p = load_library(file, "");
+      if (!seen.insert(p->desc.name).second) continue;  // a later copy of one found before
+      p->entry.name = p->desc.name;
+      plugins_.push_back(std::move(p));
+    } catch (const ConfigError&) {
+      // Not loadable: `headroom plugins` says why; the catalog has nothing from it.
     }
   }
 }

@@ -139,6 +139,8 @@ std::unique_ptr<LoadedPlugin> load_library(const std::string& file, const std::s
 std::string file_where(const PluginEntry& e);
 // The file for a [[plugins]] entry: its path, else <name>.so on the search path.
 std::string find_plugin_file(const PluginEntry& e);
+// Every <dir>/*.so on the search path: folder by folder, each folder's files in name order.
+std::vector<std::string> plugin_files_on_search_path();
 
 // --- services.cpp ---
 // The services table handed to `p`'s create(): every 1.4 function and get_extension.

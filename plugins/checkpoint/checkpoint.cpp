@@ -42,6 +42,7 @@
 #include <headroom/plugin.h>
 
 #include "common/hook_guard.h"
+#include "common/offer_estimate.h"
 
 #include <algorithm>
 #include <cinttypes>
@@ -417,20 +418,6 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
   return HR_OK;
 }
 
-hr_status estimate_hook(void* instance, const hr_estimate_query* q, hr_estimate_result* r) {
-  try {
-    return estimate(instance, q, r);
-  } catch (...) {
-    return HR_ERROR;
-  }
-}
-
-const hr_ext_estimate kEstimate = {sizeof(hr_ext_estimate), 0, estimate_hook};
-
-const void* get_extension(const char* id) {
-  return id && std::strcmp(id, HR_EXT_ESTIMATE) == 0 ? &kEstimate : nullptr;
-}
-
 // Constant-initialized: loading the library runs no code before hr_plugin_entry.
 const hr_plugin_descriptor kDescriptor = {
     sizeof(hr_plugin_descriptor),
@@ -449,7 +436,7 @@ const hr_plugin_descriptor kDescriptor = {
     nullptr,  // optimizer
     nullptr,  // save_state: the plan is rebuilt from the config and the first micro-step
     nullptr,  // load_state
-    get_extension,
+    headroom_plugin::offer_estimate<estimate>,
 };
 
 }  // namespace

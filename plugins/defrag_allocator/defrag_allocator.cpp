@@ -32,6 +32,7 @@
 #include <headroom/plugin.h>
 
 #include "common/hook_guard.h"
+#include "common/offer_estimate.h"
 
 #include <algorithm>
 #include <cinttypes>
@@ -652,20 +653,6 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
   return HR_OK;
 }
 
-hr_status estimate_hook(void* instance, const hr_estimate_query* q, hr_estimate_result* r) {
-  try {
-    return estimate(instance, q, r);
-  } catch (...) {
-    return HR_ERROR;
-  }
-}
-
-const hr_ext_estimate kEstimate = {sizeof(hr_ext_estimate), 0, estimate_hook};
-
-const void* get_extension(const char* id) {
-  return id && std::strcmp(id, HR_EXT_ESTIMATE) == 0 ? &kEstimate : nullptr;
-}
-
 // Aggregates in the headers' field order: constant-initialized, so loading the library runs no
 // code before hr_plugin_entry.
 const hr_allocator_hooks kAllocator = {
@@ -688,7 +675,7 @@ const hr_plugin_descriptor kDescriptor = {
     nullptr,  // optimizer
     nullptr,  // save_state: the cache is rebuilt by the run, nothing to carry over
     nullptr,  // load_state
-    get_extension,
+    headroom_plugin::offer_estimate<estimate>,
 };
 
 }  // namespace
