@@ -6,24 +6,9 @@
 # final weights match the uninterrupted run's bitwise (the guard's state is in the snapshot,
 # through headroom.state/1). Also: the installed `headroom plugins` lists each plugin once.
 # KEEP=1 keeps the temporary folder.
-set -euo pipefail
-build=$1
-root=$(cd "$(dirname "$0")/../.." && pwd)
-tmp=$(mktemp -d)
-trap '[ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "$0")/common.sh"
 
-cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
-headroom=$tmp/prefix/bin/headroom
-cmake -S "$root/examples/plugins/loss_spike_guard" -B "$tmp/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
-  >"$tmp/configure.log" 2>&1 || { cat "$tmp/configure.log"; fail "configuring loss_spike_guard"; }
-cmake --build "$tmp/build" >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; fail "building loss_spike_guard"; }
-so=$tmp/build/loss_spike_guard.so
-[ "$(nm -D --defined-only "$so" | awk '{print $NF}')" = "hr_plugin_entry" ] ||
-  fail "loss_spike_guard.so exports more than hr_plugin_entry"
+build_example loss_spike_guard
 
 # --- The installed host lists every plugin once (it does not also search the build tree) -------
 "$headroom" plugins >"$tmp/plugins.log" 2>&1 || { cat "$tmp/plugins.log"; fail "headroom plugins"; }

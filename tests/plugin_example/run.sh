@@ -6,29 +6,10 @@
 # path (HEADROOM_PLUGIN_PATH, then installed into <prefix>/lib/headroom/plugins) and lists it in
 # `headroom plugins`; its errors reach the user with the right exit code.
 # KEEP=1 keeps the temporary folder for a look after a failure.
-set -euo pipefail
-build=$1
-root=$(cd "$(dirname "$0")/../.." && pwd)
-tmp=$(mktemp -d)
-trap '[ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "$0")/common.sh"
 
-# --- Install, then build the plugin outside the tree -------------------------------------------
-cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
-headroom=$tmp/prefix/bin/headroom
-test -x "$headroom" || fail "no $headroom after cmake --install"
-cmake -S "$root/examples/plugins/memory_csv" -B "$tmp/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
-  >"$tmp/configure.log" 2>&1 || { cat "$tmp/configure.log"; fail "configuring memory_csv"; }
-cmake --build "$tmp/build" >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; fail "building memory_csv"; }
-so=$tmp/build/memory_csv.so
-test -f "$so" || fail "the build made no $so"
-
-# --- Exports: hr_plugin_entry and nothing else ---------------------------------------------------
-exports=$(nm -D --defined-only "$so" | awk '{print $NF}')
-[ "$exports" = "hr_plugin_entry" ] || fail "memory_csv.so exports '${exports//$'\n'/ }', not only hr_plugin_entry"
+# --- Install, then build the plugin outside the tree; it exports hr_plugin_entry only ----------
+build_example memory_csv
 
 # --- Train with it ------------------------------------------------------------------------------
 # config FILE [extra plugin keys...]: a tiny model, 3 steps, memory_csv from $plugin_path (when
