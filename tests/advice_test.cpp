@@ -275,5 +275,19 @@ TEST(Remedies, DefragAllocatorOnlyForFragmentationAndOnlyWhenInstalled) {
             nullptr);
 }
 
+// A plugin that takes a role one of the config's plugins has is no remedy: two allocators would be
+// a config error. The test plugin alloc_a is a counting allocator.
+TEST(Remedies, NoProposalTakesARoleAListedPluginHas) {
+  const Config c = test::config_from(
+      std::string(kModel) +
+      "[device]\nmemory_limit = \"64MiB\"\n[[plugins]]\nname = \"alloc_a\"\n" + "path = \"" +
+      HEADROOM_TEST_PLUGIN_DIR + "/alloc_a.so\"\nout = \"/dev/null\"\n");
+  const OomNumbers frag{1 << 20, 3 << 20, 512 << 10};
+  const Advice a = advise(c, installed({"defrag_allocator"}), frag);
+  for (const auto* list : {&a.remedies, &a.not_enough})
+    for (const Remedy& r : *list)
+      EXPECT_NE(r.plugins, std::vector<std::string>{"defrag_allocator"}) << format_remedies(a);
+}
+
 }  // namespace
 }  // namespace headroom

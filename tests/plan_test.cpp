@@ -35,10 +35,13 @@ std::string measured_peak(const std::string& out) {
 
 struct PrintedRemedy {
   std::string what, peak, flags, toml;
+  std::string replaces;  // "FILE:LINE:COL" of the table `toml` goes in place of; "": appended
 };
 
 // The remedies as `plan` prints them (format_remedies): "  - what", "    peak about X; ...",
 // "    on the command line:" and the flags, "    append to the config:" and the tables.
+const std::string kInPlaceOf = "    in the config, in place of the [[plugins]] table at ";
+
 std::vector<PrintedRemedy> remedies_of(const std::string& out) {
   std::vector<PrintedRemedy> rs;
   std::istringstream in(out);
@@ -52,7 +55,7 @@ std::vector<PrintedRemedy> remedies_of(const std::string& out) {
     }
     if (!in_list) continue;
     if (line.rfind("  - ", 0) == 0) {
-      rs.push_back({line.substr(4), "", "", ""});
+      rs.push_back({line.substr(4), "", "", "", ""});
       state = kNone;
     } else if (line.rfind("    ", 0) != 0 && !line.empty()) {
       break;  // "not enough alone: ..." ends the list
@@ -63,6 +66,9 @@ std::vector<PrintedRemedy> remedies_of(const std::string& out) {
     } else if (line == "    on the command line:") {
       state = kFlags;
     } else if (line == "    append to the config:") {
+      state = kToml;
+    } else if (line.rfind(kInPlaceOf, 0) == 0) {
+      rs.back().replaces = line.substr(kInPlaceOf.size(), line.size() - kInPlaceOf.size() - 1);
       state = kToml;
     } else if (state == kFlags && line.rfind("      ", 0) == 0) {
       rs.back().flags = line.substr(6);
@@ -129,6 +135,55 @@ TEST(Plan, DemoDoesNotFitAndEveryRemedyAsPrintedTrainsWithinTheLimit) {
   }
   EXPECT_TRUE(flags) << plan.output;
   EXPECT_TRUE(tables) << plan.output;
+}
+
+// A plugin the config lists whose own proposal fits where its configured table does not: the
+// remedy changes its table, as --set flags when its keys merge into the table it has, as the whole
+// table to put in place of it when they do not (checkpoint refuses `budget` beside policy every).
+TEST(Plan, ConfiguredPluginRemedyIsFlagsOrAWholeTableInItsPlace) {
+  const std::string demo = test::read_file(kSource + "/examples/demo-plugins.toml");
+  const std::string every = "policy = \"every\"";
+  ASSERT_NE(demo.find(every), std::string::npos);
+  const std::string dir = test::temp_dir();
+  struct Case {
+    const char* file;
+    const char* policy;
+    bool as_flags;
+  };
+  for (const Case& c : {Case{"sqrt.toml", "policy = \"sqrt\"", true},
+                        Case{"budget.toml", "policy = \"budget\"\nbudget = \"200MiB\"", false}}) {
+    SCOPED_TRACE(c.file);
+    std::string text = demo;
+    text.replace(text.find(every), every.size(), c.policy);
+    const std::string cfg = test::write_file(dir, c.file, text);
+    const auto plan = run_headroom("plan " + cfg);
+    ASSERT_EQ(plan.exit_code, 3) << plan.output;
+    const std::vector<PrintedRemedy> printed = remedies_of(plan.output);
+    const PrintedRemedy* r = nullptr;
+    for (const PrintedRemedy& p : printed)
+      if (p.what.rfind("checkpoint: ", 0) == 0) r = &p;
+    ASSERT_NE(r, nullptr) << plan.output;
+    EXPECT_NE(r->what.find("policy every (now: "), std::string::npos) << r->what;
+    std::string fixed = cfg, args;
+    if (c.as_flags) {
+      EXPECT_EQ(r->flags, "--set plugins.checkpoint.policy=every") << plan.output;
+      EXPECT_TRUE(r->toml.empty()) << plan.output;
+      args = r->flags;
+    } else {
+      EXPECT_TRUE(r->flags.empty()) << plan.output;
+      EXPECT_EQ(r->replaces, cfg + ":33:1") << plan.output;
+      // The checkpoint table is the file's last: everything from its header is replaced.
+      const size_t at = text.find("[[plugins]]\nname = \"checkpoint\"");
+      ASSERT_NE(at, std::string::npos);
+      fixed = test::write_file(dir, std::string("fixed-") + c.file, text.substr(0, at) + r->toml);
+    }
+    const auto replan = run_headroom("plan " + fixed + " " + args);
+    EXPECT_EQ(replan.exit_code, 0) << replan.output;
+    EXPECT_EQ(plan_total(replan.output), r->peak) << replan.output;
+    const auto run = run_headroom("train " + fixed + " " + args + " --set train.steps=2");
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_EQ(measured_peak(run.output), r->peak) << run.output;
+  }
 }
 
 TEST(Plan, OutOfMemoryReportStatesTheNeedFirstThenTheSameRemedies) {

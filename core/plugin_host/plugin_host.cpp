@@ -327,12 +327,19 @@ void validate_plugins(const Config& config) {
   CreatedPlugins created(config);
 }
 
+uint32_t PluginHost::roles() const {
+  uint32_t roles = 0;
+  for (const auto& p : plugins_)
+    roles |= p->desc.roles;
+  return roles;
+}
+
 std::vector<OfferedExtension> PluginHost::offered(const char* id) const {
   std::vector<OfferedExtension> out;
   for (const auto& p : plugins_) {
     if (!p->created || !p->desc.get_extension) continue;
     if (const void* table = p->desc.get_extension(id))
-      out.push_back(OfferedExtension{p->entry.name, table, p->instance});
+      out.push_back(OfferedExtension{p->entry.name, table, p->instance, p->desc.roles});
   }
   return out;
 }
@@ -365,7 +372,7 @@ std::vector<OfferedExtension> PluginCatalog::offered(const char* id) const {
   for (const auto& p : plugins_) {
     if (!p->desc.get_extension) continue;
     if (const void* table = p->desc.get_extension(id))
-      out.push_back(OfferedExtension{p->entry.name, table, nullptr});
+      out.push_back(OfferedExtension{p->entry.name, table, nullptr, p->desc.roles});
   }
   return out;
 }

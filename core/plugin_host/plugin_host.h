@@ -104,6 +104,7 @@ struct OfferedExtension {
   std::string plugin;        // the plugin's name
   const void* table;         // its table for the id, to be cast to the id's struct
   void* instance = nullptr;  // the created instance; nullptr for a plugin that is not created
+  uint32_t roles = 0;        // the HR_ROLE_*s its descriptor takes
 };
 
 // Every loadable plugin on the search path, loaded and kept loaded but not created: what the
@@ -199,6 +200,8 @@ class PluginHost final : public EventListener {
   size_t size() const { return plugins_.size(); }
   // What the created plugins offer under `id`, in TOML order.
   std::vector<OfferedExtension> offered(const char* id) const;
+  // The HR_ROLE_*s the config's plugins take, together.
+  uint32_t roles() const;
 
  private:
   friend struct HostServices;

@@ -1,8 +1,11 @@
 #include "core/report/advice.h"
 
+#include <toml++/toml.h>
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
+#include <sstream>
 
 #include "core/model/model.h"
 
@@ -147,6 +150,41 @@ Remedy remedy_from(const PeakEstimate& now, const PeakEstimate& after, uint64_t 
   return r;
 }
 
+// A TOML value as `--set key=VALUE` takes it, pasted into a shell: a plain word as itself (the
+// config reads a bare word as a string), a string that is not one as a TOML string in single
+// quotes, anything else as TOML.
+std::string set_value(const toml::node& value) {
+  if (const auto* s = value.as_string()) {
+    const std::string& v = s->get();
+    const bool word = !v.empty() && std::all_of(v.begin(), v.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+    });
+    bool reads_as_other = false;  // "true", "12": TOML that is not a string
+    try {
+      reads_as_other = !toml::parse("v = " + v)["v"].is_string();
+    } catch (const toml::parse_error&) {
+    }
+    if (word && !reads_as_other) return v;
+    std::string quoted = "'\"";
+    for (char c : v) {
+      if (c == '"' || c == '\\') quoted += '\\';
+      if (c == '\'') {
+        quoted += "'\\''";  // close the shell's quotes, an escaped ', reopen them
+        continue;
+      }
+      quoted += c;
+    }
+    return quoted + "\"'";
+  }
+  std::ostringstream text;
+  text << toml::table{{"v", value}};
+  std::string t = text.str();  // "v = ..."
+  t = t.substr(t.find('=') + 2);
+  while (!t.empty() && t.back() == '\n')
+    t.pop_back();
+  return t;
+}
+
 std::string factor_str(double f) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "x%.2f", f);
@@ -234,6 +272,7 @@ ConfigEstimate estimate_config(const Config& config, const OomNumbers& oom) {
   ce.peak = estimate_peak(config, ce.mechanisms);
   if (config.plugins.empty()) return ce;
   CreatedPlugins created(config);
+  ce.roles = created.host().roles();
   const std::vector<OfferedExtension> offered = created.host().offered(HR_EXT_ESTIMATE);
   size_t k = 0;  // offered is in TOML order, the plugins that offer one
   for (const PluginEntry& entry : config.plugins) {
@@ -284,10 +323,10 @@ Advice advise(const Config& config, const std::vector<OfferedExtension>& install
              " sequences per step)";
     r.sets = {"train.micro_batch=" + std::to_string(b),
               "train.grad_accum=" + std::to_string(smaller.train.grad_accum)};
-    r.step_time_measured = false;
     // docs/results/plugins.md, "Smaller micro-batches": examples/demo.toml's 32 x 1 against 4 x 8
     // and 8 x 4 on the CPU, 0.84 to 1.02 (within the noise); other shapes are not measured.
-    r.step_time_note = "the demo's 32 x 1 -> 4 x 8 or 8 x 4 measured x0.84-x1.02 on the CPU";
+    r.step_time_factor = 1.0;
+    r.step_time_note = "x0.84-x1.02 measured on the demo's shapes on the CPU; others may differ";
     if (r.peak_after < now_total) file(std::move(r));
     break;
   }
@@ -302,6 +341,7 @@ Advice advise(const Config& config, const std::vector<OfferedExtension>& install
   bool one_fits = false;
   for (const OfferedExtension& ext : installed) {
     if (listed(ext.plugin)) continue;
+    if (ext.roles & a.config.roles) continue;  // a role one of the config's plugins already takes
     const PluginEstimate pe = ask(config, ext, nullptr, a.config.mechanisms, a.config.peak, oom);
     if (!pe.ok()) continue;
     Remedy r = remedy_from(a.config.peak, pe.peak, a.limit);
@@ -318,6 +358,74 @@ Advice advise(const Config& config, const std::vector<OfferedExtension>& install
       one_fits = one_fits || r.fits;
       file(std::move(r));
     }
+  }
+
+  // Each listed plugin that would propose another table of its own (checkpoint's policy sqrt ->
+  // every): its proposal on top of the config without it, merged into the table it has, as
+  // --set flags; when the merged table is refused (a key of the old setting the new one rejects),
+  // its proposal alone, to put in place of the listed table.
+  for (size_t i = 0; i < config.plugins.size(); ++i) {
+    const PluginEntry& entry = config.plugins[i];
+    const auto ext =
+        std::find_if(installed.begin(), installed.end(),
+                     [&](const OfferedExtension& e) { return e.plugin == entry.name; });
+    if (ext == installed.end()) continue;
+    Config without = config;
+    without.plugins.erase(without.plugins.begin() + long(i));
+    toml::table proposal, merged;
+    std::string proposal_text;  // as the plugin wrote it
+    try {
+      const ConfigEstimate base = estimate_config(without, oom);
+      const PluginEstimate pe = ask(config, *ext, nullptr, base.mechanisms, base.peak, oom);
+      if (!pe.ok()) continue;
+      proposal_text = pe.toml;
+      proposal = toml::parse(pe.toml);
+      merged = toml::parse(entry.toml);
+    } catch (const std::exception&) {
+      continue;  // the plugin's proposal is not a table it could read: no remedy from it
+    }
+    const toml::table had = merged;
+    for (auto&& [key, value] : proposal)
+      merged.insert_or_assign(key, value);
+    if (merged == had) continue;  // it proposes what it already has
+    Config variant = config;
+    ConfigEstimate e;
+    bool as_flags = true;
+    auto estimate_with = [&](const toml::table& t) {
+      std::ostringstream text;
+      text << t;
+      variant.plugins[i].toml = text.str();
+      e = estimate_config(variant, oom);
+    };
+    try {
+      estimate_with(merged);
+    } catch (const ConfigError&) {
+      as_flags = false;
+      try {
+        estimate_with(proposal);
+      } catch (const ConfigError&) {
+        continue;
+      }
+    }
+    if (e.peak.total() >= now_total) continue;
+    Remedy r = remedy_from(a.config.peak, e.peak, a.limit);
+    r.plugins = {entry.name};
+    r.step_time_factor = e.step_time_factor / a.config.step_time_factor;
+    for (const PluginEstimate& pe : e.plugins)
+      if (pe.plugin == entry.name) r.what = entry.name + ": " + pe.what;
+    for (const PluginEstimate& pe : a.config.plugins)
+      if (pe.plugin == entry.name && pe.ok()) r.what += " (now: " + pe.what + ")";
+    if (as_flags) {
+      for (auto&& [key, value] : proposal)
+        r.sets.push_back("plugins." + entry.name + "." + std::string(key.str()) + "=" +
+                         set_value(value));
+    } else {
+      r.toml = "[[plugins]]\nname = \"" + entry.name + "\"" +
+               (entry.path.empty() ? "" : "\npath = \"" + entry.path + "\"") +
+               (proposal_text.empty() ? "" : "\n" + proposal_text);
+      r.replaces = entry.pos.str();
+    }
+    file(std::move(r));
   }
 
   // None fits alone: the ones that lower the peak, the largest saving first, each proposing
@@ -427,7 +535,9 @@ std::string format_remedies(const Advice& advice) {
       s += "\n";
     }
     if (!r.toml.empty()) {
-      s += "    append to the config:\n";
+      s += r.replaces.empty()
+               ? "    append to the config:\n"
+               : "    in the config, in place of the [[plugins]] table at " + r.replaces + ":\n";
       size_t start = 0;
       while (start <= r.toml.size()) {
         const size_t end = r.toml.find('\n', start);

@@ -67,6 +67,8 @@ struct ConfigEstimate {
   PeakEstimate peak;
   double step_time_factor = 1;  // the product of the plugins'
   std::vector<PluginEstimate> plugins;
+  uint32_t roles =
+      0;  // the HR_ROLE_*s the config's plugins take: a proposal taking one is no remedy
 };
 // Throws as validate_plugins does for a config whose plugins cannot be created.
 ConfigEstimate estimate_config(const Config& config, const OomNumbers& oom = {});
@@ -75,7 +77,9 @@ ConfigEstimate estimate_config(const Config& config, const OomNumbers& oom = {})
 struct Remedy {
   std::string what;               // "micro_batch 8 x grad_accum 4 (the same 32 sequences a step)"
   std::vector<std::string> sets;  // "train.micro_batch=8", for --set
-  std::string toml;               // the [[plugins]] tables to append
+  std::string toml;               // the [[plugins]] tables to append (or to put in place of one)
+  std::string replaces;           // where the table `toml` replaces is ("demo.toml:27:1"); ""
+                                  // when toml is appended
   std::vector<std::string> plugins;  // the plugins it adds, in the order of `toml`
   ByCategory saves{};                // estimated peak bytes saved, by category
   ByCategory costs{};                // ... and added
@@ -96,9 +100,12 @@ struct Advice {
 };
 
 // Remedies for `config` when it does not fit its memory_limit: the built-in smaller micro-batch at
-// the same effective batch, and each plugin of `installed` (what PluginCatalog::offered gives for
-// HR_EXT_ESTIMATE) that the config does not list, as it proposes itself; when none fits alone,
-// the proposals that help, added one after the other (the largest saving first) until they fit.
+// the same effective batch; each plugin of `installed` (what PluginCatalog::offered gives for
+// HR_EXT_ESTIMATE) that the config does not list, as it proposes itself (unless it takes a role a
+// listed plugin has); each listed plugin that proposes a different table of its own (as --set
+// flags, or the whole table to put in place of its own when its keys do not merge); and when none
+// fits alone, the proposals that help, added one after the other (the largest saving first) until
+// they fit.
 Advice advise(const Config& config, const std::vector<OfferedExtension>& installed,
               const OomNumbers& oom = {});
 // The same with the plugins installed on the search path.
