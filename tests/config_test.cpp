@@ -654,7 +654,7 @@ TEST(Config, BadPluginSetForms) {
     EXPECT_EQ(parse_error(kTwoPlugins, {bad}),
               "--set " + bad +
                   ": a [[plugins]] override names the entry and one of its keys: --set "
-                  "plugins.NAME.key=value, e.g. --set plugins.amp.loss_scale=1024");
+                  "plugins.NAME.key=value (NAME: the entry's name = \"...\")");
   }
   const std::string e = parse_error(kTwoPlugins, {"plugins..x=1"});
   EXPECT_TRUE(test::starts_with(e, "--set plugins..x=1: the key must be section.key")) << e;

@@ -830,9 +830,9 @@ void apply_override(toml::table& root, const std::string& text,
   }
   if (known->array_of_tables) {
     if (parts.size() != 3) {
-      throw ConfigError("--set " + text + ": a [[plugins]] override names the entry and one of " +
-                        "its keys: --set plugins.NAME.key=value, e.g. " +
-                        "--set plugins.amp.loss_scale=1024");
+      throw ConfigError(
+          "--set " + text + ": a [[plugins]] override names the entry and one of " +
+          "its keys: --set plugins.NAME.key=value (NAME: the entry's name = \"...\")");
     }
     apply_plugin_override(root, text, parts[1], parts[2], value);
     where[key] = text;
