@@ -857,6 +857,17 @@ TEST_F(PluginAbi, AllocatorReturningNullIsOutOfMemory) {
   EXPECT_TRUE(test::contains(events, "rec_a DESTROY")) << events;
 }
 
+// services->alloc from inside the allocator's own allocate hook would allocate inside an
+// allocation: the host refuses it (NULL, HR_ERROR_NOT_ALLOWED's message), and the run goes on.
+TEST_F(PluginAbi, AllocFromAnAllocatorHookIsRefused) {
+  const auto r = run_headroom(
+      "train " + config(kTinyModel + plugin("alloc_a", "out = \"" + file("alloc.txt") +
+                                                           "\"\nnested_alloc = true\n")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string out = join(read_lines(file("alloc.txt")));
+  EXPECT_TRUE(test::contains(out, " nested=refused")) << out;
+}
+
 // The optimizer role replaces AdamW whatever [train] optimizer says: the plugin's plain SGD
 // reproduces the built-in SGD without momentum or weight decay, and no AdamW state is allocated.
 TEST_F(PluginAbi, OptimizerRoleReplacesTheBuiltIn) {

@@ -19,12 +19,22 @@ namespace fs = std::filesystem;
 // Roles
 
 class PluginHost::AllocatorAdapter final : public DeviceAllocator {
+  // Marks the plugin as inside one of its allocator hooks, for the rule that alloc and free may
+  // not be called from there (they would allocate inside an allocation).
+  struct InHook {
+    explicit InHook(LoadedPlugin& p) : p_(p) { ++p_.in_allocator_hook; }
+    ~InHook() { --p_.in_allocator_hook; }
+    LoadedPlugin& p_;
+  };
+
  public:
   explicit AllocatorAdapter(LoadedPlugin& p) : p_(p) {}
   void* allocate(uint64_t bytes, Category category, void* stream) override {
+    const InHook in(p_);
     return p_.allocator.allocate(p_.instance, bytes, uint32_t(category), stream);
   }
   void deallocate(void* ptr, uint64_t bytes, void* stream) override {
+    const InHook in(p_);
     p_.allocator.deallocate(p_.instance, ptr, bytes, stream);
   }
   bool stats(AllocatorStats* out) const override {

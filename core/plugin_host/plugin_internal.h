@@ -100,7 +100,8 @@ struct LoadedPlugin {
 
   void* instance = nullptr;
   bool created = false;
-  bool creating = false;  // in its create(): what set_compute_dtype's rule allows
+  bool creating = false;      // in its create(): what set_compute_dtype's rule allows
+  int in_allocator_hook = 0;  // inside its allocate / deallocate: what alloc and free refuse
   hr_host handle;
   hr_host_services services{};
   toml::table table;            // the plugin's own keys

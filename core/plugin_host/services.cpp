@@ -589,7 +589,8 @@ enum class When {
   kAnyTime,
   kCreate,             // from the plugin's create() only
   kForwardEndOfLayer,  // from FORWARD_END of the layer the call names (its first argument)
-  kNotInAllocation,    // not from an ALLOC, FREE or OOM hook (they run inside an allocation)
+  kNotInAllocation,    // not from an ALLOC, FREE or OOM hook or an allocator hook (they run
+                       // inside an allocation)
 };
 
 struct Rule {
@@ -755,7 +756,7 @@ std::string rule_words(const Rule& r) {
       when = "from FORWARD_END of the layer it names only";
       break;
     case When::kNotInAllocation:
-      when = "not from ALLOC, FREE or OOM hooks";
+      when = "not from ALLOC, FREE or OOM hooks or the allocator role's hooks";
       break;
   }
   if (!when.empty()) s += (s.empty() ? "" : ", ") + when;
@@ -803,8 +804,10 @@ bool allowed(hr_host* h, const Rule& rule, int32_t layer) {
                 " from " + from;
         break;
       case When::kNotInAllocation:
-        if (!p.creating &&
-            (ev == int(Event::kAlloc) || ev == int(Event::kFree) || ev == int(Event::kOom)))
+        if (p.in_allocator_hook > 0)
+          why = "plugin '" + p.entry.name + "' called it from its allocator hooks";
+        else if (!p.creating &&
+                 (ev == int(Event::kAlloc) || ev == int(Event::kFree) || ev == int(Event::kOom)))
           why = "plugin '" + p.entry.name + "' called it from " + from;
         break;
     }

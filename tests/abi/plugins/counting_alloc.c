@@ -4,6 +4,9 @@
  *   alloc_a allocs=<allocate calls> frees=<deallocate calls> host=<memory_stats num_allocs>
  *
  * With fail_after = N (int, default 0 = never) every allocation after the first N fails (NULL).
+ * With nested_alloc = true, the first allocate also asks services->alloc for 64 bytes — a call the
+ * host must refuse from inside an allocator hook — and the line ends with nested=refused (NULL)
+ * or nested=granted.
  * Built as alloc_a and alloc_b (two plugins in one role are a config error). */
 #include <headroom/plugin.h>
 #include <stdio.h>
@@ -20,6 +23,8 @@ typedef struct counting_alloc {
   uint64_t frees;
   uint64_t bad_frees; /* deallocate of a NULL pointer */
   int64_t fail_after;
+  int32_t nested_alloc;
+  const char* nested; /* "refused" / "granted" once tried */
 } counting_alloc;
 
 static void* allocate(void* instance, uint64_t bytes, uint32_t category, void* stream) {
@@ -27,6 +32,11 @@ static void* allocate(void* instance, uint64_t bytes, uint32_t category, void* s
   (void)category;
   (void)stream;
   if (a->fail_after > 0 && a->allocs >= (uint64_t)a->fail_after) return NULL;
+  if (a->nested_alloc && !a->nested) {
+    a->nested = "trying";
+    a->nested = a->services->alloc(a->services->host, 64, HR_MEM_WORKSPACE, "nested") ? "granted"
+                                                                                      : "refused";
+  }
   ++a->allocs;
   return a->services->raw_alloc(a->services->host, bytes);
 }
@@ -58,9 +68,10 @@ static hr_status on_event(void* instance, const hr_event_info* info) {
     s->set_error(s->host, PLUGIN_NAME ": cannot open the `out` file");
     return HR_ERROR;
   }
-  fprintf(f, "%s allocs=%llu frees=%llu bad_frees=%llu host=%llu\n", PLUGIN_NAME,
+  fprintf(f, "%s allocs=%llu frees=%llu bad_frees=%llu host=%llu%s%s\n", PLUGIN_NAME,
           (unsigned long long)a->allocs, (unsigned long long)a->frees,
-          (unsigned long long)a->bad_frees, (unsigned long long)stats.num_allocs);
+          (unsigned long long)a->bad_frees, (unsigned long long)stats.num_allocs,
+          a->nested ? " nested=" : "", a->nested ? a->nested : "");
   fclose(f);
   return HR_OK;
 }
@@ -71,6 +82,7 @@ static hr_status create(const hr_host_services* s, void** instance) {
   a->services = s;
   hr_status st = s->config_string(s->host, "out", a->out, sizeof a->out);
   if (st == HR_OK) st = s->config_int(s->host, "fail_after", &a->fail_after);
+  if (st == HR_OK) st = s->config_bool(s->host, "nested_alloc", &a->nested_alloc);
   if (st != HR_OK) {
     free(a);
     return st;
