@@ -1,0 +1,83 @@
+// CommRequest, the argument checks every implementation shares, and make_communicator: which
+// implementation a run gets.
+#include <stdexcept>
+#include <string>
+
+#include "core/comm/comm.h"
+#include "core/comm/comm_impl.h"
+#if HEADROOM_HAVE_MPI
+#include "core/comm/mpi_comm.h"
+#endif
+
+namespace headroom {
+
+CommRequest::~CommRequest() {
+  if (!impl_) return;
+  // Its buffers may still be read or written by the transport: wait, but a destructor that runs
+  // while an error unwinds must not throw (the error that made us unwind is the one to report).
+  try {
+    impl_->wait();
+  } catch (...) {
+  }
+}
+
+bool CommRequest::test() {
+  return !impl_ || impl_->test();
+}
+
+void CommRequest::wait() {
+  if (!impl_) return;
+  impl_->wait();
+  impl_.reset();
+}
+
+namespace comm_detail {
+
+void check_dtype(Dtype dtype, const char* collective) {
+  if (dtype != Dtype::kF32 && dtype != Dtype::kBF16 && dtype != Dtype::kF16)
+    throw std::invalid_argument(std::string(collective) + ": dtype " + dtype_name(dtype) +
+                                " is not one a collective carries (f32, bf16, f16)");
+}
+
+void check_root(int root, int world_size) {
+  if (root < 0 || root >= world_size)
+    throw std::invalid_argument("broadcast: root " + std::to_string(root) + " is not a rank (0.." +
+                                std::to_string(world_size - 1) + ")");
+}
+
+const char* op_name(ReduceOp op) {
+  return op == ReduceOp::kSum ? "sum" : "average";
+}
+
+std::string describe(const char* collective, uint64_t n, Dtype dtype, const char* op) {
+  std::string s = std::string(collective) + " (" + std::to_string(n) + " " + dtype_name(dtype);
+  if (op != nullptr) s += std::string(", ") + op;
+  return s + ")";
+}
+
+}  // namespace comm_detail
+
+std::unique_ptr<Communicator> make_communicator(Device& device, const DistributedConfig& config) {
+  const RankInfo& ranks = rank_info();
+  if (ranks.world_size == 1) return comm_detail::make_self_communicator(device);
+#if HEADROOM_HAVE_MPI
+  if (device.backend().native_stream() != nullptr) {
+#if HEADROOM_HAVE_NCCL
+    return comm_detail::make_nccl_communicator(device, config);
+#else
+    // MPI would need CUDA-aware transports to read device pointers; NCCL is the engine for GPUs.
+    throw ConfigError("launched on " + std::to_string(ranks.world_size) + " ranks on " +
+                      device.kind() + ", but this build has no NCCL (rebuild with NCCL found)");
+#endif
+  }
+  return comm_detail::make_mpi_communicator(device, config);
+#else
+  (void)device;
+  (void)config;
+  throw ConfigError("launched on " + std::to_string(ranks.world_size) +
+                    " ranks, but this build of headroom has no MPI (rebuild with -DHEADROOM_MPI=ON "
+                    "and Open MPI installed: scripts/setup)");
+#endif
+}
+
+}  // namespace headroom
