@@ -51,6 +51,8 @@ class MpiCommunicator final : public Communicator {
   void wait_until(const std::function<bool()>& done, const std::string& what, uint64_t seq);
   // Throws the failure that ended this communicator, if any; reads peers' notices first.
   void check_alive();
+  // Leaves the communicator failed with `error` and throws it (PeerFailed stays PeerFailed).
+  [[noreturn]] void fail(const CommError& error);
   // An MPI call's result: CommError naming `what` unless MPI_SUCCESS.
   void check(int rc, const char* what);
   // Requests that a failed wait left in flight; tested later, so MPI can finish with them.
@@ -62,7 +64,6 @@ class MpiCommunicator final : public Communicator {
  private:
   void poll_notices();
   void tell_waiting(uint64_t seq);
-  [[noreturn]] void fail(const CommError& error);
   // A blocking host collective: posted by `post` into `buf` (owned, so that a failed wait can leave
   // it to MPI), waited for like any other.
   void wait_host(const std::function<int(MPI_Request*)>& post, std::shared_ptr<void> buf,
