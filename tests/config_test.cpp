@@ -86,7 +86,8 @@ TEST_F(ConfigFileTest, UnknownKeyInDevice) {
 
 // Every section, [snapshot] included, and [[plugins]] said to be an array of tables.
 const char* kSectionList =
-    "[model], [train], [data], [device], [snapshot], [[plugins]] (an array of tables, one "
+    "[model], [train], [data], [device], [snapshot], [distributed], [[plugins]] (an array of "
+    "tables, one "
     "[[plugins]] entry per plugin)";
 
 TEST_F(ConfigFileTest, UnknownSection) {
@@ -312,6 +313,37 @@ TEST(Config, MemoryLimitForms) {
   EXPECT_EQ(parse_config("[device]\nmemory_limit = \"none\"\n", "d").device.memory_limit, 0u);
   EXPECT_EQ(parse_config("[device]\nmemory_limit = \"1.5 GiB\"\n", "d").device.memory_limit,
             uint64_t{3} << 29);
+}
+
+// [distributed]: bucket_size a size > 0, timeout_s > 0; unknown keys named with file:line.
+TEST(Config, Distributed) {
+  const Config d = parse_config("", "d");
+  EXPECT_EQ(d.distributed.bucket_size, 25u << 20);
+  EXPECT_EQ(d.distributed.timeout_s, 60.0);
+  const Config c = parse_config("[distributed]\nbucket_size = \"4KiB\"\ntimeout_s = 2.5\n", "d");
+  EXPECT_EQ(c.distributed.bucket_size, 4096u);
+  EXPECT_EQ(c.distributed.timeout_s, 2.5);
+  EXPECT_EQ(parse_config("", "d", {"distributed.bucket_size=\"100B\""}).distributed.bucket_size,
+            100u);
+  EXPECT_EQ(parse_error("[distributed]\nbucket_size = \"0MiB\"\n"),
+            "demo.toml:2:15: distributed.bucket_size must be > 0 bytes, got \"0MiB\"");
+  EXPECT_HAS(parse_error("[distributed]\nbucket_size = 25\n"),
+             "demo.toml:2:15: distributed.bucket_size: expected a size string like \"25MiB\"");
+  EXPECT_HAS(parse_error("[distributed]\nbucket_size = \"25 MB\"\n"),
+             "demo.toml:2:15: distributed.bucket_size: bad size '25 MB'");
+  EXPECT_HAS(parse_error("[distributed]\ntimeout_s = 0\n"),
+             "demo.toml:2:13: distributed.timeout_s must be a finite number > 0.0, got 0.0");
+  EXPECT_EQ(parse_error("[distributed]\nbuckets = 3\n"),
+            "demo.toml:2:1: unknown key 'buckets' in [distributed]; valid keys: bucket_size, "
+            "timeout_s");
+}
+
+// Whether [device] index was written: a GPU rank picks its device by local rank unless it was.
+TEST(Config, DeviceIndexSet) {
+  EXPECT_FALSE(parse_config("", "d").device.index_set);
+  EXPECT_FALSE(parse_config("[device]\nkind = \"cpu\"\n", "d").device.index_set);
+  EXPECT_TRUE(parse_config("[device]\nindex = 0\n", "d").device.index_set);
+  EXPECT_TRUE(parse_config("", "d", {"device.index=0"}).device.index_set);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ const std::vector<std::string> kDataKeys = {"kind",      "path",    "pattern", "
                                             "branching", "shuffle", "workers", "prefetch"};
 const std::vector<std::string> kSnapshotKeys = {"every", "dir", "keep", "save_weights"};
 const std::vector<std::string> kDeviceKeys = {"kind", "index", "memory_limit"};
+const std::vector<std::string> kDistributedKeys = {"bucket_size", "timeout_s"};
 // The host's keys of a [[plugins]] entry; every other key is the plugin's own.
 const std::vector<std::string> kPluginHostKeys = {"name", "path"};
 
@@ -47,7 +48,8 @@ const std::vector<Section>& sections() {
   static const std::vector<Section> s = {
       {"model", &kModelKeys, false},       {"train", &kTrainKeys, false},
       {"data", &kDataKeys, false},         {"device", &kDeviceKeys, false},
-      {"snapshot", &kSnapshotKeys, false}, {"plugins", &kPluginHostKeys, true}};
+      {"snapshot", &kSnapshotKeys, false}, {"distributed", &kDistributedKeys, false},
+      {"plugins", &kPluginHostKeys, true}};
   return s;
 }
 const Section* find_section(const std::string& name) {
@@ -234,6 +236,7 @@ class Validator {
     if (auto* t = root["data"].as_table()) data(*t, c.data);
     if (auto* t = root["device"].as_table()) device(*t, c.device);
     if (auto* t = root["snapshot"].as_table()) snapshot(*t, c.snapshot);
+    if (auto* t = root["distributed"].as_table()) distributed(*t, c.distributed);
     if (auto* n = root.get("plugins")) plugins(*n, c.plugins);
     data_fits_model(root, c);
     return c;
@@ -577,7 +580,7 @@ class Validator {
       }
       c.kind = kind;
     }
-    get_int_as(t, s, "index", 0, kIntMax, c.index);
+    c.index_set = get_int_as(t, s, "index", 0, kIntMax, c.index);
     if (const toml::node* n = t.get("memory_limit")) {
       const std::string w = where(s, "memory_limit", *n);
       if (n->is_integer()) {
@@ -608,6 +611,24 @@ class Validator {
             w + ": device.memory_limit must be at most " + std::to_string(kMaxDeviceBytes) +
             " bytes (256 TiB, more than any device holds), got " + std::to_string(c.memory_limit));
     }
+  }
+
+  void distributed(const toml::table& t, DistributedConfig& c) {
+    const std::string s = "distributed";
+    check_keys(s, t, kDistributedKeys);
+    if (const toml::node* n = t.get("bucket_size")) {
+      const std::string w = where(s, "bucket_size", *n);
+      if (!n->is_string()) type_error(s, "bucket_size", *n, "a size string like \"25MiB\"");
+      c.bucket_size = parse_size(n->as_string()->get(), w + ": distributed.bucket_size");
+      if (c.bucket_size == 0)
+        throw ConfigError(w + ": distributed.bucket_size must be > 0 bytes, got \"" +
+                          n->as_string()->get() + "\"");
+      if (c.bucket_size > kMaxDeviceBytes)
+        throw ConfigError(w + ": distributed.bucket_size must be at most " +
+                          std::to_string(kMaxDeviceBytes) + " bytes, got " +
+                          std::to_string(c.bucket_size));
+    }
+    get_float(t, s, "timeout_s", Bound::kExclusive, 0, Bound::kNone, 0, c.timeout_s);
   }
 
   void plugins(const toml::node& node, std::vector<PluginEntry>& out) {
@@ -966,28 +987,30 @@ std::string format_config(const Config& c) {
   os << "\n[device]\n";
   kv("kind", toml_string(c.device.kind));
   kv("index", num(c.device.index));
-  const uint64_t ml = c.device.memory_limit;
-  std::string limit;
-  if (ml == 0) {
-    limit = "\"none\"";
-  } else {
+  // A size in the largest unit that divides it ("64MiB"), else a number of bytes.
+  const auto size_value = [](uint64_t bytes) {
     const std::pair<uint64_t, const char*> units[] = {
         {uint64_t{1} << 30, "GiB"}, {uint64_t{1} << 20, "MiB"}, {uint64_t{1} << 10, "KiB"}};
     for (const auto& [size, unit] : units) {
-      if (ml % size == 0) {
-        limit = "\"" + std::to_string(ml / size) + unit + "\"";
-        break;
-      }
+      if (bytes % size == 0) return "\"" + std::to_string(bytes / size) + unit + "\"";
     }
-    if (limit.empty()) limit = std::to_string(ml);
-  }
-  kv("memory_limit", limit);
+    return std::to_string(bytes);
+  };
+  const uint64_t ml = c.device.memory_limit;
+  kv("memory_limit", ml == 0 ? std::string("\"none\"") : size_value(ml));
 
   os << "\n[snapshot]\n";
   kv("every", num(c.snapshot.every));
   if (!c.snapshot.dir.empty()) kv("dir", toml_string(c.snapshot.dir));
   kv("keep", num(c.snapshot.keep));
   kv("save_weights", c.snapshot.save_weights ? "true" : "false");
+
+  os << "\n[distributed]\n";
+  // A number of bytes is a size too: "100B" when no unit divides it.
+  const uint64_t bs = c.distributed.bucket_size;
+  const std::string bucket = size_value(bs);
+  kv("bucket_size", bucket[0] == '"' ? bucket : "\"" + bucket + "B\"");
+  kv("timeout_s", format_double(c.distributed.timeout_s));
 
   if (!c.plugins.empty()) {
     toml::array entries;

@@ -86,7 +86,18 @@ struct DeviceConfig {
   std::string kind = "cpu";  // "cpu" or "cuda"
   SourcePos kind_pos;        // where kind was set, for the device's own errors (no CUDA device)
   int index = 0;
+  // index was written ([device] index or --set device.index): a GPU rank then uses it instead of
+  // its local rank.
+  bool index_set = false;
   uint64_t memory_limit = 0;  // bytes; 0 = no limit
+};
+
+// [distributed]: data parallelism across ranks (mpirun / srun). Read at every world size; used
+// only above 1.
+struct DistributedConfig {
+  uint64_t bucket_size =
+      25ull << 20;        // gradient bytes per all-reduce bucket (PyTorch DDP's 25 MiB)
+  double timeout_s = 60;  // a collective not done after this long: the run stops, naming the rank
 };
 
 // One [[plugins]] entry. Only name and path are the host's; every other key is the plugin's own and
@@ -108,6 +119,7 @@ struct Config {
   DataConfig data;
   DeviceConfig device;
   SnapshotConfig snapshot;
+  DistributedConfig distributed;
   std::vector<PluginEntry> plugins;
 };
 
