@@ -9,6 +9,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "headroom/ext/comm.h"
 #include "headroom/ext/estimate.h"
 #include "headroom/ext/precision.h"
 #include "headroom/ext/recompute.h"
@@ -326,6 +327,7 @@ PIN_ID(HR_EXT_PRECISION, "headroom.precision/1");
 PIN_ID(HR_EXT_RECOMPUTE, "headroom.recompute/1");
 PIN_ID(HR_EXT_TENSORS, "headroom.tensors/1");
 PIN_ID(HR_EXT_STEP, "headroom.step/1");
+PIN_ID(HR_EXT_COMM, "headroom.comm/1");
 PIN_ID(HR_EXT_STATE, "headroom.state/1");
 PIN_ID(HR_EXT_ALLOCATOR, "headroom.allocator/1");
 PIN_ID(HR_EXT_OPTIMIZER, "headroom.optimizer/1");
@@ -378,6 +380,20 @@ static_assert(sizeof(hr_ext_step) == 16 && alignof(hr_ext_step) == 8);
 PIN(hr_ext_step, struct_size, 0, 4);
 PIN(hr_ext_step, reserved0, 4, 4);
 PIN(hr_ext_step, state, 8, 8);
+static_assert(sizeof(hr_ext_comm) == 88 && alignof(hr_ext_comm) == 8);
+PIN(hr_ext_comm, struct_size, 0, 4);
+PIN(hr_ext_comm, reserved0, 4, 4);
+PIN(hr_ext_comm, rank, 8, 8);
+PIN(hr_ext_comm, local_rank, 16, 8);
+PIN(hr_ext_comm, world_size, 24, 8);
+PIN(hr_ext_comm, all_reduce, 32, 8);
+PIN(hr_ext_comm, reduce_scatter, 40, 8);
+PIN(hr_ext_comm, all_gather, 48, 8);
+PIN(hr_ext_comm, broadcast, 56, 8);
+PIN(hr_ext_comm, barrier, 64, 8);
+PIN(hr_ext_comm, wait, 72, 8);
+PIN(hr_ext_comm, stream, 80, 8);
+static_assert(HR_COMM_SUM == 0 && HR_COMM_AVERAGE == 1);
 static_assert(sizeof(hr_ext_state) == 24 && alignof(hr_ext_state) == 8);
 PIN(hr_ext_state, struct_size, 0, 4);
 PIN(hr_ext_state, reserved0, 4, 4);
@@ -445,6 +461,21 @@ PIN_TYPE(hr_ext_tensors, read, hr_status (*)(hr_host*, void*, const void*, uint6
 PIN_TYPE(hr_ext_tensors, reduce,
          hr_status (*)(hr_host*, const void*, uint32_t, uint64_t, uint32_t, double*));
 PIN_TYPE(hr_ext_step, state, hr_status (*)(hr_host*, hr_step_state*));
+PIN_TYPE(hr_ext_comm, rank, int32_t (*)(hr_host*));
+PIN_TYPE(hr_ext_comm, local_rank, int32_t (*)(hr_host*));
+PIN_TYPE(hr_ext_comm, world_size, int32_t (*)(hr_host*));
+PIN_TYPE(hr_ext_comm, all_reduce,
+         hr_status (*)(hr_host*, void*, uint64_t, uint32_t, uint32_t, hr_comm_request**));
+PIN_TYPE(hr_ext_comm, reduce_scatter,
+         hr_status (*)(hr_host*, const void*, void*, uint64_t, uint32_t, uint32_t,
+                       hr_comm_request**));
+PIN_TYPE(hr_ext_comm, all_gather,
+         hr_status (*)(hr_host*, const void*, void*, uint64_t, uint32_t, hr_comm_request**));
+PIN_TYPE(hr_ext_comm, broadcast,
+         hr_status (*)(hr_host*, void*, uint64_t, uint32_t, int32_t, hr_comm_request**));
+PIN_TYPE(hr_ext_comm, barrier, hr_status (*)(hr_host*, hr_comm_request**));
+PIN_TYPE(hr_ext_comm, wait, hr_status (*)(hr_host*, hr_comm_request*));
+PIN_TYPE(hr_ext_comm, stream, void* (*)(hr_host*));
 PIN_TYPE(hr_ext_state, save, hr_status (*)(void*, const hr_state_writer*));
 PIN_TYPE(hr_ext_state, load, hr_status (*)(void*, const void*, uint64_t));
 PIN_TYPE(hr_estimate_query, peak, hr_status (*)(void*, const hr_mechanisms*, uint64_t*));

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/comm/comm.h"
 #include "core/config/config.h"
 #include "core/device/device.h"
 #include "core/events/events.h"
@@ -58,6 +59,10 @@ class PluginRun {
   virtual void set_loss_scale(const std::string& plugin, double scale) = 0;
   // Where the run stands now.
   virtual RunState state() const = 0;
+  // The run's communicator, for headroom.comm/1 and the ranks of the services table. nullptr: a
+  // single process (the plugins see rank 0 of 1, their collectives local). A run launched on
+  // several ranks must return its own.
+  virtual Communicator* plugin_communicator() { return nullptr; }
 };
 
 // A run with a device and no model — replaying an allocation trace, testing an allocator: vetoes,
@@ -212,6 +217,8 @@ class PluginHost final : public EventListener {
   std::string device_kind_;
   int device_index_ = 0;  // [device] index
   std::string pending_failure_;
+  // The plugins' communicator when the run has none (made on first use): world size 1.
+  std::unique_ptr<Communicator> self_comm_;
   // The event being dispatched (-1: none) and its layer: drop_activations checks it.
   int current_event_ = -1;
   int current_layer_ = -1;

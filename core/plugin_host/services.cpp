@@ -1,6 +1,6 @@
 // The services table a plugin gets in create() (ABI 1.0 to 1.4), the host's extension tables
-// (ABI 1.5: headroom.vm/1, precision/1, recompute/1, tensors/1, step/1), and the one rules table
-// that says which plugin may call which of their functions, and from which events.
+// (ABI 1.5: headroom.vm/1, precision/1, recompute/1, tensors/1, step/1, comm/1), and the one rules
+// table that says which plugin may call which of their functions, and from which events.
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -9,11 +9,17 @@
 
 #include "core/device/backend.h"
 #include "core/plugin_host/plugin_internal.h"
+#include "headroom/ext/comm.h"
 #include "headroom/ext/precision.h"
 #include "headroom/ext/recompute.h"
 #include "headroom/ext/step.h"
 #include "headroom/ext/tensors.h"
 #include "headroom/ext/vm.h"
+
+// headroom.comm/1's request: a collective in flight, the host's until the plugin waits for it.
+struct hr_comm_request {
+  headroom::CommRequest request;
+};
 
 namespace headroom {
 
@@ -310,8 +316,8 @@ struct HostServices {
   static const char* device_kind(hr_host* h) { return h->owner->device_kind_.c_str(); }
   static int32_t device_index(hr_host* h) { return h->owner->device_index_; }
   static void* stream(hr_host* h) { return run(h).device().backend().native_stream(); }
-  static int32_t rank(hr_host*) { return 0; }
-  static int32_t world_size(hr_host*) { return 1; }
+  static int32_t rank(hr_host* h) { return comm(h).rank(); }
+  static int32_t world_size(hr_host* h) { return comm(h).world_size(); }
   static void veto_step(hr_host* h, const char* reason) {
     run(h).veto_step(plugin(h).entry.name, reason ? reason : "");
   }
@@ -574,6 +580,80 @@ struct HostServices {
     return HR_OK;
   }
 
+  // --- headroom.comm/1 ---
+  // The run's communicator, or a self one (world size 1) when the run has none.
+  static Communicator& comm(hr_host* h) {
+    if (Communicator* c = run(h).plugin_communicator()) return *c;
+    PluginHost& host = *h->owner;
+    if (!host.self_comm_) host.self_comm_ = make_communicator(run(h).device(), DistributedConfig{});
+    return *host.self_comm_;
+  }
+  // A collective posted by `post` (a CommRequest) into *out; its errors as statuses: a bad
+  // argument is HR_ERROR_INVALID, a failed communicator HR_ERROR, each with its message.
+  template <class F>
+  static hr_status post_collective(hr_host* h, hr_comm_request** out, F&& post) {
+    if (!out) {
+      plugin(h).error = "headroom.comm/1: out must not be NULL";
+      return HR_ERROR_INVALID;
+    }
+    *out = nullptr;
+    try {
+      *out = new hr_comm_request{post(comm(h))};
+      return HR_OK;
+    } catch (const std::invalid_argument& e) {
+      plugin(h).error = e.what();
+      return HR_ERROR_INVALID;
+    } catch (const std::exception& e) {
+      plugin(h).error = e.what();
+      return HR_ERROR;
+    }
+  }
+  static ReduceOp reduce_op(uint32_t op) {
+    if (op == HR_COMM_SUM) return ReduceOp::kSum;
+    if (op == HR_COMM_AVERAGE) return ReduceOp::kAverage;
+    throw std::invalid_argument("headroom.comm/1: op " + std::to_string(op) +
+                                " is not HR_COMM_SUM or HR_COMM_AVERAGE");
+  }
+  static int32_t comm_rank(hr_host* h) { return comm(h).rank(); }
+  static int32_t comm_local_rank(hr_host* h) { return comm(h).ranks().local_rank; }
+  static int32_t comm_world_size(hr_host* h) { return comm(h).world_size(); }
+  static hr_status comm_all_reduce(hr_host* h, void* buf, uint64_t n, uint32_t dtype, uint32_t op,
+                                   hr_comm_request** out) {
+    return post_collective(
+        h, out, [&](Communicator& c) { return c.all_reduce(buf, n, Dtype(dtype), reduce_op(op)); });
+  }
+  static hr_status comm_reduce_scatter(hr_host* h, const void* send, void* recv, uint64_t n,
+                                       uint32_t dtype, uint32_t op, hr_comm_request** out) {
+    return post_collective(h, out, [&](Communicator& c) {
+      return c.reduce_scatter(send, recv, n, Dtype(dtype), reduce_op(op));
+    });
+  }
+  static hr_status comm_all_gather(hr_host* h, const void* send, void* recv, uint64_t n,
+                                   uint32_t dtype, hr_comm_request** out) {
+    return post_collective(
+        h, out, [&](Communicator& c) { return c.all_gather(send, recv, n, Dtype(dtype)); });
+  }
+  static hr_status comm_broadcast(hr_host* h, void* buf, uint64_t n, uint32_t dtype, int32_t root,
+                                  hr_comm_request** out) {
+    return post_collective(
+        h, out, [&](Communicator& c) { return c.broadcast(buf, n, Dtype(dtype), root); });
+  }
+  static hr_status comm_barrier(hr_host* h, hr_comm_request** out) {
+    return post_collective(h, out, [&](Communicator& c) { return c.barrier(); });
+  }
+  static hr_status comm_wait(hr_host* h, hr_comm_request* request) {
+    if (!request) return HR_OK;
+    std::unique_ptr<hr_comm_request> owned(request);
+    try {
+      owned->request.wait();
+      return HR_OK;
+    } catch (const std::exception& e) {
+      plugin(h).error = e.what();
+      return HR_ERROR;
+    }
+  }
+  static void* comm_stream(hr_host* h) { return comm(h).stream(); }
+
   static const void* get_extension(hr_host* h, const char* id);
 };
 
@@ -668,6 +748,17 @@ enum Fn : int {
   kExtReduce,
   // headroom.step/1
   kExtStepState,
+  // headroom.comm/1
+  kExtCommRank,
+  kExtCommLocalRank,
+  kExtCommWorldSize,
+  kExtCommAllReduce,
+  kExtCommReduceScatter,
+  kExtCommAllGather,
+  kExtCommBroadcast,
+  kExtCommBarrier,
+  kExtCommWait,
+  kExtCommStream,
   kNumFns
 };
 
@@ -735,6 +826,18 @@ constexpr Rule kRules[kNumFns] = {
     {HR_EXT_TENSORS " read", kAnyone, When::kAnyTime, kNotAllowed},
     {HR_EXT_TENSORS " reduce", kAnyone, When::kAnyTime, kNotAllowed},
     {HR_EXT_STEP " state", kAnyone, When::kAnyTime, kNotAllowed},
+    // Collectives wait for other ranks: never from inside an allocation (an allocator hook or an
+    // ALLOC / FREE / OOM hook), where the training thread is in the middle of another operation.
+    {HR_EXT_COMM " rank", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_COMM " local_rank", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_COMM " world_size", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_COMM " all_reduce", kAnyone, When::kNotInAllocation, kNotAllowed},
+    {HR_EXT_COMM " reduce_scatter", kAnyone, When::kNotInAllocation, kNotAllowed},
+    {HR_EXT_COMM " all_gather", kAnyone, When::kNotInAllocation, kNotAllowed},
+    {HR_EXT_COMM " broadcast", kAnyone, When::kNotInAllocation, kNotAllowed},
+    {HR_EXT_COMM " barrier", kAnyone, When::kNotInAllocation, kNotAllowed},
+    {HR_EXT_COMM " wait", kAnyone, When::kNotInAllocation, kNotAllowed},
+    {HR_EXT_COMM " stream", kAnyone, When::kAnyTime, kNotAllowed},
 };
 
 std::string roles_words(uint32_t roles) {
@@ -880,16 +983,31 @@ const hr_ext_tensors kTensors = {sizeof(hr_ext_tensors), 0, HR_CHECKED(kExtFindP
 
 const hr_ext_step kStep = {sizeof(hr_ext_step), 0, HR_CHECKED(kExtStepState, step_state)};
 
+// rank, local_rank and world_size answer an int32_t: their rule never refuses.
+static_assert(kRules[kExtCommRank].when == When::kAnyTime &&
+              kRules[kExtCommLocalRank].when == When::kAnyTime &&
+              kRules[kExtCommWorldSize].when == When::kAnyTime);
+const hr_ext_comm kComm = {sizeof(hr_ext_comm),
+                           0,
+                           HR_CHECKED(kExtCommRank, comm_rank),
+                           HR_CHECKED(kExtCommLocalRank, comm_local_rank),
+                           HR_CHECKED(kExtCommWorldSize, comm_world_size),
+                           HR_CHECKED(kExtCommAllReduce, comm_all_reduce),
+                           HR_CHECKED(kExtCommReduceScatter, comm_reduce_scatter),
+                           HR_CHECKED(kExtCommAllGather, comm_all_gather),
+                           HR_CHECKED(kExtCommBroadcast, comm_broadcast),
+                           HR_CHECKED(kExtCommBarrier, comm_barrier),
+                           HR_CHECKED(kExtCommWait, comm_wait),
+                           HR_CHECKED(kExtCommStream, comm_stream)};
+
 }  // namespace
 
 const void* HostServices::get_extension(hr_host*, const char* id) {
   if (!id) return nullptr;
   // Exact ids only: another version of one ("headroom.vm/2") is another extension.
-  const std::pair<const char*, const void*> tables[] = {{HR_EXT_VM, &kVm},
-                                                        {HR_EXT_PRECISION, &kPrecision},
-                                                        {HR_EXT_RECOMPUTE, &kRecompute},
-                                                        {HR_EXT_TENSORS, &kTensors},
-                                                        {HR_EXT_STEP, &kStep}};
+  const std::pair<const char*, const void*> tables[] = {
+      {HR_EXT_VM, &kVm},           {HR_EXT_PRECISION, &kPrecision}, {HR_EXT_RECOMPUTE, &kRecompute},
+      {HR_EXT_TENSORS, &kTensors}, {HR_EXT_STEP, &kStep},           {HR_EXT_COMM, &kComm}};
   for (const auto& [name, table] : tables)
     if (std::strcmp(id, name) == 0) return table;
   return nullptr;
