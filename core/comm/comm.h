@@ -8,6 +8,19 @@
 // (an event), and wait() makes the compute stream wait for it; on the CPU it is MPI's non-blocking
 // call, progressed by test() and wait(). A wait that does not finish within the configured timeout,
 // or that learns another rank failed, throws CommError naming the rank.
+//
+// Failure across ranks. Every wait (and every new collective) reads the notices other ranks send
+// on a communicator of their own: a rank that calls announce_failure makes its peers' waits throw
+// PeerFailed("rank N ran out of memory", N). A wait past [distributed] timeout_s throws CommError
+// naming the ranks that have not said they wait for the same collective (ranks tell their peers
+// once a wait of theirs has lasted min(0.5 s, timeout / 4)). A rank killed without a word
+// (SIGKILL) makes mpirun send SIGTERM to the others: a wait that sees a stop signal gives the
+// collective a grace of up to 1 s, then throws CommError saying it was stopped while waiting.
+// After any of these the communicator is failed: each later collective or wait throws the same
+// error at once (a collective abandoned on one rank cannot be matched again), and buffers of the
+// abandoned collective may still be written until the process ends. On CUDA, NCCL's asynchronous
+// errors end a wait too, and the NCCL communicator is aborted. Requests must not outlive their
+// communicator.
 #pragma once
 
 #include <cstdint>
@@ -118,8 +131,10 @@ class Communicator {
 const RankInfo& rank_info();
 
 // The communicator for `device`: "self" at world size 1, else MPI on the CPU backend and NCCL on
-// CUDA (MPI when built without NCCL). Buffers it owns are tagged Category::kCommunication.
-// Throws ConfigError when the run is launched on several ranks but this build has no MPI.
+// CUDA. Buffers it owns are tagged Category::kCommunication (today none does: the MPI one reduces
+// in place, NCCL in its own memory). Every rank must call it at the same point (it is collective).
+// Throws ConfigError when the run is launched on several ranks but this build has no MPI, or on
+// CUDA without NCCL (MPI cannot be assumed to read device pointers).
 std::unique_ptr<Communicator> make_communicator(Device& device, const DistributedConfig& config);
 
 }  // namespace headroom
