@@ -23,17 +23,27 @@ double uniform01(std::mt19937_64& rng) {
 // A continuous stream from the chain, cut into llm.c-style windows.
 class SyntheticSource final : public DataSource {
  public:
-  SyntheticSource(int vocab, int branching, uint64_t seed)
-      : chain_(vocab, branching, seed), rng_(seed ^ 0x9e3779b97f4a7c15ull), last_(chain_.start()) {}
+  SyntheticSource(int vocab, int branching, uint64_t seed, int rank, int world)
+      : chain_(vocab, branching, seed),
+        rng_(seed ^ 0x9e3779b97f4a7c15ull),
+        last_(chain_.start()),
+        rank_(size_t(rank)),
+        world_(size_t(world)) {}
 
   void next(int32_t* inputs, int32_t* targets, int B, int T) override {
     const size_t n = size_t(B) * T;
     // The stream continues where the previous batch ended: its last target is this first input.
+    // Every rank draws the whole global batch (world · B·T tokens) and keeps its own rows: rank r
+    // the r-th B·T of them, so the state stays the same on every rank.
     int32_t token = last_;
-    for (size_t i = 0; i < n; ++i) {
-      inputs[i] = token;
+    const size_t begin = rank_ * n, end = begin + n;
+    for (size_t i = 0; i < world_ * n; ++i) {
+      const int32_t input = token;
       token = chain_.sample(token, rng_);
-      targets[i] = token;
+      if (i >= begin && i < end) {
+        inputs[i - begin] = input;
+        targets[i - begin] = token;
+      }
     }
     last_ = token;
   }
@@ -64,22 +74,29 @@ class SyntheticSource final : public DataSource {
   MarkovChain chain_;
   std::mt19937_64 rng_;
   int32_t last_;
+  size_t rank_, world_;
 };
 
 // The bytes of a text file, vocab 256, consecutive windows wrapping to the start.
 class TextSource final : public DataSource {
  public:
-  TextSource(std::string path, std::vector<uint8_t> bytes)
-      : path_(std::move(path)), bytes_(std::move(bytes)) {}
+  TextSource(std::string path, std::vector<uint8_t> bytes, int rank, int world)
+      : path_(std::move(path)),
+        bytes_(std::move(bytes)),
+        rank_(size_t(rank)),
+        world_(size_t(world)) {}
 
   void next(int32_t* inputs, int32_t* targets, int B, int T) override {
+    // The global batch is the next world · B·T bytes (wrapping to the start when they do not all
+    // fit); rank r reads the r-th B·T of them. pos_ is the global position, the same on every rank.
     const size_t n = size_t(B) * T;
-    if (pos_ + n + 1 > bytes_.size()) pos_ = 0;
+    if (pos_ + world_ * n + 1 > bytes_.size()) pos_ = 0;
+    const size_t at = pos_ + rank_ * n;
     for (size_t i = 0; i < n; ++i) {
-      inputs[i] = bytes_[pos_ + i];
-      targets[i] = bytes_[pos_ + i + 1];
+      inputs[i] = bytes_[at + i];
+      targets[i] = bytes_[at + i + 1];
     }
-    pos_ += n;
+    pos_ += world_ * n;
   }
   std::string describe() const override {
     return "text '" + path_ + "', " + std::to_string(bytes_.size()) + " bytes (vocab 256)";
@@ -101,6 +118,7 @@ class TextSource final : public DataSource {
  private:
   std::string path_;
   std::vector<uint8_t> bytes_;
+  size_t rank_, world_;
   size_t pos_ = 0;
 };
 
@@ -208,9 +226,10 @@ int32_t MarkovChain::sample(int32_t from, std::mt19937_64& rng) const {
 }
 
 std::unique_ptr<DataSource> make_data_source(const DataConfig& data, const ModelConfig& model,
-                                             int B, int T) {
+                                             int B, int T, int rank, int world) {
   if (data.kind == "synthetic")
-    return std::make_unique<SyntheticSource>(model.vocab_size, data.branching, data.seed);
+    return std::make_unique<SyntheticSource>(model.vocab_size, data.branching, data.seed, rank,
+                                             world);
   if (data.kind == "text") {
     const std::string where = pos_prefix(data.path_pos) + "data.path '" + data.path + "'";
     // parse_config already refuses this; a DataConfig made in code may not have been through it.
@@ -218,19 +237,24 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& data, const Model
       throw ConfigError(where + ": text data is bytes (vocab 256) but model.vocab_size is " +
                         std::to_string(model.vocab_size) + "; set model.vocab_size >= 256");
     std::vector<uint8_t> bytes = read_text_file(data.path, where);
-    const size_t need = size_t(B) * T + 1;
-    if (bytes.size() < need)
+    const size_t need = size_t(world) * B * T + 1;
+    if (bytes.size() < need) {
+      if (world == 1)
+        throw ConfigError(where + ": has " + std::to_string(bytes.size()) +
+                          " bytes, fewer than one micro-batch needs (micro_batch * seq_len + 1 = " +
+                          std::to_string(need) + ")");
       throw ConfigError(where + ": has " + std::to_string(bytes.size()) +
-                        " bytes, fewer than one micro-batch needs (micro_batch * seq_len + 1 = " +
-                        std::to_string(need) + ")");
-    return std::make_unique<TextSource>(data.path, std::move(bytes));
+                        " bytes, fewer than one micro-batch of every rank needs (world size * " +
+                        "micro_batch * seq_len + 1 = " + std::to_string(need) + ")");
+    }
+    return std::make_unique<TextSource>(data.path, std::move(bytes), rank, world);
   }
   if (data.kind == "shards") {
     // Errors about the pattern itself already name it and its line; errors about one shard name
     // only the shard, so they get the pattern's line in front.
     const std::string where = pos_prefix(data.path_pos) + "data.pattern '" + data.pattern + "'";
     try {
-      return make_shard_source(data, B, T, model.vocab_size);
+      return make_shard_source(data, B, T, model.vocab_size, rank, world);
     } catch (const ConfigError& e) {
       const std::string what = e.what();
       if (what.compare(0, where.size(), where) == 0) throw;

@@ -54,7 +54,15 @@ class MarkovChain {
 
 // Throws ConfigError (naming the config file and line) when the data cannot be used: an unreadable
 // or too small text file, a vocabulary too small for the data.
+//
+// Ranks (data parallelism): the source of rank r of `world` reads its part of each global batch.
+// The global batch of a micro-step is what one rank with micro_batch world·B would read; rank r
+// gets its rows r·B .. r·B+B-1, i.e. the r-th B·T tokens of it (shards: llm.c's stride, rank r at
+// batch · world·B·T + r·B·T). So W ranks with micro_batch B read, over their ranks, exactly the
+// sequences one rank with micro_batch W·B reads, and — for synthetic data, and for text until it
+// first wraps to its start — one rank with micro_batch B and grad_accum W (its micro-steps are
+// the global batch's B·T slices in order). world = 1 is the single-process source, unchanged.
 std::unique_ptr<DataSource> make_data_source(const DataConfig& data, const ModelConfig& model,
-                                             int B, int T);
+                                             int B, int T, int rank = 0, int world = 1);
 
 }  // namespace headroom
