@@ -4,7 +4,9 @@
 
 // The C ABI and core number events and categories alike: a plugin's event id is core's.
 static_assert(static_cast<int>(headroom::Event::kOom) == HR_EVENT_OOM, "event ids drifted");
-static_assert(headroom::kNumEvents == HR_EVENT_COUNT_V1, "event count drifted");
+static_assert(static_cast<int>(headroom::Event::kBucketDone) == HR_EVENT_BUCKET_DONE,
+              "event ids drifted");
+static_assert(headroom::kNumEvents == HR_EVENT_BUCKET_DONE + 1, "event count drifted");
 static_assert(static_cast<int>(headroom::Category::kCommunication) == HR_MEM_COMMUNICATION,
               "category ids drifted");
 static_assert(headroom::kNumCategories == HR_MEM_CATEGORY_COUNT_V1, "category count drifted");
@@ -39,6 +41,10 @@ const char* event_name(Event e) {
       return "FREE";
     case Event::kOom:
       return "OOM";
+    case Event::kBucketLaunch:
+      return "BUCKET_LAUNCH";
+    case Event::kBucketDone:
+      return "BUCKET_DONE";
   }
   return "UNKNOWN";
 }

@@ -22,16 +22,21 @@ enum class Event : int {
   kAlloc,
   kFree,
   kOom,
+  // World size > 1, data parallelism: a gradient bucket's all-reduce launched (in the step's last
+  // micro-step, once the lowest layer feeding it finished its backward), and waited for (before
+  // GRADS_READY). `bytes`: the bucket's; `layer`: its lowest layer.
+  kBucketLaunch,
+  kBucketDone,
 };
-constexpr int kNumEvents = 13;
+constexpr int kNumEvents = 15;
 const char* event_name(Event e);  // "TRAIN_BEGIN", ...
 
 struct EventInfo {
   Event event = Event::kTrainBegin;
   int64_t step = 0;    // 1-based optimizer step; 0 outside steps
   int micro_step = 0;  // 1-based within the step; 0 outside micro-steps
-  int layer = -1;      // FORWARD_* / BACKWARD_*
-  // ALLOC / FREE / OOM
+  int layer = -1;      // FORWARD_* / BACKWARD_*; BUCKET_*: the bucket's lowest layer
+  // ALLOC / FREE / OOM; BUCKET_*: bytes is the bucket's size
   const void* ptr = nullptr;
   uint64_t bytes = 0;
   Category category = Category::kWorkspace;

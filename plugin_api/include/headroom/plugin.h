@@ -74,7 +74,10 @@ typedef int32_t hr_status;
  *   STEP_END
  *
  * TRAIN_BEGIN before the first step, TRAIN_END after the last; ALLOC and FREE at every device
- * allocation and free, OOM when an allocation fails. Plugins receive each event in the order the
+ * allocation and free, OOM when an allocation fails. With more than one rank (data parallelism):
+ * BUCKET_LAUNCH when a gradient bucket's all-reduce starts, in the step's last micro-step right
+ * after the BACKWARD_END of the lowest layer feeding it, and BUCKET_DONE when it has been waited
+ * for, before GRADS_READY. Plugins receive each event in the order the
  * TOML lists them. docs/design.md in headroom's source draws the whole loop. */
 typedef enum hr_event {
   HR_EVENT_TRAIN_BEGIN = 0,
@@ -90,7 +93,11 @@ typedef enum hr_event {
   HR_EVENT_ALLOC = 10,
   HR_EVENT_FREE = 11,
   HR_EVENT_OOM = 12,
-  HR_EVENT_COUNT_V1 = 13
+  HR_EVENT_COUNT_V1 = 13, /* the events of ABI 1.0 to 1.5; the ones below came after */
+  /* World size > 1 only; never fired by a host of one rank. hr_event_info's `bytes` is the
+   * bucket's size (its gradients in fp32), `layer` the lowest layer whose gradients it holds. */
+  HR_EVENT_BUCKET_LAUNCH = 13, /* its all-reduce (average over ranks) started */
+  HR_EVENT_BUCKET_DONE = 14    /* its all-reduce waited for; the gradients copied back */
 } hr_event;
 
 /* For hr_plugin_descriptor.events: HR_EVENT_BIT(HR_EVENT_STEP_END) | ... */
@@ -135,8 +142,9 @@ typedef struct hr_event_info {
   uint32_t event;     /* hr_event */
   int64_t step;       /* 1-based optimizer step; 0 before the first (and for TRAIN_BEGIN) */
   int32_t micro_step; /* 1-based within the step; 0 outside micro-steps */
-  int32_t layer;      /* FORWARD_* / BACKWARD_*: the layer index; -1 otherwise */
-  /* ALLOC / FREE / OOM */
+  int32_t layer;      /* FORWARD_* / BACKWARD_*: the layer index; BUCKET_*: the bucket's lowest
+                       * layer; -1 otherwise */
+  /* ALLOC / FREE / OOM; BUCKET_* (bytes only: the bucket's size; ptr NULL) */
   const void* ptr;    /* the buffer (NULL for OOM) */
   uint64_t bytes;     /* its size, or the size requested (OOM) */
   uint32_t category;  /* hr_mem_category */

@@ -10,7 +10,14 @@
  * Keys: out (string, required), alloc_events (bool: also record ALLOC / FREE / OOM; default false),
  * veto_step (int: veto that step at GRADS_READY), fail_event (string, an event name) and fail_step
  * (int, 0 = any): return HR_ERROR with "deliberate failure" at that event of that step; log
- * (string): a message to log at TRAIN_BEGIN, with level HR_LOG_WARN. */
+ * (string): a message to log at TRAIN_BEGIN, with level HR_LOG_WARN.
+ *
+ * With ranks (mpirun): BUCKET_LAUNCH and BUCKET_DONE lines end with bytes=; fail_rank (int, -1 =
+ * every rank) limits fail_event to that rank; hog_rank and hog_bytes: at TRAIN_BEGIN that rank
+ * allocates hog_bytes of device memory (workspace) and holds it to the end, so that under a
+ * memory_limit the host's own next allocation on that rank alone runs out of memory. The rank is
+ * the launcher's (OMPI_COMM_WORLD_RANK, PMIX_RANK), else the host's services->rank. per_rank
+ * (bool): record to `out`.rank<r> instead, one file per rank. */
 #include <headroom/plugin.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,10 +30,11 @@
 #define PLUGIN_VERSION "0.1.0"
 #endif
 
-static const char* const kEventNames[HR_EVENT_COUNT_V1] = {
-    "TRAIN_BEGIN", "TRAIN_END",      "STEP_BEGIN",   "STEP_END",    "FORWARD_BEGIN",
-    "FORWARD_END", "BACKWARD_BEGIN", "BACKWARD_END", "GRADS_READY", "OPTIMIZER_STEP",
-    "ALLOC",       "FREE",           "OOM"};
+#define NUM_EVENTS (HR_EVENT_BUCKET_DONE + 1)
+static const char* const kEventNames[NUM_EVENTS] = {
+    "TRAIN_BEGIN", "TRAIN_END",      "STEP_BEGIN",   "STEP_END",      "FORWARD_BEGIN",
+    "FORWARD_END", "BACKWARD_BEGIN", "BACKWARD_END", "GRADS_READY",   "OPTIMIZER_STEP",
+    "ALLOC",       "FREE",           "OOM",          "BUCKET_LAUNCH", "BUCKET_DONE"};
 
 typedef struct recorder {
   const hr_host_services* services;
@@ -35,11 +43,25 @@ typedef struct recorder {
   int64_t veto_step;
   int32_t fail_event; /* -1: none */
   int64_t fail_step;
+  int64_t fail_rank; /* -1: every rank */
+  int64_t hog_rank;  /* -1: none */
+  int64_t hog_bytes;
+  void* hog;
+  int rank;
   char log[256];
 } recorder;
 
+static int launcher_rank(const hr_host_services* s) {
+  const char* names[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK"};
+  for (int i = 0; i < 2; ++i) {
+    const char* v = getenv(names[i]);
+    if (v && *v) return atoi(v);
+  }
+  return s->rank(s->host);
+}
+
 static int event_by_name(const char* name) {
-  for (int i = 0; i < HR_EVENT_COUNT_V1; ++i) {
+  for (int i = 0; i < NUM_EVENTS; ++i) {
     if (strcmp(kEventNames[i], name) == 0) return i;
   }
   return -1;
@@ -78,7 +100,7 @@ static hr_status on_event(void* instance, const hr_event_info* info) {
     s->set_error(s->host, PLUGIN_NAME ": hr_event_info smaller than ABI v1.0's");
     return HR_ERROR_INVALID;
   }
-  if (info->event >= HR_EVENT_COUNT_V1) return HR_OK; /* a later version's event: not ours */
+  if (info->event >= NUM_EVENTS) return HR_OK; /* a later version's event: not ours */
   name = kEventNames[info->event];
   if (!r->alloc_events && (info->event == HR_EVENT_ALLOC || info->event == HR_EVENT_FREE ||
                            info->event == HR_EVENT_OOM))
@@ -94,14 +116,24 @@ static hr_status on_event(void* instance, const hr_event_info* info) {
   if (info->event == HR_EVENT_ALLOC || info->event == HR_EVENT_FREE || info->event == HR_EVENT_OOM)
     fprintf(r->out, " bytes=%llu category=%u", (unsigned long long)info->bytes,
             (unsigned)info->category);
+  if (info->event == HR_EVENT_BUCKET_LAUNCH || info->event == HR_EVENT_BUCKET_DONE)
+    fprintf(r->out, " bytes=%llu", (unsigned long long)info->bytes);
   fprintf(r->out, "\n");
   fflush(r->out);
 
   if (info->event == HR_EVENT_TRAIN_BEGIN && r->log[0] != '\0')
     s->log(s->host, HR_LOG_WARN, r->log);
+  if (info->event == HR_EVENT_TRAIN_BEGIN && r->hog_rank == r->rank && r->hog_bytes > 0) {
+    r->hog = s->alloc(s->host, (uint64_t)r->hog_bytes, HR_MEM_WORKSPACE, PLUGIN_NAME " hog");
+    if (!r->hog) {
+      s->set_error(s->host, PLUGIN_NAME ": hog_bytes could not be allocated");
+      return HR_ERROR;
+    }
+  }
   if (info->event == HR_EVENT_GRADS_READY && r->veto_step != 0 && info->step == r->veto_step)
     s->veto_step(s->host, PLUGIN_NAME " vetoes this step");
-  if ((int)info->event == r->fail_event && (r->fail_step == 0 || info->step == r->fail_step)) {
+  if ((int)info->event == r->fail_event && (r->fail_step == 0 || info->step == r->fail_step) &&
+      (r->fail_rank < 0 || r->fail_rank == r->rank)) {
     s->set_error(s->host, "deliberate failure");
     return HR_ERROR;
   }
@@ -112,6 +144,7 @@ static hr_status create(const hr_host_services* s, void** instance) {
   recorder* r;
   char path[4096] = "";
   char fail_event[64] = "";
+  int32_t per_rank = 0;
   hr_status st;
   if (s->struct_size < sizeof(hr_host_services) || HR_ABI_MAJOR(s->abi_version) != 1) {
     s->set_error(s->host, PLUGIN_NAME ": the host's services table is not ABI v1");
@@ -121,12 +154,19 @@ static hr_status create(const hr_host_services* s, void** instance) {
   if (!r) return HR_ERROR_OUT_OF_MEMORY;
   r->services = s;
   r->fail_event = -1;
+  r->fail_rank = -1;
+  r->hog_rank = -1;
+  r->rank = launcher_rank(s);
 
   if ((st = s->config_string(s->host, "out", path, sizeof path)) != HR_OK ||
       (st = s->config_bool(s->host, "alloc_events", &r->alloc_events)) != HR_OK ||
       (st = s->config_int(s->host, "veto_step", &r->veto_step)) != HR_OK ||
       (st = s->config_string(s->host, "fail_event", fail_event, sizeof fail_event)) != HR_OK ||
       (st = s->config_int(s->host, "fail_step", &r->fail_step)) != HR_OK ||
+      (st = s->config_int(s->host, "fail_rank", &r->fail_rank)) != HR_OK ||
+      (st = s->config_int(s->host, "hog_rank", &r->hog_rank)) != HR_OK ||
+      (st = s->config_int(s->host, "hog_bytes", &r->hog_bytes)) != HR_OK ||
+      (st = s->config_bool(s->host, "per_rank", &per_rank)) != HR_OK ||
       (st = s->config_string(s->host, "log", r->log, sizeof r->log)) != HR_OK) {
     free(r);
     return st;
@@ -138,6 +178,10 @@ static hr_status create(const hr_host_services* s, void** instance) {
   if (fail_event[0] != '\0' && (r->fail_event = event_by_name(fail_event)) < 0) {
     free(r);
     return s->config_error(s->host, "fail_event", "not an event name, e.g. \"STEP_END\"");
+  }
+  if (per_rank) {
+    const size_t len = strlen(path);
+    snprintf(path + len, sizeof path - len, ".rank%d", r->rank);
   }
   r->out = fopen(path, "a");
   if (!r->out) {
@@ -153,6 +197,7 @@ static hr_status create(const hr_host_services* s, void** instance) {
 
 static void destroy(void* instance) {
   recorder* r = (recorder*)instance;
+  if (r->hog) r->services->free(r->services->host, r->hog);
   fprintf(r->out, "%s DESTROY\n", PLUGIN_NAME);
   fclose(r->out);
   free(r);
@@ -170,7 +215,8 @@ static const hr_plugin_descriptor kDescriptor = {
               HR_EVENT_BIT(HR_EVENT_BACKWARD_BEGIN) | HR_EVENT_BIT(HR_EVENT_BACKWARD_END) |
               HR_EVENT_BIT(HR_EVENT_GRADS_READY) | HR_EVENT_BIT(HR_EVENT_OPTIMIZER_STEP) |
               HR_EVENT_BIT(HR_EVENT_ALLOC) | HR_EVENT_BIT(HR_EVENT_FREE) |
-              HR_EVENT_BIT(HR_EVENT_OOM),
+              HR_EVENT_BIT(HR_EVENT_OOM) | HR_EVENT_BIT(HR_EVENT_BUCKET_LAUNCH) |
+              HR_EVENT_BIT(HR_EVENT_BUCKET_DONE),
     .roles = 0,
     .create = create,
     .destroy = destroy,
