@@ -7,6 +7,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/comm/comm.h"
 #include "core/model/model.h"
 
 namespace headroom {
@@ -231,6 +232,9 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s) {
   const uint64_t states = t.optimizer == "adamw" ? 2 : (t.momentum > 0 ? 1 : 0);
   at(e.at_peak, Category::kOptimizer) = kF32 * states * params;
   at(e.at_peak, Category::kData) = 2 * sizeof(int32_t) * N;  // inputs and targets
+  // Data parallelism (world size > 1): the gradient buckets partition the parameters, one fp32
+  // copy of every gradient, allocated once (core/run/trainer.cpp, build_buckets). None at 1.
+  if (rank_info().world_size > 1) at(e.at_peak, Category::kCommunication) = kF32 * params;
 
   // What the layers save in forward (model.cpp): the embedding's output, each block's tensors,
   // the head's ln_f, its statistics, the logits and the per-token losses.

@@ -64,12 +64,36 @@ int64_t step_of_name(const std::string& name) {
   return std::stoll(digits);
 }
 
+constexpr const char* kRankSuffix = ".data";
+
+// step_<N>.rank<r>.data
+std::string rank_part_name(int64_t step, int rank) {
+  std::string n = step_name(step);
+  return n.substr(0, n.size() - std::strlen(kSuffix)) + ".rank" + std::to_string(rank) +
+         kRankSuffix;
+}
+
+// The step N of a rank part's name step_<N>.rank<r>.data, or -1.
+int64_t step_of_rank_part(const std::string& name) {
+  const size_t at = name.find(".rank");
+  const size_t suffix = std::strlen(kRankSuffix);
+  if (at == std::string::npos || name.size() <= at + 5 + suffix ||
+      name.compare(name.size() - suffix, suffix, kRankSuffix) != 0)
+    return -1;
+  const std::string r = name.substr(at + 5, name.size() - at - 5 - suffix);
+  if (r.empty() || r.size() > 9 ||
+      !std::all_of(r.begin(), r.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return -1;
+  return step_of_name(name.substr(0, at) + kSuffix);
+}
+
 bool is_leftover_temporary(const std::string& name) {
   // AtomicFile's temporary for step_<N>.hrsnap is .step_<N>.hrsnap.tmp.
   const std::string tmp = ".tmp";
   return name.size() > 1 + tmp.size() && name[0] == '.' &&
          name.compare(name.size() - tmp.size(), tmp.size(), tmp) == 0 &&
-         step_of_name(name.substr(1, name.size() - 1 - tmp.size())) >= 0;
+         (step_of_name(name.substr(1, name.size() - 1 - tmp.size())) >= 0 ||
+          step_of_rank_part(name.substr(1, name.size() - 1 - tmp.size())) >= 0);
 }
 
 // Snapshots in dir, newest first.
@@ -357,14 +381,91 @@ std::string write_snapshot(const std::string& dir, const SnapshotData& d, int ke
   }
 
   const std::vector<fs::path> all = snapshots_in(dir);
+  std::vector<int64_t> pruned;
   for (size_t i = size_t(std::max(keep, 1)); i < all.size(); ++i) {
     fs::remove(all[i], ec);
     fs::remove(fs::path(all[i]).replace_extension(".safetensors"), ec);  // save_weights' copy
+    pruned.push_back(step_of_name(all[i].filename().string()));
+  }
+  // The ranks' parts of the pruned snapshots, and parts older than the oldest kept snapshot whose
+  // snapshot was never written (a run that stopped between the parts and the file).
+  const int64_t oldest_kept =
+      all.empty()
+          ? 0
+          : step_of_name(
+                all[std::min(all.size(), size_t(std::max(keep, 1))) - 1].filename().string());
+  if (!pruned.empty()) {
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const int64_t step = step_of_rank_part(e.path().filename().string());
+      if (step >= 0 && step < oldest_kept) fs::remove(e.path(), ec);
+    }
   }
   // Temporaries of writes a killed run never finished.
   for (const auto& e : fs::directory_iterator(dir, ec))
     if (is_leftover_temporary(e.path().filename().string())) fs::remove(e.path(), ec);
   return final_path;
+}
+
+std::string ranks_data_state(int world_size) {
+  return "ranks " + std::to_string(world_size);
+}
+
+int snapshot_world_size(const std::string& data_state) {
+  const std::string p = "ranks ";
+  if (data_state.compare(0, p.size(), p) != 0) return 1;
+  const std::string n = data_state.substr(p.size());
+  if (n.empty() || n.size() > 9 ||
+      !std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return 1;
+  return std::stoi(n);
+}
+
+std::string snapshot_file(const std::string& dir, int64_t step) {
+  return (fs::path(dir) / step_name(step)).string();
+}
+
+void write_rank_part(const std::string& dir, int64_t step, int rank, int world_size,
+                     const std::string& data_state) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw OutputError("snapshot " + dir + ": cannot create the folder: " + ec.message());
+  nlohmann::json j;
+  j["step"] = step;
+  j["rank"] = rank;
+  j["world_size"] = world_size;
+  j["data_state"] = data_state;
+  AtomicFile out((fs::path(dir) / rank_part_name(step, rank)).string(), "snapshot rank part");
+  out.write(j.dump() + "\n");
+  out.commit();
+}
+
+std::string read_rank_part(const std::string& dir, int64_t step, int rank, int world_size) {
+  const std::string file = (fs::path(dir) / rank_part_name(step, rank)).string();
+  auto bad = [&](const std::string& what) {
+    return ConfigError("rank " + std::to_string(rank) + "'s part " + file + " " + what);
+  };
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw bad("cannot be opened: " + std::string(std::strerror(errno)));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    throw bad("is not JSON");
+  }
+  if (!j.is_object() || j.size() != 4 || !j.contains("step") || !j["step"].is_number_integer() ||
+      !j.contains("rank") || !j["rank"].is_number_integer() || !j.contains("world_size") ||
+      !j["world_size"].is_number_integer() || !j.contains("data_state") ||
+      !j["data_state"].is_string())
+    throw bad("is not a rank part (keys step, rank, world_size, data_state)");
+  if (j["step"].get<int64_t>() != step || j["rank"].get<int64_t>() != rank ||
+      j["world_size"].get<int64_t>() != world_size)
+    throw bad("is of step " + std::to_string(j["step"].get<int64_t>()) + ", rank " +
+              std::to_string(j["rank"].get<int64_t>()) + " of " +
+              std::to_string(j["world_size"].get<int64_t>()) + "; expected step " +
+              std::to_string(step) + ", rank " + std::to_string(rank) + " of " +
+              std::to_string(world_size));
+  return j["data_state"].get<std::string>();
 }
 
 // ---------------------------------------------------------------------------------------------

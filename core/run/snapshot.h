@@ -79,6 +79,24 @@ SnapshotData read_snapshot(const std::string& file);
 // "snapshot NAME: what is wrong".
 SnapshotData parse_snapshot(const uint8_t* data, size_t size, const std::string& name);
 
+// Ranks (world size W > 1). Rank 0 writes the replicated state as above, with data_state
+// ranks_data_state(W) ("ranks W"); each rank r writes its own part, its data position, beside it
+// as DIR/step_<N>.rank<r>.data (AtomicFile; a JSON object {"step", "rank", "world_size",
+// "data_state"}). Every rank writes its part before rank 0 writes step_<N>.hrsnap, so a snapshot
+// file means every part is there (on a folder every rank shares); pruning a snapshot removes its
+// parts.
+std::string ranks_data_state(int world_size);
+// The world size a snapshot was written at: W for ranks_data_state(W), else 1.
+int snapshot_world_size(const std::string& data_state);
+// DIR/step_<N>.hrsnap: the path write_snapshot gives step N.
+std::string snapshot_file(const std::string& dir, int64_t step);
+// Writes rank `rank`'s part of step N's snapshot. Throws OutputError.
+void write_rank_part(const std::string& dir, int64_t step, int rank, int world_size,
+                     const std::string& data_state);
+// Reads it back: its data_state. ConfigError when it is missing or is not rank `rank`'s of step
+// N at world size `world_size`.
+std::string read_rank_part(const std::string& dir, int64_t step, int rank, int world_size);
+
 // The checksum format 02 stores at offset 16, of a whole file's bytes (size >= 24). For tools and
 // tests that build a file by hand.
 uint64_t snapshot_checksum(const uint8_t* data, size_t size);

@@ -31,10 +31,36 @@ std::string format_number(double v) {
   return buf;
 }
 
+// FILE.html -> FILE.rankN.html; FILE -> FILE.rankN: each rank's own copy of a per-rank output.
+std::string rank_output_path(const std::string& path, int rank) {
+  const std::filesystem::path p(path);
+  const std::string ext = p.extension().string();
+  const std::string tag = ".rank" + std::to_string(rank);
+  if (ext.empty() || p.stem().empty()) return path + tag;
+  return path.substr(0, path.size() - ext.size()) + tag + ext;
+}
+
 }  // namespace
 
 Trainer::Trainer(const Config& config, TrainOptions options)
     : config_(config), options_(std::move(options)) {
+  // The ranks come from the launcher (mpirun, srun); a process started alone is rank 0 of 1.
+  const RankInfo& ranks = rank_info();
+  const bool ranked = ranks.world_size > 1;
+  if (ranked) {
+    // Each rank's own memory picture and trace; rank 0 alone writes the metrics and the weights.
+    if (!options_.memory_timeline_path.empty())
+      options_.memory_timeline_path = rank_output_path(options_.memory_timeline_path, ranks.rank);
+    if (!options_.record_allocs_path.empty())
+      options_.record_allocs_path = rank_output_path(options_.record_allocs_path, ranks.rank);
+    if (ranks.rank != 0) {
+      options_.metrics_path.clear();
+      options_.save_weights_path.clear();
+    }
+  }
+  // A GPU rank takes the device of its local rank unless [device] index names one.
+  if (config_.device.kind == "cuda" && ranks.launched && !config_.device.index_set)
+    config_.device.index = ranks.local_rank;
   // Every output is checked before any work is done: a run must not train for hours and then find
   // it cannot write its weights.
   const std::pair<const std::string*, const char*> outputs[] = {
@@ -58,9 +84,11 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   }
   observing_.attach(*device_, this);
   set_phase(Phase::Kind::kSetup);
-  data_ = options_.data_source ? std::move(options_.data_source)
-                               : make_data_source(config_.data, config_.model,
-                                                  config_.train.micro_batch, config_.model.seq_len);
+  comm_ = make_communicator(*device_, config_.distributed);
+  data_ = options_.data_source
+              ? std::move(options_.data_source)
+              : make_data_source(config_.data, config_.model, config_.train.micro_batch,
+                                 config_.model.seq_len, comm_->rank(), comm_->world_size());
   loader_ = std::make_unique<DataLoader>(*data_, config_.data.workers, config_.data.prefetch,
                                          config_.train.micro_batch, config_.model.seq_len);
   // Plugins come before anything allocates: an allocator-role plugin serves every buffer.
@@ -75,6 +103,7 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     // In the compute dtype a plugin asked for while it was created (amp), else fp32.
     model_ =
         std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed, compute_dtype_);
+    build_buckets();
   } catch (const OutOfMemory& e) {
     close_outputs(&e.report());
     throw;
@@ -96,9 +125,14 @@ Trainer::~Trainer() = default;
 // a half step is dropped) and a non-finite loss or gradient norm that no plugin vetoed.
 
 void Trainer::run() {
+  // The one place a failing rank tells the others why it leaves (before writing its outputs, so
+  // that they stop waiting now): out of memory, or any other error but another rank's failure
+  // (which they have heard of already) and a stop request (which every rank gets from the
+  // launcher). A divergence is global: every rank sees the same averaged loss and norm.
   try {
     run_steps();
   } catch (const OutOfMemory& e) {
+    comm_->announce_failure("ran out of memory");
     close_outputs(&e.report());
     throw;
   } catch (const Interrupted&) {
@@ -106,6 +140,19 @@ void Trainer::run() {
     throw;
   } catch (const Diverged&) {
     close_outputs(nullptr);
+    throw;
+  } catch (const CommError&) {
+    try {
+      close_outputs(nullptr);
+    } catch (const std::exception&) {
+    }
+    throw;
+  } catch (const std::exception& e) {
+    comm_->announce_failure(std::string("failed: ") + e.what());
+    try {
+      close_outputs(nullptr);
+    } catch (const std::exception&) {
+    }
     throw;
   } catch (...) {
     // A plugin hook or an output failed: the rest is still written as far as it can be, and the
@@ -196,14 +243,20 @@ void Trainer::run_steps() {
       ops.upload(inputs.as<void>(), host_inputs, batch_bytes);
       ops.upload(targets.as<void>(), host_targets, batch_bytes);
       micro_step(batch);
+      // Buckets not launched from a BACKWARD_END (compute copies: their fp32 gradients are final
+      // only now, after the micro-step's accumulation) start here.
+      if (micro_step_ == A) launch_buckets(-1);
       cur_.add_micro_step();
       // A safe point. After the last micro-step the step is all but done: finish it instead.
       if (const int sig = stop_signal(); sig && micro_step_ < A) stop_interrupted(sig, true);
     }
     micro_step_ = 0;
+    finish_buckets();
     fire(Event::kGradsReady);
     r.step = step_;
     r.loss = cur_.step_loss();
+    // The metrics' loss: the mean over ranks (every rank reads as many tokens).
+    if (comm_->world_size() > 1) comm_->all_reduce_host(&r.loss, 1, ReduceOp::kAverage);
     r.grad_norm = clip_grad_norm(ops, params, t.grad_clip);
     r.lr = cur_.lr;
     cur_.grad_norm = r.grad_norm;
@@ -255,6 +308,93 @@ void Trainer::run_steps() {
   set_phase(Phase::Kind::kDone);
   fire(Event::kTrainEnd);
   if (!options_.save_weights_path.empty()) save_safetensors(options_.save_weights_path, *model_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data parallelism: bucketed, overlapped gradient all-reduce (world size > 1)
+
+void Trainer::build_buckets() {
+  if (comm_->world_size() <= 1) return;
+  const auto& layers = model_->layers();
+  const uint64_t cap = config_.distributed.bucket_size;
+  Bucket cur;
+  auto close = [&] {
+    if (cur.params.empty()) return;
+    buckets_.push_back(std::move(cur));
+    cur = Bucket{};
+  };
+  // Last layer first: the order backward finishes them. A layer's parameters are written only by
+  // its own backward, except wte, which the head also writes and which the embedding (layer 0)
+  // owns: its gradient is final at layer 0's BACKWARD_END, where its bucket launches.
+  for (int l = int(layers.size()) - 1; l >= 0; --l) {
+    const auto& ps = layers[size_t(l)]->params();
+    for (auto it = ps.rbegin(); it != ps.rend(); ++it) {
+      Param<float>* p = it->get();
+      cur.params.push_back(p);
+      cur.bytes += p->numel * sizeof(float);
+      cur.lowest_layer = l;
+      if (cur.bytes >= cap) close();
+    }
+  }
+  close();
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    b.buffer = Buffer(*device_, b.bytes, Category::kCommunication,
+                      "gradient bucket " + std::to_string(i) + " (layers " +
+                          std::to_string(b.lowest_layer) + "..)");
+  }
+}
+
+std::vector<uint64_t> Trainer::bucket_bytes() const {
+  std::vector<uint64_t> v;
+  for (const Bucket& b : buckets_)
+    v.push_back(b.bytes);
+  return v;
+}
+
+void Trainer::launch_buckets(int layer) {
+  if (buckets_.empty()) return;
+  Backend& ops = device_->backend();
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    if (b.launched || (layer >= 0 && b.lowest_layer != layer)) continue;
+    char* at = b.buffer.as<char>();
+    for (Param<float>* p : b.params) {
+      ops.copy(at, p->gdata(), p->numel * sizeof(float));
+      at += p->numel * sizeof(float);
+    }
+    b.request = comm_->all_reduce(b.buffer.as<void>(), b.bytes / sizeof(float), Dtype::kF32,
+                                  ReduceOp::kAverage);
+    b.launched = true;
+    launch_order_.push_back(i);
+    EventInfo info;
+    info.event = Event::kBucketLaunch;
+    info.layer = b.lowest_layer;
+    info.bytes = b.bytes;
+    fire(info);
+  }
+}
+
+void Trainer::finish_buckets() {
+  if (buckets_.empty()) return;
+  launch_buckets(-1);  // none is left unless a micro-step never ran
+  Backend& ops = device_->backend();
+  for (size_t i : launch_order_) {
+    Bucket& b = buckets_[i];
+    b.request.wait();
+    const char* at = b.buffer.as<const char>();
+    for (Param<float>* p : b.params) {
+      ops.copy(p->gdata(), at, p->numel * sizeof(float));
+      at += p->numel * sizeof(float);
+    }
+    b.launched = false;
+    EventInfo info;
+    info.event = Event::kBucketDone;
+    info.layer = b.lowest_layer;
+    info.bytes = b.bytes;
+    fire(info);
+  }
+  launch_order_.clear();
 }
 
 double Trainer::micro_step(const Batch& batch) {
@@ -329,6 +469,11 @@ void Trainer::backward_begin(int layer) {
 void Trainer::backward_end(int layer) {
   ++backward_layers_done_;
   fire(Event::kBackwardEnd, layer);
+  // The step's last micro-step: the buckets this layer completes start reducing while the layers
+  // below run their backward. With compute copies the fp32 gradients are added after the whole
+  // backward, so their buckets wait for that (run_steps).
+  if (micro_step_ == config_.train.grad_accum && !model_->has_compute_copies())
+    launch_buckets(layer);
 }
 
 void Trainer::on_alloc(const void* ptr, uint64_t bytes, Category c, const std::string&) {
@@ -485,10 +630,23 @@ void Trainer::stop_interrupted(int signal, bool mid_step) {
 std::string Trainer::write_snapshot(
     int64_t step, const std::string& data_state,
     const std::map<std::string, std::vector<uint8_t>>& plugin_states) {
+  const int world = comm_->world_size();
+  if (world > 1) {
+    // Each rank's own part (its data position) first, then, once every rank's is written, rank 0
+    // writes the replicated state: a step_<N>.hrsnap in the folder means every part is there.
+    write_rank_part(config_.snapshot.dir, step, comm_->rank(), world, data_state);
+    comm_->barrier().wait();
+    if (!root()) {
+      snapshot_path_ = snapshot_file(config_.snapshot.dir, step);
+      snapshot_step_ = step;
+      return snapshot_path_;
+    }
+  }
   SnapshotData d;
   d.step = step;
   d.skipped_steps = skipped_steps_;
-  d.data_state = data_state;
+  // With ranks the data positions are in the rank parts; the replicated file says how many.
+  d.data_state = world > 1 ? ranks_data_state(world) : data_state;
   d.model = model_signature(config_.model);
   d.optimizer = plugins_->provides_optimizer() ? "plugin" : config_.train.optimizer;
   const std::vector<Param<float>*> params = model_->params();
@@ -500,7 +658,7 @@ std::string Trainer::write_snapshot(
   const std::string path = headroom::write_snapshot(config_.snapshot.dir, d, config_.snapshot.keep);
   snapshot_path_ = path;
   snapshot_step_ = step;
-  // The weights beside it, for other tools; pruned with the snapshot.
+  // The weights beside it, for other tools; pruned with the snapshot. Rank 0's alone.
   if (config_.snapshot.save_weights)
     save_safetensors(path.substr(0, path.size() - std::strlen(".hrsnap")) + ".safetensors",
                      *model_);
@@ -514,6 +672,30 @@ int64_t Trainer::resume() {
   auto refuse = [&](const std::string& why) {
     return ConfigError("--resume: snapshot " + path + " " + why);
   };
+  // The world size it was written at must be this run's until resharding exists; each rank then
+  // reads its own data position. Every rank learns whether any rank refused, so all stop alike.
+  const int world = comm_->world_size();
+  const int written_by = snapshot_world_size(d.data_state);
+  std::string data_state = d.data_state;
+  std::string why;
+  if (written_by != world) {
+    why = "was written by " + std::to_string(written_by) + " rank" + (written_by == 1 ? "" : "s") +
+          "; this run has " + std::to_string(world) +
+          ": resuming at another world size needs resharding, which headroom does not do yet " +
+          "(resume with the same number of ranks)";
+  } else if (world > 1) {
+    try {
+      data_state = read_rank_part(options_.resume_dir, d.step, comm_->rank(), world);
+    } catch (const ConfigError& e) {
+      why = std::string("is incomplete: ") + e.what();
+    }
+  }
+  if (world > 1) {
+    uint64_t failed = why.empty() ? 0 : 1;
+    comm_->all_max_host(&failed, 1);
+    if (failed && why.empty()) why = "cannot be resumed: another rank refused its part";
+  }
+  if (!why.empty()) throw refuse(why);
   if (d.model != model_signature(config_.model))
     throw refuse("is of another model (" + d.model + "); this config has " +
                  model_signature(config_.model));
@@ -544,7 +726,7 @@ int64_t Trainer::resume() {
   device_->backend().synchronize();  // `d` holds the bytes until here
   model_->sync_compute_params();
   try {
-    loader_->restore(d.data_state);
+    loader_->restore(data_state);
   } catch (const ConfigError& e) {
     throw refuse(std::string("has a data position this run cannot use: ") + e.what());
   }
@@ -552,7 +734,8 @@ int64_t Trainer::resume() {
   skipped_steps_ = d.skipped_steps;
   snapshot_path_ = path;
   snapshot_step_ = d.step;
-  if (options_.log) *options_.log << "resumed from " << path << " (step " << d.step << ")\n";
+  if (options_.log && root())
+    *options_.log << "resumed from " << path << " (step " << d.step << ")\n";
   return d.step;
 }
 
@@ -561,6 +744,9 @@ int64_t Trainer::resume() {
 
 void Trainer::log_step(const StepRecord& r) {
   const MemoryTracker& mt = device_->tracker();
+  // Every rank's peak, for rank 0's metrics: a collective, so every rank takes part.
+  std::vector<uint64_t> peaks;
+  if (comm_->world_size() > 1) peaks = comm_->all_gather_host(mt.peak_total());
   if (metrics_) {
     nlohmann::json j;
     j["step"] = r.step;
@@ -581,10 +767,11 @@ void Trainer::log_step(const StepRecord& r) {
     for (int i = 0; i < kNumCategories; ++i)
       by[category_name(category_at(i))] = mt.peak_by_category()[i];
     j["mem_peak_by_category"] = by;
+    if (!peaks.empty()) j["mem_peak_bytes_by_rank"] = peaks;
     metrics_->write(j.dump() + "\n");
     metrics_->flush();
   }
-  if (!options_.log) return;
+  if (!options_.log || !root()) return;  // the progress line is rank 0's
   const int64_t every = config_.train.log_every;
   const bool last = r.step == config_.train.steps;
   if (!options_.live_progress && r.step % every != 0 && r.step != 1 && !last && !r.skipped) return;
@@ -619,6 +806,7 @@ std::string Trainer::memory_report() const {
   const MemoryTracker& mt = device_->tracker();
   std::string s;
   char line[256];
+  if (comm_->world_size() > 1) s += "rank " + std::to_string(comm_->rank()) + ": ";
   s += "memory report: peak " + format_bytes(mt.peak_total());
   if (device_->memory_limit()) s += " of memory_limit " + format_bytes(device_->memory_limit());
   s += ", at " + mt.peak_phase().str() + "\n";

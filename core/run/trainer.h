@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/comm/comm.h"
 #include "core/config/config.h"
 #include "core/data/data.h"
 #include "core/data/data_loader.h"
@@ -33,6 +34,8 @@ struct TrainOptions {
   std::string record_allocs_path;
   // The memory timeline as self-contained HTML (core/report/timeline_html.h), written at the end of
   // run() and also when the run stops out of memory, so the picture shows the way to the failure.
+  // With more than one rank, each rank writes its own: FILE.rankN.html (rank_output_path), and
+  // likewise the allocation trace (FILE.rankN). The metrics and the weights are rank 0's alone.
   std::string memory_timeline_path;
   // The data, when not the one [data] describes (embedding hosts, benchmarks, tests).
   std::unique_ptr<DataSource> data_source;
@@ -76,6 +79,14 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
 
   void add_listener(EventListener* listener) { listeners_.push_back(listener); }
 
+  // The ranks of the run (world size 1 without a launcher) and the collectives between them.
+  Communicator& communicator() { return *comm_; }
+  int rank() const { return comm_->rank(); }
+  int world_size() const { return comm_->world_size(); }
+  // The gradient buckets' sizes in bytes, in launch order (last layer first); empty at world
+  // size 1.
+  std::vector<uint64_t> bucket_bytes() const;
+
   const Config& config() const { return config_; }
   Device& device() override { return *device_; }
   Gpt<float>& model() { return *model_; }
@@ -84,7 +95,8 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   const std::vector<StepRecord>& history() const { return history_; }
   int64_t skipped_steps() const { return skipped_steps_; }
 
-  // The peak-by-category table printed at the end of a run.
+  // The peak-by-category table printed at the end of a run ("rank N: memory report: ..." when the
+  // world size is above 1).
   std::string memory_report() const;
 
  private:
@@ -103,6 +115,15 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   // One micro-step, forward and backward, run again when a plugin asks for a retry after an OOM.
   double micro_step(const Batch& batch);
   void set_phase(Phase::Kind kind, int layer = -1);
+  // Data parallelism (world size > 1): the gradient buckets, filled from the last layer to the
+  // first, each one contiguous buffer of bucket_size bytes or a little more (a parameter is never
+  // split), tagged communication. In the step's last micro-step a bucket's gradients are copied in
+  // and its all-reduce (average) launched once the lowest layer feeding it finished its backward;
+  // finish_buckets waits for each, in launch order, and copies the averages back.
+  void build_buckets();
+  void launch_buckets(int layer);  // the buckets whose lowest layer is `layer`; -1: every one left
+  void finish_buckets();
+  bool root() const { return comm_->rank() == 0; }
   void log_step(const StepRecord& r);
   // The run's state after `step` steps, written to [snapshot] dir: the device tensors as they
   // are now, with the data position and plugin states of that moment. Returns the file.
@@ -134,6 +155,7 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   // still holds when the trainer goes away.
   std::unique_ptr<AllocTraceRecorder> recorder_;
   std::unique_ptr<Device> device_;
+  std::unique_ptr<Communicator> comm_;   // after the device: its buffers go first
   std::unique_ptr<PluginHost> plugins_;  // after the device, before everything that allocates
   std::unique_ptr<Gpt<float>> model_;
   std::unique_ptr<Optimizer> optimizer_;
@@ -142,6 +164,16 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   std::vector<EventListener*> listeners_;
   std::unique_ptr<AppendFile> metrics_;
   std::vector<StepRecord> history_;
+  struct Bucket {
+    Buffer buffer;  // Category::kCommunication
+    uint64_t bytes = 0;
+    int lowest_layer = 0;
+    std::vector<Param<float>*> params;  // in buffer order
+    CommRequest request;
+    bool launched = false;
+  };
+  std::vector<Bucket> buckets_;       // before the model is gone: they point into it
+  std::vector<size_t> launch_order_;  // this step's launches, in order
   int64_t step_ = 0;
   int micro_step_ = 0;
   int backward_layers_done_ = 0;  // in this micro-step: a retry is safe only while it is 0

@@ -3,7 +3,8 @@
 //
 // Exit codes (README.md, "Exit codes"): 0 done, 1 any other failure, 2 bad input or usage (and
 // anything that stops a run before its first step), 3 out of memory, 4 an output could not be
-// written, 5 the training diverged, 130 / 143 stopped by SIGINT / SIGTERM.
+// written, 5 the training diverged, 6 another rank failed or died (the message names it),
+// 130 / 143 stopped by SIGINT / SIGTERM.
 
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/comm/comm.h"
 #include "core/config/config.h"
 #include "core/data/shards.h"
 #include "core/device/device.h"
@@ -35,6 +37,7 @@ constexpr int kExitUsage = 2;
 constexpr int kExitOutOfMemory = 3;
 constexpr int kExitOutput = 4;
 constexpr int kExitDiverged = 5;
+constexpr int kExitPeerFailed = 6;
 
 int cmd_check(const std::string& file, const std::vector<std::string>& sets) {
   const headroom::Config config = headroom::load_config(file, sets);
@@ -134,7 +137,7 @@ int cmd_train(const std::string& file, const std::vector<std::string>& sets,
       // this is the setup's input (exit 2), not a failure of the run.
       throw headroom::ConfigError(std::string("setup failed: ") + e.what());
     }
-    if (!quiet) {
+    if (!quiet && trainer->rank() == 0) {  // with ranks, rank 0 speaks for the run
       const auto& m = config.model;
       std::printf(
           "headroom: model %s n_layer=%d n_head=%d n_embd=%d seq_len=%d vocab_size=%d, %llu "
@@ -154,11 +157,15 @@ int cmd_train(const std::string& file, const std::vector<std::string>& sets,
   } catch (const headroom::OutOfMemory& e) {
     std::cout.flush();
     const headroom::OomReport& r = e.report();
-    std::cerr << "\nheadroom: " << r.str();
+    // With ranks the report names this one (the trainer told the others it ran out of memory).
+    const headroom::RankInfo& ranks = headroom::rank_info();
+    const std::string who =
+        ranks.world_size > 1 ? "rank " + std::to_string(ranks.rank) + ": " : std::string();
+    std::cerr << "\nheadroom: " << who << r.str();
     // What the run needs by the estimate of the config as written, and what would make it fit:
     // the built-in knobs and the plugins this headroom can find. The trainer's memory goes first.
     trainer.reset();
-    std::cerr << "headroom: " << headroom::oom_advice(config, r);
+    std::cerr << "headroom: " << who << headroom::oom_advice(config, r);
     if (!flags.memory_timeline.empty())
       std::cerr << "headroom: memory timeline up to the failure: " << flags.memory_timeline << "\n";
     return kExitOutOfMemory;
@@ -170,6 +177,13 @@ int cmd_train(const std::string& file, const std::vector<std::string>& sets,
     std::cout.flush();
     std::cerr << "headroom: error: " << e.what() << written_outputs(flags) << "\n";
     return kExitDiverged;
+  } catch (const headroom::CommError& e) {
+    // Another rank died or failed (PeerFailed: "rank N ran out of memory"), or a collective timed
+    // out: this rank stops too, saying which.
+    std::cout.flush();
+    std::cerr << "headroom: rank " << headroom::rank_info().rank << ": stopping: " << e.what()
+              << "\n";
+    return kExitPeerFailed;
   }
   if (!quiet) std::cout << trainer->memory_report();
   if (!quiet && !flags.memory_timeline.empty())
