@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# Data-parallel training across ranks, on the CPU backend with a tiny model (CI has 2 cores).
+#
+#   train_test.sh PART HEADROOM COMPARE PLUGIN_DIR MPIEXEC
+#
+# PART: equivalence | buckets | resume | failure. Every mpirun runs under `timeout`: a hang fails.
+set -euo pipefail
+part=$1 headroom=$2 compare=$3 plugins=$4 mpiexec=$5
+work=$(mktemp -d "${TMPDIR:-/tmp}/headroom_mpi_train.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+mpirun() { timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe "$@"; }
+# For the failures: mpirun must not kill rank 0 when rank 1 exits non-zero, so that what rank 0
+# says is its own finding (the communicator's), not the launcher's. Each rank's output goes to
+# out.RANK and its exit code to code.RANK (ranks' lines would interleave on one stream).
+cat > each_rank.sh <<'SH'
+#!/usr/bin/env bash
+r=${OMPI_COMM_WORLD_RANK:?}
+"$@" > "out.$r" 2>&1
+echo $? > "code.$r"
+SH
+chmod +x each_rank.sh
+ranks_run() {
+  rm -f out.* code.*
+  mpirun --mca orte_abort_on_non_zero_status 0 -np 2 ./each_rank.sh "$@" || true
+  [ -f code.0 ] && [ -f code.1 ] || fail "a rank recorded no exit code"
+  cat out.0 out.1
+}
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+cat > cfg.toml <<TOML
+[model]
+n_layer = 2
+n_head = 2
+n_embd = 16
+seq_len = 16
+vocab_size = 64
+
+[train]
+steps = 20
+micro_batch = 2
+optimizer = "adamw"
+lr = 0.01
+seed = 3
+
+[data]
+kind = "synthetic"
+workers = 0
+
+[distributed]
+bucket_size = "4KiB"
+TOML
+# The weights before any update: one step at lr 1e-30 changes no float32 weight.
+"$headroom" train cfg.toml -q --set train.steps=1 --set train.lr=1e-30 --save-weights init.safetensors
+
+case $part in
+equivalence)
+  # 2 ranks x micro_batch 2 against 1 rank x micro_batch 4 and 1 rank x micro_batch 2 x grad_accum 2.
+  mpirun -np 2 "$headroom" train cfg.toml -q --metrics r2.jsonl --save-weights r2.safetensors
+  "$headroom" train cfg.toml -q --set train.micro_batch=4 --metrics mb.jsonl \
+    --save-weights mb.safetensors
+  "$headroom" train cfg.toml -q --set train.grad_accum=2 --metrics ga.jsonl \
+    --save-weights ga.safetensors
+  # AdamW's m / sqrt(v) amplifies the last bits of near-zero gradients, so two 1-rank runs that
+  # sum the same gradients in another order (mb, ga) already differ by ~1e-4 of the update after
+  # 20 steps: the ranks' weights must be no farther from either than they are from each other.
+  # With SGD the update is linear in the gradient, and 1e-6 of its size holds.
+  for ref in mb ga; do
+    "$compare" losses r2.jsonl $ref.jsonl 1e-6 || fail "2 ranks against $ref: losses"
+    "$compare" within r2.safetensors $ref.safetensors mb.safetensors ga.safetensors ||
+      fail "2 ranks against $ref: weights"
+  done
+  sgd=(--set 'train.optimizer="sgd"' --set train.lr=0.1)
+  mpirun -np 2 "$headroom" train cfg.toml -q "${sgd[@]}" --metrics sr2.jsonl \
+    --save-weights sr2.safetensors
+  "$headroom" train cfg.toml -q "${sgd[@]}" --set train.micro_batch=4 --metrics smb.jsonl \
+    --save-weights smb.safetensors
+  "$headroom" train cfg.toml -q "${sgd[@]}" --set train.grad_accum=2 --metrics sga.jsonl \
+    --save-weights sga.safetensors
+  for ref in smb sga; do
+    "$compare" losses sr2.jsonl $ref.jsonl 1e-6 || fail "2 ranks against $ref (SGD): losses"
+    "$compare" weights sr2.safetensors $ref.safetensors init.safetensors 1e-6 ||
+      fail "2 ranks against $ref (SGD): weights"
+  done
+  # 4 ranks x micro_batch 1 x grad_accum 2 against 1 rank x micro_batch 4 x grad_accum 2 and
+  # 1 rank x micro_batch 1 x grad_accum 8.
+  mpirun -np 4 "$headroom" train cfg.toml -q --set train.micro_batch=1 --set train.grad_accum=2 \
+    --metrics r4.jsonl --save-weights r4.safetensors
+  "$headroom" train cfg.toml -q --set train.micro_batch=4 --set train.grad_accum=2 \
+    --metrics mb4.jsonl --save-weights mb4.safetensors
+  "$headroom" train cfg.toml -q --set train.micro_batch=1 --set train.grad_accum=8 \
+    --metrics ga8.jsonl --save-weights ga8.safetensors
+  for ref in mb4 ga8; do
+    "$compare" losses r4.jsonl $ref.jsonl 1e-6 || fail "4 ranks against $ref: losses"
+    "$compare" within r4.safetensors $ref.safetensors mb4.safetensors ga8.safetensors ||
+      fail "4 ranks against $ref: weights"
+  done
+  # The metrics carry every rank's peak; rank 0 alone wrote them.
+  grep -q '"mem_peak_bytes_by_rank":\[[0-9]*,[0-9]*,[0-9]*,[0-9]*\]' r4.jsonl ||
+    fail "no mem_peak_bytes_by_rank of 4 ranks in the metrics"
+  ! grep -q mem_peak_bytes_by_rank mb4.jsonl || fail "a 1-rank run has mem_peak_bytes_by_rank"
+  ;;
+buckets)
+  cat >> cfg.toml <<TOML
+
+[[plugins]]
+name = "rec_a"
+path = "$plugins/rec_a.so"
+out = "$work/events"
+per_rank = true
+alloc_events = true
+TOML
+  mpirun -np 2 "$headroom" train cfg.toml -q --set train.grad_accum=2 --set train.steps=3
+  closed=$("$compare" bytes init.safetensors)  # 4 bytes per parameter: the buckets' closed form
+  for r in 0 1; do
+    f=events.rank$r
+    [ -s "$f" ] || fail "no events recorded by rank $r"
+    n=$(grep -c "BUCKET_LAUNCH step=1 " "$f" || true)
+    [ "$n" -ge 3 ] || fail "rank $r: $n buckets in step 1; expected several"
+    [ "$(grep -c "BUCKET_DONE step=1 " "$f")" = "$n" ] || fail "rank $r: launches and waits differ"
+    ! grep -q "BUCKET_LAUNCH step=[0-9]* micro=1 " "$f" || fail "rank $r: a launch before the last micro-step"
+    # In every step's last micro-step, a bucket starts before layer 0's backward ends, and every
+    # wait comes before GRADS_READY.
+    for s in 1 2 3; do
+      first_launch=$(grep -n "BUCKET_LAUNCH step=$s micro=2 " "$f" | head -1 | cut -d: -f1)
+      layer0_end=$(grep -n "BACKWARD_END step=$s micro=2 layer=0" "$f" | cut -d: -f1)
+      last_done=$(grep -n "BUCKET_DONE step=$s " "$f" | tail -1 | cut -d: -f1)
+      grads=$(grep -n "GRADS_READY step=$s " "$f" | cut -d: -f1)
+      [ -n "$first_launch" ] && [ "$first_launch" -lt "$layer0_end" ] ||
+        fail "rank $r step $s: no bucket launched before BACKWARD_END of layer 0"
+      [ "$last_done" -lt "$grads" ] || fail "rank $r step $s: a bucket waited for after GRADS_READY"
+    done
+    # Bytes: the tracker's communication allocations (category 6) are the buckets, and they are
+    # the closed form; the launches of a step cover them exactly.
+    comm=$(awk '/ ALLOC / && /category=6/ { sub("bytes=", "", $(NF-1)); s += $(NF-1) } END { print s + 0 }' "$f")
+    [ "$comm" = "$closed" ] || fail "rank $r: communication bytes $comm, closed form $closed"
+    launched=$(awk '/BUCKET_LAUNCH step=1 / { sub("bytes=", "", $NF); s += $NF } END { print s + 0 }' "$f")
+    [ "$launched" = "$closed" ] || fail "rank $r: step 1 launched $launched bytes, closed form $closed"
+  done
+  # The estimate's closed form at world size 2 is the same (headroom plan under the launcher).
+  mpirun -np 2 "$headroom" plan cfg.toml > plan.txt || true
+  # One rank: no buckets, no bucket events, no communication bytes.
+  rm -f events*
+  sed -i 's/per_rank = true/per_rank = false/' cfg.toml
+  "$headroom" train cfg.toml -q --set train.grad_accum=2 --set train.steps=2
+  ! grep -q BUCKET events || fail "a 1-rank run fired bucket events"
+  ! grep -q "category=6" events || fail "a 1-rank run allocated communication bytes"
+  ;;
+resume)
+  snap="$work/snaps"
+  mpirun -np 2 "$headroom" train cfg.toml -q --set snapshot.every=10 --set "snapshot.dir=$snap" \
+    --metrics full.jsonl --save-weights full.safetensors
+  [ -f "$snap/step_000000000010.hrsnap" ] || fail "no snapshot at step 10"
+  for r in 0 1; do
+    [ -f "$snap/step_000000000010.rank$r.data" ] || fail "no rank $r part of step 10"
+  done
+  mkdir at10
+  cp "$snap"/step_000000000010.* at10/
+  mpirun -np 2 "$headroom" train cfg.toml -q --resume at10 --metrics resumed.jsonl \
+    --save-weights resumed.safetensors
+  cmp full.safetensors resumed.safetensors || fail "resumed weights differ from the unbroken run's"
+  tail -n 10 full.jsonl | sed 's/"step_ms[^,]*,//; s/"tokens_per_s[^,]*,//; s/"data_wait_ms[^,]*,//' > a
+  sed 's/"step_ms[^,]*,//; s/"tokens_per_s[^,]*,//; s/"data_wait_ms[^,]*,//' resumed.jsonl > b
+  "$compare" losses b a 0 || fail "resumed losses differ"
+  # Another world size is refused (exit 2), saying why.
+  set +e
+  out=$("$headroom" train cfg.toml -q --resume at10 2>&1); rc=$?
+  set -e
+  [ $rc = 2 ] || fail "resume at 1 rank: exit $rc, expected 2"
+  grep -q "written by 2 ranks; this run has 1" <<<"$out" || fail "resume at 1 rank: $out"
+  set +e
+  out=$(mpirun -np 4 "$headroom" train cfg.toml -q --resume at10 2>&1); rc=$?
+  set -e
+  [ $rc != 0 ] || fail "resume at 4 ranks succeeded"
+  grep -q "written by 2 ranks; this run has 4" <<<"$out" || fail "resume at 4 ranks: $out"
+  # A part missing: the snapshot is refused by every rank.
+  rm at10/step_000000000010.rank1.data
+  set +e
+  out=$(mpirun -np 2 "$headroom" train cfg.toml -q --resume at10 2>&1); rc=$?
+  set -e
+  [ $rc != 0 ] || fail "resume without rank 1's part succeeded"
+  grep -q "rank 1's part" <<<"$out" || fail "missing part: $out"
+  ;;
+failure)
+  cat >> cfg.toml <<TOML
+
+[[plugins]]
+name = "rec_a"
+path = "$plugins/rec_a.so"
+out = "$work/events"
+per_rank = true
+TOML
+  # Rank 1 throws (its plugin fails at step 3): it exits 1, rank 0 stops naming rank 1 (exit 6).
+  ranks_run "$headroom" train cfg.toml -q --set plugins.rec_a.fail_event=\"BACKWARD_END\" \
+    --set plugins.rec_a.fail_step=3 --set plugins.rec_a.fail_rank=1
+  [ "$(cat code.1)" = 1 ] || fail "a failing rank 1 exited $(cat code.1), expected 1"
+  [ "$(cat code.0)" = 6 ] || fail "rank 0 exited $(cat code.0) after rank 1 failed, expected 6"
+  grep -q "rank 0: stopping: rank 1 failed: .*deliberate failure" out.0 ||
+    fail "rank 0 did not name rank 1 and its error"
+  # Rank 1 runs out of memory (its plugin holds 100 KiB there; the limit is the same on both):
+  # rank 1 prints its report (exit 3), rank 0 says rank 1 ran out of memory (exit 6).
+  rm -f events*
+  ranks_run "$headroom" train cfg.toml -q --set device.memory_limit=\"300KiB\" \
+    --set plugins.rec_a.hog_rank=1 --set plugins.rec_a.hog_bytes=102400
+  [ "$(cat code.1)" = 3 ] || fail "rank 1 out of memory exited $(cat code.1), expected 3"
+  [ "$(cat code.0)" = 6 ] || fail "rank 0 exited $(cat code.0) after rank 1's OOM, expected 6"
+  grep -q "headroom: rank 1: out of memory" out.1 || fail "rank 1 printed no OOM report"
+  grep -q "rank 0: stopping: rank 1 ran out of memory" out.0 ||
+    fail "rank 0 did not say rank 1 ran out of memory"
+  # Rank 1 killed with SIGKILL mid-run: the run ends (rank 0 with it) within the timeout, and
+  # what is printed names rank 1.
+  rm -f events*
+  "$mpiexec" --allow-run-as-root --oversubscribe -np 2 "$headroom" train cfg.toml -q \
+    --set train.steps=100000000 > killed.txt 2>&1 &
+  launcher=$!
+  victim=""
+  for _ in $(seq 1 300); do
+    for pid in $(ps -o pid= --ppid $launcher 2>/dev/null); do
+      if tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1; then
+        victim=$pid
+      fi
+    done
+    [ -n "$victim" ] && [ -s events.rank1 ] && grep -q "STEP_END step=3 " events.rank1 && break
+    sleep 0.1
+  done
+  [ -n "$victim" ] || { kill $launcher; fail "rank 1's process not found"; }
+  kill -KILL "$victim"
+  set +e
+  timeout 60 tail --pid=$launcher -f /dev/null; waited=$?
+  set -e
+  [ $waited = 0 ] || { kill $launcher; fail "rank 0 still running 60 s after rank 1 was killed"; }
+  set +e
+  wait $launcher; rc=$?
+  set -e
+  cat killed.txt
+  [ $rc != 0 ] || fail "the run with rank 1 killed exited 0"
+  grep -q "rank 1" killed.txt || fail "nothing named rank 1"
+  ;;
+*)
+  fail "unknown part $part"
+  ;;
+esac
+echo "PASS: $part"
