@@ -1152,6 +1152,43 @@ TEST_F(PluginAbi, VmServicesWithoutTheAllocatorRoleAreNotAllowed) {
   }
 }
 
+// headroom.comm/1 at world size 1 (a run without a launcher): rank 0 of 1; every collective is
+// local, so the sums and means are each buffer itself and reduce_scatter / all_gather copy rank 0's
+// block; bad arguments are HR_ERROR_INVALID (5); from inside an ALLOC hook every collective and
+// wait is HR_ERROR_NOT_ALLOWED (7) while rank and world size still answer. tests/mpi/comm_plugin.sh
+// checks the same plugin on 2 ranks.
+TEST_F(PluginAbi, CommExtensionAtWorldSizeOne) {
+  const auto r = run_headroom("train " + config(kTinyModel + recorder("comm_probe", "probe")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = read_lines(file("probe.rank0.txt"));
+  ASSERT_FALSE(lines.empty()) << r.output;
+  EXPECT_FALSE(fs::exists(file("probe.rank1.txt")));
+  // The ALLOC line comes where the first allocation after create fell; the rest in order.
+  const auto alloc = lines_with(lines, "alloc ");
+  ASSERT_EQ(alloc.size(), 1u) << join(lines);
+  EXPECT_EQ(alloc[0],
+            "alloc rank=0 world=1 all_reduce=7 reduce_scatter=7 all_gather=7 broadcast=7 "
+            "barrier=7 wait=7");
+  std::vector<std::string> rest;
+  for (const auto& l : lines)
+    if (l.rfind("alloc ", 0) != 0) rest.push_back(l);
+  EXPECT_EQ(join(rest),
+            "create ext=1 size=1 rank=0 local_rank=0 world=1\n"
+            "info TRAIN_BEGIN rank=0 local_rank=0 world=1 stream_null=1 same_stream=1\n"
+            "all_reduce f32 sum 1 1 1\n"
+            "all_reduce f32 average 1 1 1\n"
+            "all_reduce bf16 sum 1 1 1\n"
+            "all_reduce f16 average 1 1 1\n"
+            "reduce_scatter sum 0 1\n"
+            "reduce_scatter average 0 1\n"
+            "all_gather 1 10\n"
+            "broadcast root=0 1 1 1\n"
+            "barrier post=0 wait=0 wait_null=0\n"
+            "invalid dtype=5 op=5 root=5 neg_root=5 out=5\n"
+            "step_end step=1 sum=1 barrier=0\n"
+            "step_end step=2 sum=2 barrier=0\n");
+}
+
 // Roles and state offered through descriptor->get_extension, every descriptor field NULL: the
 // allocator serves the run's memory, the optimizer updates it, and the state survives a resume.
 TEST_F(PluginAbi, RolesAndStateOfferedAsExtensions) {
