@@ -173,11 +173,14 @@ MpiCommunicator::~MpiCommunicator() {
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+  // Kept until the process ends, reachable from a static (LeakSanitizer reports what nothing
+  // points to): a moved vector keeps its buffer where MPI may still read it.
+  static auto* kept = new std::vector<std::shared_ptr<void>>();
   for (Abandoned& a : abandoned_)
-    (void)new std::shared_ptr<void>(std::move(a.keep));
+    kept->push_back(std::move(a.keep));
   if (!sends_.empty())
     for (auto& b : send_bufs_)
-      (void)new std::vector<char>(std::move(b));  // MPI may still read
+      kept->push_back(std::make_shared<std::vector<char>>(std::move(b)));  // MPI may still read
   MPI_Op_free(&bf16_sum_);
   MPI_Op_free(&f16_sum_);
   MPI_Comm_free(&notice_);
