@@ -335,7 +335,10 @@ TEST(Config, Distributed) {
              "demo.toml:2:13: distributed.timeout_s must be a finite number > 0.0, got 0.0");
   EXPECT_EQ(parse_error("[distributed]\nbuckets = 3\n"),
             "demo.toml:2:1: unknown key 'buckets' in [distributed]; valid keys: bucket_size, "
-            "timeout_s");
+            "timeout_s, overlap");
+  EXPECT_TRUE(d.distributed.overlap);
+  EXPECT_FALSE(parse_config("[distributed]\noverlap = false\n", "d").distributed.overlap);
+  EXPECT_HAS(parse_error("[distributed]\noverlap = 1\n"), "distributed.overlap");
 }
 
 // Whether [device] index was written: a GPU rank picks its device by local rank unless it was.

@@ -33,7 +33,7 @@ const std::vector<std::string> kDataKeys = {"kind",      "path",    "pattern", "
                                             "branching", "shuffle", "workers", "prefetch"};
 const std::vector<std::string> kSnapshotKeys = {"every", "dir", "keep", "save_weights"};
 const std::vector<std::string> kDeviceKeys = {"kind", "index", "memory_limit"};
-const std::vector<std::string> kDistributedKeys = {"bucket_size", "timeout_s"};
+const std::vector<std::string> kDistributedKeys = {"bucket_size", "timeout_s", "overlap"};
 // The host's keys of a [[plugins]] entry; every other key is the plugin's own.
 const std::vector<std::string> kPluginHostKeys = {"name", "path"};
 
@@ -629,6 +629,7 @@ class Validator {
                           std::to_string(c.bucket_size));
     }
     get_float(t, s, "timeout_s", Bound::kExclusive, 0, Bound::kNone, 0, c.timeout_s);
+    get_bool(t, s, "overlap", c.overlap);
   }
 
   void plugins(const toml::node& node, std::vector<PluginEntry>& out) {
@@ -1011,6 +1012,7 @@ std::string format_config(const Config& c) {
   const std::string bucket = size_value(bs);
   kv("bucket_size", bucket[0] == '"' ? bucket : "\"" + bucket + "B\"");
   kv("timeout_s", format_double(c.distributed.timeout_s));
+  kv("overlap", c.distributed.overlap ? "true" : "false");
 
   if (!c.plugins.empty()) {
     toml::array entries;

@@ -98,6 +98,9 @@ struct DistributedConfig {
   uint64_t bucket_size =
       25ull << 20;        // gradient bytes per all-reduce bucket (PyTorch DDP's 25 MiB)
   double timeout_s = 60;  // a collective not done after this long: the run stops, naming the rank
+  // Launch a bucket's all-reduce as soon as its layers end their backward (true), or every bucket
+  // after the whole backward (false: nothing overlaps; for measuring what overlap hides).
+  bool overlap = true;
 };
 
 // One [[plugins]] entry. Only name and path are the host's; every other key is the plugin's own and

@@ -235,7 +235,7 @@ void Trainer::run_steps() {
     r.loss_scale = loss_scale_;
     cur_.loss_scale = loss_scale_;
     cur_.loss_scale_set = true;
-    double data_wait_ms = 0.0;
+    double data_wait_ms = 0.0, comm_wait_ms = 0.0;
     for (micro_step_ = 1; micro_step_ <= A; ++micro_step_) {
       set_phase(Phase::Kind::kData);
       ops.synchronize();  // the previous micro-step is done with the staging buffers
@@ -244,14 +244,20 @@ void Trainer::run_steps() {
       ops.upload(targets.as<void>(), host_targets, batch_bytes);
       micro_step(batch);
       // Buckets not launched from a BACKWARD_END (compute copies: their fp32 gradients are final
-      // only now, after the micro-step's accumulation) start here.
-      if (micro_step_ == A) launch_buckets(-1);
+      // only now, after the micro-step's accumulation; or overlap = false) start here.
+      if (micro_step_ == A) {
+        const double c0 = now_ms();
+        launch_buckets(-1);
+        comm_wait_ms = now_ms() - c0;
+      }
       cur_.add_micro_step();
       // A safe point. After the last micro-step the step is all but done: finish it instead.
       if (const int sig = stop_signal(); sig && micro_step_ < A) stop_interrupted(sig, true);
     }
     micro_step_ = 0;
+    const double c0 = now_ms();
     finish_buckets();
+    comm_wait_ms += now_ms() - c0;
     fire(Event::kGradsReady);
     r.step = step_;
     r.loss = cur_.step_loss();
@@ -296,6 +302,7 @@ void Trainer::run_steps() {
     if (veto_) ++skipped_steps_;
     fire(Event::kStepEnd);
     r.data_wait_ms = data_wait_ms;
+    r.comm_wait_ms = comm_wait_ms;
     r.step_ms = now_ms() - t0;
     r.tokens_per_s = double(tokens_per_step) / (r.step_ms / 1000.0);
     history_.push_back(r);
@@ -472,8 +479,14 @@ void Trainer::backward_end(int layer) {
   // The step's last micro-step: the buckets this layer completes start reducing while the layers
   // below run their backward. With compute copies the fp32 gradients are added after the whole
   // backward, so their buckets wait for that (run_steps).
-  if (micro_step_ == config_.train.grad_accum && !model_->has_compute_copies())
+  if (micro_step_ == config_.train.grad_accum && config_.distributed.overlap &&
+      !model_->has_compute_copies()) {
     launch_buckets(layer);
+    // MPI moves a non-blocking collective forward only inside MPI calls: testing the ones in
+    // flight at each layer boundary is what lets them run while the layers below compute.
+    for (size_t i : launch_order_)
+      buckets_[i].request.test();
+  }
 }
 
 void Trainer::on_alloc(const void* ptr, uint64_t bytes, Category c, const std::string&) {
@@ -756,6 +769,7 @@ void Trainer::log_step(const StepRecord& r) {
     j["step_ms"] = r.step_ms;
     j["tokens_per_s"] = r.tokens_per_s;
     j["data_wait_ms"] = r.data_wait_ms;
+    j["comm_wait_ms"] = r.comm_wait_ms;
     j["skipped"] = r.skipped;
     if (r.skipped) j["skip_reason"] = veto_reason_;
     j["skipped_steps"] = skipped_steps_;

@@ -49,6 +49,8 @@ struct StepRecord {
   double step_ms = 0.0;
   double tokens_per_s = 0.0;
   double data_wait_ms = 0.0;  // waiting for batches, summed over the step's micro-steps
+  double comm_wait_ms = 0.0;  // world size > 1: launching what was left and waiting for the
+                              // gradient buckets after the backward (what overlap did not hide)
   bool skipped = false;       // a plugin vetoed the optimizer step
   double loss_scale = 1.0;    // the loss scale the step's backward ran with (amp fp16)
 };
@@ -148,6 +150,7 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   void set_compute_dtype(const std::string& plugin, Dtype dtype) override;
   void set_loss_scale(const std::string& plugin, double scale) override;
   RunState state() const override;
+  Communicator* plugin_communicator() override { return comm_.get(); }
 
   Config config_;
   TrainOptions options_;

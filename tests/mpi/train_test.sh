@@ -137,6 +137,17 @@ TOML
     launched=$(awk '/BUCKET_LAUNCH step=1 / { sub("bytes=", "", $NF); s += $NF } END { print s + 0 }' "$f")
     [ "$launched" = "$closed" ] || fail "rank $r: step 1 launched $launched bytes, closed form $closed"
   done
+  # overlap = false: every bucket starts after the whole backward (after layer 0's BACKWARD_END).
+  rm -f events*
+  mpirun -np 2 "$headroom" train cfg.toml -q --set train.grad_accum=2 --set train.steps=1 \
+    --set distributed.overlap=false
+  for r in 0 1; do
+    f=events.rank$r
+    first_launch=$(grep -n "BUCKET_LAUNCH step=1 micro=2 " "$f" | head -1 | cut -d: -f1)
+    layer0_end=$(grep -n "BACKWARD_END step=1 micro=2 layer=0" "$f" | cut -d: -f1)
+    [ -n "$first_launch" ] && [ "$first_launch" -gt "$layer0_end" ] ||
+      fail "rank $r, overlap = false: a bucket launched before the backward was done"
+  done
   # One rank: no buckets, no bucket events, no communication bytes.
   rm -f events*
   sed -i 's/per_rank = true/per_rank = false/' cfg.toml
