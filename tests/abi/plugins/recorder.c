@@ -17,11 +17,14 @@
  * allocates hog_bytes of device memory (workspace) and holds it to the end, so that under a
  * memory_limit the host's own next allocation on that rank alone runs out of memory. The rank is
  * the launcher's (OMPI_COMM_WORLD_RANK, PMIX_RANK), else the host's services->rank. per_rank
- * (bool): record to `out`.rank<r> instead, one file per rank. */
+ * (bool): record to `out`.rank<r> instead, one file per rank. times (bool): end every line with
+ * t=<milliseconds since create> (CLOCK_MONOTONIC), for a timeline. */
+#define _POSIX_C_SOURCE 199309L /* clock_gettime */
 #include <headroom/plugin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifndef PLUGIN_NAME
 #error "define PLUGIN_NAME"
@@ -49,7 +52,15 @@ typedef struct recorder {
   void* hog;
   int rank;
   char log[256];
+  int32_t times;
+  double t0; /* now_ms() at create */
 } recorder;
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
 
 static int launcher_rank(const hr_host_services* s) {
   const char* names[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK"};
@@ -118,6 +129,7 @@ static hr_status on_event(void* instance, const hr_event_info* info) {
             (unsigned)info->category);
   if (info->event == HR_EVENT_BUCKET_LAUNCH || info->event == HR_EVENT_BUCKET_DONE)
     fprintf(r->out, " bytes=%llu", (unsigned long long)info->bytes);
+  if (r->times) fprintf(r->out, " t=%.3f", now_ms() - r->t0);
   fprintf(r->out, "\n");
   fflush(r->out);
 
@@ -157,6 +169,7 @@ static hr_status create(const hr_host_services* s, void** instance) {
   r->fail_rank = -1;
   r->hog_rank = -1;
   r->rank = launcher_rank(s);
+  r->t0 = now_ms();
 
   if ((st = s->config_string(s->host, "out", path, sizeof path)) != HR_OK ||
       (st = s->config_bool(s->host, "alloc_events", &r->alloc_events)) != HR_OK ||
@@ -167,6 +180,7 @@ static hr_status create(const hr_host_services* s, void** instance) {
       (st = s->config_int(s->host, "hog_rank", &r->hog_rank)) != HR_OK ||
       (st = s->config_int(s->host, "hog_bytes", &r->hog_bytes)) != HR_OK ||
       (st = s->config_bool(s->host, "per_rank", &per_rank)) != HR_OK ||
+      (st = s->config_bool(s->host, "times", &r->times)) != HR_OK ||
       (st = s->config_string(s->host, "log", r->log, sizeof r->log)) != HR_OK) {
     free(r);
     return st;
