@@ -233,6 +233,8 @@ std::string describe_roles(uint32_t roles) {
   std::string s;
   if (roles & HR_ROLE_ALLOCATOR) s += "allocator";
   if (roles & HR_ROLE_OPTIMIZER) s += std::string(s.empty() ? "" : ",") + "optimizer";
+  if (roles & HR_ROLE_GRADIENT_REDUCTION)
+    s += std::string(s.empty() ? "" : ",") + "gradient_reduction";
   return s.empty() ? "-" : s;
 }
 

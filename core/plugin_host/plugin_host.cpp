@@ -97,7 +97,7 @@ PluginHost::PluginHost(const Config& config)
                         "' (its descriptor's name), not '" + e.name + "': set name = \"" +
                         p->desc.name + "\" in this [[plugins]] table, or point path at " + e.name +
                         "'s library");
-    for (uint32_t role : {HR_ROLE_ALLOCATOR, HR_ROLE_OPTIMIZER}) {
+    for (uint32_t role : {HR_ROLE_ALLOCATOR, HR_ROLE_OPTIMIZER, HR_ROLE_GRADIENT_REDUCTION}) {
       if (!(p->desc.roles & role)) continue;
       auto [it, first] = role_owner.emplace(role, p.get());
       if (!first)
@@ -184,6 +184,12 @@ bool PluginHost::allocator_stats(hr_allocator_stats* out) const {
     out->struct_size = sizeof *out;
     return p->allocator.stats(p->instance, out) == HR_OK;
   }
+  return false;
+}
+
+bool PluginHost::provides_gradient_reduction() const {
+  for (const auto& p : plugins_)
+    if (p->desc.roles & HR_ROLE_GRADIENT_REDUCTION) return true;
   return false;
 }
 

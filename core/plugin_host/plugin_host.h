@@ -182,6 +182,8 @@ class PluginHost final : public EventListener {
   void create(PluginRun& run);
 
   bool provides_optimizer() const;
+  // A plugin reduces the gradients across ranks itself: core's data-parallel all-reduce is off.
+  bool provides_gradient_reduction() const;
   // The allocator-role plugin's statistics; false when there is none or it keeps none.
   bool allocator_stats(hr_allocator_stats* out) const;
   // The optimizer-role plugin behind the host's Optimizer interface.

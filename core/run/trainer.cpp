@@ -321,7 +321,9 @@ void Trainer::run_steps() {
 // Data parallelism: bucketed, overlapped gradient all-reduce (world size > 1)
 
 void Trainer::build_buckets() {
-  if (comm_->world_size() <= 1) return;
+  // One rank has nothing to reduce; a plugin with the gradient-reduction role (ZeRO) reduces them
+  // itself.
+  if (comm_->world_size() <= 1 || plugins_->provides_gradient_reduction()) return;
   const auto& layers = model_->layers();
   const uint64_t cap = config_.distributed.bucket_size;
   Bucket cur;

@@ -155,6 +155,36 @@ TOML
   ! grep -q BUCKET events || fail "a 1-rank run fired bucket events"
   ! grep -q "category=6" events || fail "a 1-rank run allocated communication bytes"
   ;;
+reducer)
+  # A plugin with the gradient-reduction role averages the gradients itself (headroom.comm/1):
+  # core's buckets are off — no communication bytes, no bucket events — and the run trains as
+  # core's own data parallelism does, bitwise (each gradient element is the same (a + b) / 2).
+  mpirun -np 2 "$headroom" train cfg.toml -q --metrics core.jsonl --save-weights core.safetensors
+  cat > reducer.toml <<TOML
+$(cat cfg.toml)
+
+[[plugins]]
+name = "grad_reducer"
+path = "$plugins/grad_reducer.so"
+
+[[plugins]]
+name = "rec_a"
+path = "$plugins/rec_a.so"
+out = "$work/events"
+per_rank = true
+alloc_events = true
+TOML
+  mpirun -np 2 "$headroom" train reducer.toml -q --metrics plugin.jsonl \
+    --save-weights plugin.safetensors
+  cmp core.safetensors plugin.safetensors || fail "the plugin's reduction trained otherwise than core's"
+  "$compare" losses plugin.jsonl core.jsonl 0 || fail "the plugin's reduction: other losses"
+  for r in 0 1; do
+    ! grep -q BUCKET "$work/events.rank$r" || fail "rank $r: bucket events with the role taken"
+    ! grep -q "category=6" "$work/events.rank$r" || fail "rank $r: communication bytes with the role taken"
+  done
+  # At one rank the plugin's averages change nothing: plain training.
+  "$headroom" train reducer.toml -q --set train.steps=2 >/dev/null || fail "the plugin at world size 1"
+  ;;
 resume)
   snap="$work/snaps"
   mpirun -np 2 "$headroom" train cfg.toml -q --set snapshot.every=10 --set "snapshot.dir=$snap" \

@@ -127,6 +127,11 @@ typedef enum hr_dtype {
  * role; two is a config error naming both. */
 #define HR_ROLE_ALLOCATOR ((uint32_t)1) /* every device allocation goes through it */
 #define HR_ROLE_OPTIMIZER ((uint32_t)2) /* it updates the parameters instead of AdamW / SGD */
+/* ABI 1.5: it reduces the gradients across ranks itself (ZeRO shards them), through
+ * headroom.comm/1; core's data-parallel bucket all-reduce is then off, and no BUCKET_* event
+ * fires. It needs no hooks of its own: its reduction runs from its event hooks (GRADS_READY at
+ * the latest, which comes after every micro-step's backward). */
+#define HR_ROLE_GRADIENT_REDUCTION ((uint32_t)4)
 
 /* Log levels for hr_host_services.log. */
 #define HR_LOG_DEBUG 0
