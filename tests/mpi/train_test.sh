@@ -27,6 +27,13 @@ ranks_run() {
   cat out.0 out.1
 }
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# The recorder test plugin's table, one events file per rank ($work/events.rankR); extra keys
+# (e.g. "alloc_events = true") follow as arguments, one a line.
+recorder_table() {
+  printf '\n[[plugins]]\nname = "rec_a"\npath = "%s"\nout = "%s"\nper_rank = true\n' \
+    "$plugins/rec_a.so" "$work/events"
+  for line in "$@"; do printf '%s\n' "$line"; done
+}
 
 cat > cfg.toml <<TOML
 [model]
@@ -101,15 +108,7 @@ equivalence)
   ! grep -q mem_peak_bytes_by_rank mb4.jsonl || fail "a 1-rank run has mem_peak_bytes_by_rank"
   ;;
 buckets)
-  cat >> cfg.toml <<TOML
-
-[[plugins]]
-name = "rec_a"
-path = "$plugins/rec_a.so"
-out = "$work/events"
-per_rank = true
-alloc_events = true
-TOML
+  recorder_table "alloc_events = true" >> cfg.toml
   mpirun -np 2 "$headroom" train cfg.toml -q --set train.grad_accum=2 --set train.steps=3
   closed=$("$compare" bytes init.safetensors)  # 4 bytes per parameter: the buckets' closed form
   for r in 0 1; do
@@ -166,13 +165,7 @@ $(cat cfg.toml)
 [[plugins]]
 name = "grad_reducer"
 path = "$plugins/grad_reducer.so"
-
-[[plugins]]
-name = "rec_a"
-path = "$plugins/rec_a.so"
-out = "$work/events"
-per_rank = true
-alloc_events = true
+$(recorder_table "alloc_events = true")
 TOML
   mpirun -np 2 "$headroom" train reducer.toml -q --metrics plugin.jsonl \
     --save-weights plugin.safetensors
@@ -221,14 +214,7 @@ resume)
   grep -q "rank 1's part" <<<"$out" || fail "missing part: $out"
   ;;
 failure)
-  cat >> cfg.toml <<TOML
-
-[[plugins]]
-name = "rec_a"
-path = "$plugins/rec_a.so"
-out = "$work/events"
-per_rank = true
-TOML
+  recorder_table >> cfg.toml
   # Rank 1 throws (its plugin fails at step 3): it exits 1, rank 0 stops naming rank 1 (exit 6).
   ranks_run "$headroom" train cfg.toml -q --set plugins.rec_a.fail_event=\"BACKWARD_END\" \
     --set plugins.rec_a.fail_step=3 --set plugins.rec_a.fail_rank=1
