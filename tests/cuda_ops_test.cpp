@@ -5,11 +5,11 @@
 // Every op in f32 (norm-wise relative error below 1e-5) and in bf16 (below 1e-2), most in f16 too:
 // for a 16-bit dtype the reference is the CPU kernel computing in f32 on the same 16-bit-rounded
 // inputs, its outputs rounded to the dtype (what the backends promise: fp32 math, one rounding to
-// the storage dtype). Fill, cast, scale and axpy share their rounding code with the CPU backend and
-// must match it bit for bit. Fresh random inputs each run (the seed is printed with any failure); a
-// NaN or infinity never passes; every output buffer is poisoned (all bits set: NaN in every float
-// dtype) before the GPU writes it, so an element the kernel forgets is caught. Backward ops
-// accumulate, so their gradient buffers start from the same random values on both sides instead
+// the storage dtype). Fill, cast, scale, axpy and accumulate share their rounding code with the CPU
+// backend and must match it bit for bit. Fresh random inputs each run (the seed is printed with any
+// failure); a NaN or infinity never passes; every output buffer is poisoned (all bits set: NaN in
+// every float dtype) before the GPU writes it, so an element the kernel forgets is caught. Backward
+// ops accumulate, so their gradient buffers start from the same random values on both sides instead
 // (that checks the += as well).
 //
 // Without a CUDA build, or on a machine without a GPU, every test here skips with the reason.
@@ -585,6 +585,21 @@ TEST_F(CudaBackendOps, AxpyEveryDtype) {
       }
     }
     expect_same_bytes("axpy", bytes_of(d_y, n * dtype_size(dt)), encode(want, dt));
+  }
+}
+
+TEST_F(CudaBackendOps, AccumulateWidensEveryDtypeIntoF32) {
+  const size_t n = 4099;
+  for (const Dtype dt : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto x = normal(n, dt), y = normal(n, Dtype::kF32);
+    void* d_y = to_device(y, Dtype::kF32);
+    ops_->accumulate(static_cast<float*>(d_y), to_device(x, dt), dt, n);
+    // core/device/backend_cpu.cpp: one rounded f32 add of the widened (exact) x.
+    std::vector<float> want(n);
+    for (size_t i = 0; i < n; i++)
+      want[i] = y[i] + x[i];
+    expect_same_bytes("accumulate", bytes_of(d_y, n * sizeof(float)), encode(want, Dtype::kF32));
   }
 }
 

@@ -104,6 +104,12 @@ TEST(DeviceOps, FillCastScaleAxpySumNonfinite) {
   std::vector<float> back(3);
   device->backend().cast(back.data(), Dtype::kF32, h.data(), Dtype::kBF16, 3);
   EXPECT_EQ(back[2], -3.0f);
+  // accumulate: f32 += the widened bf16 (1, 1, -3), one rounded add an element.
+  std::vector<float> acc = {0.5f, std::ldexp(1.0f, 24), 3.0f};
+  device->backend().accumulate(acc.data(), h.data(), Dtype::kBF16, 3);
+  EXPECT_EQ(acc[0], 1.5f);
+  EXPECT_EQ(acc[1], std::ldexp(1.0f, 24));  // 2^24 + 1 rounds to even
+  EXPECT_EQ(acc[2], 0.0f);
   EXPECT_THROW(device->backend().scale(Dtype(99), h.data(), 3, 1.0), OpError);
   EXPECT_THROW(device->backend().axpy(Dtype::kI32, h.data(), h.data(), 3, 1.0), OpError);
 }

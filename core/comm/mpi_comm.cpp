@@ -26,7 +26,10 @@ namespace {
 
 constexpr int kWaitingTag = 1;  // payload: the uint64 number of the collective waited for
 constexpr int kFailureTag = 2;  // payload: the failing rank's words ("ran out of memory")
-constexpr double kStopGrace_s = 1.0;
+// A stop signal during a wait: the collective gets this long to complete (every rank is usually
+// signalled at once and will arrive), then the wait ends naming the ranks that never came. Short,
+// because mpirun that stops a job after a rank died sends SIGKILL 1 s after SIGTERM.
+constexpr double kStopGrace_s = 0.25;
 constexpr uint64_t kMaxCount = INT_MAX;  // MPI counts are int
 
 using Clock = std::chrono::steady_clock;

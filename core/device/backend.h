@@ -95,6 +95,9 @@ class Backend {
   virtual void cast(void* dst, Dtype dst_dt, const void* src, Dtype src_dt, uint64_t n) = 0;
   virtual void scale(Dtype dt, void* x, uint64_t n, double s) = 0;                // x *= s
   virtual void axpy(Dtype dt, void* y, const void* x, uint64_t n, double a) = 0;  // y += a x
+  // y (n of f32) += x (n of x_dt) widened to f32, one rounded add an element: a compute-dtype
+  // gradient added into its fp32 master with no workspace.
+  virtual void accumulate(float* y, const void* x, Dtype x_dt, uint64_t n) = 0;
   // Sum of x[i]^2 accumulated in double; waits for the result.
   virtual double sum_squares(Dtype dt, const void* x, uint64_t n) = 0;
   // Any NaN or infinity in x; waits for the result.

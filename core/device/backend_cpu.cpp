@@ -302,6 +302,11 @@ class CpuBackend final : public Backend {
     for (uint64_t i = 0; i < n; ++i)
       store(y, dt, i, load(y, dt, i) + a * load(x, dt, i));
   }
+  void accumulate(float* y, const void* x, Dtype x_dt, uint64_t n) override {
+    require_float(x_dt, "accumulate");
+    for (uint64_t i = 0; i < n; ++i)
+      y[i] += static_cast<float>(load(x, x_dt, i));
+  }
   double sum_squares(Dtype dt, const void* x, uint64_t n) override {
     require_float(dt, "sum_squares");
     if (dt == Dtype::kF32) return cpu::sum_squares(static_cast<const float*>(x), n);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <type_traits>
 
 namespace headroom {
 
@@ -507,31 +508,25 @@ void Gpt<T>::backward(const Batch& batch, LayerEvents* events) {
     layers_[l]->backward(l > 0 ? dinput : nullptr, dout, input, batch);
     layers_[l]->release_activations();
     std::swap(dout, dinput);
+    // The layer's compute gradients are final now (the head adds into the tied wte, which the
+    // embedding, layer 0, owns): into the fp32 masters before BACKWARD_END, so that the layer's
+    // gradient buckets can start reducing while the layers below run their backward.
+    accumulate_compute_grads(l);
     if (events) events->backward_end(l);
   }
-  accumulate_compute_grads();
 }
 
 template <class T>
-void Gpt<T>::accumulate_compute_grads() {
-  if (!has_compute_copies()) return;
-  // grad (f32) += compute_grad, widened through a bounded f32 workspace: casting a whole
-  // gradient would need a buffer the size of the largest parameter (wte: V·C).
-  constexpr uint64_t kChunk = uint64_t(1) << 20;
-  uint64_t largest = 0;
-  for (Param<T>* p : params())
-    largest = std::max(largest, p->numel);
-  const uint64_t chunk = std::min(kChunk, largest);
-  Buffer wide(device_, chunk * sizeof(T), Category::kWorkspace, "gradient accumulation (fp32)");
-  Backend& ops = device_.backend();
-  const uint64_t es = dtype_size(dt_);
-  for (Param<T>* p : params()) {
-    for (uint64_t at = 0; at < p->numel; at += chunk) {
-      const uint64_t n = std::min(chunk, p->numel - at);
-      ops.cast(wide.as<T>(), dtype_of<T>(), p->compute_grad.template as<char>() + at * es, dt_, n);
-      ops.axpy(dtype_of<T>(), p->gdata() + at, wide.as<T>(), n, 1.0);
+void Gpt<T>::accumulate_compute_grads(int layer) {
+  if constexpr (std::is_same_v<T, float>) {  // only fp32 masters have compute copies
+    if (!has_compute_copies()) return;
+    Backend& ops = device_.backend();
+    for (const auto& p : layers_[size_t(layer)]->params()) {
+      ops.accumulate(p->gdata(), p->cgrad(), dt_, p->numel);  // grad (f32) += compute_grad
+      ops.fill(dt_, p->cgrad(), p->numel, 0.0);               // ready for the next micro-step
     }
-    ops.fill(dt_, p->cgrad(), p->numel, 0.0);  // ready for the next micro-step
+  } else {
+    (void)layer;
   }
 }
 

@@ -216,8 +216,9 @@ class Gpt {
   uint64_t num_params() const;
 
  private:
-  // Adds each compute gradient of the micro-step into its master gradient, in fp32.
-  void accumulate_compute_grads();
+  // Adds each compute gradient of layer `layer`'s micro-step into its master gradient, in fp32,
+  // and zeroes the compute gradient.
+  void accumulate_compute_grads(int layer);
 
   ModelConfig config_;
   Device& device_;

@@ -243,8 +243,7 @@ void Trainer::run_steps() {
       ops.upload(inputs.as<void>(), host_inputs, batch_bytes);
       ops.upload(targets.as<void>(), host_targets, batch_bytes);
       micro_step(batch);
-      // Buckets not launched from a BACKWARD_END (compute copies: their fp32 gradients are final
-      // only now, after the micro-step's accumulation; or overlap = false) start here.
+      // Buckets not launched from a BACKWARD_END (overlap = false) start here.
       if (micro_step_ == A) {
         const double c0 = now_ms();
         launch_buckets(-1);
@@ -479,10 +478,9 @@ void Trainer::backward_end(int layer) {
   ++backward_layers_done_;
   fire(Event::kBackwardEnd, layer);
   // The step's last micro-step: the buckets this layer completes start reducing while the layers
-  // below run their backward. With compute copies the fp32 gradients are added after the whole
-  // backward, so their buckets wait for that (run_steps).
-  if (micro_step_ == config_.train.grad_accum && config_.distributed.overlap &&
-      !model_->has_compute_copies()) {
+  // below run their backward (with compute copies, the model added the layer's gradients into
+  // their fp32 masters just before this event).
+  if (micro_step_ == config_.train.grad_accum && config_.distributed.overlap) {
     launch_buckets(layer);
     // MPI moves a non-blocking collective forward only inside MPI calls: testing the ones in
     // flight at each layer boundary is what lets them run while the layers below compute.

@@ -105,6 +105,22 @@ void axpy(T* y, const T* x, size_t n, double a, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH();
 }
 
+// y (n, f32) += x (n) widened: a compute-dtype gradient added into its fp32 master.
+template <class T>
+__global__ void accumulate_kernel(float* y, const T* x, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    y[i] = __fadd_rn(y[i], to_float(x[i]));
+  }
+}
+
+template <class T>
+void accumulate(float* y, const T* x, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  accumulate_kernel<<<grid_for(n, kBlock), kBlock, 0, stream>>>(y, x, n);
+  CUDA_CHECK_LAUNCH();
+}
+
 constexpr int kSumSquaresThreads = 512;
 
 // Stage 1: kSumSquaresBlocks blocks, each a grid-stride sum of squares in double -> partials.
@@ -162,6 +178,7 @@ void any_nonfinite(int* flag, const T* x, size_t n, cudaStream_t stream) {
   template void fill<T>(T*, size_t, double, cudaStream_t);                        \
   template void scale<T>(T*, size_t, double, cudaStream_t);                       \
   template void axpy<T>(T*, const T*, size_t, double, cudaStream_t);              \
+  template void accumulate<T>(float*, const T*, size_t, cudaStream_t);            \
   template void sum_squares<T>(double*, double*, const T*, size_t, cudaStream_t); \
   template void any_nonfinite<T>(int*, const T*, size_t, cudaStream_t);           \
   template void cast<T, float>(T*, const float*, size_t, cudaStream_t);           \

@@ -153,6 +153,9 @@ void scale(T* x, size_t n, double s, cudaStream_t stream);
 // operations), double for bf16 / f16 (as the CPU backend).
 template <class T>
 void axpy(T* y, const T* x, size_t n, double a, cudaStream_t stream);
+// y (n, f32) += x (n) widened to f32, one rounded add (as the CPU backend).
+template <class T>
+void accumulate(float* y, const T* x, size_t n, cudaStream_t stream);
 
 // Number of doubles sum_squares needs as scratch.
 constexpr int kSumSquaresBlocks = 512;

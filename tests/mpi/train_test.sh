@@ -147,6 +147,18 @@ buckets)
     [ -n "$first_launch" ] && [ "$first_launch" -gt "$layer0_end" ] ||
       fail "rank $r, overlap = false: a bucket launched before the backward was done"
   done
+  # amp bf16: the model adds each layer's compute gradients into the fp32 masters as its backward
+  # ends, so the buckets overlap the backward as they do in fp32.
+  rm -f events*
+  printf '\n[[plugins]]\nname = "amp"\ndtype = "bf16"\n' >> cfg.toml
+  mpirun -np 2 "$headroom" train cfg.toml -q --set train.grad_accum=2 --set train.steps=1
+  for r in 0 1; do
+    f=events.rank$r
+    first_launch=$(grep -n "BUCKET_LAUNCH step=1 micro=2 " "$f" | head -1 | cut -d: -f1)
+    layer0_end=$(grep -n "BACKWARD_END step=1 micro=2 layer=0" "$f" | cut -d: -f1)
+    [ -n "$first_launch" ] && [ "$first_launch" -lt "$layer0_end" ] ||
+      fail "rank $r, amp bf16: no bucket launched before BACKWARD_END of layer 0"
+  done
   # One rank: no buckets, no bucket events, no communication bytes.
   rm -f events*
   sed -i 's/per_rank = true/per_rank = false/' cfg.toml
@@ -232,24 +244,30 @@ failure)
   grep -q "headroom: rank 1: out of memory" out.1 || fail "rank 1 printed no OOM report"
   grep -q "rank 0: stopping: rank 1 ran out of memory" out.0 ||
     fail "rank 0 did not say rank 1 ran out of memory"
-  # Rank 1 killed with SIGKILL mid-run: the run ends (rank 0 with it) within the timeout, and
-  # what is printed names rank 1.
+  # Rank 1 killed with SIGKILL mid-run, twice. kill_rank1 waits for rank 1's step 3, then kills
+  # the headroom process of rank 1 that runs in this test's folder (ctest runs others beside it).
+  kill_rank1() {
+    local victim="" pid
+    for _ in $(seq 1 300); do
+      for pid in $(pgrep -f "$headroom train cfg.toml" || true); do
+        [ "$(readlink /proc/$pid/cwd 2>/dev/null)" = "$work" ] || continue
+        if tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1; then
+          victim=$pid
+        fi
+      done
+      [ -n "$victim" ] && [ -s events.rank1 ] && grep -q "STEP_END step=3 " events.rank1 && break
+      sleep 0.1
+    done
+    [ -n "$victim" ] || fail "rank 1's process not found"
+    kill -KILL "$victim"
+  }
+  # First as users launch: mpirun notices the death and stops the job (rank 0 gets SIGTERM, and
+  # says which rank its wait still lacks). Everything ends within 60 s, and rank 1 is named.
   rm -f events*
   "$mpiexec" --allow-run-as-root --oversubscribe -np 2 "$headroom" train cfg.toml -q \
     --set train.steps=100000000 > killed.txt 2>&1 &
   launcher=$!
-  victim=""
-  for _ in $(seq 1 300); do
-    for pid in $(ps -o pid= --ppid $launcher 2>/dev/null); do
-      if tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1; then
-        victim=$pid
-      fi
-    done
-    [ -n "$victim" ] && [ -s events.rank1 ] && grep -q "STEP_END step=3 " events.rank1 && break
-    sleep 0.1
-  done
-  [ -n "$victim" ] || { kill $launcher; fail "rank 1's process not found"; }
-  kill -KILL "$victim"
+  kill_rank1 || { kill $launcher; exit 1; }
   set +e
   timeout 60 tail --pid=$launcher -f /dev/null; waited=$?
   set -e
@@ -259,7 +277,25 @@ failure)
   set -e
   cat killed.txt
   [ $rc != 0 ] || fail "the run with rank 1 killed exited 0"
-  grep -q "rank 1" killed.txt || fail "nothing named rank 1"
+  grep -q "rank 0: stopping: .*stopped by SIGTERM while waiting .*rank 1 has not said" killed.txt ||
+    fail "rank 0 did not name rank 1 as the rank its wait lacked"
+  # Then with mpirun's --enable-recovery, which lets the others run on: rank 0 finds rank 1 gone by
+  # itself (its wait ends after [distributed] timeout_s), says so and exits 6.
+  rm -f events* out.* code.*
+  SECONDS=0
+  mpirun --enable-recovery -np 2 ./each_rank.sh "$headroom" train cfg.toml -q \
+    --set train.steps=100000000 --set distributed.timeout_s=5 > recovery.txt 2>&1 &
+  launcher=$!
+  kill_rank1 || { kill $launcher; exit 1; }
+  killed_at=$SECONDS
+  set +e
+  wait $launcher
+  set -e
+  cat out.0
+  [ "$(cat code.0)" = 6 ] || fail "rank 0 exited $(cat code.0) after rank 1 died, expected 6"
+  grep -q "rank 0: stopping: .*not done after 5 s .*rank 1 has not said it waits" out.0 ||
+    fail "rank 0 did not name rank 1 as the rank that never came"
+  [ $((SECONDS - killed_at)) -lt 60 ] || fail "rank 0 took $((SECONDS - killed_at)) s to stop"
   ;;
 *)
   fail "unknown part $part"

@@ -267,6 +267,13 @@ class CudaBackend final : public Backend {
       cuda::axpy(as<S>(y), as<S>(x), n, a, stream());
     });
   }
+  void accumulate(float* y, const void* x, Dtype x_dt, uint64_t n) override {
+    on_device();
+    dispatch(x_dt, "accumulate", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::accumulate(y, as<S>(x), n, stream());
+    });
+  }
   double sum_squares(Dtype dt, const void* x, uint64_t n) override {
     on_device();
     double* d = static_cast<double*>(reduce_.get());

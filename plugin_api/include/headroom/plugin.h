@@ -324,8 +324,9 @@ typedef struct hr_host_services {
    * model then computes in `dtype` (HR_DTYPE_BF16 or HR_DTYPE_F16; HR_DTYPE_F32 is the default):
    * activations and compute copies of the parameters in that dtype, cast from the f32 masters
    * (round to nearest even) after every optimizer step; each micro-step's gradients in that dtype,
-   * added into f32 gradients after its backward. layer_param keeps returning the f32 masters and
-   * f32 gradients (what the optimizer updates); layer_activation views carry the compute dtype.
+   * added into f32 gradients as each layer's backward ends. layer_param keeps returning the f32
+   * masters and f32 gradients (what the optimizer updates); layer_activation views carry the
+   * compute dtype.
    * HR_ERROR_INVALID (with a message) from any other event, for another dtype, or when another
    * plugin already chose a different one.
    * set_loss_scale: the backward of every micro-step of each step whose STEP_BEGIN dispatch ends
