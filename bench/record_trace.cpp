@@ -142,7 +142,8 @@ void record(const std::string& path, const ModelConfig& m, int B, int grad_accum
       for (const auto& p : model.layers()[layer]->params())
         ps.push_back(p.get());
       if (!ps.empty())
-        layer_optimizers[layer]->step(ps, learning_rate(tc, current_step - 1), current_step);
+        layer_optimizers[layer]->step(whole_params(ps), learning_rate(tc, current_step - 1),
+                                      current_step);
     };
   }
   std::mt19937 rng(1);
@@ -179,7 +180,7 @@ void record(const std::string& path, const ModelConfig& m, int B, int grad_accum
     phases.micro_step = 0;
     phases.set(Phase::Kind::kOptimizer);
     clip_grad_norm(device->backend(), params, 1.0);
-    optimizer->step(params, learning_rate(tc, step - 1), step);
+    optimizer->step(whole_params(params), learning_rate(tc, step - 1), step);
   }
   phases.set(Phase::Kind::kDone);
   current = DeviceBatch();

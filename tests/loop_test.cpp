@@ -130,12 +130,15 @@ TEST(Schedule, WarmupThenCosineLinearConstant) {
 
 struct OneParam {
   std::unique_ptr<Device> device = Device::create(DeviceConfig{});
+  FlatStorage flat;
   Param<float> p;
   explicit OneParam(std::vector<float> values, std::vector<float> grads, bool decay) {
     p.numel = values.size();
     p.decay = decay;
-    p.value = Buffer(*device, p.numel * 4, Category::kParameters, "p");
-    p.grad = Buffer(*device, p.numel * 4, Category::kGradients, "g");
+    p.flat = &flat;
+    flat.numel = flat.padded = p.numel;
+    flat.value = Buffer(*device, p.numel * 4, Category::kParameters, "p");
+    flat.grad = Buffer(*device, p.numel * 4, Category::kGradients, "g");
     std::copy(values.begin(), values.end(), p.data());
     std::copy(grads.begin(), grads.end(), p.gdata());
   }
@@ -148,7 +151,7 @@ TEST(Optimizer, AdamWDecaysMatricesButNotBiasesOrGains) {
   OneParam bias({1.0f, -2.0f}, {0.0f, 0.0f}, false);
   auto opt = make_optimizer(t, *matrix.device);
   std::vector<Param<float>*> ps{&matrix.p, &bias.p};
-  opt->step(ps, 0.1, 1);
+  opt->step(whole_params(ps), 0.1, 1);
   // Zero gradient: AdamW's update is pure decoupled decay, p -= lr * wd * p.
   EXPECT_FLOAT_EQ(matrix.p.data()[0], 1.0f * (1 - 0.05f));
   EXPECT_FLOAT_EQ(matrix.p.data()[1], -2.0f * (1 - 0.05f));
@@ -164,7 +167,7 @@ TEST(Optimizer, AdamWFirstStepMovesEachParameterByLr) {
   OneParam a({0.5f, 0.5f, 0.5f}, {3.0f, -1e-3f, 0.0f}, true);
   auto opt = make_optimizer(t, *a.device);
   std::vector<Param<float>*> ps{&a.p};
-  opt->step(ps, 0.01, 1);
+  opt->step(whole_params(ps), 0.01, 1);
   // Bias correction makes the first update sign(g) * lr (up to eps).
   EXPECT_NEAR(a.p.data()[0], 0.49f, 1e-6);
   EXPECT_NEAR(a.p.data()[1], 0.51f, 1e-5);
@@ -178,8 +181,8 @@ TEST(Optimizer, SgdWithAndWithoutMomentum) {
   OneParam plain({1.0f}, {2.0f}, true);
   auto opt = make_optimizer(t, *plain.device);
   std::vector<Param<float>*> ps{&plain.p};
-  opt->step(ps, 0.1, 1);
-  opt->step(ps, 0.1, 2);
+  opt->step(whole_params(ps), 0.1, 1);
+  opt->step(whole_params(ps), 0.1, 2);
   EXPECT_FLOAT_EQ(plain.p.data()[0], 1.0f - 0.2f - 0.2f);
   EXPECT_EQ(plain.device->tracker().peak(Category::kOptimizer), 0u);  // no state
 
@@ -187,8 +190,8 @@ TEST(Optimizer, SgdWithAndWithoutMomentum) {
   OneParam mom({1.0f}, {2.0f}, true);
   auto opt2 = make_optimizer(t, *mom.device);
   std::vector<Param<float>*> ps2{&mom.p};
-  opt2->step(ps2, 0.1, 1);  // buf = 2
-  opt2->step(ps2, 0.1, 2);  // buf = 0.9 * 2 + 2 = 3.8
+  opt2->step(whole_params(ps2), 0.1, 1);  // buf = 2
+  opt2->step(whole_params(ps2), 0.1, 2);  // buf = 0.9 * 2 + 2 = 3.8
   EXPECT_FLOAT_EQ(mom.p.data()[0], 1.0f - 0.2f - 0.38f);
   EXPECT_EQ(mom.device->tracker().live(Category::kOptimizer), 4u);
 }

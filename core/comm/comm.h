@@ -15,7 +15,7 @@
 // naming the ranks that have not said they wait for the same collective (ranks tell their peers
 // once a wait of theirs has lasted min(0.5 s, timeout / 4)). A rank killed without a word
 // (SIGKILL) makes mpirun send SIGTERM to the others: a wait that sees a stop signal gives the
-// collective a grace of up to 1 s, then throws CommError saying it was stopped while waiting.
+// collective a grace of 0.25 s, then throws CommError saying it was stopped while waiting.
 // After any of these the communicator is failed: each later collective or wait throws the same
 // error at once (a collective abandoned on one rank cannot be matched again), and buffers of the
 // abandoned collective may still be written until the process ends. On CUDA, NCCL's asynchronous

@@ -393,6 +393,7 @@ void Layer<T>::recompute(const void* input, const Batch& batch) {
 
 template <class T>
 Param<T>& Layer<T>::add_param(const std::string& name, std::vector<int64_t> shape, bool decay) {
+  if (flat_.value) throw std::logic_error("add_param after allocate_params (" + name + ")");
   auto p = std::make_unique<Param<T>>();
   p->name = name;
   p->numel = 1;
@@ -400,18 +401,45 @@ Param<T>& Layer<T>::add_param(const std::string& name, std::vector<int64_t> shap
     p->numel *= static_cast<uint64_t>(d);
   p->shape = std::move(shape);
   p->decay = decay;
-  p->value = Buffer(device_, p->numel * sizeof(T), Category::kParameters, name);
-  p->grad = Buffer(device_, p->numel * sizeof(T), Category::kGradients, name + " grad");
-  ops().fill(dtype_of<T>(), p->gdata(), p->numel, 0.0);
-  if (dt_ != dtype_of<T>()) {
-    const uint64_t bytes = p->numel * dtype_size(dt_);
-    p->compute = Buffer(device_, bytes, Category::kParameters, name + " (" + dtype_name(dt_) + ")");
-    p->compute_grad = Buffer(device_, bytes, Category::kGradients,
-                             name + " grad (" + std::string(dtype_name(dt_)) + ")");
-    ops().fill(dt_, p->cgrad(), p->numel, 0.0);
-  }
+  p->offset = flat_.numel;
+  p->flat = &flat_;
+  p->compute_dtype = dt_;
+  flat_.numel += p->numel;
   params_.push_back(std::move(p));
   return *params_.back();
+}
+
+template <class T>
+void Layer<T>::allocate_params(uint64_t ranks) {
+  flat_.padded = (flat_.numel + ranks - 1) / ranks * ranks;
+  flat_.value =
+      Buffer(device_, flat_.padded * sizeof(T), Category::kParameters, name_ + " parameters");
+  ops().fill(dtype_of<T>(), flat_.value.as<T>(), flat_.padded, 0.0);  // the padding stays zero
+  if (dt_ != dtype_of<T>()) {
+    flat_.compute = Buffer(device_, flat_.padded * dtype_size(dt_), Category::kParameters,
+                           name_ + " parameters (" + dtype_name(dt_) + ")");
+    ops().fill(dt_, flat_.compute.as<void>(), flat_.padded, 0.0);
+  }
+  ensure_grads();
+}
+
+template <class T>
+void Layer<T>::release_grads() {
+  flat_.grad.reset();
+  flat_.compute_grad.reset();
+}
+
+template <class T>
+void Layer<T>::ensure_grads() {
+  if (flat_.grad) return;
+  flat_.grad =
+      Buffer(device_, flat_.padded * sizeof(T), Category::kGradients, name_ + " gradients");
+  ops().fill(dtype_of<T>(), flat_.grad.as<T>(), flat_.padded, 0.0);
+  if (dt_ != dtype_of<T>()) {
+    flat_.compute_grad = Buffer(device_, flat_.padded * dtype_size(dt_), Category::kGradients,
+                                name_ + " gradients (" + dtype_name(dt_) + ")");
+    ops().fill(dt_, flat_.compute_grad.as<void>(), flat_.padded, 0.0);
+  }
 }
 
 template <class T>
@@ -442,7 +470,8 @@ Buffer Layer<T>::workspace(uint64_t numel, const char* what) {
 // Gpt
 
 template <class T>
-Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, Dtype compute)
+Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, Dtype compute,
+            uint64_t shard_ranks)
     : config_(config), device_(device), dt_(compute) {
   const bool ok = compute == dtype_of<T>() || (dtype_of<T>() == Dtype::kF32 &&
                                                (compute == Dtype::kBF16 || compute == Dtype::kF16));
@@ -458,6 +487,8 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, Dtype comp
   auto head = std::make_unique<Head<T>>(config, device, compute, e.wte());
   Head<T>& h = *head;
   layers_.push_back(std::move(head));
+  for (const auto& layer : layers_)
+    layer->allocate_params(shard_ranks);
 
   // GPT-2 init, in a fixed order: wte, wpe, then each block.
   NormalRng rng(seed);
@@ -520,11 +551,10 @@ template <class T>
 void Gpt<T>::accumulate_compute_grads(int layer) {
   if constexpr (std::is_same_v<T, float>) {  // only fp32 masters have compute copies
     if (!has_compute_copies()) return;
+    const FlatStorage& f = layers_[size_t(layer)]->flat();
     Backend& ops = device_.backend();
-    for (const auto& p : layers_[size_t(layer)]->params()) {
-      ops.accumulate(p->gdata(), p->cgrad(), dt_, p->numel);  // grad (f32) += compute_grad
-      ops.fill(dt_, p->cgrad(), p->numel, 0.0);               // ready for the next micro-step
-    }
+    ops.accumulate(f.grad.as<float>(), f.compute_grad.as<void>(), dt_, f.padded);  // f32 += cgrad
+    ops.fill(dt_, f.compute_grad.as<void>(), f.padded, 0.0);  // ready for the next micro-step
   } else {
     (void)layer;
   }
@@ -540,9 +570,11 @@ void Gpt<T>::drop_activations(int layer, Drop what) {
 
 template <class T>
 void Gpt<T>::zero_grad() {
-  for (Param<T>* p : params()) {
-    device_.backend().fill(dtype_of<T>(), p->gdata(), p->numel, 0.0);
-    if (has_compute_copies()) device_.backend().fill(dt_, p->cgrad(), p->numel, 0.0);
+  Backend& ops = device_.backend();
+  for (const auto& layer : layers_) {
+    const FlatStorage& f = layer->flat();
+    if (f.grad) ops.fill(dtype_of<T>(), f.grad.as<T>(), f.padded, 0.0);
+    if (f.compute_grad) ops.fill(dt_, f.compute_grad.as<void>(), f.padded, 0.0);
   }
 }
 

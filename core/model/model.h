@@ -44,23 +44,39 @@ constexpr Dtype dtype_of<double>() {
   return Dtype::kF64;
 }
 
+// A layer's parameters, one contiguous buffer per kind (a flat parameter, as FSDP's FlatParameter
+// and DeepSpeed's contiguous buffers): every Param is a view at its offset. `padded` elements
+// (numel rounded up to a multiple of the world size when the run shards, else numel) so that each
+// rank's range is the same size; the padding is zero and never read by a layer.
+struct FlatStorage {
+  Buffer value;         // the masters (T), what the optimizer updates
+  Buffer grad;          // their gradients (T), accumulated over the step's micro-steps
+  Buffer compute;       // compute copies (the compute dtype), only with one other than T's
+  Buffer compute_grad;  // the compute copies' gradients for one micro-step
+  uint64_t numel = 0;   // the layer's parameter elements
+  uint64_t padded = 0;  // numel rounded up to a multiple of the ranks sharing it
+};
+
 template <class T>
 struct Param {
   std::string name;            // Hugging Face GPT-2 name: "h.3.attn.c_attn.weight"
   std::vector<int64_t> shape;  // ours is (out, in) for matrices, as llm.c
   bool decay = false;          // weight decay applies: matrices and embeddings, not biases or gains
-  Buffer value;                // the master copy, what the optimizer updates
-  Buffer grad;                 // its gradient, accumulated over the step's micro-steps
-  // Only with a compute dtype other than T's: the copy the layers compute with (cast from value
-  // after every update) and its gradient for one micro-step (added into grad after each).
-  Buffer compute;
-  Buffer compute_grad;
   uint64_t numel = 0;
-  T* data() const { return value.as<T>(); }
-  T* gdata() const { return grad.as<T>(); }
+  uint64_t offset = 0;                // elements from the start of its layer's flat buffers
+  const FlatStorage* flat = nullptr;  // its layer's
+  Dtype compute_dtype = dtype_of<T>();
+  T* data() const { return flat->value.as<T>() + offset; }
+  T* gdata() const { return flat->grad.as<T>() + offset; }
   // What the layers read and write: the compute copy where there is one, else the master.
-  void* cdata() const { return compute ? compute.as<void>() : value.as<void>(); }
-  void* cgrad() const { return compute_grad ? compute_grad.as<void>() : grad.as<void>(); }
+  void* cdata() const {
+    return flat->compute ? flat->compute.as<char>() + offset * dtype_size(compute_dtype)
+                         : static_cast<void*>(data());
+  }
+  void* cgrad() const {
+    return flat->compute_grad ? flat->compute_grad.as<char>() + offset * dtype_size(compute_dtype)
+                              : static_cast<void*>(gdata());
+  }
 };
 
 // One tensor a layer keeps from forward for backward.
@@ -91,6 +107,17 @@ class Layer {
 
   const std::string& name() const { return name_; }
   const std::vector<std::unique_ptr<Param<T>>>& params() const { return params_; }
+  const FlatStorage& flat() const { return flat_; }
+
+  // Allocates the flat buffers of the parameters the constructor added (zeroed gradients), with
+  // numel rounded up to a multiple of `ranks` (1: no padding). Gpt calls it once per layer.
+  void allocate_params(uint64_t ranks);
+  // Sharded gradients (zero2, zero3): the full gradients of the layer exist only while it runs
+  // its backward. release_grads frees them (master and compute); ensure_grads makes them again,
+  // zeroed, when released. has_grads: they exist.
+  void release_grads();
+  void ensure_grads();
+  bool has_grads() const { return bool(flat_.grad); }
 
   // Tensors are device memory of the compute dtype.
   // input (B, T, C) is the previous layer's output (unused by the embedding). Saves what backward
@@ -131,6 +158,7 @@ class Layer {
   void recompute(const void* input, const Batch& batch);
 
  protected:
+  // A parameter at the end of the layer's flat buffers (allocated later, by allocate_params).
   Param<T>& add_param(const std::string& name, std::vector<int64_t> shape, bool decay);
   // A saved activation of `numel` elements of the compute dtype (or `dtype`), alive until
   // release_activations(). `cheap`: see SavedActivation::cheap.
@@ -147,6 +175,7 @@ class Layer {
   Device& device_;
   Dtype dt_;  // the compute dtype
   std::vector<std::unique_ptr<Param<T>>> params_;
+  FlatStorage flat_;
   std::vector<SavedActivation> saved_;
   // Dropped after forward: backward runs forward again (kAll) or recompute_cheap (kCheap) first.
   enum class Recompute { kNone, kAll, kCheap };
@@ -172,7 +201,10 @@ class Gpt {
   // `compute`: the dtype the layers compute in — T's own, or bf16 / f16 for a float model, which
   // then also holds compute copies of the parameters and their gradients (Param::compute).
   // Throws std::invalid_argument for another combination.
-  Gpt(const ModelConfig& config, Device& device, uint64_t seed, Dtype compute = dtype_of<T>());
+  // `shard_ranks`: the ranks each layer's flat buffers are partitioned over (its numel padded to a
+  // multiple of it); 1 when nothing is sharded.
+  Gpt(const ModelConfig& config, Device& device, uint64_t seed, Dtype compute = dtype_of<T>(),
+      uint64_t shard_ranks = 1);
   ~Gpt();
 
   // Every layer's forward: returns the mean loss over the batch's (non-ignored) tokens. The head
@@ -199,9 +231,11 @@ class Gpt {
   // (its fuzz target).
   void sync_compute_params() {
     if (!has_compute_copies()) return;
-    for (const auto& layer : layers_)
-      for (const auto& p : layer->params())
-        device_.backend().cast(p->cdata(), dt_, p->data(), dtype_of<T>(), p->numel);
+    for (const auto& layer : layers_) {
+      const FlatStorage& f = layer->flat();
+      device_.backend().cast(f.compute.as<void>(), dt_, f.value.as<void>(), dtype_of<T>(),
+                             f.padded);
+    }
   }
   Dtype compute_dtype() const { return dt_; }
   bool has_compute_copies() const { return dt_ != dtype_of<T>(); }

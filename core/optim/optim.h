@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/config/config.h"
@@ -12,12 +13,25 @@
 
 namespace headroom {
 
+// A contiguous run of one parameter's elements that the optimizer updates: the whole parameter,
+// or, when the optimizer state is sharded across ranks, the part of it in this rank's range.
+struct OptSegment {
+  std::string name;  // the parameter's name; a part adds its element range: "wte.weight [0:512)"
+  float* value = nullptr;
+  float* grad = nullptr;
+  uint64_t numel = 0;
+  bool decay = false;
+};
+// One segment per parameter, the whole of each.
+std::vector<OptSegment> whole_params(const std::vector<Param<float>*>& params);
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // Updates every parameter from its gradient. `step` is the 1-based optimizer step. State is
-  // allocated (category optimizer) at the first call, as PyTorch does.
-  virtual void step(const std::vector<Param<float>*>& params, double lr, int64_t step) = 0;
+  // Updates every segment from its gradient. `step` is the 1-based optimizer step. State (one
+  // tensor per segment and kind) is allocated, category optimizer, at the first call, as PyTorch
+  // does; the segments must be the same at every call.
+  virtual void step(const std::vector<OptSegment>& segments, double lr, int64_t step) = 0;
 
   struct StateTensor {
     std::string name;  // "h.0.attn.c_attn.weight adamw m"
@@ -26,7 +40,7 @@ class Optimizer {
   };
   // Its state tensors, for snapshots; allocates them first (zeroed) if no step has yet, so that a
   // snapshot can be loaded into them. Empty for an optimizer that keeps state elsewhere.
-  virtual std::vector<StateTensor> state(const std::vector<Param<float>*>& params) = 0;
+  virtual std::vector<StateTensor> state(const std::vector<OptSegment>& segments) = 0;
 };
 
 // Throws ConfigError for an unknown optimizer name.
@@ -36,10 +50,17 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& train, Device& devi
 // cosine / linear decay to min_lr at the last step, or constant.
 double learning_rate(const TrainConfig& train, int64_t step);
 
+// The sum of squares of every segment's gradient (this rank's part of the global norm's square).
+double grad_sum_squares(Backend& ops, const std::vector<OptSegment>& segments);
 // sqrt of the sum of squares of every gradient.
 double global_grad_norm(Backend& ops, const std::vector<Param<float>*>& params);
-// Scales the gradients so their global norm is at most max_norm (torch.nn.utils.clip_grad_norm_:
-// factor max_norm / (norm + 1e-6) when norm > max_norm). Returns the norm before clipping.
+// The factor clipping multiplies the gradients by at global norm `norm` (torch.nn.utils.
+// clip_grad_norm_: max_norm / (norm + 1e-6) when norm > max_norm, rounded to float), else 1.
+float clip_factor(double norm, double max_norm);
+// Scales every segment's gradient by clip_factor(norm, max_norm) when it is not 1.
+void clip_grads(Backend& ops, const std::vector<OptSegment>& segments, double norm,
+                double max_norm);
+// Scales the gradients so their global norm is at most max_norm. Returns the norm before clipping.
 double clip_grad_norm(Backend& ops, const std::vector<Param<float>*>& params, double max_norm);
 
 }  // namespace headroom

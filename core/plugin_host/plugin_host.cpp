@@ -63,8 +63,8 @@ class PluginOptimizer final : public Optimizer {
  public:
   explicit PluginOptimizer(LoadedPlugin& p) : p_(p) {}
   // The plugin keeps its state itself and saves it through save_state.
-  std::vector<StateTensor> state(const std::vector<Param<float>*>&) override { return {}; }
-  void step(const std::vector<Param<float>*>&, double lr, int64_t step) override {
+  std::vector<StateTensor> state(const std::vector<OptSegment>&) override { return {}; }
+  void step(const std::vector<OptSegment>&, double lr, int64_t step) override {
     hr_optimizer_step_info info;
     std::memset(&info, 0, sizeof info);
     info.struct_size = sizeof info;

@@ -104,6 +104,7 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     model_ =
         std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed, compute_dtype_);
     build_buckets();
+    segments_ = whole_params(model_->params());
   } catch (const OutOfMemory& e) {
     close_outputs(&e.report());
     throw;
@@ -262,13 +263,12 @@ void Trainer::run_steps() {
     r.loss = cur_.step_loss();
     // The metrics' loss: the mean over ranks (every rank reads as many tokens).
     if (comm_->world_size() > 1) comm_->all_reduce_host(&r.loss, 1, ReduceOp::kAverage);
-    r.grad_norm = clip_grad_norm(ops, params, t.grad_clip);
+    r.grad_norm = std::sqrt(grad_sum_squares(ops, segments_));
+    clip_grads(ops, segments_, r.grad_norm, t.grad_clip);
     r.lr = cur_.lr;
     cur_.grad_norm = r.grad_norm;
     // What clip_grad_norm multiplied the gradients by (optim.h), for headroom.step/1.
-    cur_.clip_coef = t.grad_clip > 0 && r.grad_norm > t.grad_clip
-                         ? double(static_cast<float>(t.grad_clip / (r.grad_norm + 1e-6)))
-                         : 1.0;
+    cur_.clip_coef = double(clip_factor(r.grad_norm, t.grad_clip));
     // A plugin that handles non-finite steps (amp's loss scaler) has vetoed this one by now; one
     // that nothing handled would poison the weights, so the run stops before the update.
     if (!veto_ && !(std::isfinite(r.loss) && std::isfinite(r.grad_norm))) {
@@ -294,7 +294,7 @@ void Trainer::run_steps() {
     // A veto from any event up to and including OPTIMIZER_STEP skips the update.
     if (!veto_) fire(Event::kOptimizerStep);
     if (!veto_) {
-      optimizer_->step(params, r.lr, step_);
+      optimizer_->step(segments_, r.lr, step_);
       model_->sync_compute_params();  // the compute copies (amp) follow the updated masters
     }
     r.skipped = veto_;
@@ -665,7 +665,7 @@ std::string Trainer::write_snapshot(
   const std::vector<Param<float>*> params = model_->params();
   for (const Param<float>* p : params)
     d.tensors[p->name] = bytes_of(device_->backend(), p->data(), p->numel);
-  for (const Optimizer::StateTensor& s : optimizer_->state(params))
+  for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
     d.tensors[s.name] = bytes_of(device_->backend(), s.data, s.numel);
   d.plugins = plugin_states;
   const std::string path = headroom::write_snapshot(config_.snapshot.dir, d, config_.snapshot.keep);
@@ -723,7 +723,7 @@ int64_t Trainer::resume() {
   std::vector<std::pair<std::string, std::pair<float*, uint64_t>>> targets;
   for (Param<float>* p : params)
     targets.push_back({p->name, {p->data(), p->numel}});
-  for (const Optimizer::StateTensor& s : optimizer_->state(params))
+  for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
     targets.push_back({s.name, {s.data, s.numel}});
   if (targets.size() != d.tensors.size())
     throw refuse("holds " + std::to_string(d.tensors.size()) + " tensors; this run has " +

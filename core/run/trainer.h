@@ -162,6 +162,8 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   std::unique_ptr<PluginHost> plugins_;  // after the device, before everything that allocates
   std::unique_ptr<Gpt<float>> model_;
   std::unique_ptr<Optimizer> optimizer_;
+  // What the optimizer updates, clipping scales and snapshots hold: every parameter whole.
+  std::vector<OptSegment> segments_;
   std::unique_ptr<DataSource> data_;
   std::unique_ptr<DataLoader> loader_;
   std::vector<EventListener*> listeners_;
