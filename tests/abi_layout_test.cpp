@@ -14,6 +14,7 @@
 #include "headroom/ext/precision.h"
 #include "headroom/ext/recompute.h"
 #include "headroom/ext/roles.h"
+#include "headroom/ext/shard.h"
 #include "headroom/ext/state.h"
 #include "headroom/ext/step.h"
 #include "headroom/ext/tensors.h"
@@ -364,7 +365,7 @@ PIN(hr_ext_tensors, reserved0, 4, 4);
 PIN(hr_ext_tensors, find_param, 8, 8);
 PIN(hr_ext_tensors, read, 16, 8);
 PIN(hr_ext_tensors, reduce, 24, 8);
-static_assert(sizeof(hr_step_state) == 72 && alignof(hr_step_state) == 8);
+static_assert(sizeof(hr_step_state) == 80 && alignof(hr_step_state) == 8);
 PIN(hr_step_state, struct_size, 0, 4);
 PIN(hr_step_state, micro_step, 4, 4);
 PIN(hr_step_state, step, 8, 8);
@@ -376,6 +377,8 @@ PIN(hr_step_state, grad_norm, 48, 8);
 PIN(hr_step_state, clip_coef, 56, 8);
 PIN(hr_step_state, skipped, 64, 4);
 PIN(hr_step_state, reserved0, 68, 4);
+PIN(hr_step_state, micro_steps, 72, 4);  // appended after 1.5's first release
+PIN(hr_step_state, reserved1, 76, 4);
 static_assert(sizeof(hr_ext_step) == 16 && alignof(hr_ext_step) == 8);
 PIN(hr_ext_step, struct_size, 0, 4);
 PIN(hr_ext_step, reserved0, 4, 4);
@@ -394,6 +397,24 @@ PIN(hr_ext_comm, barrier, 64, 8);
 PIN(hr_ext_comm, wait, 72, 8);
 PIN(hr_ext_comm, stream, 80, 8);
 static_assert(HR_COMM_SUM == 0 && HR_COMM_AVERAGE == 1);
+static_assert(sizeof(hr_shard_layout) == 48 && alignof(hr_shard_layout) == 8);
+PIN(hr_shard_layout, struct_size, 0, 4);
+PIN(hr_shard_layout, what, 4, 4);
+PIN(hr_shard_layout, rank, 8, 4);
+PIN(hr_shard_layout, world_size, 12, 4);
+PIN(hr_shard_layout, numel, 16, 8);
+PIN(hr_shard_layout, padded, 24, 8);
+PIN(hr_shard_layout, shard, 32, 8);
+PIN(hr_shard_layout, begin, 40, 8);
+static_assert(sizeof(hr_ext_shard) == 48 && alignof(hr_ext_shard) == 8);
+PIN(hr_ext_shard, struct_size, 0, 4);
+PIN(hr_ext_shard, reserved0, 4, 4);
+PIN(hr_ext_shard, partition, 8, 8);
+PIN(hr_ext_shard, layout, 16, 8);
+PIN(hr_ext_shard, reduce_gradients, 24, 8);
+PIN(hr_ext_shard, gather_parameters, 32, 8);
+PIN(hr_ext_shard, wait, 40, 8);
+static_assert(HR_SHARD_OPTIMIZER == 1 && HR_SHARD_GRADIENTS == 2);
 static_assert(sizeof(hr_ext_state) == 24 && alignof(hr_ext_state) == 8);
 PIN(hr_ext_state, struct_size, 0, 4);
 PIN(hr_ext_state, reserved0, 4, 4);

@@ -100,10 +100,12 @@ class Communicator {
   // of every rank's buf.
   virtual CommRequest all_reduce(void* buf, uint64_t n, Dtype dtype, ReduceOp op) = 0;
   // send: world_size * n elements; rank r ends with the reduction of every rank's r-th n-element
-  // block in recv (n elements).
+  // block in recv (n elements). In place when recv is the rank's own block of send (send + r·n):
+  // the other blocks of send are then left undefined.
   virtual CommRequest reduce_scatter(const void* send, void* recv, uint64_t n, Dtype dtype,
                                      ReduceOp op) = 0;
-  // send: n elements; recv: world_size * n elements, rank r's block at r * n.
+  // send: n elements; recv: world_size * n elements, rank r's block at r * n. In place when send
+  // is the rank's own block of recv (recv + r·n).
   virtual CommRequest all_gather(const void* send, void* recv, uint64_t n, Dtype dtype) = 0;
   // root's buf to every rank's.
   virtual CommRequest broadcast(void* buf, uint64_t n, Dtype dtype, int root) = 0;

@@ -233,14 +233,19 @@ CommRequest MpiCommunicator::reduce_scatter(const void* send, void* recv, uint64
                                 " elements per rank is more than MPI counts (2^31 - 1)");
   check_alive();
   std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
-  check(MPI_Ireduce_scatter_block(send, recv, int(n), mpi_type(dtype), mpi_sum(dtype), comm_,
-                                  &requests[0]),
+  // In place (recv is this rank's block of send): MPI leaves the result at the buffer's start,
+  // moved to the rank's block once done.
+  const uint64_t bytes = n * dtype_size(dtype);
+  char* const base = static_cast<char*>(const_cast<void*>(send));
+  const bool in_place = recv == base + uint64_t(ranks_.rank) * bytes;
+  check(MPI_Ireduce_scatter_block(in_place ? MPI_IN_PLACE : send, in_place ? base : recv, int(n),
+                                  mpi_type(dtype), mpi_sum(dtype), comm_, &requests[0]),
         "MPI_Ireduce_scatter_block");
-  std::function<void()> finish;
-  if (op == ReduceOp::kAverage) {
-    const int world = ranks_.world_size;
-    finish = [recv, n, dtype, world] { divide(recv, n, dtype, world); };
-  }
+  const int world = ranks_.world_size;
+  std::function<void()> finish = [=] {
+    if (in_place && recv != base) std::memcpy(recv, base, bytes);  // blocks never overlap
+    if (op == ReduceOp::kAverage) divide(recv, n, dtype, world);
+  };
   return CommRequest(std::make_unique<MpiRequest>(*this, std::move(requests),
                                                   describe("reduce_scatter", n, dtype, op_name(op)),
                                                   next_seq(), std::move(finish)));
@@ -253,8 +258,12 @@ CommRequest MpiCommunicator::all_gather(const void* send, void* recv, uint64_t n
                                 " elements per rank is more than MPI counts (2^31 - 1)");
   check_alive();
   std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
-  check(MPI_Iallgather(send, int(n), mpi_type(dtype), recv, int(n), mpi_type(dtype), comm_,
-                       &requests[0]),
+  // In place: send is this rank's block of recv.
+  const bool in_place =
+      send == static_cast<char*>(recv) + uint64_t(ranks_.rank) * n * dtype_size(dtype);
+  check(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, in_place ? 0 : int(n),
+                       in_place ? MPI_DATATYPE_NULL : mpi_type(dtype), recv, int(n),
+                       mpi_type(dtype), comm_, &requests[0]),
         "MPI_Iallgather");
   return CommRequest(std::make_unique<MpiRequest>(
       *this, std::move(requests), describe("all_gather", n, dtype), next_seq(), nullptr));

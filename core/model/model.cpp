@@ -530,7 +530,11 @@ void Gpt<T>::backward(const Batch& batch, LayerEvents* events) {
   Buffer b(device_, bytes, Category::kWorkspace, "backward: dresidual (B, T, C)");
   void* dout = a.as<void>();
   void* dinput = b.as<void>();
+  // Sharded gradients (zero2) exist only while needed: the head adds into the tied wte, which the
+  // embedding (layer 0, the last backward) owns, so layer 0's are there from the start.
+  layers_[0]->ensure_grads();
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
+    layers_[l]->ensure_grads();
     if (events) events->backward_begin(l);
     const void* input = l > 0 ? layers_[l - 1]->output() : nullptr;
     // A dropped layer's kept output is not needed by its backward: recompute() frees it first,

@@ -16,6 +16,7 @@
 #include "core/events/events.h"
 #include "core/model/model.h"
 #include "core/optim/optim.h"
+#include "core/shard/sharding.h"
 #include "headroom/plugin.h"
 
 namespace headroom {
@@ -32,6 +33,7 @@ class PluginFailure : public std::runtime_error {
 struct RunState {
   int64_t step = 0;
   int micro_step = 0;
+  int micro_steps = 1;  // [train] grad_accum
   double lr = 0.0;
   double loss_scale = 1.0;  // what this step's backward uses
   double loss = 0.0;        // the mean over the tokens of the micro-steps whose loss is known
@@ -63,6 +65,15 @@ class PluginRun {
   // single process (the plugins see rank 0 of 1, their collectives local). A run launched on
   // several ranks must return its own.
   virtual Communicator* plugin_communicator() { return nullptr; }
+  // headroom.shard/1. What the run shards (kShard* bits), from `plugin`'s create() only:
+  // std::logic_error after, or when another plugin chose already; std::invalid_argument for bits
+  // that are no ZeRO stage. A run that cannot shard says so with std::logic_error.
+  virtual void set_partition(const std::string& plugin, uint32_t what) {
+    (void)what;
+    throw std::logic_error(plugin + ": this run has no model to shard");
+  }
+  // The mechanism, once the model is built with something sharded; else nullptr.
+  virtual Sharding* sharding() { return nullptr; }
 };
 
 // A run with a device and no model — replaying an allocation trace, testing an allocator: vetoes,

@@ -12,6 +12,7 @@
 #include "headroom/ext/comm.h"
 #include "headroom/ext/precision.h"
 #include "headroom/ext/recompute.h"
+#include "headroom/ext/shard.h"
 #include "headroom/ext/step.h"
 #include "headroom/ext/tensors.h"
 #include "headroom/ext/vm.h"
@@ -576,6 +577,7 @@ struct HostServices {
     s.grad_norm = r.grad_norm;
     s.clip_coef = r.clip_coef;
     s.skipped = r.skipped ? 1 : 0;
+    s.micro_steps = r.micro_steps;
     write_sized(out, s, offsetof(hr_step_state, struct_size) + sizeof(uint32_t));
     return HR_OK;
   }
@@ -653,6 +655,80 @@ struct HostServices {
     }
   }
   static void* comm_stream(hr_host* h) { return comm(h).stream(); }
+
+  // --- headroom.shard/1 ---
+  static hr_status shard_partition(hr_host* h, uint32_t what) {
+    LoadedPlugin& p = plugin(h);
+    try {
+      if (what != HR_SHARD_OPTIMIZER && what != (HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS))
+        throw std::invalid_argument("what = " + std::to_string(what) +
+                                    " is no ZeRO stage (valid: HR_SHARD_OPTIMIZER, alone or "
+                                    "with HR_SHARD_GRADIENTS)");
+      if (!(p.desc.roles & HR_ROLE_GRADIENT_REDUCTION))
+        throw std::invalid_argument("plugin '" + p.entry.name +
+                                    "' must take the gradient-reduction role to shard");
+      if (h->owner->provides_optimizer())
+        throw std::invalid_argument(
+            "an optimizer-role plugin keeps its own state, which cannot be partitioned; use the "
+            "built-in train.optimizer with a zero plugin");
+      run(h).set_partition(p.entry.name, what);
+      return HR_OK;
+    } catch (const std::exception& e) {
+      p.error = std::string(HR_EXT_SHARD " partition: ") + e.what();
+      return HR_ERROR_INVALID;
+    }
+  }
+  static hr_status shard_layout(hr_host* h, int32_t layer, hr_shard_layout* out) {
+    LoadedPlugin& p = plugin(h);
+    Gpt<float>* m = run(h).built_model();
+    if (!out || !m || layer < 0 || layer >= int32_t(m->layers().size())) {
+      p.error = std::string(HR_EXT_SHARD " layout: ") +
+                (!out ? "out must not be NULL"
+                 : !m ? "the model is not built yet"
+                      : "layer " + std::to_string(layer) + " does not exist");
+      return HR_ERROR_INVALID;
+    }
+    const FlatStorage& f = m->layers()[size_t(layer)]->flat();
+    Sharding* sh = run(h).sharding();
+    hr_shard_layout l;
+    std::memset(&l, 0, sizeof l);
+    l.struct_size = sizeof l;
+    l.what = sh ? sh->what() : 0;
+    l.rank = comm(h).rank();
+    l.world_size = comm(h).world_size();
+    l.numel = f.numel;
+    l.padded = f.padded;
+    l.shard = sh ? sh->shard_numel(layer) : f.padded;
+    l.begin = sh ? sh->shard_begin(layer) : 0;
+    write_sized(out, l, offsetof(hr_shard_layout, struct_size) + sizeof(uint32_t));
+    return HR_OK;
+  }
+  // The mechanism's calls: its errors as HR_ERROR with their message.
+  template <class F>
+  static hr_status sharded(hr_host* h, const char* fn, F&& f) {
+    LoadedPlugin& p = plugin(h);
+    Sharding* sh = run(h).sharding();
+    if (!sh) {
+      p.error = std::string(HR_EXT_SHARD " ") + fn + ": nothing is sharded (partition first)";
+      return HR_ERROR;
+    }
+    try {
+      f(*sh);
+      return HR_OK;
+    } catch (const std::exception& e) {
+      p.error = std::string(HR_EXT_SHARD " ") + fn + ": " + e.what();
+      return HR_ERROR;
+    }
+  }
+  static hr_status shard_reduce_gradients(hr_host* h, int32_t layer) {
+    return sharded(h, "reduce_gradients", [&](Sharding& s) { s.reduce_gradients(layer); });
+  }
+  static hr_status shard_gather_parameters(hr_host* h, int32_t layer) {
+    return sharded(h, "gather_parameters", [&](Sharding& s) { s.gather_parameters(layer); });
+  }
+  static hr_status shard_wait(hr_host* h) {
+    return sharded(h, "wait", [&](Sharding& s) { s.wait(); });
+  }
 
   static const void* get_extension(hr_host* h, const char* id);
 };
@@ -759,6 +835,12 @@ enum Fn : int {
   kExtCommBarrier,
   kExtCommWait,
   kExtCommStream,
+  // headroom.shard/1
+  kExtShardPartition,
+  kExtShardLayout,
+  kExtShardReduceGradients,
+  kExtShardGatherParameters,
+  kExtShardWait,
   kNumFns
 };
 
@@ -838,6 +920,11 @@ constexpr Rule kRules[kNumFns] = {
     {HR_EXT_COMM " barrier", kAnyone, When::kNotInAllocation, kNotAllowed},
     {HR_EXT_COMM " wait", kAnyone, When::kNotInAllocation, kNotAllowed},
     {HR_EXT_COMM " stream", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_SHARD " partition", kAnyone, When::kCreate, kNotAllowed},
+    {HR_EXT_SHARD " layout", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_SHARD " reduce_gradients", kAnyone, When::kNotInAllocation, kNotAllowed},
+    {HR_EXT_SHARD " gather_parameters", kAnyone, When::kNotInAllocation, kNotAllowed},
+    {HR_EXT_SHARD " wait", kAnyone, When::kNotInAllocation, kNotAllowed},
 };
 
 std::string roles_words(uint32_t roles) {
@@ -1000,6 +1087,14 @@ const hr_ext_comm kComm = {sizeof(hr_ext_comm),
                            HR_CHECKED(kExtCommWait, comm_wait),
                            HR_CHECKED(kExtCommStream, comm_stream)};
 
+const hr_ext_shard kShard = {sizeof(hr_ext_shard),
+                             0,
+                             HR_CHECKED(kExtShardPartition, shard_partition),
+                             HR_CHECKED(kExtShardLayout, shard_layout),
+                             HR_CHECKED(kExtShardReduceGradients, shard_reduce_gradients),
+                             HR_CHECKED(kExtShardGatherParameters, shard_gather_parameters),
+                             HR_CHECKED(kExtShardWait, shard_wait)};
+
 }  // namespace
 
 const void* HostServices::get_extension(hr_host*, const char* id) {
@@ -1007,7 +1102,8 @@ const void* HostServices::get_extension(hr_host*, const char* id) {
   // Exact ids only: another version of one ("headroom.vm/2") is another extension.
   const std::pair<const char*, const void*> tables[] = {
       {HR_EXT_VM, &kVm},           {HR_EXT_PRECISION, &kPrecision}, {HR_EXT_RECOMPUTE, &kRecompute},
-      {HR_EXT_TENSORS, &kTensors}, {HR_EXT_STEP, &kStep},           {HR_EXT_COMM, &kComm}};
+      {HR_EXT_TENSORS, &kTensors}, {HR_EXT_STEP, &kStep},           {HR_EXT_COMM, &kComm},
+      {HR_EXT_SHARD, &kShard}};
   for (const auto& [name, table] : tables)
     if (std::strcmp(id, name) == 0) return table;
   return nullptr;

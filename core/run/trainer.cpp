@@ -101,10 +101,18 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     metrics_ = std::make_unique<AppendFile>(options_.metrics_path, "--metrics");
   try {
     // In the compute dtype a plugin asked for while it was created (amp), else fp32.
+    // Sharded (a zero plugin partitioned while it was created): every layer's buffers padded to
+    // a multiple of the ranks.
     model_ =
-        std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed, compute_dtype_);
+        std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed, compute_dtype_,
+                                     shard_what_ ? uint64_t(comm_->world_size()) : 1);
     build_buckets();
-    segments_ = whole_params(model_->params());
+    if (shard_what_) {
+      sharding_ = std::make_unique<Sharding>(*model_, *comm_, shard_what_);
+      segments_ = sharding_->segments();
+    } else {
+      segments_ = whole_params(model_->params());
+    }
   } catch (const OutOfMemory& e) {
     close_outputs(&e.report());
     throw;
@@ -230,6 +238,7 @@ void Trainer::run_steps() {
     cur_.lr = learning_rate(t, step_ - 1);
     fire(Event::kStepBegin);
     model_->zero_grad();
+    if (sharding_) sharding_->begin_step();
     // The step's loss is the mean over all its tokens, times the loss scale a plugin (amp fp16)
     // set for this step.
     batch.dloss = loss_scale_ / double(tokens_per_step);
@@ -244,6 +253,9 @@ void Trainer::run_steps() {
       ops.upload(inputs.as<void>(), host_inputs, batch_bytes);
       ops.upload(targets.as<void>(), host_targets, batch_bytes);
       micro_step(batch);
+      // What a zero plugin started in this micro-step's backward is done before the next one
+      // touches the gradients (or GRADS_READY reads them).
+      if (sharding_) sharding_->wait();
       // Buckets not launched from a BACKWARD_END (overlap = false) start here.
       if (micro_step_ == A) {
         const double c0 = now_ms();
@@ -258,12 +270,16 @@ void Trainer::run_steps() {
     const double c0 = now_ms();
     finish_buckets();
     comm_wait_ms += now_ms() - c0;
+    if (sharding_) sharding_->check_reduced(shard_plugin_);
     fire(Event::kGradsReady);
     r.step = step_;
     r.loss = cur_.step_loss();
     // The metrics' loss: the mean over ranks (every rank reads as many tokens).
     if (comm_->world_size() > 1) comm_->all_reduce_host(&r.loss, 1, ReduceOp::kAverage);
-    r.grad_norm = std::sqrt(grad_sum_squares(ops, segments_));
+    // Sharded: each rank holds its ranges of the gradients, so their squares are summed over the
+    // ranks.
+    r.grad_norm =
+        std::sqrt(sharding_ ? sharding_->grad_sum_squares() : grad_sum_squares(ops, segments_));
     clip_grads(ops, segments_, r.grad_norm, t.grad_clip);
     r.lr = cur_.lr;
     cur_.grad_norm = r.grad_norm;
@@ -295,11 +311,19 @@ void Trainer::run_steps() {
     if (!veto_) fire(Event::kOptimizerStep);
     if (!veto_) {
       optimizer_->step(segments_, r.lr, step_);
-      model_->sync_compute_params();  // the compute copies (amp) follow the updated masters
+      if (sharding_) {
+        sharding_->updated();  // each rank updated its ranges: the plugin gathers them
+      } else {
+        model_->sync_compute_params();  // the compute copies (amp) follow the updated masters
+      }
     }
     r.skipped = veto_;
     if (veto_) ++skipped_steps_;
     fire(Event::kStepEnd);
+    if (sharding_) {
+      sharding_->wait();
+      sharding_->check_gathered(shard_plugin_);
+    }
     r.data_wait_ms = data_wait_ms;
     r.comm_wait_ms = comm_wait_ms;
     r.step_ms = now_ms() - t0;
@@ -476,6 +500,7 @@ void Trainer::backward_begin(int layer) {
 }
 void Trainer::backward_end(int layer) {
   ++backward_layers_done_;
+  if (sharding_) sharding_->backward_done(layer);
   fire(Event::kBackwardEnd, layer);
   // The step's last micro-step: the buckets this layer completes start reducing while the layers
   // below run their backward (with compute copies, the model added the layer's gradients into
@@ -538,6 +563,7 @@ RunState Trainer::state() const {
   RunState r;
   r.step = step_;
   r.micro_step = micro_step_;
+  r.micro_steps = config_.train.grad_accum;
   r.lr = cur_.lr;
   r.loss_scale = cur_.loss_scale_set ? cur_.loss_scale : loss_scale_;
   // The micro-steps done, and the current one once its forward has computed its loss.
@@ -575,6 +601,20 @@ void Trainer::set_compute_dtype(const std::string& plugin, Dtype dtype) {
                            "); two plugins cannot both choose it");
   compute_dtype_ = dtype;
   compute_dtype_by_ = plugin;
+}
+
+void Trainer::set_partition(const std::string& plugin, uint32_t what) {
+  if (model_)
+    throw std::logic_error(plugin +
+                           ": what is sharded can only be chosen while the plugin is created");
+  if (shard_what_ != 0)
+    throw std::logic_error(plugin + ": the model state is sharded already, by " + shard_plugin_ +
+                           "; two plugins cannot both shard it");
+  if (!(what & kShardOptimizer) || (what & ~uint32_t(kShardOptimizer | kShardGradients)))
+    throw std::invalid_argument(plugin + ": sharding " + std::to_string(what) +
+                                " is no ZeRO stage");
+  shard_what_ = what;
+  shard_plugin_ = plugin;
 }
 
 void Trainer::set_loss_scale(const std::string& plugin, double scale) {

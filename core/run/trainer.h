@@ -151,6 +151,8 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   void set_loss_scale(const std::string& plugin, double scale) override;
   RunState state() const override;
   Communicator* plugin_communicator() override { return comm_.get(); }
+  void set_partition(const std::string& plugin, uint32_t what) override;
+  Sharding* sharding() override { return sharding_.get(); }
 
   Config config_;
   TrainOptions options_;
@@ -164,6 +166,11 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   std::unique_ptr<Optimizer> optimizer_;
   // What the optimizer updates, clipping scales and snapshots hold: every parameter whole.
   std::vector<OptSegment> segments_;
+  // ZeRO: what a plugin chose to shard while it was created, and the mechanism once the model is
+  // built (core/shard/sharding.h).
+  uint32_t shard_what_ = 0;
+  std::string shard_plugin_;
+  std::unique_ptr<Sharding> sharding_;
   std::unique_ptr<DataSource> data_;
   std::unique_ptr<DataLoader> loader_;
   std::vector<EventListener*> listeners_;

@@ -263,8 +263,11 @@ failure)
   }
   # First as users launch: mpirun notices the death and stops the job (rank 0 gets SIGTERM, and
   # says which rank its wait still lacks). Everything ends within 60 s, and rank 1 is named.
+  # mpirun sends SIGKILL 1 s after SIGTERM; 10 s here, so that a loaded machine cannot cut rank
+  # 0's 0.25 s grace short.
   rm -f events*
-  "$mpiexec" --allow-run-as-root --oversubscribe -np 2 "$headroom" train cfg.toml -q \
+  "$mpiexec" --allow-run-as-root --oversubscribe --mca odls_base_sigkill_timeout 10 -np 2 \
+    "$headroom" train cfg.toml -q \
     --set train.steps=100000000 > killed.txt 2>&1 &
   launcher=$!
   kill_rank1 || { kill $launcher; exit 1; }

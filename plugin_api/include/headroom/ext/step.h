@@ -28,6 +28,9 @@ typedef struct hr_step_state {
                        * it does not clip); 1 before */
   int32_t skipped;    /* 1 once a plugin vetoed this step's update */
   int32_t reserved0;
+  /* Appended (check struct_size): the micro-steps a step has, [train] grad_accum. */
+  int32_t micro_steps;
+  int32_t reserved1;
 } hr_step_state;
 
 typedef struct hr_ext_step {

@@ -1,0 +1,80 @@
+/* headroom.shard/1 — model state sharded across ranks, ZeRO's mechanism (ABI 1.5).
+ *
+ * Each layer's parameters, gradients and optimizer state live in one flat buffer per kind, its
+ * element count padded to a multiple of the world size W and partitioned into W equal contiguous
+ * ranges: rank r owns [r·S, (r+1)·S). What is sharded is chosen once, from create():
+ *
+ *   HR_SHARD_OPTIMIZER   the optimizer state, and with it the update, covers only the rank's
+ *                        ranges (zero1). The gradients must be reduced into those ranges before
+ *                        GRADS_READY, and the updated parameters gathered back by STEP_END.
+ *   HR_SHARD_GRADIENTS   with HR_SHARD_OPTIMIZER: each layer keeps only its gradient shard; the
+ *                        full gradients exist from the layer's backward until they are reduced
+ *                        (zero2).
+ *
+ * The plugin that shards takes the gradient-reduction role (HR_ROLE_GRADIENT_REDUCTION): core's
+ * data-parallel buckets are then off. When it reduces and gathers is its policy; the host checks
+ * that every layer was reduced since its last backward before GRADS_READY, and gathered after the
+ * update before STEP_END is over, and stops the run with an error naming the plugin and the
+ * layers otherwise. The host waits for whatever is still in flight at the end of each
+ * micro-step's backward and at STEP_END.
+ *
+ * Training thread. Collectives: never from inside an allocation (ALLOC, FREE, OOM hooks, the
+ * allocator role's hooks). Every rank must make the same calls in the same order. */
+#ifndef HEADROOM_EXT_SHARD_H
+#define HEADROOM_EXT_SHARD_H
+
+#include "headroom/plugin.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HR_EXT_SHARD "headroom.shard/1"
+
+#define HR_SHARD_OPTIMIZER 1u
+#define HR_SHARD_GRADIENTS 2u
+
+/* An out-struct: the caller sets struct_size; the host fills what it covers. */
+typedef struct hr_shard_layout {
+  uint32_t struct_size;
+  uint32_t what;      /* the HR_SHARD_* bits in force (0 before partition, or never) */
+  int32_t rank;       /* this process's rank, 0 <= rank < world_size */
+  int32_t world_size; /* W */
+  uint64_t numel;     /* the layer's parameter elements */
+  uint64_t padded;    /* numel rounded up to a multiple of W (numel when nothing is sharded) */
+  uint64_t shard;     /* padded / W: the elements of each rank's range */
+  uint64_t begin;     /* this rank's range starts here: rank * shard */
+} hr_shard_layout;
+
+typedef struct hr_ext_shard {
+  uint32_t struct_size;
+  uint32_t reserved0;
+  /* From create() only, once for the run: what is sharded (HR_SHARD_OPTIMIZER, optionally |
+   * HR_SHARD_GRADIENTS). HR_ERROR_INVALID for other bits, HR_SHARD_GRADIENTS alone, a plugin
+   * without HR_ROLE_GRADIENT_REDUCTION, or an optimizer-role plugin in the run (its state is its
+   * own: it cannot be partitioned); each with a message. */
+  hr_status (*partition)(hr_host* host, uint32_t what);
+  /* Layer `layer`'s partition, any time after create(); HR_ERROR_INVALID for a layer out of
+   * range or before the model exists. */
+  hr_status (*layout)(hr_host* host, int32_t layer, hr_shard_layout* out);
+  /* Starts reducing layer `layer`'s gradients (the rank's micro-steps so far, averaged over the
+   * ranks) into this rank's range; asynchronous. From BACKWARD_END of that layer or later in the
+   * same micro-step. Without HR_SHARD_GRADIENTS only in the step's last micro-step (the other
+   * ranges are overwritten). With it, the result is added into the layer's gradient shard and the
+   * full gradients are freed when done; the next backward makes them again, zeroed. HR_ERROR
+   * with a message when the layer's gradients were reduced already since its backward, or the
+   * communicator failed. */
+  hr_status (*reduce_gradients)(hr_host* host, int32_t layer);
+  /* Starts gathering layer `layer`'s updated parameters from every rank's range (with amp, the
+   * compute copy follows when done); asynchronous. From STEP_END (after the update). */
+  hr_status (*gather_parameters)(hr_host* host, int32_t layer);
+  /* Waits for every reduction and gathering started and finishes each. HR_ERROR with a message
+   * naming the rank when a collective cannot complete. */
+  hr_status (*wait)(hr_host* host);
+} hr_ext_shard;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HEADROOM_EXT_SHARD_H */

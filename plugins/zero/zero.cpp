@@ -1,0 +1,170 @@
+// zero1 and zero2: ZeRO's first two stages (Rajbhandari et al. 2020) as policy over the host's
+// headroom.shard/1 mechanism. Built twice from this file, as HEADROOM_ZERO_STAGE 1 and 2:
+//
+//   [[plugins]]
+//   name = "zero1"                  # optimizer state sharded over the ranks
+//   overlap_comm = true             # reduce each layer's gradients as soon as its backward ends
+//                                   # (false: every layer's at the end of the backward)
+//
+//   [[plugins]]
+//   name = "zero2"                  # zero1, and each rank keeps only its gradient shard
+//   overlap_comm = true
+//   reduce_every_micro_step = true  # DeepSpeed's way: every micro-step reduces its gradients
+//                                   # into the shards, so the full gradients of a layer live only
+//                                   # through its backward; false: they accumulate locally over
+//                                   # the micro-steps and are reduced once, in the last
+//
+// The policy: take the gradient-reduction role (core's data-parallel buckets are off); at
+// create(), partition. In the micro-steps that reduce (the last one for zero1; every one for
+// zero2 unless reduce_every_micro_step = false), each layer's reduction starts at its
+// BACKWARD_END (overlap_comm) or all of them at layer 0's, which waits for them. At STEP_END,
+// every layer's updated range is gathered back and waited for. The host has the mechanism: flat,
+// padded, partitioned buffers; the optimizer over this rank's ranges; the global gradient norm
+// over the ranks' ranges; its checks that every layer was reduced and gathered.
+//
+// Training thread only; no locking. Only hr_plugin_entry is exported; no C++ exception crosses
+// the C ABI.
+#include <headroom/ext/shard.h>
+#include <headroom/ext/step.h>
+#include <headroom/plugin.h>
+
+#include "common/hook_guard.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#ifndef HEADROOM_ZERO_STAGE
+#error "HEADROOM_ZERO_STAGE (1 or 2) must be defined"
+#endif
+
+namespace {
+
+constexpr int kStage = HEADROOM_ZERO_STAGE;
+static_assert(kStage == 1 || kStage == 2, "zero.cpp builds zero1 and zero2");
+
+class Zero {
+ public:
+  Zero(const hr_host_services* s, const hr_ext_shard* shard, const hr_ext_step* step, bool overlap,
+       bool every_micro_step)
+      : s_(s), shard_(shard), step_(step), overlap_(overlap), every_(every_micro_step) {}
+
+  const hr_host_services* services() const { return s_; }
+
+  hr_status on_event(const hr_event_info* info) {
+    if (info->event == HR_EVENT_BACKWARD_END) return backward_end(info);
+    if (info->event == HR_EVENT_STEP_END) return step_end();
+    return HR_OK;
+  }
+
+ private:
+  // Whether this micro-step reduces: zero1 and a zero2 that accumulates locally only in the last.
+  bool reduces(int32_t micro_step) const {
+    if (kStage == 2 && every_) return true;
+    hr_step_state st;
+    std::memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    if (step_->state(s_->host, &st) != HR_OK) return true;
+    const int32_t of = HR_HAS_FIELD(&st, hr_step_state, micro_steps) ? st.micro_steps : 1;
+    return micro_step >= of;
+  }
+
+  hr_status backward_end(const hr_event_info* info) {
+    if (!reduces(info->micro_step)) return HR_OK;
+    if (overlap_) {
+      const hr_status st = shard_->reduce_gradients(s_->host, info->layer);
+      if (st != HR_OK) return st;
+    } else if (info->layer == 0) {
+      for (int32_t l = s_->num_layers(s_->host) - 1; l >= 0; --l) {
+        const hr_status st = shard_->reduce_gradients(s_->host, l);
+        if (st != HR_OK) return st;
+      }
+    }
+    // Layer 0's backward is the last: wait for every reduction of the micro-step.
+    return info->layer == 0 ? shard_->wait(s_->host) : HR_OK;
+  }
+
+  hr_status step_end() {
+    for (int32_t l = 0; l < s_->num_layers(s_->host); ++l) {
+      const hr_status st = shard_->gather_parameters(s_->host, l);
+      if (st != HR_OK) return st;
+    }
+    return shard_->wait(s_->host);
+  }
+
+  const hr_host_services* s_;
+  const hr_ext_shard* shard_;
+  const hr_ext_step* step_;
+  bool overlap_;
+  bool every_;
+};
+
+hr_status create(const hr_host_services* s, void** instance) {
+  const hr_ext_shard* shard = nullptr;
+  const hr_ext_step* step = nullptr;
+  if (HR_HAS_FIELD(s, hr_host_services, get_extension)) {
+    shard = static_cast<const hr_ext_shard*>(s->get_extension(s->host, HR_EXT_SHARD));
+    step = static_cast<const hr_ext_step*>(s->get_extension(s->host, HR_EXT_STEP));
+  }
+  if (!shard || !step) {
+    s->set_error(s->host, "needs a host with headroom.shard/1 and headroom.step/1");
+    return HR_ERROR_VERSION;
+  }
+  int32_t overlap = 1, every = 1;
+  hr_status st = s->config_bool(s->host, "overlap_comm", &overlap);
+  if (st != HR_OK) return st;
+  if (kStage == 2) {
+    st = s->config_bool(s->host, "reduce_every_micro_step", &every);
+    if (st != HR_OK) return st;
+  }
+  st = shard->partition(s->host,
+                        kStage == 1 ? HR_SHARD_OPTIMIZER : HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS);
+  if (st != HR_OK) return st;  // the host's message stands
+  *instance = new Zero(s, shard, step, overlap != 0, every != 0);
+  return HR_OK;
+}
+
+hr_status create_hook(const hr_host_services* s, void** instance) {
+  return headroom_plugin::guarded(s, "starting", [&] { return create(s, instance); });
+}
+
+void destroy(void* instance) {
+  delete static_cast<Zero*>(instance);
+}
+
+hr_status on_event(void* instance, const hr_event_info* info) {
+  Zero* z = static_cast<Zero*>(instance);
+  return headroom_plugin::guarded(z->services(), "reducing or gathering the shards",
+                                  [&] { return z->on_event(info); });
+}
+
+#define HR_STR2(x) #x
+#define HR_STR(x) HR_STR2(x)
+
+// Constant-initialized: loading the library runs no code before hr_plugin_entry.
+const hr_plugin_descriptor kDescriptor = {
+    sizeof(hr_plugin_descriptor),
+    HR_ABI_VERSION,
+    "zero" HR_STR(HEADROOM_ZERO_STAGE),
+    "1.0.0",
+    kStage == 1 ? "ZeRO stage 1: optimizer state sharded over the ranks"
+                : "ZeRO stage 2: optimizer state and gradients sharded over the ranks",
+    HR_EVENT_BIT(HR_EVENT_BACKWARD_END) | HR_EVENT_BIT(HR_EVENT_STEP_END),
+    HR_ROLE_GRADIENT_REDUCTION,
+    0,  // reserved0
+    create_hook,
+    destroy,
+    on_event,
+    nullptr,  // allocator
+    nullptr,  // optimizer
+    nullptr,  // save_state: nothing of its own (the host snapshots the shards)
+    nullptr,  // load_state
+    nullptr,  // get_extension
+};
+
+}  // namespace
+
+HR_PLUGIN_EXPORT hr_status hr_plugin_entry(hr_entry_args* args) {
+  return hr_negotiate(args, &kDescriptor);
+}
