@@ -33,6 +33,17 @@ void CommRequest::wait() {
 
 namespace comm_detail {
 
+namespace {
+bool g_mpi_unusable = false;  // training thread only (MPI_THREAD_FUNNELED), then the exit
+}  // namespace
+
+void mark_mpi_unusable() {
+  g_mpi_unusable = true;
+}
+bool mpi_unusable() {
+  return g_mpi_unusable;
+}
+
 void check_dtype(Dtype dtype, const char* collective) {
   if (dtype != Dtype::kF32 && dtype != Dtype::kBF16 && dtype != Dtype::kF16)
     throw std::invalid_argument(std::string(collective) + ": dtype " + dtype_name(dtype) +

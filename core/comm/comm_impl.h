@@ -20,6 +20,12 @@ std::string describe(const char* collective, uint64_t n, Dtype dtype, const char
 const char* op_name(ReduceOp op);
 
 std::unique_ptr<Communicator> make_self_communicator(Device& device);
+
+// A collective timed out or was stopped with a peer missing: the peer may be dead, and
+// MPI_Finalize's fence over every process would wait for it forever. After this, the exit gives
+// MPI_Finalize a few seconds, then ends the process with exit code 6 (ranks.cpp).
+void mark_mpi_unusable();
+bool mpi_unusable();
 #if HEADROOM_HAVE_MPI
 class MpiCommunicator;
 std::unique_ptr<MpiCommunicator> make_mpi_communicator(Device& device,

@@ -416,6 +416,8 @@ void MpiCommunicator::check_alive() {
 [[noreturn]] void MpiCommunicator::fail(const CommError& error) {
   failed_ = true;
   failed_peer_ = dynamic_cast<const PeerFailed*>(&error) != nullptr;
+  // A peer that announced its failure is alive and finalizes too; one that never came may not be.
+  if (!failed_peer_) mark_mpi_unusable();
   failure_ = error.what();
   failure_rank_ = error.rank();
   if (failed_peer_) throw PeerFailed(failure_, failure_rank_);

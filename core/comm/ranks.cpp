@@ -3,13 +3,16 @@
 // plain `headroom train` needs no MPI at all, and a build without MPI still runs at world size 1.
 #include <unistd.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "core/comm/comm.h"
+#include "core/comm/comm_impl.h"
 
 #if HEADROOM_HAVE_MPI
 #include <mpi.h>
@@ -53,10 +56,20 @@ std::string local_host_name() {
 #if HEADROOM_HAVE_MPI
 // MPI is finalised at exit, after every communicator (each frees its MPI objects in its destructor
 // and checks MPI_Finalized first, in case one outlives this).
+// After a collective timed out or was stopped with a peer missing (mpi_unusable), that peer may
+// be dead, and MPI_Finalize's fence over every process would wait for it forever: a watchdog ends
+// the process with the exit code of a run stopped by another rank (6) if it has not returned
+// within a few seconds.
 void finalize_mpi() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  if (comm_detail::mpi_unusable())
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      std::_Exit(6);
+    }).detach();
+  MPI_Finalize();
 }
 
 RankInfo launched_ranks(const char* launcher) {
