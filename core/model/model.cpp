@@ -410,7 +410,7 @@ Param<T>& Layer<T>::add_param(const std::string& name, std::vector<int64_t> shap
 }
 
 template <class T>
-void Layer<T>::allocate_params(uint64_t ranks) {
+void Layer<T>::allocate_params(uint64_t ranks, bool grads) {
   flat_.padded = (flat_.numel + ranks - 1) / ranks * ranks;
   flat_.value =
       Buffer(device_, flat_.padded * sizeof(T), Category::kParameters, name_ + " parameters");
@@ -420,7 +420,7 @@ void Layer<T>::allocate_params(uint64_t ranks) {
                            name_ + " parameters (" + dtype_name(dt_) + ")");
     ops().fill(dt_, flat_.compute.as<void>(), flat_.padded, 0.0);
   }
-  ensure_grads();
+  if (grads) ensure_grads();
 }
 
 template <class T>
@@ -471,7 +471,7 @@ Buffer Layer<T>::workspace(uint64_t numel, const char* what) {
 
 template <class T>
 Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, Dtype compute,
-            uint64_t shard_ranks)
+            uint64_t shard_ranks, bool grads_on_demand)
     : config_(config), device_(device), dt_(compute) {
   const bool ok = compute == dtype_of<T>() || (dtype_of<T>() == Dtype::kF32 &&
                                                (compute == Dtype::kBF16 || compute == Dtype::kF16));
@@ -488,7 +488,7 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, Dtype comp
   Head<T>& h = *head;
   layers_.push_back(std::move(head));
   for (const auto& layer : layers_)
-    layer->allocate_params(shard_ranks);
+    layer->allocate_params(shard_ranks, !grads_on_demand);
 
   // GPT-2 init, in a fixed order: wte, wpe, then each block.
   NormalRng rng(seed);

@@ -66,8 +66,9 @@ struct Param {
   uint64_t offset = 0;                // elements from the start of its layer's flat buffers
   const FlatStorage* flat = nullptr;  // its layer's
   Dtype compute_dtype = dtype_of<T>();
-  T* data() const { return flat->value.as<T>() + offset; }
-  T* gdata() const { return flat->grad.as<T>() + offset; }
+  // nullptr while the layer's buffer of that kind is released (sharded gradients, zero2).
+  T* data() const { return flat->value ? flat->value.as<T>() + offset : nullptr; }
+  T* gdata() const { return flat->grad ? flat->grad.as<T>() + offset : nullptr; }
   // What the layers read and write: the compute copy where there is one, else the master.
   void* cdata() const {
     return flat->compute ? flat->compute.as<char>() + offset * dtype_size(compute_dtype)
@@ -109,9 +110,10 @@ class Layer {
   const std::vector<std::unique_ptr<Param<T>>>& params() const { return params_; }
   const FlatStorage& flat() const { return flat_; }
 
-  // Allocates the flat buffers of the parameters the constructor added (zeroed gradients), with
-  // numel rounded up to a multiple of `ranks` (1: no padding). Gpt calls it once per layer.
-  void allocate_params(uint64_t ranks);
+  // Allocates the flat buffers of the parameters the constructor added (zeroed gradients, unless
+  // `grads` is false: sharded gradients are made by ensure_grads when the backward needs them),
+  // with numel rounded up to a multiple of `ranks` (1: no padding). Gpt calls it once per layer.
+  void allocate_params(uint64_t ranks, bool grads = true);
   // Sharded gradients (zero2, zero3): the full gradients of the layer exist only while it runs
   // its backward. release_grads frees them (master and compute); ensure_grads makes them again,
   // zeroed, when released. has_grads: they exist.
@@ -202,9 +204,10 @@ class Gpt {
   // then also holds compute copies of the parameters and their gradients (Param::compute).
   // Throws std::invalid_argument for another combination.
   // `shard_ranks`: the ranks each layer's flat buffers are partitioned over (its numel padded to a
-  // multiple of it); 1 when nothing is sharded.
+  // multiple of it); 1 when nothing is sharded. `grads_on_demand` (sharded gradients): no full
+  // gradients until a layer's backward makes them (Layer::ensure_grads).
   Gpt(const ModelConfig& config, Device& device, uint64_t seed, Dtype compute = dtype_of<T>(),
-      uint64_t shard_ranks = 1);
+      uint64_t shard_ranks = 1, bool grads_on_demand = false);
   ~Gpt();
 
   // Every layer's forward: returns the mean loss over the batch's (non-ignored) tokens. The head

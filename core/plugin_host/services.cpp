@@ -729,6 +729,24 @@ struct HostServices {
   static hr_status shard_wait(hr_host* h) {
     return sharded(h, "wait", [&](Sharding& s) { s.wait(); });
   }
+  static hr_status shard_gradient_range(hr_host* h, int32_t layer, hr_tensor* out) {
+    LoadedPlugin& p = plugin(h);
+    Sharding* sh = run(h).sharding();
+    if (!out || !sh || layer < 0 || layer >= int32_t(run(h).built_model()->layers().size())) {
+      p.error = std::string(HR_EXT_SHARD " gradient_range: ") +
+                (!out  ? "out must not be NULL"
+                 : !sh ? "nothing is sharded"
+                       : "layer " + std::to_string(layer) + " does not exist");
+      return HR_ERROR_INVALID;
+    }
+    const uint64_t n = sh->shard_numel(layer);
+    // Named as its layer (a name that outlives the call).
+    hr_tensor t = f32_view(run(h).built_model()->layers()[size_t(layer)]->name(), {int64_t(n)}, n,
+                           sh->gradient_range(layer));
+    t.data = t.grad = sh->gradient_range(layer);
+    write_sized(out, t);
+    return HR_OK;
+  }
 
   static const void* get_extension(hr_host* h, const char* id);
 };
@@ -841,6 +859,7 @@ enum Fn : int {
   kExtShardReduceGradients,
   kExtShardGatherParameters,
   kExtShardWait,
+  kExtShardGradientRange,
   kNumFns
 };
 
@@ -925,6 +944,7 @@ constexpr Rule kRules[kNumFns] = {
     {HR_EXT_SHARD " reduce_gradients", kAnyone, When::kNotInAllocation, kNotAllowed},
     {HR_EXT_SHARD " gather_parameters", kAnyone, When::kNotInAllocation, kNotAllowed},
     {HR_EXT_SHARD " wait", kAnyone, When::kNotInAllocation, kNotAllowed},
+    {HR_EXT_SHARD " gradient_range", kAnyone, When::kAnyTime, kNotAllowed},
 };
 
 std::string roles_words(uint32_t roles) {
@@ -1093,7 +1113,8 @@ const hr_ext_shard kShard = {sizeof(hr_ext_shard),
                              HR_CHECKED(kExtShardLayout, shard_layout),
                              HR_CHECKED(kExtShardReduceGradients, shard_reduce_gradients),
                              HR_CHECKED(kExtShardGatherParameters, shard_gather_parameters),
-                             HR_CHECKED(kExtShardWait, shard_wait)};
+                             HR_CHECKED(kExtShardWait, shard_wait),
+                             HR_CHECKED(kExtShardGradientRange, shard_gradient_range)};
 
 }  // namespace
 

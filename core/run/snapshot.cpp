@@ -328,15 +328,10 @@ SnapshotData parse_snapshot(const uint8_t* data, size_t size, const std::string&
 // ---------------------------------------------------------------------------------------------
 // Writing
 
-std::string write_snapshot(const std::string& dir, const SnapshotData& d, int keep) {
-  if (d.step < 1 || d.skipped_steps < 0 || d.skipped_steps > d.step)
-    throw std::invalid_argument("write_snapshot: step " + std::to_string(d.step) +
-                                ", skipped_steps " + std::to_string(d.skipped_steps) +
-                                " out of range");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw OutputError("snapshot " + dir + ": cannot create the folder: " + ec.message());
+namespace {
 
+// `d` in format 02 at `path`, through AtomicFile (`what` names it in errors).
+void write_container(const std::string& path, const SnapshotData& d, const char* what) {
   // Manifest: where each tensor and plugin state sits in the payload.
   nlohmann::json m;
   m["step"] = d.step;
@@ -368,17 +363,28 @@ std::string write_snapshot(const std::string& dir, const SnapshotData& d, int ke
       checksum = fnv1a(bytes.data(), bytes.size(), checksum);
   put_u64(header + 16, checksum);
 
+  // Destroyed without commit() (a write failed), the temporary goes and nothing else changes.
+  AtomicFile out(path, what);
+  out.write(header, sizeof header);
+  out.write(manifest);
+  for (const auto* items : {&d.tensors, &d.plugins})
+    for (const auto& [name, bytes] : *items)
+      out.write(bytes.data(), bytes.size());
+  out.commit();
+}
+
+}  // namespace
+
+std::string write_snapshot(const std::string& dir, const SnapshotData& d, int keep) {
+  if (d.step < 1 || d.skipped_steps < 0 || d.skipped_steps > d.step)
+    throw std::invalid_argument("write_snapshot: step " + std::to_string(d.step) +
+                                ", skipped_steps " + std::to_string(d.skipped_steps) +
+                                " out of range");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw OutputError("snapshot " + dir + ": cannot create the folder: " + ec.message());
   const std::string final_path = (fs::path(dir) / step_name(d.step)).string();
-  {
-    // Destroyed without commit() (a write failed), the temporary goes and nothing else changes.
-    AtomicFile out(final_path, "snapshot");
-    out.write(header, sizeof header);
-    out.write(manifest);
-    for (const auto* items : {&d.tensors, &d.plugins})
-      for (const auto& [name, bytes] : *items)
-        out.write(bytes.data(), bytes.size());
-    out.commit();
-  }
+  write_container(final_path, d, "snapshot");
 
   const std::vector<fs::path> all = snapshots_in(dir);
   std::vector<int64_t> pruned;
@@ -424,48 +430,46 @@ std::string snapshot_file(const std::string& dir, int64_t step) {
   return (fs::path(dir) / step_name(step)).string();
 }
 
+namespace {
+// What a rank part's "model" field holds: whose part it is.
+std::string rank_part_owner(int rank, int world_size) {
+  return "rank " + std::to_string(rank) + " of " + std::to_string(world_size);
+}
+}  // namespace
+
 void write_rank_part(const std::string& dir, int64_t step, int rank, int world_size,
-                     const std::string& data_state) {
+                     const std::string& data_state,
+                     const std::map<std::string, std::vector<uint8_t>>& tensors) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw OutputError("snapshot " + dir + ": cannot create the folder: " + ec.message());
-  nlohmann::json j;
-  j["step"] = step;
-  j["rank"] = rank;
-  j["world_size"] = world_size;
-  j["data_state"] = data_state;
-  AtomicFile out((fs::path(dir) / rank_part_name(step, rank)).string(), "snapshot rank part");
-  out.write(j.dump() + "\n");
-  out.commit();
+  SnapshotData d;
+  d.step = step;
+  d.data_state = data_state;
+  d.model = rank_part_owner(rank, world_size);
+  d.optimizer = "-";
+  d.tensors = tensors;
+  write_container((fs::path(dir) / rank_part_name(step, rank)).string(), d, "snapshot rank part");
 }
 
-std::string read_rank_part(const std::string& dir, int64_t step, int rank, int world_size) {
+RankPart read_rank_part(const std::string& dir, int64_t step, int rank, int world_size) {
   const std::string file = (fs::path(dir) / rank_part_name(step, rank)).string();
   auto bad = [&](const std::string& what) {
     return ConfigError("rank " + std::to_string(rank) + "'s part " + file + " " + what);
   };
   std::ifstream in(file, std::ios::binary);
   if (!in) throw bad("cannot be opened: " + std::string(std::strerror(errno)));
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  nlohmann::json j;
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  SnapshotData d;
   try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception&) {
-    throw bad("is not JSON");
+    d = parse_snapshot(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), file);
+  } catch (const ConfigError& e) {
+    throw bad(std::string("is damaged: ") + e.what());
   }
-  if (!j.is_object() || j.size() != 4 || !j.contains("step") || !j["step"].is_number_integer() ||
-      !j.contains("rank") || !j["rank"].is_number_integer() || !j.contains("world_size") ||
-      !j["world_size"].is_number_integer() || !j.contains("data_state") ||
-      !j["data_state"].is_string())
-    throw bad("is not a rank part (keys step, rank, world_size, data_state)");
-  if (j["step"].get<int64_t>() != step || j["rank"].get<int64_t>() != rank ||
-      j["world_size"].get<int64_t>() != world_size)
-    throw bad("is of step " + std::to_string(j["step"].get<int64_t>()) + ", rank " +
-              std::to_string(j["rank"].get<int64_t>()) + " of " +
-              std::to_string(j["world_size"].get<int64_t>()) + "; expected step " +
-              std::to_string(step) + ", rank " + std::to_string(rank) + " of " +
-              std::to_string(world_size));
-  return j["data_state"].get<std::string>();
+  if (d.step != step || d.model != rank_part_owner(rank, world_size))
+    throw bad("is of step " + std::to_string(d.step) + ", " + d.model + "; expected step " +
+              std::to_string(step) + ", " + rank_part_owner(rank, world_size));
+  return {d.data_state, std::move(d.tensors)};
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -80,11 +80,12 @@ SnapshotData read_snapshot(const std::string& file);
 SnapshotData parse_snapshot(const uint8_t* data, size_t size, const std::string& name);
 
 // Ranks (world size W > 1). Rank 0 writes the replicated state as above, with data_state
-// ranks_data_state(W) ("ranks W"); each rank r writes its own part, its data position, beside it
-// as DIR/step_<N>.rank<r>.data (AtomicFile; a JSON object {"step", "rank", "world_size",
-// "data_state"}). Every rank writes its part before rank 0 writes step_<N>.hrsnap, so a snapshot
-// file means every part is there (on a folder every rank shares); pruning a snapshot removes its
-// parts.
+// ranks_data_state(W) ("ranks W"); each rank r writes its own part beside it as
+// DIR/step_<N>.rank<r>.data: its data position and the tensors that are its own (its shards of the
+// optimizer state, when a zero plugin shards it), in format 02 (AtomicFile) with "model" saying
+// whose part it is ("rank r of W") and "optimizer" "-". Every rank writes its part before rank 0
+// writes step_<N>.hrsnap, so a snapshot file means every part is there (on a folder every rank
+// shares); pruning a snapshot removes its parts.
 std::string ranks_data_state(int world_size);
 // The world size a snapshot was written at: W for ranks_data_state(W), else 1.
 int snapshot_world_size(const std::string& data_state);
@@ -92,10 +93,15 @@ int snapshot_world_size(const std::string& data_state);
 std::string snapshot_file(const std::string& dir, int64_t step);
 // Writes rank `rank`'s part of step N's snapshot. Throws OutputError.
 void write_rank_part(const std::string& dir, int64_t step, int rank, int world_size,
-                     const std::string& data_state);
-// Reads it back: its data_state. ConfigError when it is missing or is not rank `rank`'s of step
-// N at world size `world_size`.
-std::string read_rank_part(const std::string& dir, int64_t step, int rank, int world_size);
+                     const std::string& data_state,
+                     const std::map<std::string, std::vector<uint8_t>>& tensors = {});
+struct RankPart {
+  std::string data_state;
+  std::map<std::string, std::vector<uint8_t>> tensors;
+};
+// Reads it back. ConfigError when it is missing, damaged, or not rank `rank`'s of step N at world
+// size `world_size`.
+RankPart read_rank_part(const std::string& dir, int64_t step, int rank, int world_size);
 
 // The checksum format 02 stores at offset 16, of a whole file's bytes (size >= 24). For tools and
 // tests that build a file by hand.

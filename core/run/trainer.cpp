@@ -105,7 +105,8 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     // a multiple of the ranks.
     model_ =
         std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed, compute_dtype_,
-                                     shard_what_ ? uint64_t(comm_->world_size()) : 1);
+                                     shard_what_ ? uint64_t(comm_->world_size()) : 1,
+                                     (shard_what_ & kShardGradients) != 0);
     build_buckets();
     if (shard_what_) {
       sharding_ = std::make_unique<Sharding>(*model_, *comm_, shard_what_);
@@ -603,6 +604,18 @@ void Trainer::set_compute_dtype(const std::string& plugin, Dtype dtype) {
   compute_dtype_by_ = plugin;
 }
 
+bool Trainer::sharded_state() const {
+  return sharding_ && comm_->world_size() > 1;
+}
+
+std::string Trainer::optimizer_signature() const {
+  if (plugins_->provides_optimizer()) return "plugin";
+  // Sharded state resumes only as sharded state, over as many ranks (until resharding).
+  return sharded_state() ? config_.train.optimizer + " sharded over " +
+                               std::to_string(comm_->world_size()) + " ranks"
+                         : config_.train.optimizer;
+}
+
 void Trainer::set_partition(const std::string& plugin, uint32_t what) {
   if (model_)
     throw std::logic_error(plugin +
@@ -684,10 +697,16 @@ std::string Trainer::write_snapshot(
     int64_t step, const std::string& data_state,
     const std::map<std::string, std::vector<uint8_t>>& plugin_states) {
   const int world = comm_->world_size();
+  // Sharded optimizer state (zero plugins) is each rank's own: it goes in the rank's part.
+  std::map<std::string, std::vector<uint8_t>> own;
+  if (sharded_state())
+    for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
+      own[s.name] = bytes_of(device_->backend(), s.data, s.numel);
   if (world > 1) {
-    // Each rank's own part (its data position) first, then, once every rank's is written, rank 0
-    // writes the replicated state: a step_<N>.hrsnap in the folder means every part is there.
-    write_rank_part(config_.snapshot.dir, step, comm_->rank(), world, data_state);
+    // Each rank's own part (its data position, its shards) first, then, once every rank's is
+    // written, rank 0 writes the replicated state: a step_<N>.hrsnap in the folder means every
+    // part is there.
+    write_rank_part(config_.snapshot.dir, step, comm_->rank(), world, data_state, own);
     comm_->barrier().wait();
     if (!root()) {
       snapshot_path_ = snapshot_file(config_.snapshot.dir, step);
@@ -701,12 +720,13 @@ std::string Trainer::write_snapshot(
   // With ranks the data positions are in the rank parts; the replicated file says how many.
   d.data_state = world > 1 ? ranks_data_state(world) : data_state;
   d.model = model_signature(config_.model);
-  d.optimizer = plugins_->provides_optimizer() ? "plugin" : config_.train.optimizer;
+  d.optimizer = optimizer_signature();
   const std::vector<Param<float>*> params = model_->params();
   for (const Param<float>* p : params)
     d.tensors[p->name] = bytes_of(device_->backend(), p->data(), p->numel);
-  for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
-    d.tensors[s.name] = bytes_of(device_->backend(), s.data, s.numel);
+  if (!sharded_state())
+    for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
+      d.tensors[s.name] = bytes_of(device_->backend(), s.data, s.numel);
   d.plugins = plugin_states;
   const std::string path = headroom::write_snapshot(config_.snapshot.dir, d, config_.snapshot.keep);
   snapshot_path_ = path;
@@ -730,6 +750,7 @@ int64_t Trainer::resume() {
   const int world = comm_->world_size();
   const int written_by = snapshot_world_size(d.data_state);
   std::string data_state = d.data_state;
+  RankPart part;
   std::string why;
   if (written_by != world) {
     why = "was written by " + std::to_string(written_by) + " rank" + (written_by == 1 ? "" : "s") +
@@ -738,7 +759,8 @@ int64_t Trainer::resume() {
           "(resume with the same number of ranks)";
   } else if (world > 1) {
     try {
-      data_state = read_rank_part(options_.resume_dir, d.step, comm_->rank(), world);
+      part = read_rank_part(options_.resume_dir, d.step, comm_->rank(), world);
+      data_state = part.data_state;
     } catch (const ConfigError& e) {
       why = std::string("is incomplete: ") + e.what();
     }
@@ -752,30 +774,37 @@ int64_t Trainer::resume() {
   if (d.model != model_signature(config_.model))
     throw refuse("is of another model (" + d.model + "); this config has " +
                  model_signature(config_.model));
-  const std::string optimizer = plugins_->provides_optimizer() ? "plugin" : config_.train.optimizer;
+  const std::string optimizer = optimizer_signature();
   if (d.optimizer != optimizer)
     throw refuse("was made with optimizer " + d.optimizer + ", this config uses " + optimizer);
   if (d.step >= config_.train.steps)
     throw refuse("is at step " + std::to_string(d.step) +
                  ", already at train.steps = " + std::to_string(config_.train.steps));
   // Every tensor the run has must be in the snapshot, with the same size; nothing else may be.
-  const std::vector<Param<float>*> params = model_->params();
-  std::vector<std::pair<std::string, std::pair<float*, uint64_t>>> targets;
-  for (Param<float>* p : params)
-    targets.push_back({p->name, {p->data(), p->numel}});
+  // Sharded optimizer state is in this rank's part instead.
+  using Targets = std::vector<std::pair<std::string, std::pair<float*, uint64_t>>>;
+  auto load = [&](const std::map<std::string, std::vector<uint8_t>>& tensors,
+                  const Targets& targets, const std::string& where) {
+    if (targets.size() != tensors.size())
+      throw refuse(where + "holds " + std::to_string(tensors.size()) + " tensors; this run has " +
+                   std::to_string(targets.size()));
+    for (const auto& [name, dst] : targets) {
+      const auto it = tensors.find(name);
+      if (it == tensors.end()) throw refuse(where + "has no tensor '" + name + "'");
+      if (it->second.size() != dst.second * sizeof(float))
+        throw refuse(where + "has tensor '" + name + "' of " + std::to_string(it->second.size()) +
+                     " bytes; expected " + std::to_string(dst.second * sizeof(float)));
+      device_->backend().upload(dst.first, it->second.data(), it->second.size());
+    }
+  };
+  Targets replicated, own;
+  for (Param<float>* p : model_->params())
+    replicated.push_back({p->name, {p->data(), p->numel}});
   for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
-    targets.push_back({s.name, {s.data, s.numel}});
-  if (targets.size() != d.tensors.size())
-    throw refuse("holds " + std::to_string(d.tensors.size()) + " tensors; this run has " +
-                 std::to_string(targets.size()));
-  for (const auto& [name, dst] : targets) {
-    const auto it = d.tensors.find(name);
-    if (it == d.tensors.end()) throw refuse("has no tensor '" + name + "'");
-    if (it->second.size() != dst.second * sizeof(float))
-      throw refuse("has tensor '" + name + "' of " + std::to_string(it->second.size()) +
-                   " bytes; expected " + std::to_string(dst.second * sizeof(float)));
-    device_->backend().upload(dst.first, it->second.data(), it->second.size());
-  }
+    (sharded_state() ? own : replicated).push_back({s.name, {s.data, s.numel}});
+  load(d.tensors, replicated, "");
+  if (world > 1)
+    load(part.tensors, own, "(rank " + std::to_string(comm_->rank()) + "'s part) ");
   device_->backend().synchronize();  // `d` holds the bytes until here
   model_->sync_compute_params();
   try {

@@ -171,6 +171,10 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   uint32_t shard_what_ = 0;
   std::string shard_plugin_;
   std::unique_ptr<Sharding> sharding_;
+  // The optimizer state is sharded over more than one rank: snapshots keep it in the rank parts.
+  bool sharded_state() const;
+  // What a snapshot's "optimizer" says: "adamw", "adamw sharded over 2 ranks", "plugin".
+  std::string optimizer_signature() const;
   std::unique_ptr<DataSource> data_;
   std::unique_ptr<DataLoader> loader_;
   std::vector<EventListener*> listeners_;

@@ -92,6 +92,15 @@ void Sharding::reduce_gradients(int layer) {
   for (const Pending& p : pending_)
     if (p.layer == layer && !p.gather)
       throw std::logic_error("layer " + std::to_string(layer) + "'s gradients are being reduced");
+  // Sharded gradients: the reductions started before this one are finished first (their full
+  // gradients freed), so that at most one layer's are in flight while the next computes.
+  if (what_ & kShardGradients) {
+    for (Pending& p : pending_)
+      if (!p.gather) finish(p);
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                  [](const Pending& p) { return !p.gather; }),
+                   pending_.end());
+  }
   float* full = f.grad.as<float>();
   float* mine = full + uint64_t(rank()) * S;
   pending_.push_back(
@@ -157,6 +166,13 @@ void Sharding::check_gathered(const std::string& who) const {
     throw std::logic_error("plugin '" + who + "' shards the optimizer state but did not gather " +
                            "layer(s) " + layer_list(missed) +
                            " after the update, by STEP_END (headroom.shard/1 gather_parameters)");
+}
+
+float* Sharding::gradient_range(int layer) const {
+  const LayerShard& ls = layers_[size_t(layer)];
+  if (ls.grad) return ls.grad.as<float>();
+  const FlatStorage& f = model_.layers()[size_t(layer)]->flat();
+  return f.grad.as<float>() + uint64_t(rank()) * ls.shard;
 }
 
 double Sharding::grad_sum_squares() {

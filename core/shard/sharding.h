@@ -76,6 +76,10 @@ class Sharding {
   // The optimizer updated the ranges: every layer needs gathering before the next forward.
   void updated();
 
+  // Layer l's gradients as the optimizer reads them on this rank: its range of the full gradients
+  // (optimizer state sharded) or its gradient shard (gradients sharded); shard_numel(l) elements.
+  float* gradient_range(int layer) const;
+
   // The sum of squares of this rank's gradient ranges over every rank: the global norm's square.
   double grad_sum_squares();
 

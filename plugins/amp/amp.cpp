@@ -30,10 +30,15 @@
 // The scale, the counters and the skipped steps are in snapshots (save_state); the host's metrics
 // carry loss_scale and skipped_steps.
 //
-// Training thread only (create, GRADS_READY); no locking. Device work (op_nonfinite, op_scale)
+// With a zero plugin (headroom.shard/1) each rank checks and unscales only its ranges of the
+// gradients, and the ranks agree on an overflow over headroom.comm/1 before vetoing.
+//
+// Training thread only (create, TRAIN_BEGIN, GRADS_READY); no locking. Device work (op_nonfinite, op_scale)
 // goes on the compute stream. Only hr_plugin_entry is exported; no C++ exception crosses the C
 // ABI.
+#include <headroom/ext/comm.h>
 #include <headroom/ext/estimate.h>
+#include <headroom/ext/shard.h>
 #include <headroom/plugin.h>
 
 #include "common/hook_guard.h"
@@ -100,6 +105,12 @@ class Amp {
         break;
       }
     }
+    // Sharded gradients (a zero plugin): each rank sees only its ranges, so the ranks agree: any
+    // rank's overflow skips the step everywhere.
+    if (sharded_) {
+      const hr_status st = agree(&overflow);
+      if (st != HR_OK) return st;
+    }
     if (overflow) return on_overflow();
     for (const hr_tensor& g : grads) {
       const hr_status st = s_->op_scale(s_->host, g.grad, g.dtype, g.numel, 1.0 / st_.scale);
@@ -163,10 +174,40 @@ class Amp {
     return s_->set_loss_scale(s_->host, scale);
   }
 
-  // Every parameter's fp32 gradient (the masters' gradients the optimizer reads).
+  // Whether any rank overflowed: the flags summed over the ranks (headroom.comm/1, f32 on the
+  // device: a host-side value must travel in a device buffer).
+  hr_status agree(bool* overflow) {
+    if (!comm_ || comm_->world_size(s_->host) <= 1) return HR_OK;
+    void* flag = s_->alloc(s_->host, sizeof(float), HR_MEM_WORKSPACE, "amp: overflow flag");
+    if (!flag) {
+      s_->set_error(s_->host, "no memory for the overflow flag");
+      return HR_ERROR_OUT_OF_MEMORY;
+    }
+    hr_status st = s_->op_fill(s_->host, flag, HR_DTYPE_F32, 1, *overflow ? 1.0 : 0.0);
+    hr_comm_request* req = nullptr;
+    if (st == HR_OK) st = comm_->all_reduce(s_->host, flag, 1, HR_DTYPE_F32, HR_COMM_SUM, &req);
+    if (st == HR_OK) st = comm_->wait(s_->host, req);
+    double sum = 0.0;
+    if (st == HR_OK) st = s_->op_sum_squares(s_->host, flag, HR_DTYPE_F32, 1, &sum);
+    s_->free(s_->host, flag);
+    if (st == HR_OK) *overflow = sum > 0;
+    return st;
+  }
+
+  // Every fp32 gradient the optimizer reads: each parameter's, or with sharded gradients each
+  // layer's range on this rank (headroom.shard/1).
   std::vector<hr_tensor> gradients() const {
     std::vector<hr_tensor> out;
     const int32_t layers = s_->num_layers(s_->host);
+    if (sharded_) {
+      for (int32_t l = 0; l < layers; ++l) {
+        hr_tensor t;
+        std::memset(&t, 0, sizeof t);
+        t.struct_size = sizeof t;
+        if (shard_->gradient_range(s_->host, l, &t) == HR_OK) out.push_back(t);
+      }
+      return out;
+    }
     for (int32_t l = 0; l < layers; ++l) {
       const int32_t n = s_->layer_num_params(s_->host, l);
       for (int32_t i = 0; i < n; ++i) {
@@ -183,6 +224,24 @@ class Amp {
   bool fp16_;
   ScalerConfig c_;
   ScalerState st_;
+
+ public:
+  // From TRAIN_BEGIN on (a zero plugin partitions in its create(), which may come after amp's).
+  void find_shards() {
+    if (!HR_HAS_FIELD(s_, hr_host_services, get_extension)) return;
+    shard_ = static_cast<const hr_ext_shard*>(s_->get_extension(s_->host, HR_EXT_SHARD));
+    comm_ = static_cast<const hr_ext_comm*>(s_->get_extension(s_->host, HR_EXT_COMM));
+    if (!shard_ || !comm_) return;
+    hr_shard_layout l;
+    std::memset(&l, 0, sizeof l);
+    l.struct_size = sizeof l;
+    sharded_ = shard_->layout(s_->host, 0, &l) == HR_OK && l.what != 0;
+  }
+
+ private:
+  const hr_ext_shard* shard_ = nullptr;
+  const hr_ext_comm* comm_ = nullptr;
+  bool sharded_ = false;
 };
 
 hr_status create(const hr_host_services* s, void** instance) {
@@ -276,6 +335,10 @@ void destroy(void* instance) {
 
 hr_status on_event(void* instance, const hr_event_info* info) {
   Amp* a = static_cast<Amp*>(instance);
+  if (info->event == HR_EVENT_TRAIN_BEGIN) {
+    a->find_shards();
+    return HR_OK;
+  }
   if (info->event != HR_EVENT_GRADS_READY) return HR_OK;
   return headroom_plugin::guarded(a->services(), "checking and unscaling the gradients",
                                   [&] { return a->on_grads_ready(); });
@@ -320,7 +383,7 @@ const hr_plugin_descriptor kDescriptor = {
     "1.0.0",
     "mixed precision: bf16 or fp16 activations and compute weights, fp32 master weights, dynamic "
     "loss scaling for fp16",
-    HR_EVENT_BIT(HR_EVENT_GRADS_READY),
+    HR_EVENT_BIT(HR_EVENT_TRAIN_BEGIN) | HR_EVENT_BIT(HR_EVENT_GRADS_READY),
     0,  // roles
     0,  // reserved0
     create_hook,

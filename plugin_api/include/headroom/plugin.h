@@ -174,7 +174,9 @@ typedef struct hr_tensor {
   int64_t shape[HR_MAX_DIMS];
   uint64_t numel;
   void* data;            /* device memory */
-  void* grad;            /* parameters: the gradient (same dtype and shape); else NULL */
+  void* grad;            /* parameters: the gradient (same dtype and shape); else NULL. Also
+                          * NULL while a run that shards gradients (headroom.shard/1, zero2)
+                          * holds only the layer's gradient shard */
   uint32_t weight_decay; /* parameters: 1 when weight decay applies (matrices, embeddings) */
   uint32_t reserved1;    /* zero */
 } hr_tensor;

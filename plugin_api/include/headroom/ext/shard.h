@@ -71,6 +71,14 @@ typedef struct hr_ext_shard {
   /* Waits for every reduction and gathering started and finishes each. HR_ERROR with a message
    * naming the rank when a collective cannot complete. */
   hr_status (*wait)(hr_host* host);
+  /* Layer `layer`'s gradients as the optimizer will read them on this rank, once reduced: its
+   * range of the full gradients (HR_SHARD_OPTIMIZER) or its gradient shard (with
+   * HR_SHARD_GRADIENTS); f32, `shard` elements, the padding included (zero). For a plugin that
+   * checks or rescales the gradients at GRADS_READY (amp's loss scaler) when they are sharded:
+   * each rank sees only its ranges, so such a plugin agrees with the other ranks
+   * (headroom.comm/1) before acting. HR_ERROR_INVALID when nothing is sharded or for a layer out
+   * of range. */
+  hr_status (*gradient_range)(hr_host* host, int32_t layer, hr_tensor* out);
 } hr_ext_shard;
 
 #ifdef __cplusplus
