@@ -103,10 +103,9 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     // In the compute dtype a plugin asked for while it was created (amp), else fp32.
     // Sharded (a zero plugin partitioned while it was created): every layer's buffers padded to
     // a multiple of the ranks.
-    model_ =
-        std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed, compute_dtype_,
-                                     shard_what_ ? uint64_t(comm_->world_size()) : 1,
-                                     (shard_what_ & kShardGradients) != 0);
+    model_ = std::make_unique<Gpt<float>>(
+        config_.model, *device_, config_.train.seed, compute_dtype_,
+        shard_what_ ? uint64_t(comm_->world_size()) : 1, (shard_what_ & kShardGradients) != 0);
     build_buckets();
     if (shard_what_) {
       sharding_ = std::make_unique<Sharding>(*model_, *comm_, shard_what_);
@@ -803,8 +802,7 @@ int64_t Trainer::resume() {
   for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
     (sharded_state() ? own : replicated).push_back({s.name, {s.data, s.numel}});
   load(d.tensors, replicated, "");
-  if (world > 1)
-    load(part.tensors, own, "(rank " + std::to_string(comm_->rank()) + "'s part) ");
+  if (world > 1) load(part.tensors, own, "(rank " + std::to_string(comm_->rank()) + "'s part) ");
   device_->backend().synchronize();  // `d` holds the bytes until here
   model_->sync_compute_params();
   try {

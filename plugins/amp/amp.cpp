@@ -33,9 +33,9 @@
 // With a zero plugin (headroom.shard/1) each rank checks and unscales only its ranges of the
 // gradients, and the ranks agree on an overflow over headroom.comm/1 before vetoing.
 //
-// Training thread only (create, TRAIN_BEGIN, GRADS_READY); no locking. Device work (op_nonfinite, op_scale)
-// goes on the compute stream. Only hr_plugin_entry is exported; no C++ exception crosses the C
-// ABI.
+// Training thread only (create, TRAIN_BEGIN, GRADS_READY); no locking. Device work (op_nonfinite,
+// op_scale) goes on the compute stream. Only hr_plugin_entry is exported; no C++ exception crosses
+// the C ABI.
 #include <headroom/ext/comm.h>
 #include <headroom/ext/estimate.h>
 #include <headroom/ext/shard.h>

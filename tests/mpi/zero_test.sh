@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# zero1 and zero2 across ranks, on the CPU backend with tiny models (CI has 2 cores).
+#
+#   zero_test.sh PART HEADROOM COMPARE PLUGIN_DIR MPIEXEC
+#
+# PART: bytes | equivalence | resume | errors. Every mpirun runs under `timeout`: a hang fails.
+set -euo pipefail
+part=$1 headroom=$2 compare=$3 plugins=$4 mpiexec=$5
+work=$(mktemp -d "${TMPDIR:-/tmp}/headroom_zero.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+mpirun() { timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe "$@"; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# n_embd 10 with vocab 31 and seq_len 7: the embedding has 380 elements, each block 1330 and the
+# head 20, so a block does not split evenly over 2 or 4 ranks (its last rank holds padding).
+cat > base.toml <<'TOML'
+[model]
+n_layer = 2
+n_head = 2
+n_embd = 10
+seq_len = 7
+vocab_size = 31
+
+[train]
+steps = 20
+micro_batch = 2
+optimizer = "adamw"
+lr = 0.01
+seed = 5
+
+[data]
+kind = "synthetic"
+workers = 0
+TOML
+# cfg.toml with zero STAGE (and more lines appended by the caller).
+with_zero() { cp base.toml "$2"; printf '\n[[plugins]]\nname = "zero%s"\n' "$1" >> "$2"; }
+"$headroom" train base.toml -q --set train.steps=1 --set train.lr=1e-30 --save-weights init.safetensors
+
+case $part in
+bytes)
+  # Every rank's tracker, by category, at the end of a run (what stays: parameters, gradients,
+  # optimizer state) against the closed forms, for N = 1, 2, 4, each stage, fp32 and amp bf16.
+  # The recorder plugin logs every ALLOC and FREE with its category; the peak of the full
+  # gradients (zero2) is bounded too.
+  closed() {  # closed STAGE N RANK AMP -> "params grads optimizer grads_peak_bound"
+    python3 - "$@" <<'PY'
+import sys
+stage, N, r, amp = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+C, V, T, L = 10, 31, 7, 2
+layers = [V * C + T * C] + [12 * C * C + 13 * C] * L + [2 * C]   # embedding, blocks, head
+padded = [-(-n // N) * N for n in layers]
+shard = [p // N for p in padded]
+es = 2 if amp else 0                                              # the compute copies' bytes
+params = sum(4 * p + es * p for p in padded)
+mine = [max(0, min(n, (r + 1) * s) - r * s) for n, s in zip(layers, shard)]
+opt = sum(8 * m for m in mine)                                    # AdamW m and v
+if stage == 1:
+    grads = sum(4 * p + es * p for p in padded)
+    bound = grads
+else:
+    grads = sum(4 * s for s in shard)                             # the gradient shards
+    # plus, during a backward: layer 0's full gradients (the tied wte) and two adjacent layers'
+    bound = grads + (4 + es) * (padded[0] + 2 * max(padded[1:]))
+print(params, grads, opt, bound)
+PY
+  }
+  tally() {  # tally EVENTS CATEGORY -> "live_at_end peak"
+    awk -v c="$2" '/ ALLOC / || / FREE / {
+        b = 0; k = -1
+        for (i = 1; i <= NF; i++) {
+          if ($i ~ /^bytes=/) b = substr($i, 7)
+          if ($i ~ /^category=/) k = substr($i, 10)
+        }
+        if (k != c) next
+        if ($0 ~ / ALLOC /) live += b; else live -= b
+        if (live > peak) peak = live
+      } END { print live + 0, peak + 0 }' "$1"
+  }
+  for amp in 0 1; do
+    for stage in 1 2; do
+      with_zero $stage cfg.toml
+      [ $amp = 1 ] && printf '\n[[plugins]]\nname = "amp"\ndtype = "bf16"\n' >> cfg.toml
+      printf '\n[[plugins]]\nname = "rec_a"\npath = "%s"\nout = "%s"\nper_rank = true\nalloc_events = true\n' \
+        "$plugins/rec_a.so" "$work/events" >> cfg.toml
+      for n in 1 2 4; do
+        rm -f events events.rank*
+        if [ $n = 1 ]; then
+          sed 's/per_rank = true/per_rank = false/' cfg.toml > one.toml
+          "$headroom" train one.toml -q --set train.steps=2
+          mv events events.rank0
+        else
+          mpirun -np $n "$headroom" train cfg.toml -q --set train.steps=2
+        fi
+        for ((r = 0; r < n; r++)); do
+          read -r params grads opt bound < <(closed $stage $n $r $amp)
+          what="zero$stage amp=$amp N=$n rank $r"
+          read -r p _ < <(tally events.rank$r 0)
+          read -r g gpeak < <(tally events.rank$r 1)
+          read -r o _ < <(tally events.rank$r 2)
+          [ "$p" = "$params" ] || fail "$what: parameters $p bytes, closed form $params"
+          [ "$g" = "$grads" ] || fail "$what: gradients $g bytes, closed form $grads"
+          [ "$o" = "$opt" ] || fail "$what: optimizer $o bytes, closed form $opt"
+          [ "$gpeak" -le "$bound" ] || fail "$what: gradients peaked at $gpeak > $bound bytes"
+        done
+      done
+    done
+  done
+  ;;
+equivalence)
+  # Against the data-parallel run (core's buckets) of the same config: 2 ranks, and 4 ranks with
+  # grad_accum 2. Where the sums are the same sums, bitwise; zero2's DeepSpeed-style reduction of
+  # every micro-step adds the ranks' averages micro-step by micro-step instead of reducing their
+  # sum once, which rounds differently: losses within 1e-6 relative, and the weights no farther
+  # from the DDP run's than two 1-rank runs that sum in other orders are from each other.
+  mpirun -np 2 "$headroom" train base.toml -q --metrics d2.jsonl --save-weights d2.safetensors
+  for stage in 1 2; do
+    with_zero $stage z.toml
+    mpirun -np 2 "$headroom" train z.toml -q --metrics z.jsonl --save-weights z.safetensors
+    "$compare" losses z.jsonl d2.jsonl 0 || fail "zero$stage, 2 ranks: losses"
+    "$compare" weights z.safetensors d2.safetensors init.safetensors 0 ||
+      fail "zero$stage, 2 ranks: weights (the padding must never reach them)"
+  done
+  ga=(--set train.micro_batch=1 --set train.grad_accum=2)
+  mpirun -np 4 "$headroom" train base.toml -q "${ga[@]}" --metrics d4.jsonl \
+    --save-weights d4.safetensors
+  with_zero 1 z.toml
+  mpirun -np 4 "$headroom" train z.toml -q "${ga[@]}" --metrics z.jsonl --save-weights z.safetensors
+  "$compare" losses z.jsonl d4.jsonl 0 || fail "zero1, 4 ranks: losses"
+  "$compare" weights z.safetensors d4.safetensors init.safetensors 0 || fail "zero1, 4 ranks: weights"
+  with_zero 2 z.toml
+  mpirun -np 4 "$headroom" train z.toml -q "${ga[@]}" --set plugins.zero2.reduce_every_micro_step=false \
+    --metrics z.jsonl --save-weights z.safetensors
+  "$compare" losses z.jsonl d4.jsonl 0 || fail "zero2 (local accumulation), 4 ranks: losses"
+  "$compare" weights z.safetensors d4.safetensors init.safetensors 0 ||
+    fail "zero2 (local accumulation), 4 ranks: weights"
+  mpirun -np 4 "$headroom" train z.toml -q "${ga[@]}" --metrics z.jsonl --save-weights z.safetensors
+  "$compare" losses z.jsonl d4.jsonl 1e-6 || fail "zero2, 4 ranks: losses"
+  "$headroom" train base.toml -q --set train.micro_batch=8 --save-weights mb.safetensors
+  "$headroom" train base.toml -q --set train.micro_batch=1 --set train.grad_accum=8 \
+    --save-weights ga.safetensors
+  "$compare" within z.safetensors d4.safetensors mb.safetensors ga.safetensors ||
+    fail "zero2, 4 ranks: weights"
+  # amp fp16 with a loss scale that overflows at first: the ranks agree to skip the same steps as
+  # the data-parallel run, and end bitwise where it ends.
+  printf '\n[[plugins]]\nname = "amp"\ndtype = "fp16"\ninit_scale = 1e30\nhysteresis = 1\n' > amp.part
+  cat base.toml amp.part > da.toml
+  mpirun -np 2 "$headroom" train da.toml -q --metrics da.jsonl --save-weights da.safetensors
+  grep -q '"skipped_steps":[1-9]' da.jsonl || fail "amp fp16 at init_scale 1e30 skipped no step"
+  with_zero 2 z.toml
+  cat amp.part >> z.toml
+  mpirun -np 2 "$headroom" train z.toml -q --metrics z.jsonl --save-weights z.safetensors
+  "$compare" losses z.jsonl da.jsonl 0 || fail "zero2 + amp fp16: losses"
+  [ "$(grep -o '"skipped_steps":[0-9]*' z.jsonl | tail -1)" = \
+    "$(grep -o '"skipped_steps":[0-9]*' da.jsonl | tail -1)" ] || fail "zero2 + amp fp16: skips"
+  "$compare" weights z.safetensors da.safetensors init.safetensors 0 || fail "zero2 + amp fp16: weights"
+  ;;
+resume)
+  # A zero2 run snapshotted at step 10 (each rank's optimizer shards in its part) and resumed
+  # matches the unbroken run bitwise; the snapshot is refused at another world size and without
+  # the zero plugin, saying why.
+  with_zero 2 z.toml
+  mpirun -np 2 "$headroom" train z.toml -q --set snapshot.every=10 --set snapshot.dir=snaps \
+    --save-weights full.safetensors
+  mkdir at10
+  cp snaps/step_000000000010.* at10/
+  mpirun -np 2 "$headroom" train z.toml -q --resume at10 --save-weights resumed.safetensors
+  cmp full.safetensors resumed.safetensors || fail "resumed weights differ from the unbroken run's"
+  set +e
+  out=$("$headroom" train z.toml -q --resume at10 2>&1); rc=$?
+  set -e
+  [ $rc = 2 ] && grep -q "written by 2 ranks; this run has 1" <<<"$out" ||
+    fail "zero2 resume at 1 rank: exit $rc: $out"
+  set +e
+  out=$(mpirun -np 2 "$headroom" train base.toml -q --resume at10 2>&1); rc=$?
+  set -e
+  [ $rc != 0 ] && grep -q "optimizer adamw sharded over 2 ranks, this config uses adamw" <<<"$out" ||
+    fail "resume without zero2: exit $rc: $out"
+  ;;
+errors)
+  # Two zero plugins: a config error naming both. A zero plugin with an optimizer-role plugin: the
+  # optimizer's state is its own and cannot be partitioned.
+  with_zero 1 z.toml
+  printf '\n[[plugins]]\nname = "zero2"\n' >> z.toml
+  set +e
+  out=$("$headroom" train z.toml -q 2>&1); rc=$?
+  set -e
+  [ $rc = 2 ] && grep -q "both 'zero1' .* and 'zero2' provide the gradient.reduction role" <<<"$out" ||
+    fail "two zero plugins: exit $rc: $out"
+  with_zero 2 z.toml
+  printf '\n[[plugins]]\nname = "plain_sgd"\npath = "%s"\n' "$plugins/plain_sgd.so" >> z.toml
+  set +e
+  out=$("$headroom" train z.toml -q 2>&1); rc=$?
+  set -e
+  [ $rc != 0 ] && grep -q "optimizer-role plugin keeps its own state" <<<"$out" ||
+    fail "zero2 with an optimizer plugin: exit $rc: $out"
+  ;;
+*)
+  fail "unknown part $part"
+  ;;
+esac
+echo "zero_test $part: ok"
