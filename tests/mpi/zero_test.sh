@@ -87,10 +87,10 @@ PY
         rm -f events events.rank*
         if [ $n = 1 ]; then
           sed 's/per_rank = true/per_rank = false/' cfg.toml > one.toml
-          "$headroom" train one.toml -q --set train.steps=2
+          "$headroom" train one.toml -q --set train.steps=1
           mv events events.rank0
         else
-          mpirun -np $n "$headroom" train cfg.toml -q --set train.steps=2
+          mpirun -np $n "$headroom" train cfg.toml -q --set train.steps=1
         fi
         for ((r = 0; r < n; r++)); do
           read -r params grads opt bound < <(closed $stage $n $r $amp)
