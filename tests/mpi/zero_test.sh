@@ -121,6 +121,16 @@ equivalence)
     "$compare" weights z.safetensors d2.safetensors init.safetensors 0 ||
       fail "zero$stage, 2 ranks: weights (the padding must never reach them)"
   done
+  # With checkpoint (every block recomputed) and defrag_allocator as well: still bitwise.
+  printf '\n[[plugins]]\nname = "checkpoint"\npolicy = "every"\n\n[[plugins]]\nname = "defrag_allocator"\n' \
+    > cd.part
+  for stage in 1 2; do
+    with_zero $stage z.toml
+    cat cd.part >> z.toml
+    mpirun -np 2 "$headroom" train z.toml -q --metrics z.jsonl --save-weights z.safetensors
+    "$compare" weights z.safetensors d2.safetensors init.safetensors 0 ||
+      fail "zero$stage + checkpoint + defrag_allocator, 2 ranks: weights"
+  done
   ga=(--set train.micro_batch=1 --set train.grad_accum=2)
   mpirun -np 4 "$headroom" train base.toml -q "${ga[@]}" --metrics d4.jsonl \
     --save-weights d4.safetensors
