@@ -15,6 +15,7 @@
 # bench/distributed.sh), so that start-up traffic cancels out. zero3 is not built; not measured.
 set -euo pipefail
 build=$(cd "${1:-build}" && pwd)
+repo=$(cd "$(dirname "$0")/.." && pwd)
 headroom=$build/bin/headroom
 rec=$build/tests/plugins/rec_a.so
 [ -f "$rec" ] || { echo "zero.sh: $rec is missing (build the tests)" >&2; exit 1; }
@@ -60,16 +61,7 @@ print(statistics.median(r[sys.argv[2]] for r in rows))
 PY
 }
 tally() {  # tally EVENTS CATEGORY -> "live_at_end peak" (as tests/mpi/zero_test.sh)
-  awk -v c="$2" '/ ALLOC / || / FREE / {
-      b = 0; k = -1
-      for (i = 1; i <= NF; i++) {
-        if ($i ~ /^bytes=/) b = substr($i, 7)
-        if ($i ~ /^category=/) k = substr($i, 10)
-      }
-      if (k != c) next
-      if ($0 ~ / ALLOC /) live += b; else live -= b
-      if (live > peak) peak = live
-    } END { print live + 0, peak + 0 }' "$1"
+  awk -v c="$2" -f "$repo/tests/mpi/tally.awk" "$1"
 }
 closed() {  # closed KIND N RANK -> "params grads grads_peak_bound optimizer comm psi psi_p"
   python3 - "$@" "$C" "$V" "$T" "$L" <<'PY'

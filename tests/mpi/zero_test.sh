@@ -6,6 +6,7 @@
 # PART: bytes | equivalence | resume | errors. Every mpirun runs under `timeout`: a hang fails.
 set -euo pipefail
 part=$1 headroom=$2 compare=$3 plugins=$4 mpiexec=$5
+here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/headroom_zero.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -66,16 +67,7 @@ print(params, grads, opt, bound)
 PY
   }
   tally() {  # tally EVENTS CATEGORY -> "live_at_end peak"
-    awk -v c="$2" '/ ALLOC / || / FREE / {
-        b = 0; k = -1
-        for (i = 1; i <= NF; i++) {
-          if ($i ~ /^bytes=/) b = substr($i, 7)
-          if ($i ~ /^category=/) k = substr($i, 10)
-        }
-        if (k != c) next
-        if ($0 ~ / ALLOC /) live += b; else live -= b
-        if (live > peak) peak = live
-      } END { print live + 0, peak + 0 }' "$1"
+    awk -v c="$2" -f "$here/tally.awk" "$1"
   }
   for amp in 0 1; do
     for stage in 1 2; do

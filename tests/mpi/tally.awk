@@ -1,0 +1,17 @@
+# The bytes of one tracker category in a recorder test plugin's events file (alloc_events = true):
+# what is live at the end and its peak, from every ALLOC and FREE line.
+#
+#   awk -v c=CATEGORY -f tests/mpi/tally.awk EVENTS    -> "live_at_end peak"
+#
+# CATEGORY is hr_mem_category's number: 0 parameters, 1 gradients, 2 optimizer, 6 communication.
+/ ALLOC / || / FREE / {
+  b = 0; k = -1
+  for (i = 1; i <= NF; i++) {
+    if ($i ~ /^bytes=/) b = substr($i, 7)
+    if ($i ~ /^category=/) k = substr($i, 10)
+  }
+  if (k != c) next
+  if ($0 ~ / ALLOC /) live += b; else live -= b
+  if (live > peak) peak = live
+}
+END { print live + 0, peak + 0 }
