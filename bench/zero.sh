@@ -82,7 +82,7 @@ else:
     params = 4 * psi_p
     opt = 8 * sum(mine)                       # AdamW m and v over this rank's real elements
     comm = 0
-    if kind == "zero1":
+    if kind == "zero1" or N == 1:             # zero2 on one rank partitions as zero1
         grads = 4 * psi_p
         bound = grads
     else:

@@ -252,6 +252,7 @@ void Trainer::run_steps() {
       data_wait_ms += loader_->next(host_inputs, host_targets);
       ops.upload(inputs.as<void>(), host_inputs, batch_bytes);
       ops.upload(targets.as<void>(), host_targets, batch_bytes);
+      if (sharding_) sharding_->begin_micro_step(micro_step_, A);
       micro_step(batch);
       // What a zero plugin started in this micro-step's backward is done before the next one
       // touches the gradients (or GRADS_READY reads them).

@@ -92,6 +92,11 @@ void Sharding::reduce_gradients(int layer) {
   for (const Pending& p : pending_)
     if (p.layer == layer && !p.gather)
       throw std::logic_error("layer " + std::to_string(layer) + "'s gradients are being reduced");
+  if (!(what_ & kShardGradients) && micro_ < micro_steps_)
+    throw std::logic_error(
+        "without sharded gradients a layer is reduced once, in the step's last "
+        "micro-step (this is micro-step " +
+        std::to_string(micro_) + " of " + std::to_string(micro_steps_) + ")");
   // Sharded gradients: the reductions started before this one are finished first (their full
   // gradients freed), so that at most one layer's are in flight while the next computes.
   if (what_ & kShardGradients) {

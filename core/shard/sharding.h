@@ -52,6 +52,11 @@ class Sharding {
 
   // Start of a step: the gradient shards are zeroed.
   void begin_step();
+  // Micro-step `micro` (1-based) of `micro_steps` starts.
+  void begin_micro_step(int micro, int micro_steps) {
+    micro_ = micro;
+    micro_steps_ = micro_steps;
+  }
   // Layer l's backward is about to end (before BACKWARD_END fires): its gradients need reducing
   // again. Also tests the collectives in flight, so that MPI moves them on between layers.
   void backward_done(int layer);
@@ -59,7 +64,8 @@ class Sharding {
   // this rank's range; asynchronous. With sharded gradients the result is added into the shard
   // when done and the full gradients are freed (the model makes them again, zeroed, before the
   // layer's next backward). Throws std::logic_error for a layer out of range, or one whose
-  // gradients are not there (reduced already this micro-step).
+  // gradients are not there (reduced already this micro-step), or, without sharded gradients, a
+  // micro-step before the step's last (the in-place reduction overwrites the other ranges).
   void reduce_gradients(int layer);
   // Layer l's parameters all-gathered from every rank's updated range, in place; asynchronous.
   // With compute copies (amp) the layer's copy is cast from its masters when done.
@@ -103,6 +109,7 @@ class Sharding {
   std::vector<LayerShard> layers_;
   std::vector<OptSegment> segments_;
   std::vector<Pending> pending_;
+  int micro_ = 1, micro_steps_ = 1;
 };
 
 }  // namespace headroom

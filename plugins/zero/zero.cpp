@@ -59,9 +59,9 @@ class Zero {
   }
 
  private:
-  // Whether this micro-step reduces: zero1 and a zero2 that accumulates locally only in the last.
+  // Whether this micro-step reduces: every one (zero2's default), else only the last.
   bool reduces(int32_t micro_step) const {
-    if (kStage == 2 && every_) return true;
+    if (every_) return true;
     hr_step_state st;
     std::memset(&st, 0, sizeof st);
     st.struct_size = sizeof st;
@@ -118,10 +118,18 @@ hr_status create(const hr_host_services* s, void** instance) {
     st = s->config_bool(s->host, "reduce_every_micro_step", &every);
     if (st != HR_OK) return st;
   }
-  st = shard->partition(s->host,
-                        kStage == 1 ? HR_SHARD_OPTIMIZER : HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS);
+  // One rank: a gradient shard would be the whole gradient, and zero2's full gradients of the
+  // backward would come on top of it; the optimizer state alone is partitioned (over one rank).
+  const bool one_rank = s->world_size(s->host) <= 1;
+  if (kStage == 2 && one_rank)
+    s->log(s->host, HR_LOG_INFO, "one rank: no gradient shards (the stage is zero1's)");
+  st = shard->partition(s->host, kStage == 1 || one_rank ? HR_SHARD_OPTIMIZER
+                                                         : HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS);
   if (st != HR_OK) return st;  // the host's message stands
-  *instance = new Zero(s, shard, step, overlap != 0, every != 0);
+  // Without gradient shards (zero1, or zero2 on one rank) the full gradients are reduced once, in
+  // the step's last micro-step.
+  const bool sharded_grads = kStage == 2 && !one_rank;
+  *instance = new Zero(s, shard, step, overlap != 0, sharded_grads && every != 0);
   return HR_OK;
 }
 

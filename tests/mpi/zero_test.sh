@@ -56,7 +56,7 @@ es = 2 if amp else 0                                              # the compute 
 params = sum(4 * p + es * p for p in padded)
 mine = [max(0, min(n, (r + 1) * s) - r * s) for n, s in zip(layers, shard)]
 opt = sum(8 * m for m in mine)                                    # AdamW m and v
-if stage == 1:
+if stage == 1 or N == 1:                                          # zero2 on one rank is zero1
     grads = sum(4 * p + es * p for p in padded)
     bound = grads
 else:
