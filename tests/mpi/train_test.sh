@@ -108,6 +108,16 @@ equivalence)
   ! grep -q mem_peak_bytes_by_rank mb4.jsonl || fail "a 1-rank run has mem_peak_bytes_by_rank"
   ;;
 buckets)
+  # first_launch EVENTS STEP: whether the step's first bucket (in its micro-step 2) launched
+  # "before" or "after" layer 0's BACKWARD_END, or "none".
+  first_launch() {
+    local launch end
+    launch=$(grep -n "BUCKET_LAUNCH step=$2 micro=2 " "$1" | head -1 | cut -d: -f1)
+    end=$(grep -n "BACKWARD_END step=$2 micro=2 layer=0" "$1" | cut -d: -f1)
+    if [ -z "$launch" ] || [ -z "$end" ]; then echo none
+    elif [ "$launch" -lt "$end" ]; then echo before
+    else echo after; fi
+  }
   recorder_table "alloc_events = true" >> cfg.toml
   mpirun -np 2 "$headroom" train cfg.toml -q --set train.grad_accum=2 --set train.steps=3
   closed=$("$compare" bytes init.safetensors)  # 4 bytes per parameter: the buckets' closed form
@@ -121,11 +131,9 @@ buckets)
     # In every step's last micro-step, a bucket starts before layer 0's backward ends, and every
     # wait comes before GRADS_READY.
     for s in 1 2 3; do
-      first_launch=$(grep -n "BUCKET_LAUNCH step=$s micro=2 " "$f" | head -1 | cut -d: -f1)
-      layer0_end=$(grep -n "BACKWARD_END step=$s micro=2 layer=0" "$f" | cut -d: -f1)
       last_done=$(grep -n "BUCKET_DONE step=$s " "$f" | tail -1 | cut -d: -f1)
       grads=$(grep -n "GRADS_READY step=$s " "$f" | cut -d: -f1)
-      [ -n "$first_launch" ] && [ "$first_launch" -lt "$layer0_end" ] ||
+      [ "$(first_launch "$f" $s)" = before ] ||
         fail "rank $r step $s: no bucket launched before BACKWARD_END of layer 0"
       [ "$last_done" -lt "$grads" ] || fail "rank $r step $s: a bucket waited for after GRADS_READY"
     done
@@ -141,10 +149,7 @@ buckets)
   mpirun -np 2 "$headroom" train cfg.toml -q --set train.grad_accum=2 --set train.steps=1 \
     --set distributed.overlap=false
   for r in 0 1; do
-    f=events.rank$r
-    first_launch=$(grep -n "BUCKET_LAUNCH step=1 micro=2 " "$f" | head -1 | cut -d: -f1)
-    layer0_end=$(grep -n "BACKWARD_END step=1 micro=2 layer=0" "$f" | cut -d: -f1)
-    [ -n "$first_launch" ] && [ "$first_launch" -gt "$layer0_end" ] ||
+    [ "$(first_launch events.rank$r 1)" = after ] ||
       fail "rank $r, overlap = false: a bucket launched before the backward was done"
   done
   # amp bf16: the model adds each layer's compute gradients into the fp32 masters as its backward
@@ -153,10 +158,7 @@ buckets)
   printf '\n[[plugins]]\nname = "amp"\ndtype = "bf16"\n' >> cfg.toml
   mpirun -np 2 "$headroom" train cfg.toml -q --set train.grad_accum=2 --set train.steps=1
   for r in 0 1; do
-    f=events.rank$r
-    first_launch=$(grep -n "BUCKET_LAUNCH step=1 micro=2 " "$f" | head -1 | cut -d: -f1)
-    layer0_end=$(grep -n "BACKWARD_END step=1 micro=2 layer=0" "$f" | cut -d: -f1)
-    [ -n "$first_launch" ] && [ "$first_launch" -lt "$layer0_end" ] ||
+    [ "$(first_launch events.rank$r 1)" = before ] ||
       fail "rank $r, amp bf16: no bucket launched before BACKWARD_END of layer 0"
   done
   # One rank: no buckets, no bucket events, no communication bytes.
