@@ -196,6 +196,24 @@ errors)
   set -e
   [ $rc != 0 ] && grep -q "optimizer-role plugin keeps its own state" <<<"$out" ||
     fail "zero2 with an optimizer plugin: exit $rc: $out"
+  # A sharding plugin that forgets its policy (tests/abi/plugins/lazy_shard.c): the host's checks
+  # stop the run (exit 1) naming it, the layers and the service it should have called.
+  lazy() {
+    cp base.toml z.toml
+    printf '\n[[plugins]]\nname = "lazy_shard"\npath = "%s"\n' "$plugins/lazy_shard.so" >> z.toml
+    set +e
+    out=$("$headroom" train z.toml -q --set train.steps=2 "$@" 2>&1); rc=$?
+    set -e
+  }
+  lazy
+  [ $rc = 1 ] && grep -q "plugin 'lazy_shard' .* did not reduce layer(s) 0, 1, 2, 3 before GRADS_READY" <<<"$out" ||
+    fail "a plugin that never reduces: exit $rc: $out"
+  lazy --set plugins.lazy_shard.reduce=true
+  [ $rc = 1 ] && grep -q "did not gather layer(s) 0, 1, 2, 3 after the update, by STEP_END" <<<"$out" ||
+    fail "a plugin that never gathers: exit $rc: $out"
+  lazy --set plugins.lazy_shard.reduce=true --set train.grad_accum=2
+  [ $rc = 1 ] && grep -q "reduced once, in the step's last micro-step (this is micro-step 1 of 2)" <<<"$out" ||
+    fail "an unsharded reduction before the last micro-step: exit $rc: $out"
   ;;
 *)
   fail "unknown part $part"
