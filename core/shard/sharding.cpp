@@ -148,13 +148,19 @@ void Sharding::wait() {
   pending_.clear();
 }
 
-void Sharding::check_reduced(const std::string& who) const {
-  std::vector<int> missed;
+// "layer(s) 0, 3" for the layers whose flag `member` is false; "" when none.
+std::string Sharding::missed(bool LayerShard::*member) const {
+  std::vector<int> layers;
   for (size_t l = 0; l < layers_.size(); ++l)
-    if (!layers_[l].reduced) missed.push_back(int(l));
-  if (!missed.empty())
+    if (!(layers_[l].*member)) layers.push_back(int(l));
+  return layers.empty() ? std::string() : "layer(s) " + layer_list(layers);
+}
+
+void Sharding::check_reduced(const std::string& who) const {
+  const std::string m = missed(&LayerShard::reduced);
+  if (!m.empty())
     throw std::logic_error("plugin '" + who + "' shards the gradients' reduction but did not " +
-                           "reduce layer(s) " + layer_list(missed) +
+                           "reduce " + m +
                            " before GRADS_READY (headroom.shard/1 reduce_gradients)");
 }
 
@@ -164,12 +170,10 @@ void Sharding::updated() {
 }
 
 void Sharding::check_gathered(const std::string& who) const {
-  std::vector<int> missed;
-  for (size_t l = 0; l < layers_.size(); ++l)
-    if (!layers_[l].gathered) missed.push_back(int(l));
-  if (!missed.empty())
+  const std::string m = missed(&LayerShard::gathered);
+  if (!m.empty())
     throw std::logic_error("plugin '" + who + "' shards the optimizer state but did not gather " +
-                           "layer(s) " + layer_list(missed) +
+                           m +
                            " after the update, by STEP_END (headroom.shard/1 gather_parameters)");
 }
 

@@ -102,6 +102,7 @@ class Sharding {
     CommRequest request;
   };
   void finish(Pending& p);
+  std::string missed(bool LayerShard::*member) const;
 
   Gpt<float>& model_;
   Communicator& comm_;
