@@ -424,6 +424,26 @@ void Layer<T>::allocate_params(uint64_t ranks, bool grads) {
 }
 
 template <class T>
+void Layer<T>::release_parameters() {
+  flat_.value.reset();
+  flat_.compute.reset();
+}
+
+template <class T>
+void Layer<T>::allocate_masters() {
+  if (flat_.value) return;
+  flat_.value = Buffer(device_, flat_.padded * sizeof(T), Category::kParameters,
+                       name_ + " parameters (gathered)");
+}
+
+template <class T>
+void Layer<T>::allocate_compute() {
+  if (flat_.compute || dt_ == dtype_of<T>()) return;
+  flat_.compute = Buffer(device_, flat_.padded * dtype_size(dt_), Category::kParameters,
+                         name_ + " parameters (" + dtype_name(dt_) + ", gathered)");
+}
+
+template <class T>
 void Layer<T>::release_grads() {
   flat_.grad.reset();
   flat_.compute_grad.reset();
@@ -471,7 +491,8 @@ Buffer Layer<T>::workspace(uint64_t numel, const char* what) {
 
 template <class T>
 Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, Dtype compute,
-            uint64_t shard_ranks, bool grads_on_demand)
+            uint64_t shard_ranks, bool grads_on_demand,
+            const std::function<void(Layer<T>&)>& placed)
     : config_(config), device_(device), dt_(compute) {
   const bool ok = compute == dtype_of<T>() || (dtype_of<T>() == Dtype::kF32 &&
                                                (compute == Dtype::kBF16 || compute == Dtype::kF16));
@@ -487,18 +508,27 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, Dtype comp
   auto head = std::make_unique<Head<T>>(config, device, compute, e.wte());
   Head<T>& h = *head;
   layers_.push_back(std::move(head));
-  for (const auto& layer : layers_)
-    layer->allocate_params(shard_ranks, !grads_on_demand);
-
-  // GPT-2 init, in a fixed order: wte, wpe, then each block.
+  // GPT-2 init, in a fixed order: wte, wpe, then each block, then the head's LayerNorm; each
+  // layer allocated just before its turn and placed right after it.
   NormalRng rng(seed);
-  fill_normal(device, e.wte(), rng, 0.02);
-  fill_normal(device, e.wpe(), rng, 0.02);
   const double proj_std = 0.02 / std::sqrt(2.0 * config.n_layer);
-  for (int l = 0; l < config.n_layer; ++l)
-    static_cast<Block<T>&>(*layers_[1 + l]).init(rng, proj_std);
-  h.init();
-  sync_compute_params();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    Layer<T>& layer = *layers_[l];
+    layer.allocate_params(shard_ranks, !grads_on_demand);
+    if (l == 0) {
+      fill_normal(device, e.wte(), rng, 0.02);
+      fill_normal(device, e.wpe(), rng, 0.02);
+    } else if (l + 1 < layers_.size()) {
+      static_cast<Block<T>&>(layer).init(rng, proj_std);
+    } else {
+      h.init();
+    }
+    const FlatStorage& f = layer.flat();
+    if (f.compute)  // the compute copy follows its masters
+      device.backend().cast(f.compute.template as<void>(), dt_, f.value.template as<void>(),
+                            dtype_of<T>(), f.padded);
+    if (placed) placed(layer);
+  }
 }
 
 template <class T>

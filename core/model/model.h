@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -120,6 +121,14 @@ class Layer {
   void release_grads();
   void ensure_grads();
   bool has_grads() const { return bool(flat_.grad); }
+  // Sharded parameters (zero3): the layer's full masters and compute copy exist only while
+  // gathered. release_parameters frees both; allocate_masters / allocate_compute make one again
+  // (its contents undefined until a gather or a load fills it) when absent. A released layer's
+  // Param::data() and cdata() are nullptr.
+  void release_parameters();
+  void allocate_masters();
+  void allocate_compute();
+  Dtype compute_dtype() const { return dt_; }
 
   // Tensors are device memory of the compute dtype.
   // input (B, T, C) is the previous layer's output (unused by the embedding). Saves what backward
@@ -206,8 +215,12 @@ class Gpt {
   // `shard_ranks`: the ranks each layer's flat buffers are partitioned over (its numel padded to a
   // multiple of it); 1 when nothing is sharded. `grads_on_demand` (sharded gradients): no full
   // gradients until a layer's backward makes them (Layer::ensure_grads).
+  // `placed`, when set, gets each layer as soon as it is allocated and initialised, in order, the
+  // next layer not yet allocated (core/shard/sharding.h keeps only its shard of a layer's
+  // parameters, so the whole model never exists at once).
   Gpt(const ModelConfig& config, Device& device, uint64_t seed, Dtype compute = dtype_of<T>(),
-      uint64_t shard_ranks = 1, bool grads_on_demand = false);
+      uint64_t shard_ranks = 1, bool grads_on_demand = false,
+      const std::function<void(Layer<T>&)>& placed = nullptr);
   ~Gpt();
 
   // Every layer's forward: returns the mean loss over the batch's (non-ignored) tokens. The head
@@ -236,6 +249,7 @@ class Gpt {
     if (!has_compute_copies()) return;
     for (const auto& layer : layers_) {
       const FlatStorage& f = layer->flat();
+      if (!f.value || !f.compute) continue;  // sharded parameters: core/shard casts the shards
       device_.backend().cast(f.compute.as<void>(), dt_, f.value.as<void>(), dtype_of<T>(),
                              f.padded);
     }
@@ -251,6 +265,9 @@ class Gpt {
   const std::vector<std::unique_ptr<Layer<T>>>& layers() const { return layers_; }
   std::vector<Param<T>*> params() const;
   uint64_t num_params() const;
+  // The other layer whose parameters layer l's forward and backward read, or -1: the head reads
+  // the embedding's token embedding (tied), so the head's is 0.
+  int tied_layer(int layer) const { return layer == int(layers_.size()) - 1 ? 0 : -1; }
 
  private:
   // Adds each compute gradient of layer `layer`'s micro-step into its master gradient, in fp32,

@@ -72,6 +72,12 @@ class PluginRun {
     (void)what;
     throw std::logic_error(plugin + ": this run has no model to shard");
   }
+  // headroom.shard/1 persist_below: from create() only, after set_partition with parameters
+  // sharded (std::logic_error otherwise).
+  virtual void set_persist_below(const std::string& plugin, uint64_t elements) {
+    (void)elements;
+    throw std::logic_error(plugin + ": this run has no model to shard");
+  }
   // The mechanism, once the model is built with something sharded; else nullptr.
   virtual Sharding* sharding() { return nullptr; }
 };

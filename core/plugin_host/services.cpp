@@ -660,10 +660,10 @@ struct HostServices {
   static hr_status shard_partition(hr_host* h, uint32_t what) {
     LoadedPlugin& p = plugin(h);
     try {
-      if (what != HR_SHARD_OPTIMIZER && what != (HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS))
+      if (!is_zero_stage(what))
         throw std::invalid_argument("what = " + std::to_string(what) +
-                                    " is no ZeRO stage (valid: HR_SHARD_OPTIMIZER, alone or "
-                                    "with HR_SHARD_GRADIENTS)");
+                                    " is no ZeRO stage (valid: HR_SHARD_OPTIMIZER; with "
+                                    "HR_SHARD_GRADIENTS; with both and HR_SHARD_PARAMETERS)");
       if (!(p.desc.roles & HR_ROLE_GRADIENT_REDUCTION))
         throw std::invalid_argument("plugin '" + p.entry.name +
                                     "' must take the gradient-reduction role to shard");
@@ -700,6 +700,8 @@ struct HostServices {
     l.padded = f.padded;
     l.shard = sh ? sh->shard_numel(layer) : f.padded;
     l.begin = sh ? sh->shard_begin(layer) : 0;
+    l.whole = sh ? (sh->whole(layer) ? 1 : 0) : 1;
+    l.tied = m->tied_layer(layer);
     write_sized(out, l, offsetof(hr_shard_layout, struct_size) + sizeof(uint32_t));
     return HR_OK;
   }
@@ -725,6 +727,29 @@ struct HostServices {
   }
   static hr_status shard_gather_parameters(hr_host* h, int32_t layer) {
     return sharded(h, "gather_parameters", [&](Sharding& s) { s.gather_parameters(layer); });
+  }
+  static hr_status shard_persist_below(hr_host* h, uint64_t elements) {
+    LoadedPlugin& p = plugin(h);
+    try {
+      run(h).set_persist_below(p.entry.name, elements);
+      return HR_OK;
+    } catch (const std::exception& e) {
+      p.error = std::string(HR_EXT_SHARD " persist_below: ") + e.what();
+      return HR_ERROR_INVALID;
+    }
+  }
+  static hr_status shard_release_parameters(hr_host* h, int32_t layer) {
+    Sharding* sh = run(h).sharding();
+    if (sh && (layer < 0 || layer >= int32_t(run(h).built_model()->layers().size()) ||
+               sh->whole(layer))) {
+      plugin(h).error = std::string(HR_EXT_SHARD " release_parameters: layer ") +
+                        std::to_string(layer) +
+                        (layer < 0 || layer >= int32_t(run(h).built_model()->layers().size())
+                             ? " does not exist"
+                             : " keeps its parameters whole (nothing sharded to release)");
+      return HR_ERROR_INVALID;
+    }
+    return sharded(h, "release_parameters", [&](Sharding& s) { s.release_parameters(layer); });
   }
   static hr_status shard_wait(hr_host* h) {
     return sharded(h, "wait", [&](Sharding& s) { s.wait(); });
@@ -860,6 +885,8 @@ enum Fn : int {
   kExtShardGatherParameters,
   kExtShardWait,
   kExtShardGradientRange,
+  kExtShardPersistBelow,
+  kExtShardReleaseParameters,
   kNumFns
 };
 
@@ -945,6 +972,8 @@ constexpr Rule kRules[kNumFns] = {
     {HR_EXT_SHARD " gather_parameters", kAnyone, When::kNotInAllocation, kNotAllowed},
     {HR_EXT_SHARD " wait", kAnyone, When::kNotInAllocation, kNotAllowed},
     {HR_EXT_SHARD " gradient_range", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_SHARD " persist_below", kAnyone, When::kCreate, kNotAllowed},
+    {HR_EXT_SHARD " release_parameters", kAnyone, When::kNotInAllocation, kNotAllowed},
 };
 
 std::string roles_words(uint32_t roles) {
@@ -1114,7 +1143,9 @@ const hr_ext_shard kShard = {sizeof(hr_ext_shard),
                              HR_CHECKED(kExtShardReduceGradients, shard_reduce_gradients),
                              HR_CHECKED(kExtShardGatherParameters, shard_gather_parameters),
                              HR_CHECKED(kExtShardWait, shard_wait),
-                             HR_CHECKED(kExtShardGradientRange, shard_gradient_range)};
+                             HR_CHECKED(kExtShardGradientRange, shard_gradient_range),
+                             HR_CHECKED(kExtShardPersistBelow, shard_persist_below),
+                             HR_CHECKED(kExtShardReleaseParameters, shard_release_parameters)};
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -42,11 +43,29 @@ std::string rank_output_path(const std::string& path, int rank) {
 
 }  // namespace
 
+template <class F>
+void Trainer::with_full_masters(bool gather, F&& f) {
+  if (!sharding_ || !sharding_->shards_parameters()) {
+    f();
+    return;
+  }
+  sharding_->materialize_masters(gather);
+  try {
+    f();
+  } catch (...) {
+    sharding_->dematerialize_masters(false);
+    throw;
+  }
+  sharding_->dematerialize_masters(!gather);
+}
+
 Trainer::Trainer(const Config& config, TrainOptions options)
     : config_(config), options_(std::move(options)) {
   // The ranks come from the launcher (mpirun, srun); a process started alone is rank 0 of 1.
   const RankInfo& ranks = rank_info();
   const bool ranked = ranks.world_size > 1;
+  // Every rank takes part in gathering the weights (zero3), rank 0 alone writes them.
+  save_weights_ = !options_.save_weights_path.empty();
   if (ranked) {
     // Each rank's own memory picture and trace; rank 0 alone writes the metrics and the weights.
     if (!options_.memory_timeline_path.empty())
@@ -103,12 +122,19 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     // In the compute dtype a plugin asked for while it was created (amp), else fp32.
     // Sharded (a zero plugin partitioned while it was created): every layer's buffers padded to
     // a multiple of the ranks.
-    model_ = std::make_unique<Gpt<float>>(
-        config_.model, *device_, config_.train.seed, compute_dtype_,
-        shard_what_ ? uint64_t(comm_->world_size()) : 1, (shard_what_ & kShardGradients) != 0);
-    build_buckets();
+    // Sharded parameters (zero3): each layer is cut to its shard as soon as it is initialised.
+    std::function<void(Layer<float>&)> placed;
     if (shard_what_) {
-      sharding_ = std::make_unique<Sharding>(*model_, *comm_, shard_what_);
+      sharding_ = std::make_unique<Sharding>(*device_, *comm_, shard_what_, shard_persist_below_);
+      placed = [this](Layer<float>& layer) { sharding_->place(layer); };
+    }
+    model_ =
+        std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed, compute_dtype_,
+                                     shard_what_ ? uint64_t(comm_->world_size()) : 1,
+                                     (shard_what_ & kShardGradients) != 0, placed);
+    build_buckets();
+    if (sharding_) {
+      sharding_->attach(*model_);
       segments_ = sharding_->segments();
     } else {
       segments_ = whole_params(model_->params());
@@ -119,7 +145,7 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   }
   if (!config_.train.init_from.empty()) {
     try {
-      load_safetensors(config_.train.init_from, *model_);
+      with_full_masters(false, [&] { load_safetensors(config_.train.init_from, *model_); });
     } catch (const ConfigError& e) {
       throw ConfigError(config_.train.init_from_pos.str() + ": train.init_from: " + e.what());
     }
@@ -323,7 +349,7 @@ void Trainer::run_steps() {
     fire(Event::kStepEnd);
     if (sharding_) {
       sharding_->wait();
-      sharding_->check_gathered(shard_plugin_);
+      sharding_->check_step_end(shard_plugin_);
     }
     r.data_wait_ms = data_wait_ms;
     r.comm_wait_ms = comm_wait_ms;
@@ -338,7 +364,11 @@ void Trainer::run_steps() {
   step_ = t.steps;
   set_phase(Phase::Kind::kDone);
   fire(Event::kTrainEnd);
-  if (!options_.save_weights_path.empty()) save_safetensors(options_.save_weights_path, *model_);
+  if (save_weights_)
+    with_full_masters(true, [&] {
+      if (!options_.save_weights_path.empty())
+        save_safetensors(options_.save_weights_path, *model_);
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -491,6 +521,8 @@ void Trainer::set_phase(Phase::Kind kind, int layer) {
 void Trainer::forward_begin(int layer) {
   set_phase(Phase::Kind::kForward, layer);
   fire(Event::kForwardBegin, layer);
+  if (sharding_)
+    sharding_->require_parameters(layer, model_->tied_layer(layer), "forward", shard_plugin_);
 }
 void Trainer::forward_end(int layer) {
   fire(Event::kForwardEnd, layer);
@@ -498,6 +530,9 @@ void Trainer::forward_end(int layer) {
 void Trainer::backward_begin(int layer) {
   set_phase(Phase::Kind::kBackward, layer);
   fire(Event::kBackwardBegin, layer);
+  // Before a dropped layer's recomputation too: it runs inside the layer's backward.
+  if (sharding_)
+    sharding_->require_parameters(layer, model_->tied_layer(layer), "backward", shard_plugin_);
 }
 void Trainer::backward_end(int layer) {
   ++backward_layers_done_;
@@ -623,11 +658,19 @@ void Trainer::set_partition(const std::string& plugin, uint32_t what) {
   if (shard_what_ != 0)
     throw std::logic_error(plugin + ": the model state is sharded already, by " + shard_plugin_ +
                            "; two plugins cannot both shard it");
-  if (!(what & kShardOptimizer) || (what & ~uint32_t(kShardOptimizer | kShardGradients)))
+  if (!is_zero_stage(what))
     throw std::invalid_argument(plugin + ": sharding " + std::to_string(what) +
                                 " is no ZeRO stage");
   shard_what_ = what;
   shard_plugin_ = plugin;
+}
+
+void Trainer::set_persist_below(const std::string& plugin, uint64_t elements) {
+  if (model_ || plugin != shard_plugin_ || !(shard_what_ & kShardParameters))
+    throw std::logic_error(plugin +
+                           ": the persistence threshold is set while the plugin is created, "
+                           "after it partitioned the parameters");
+  shard_persist_below_ = elements;
 }
 
 void Trainer::set_loss_scale(const std::string& plugin, double scale) {
@@ -694,6 +737,15 @@ void Trainer::stop_interrupted(int signal, bool mid_step) {
 }
 
 std::string Trainer::write_snapshot(
+    int64_t step, const std::string& data_state,
+    const std::map<std::string, std::vector<uint8_t>>& plugin_states) {
+  // Sharded parameters (zero3): gathered whole for rank 0 to write, on every rank, between steps.
+  std::string path;
+  with_full_masters(true, [&] { path = write_snapshot_files(step, data_state, plugin_states); });
+  return path;
+}
+
+std::string Trainer::write_snapshot_files(
     int64_t step, const std::string& data_state,
     const std::map<std::string, std::vector<uint8_t>>& plugin_states) {
   const int world = comm_->world_size();
@@ -797,15 +849,18 @@ int64_t Trainer::resume() {
       device_->backend().upload(dst.first, it->second.data(), it->second.size());
     }
   };
-  Targets replicated, own;
-  for (Param<float>* p : model_->params())
-    replicated.push_back({p->name, {p->data(), p->numel}});
-  for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
-    (sharded_state() ? own : replicated).push_back({s.name, {s.data, s.numel}});
-  load(d.tensors, replicated, "");
-  if (world > 1) load(part.tensors, own, "(rank " + std::to_string(comm_->rank()) + "'s part) ");
-  device_->backend().synchronize();  // `d` holds the bytes until here
-  model_->sync_compute_params();
+  // Sharded parameters (zero3): every rank loads the full masters and keeps its shard of them.
+  with_full_masters(false, [&] {
+    Targets replicated, own;
+    for (Param<float>* p : model_->params())
+      replicated.push_back({p->name, {p->data(), p->numel}});
+    for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
+      (sharded_state() ? own : replicated).push_back({s.name, {s.data, s.numel}});
+    load(d.tensors, replicated, "");
+    if (world > 1) load(part.tensors, own, "(rank " + std::to_string(comm_->rank()) + "'s part) ");
+    device_->backend().synchronize();  // `d` holds the bytes until here
+    model_->sync_compute_params();
+  });
   try {
     loader_->restore(data_state);
   } catch (const ConfigError& e) {

@@ -131,6 +131,9 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   // are now, with the data position and plugin states of that moment. Returns the file.
   std::string write_snapshot(int64_t step, const std::string& data_state,
                              const std::map<std::string, std::vector<uint8_t>>& plugin_states);
+  std::string write_snapshot_files(
+      int64_t step, const std::string& data_state,
+      const std::map<std::string, std::vector<uint8_t>>& plugin_states);
   // Loads the newest snapshot of options_.resume_dir; returns its step.
   int64_t resume();
 
@@ -152,7 +155,13 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   RunState state() const override;
   Communicator* plugin_communicator() override { return comm_.get(); }
   void set_partition(const std::string& plugin, uint32_t what) override;
+  void set_persist_below(const std::string& plugin, uint64_t elements) override;
   Sharding* sharding() override { return sharding_.get(); }
+  // Runs `f` with every layer's full masters there (zero3 keeps shards): gathered from the shards
+  // (`gather`; a collective, every rank calls it) or left for `f` to load (then scattered back
+  // into the shards). Just `f` when nothing holds parameter shards.
+  template <class F>
+  void with_full_masters(bool gather, F&& f);
 
   Config config_;
   TrainOptions options_;
@@ -168,7 +177,9 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   std::vector<OptSegment> segments_;
   // ZeRO: what a plugin chose to shard while it was created, and the mechanism once the model is
   // built (core/shard/sharding.h).
+  bool save_weights_ = false;  // --save-weights on any rank
   uint32_t shard_what_ = 0;
+  uint64_t shard_persist_below_ = 0;
   std::string shard_plugin_;
   std::unique_ptr<Sharding> sharding_;
   // The optimizer state is sharded over more than one rank: snapshots keep it in the rank parts.

@@ -19,30 +19,69 @@ std::string layer_list(const std::vector<int>& layers) {
 
 }  // namespace
 
-Sharding::Sharding(Gpt<float>& model, Communicator& comm, uint32_t what)
-    : model_(model), comm_(comm), what_(what) {
-  if (!(what & kShardOptimizer))
-    throw std::logic_error("sharding gradients without the optimizer state is not a ZeRO stage");
-  const auto W = uint64_t(comm.world_size());
-  const auto r = uint64_t(comm.rank());
-  Device& device = model.device();
-  const auto& layers = model.layers();
-  layers_.resize(layers.size());
-  for (size_t l = 0; l < layers.size(); ++l) {
-    const FlatStorage& f = layers[l]->flat();
-    if (f.padded % W != 0)
-      throw std::logic_error("layer " + std::to_string(l) + "'s buffers are not padded to " +
-                             std::to_string(W) + " ranks");
-    LayerShard& ls = layers_[l];
-    ls.shard = f.padded / W;
-    if (what & kShardGradients) {
-      ls.grad = Buffer(device, ls.shard * sizeof(float), Category::kGradients,
-                       layers[l]->name() + " gradient shard");
-      device.backend().fill(Dtype::kF32, ls.grad.as<float>(), ls.shard, 0.0);
+bool is_zero_stage(uint32_t what) {
+  return what == kShardOptimizer || what == (kShardOptimizer | kShardGradients) ||
+         what == (kShardOptimizer | kShardGradients | kShardParameters);
+}
+
+Sharding::Sharding(Device& device, Communicator& comm, uint32_t what, uint64_t persist_below)
+    : device_(device), comm_(comm), what_(what), persist_below_(persist_below) {
+  if (!is_zero_stage(what))
+    throw std::logic_error("sharding " + std::to_string(what) +
+                           " is no ZeRO stage (each stage shards what the one before does)");
+}
+
+Sharding::~Sharding() {
+  // Requests wait in their destructors; nothing may outlive the buffers they read.
+  pending_.clear();
+}
+
+void Sharding::place(Layer<float>& l) {
+  const auto W = uint64_t(comm_.world_size());
+  const FlatStorage& f = l.flat();
+  if (f.padded % W != 0)
+    throw std::logic_error("layer " + l.name() + "'s buffers are not padded to " +
+                           std::to_string(W) + " ranks");
+  LayerShard ls;
+  ls.shard = f.padded / W;
+  ls.whole = !(what_ & kShardParameters) || f.numel < persist_below_;
+  Backend& ops = device_.backend();
+  if (what_ & kShardGradients) {
+    ls.grad = Buffer(device_, ls.shard * sizeof(float), Category::kGradients,
+                     l.name() + " gradient shard");
+    ops.fill(Dtype::kF32, ls.grad.as<float>(), ls.shard, 0.0);
+  }
+  if (!ls.whole) {
+    // This rank's range of the initialised masters, and of the compute copy cast from them.
+    const uint64_t at = uint64_t(comm_.rank()) * ls.shard;
+    ls.value = Buffer(device_, ls.shard * sizeof(float), Category::kParameters,
+                      l.name() + " parameter shard");
+    ops.copy(ls.value.as<void>(), f.value.as<float>() + at, ls.shard * sizeof(float));
+    if (f.compute) {
+      const Dtype dt = l.compute_dtype();
+      ls.compute = Buffer(device_, ls.shard * dtype_size(dt), Category::kParameters,
+                          l.name() + " parameter shard (" + dtype_name(dt) + ")");
+      ops.copy(ls.compute.as<void>(), f.compute.as<char>() + at * dtype_size(dt),
+               ls.shard * dtype_size(dt));
     }
+    l.release_parameters();
+    ls.gathered = false;
+  }
+  layers_.push_back(std::move(ls));
+}
+
+void Sharding::attach(Gpt<float>& model) {
+  if (model.layers().size() != layers_.size())
+    throw std::logic_error("the model has " + std::to_string(model.layers().size()) + " layers; " +
+                           std::to_string(layers_.size()) + " were placed");
+  model_ = &model;
+  const uint64_t r = uint64_t(comm_.rank());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const LayerShard& ls = layers_[l];
+    const FlatStorage& f = layer(int(l)).flat();
     // This rank's range [lo, hi) of the layer, cut at the parameters' boundaries.
     const uint64_t lo = r * ls.shard, hi = lo + ls.shard;
-    for (const auto& p : layers[l]->params()) {
+    for (const auto& p : layer(int(l)).params()) {
       const uint64_t a = std::max(lo, p->offset), b = std::min(hi, p->offset + p->numel);
       if (a >= b) continue;
       OptSegment s;
@@ -50,7 +89,7 @@ Sharding::Sharding(Gpt<float>& model, Communicator& comm, uint32_t what)
                    ? p->name
                    : p->name + " [" + std::to_string(a - p->offset) + ":" +
                          std::to_string(b - p->offset) + ")";
-      s.value = f.value.as<float>() + a;
+      s.value = ls.value ? ls.value.as<float>() + (a - lo) : f.value.as<float>() + a;
       s.grad = ls.grad ? ls.grad.as<float>() + (a - lo) : f.grad.as<float>() + a;
       s.numel = b - a;
       s.decay = p->decay;
@@ -59,39 +98,44 @@ Sharding::Sharding(Gpt<float>& model, Communicator& comm, uint32_t what)
   }
 }
 
-Sharding::~Sharding() {
-  // Requests wait in their destructors; nothing may outlive the buffers they read.
-  pending_.clear();
-}
-
-uint64_t Sharding::shard_numel(int layer) const {
+size_t Sharding::checked(int layer) const {
   if (layer < 0 || layer >= int(layers_.size()))
     throw std::logic_error("layer " + std::to_string(layer) + " does not exist (the model has " +
                            std::to_string(layers_.size()) + " layers)");
-  return layers_[size_t(layer)].shard;
+  return size_t(layer);
+}
+
+uint64_t Sharding::shard_numel(int layer) const {
+  return layers_[checked(layer)].shard;
+}
+
+bool Sharding::shards_parameters() const {
+  for (const LayerShard& ls : layers_)
+    if (!ls.whole) return true;
+  return false;
 }
 
 void Sharding::begin_step() {
-  Backend& ops = model_.device().backend();
+  Backend& ops = device_.backend();
   for (LayerShard& ls : layers_)
     if (ls.grad) ops.fill(Dtype::kF32, ls.grad.as<float>(), ls.shard, 0.0);
 }
 
 void Sharding::backward_done(int layer) {
-  layers_[size_t(layer)].reduced = false;
+  layers_[checked(layer)].reduced = false;
   for (Pending& p : pending_)
     p.request.test();
 }
 
-void Sharding::reduce_gradients(int layer) {
-  const uint64_t S = shard_numel(layer);
-  const FlatStorage& f = model_.layers()[size_t(layer)]->flat();
+void Sharding::reduce_gradients(int l) {
+  const uint64_t S = shard_numel(l);
+  const FlatStorage& f = layer(l).flat();
   if (!f.grad)
-    throw std::logic_error("layer " + std::to_string(layer) +
+    throw std::logic_error("layer " + std::to_string(l) +
                            " has no gradients to reduce (reduced already since its backward)");
   for (const Pending& p : pending_)
-    if (p.layer == layer && !p.gather)
-      throw std::logic_error("layer " + std::to_string(layer) + "'s gradients are being reduced");
+    if (p.layer == l && !p.gather)
+      throw std::logic_error("layer " + std::to_string(l) + "'s gradients are being reduced");
   if (!(what_ & kShardGradients) && micro_ < micro_steps_)
     throw std::logic_error(
         "without sharded gradients a layer is reduced once, in the step's last "
@@ -109,35 +153,90 @@ void Sharding::reduce_gradients(int layer) {
   float* full = f.grad.as<float>();
   float* mine = full + uint64_t(rank()) * S;
   pending_.push_back(
-      {layer, false, comm_.reduce_scatter(full, mine, S, Dtype::kF32, ReduceOp::kAverage)});
-  layers_[size_t(layer)].reduced = true;
+      {l, false, comm_.reduce_scatter(full, mine, S, Dtype::kF32, ReduceOp::kAverage)});
+  layers_[size_t(l)].reduced = true;
 }
 
-void Sharding::gather_parameters(int layer) {
-  const uint64_t S = shard_numel(layer);
-  const FlatStorage& f = model_.layers()[size_t(layer)]->flat();
-  float* full = f.value.as<float>();
-  pending_.push_back(
-      {layer, true, comm_.all_gather(full + uint64_t(rank()) * S, full, S, Dtype::kF32)});
-  layers_[size_t(layer)].gathered = true;
+void Sharding::gather_parameters(int l) {
+  const uint64_t S = shard_numel(l);
+  LayerShard& ls = layers_[size_t(l)];
+  Layer<float>& lay = layer(l);
+  const FlatStorage& f = lay.flat();
+  if (ls.whole) {
+    float* full = f.value.as<float>();
+    pending_.push_back(
+        {l, true, comm_.all_gather(full + uint64_t(rank()) * S, full, S, Dtype::kF32)});
+  } else {
+    if (ls.gathered) return;  // there, or on its way
+    // What the layers read: the compute copy where there is one (the masters stay sharded), else
+    // the masters.
+    CommRequest request;
+    if (ls.compute) {
+      lay.allocate_compute();
+      request =
+          comm_.all_gather(ls.compute.as<void>(), f.compute.as<void>(), S, lay.compute_dtype());
+    } else {
+      lay.allocate_masters();
+      request = comm_.all_gather(ls.value.as<void>(), f.value.as<void>(), S, Dtype::kF32);
+    }
+    pending_.push_back({l, true, std::move(request)});
+  }
+  ls.gathered = true;
+}
+
+void Sharding::finish_through_gather(int l) {
+  size_t last = pending_.size();
+  for (size_t i = 0; i < pending_.size(); ++i)
+    if (pending_[i].gather && pending_[i].layer == l) last = i;
+  if (last == pending_.size()) return;
+  for (size_t i = 0; i <= last; ++i)
+    finish(pending_[i]);
+  pending_.erase(pending_.begin(), pending_.begin() + std::ptrdiff_t(last + 1));
+}
+
+void Sharding::release_parameters(int l) {
+  LayerShard& ls = layers_[checked(l)];
+  if (ls.whole)
+    throw std::logic_error("layer " + std::to_string(l) + " keeps its parameters whole (" +
+                           std::to_string(layer(l).flat().numel) +
+                           " elements, below the persistence threshold, or not sharded)");
+  if (!ls.gathered) return;
+  finish_through_gather(l);  // the collective writes into the buffer about to go
+  layer(l).release_parameters();
+  ls.gathered = false;
+}
+
+void Sharding::require_parameters(int l, int tied, const char* what, const std::string& who) {
+  for (const int need : {l, tied}) {
+    if (need < 0) continue;
+    const LayerShard& ls = layers_[checked(need)];
+    if (ls.whole) continue;
+    if (!ls.gathered)
+      throw std::logic_error("plugin '" + who +
+                             "' shards the parameters but did not gather layer " +
+                             std::to_string(need) + "'s before layer " + std::to_string(l) + "'s " +
+                             what + " (headroom.shard/1 gather_parameters)");
+    finish_through_gather(need);
+  }
 }
 
 void Sharding::finish(Pending& p) {
   p.request.wait();
-  Layer<float>& layer = *model_.layers()[size_t(p.layer)];
-  const FlatStorage& f = layer.flat();
-  Backend& ops = model_.device().backend();
+  Layer<float>& lay = layer(p.layer);
+  const FlatStorage& f = lay.flat();
+  Backend& ops = device_.backend();
   LayerShard& ls = layers_[size_t(p.layer)];
   if (p.gather) {
-    // The layer's masters are whole again: so is its compute copy.
-    if (f.compute)
-      ops.cast(f.compute.as<void>(), model_.compute_dtype(), f.value.as<void>(), Dtype::kF32,
+    // A whole layer's masters are whole again: so is its compute copy. (A sharded layer gathered
+    // its compute copy itself.)
+    if (ls.whole && f.compute)
+      ops.cast(f.compute.as<void>(), lay.compute_dtype(), f.value.as<void>(), Dtype::kF32,
                f.padded);
   } else if (ls.grad) {
     // This micro-step's (or these micro-steps') average into the shard; the full gradients go.
     ops.axpy(Dtype::kF32, ls.grad.as<float>(), f.grad.as<float>() + uint64_t(rank()) * ls.shard,
              ls.shard, 1.0);
-    layer.release_grads();
+    lay.release_grads();
   }
 }
 
@@ -148,16 +247,16 @@ void Sharding::wait() {
   pending_.clear();
 }
 
-// "layer(s) 0, 3" for the layers whose flag `member` is false; "" when none.
-std::string Sharding::missed(bool LayerShard::*member) const {
+// "layer(s) 0, 3" for the layers `miss` holds for; "" when none.
+std::string Sharding::missed(const std::function<bool(const LayerShard&)>& miss) const {
   std::vector<int> layers;
   for (size_t l = 0; l < layers_.size(); ++l)
-    if (!(layers_[l].*member)) layers.push_back(int(l));
+    if (miss(layers_[l])) layers.push_back(int(l));
   return layers.empty() ? std::string() : "layer(s) " + layer_list(layers);
 }
 
 void Sharding::check_reduced(const std::string& who) const {
-  const std::string m = missed(&LayerShard::reduced);
+  const std::string m = missed([](const LayerShard& ls) { return !ls.reduced; });
   if (!m.empty())
     throw std::logic_error("plugin '" + who + "' shards the gradients' reduction but did not " +
                            "reduce " + m +
@@ -165,27 +264,76 @@ void Sharding::check_reduced(const std::string& who) const {
 }
 
 void Sharding::updated() {
-  for (LayerShard& ls : layers_)
-    ls.gathered = false;
+  Backend& ops = device_.backend();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    LayerShard& ls = layers_[l];
+    if (ls.whole) {
+      ls.gathered = false;
+    } else if (ls.compute) {
+      ops.cast(ls.compute.as<void>(), layer(int(l)).compute_dtype(), ls.value.as<void>(),
+               Dtype::kF32, ls.shard);
+    }
+  }
 }
 
-void Sharding::check_gathered(const std::string& who) const {
-  const std::string m = missed(&LayerShard::gathered);
+void Sharding::check_step_end(const std::string& who) const {
+  const std::string m = missed([](const LayerShard& ls) { return ls.whole && !ls.gathered; });
   if (!m.empty())
     throw std::logic_error("plugin '" + who + "' shards the optimizer state but did not gather " +
                            m +
                            " after the update, by STEP_END (headroom.shard/1 gather_parameters)");
+  const std::string kept = missed([](const LayerShard& ls) { return !ls.whole && ls.gathered; });
+  if (!kept.empty())
+    throw std::logic_error("plugin '" + who + "' shards the parameters but left " + kept +
+                           " gathered at the end of STEP_END: nothing gathered may outlive a "
+                           "step (headroom.shard/1 release_parameters)");
 }
 
-float* Sharding::gradient_range(int layer) const {
-  const LayerShard& ls = layers_[size_t(layer)];
+void Sharding::materialize_masters(bool gather) {
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    LayerShard& ls = layers_[l];
+    if (ls.whole) continue;
+    if (ls.gathered)
+      throw std::logic_error("layer " + std::to_string(l) + " is gathered between steps");
+    Layer<float>& lay = layer(int(l));
+    lay.allocate_masters();
+    if (gather)
+      pending_.push_back({int(l), false,
+                          comm_.all_gather(ls.value.as<void>(), lay.flat().value.as<void>(),
+                                           ls.shard, Dtype::kF32)});
+  }
+  // Only the requests: no adds, no frees (these are no gradient reductions to finish).
+  for (Pending& p : pending_)
+    p.request.wait();
+  pending_.clear();
+}
+
+void Sharding::dematerialize_masters(bool scatter) {
+  Backend& ops = device_.backend();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    LayerShard& ls = layers_[l];
+    if (ls.whole) continue;
+    Layer<float>& lay = layer(int(l));
+    if (scatter) {
+      ops.copy(ls.value.as<void>(), lay.flat().value.as<float>() + uint64_t(rank()) * ls.shard,
+               ls.shard * sizeof(float));
+      if (ls.compute)
+        ops.cast(ls.compute.as<void>(), lay.compute_dtype(), ls.value.as<void>(), Dtype::kF32,
+                 ls.shard);
+    }
+    lay.release_parameters();
+  }
+}
+
+float* Sharding::gradient_range(int l) const {
+  const LayerShard& ls = layers_[checked(l)];
   if (ls.grad) return ls.grad.as<float>();
-  const FlatStorage& f = model_.layers()[size_t(layer)]->flat();
+  const FlatStorage& f = layer(l).flat();
   return f.grad.as<float>() + uint64_t(rank()) * ls.shard;
 }
 
 double Sharding::grad_sum_squares() {
-  double sum = headroom::grad_sum_squares(model_.device().backend(), segments_);
+  double sum = headroom::grad_sum_squares(device_.backend(), segments_);
   comm_.all_reduce_host(&sum, 1, ReduceOp::kSum);
   return sum;
 }

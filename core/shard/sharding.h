@@ -5,15 +5,26 @@
 //   optimizer   the optimizer state (and so the update) covers only the rank's ranges: segments()
 //   gradients   + each layer's full gradients exist only while its backward runs; what stays is
 //                the rank's gradient shard (S elements a layer), which reduce_gradients adds into
+//   parameters  + each layer keeps only its parameter shard (the masters' range, and with a
+//                compute dtype the compute copy's); its full parameters, in the dtype the layers
+//                read, exist from gather_parameters to release_parameters. A layer smaller than
+//                the persistence threshold keeps them whole (a "whole" layer, zero2's treatment).
 //
-// When to reduce and gather, and what to keep, is the plugins' policy (zero1, zero2), driven
-// through headroom.shard/1; the trainer checks that every layer was reduced before GRADS_READY
-// and gathered before STEP_END ends, and waits for whatever is still in flight.
+// When to reduce, gather and release, and what to keep, is the plugins' policy (zero1, zero2,
+// zero3), driven through headroom.shard/1; the trainer checks that a layer's parameters are there
+// before it computes, that every layer was reduced before GRADS_READY, and that by the end of
+// STEP_END every whole layer was gathered after the update and no sharded layer's full parameters
+// are left; it waits for whatever is still in flight.
+//
+// Built before the model: Gpt's constructor hands each layer to place() as soon as it is
+// initialised, so a sharded layer's full parameters exist only while it is being made; attach()
+// then binds the model.
 //
 // Training thread only.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,16 +39,27 @@ namespace headroom {
 enum ShardBits : uint32_t {
   kShardOptimizer = 1,
   kShardGradients = 2,
+  kShardParameters = 4,
 };
+
+// A valid ZeRO stage: optimizer; optimizer + gradients; all three.
+bool is_zero_stage(uint32_t what);
 
 class Sharding {
  public:
-  // `what`: kShardOptimizer, optionally with kShardGradients. The model's layers must have been
-  // allocated padded to comm.world_size(). Allocates the gradient shards (zero2).
-  Sharding(Gpt<float>& model, Communicator& comm, uint32_t what);
+  // `what`: a ZeRO stage (is_zero_stage). `persist_below`: with kShardParameters, layers of fewer
+  // parameter elements keep their parameters whole (0: none).
+  Sharding(Device& device, Communicator& comm, uint32_t what, uint64_t persist_below);
   Sharding(const Sharding&) = delete;
   Sharding& operator=(const Sharding&) = delete;
   ~Sharding();
+
+  // Layer number size() of the model being built, initialised and padded to world_size(): its
+  // gradient shard is made (zero2, zero3) and, when its parameters are sharded, its parameter
+  // shard, and its full parameters freed.
+  void place(Layer<float>& layer);
+  // The model whose layers were placed, all of them; builds segments().
+  void attach(Gpt<float>& model);
 
   uint32_t what() const { return what_; }
   int rank() const { return comm_.rank(); }
@@ -45,6 +67,10 @@ class Sharding {
   // Layer l's partition: S elements a rank, this rank's range starting at begin.
   uint64_t shard_numel(int layer) const;
   uint64_t shard_begin(int layer) const { return uint64_t(rank()) * shard_numel(layer); }
+  // Layer l keeps its parameters whole (no kShardParameters, or smaller than the threshold).
+  bool whole(int layer) const { return layers_[checked(layer)].whole; }
+  // Some layer's parameters are sharded: the model's full parameters are not all there.
+  bool shards_parameters() const;
 
   // What the optimizer updates: every layer's range of this rank, cut at its parameters'
   // boundaries (the padding is no parameter's). The same list for the whole run.
@@ -67,20 +93,38 @@ class Sharding {
   // gradients are not there (reduced already this micro-step), or, without sharded gradients, a
   // micro-step before the step's last (the in-place reduction overwrites the other ranges).
   void reduce_gradients(int layer);
-  // Layer l's parameters all-gathered from every rank's updated range, in place; asynchronous.
-  // With compute copies (amp) the layer's copy is cast from its masters when done.
+  // Layer l's parameters all-gathered; asynchronous. A whole layer: every rank's updated range,
+  // in place (with compute copies, the layer's copy is cast from its masters when done). A sharded
+  // layer: into a new full buffer of the dtype the layers read (the compute copy's, else the
+  // masters'); nothing when it is gathered or being gathered.
   void gather_parameters(int layer);
+  // A sharded layer's full parameters freed (its gathering finished first, when in flight);
+  // nothing when not gathered. Throws std::logic_error for a whole layer.
+  void release_parameters(int layer);
+  // Before layer l computes (`what`: "forward", "backward"): its parameters and its tied layer's
+  // (`tied`, or -1) are there, their gatherings finished. Throws std::logic_error naming `who`
+  // (the plugin that shards) when one was not gathered.
+  void require_parameters(int layer, int tied, const char* what, const std::string& who);
   // Waits for every collective started, and finishes each (the adds into the shards, the frees,
   // the casts). Throws CommError as the communicator does.
   void wait();
 
-  // The trainer's checks: every layer reduced since its last backward (before GRADS_READY), every
-  // layer gathered since the update (at STEP_END). Throw std::logic_error naming the layers
-  // missed and `who` (the plugin that shards).
+  // The trainer's checks: every layer reduced since its last backward (before GRADS_READY); at
+  // the end of STEP_END, every whole layer gathered since the update and no sharded layer
+  // gathered. Throw std::logic_error naming the layers missed and `who` (the plugin that shards).
   void check_reduced(const std::string& who) const;
-  void check_gathered(const std::string& who) const;
-  // The optimizer updated the ranges: every layer needs gathering before the next forward.
+  void check_step_end(const std::string& who) const;
+  // The optimizer updated the ranges: whole layers need gathering before the next forward; a
+  // sharded layer's compute shard is cast from its updated master shard.
   void updated();
+
+  // Between steps, on every rank (collective when `gather`): the full masters of every sharded
+  // layer made, for what reads or writes the model whole (snapshots, weights files, loading);
+  // `gather`: all-gathered from the shards, else left zero for a load to fill.
+  void materialize_masters(bool gather);
+  // And freed again; `scatter`: first this rank's range of them (loaded: the same on every rank)
+  // goes into the shards (and the compute shards follow).
+  void dematerialize_masters(bool scatter);
 
   // Layer l's gradients as the optimizer reads them on this rank: its range of the full gradients
   // (optimizer state sharded) or its gradient shard (gradients sharded); shard_numel(l) elements.
@@ -92,21 +136,31 @@ class Sharding {
  private:
   struct LayerShard {
     uint64_t shard = 0;  // elements a rank
+    bool whole = true;   // parameters not sharded
     Buffer grad;         // with sharded gradients: this rank's gradient range (S elements)
+    Buffer value;        // sharded parameters: this rank's range of the masters (S, f32)
+    Buffer compute;      // and of the compute copy (S, the compute dtype), with one
     bool reduced = false;
-    bool gathered = true;
+    bool gathered = true;  // whole: gathered since the update; sharded: full parameters there
   };
   struct Pending {
     int layer;
     bool gather;  // else a gradient reduction
     CommRequest request;
   };
+  size_t checked(int layer) const;
+  Layer<float>& layer(int l) const { return *model_->layers()[size_t(l)]; }
   void finish(Pending& p);
-  std::string missed(bool LayerShard::*member) const;
+  // Finishes the pending collectives in the order started, up to and including the last gather
+  // of layer l (all of them when l < 0 ... none when it has none in flight).
+  void finish_through_gather(int layer);
+  std::string missed(const std::function<bool(const LayerShard&)>& miss) const;
 
-  Gpt<float>& model_;
+  Device& device_;
   Communicator& comm_;
   uint32_t what_;
+  uint64_t persist_below_;
+  Gpt<float>* model_ = nullptr;
   std::vector<LayerShard> layers_;
   std::vector<OptSegment> segments_;
   std::vector<Pending> pending_;

@@ -1,5 +1,5 @@
-// zero1 and zero2: ZeRO's first two stages (Rajbhandari et al. 2020) as policy over the host's
-// headroom.shard/1 mechanism. Built twice from this file, as HEADROOM_ZERO_STAGE 1 and 2:
+// zero1, zero2 and zero3: ZeRO's three stages (Rajbhandari et al. 2020) as policy over the host's
+// headroom.shard/1 mechanism. Built three times from this file, as HEADROOM_ZERO_STAGE 1, 2, 3:
 //
 //   [[plugins]]
 //   name = "zero1"                  # optimizer state sharded over the ranks
@@ -14,13 +14,31 @@
 //                                   # through its backward; false: they accumulate locally over
 //                                   # the micro-steps and are reduced once, in the last
 //
+//   [[plugins]]
+//   name = "zero3"                  # zero2, and each rank keeps only its parameter shard
+//   overlap_comm = true
+//   reduce_every_micro_step = true
+//   prefetch_layers = 1             # layers gathered ahead of the one computing
+//   param_persistence_threshold = 100000  # layers of fewer parameter elements stay whole
+//                                   # (DeepSpeed's default; per layer, a layer being one flat
+//                                   # buffer: the head's LayerNorm, tiny layers)
+//
 // The policy: take the gradient-reduction role (core's data-parallel buckets are off); at
 // create(), partition. In the micro-steps that reduce (the last one for zero1; every one for
-// zero2 unless reduce_every_micro_step = false), each layer's reduction starts at its
+// zero2 and zero3 unless reduce_every_micro_step = false), each layer's reduction starts at its
 // BACKWARD_END (overlap_comm) or all of them at layer 0's, which waits for them. At STEP_END,
-// every layer's updated range is gathered back and waited for. The host has the mechanism: flat,
-// padded, partitioned buffers; the optimizer over this rank's ranges; the global gradient norm
-// over the ranks' ranges; its checks that every layer was reduced and gathered.
+// every whole layer's updated range is gathered back and waited for.
+//
+// zero3's parameters follow the micro-step's computations in order — the forward of layers
+// 0..L-1, then their backward, L-1..0; the head (L-1) reads the embedding's tied wte too — through
+// a window: at each computation's BEGIN the layers it and the next prefetch_layers computations
+// read are gathered (the host waits for the ones it needs now); at its END the layers no
+// computation in the window reads any more are released. So at most 1 + prefetch_layers
+// computations' layers are gathered at once, and none outlives the micro-step.
+//
+// The host has the mechanism: flat, padded, partitioned buffers; the optimizer over this rank's
+// ranges; the global gradient norm over the ranks' ranges; its checks that every layer was
+// reduced and gathered, and that no gathered parameters outlive a step.
 //
 // Training thread only; no locking. Only hr_plugin_entry is exported; no C++ exception crosses
 // the C ABI.
@@ -34,31 +52,112 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #ifndef HEADROOM_ZERO_STAGE
-#error "HEADROOM_ZERO_STAGE (1 or 2) must be defined"
+#error "HEADROOM_ZERO_STAGE (1, 2 or 3) must be defined"
 #endif
 
 namespace {
 
 constexpr int kStage = HEADROOM_ZERO_STAGE;
-static_assert(kStage == 1 || kStage == 2, "zero.cpp builds zero1 and zero2");
+static_assert(kStage >= 1 && kStage <= 3, "zero.cpp builds zero1, zero2 and zero3");
 
 class Zero {
  public:
   Zero(const hr_host_services* s, const hr_ext_shard* shard, const hr_ext_step* step, bool overlap,
-       bool every_micro_step)
-      : s_(s), shard_(shard), step_(step), overlap_(overlap), every_(every_micro_step) {}
+       bool every_micro_step, int32_t prefetch)
+      : s_(s),
+        shard_(shard),
+        step_(step),
+        overlap_(overlap),
+        every_(every_micro_step),
+        prefetch_(prefetch) {}
 
   const hr_host_services* services() const { return s_; }
 
   hr_status on_event(const hr_event_info* info) {
-    if (info->event == HR_EVENT_BACKWARD_END) return backward_end(info);
-    if (info->event == HR_EVENT_STEP_END) return step_end();
-    return HR_OK;
+    switch (info->event) {
+      case HR_EVENT_TRAIN_BEGIN:
+        return train_begin();
+      case HR_EVENT_FORWARD_BEGIN:
+        return window_begin(info->layer);
+      case HR_EVENT_FORWARD_END:
+        return window_end(info->layer);
+      case HR_EVENT_BACKWARD_BEGIN:
+        return window_begin(position_of_backward(info->layer));
+      case HR_EVENT_BACKWARD_END: {
+        const hr_status st = backward_end(info);
+        return st != HR_OK ? st : window_end(position_of_backward(info->layer));
+      }
+      case HR_EVENT_STEP_END:
+        return step_end();
+      default:
+        return HR_OK;
+    }
   }
 
  private:
+  // The model's partition, once it exists: which layers keep their parameters whole, and the
+  // tied one each reads too.
+  hr_status train_begin() {
+    const int32_t n = s_->num_layers(s_->host);
+    whole_.assign(size_t(n), true);
+    tied_.assign(size_t(n), -1);
+    gathered_.assign(size_t(n), false);
+    for (int32_t l = 0; l < n; ++l) {
+      hr_shard_layout lay;
+      std::memset(&lay, 0, sizeof lay);
+      lay.struct_size = sizeof lay;
+      const hr_status st = shard_->layout(s_->host, l, &lay);
+      if (st != HR_OK) return st;
+      if (!HR_HAS_FIELD(&lay, hr_shard_layout, tied)) continue;  // no parameter shards
+      whole_[size_t(l)] = lay.whole != 0;
+      tied_[size_t(l)] = lay.tied;
+    }
+    return HR_OK;
+  }
+
+  // zero3's window over the micro-step's computations: position p < L is layer p's forward,
+  // L + i is the backward of layer L-1-i.
+  int32_t num_layers() const { return int32_t(whole_.size()); }
+  int32_t position_of_backward(int32_t layer) const { return 2 * num_layers() - 1 - layer; }
+  int32_t layer_at(int32_t position) const {
+    return position < num_layers() ? position : 2 * num_layers() - 1 - position;
+  }
+  // The sharded layers computation `position` reads (itself, and the one it is tied to).
+  template <class F>
+  void for_each_read(int32_t position, F&& f) const {
+    const int32_t l = layer_at(position);
+    for (const int32_t r : {l, tied_[size_t(l)]})
+      if (r >= 0 && !whole_[size_t(r)]) f(r);
+  }
+  bool read_in(int32_t layer, int32_t from, int32_t to) const {
+    bool found = false;
+    for (int32_t p = from; p <= to && p < 2 * num_layers(); ++p)
+      for_each_read(p, [&](int32_t r) { found = found || r == layer; });
+    return found;
+  }
+  hr_status window_begin(int32_t position) {
+    hr_status st = HR_OK;
+    for (int32_t p = position; p <= position + prefetch_ && p < 2 * num_layers(); ++p)
+      for_each_read(p, [&](int32_t r) {
+        if (st != HR_OK || gathered_[size_t(r)]) return;
+        st = shard_->gather_parameters(s_->host, r);
+        gathered_[size_t(r)] = st == HR_OK;
+      });
+    return st;
+  }
+  hr_status window_end(int32_t position) {
+    for (int32_t l = 0; l < num_layers(); ++l) {
+      if (!gathered_[size_t(l)] || read_in(l, position + 1, position + prefetch_)) continue;
+      const hr_status st = shard_->release_parameters(s_->host, l);
+      if (st != HR_OK) return st;
+      gathered_[size_t(l)] = false;
+    }
+    return HR_OK;
+  }
+
   // Whether this micro-step reduces: every one (zero2's default), else only the last.
   bool reduces(int32_t micro_step) const {
     if (every_) return true;
@@ -86,7 +185,9 @@ class Zero {
   }
 
   hr_status step_end() {
+    // The whole layers' updated ranges (zero3's sharded layers are gathered when next read).
     for (int32_t l = 0; l < s_->num_layers(s_->host); ++l) {
+      if (!whole_.empty() && !whole_[size_t(l)]) continue;
       const hr_status st = shard_->gather_parameters(s_->host, l);
       if (st != HR_OK) return st;
     }
@@ -98,6 +199,10 @@ class Zero {
   const hr_ext_step* step_;
   bool overlap_;
   bool every_;
+  int32_t prefetch_;
+  std::vector<bool> whole_;     // per layer: its parameters are not sharded
+  std::vector<int32_t> tied_;   // per layer: the other layer it reads, or -1
+  std::vector<bool> gathered_;  // per layer: this plugin gathered it and has not released it
 };
 
 hr_status create(const hr_host_services* s, void** instance) {
@@ -114,22 +219,49 @@ hr_status create(const hr_host_services* s, void** instance) {
   int32_t overlap = 1, every = 1;
   hr_status st = s->config_bool(s->host, "overlap_comm", &overlap);
   if (st != HR_OK) return st;
-  if (kStage == 2) {
+  int64_t prefetch = 1, persist = 100000;
+  if (kStage >= 2) {
     st = s->config_bool(s->host, "reduce_every_micro_step", &every);
     if (st != HR_OK) return st;
   }
-  // One rank: a gradient shard would be the whole gradient, and zero2's full gradients of the
-  // backward would come on top of it; the optimizer state alone is partitioned (over one rank).
+  if (kStage == 3) {
+    st = s->config_int(s->host, "prefetch_layers", &prefetch);
+    if (st != HR_OK) return st;
+    if (prefetch < 0 || prefetch > 64)
+      return s->config_error(s->host, "prefetch_layers",
+                             "must be 0 to 64 (the layers gathered ahead of the one computing)");
+    st = s->config_int(s->host, "param_persistence_threshold", &persist);
+    if (st != HR_OK) return st;
+    if (persist < 0)
+      return s->config_error(s->host, "param_persistence_threshold",
+                             "must be >= 0 (parameter elements; 0: every layer sharded)");
+  }
+  // One rank: a shard would be the whole, and the full gradients or parameters of the layer
+  // computing would come on top of it; the optimizer state alone is partitioned (over one rank).
   const bool one_rank = s->world_size(s->host) <= 1;
-  if (kStage == 2 && one_rank)
-    s->log(s->host, HR_LOG_INFO, "one rank: no gradient shards (the stage is zero1's)");
-  st = shard->partition(s->host, kStage == 1 || one_rank ? HR_SHARD_OPTIMIZER
-                                                         : HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS);
+  if (kStage >= 2 && one_rank)
+    s->log(s->host, HR_LOG_INFO,
+           "one rank: nothing but the optimizer state partitioned (the "
+           "stage is zero1's)");
+  const uint32_t what = kStage == 1 || one_rank ? HR_SHARD_OPTIMIZER
+                        : kStage == 2
+                            ? HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS
+                            : HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS | HR_SHARD_PARAMETERS;
+  st = shard->partition(s->host, what);
   if (st != HR_OK) return st;  // the host's message stands
-  // Without gradient shards (zero1, or zero2 on one rank) the full gradients are reduced once, in
+  if (what & HR_SHARD_PARAMETERS) {
+    if (!HR_HAS_FIELD(shard, hr_ext_shard, persist_below)) {
+      s->set_error(s->host, "needs a host whose headroom.shard/1 shards parameters (ABI 1.5)");
+      return HR_ERROR_VERSION;
+    }
+    st = shard->persist_below(s->host, uint64_t(persist));
+    if (st != HR_OK) return st;
+  }
+  // Without gradient shards (zero1, or more on one rank) the full gradients are reduced once, in
   // the step's last micro-step.
-  const bool sharded_grads = kStage == 2 && !one_rank;
-  *instance = new Zero(s, shard, step, overlap != 0, sharded_grads && every != 0);
+  const bool sharded_grads = (what & HR_SHARD_GRADIENTS) != 0;
+  *instance =
+      new Zero(s, shard, step, overlap != 0, sharded_grads && every != 0, int32_t(prefetch));
   return HR_OK;
 }
 
@@ -157,8 +289,14 @@ const hr_plugin_descriptor kDescriptor = {
     "zero" HR_STR(HEADROOM_ZERO_STAGE),
     "1.0.0",
     kStage == 1 ? "ZeRO stage 1: optimizer state sharded over the ranks"
-                : "ZeRO stage 2: optimizer state and gradients sharded over the ranks",
-    HR_EVENT_BIT(HR_EVENT_BACKWARD_END) | HR_EVENT_BIT(HR_EVENT_STEP_END),
+    : kStage == 2
+        ? "ZeRO stage 2: optimizer state and gradients sharded over the ranks"
+        : "ZeRO stage 3: optimizer state, gradients and parameters sharded over the ranks",
+    HR_EVENT_BIT(HR_EVENT_BACKWARD_END) | HR_EVENT_BIT(HR_EVENT_STEP_END) |
+        (kStage == 3
+             ? HR_EVENT_BIT(HR_EVENT_TRAIN_BEGIN) | HR_EVENT_BIT(HR_EVENT_FORWARD_BEGIN) |
+                   HR_EVENT_BIT(HR_EVENT_FORWARD_END) | HR_EVENT_BIT(HR_EVENT_BACKWARD_BEGIN)
+             : 0),
     HR_ROLE_GRADIENT_REDUCTION,
     0,  // reserved0
     create_hook,

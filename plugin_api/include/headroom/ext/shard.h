@@ -10,6 +10,12 @@
  *   HR_SHARD_GRADIENTS   with HR_SHARD_OPTIMIZER: each layer keeps only its gradient shard; the
  *                        full gradients exist from the layer's backward until they are reduced
  *                        (zero2).
+ *   HR_SHARD_PARAMETERS  with both: each layer keeps only its parameter shard (its masters' range
+ *                        and, with amp, the compute copy's). The full parameters exist from
+ *                        gather_parameters until release_parameters; the forward and the
+ *                        backward of a layer need its own and its tied layer's gathered (zero3).
+ *                        A layer of fewer elements than persist_below() set keeps its parameters
+ *                        whole, as zero2's (layout's `whole`).
  *
  * The plugin that shards takes the gradient-reduction role (HR_ROLE_GRADIENT_REDUCTION): core's
  * data-parallel buckets are then off. When it reduces and gathers is its policy; the host checks
@@ -33,6 +39,7 @@ extern "C" {
 
 #define HR_SHARD_OPTIMIZER 1u
 #define HR_SHARD_GRADIENTS 2u
+#define HR_SHARD_PARAMETERS 4u
 
 /* An out-struct: the caller sets struct_size; the host fills what it covers. */
 typedef struct hr_shard_layout {
@@ -44,13 +51,19 @@ typedef struct hr_shard_layout {
   uint64_t padded;    /* numel rounded up to a multiple of W (numel when nothing is sharded) */
   uint64_t shard;     /* padded / W: the elements of each rank's range */
   uint64_t begin;     /* this rank's range starts here: rank * shard */
+  /* Since ABI 1.5's zero3 (check HR_HAS_FIELD): */
+  uint32_t whole; /* 1: the layer's parameters are not sharded (no HR_SHARD_PARAMETERS, or a layer
+                   * smaller than persist_below()): gather_parameters is its zero2 all-gather */
+  int32_t tied;   /* the other layer whose parameters this layer's forward and backward read, or
+                   * -1 (the head reads the embedding's tied token embedding: 0) */
 } hr_shard_layout;
 
 typedef struct hr_ext_shard {
   uint32_t struct_size;
   uint32_t reserved0;
   /* From create() only, once for the run: what is sharded (HR_SHARD_OPTIMIZER, optionally |
-   * HR_SHARD_GRADIENTS). HR_ERROR_INVALID for other bits, HR_SHARD_GRADIENTS alone, a plugin
+   * HR_SHARD_GRADIENTS, optionally | HR_SHARD_PARAMETERS with both). HR_ERROR_INVALID for other
+   * bits, a stage without the ones below it, a plugin
    * without HR_ROLE_GRADIENT_REDUCTION, or an optimizer-role plugin in the run (its state is its
    * own: it cannot be partitioned); each with a message. */
   hr_status (*partition)(hr_host* host, uint32_t what);
@@ -65,8 +78,12 @@ typedef struct hr_ext_shard {
    * with a message when the layer's gradients were reduced already since its backward, or the
    * communicator failed. */
   hr_status (*reduce_gradients)(hr_host* host, int32_t layer);
-  /* Starts gathering layer `layer`'s updated parameters from every rank's range (with amp, the
-   * compute copy follows when done); asynchronous. From STEP_END (after the update). */
+  /* Starts gathering layer `layer`'s parameters from every rank's range; asynchronous.
+   * A whole layer (layout's `whole`): its updated ranges, in place, from STEP_END (after the
+   * update); with amp the compute copy follows when done.
+   * A sharded layer (HR_SHARD_PARAMETERS): into a full buffer of the compute dtype (the
+   * parameters' bytes rise by the layer's), any time in the step; nothing when it is gathered or
+   * being gathered already. The host waits for it before the layer computes. */
   hr_status (*gather_parameters)(hr_host* host, int32_t layer);
   /* Waits for every reduction and gathering started and finishes each. HR_ERROR with a message
    * naming the rank when a collective cannot complete. */
@@ -79,6 +96,16 @@ typedef struct hr_ext_shard {
    * (headroom.comm/1) before acting. HR_ERROR_INVALID when nothing is sharded or for a layer out
    * of range. */
   hr_status (*gradient_range)(hr_host* host, int32_t layer, hr_tensor* out);
+  /* Since ABI 1.5's zero3 (check HR_HAS_FIELD): */
+  /* From create() only, with HR_SHARD_PARAMETERS: layers of fewer than `elements` parameter
+   * elements keep their parameters whole (DeepSpeed's param_persistence_threshold, here per
+   * layer: a layer's parameters are one flat buffer). 0, the default: every layer sharded. */
+  hr_status (*persist_below)(hr_host* host, uint64_t elements);
+  /* Frees layer `layer`'s gathered parameters, waiting first if their gathering is in flight;
+   * nothing when they are not gathered. Any time in the step; by the end of STEP_END every
+   * sharded layer must be released (the host checks: nothing gathered outlives a step).
+   * HR_ERROR_INVALID for a whole layer or a layer out of range. */
+  hr_status (*release_parameters)(hr_host* host, int32_t layer);
 } hr_ext_shard;
 
 #ifdef __cplusplus
