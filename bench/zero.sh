@@ -115,7 +115,7 @@ for kind in ddp zero1 zero2; do
     for ((r = 0; r < n; r++)); do
       read -r fp fg fb fo fc _ psi_p < <(closed "$kind" "$n" "$r")
       read -r p _ < <(tally events.rank$r 0)
-      read -r g gpeak < <(tally events.rank$r 1)
+      read -r g gpeak _ < <(tally events.rank$r 1)
       read -r o _ < <(tally events.rank$r 2)
       read -r c _ < <(tally events.rank$r 6)
       if [ "$r" = 0 ]; then

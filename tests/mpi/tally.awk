@@ -4,6 +4,10 @@
 #   awk -v c=CATEGORY -f tests/mpi/tally.awk EVENTS    -> "live_at_end peak"
 #
 # CATEGORY is hr_mem_category's number: 0 parameters, 1 gradients, 2 optimizer, 6 communication.
+# With -v from=EVENT (TRAIN_BEGIN) the peak counts only from that event's line on; with
+# -v at=EVENT (STEP_END) a third field lists the distinct live bytes at that event's lines.
+from != "" && $2 == from { counting = 1 }
+at != "" && $2 == at { if (!((live + 0) in seen)) { seen[live + 0] = 1; at_values = at_values (at_values == "" ? "" : ",") live + 0 } }
 / ALLOC / || / FREE / {
   b = 0; k = -1
   for (i = 1; i <= NF; i++) {
@@ -12,6 +16,6 @@
   }
   if (k != c) next
   if ($0 ~ / ALLOC /) live += b; else live -= b
-  if (live > peak) peak = live
+  if ((from == "" || counting) && live > peak) peak = live
 }
-END { print live + 0, peak + 0 }
+END { print live + 0, peak + 0, (at_values == "" ? "-" : at_values) }

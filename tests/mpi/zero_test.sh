@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# zero1 and zero2 across ranks, on the CPU backend with tiny models (CI has 2 cores).
+# zero1, zero2 and zero3 across ranks, on the CPU backend with tiny models (CI has 2 cores).
 #
 #   zero_test.sh PART HEADROOM COMPARE PLUGIN_DIR MPIEXEC
 #
@@ -34,8 +34,13 @@ seed = 5
 kind = "synthetic"
 workers = 0
 TOML
-# cfg.toml with zero STAGE (and more lines appended by the caller).
-with_zero() { cp base.toml "$2"; printf '\n[[plugins]]\nname = "zero%s"\n' "$1" >> "$2"; }
+# cfg.toml with zero STAGE (and more lines appended by the caller). zero3 keeps only the head (20
+# elements) whole: the embedding and the blocks have their parameters sharded.
+with_zero() {
+  cp base.toml "$2"
+  printf '\n[[plugins]]\nname = "zero%s"\n' "$1" >> "$2"
+  if [ "$1" = 3 ]; then printf 'param_persistence_threshold = 100\n' >> "$2"; fi
+}
 "$headroom" train base.toml -q --set train.steps=1 --set train.lr=1e-30 --save-weights init.safetensors
 
 case $part in
@@ -44,7 +49,7 @@ bytes)
   # optimizer state) against the closed forms, for N = 1, 2, 4, each stage, fp32 and amp bf16.
   # The recorder plugin logs every ALLOC and FREE with its category; the peak of the full
   # gradients (zero2) is bounded too.
-  closed() {  # closed STAGE N RANK AMP -> "params grads optimizer grads_peak_bound"
+  closed() {  # closed STAGE N RANK AMP -> "params grads optimizer grads_peak_bound params_peak_bound"
     python3 - "$@" <<'PY'
 import sys
 stage, N, r, amp = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
@@ -53,7 +58,13 @@ layers = [V * C + T * C] + [12 * C * C + 13 * C] * L + [2 * C]   # embedding, bl
 padded = [-(-n // N) * N for n in layers]
 shard = [p // N for p in padded]
 es = 2 if amp else 0                                              # the compute copies' bytes
-params = sum(4 * p + es * p for p in padded)
+sharded = [stage == 3 and N > 1 and n >= 100 for n in layers]    # param_persistence_threshold
+# Whole: the masters and the compute copy; sharded: this rank's range of both.
+params = sum((4 + es) * (s if sh else p) for p, s, sh in zip(padded, shard, sharded))
+# zero3 gathers into the dtype the layers read (the compute copy's with amp); prefetch_layers 1:
+# at most two computations' layers at once, each reading one sharded layer (the head is whole).
+gathered = (es if amp else 4) * max([p for p, sh in zip(padded, sharded) if sh], default=0)
+params_bound = params + 2 * gathered
 mine = [max(0, min(n, (r + 1) * s) - r * s) for n, s in zip(layers, shard)]
 opt = sum(8 * m for m in mine)                                    # AdamW m and v
 if stage == 1 or N == 1:                                          # zero2 on one rank is zero1
@@ -63,14 +74,14 @@ else:
     grads = sum(4 * s for s in shard)                             # the gradient shards
     # plus, during a backward: layer 0's full gradients (the tied wte) and two adjacent layers'
     bound = grads + (4 + es) * (padded[0] + 2 * max(padded[1:]))
-print(params, grads, opt, bound)
+print(params, grads, opt, bound, params_bound)
 PY
   }
-  tally() {  # tally EVENTS CATEGORY -> "live_at_end peak"
-    awk -v c="$2" -f "$here/tally.awk" "$1"
+  tally() {  # tally EVENTS CATEGORY -> "live_at_end peak_from_train_begin live_at_step_ends"
+    awk -v c="$2" -v from=TRAIN_BEGIN -v at=STEP_END -f "$here/tally.awk" "$1"
   }
   for amp in 0 1; do
-    for stage in 1 2; do
+    for stage in 1 2 3; do
       with_zero $stage cfg.toml
       [ $amp = 1 ] && printf '\n[[plugins]]\nname = "amp"\ndtype = "bf16"\n' >> cfg.toml
       printf '\n[[plugins]]\nname = "rec_a"\npath = "%s"\nout = "%s"\nper_rank = true\nalloc_events = true\n' \
@@ -79,21 +90,29 @@ PY
         rm -f events events.rank*
         if [ $n = 1 ]; then
           sed 's/per_rank = true/per_rank = false/' cfg.toml > one.toml
-          "$headroom" train one.toml -q --set train.steps=1
+          "$headroom" train one.toml -q --set train.steps=2
           mv events events.rank0
         else
-          mpirun -np $n "$headroom" train cfg.toml -q --set train.steps=1
+          mpirun -np $n "$headroom" train cfg.toml -q --set train.steps=2
         fi
         for ((r = 0; r < n; r++)); do
-          read -r params grads opt bound < <(closed $stage $n $r $amp)
+          read -r params grads opt bound pbound < <(closed $stage $n $r $amp)
           what="zero$stage amp=$amp N=$n rank $r"
-          read -r p _ < <(tally events.rank$r 0)
-          read -r g gpeak < <(tally events.rank$r 1)
+          read -r p ppeak pends < <(tally events.rank$r 0)
+          read -r g gpeak _ < <(tally events.rank$r 1)
           read -r o _ < <(tally events.rank$r 2)
           [ "$p" = "$params" ] || fail "$what: parameters $p bytes, closed form $params"
           [ "$g" = "$grads" ] || fail "$what: gradients $g bytes, closed form $grads"
           [ "$o" = "$opt" ] || fail "$what: optimizer $o bytes, closed form $opt"
           [ "$gpeak" -le "$bound" ] || fail "$what: gradients peaked at $gpeak > $bound bytes"
+          # Memory fully re-partitioned after every step: at each STEP_END only the shards and
+          # the whole layers; in between, at most two gathered layers on top (zero3).
+          [ "$pends" = "$params" ] ||
+            fail "$what: parameters at the STEP_ENDs $pends bytes, closed form $params"
+          [ "$ppeak" -le "$pbound" ] || fail "$what: parameters peaked at $ppeak > $pbound bytes"
+          if [ $stage = 3 ] && [ $n -gt 1 ]; then
+            [ "$ppeak" -gt "$params" ] || fail "$what: zero3 never gathered a layer"
+          fi
         done
       done
     done
@@ -106,7 +125,7 @@ equivalence)
   # sum once, which rounds differently: losses within 1e-6 relative, and the weights no farther
   # from the DDP run's than two 1-rank runs that sum in other orders are from each other.
   mpirun -np 2 "$headroom" train base.toml -q --metrics d2.jsonl --save-weights d2.safetensors
-  for stage in 1 2; do
+  for stage in 1 2 3; do
     with_zero $stage z.toml
     mpirun -np 2 "$headroom" train z.toml -q --metrics z.jsonl --save-weights z.safetensors
     "$compare" losses z.jsonl d2.jsonl 0 || fail "zero$stage, 2 ranks: losses"
@@ -116,13 +135,29 @@ equivalence)
   # With checkpoint (every block recomputed) and defrag_allocator as well: still bitwise.
   printf '\n[[plugins]]\nname = "checkpoint"\npolicy = "every"\n\n[[plugins]]\nname = "defrag_allocator"\n' \
     > cd.part
-  for stage in 1 2; do
+  for stage in 1 2 3; do
     with_zero $stage z.toml
     cat cd.part >> z.toml
     mpirun -np 2 "$headroom" train z.toml -q --metrics z.jsonl --save-weights z.safetensors
     "$compare" weights z.safetensors d2.safetensors init.safetensors 0 ||
       fail "zero$stage + checkpoint + defrag_allocator, 2 ranks: weights"
   done
+  # zero3 without prefetching, and with every layer sharded (the head too, tied to layer 0).
+  with_zero 3 z.toml
+  mpirun -np 2 "$headroom" train z.toml -q --set plugins.zero3.prefetch_layers=0 \
+    --set plugins.zero3.param_persistence_threshold=0 --save-weights z.safetensors
+  "$compare" weights z.safetensors d2.safetensors init.safetensors 0 ||
+    fail "zero3, prefetch_layers 0, every layer sharded: weights"
+  # amp bf16: the sums are the data-parallel run's, so bitwise too.
+  printf '\n[[plugins]]\nname = "amp"\ndtype = "bf16"\n' > bf16.part
+  cat base.toml bf16.part > db.toml
+  mpirun -np 2 "$headroom" train db.toml -q --metrics db.jsonl --save-weights db.safetensors
+  with_zero 3 z.toml
+  cat bf16.part >> z.toml
+  mpirun -np 2 "$headroom" train z.toml -q --metrics z.jsonl --save-weights z.safetensors
+  "$compare" losses z.jsonl db.jsonl 0 || fail "zero3 + amp bf16, 2 ranks: losses"
+  "$compare" weights z.safetensors db.safetensors init.safetensors 0 ||
+    fail "zero3 + amp bf16, 2 ranks: weights"
   ga=(--set train.micro_batch=1 --set train.grad_accum=2)
   mpirun -np 4 "$headroom" train base.toml -q "${ga[@]}" --metrics d4.jsonl \
     --save-weights d4.safetensors
@@ -143,6 +178,11 @@ equivalence)
     --save-weights ga.safetensors
   "$compare" within z.safetensors d4.safetensors mb.safetensors ga.safetensors ||
     fail "zero2, 4 ranks: weights"
+  with_zero 3 z.toml
+  mpirun -np 4 "$headroom" train z.toml -q "${ga[@]}" --metrics z.jsonl --save-weights z.safetensors
+  "$compare" losses z.jsonl d4.jsonl 1e-6 || fail "zero3, 4 ranks: losses"
+  "$compare" within z.safetensors d4.safetensors mb.safetensors ga.safetensors ||
+    fail "zero3, 4 ranks: weights"
   # amp fp16 with a loss scale that overflows at first: the ranks agree to skip the same steps as
   # the data-parallel run, and end bitwise where it ends.
   printf '\n[[plugins]]\nname = "amp"\ndtype = "fp16"\ninit_scale = 1e30\nhysteresis = 1\n' > amp.part
@@ -156,6 +196,17 @@ equivalence)
   [ "$(grep -o '"skipped_steps":[0-9]*' z.jsonl | tail -1)" = \
     "$(grep -o '"skipped_steps":[0-9]*' da.jsonl | tail -1)" ] || fail "zero2 + amp fp16: skips"
   "$compare" weights z.safetensors da.safetensors init.safetensors 0 || fail "zero2 + amp fp16: weights"
+  # zero3 with a scale that overflows for some steps, not all: the same skips, bitwise.
+  scale=(--set plugins.amp.init_scale=1e8)
+  mpirun -np 2 "$headroom" train da.toml -q "${scale[@]}" --metrics da.jsonl --save-weights da.safetensors
+  with_zero 3 z.toml
+  cat amp.part >> z.toml
+  mpirun -np 2 "$headroom" train z.toml -q "${scale[@]}" --metrics z.jsonl --save-weights z.safetensors
+  skips=$(grep -o '"skipped_steps":[0-9]*' da.jsonl | tail -1)
+  [ "$skips" != '"skipped_steps":0' ] && [ "$skips" != '"skipped_steps":20' ] ||
+    fail "amp fp16 at init_scale 1e8: $skips (some steps, not all, should skip)"
+  [ "$(grep -o '"skipped_steps":[0-9]*' z.jsonl | tail -1)" = "$skips" ] || fail "zero3 + amp fp16: skips"
+  "$compare" weights z.safetensors da.safetensors init.safetensors 0 || fail "zero3 + amp fp16: weights"
   ;;
 resume)
   # A zero2 run snapshotted at step 10 (each rank's optimizer shards in its part) and resumed
@@ -168,6 +219,16 @@ resume)
   cp snaps/step_000000000010.* at10/
   mpirun -np 2 "$headroom" train z.toml -q --resume at10 --save-weights resumed.safetensors
   cmp full.safetensors resumed.safetensors || fail "resumed weights differ from the unbroken run's"
+  # zero3 with amp bf16: every rank's parameter shards, gathered whole into the snapshot and cut
+  # again on load.
+  with_zero 3 z3.toml
+  printf '\n[[plugins]]\nname = "amp"\ndtype = "bf16"\n' >> z3.toml
+  mpirun -np 2 "$headroom" train z3.toml -q --set snapshot.every=10 --set snapshot.dir=snaps3 \
+    --save-weights full3.safetensors
+  mkdir at10z3
+  cp snaps3/step_000000000010.* at10z3/
+  mpirun -np 2 "$headroom" train z3.toml -q --resume at10z3 --save-weights resumed3.safetensors
+  cmp full3.safetensors resumed3.safetensors || fail "zero3 + amp: resumed weights differ"
   set +e
   out=$("$headroom" train z.toml -q --resume at10 2>&1); rc=$?
   set -e
@@ -214,6 +275,28 @@ errors)
   lazy --set plugins.lazy_shard.reduce=true --set train.grad_accum=2
   [ $rc = 1 ] && grep -q "reduced once, in the step's last micro-step (this is micro-step 1 of 2)" <<<"$out" ||
     fail "an unsharded reduction before the last micro-step: exit $rc: $out"
+  # Parameters sharded (zero3's bits): one never gathered before its forward, and gathered ones
+  # left at the end of a step, on 2 ranks.
+  lazy_np2() {
+    cp base.toml z.toml
+    printf '\n[[plugins]]\nname = "lazy_shard"\npath = "%s"\nparameters = "%s"\n' \
+      "$plugins/lazy_shard.so" "$1" >> z.toml
+    set +e
+    out=$(mpirun -np 2 "$headroom" train z.toml -q --set train.steps=2 2>&1); rc=$?
+    set -e
+  }
+  lazy_np2 never_gather
+  [ $rc = 1 ] && grep -q "plugin 'lazy_shard' shards the parameters but did not gather layer 0's before layer 0's forward" <<<"$out" ||
+    fail "a plugin that never gathers parameters: exit $rc: $out"
+  lazy_np2 never_release
+  [ $rc = 1 ] && grep -q "left layer(s) 0, 1, 2, 3 gathered at the end of STEP_END" <<<"$out" ||
+    fail "a plugin that never releases parameters: exit $rc: $out"
+  with_zero 3 z.toml
+  set +e
+  out=$("$headroom" train z.toml -q --set plugins.zero3.prefetch_layers=-1 2>&1); rc=$?
+  set -e
+  [ $rc = 2 ] && grep -q "plugins.zero3.prefetch_layers: must be 0 to 64" <<<"$out" ||
+    fail "zero3 prefetch_layers = -1: exit $rc: $out"
   ;;
 *)
   fail "unknown part $part"
