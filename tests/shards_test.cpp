@@ -371,10 +371,14 @@ TEST(ShardsTest, RestoreRejectsOtherData) {
   EXPECT_TRUE(test::contains(msg, "belongs to 3 shards of (100,57,80) tokens")) << msg;
   EXPECT_TRUE(test::contains(msg, "matches 1 shards of (100) tokens")) << msg;
 
-  // Another batch shape, another shuffle, garbage.
-  auto wide = make_shard_source(shard_config(s.pattern()), 1, 8, 60000);
+  // A batch shape whose batches do not start where the snapshot's position is (token 16 of the
+  // first shard; batches of 3 * 8 tokens), another shuffle, garbage.
+  auto wide = make_shard_source(shard_config(s.pattern()), 1, 8, 60000, 0, 3);
   msg = test::error_of([&] { wide->restore(state); });
-  EXPECT_TRUE(test::contains(msg, "micro_batch * seq_len = 16")) << msg;
+  EXPECT_TRUE(test::contains(msg, "token 16 of " + s.dir + "/train_000000.bin")) << msg;
+  EXPECT_TRUE(test::contains(msg, "1 rank x 16 tokens (micro_batch * seq_len) = 16")) << msg;
+  EXPECT_TRUE(test::contains(msg, "global batch of 3 x 8 = 24 tokens")) << msg;
+  EXPECT_TRUE(test::contains(msg, "that divides 16, such as the snapshot's 16")) << msg;
   auto shuffled = make_shard_source(shard_config(s.pattern(), true), 2, 8, 60000);
   msg = test::error_of([&] { shuffled->restore(state); });
   EXPECT_TRUE(test::contains(msg, "data.shuffle = false")) << msg;
@@ -384,6 +388,62 @@ TEST(ShardsTest, RestoreRejectsOtherData) {
   out_of_range.replace(out_of_range.find("sample=1"), 8, "sample=99");
   msg = test::error_of([&] { a->restore(out_of_range); });
   EXPECT_TRUE(test::contains(msg, "out of range")) << msg;
+}
+
+// A position taken at one world size and micro-batch moves to another at the same token, when a
+// global batch of the new one starts there: the ranks then read what llm.c's loader at the new
+// shape reads from that token on (here to the end of the shard and on through the next ones).
+TEST(ShardsTest, RestoreAtAnotherWorldSizeKeepsTheTokenPosition) {
+  ThreeShards s;
+  const int T = 8;
+  // 4 ranks x B 1: 2 global batches of 32 tokens (into the first shard: token 64).
+  std::vector<std::unique_ptr<DataSource>> four;
+  for (int r = 0; r < 4; ++r) {
+    four.push_back(make_shard_source(shard_config(s.pattern()), 1, T, 60000, r, 4));
+    batches(*four.back(), 1, T, 2);
+  }
+  const std::string state = four[0]->state();
+  for (int r = 1; r < 4; ++r)
+    EXPECT_EQ(four[size_t(r)]->state(), state);
+  // At 2 ranks x B 1 (16-token global batches), 1 rank x B 2, and 1 rank x B 4: batch 4, 4, 2.
+  for (const auto& [world, B] : {std::pair<int, int>{2, 1}, {1, 2}, {1, 4}}) {
+    for (int r = 0; r < world; ++r) {
+      auto src = make_shard_source(shard_config(s.pattern()), B, T, 60000, r, world);
+      src->restore(state);
+      const size_t bt = size_t(B) * T, global = bt * size_t(world);
+      auto want = llmc_sequence(s.tokens, bt, size_t(r), size_t(world), 12);
+      want.erase(want.begin(), want.begin() + long(64 / global));
+      want.resize(6);
+      EXPECT_EQ(batches(*src, B, T, 6), want) << world << " ranks x B " << B << ", rank " << r;
+    }
+  }
+  // At 3 ranks x B 1: 64 is no multiple of 24, so the position is refused, saying what would do.
+  auto three = make_shard_source(shard_config(s.pattern()), 1, T, 60000, 0, 3);
+  std::string msg = test::error_of([&] { three->restore(state); });
+  EXPECT_TRUE(test::contains(msg, "token 64 of")) << msg;
+  EXPECT_TRUE(test::contains(msg, "is no multiple of this run's global batch of 3 x 8 = 24 tokens"))
+      << msg;
+  EXPECT_TRUE(test::contains(msg, "that divides 64, such as the snapshot's 32")) << msg;
+
+  // Shuffled, the batch order is a permutation of the shard's global batches: only the same
+  // global batch maps (4 x 1 = 2 x 2 ranks x micro_batch), and another is refused naming it.
+  auto a = make_shard_source(shard_config(s.pattern(), true, 7), 1, T, 60000, 1, 4);
+  batches(*a, 1, T, 3);
+  const std::string sstate = a->state();
+  const auto want = batches(*a, 1, T, 5);  // rank 1 of 4: the second 8 tokens of each batch
+  auto b0 = make_shard_source(shard_config(s.pattern(), true, 7), 2, T, 60000, 0, 2);
+  b0->restore(sstate);
+  for (const Batch& w : want) {
+    const Batch got = next_batch(*b0, 2, T);  // rank 0 of 2, B 2: the first 16 tokens
+    EXPECT_EQ(std::vector<int32_t>(got.inputs.begin() + T, got.inputs.end()), w.inputs);
+  }
+  auto c = make_shard_source(shard_config(s.pattern(), true, 7), 1, T, 60000, 0, 2);
+  msg = test::error_of([&] { c->restore(sstate); });
+  EXPECT_TRUE(test::contains(msg,
+                             "data.shuffle = true over global batches of 4 ranks x 8 tokens "
+                             "(micro_batch * seq_len) = 32 tokens; this run's are 2 x 8 = 16"))
+      << msg;
+  EXPECT_TRUE(test::contains(msg, "(micro_batch = 2 at 2 ranks)")) << msg;
 }
 
 TEST(ShardsTest, TokenAboveVocabNamesShardAndOffset) {

@@ -292,6 +292,93 @@ TEST(Snapshot, WritesFormat02AndReadsBackEveryField) {
   EXPECT_EQ(files, 1);
 }
 
+TEST(Reshard, OptimizerLayoutAndStateNames) {
+  EXPECT_EQ(optimizer_layout("adamw").optimizer, "adamw");
+  EXPECT_EQ(optimizer_layout("adamw").sharded_over, 0);
+  EXPECT_EQ(optimizer_layout("adamw sharded over 4 ranks").optimizer, "adamw");
+  EXPECT_EQ(optimizer_layout("adamw sharded over 4 ranks").sharded_over, 4);
+  EXPECT_EQ(optimizer_layout("sgd sharded over x ranks").sharded_over, 0);
+
+  StateName n;
+  ASSERT_TRUE(parse_state_name("h.0.attn.c_attn.weight [3:700) adamw m", &n));
+  EXPECT_EQ(n.param, "h.0.attn.c_attn.weight");
+  EXPECT_FALSE(n.whole);
+  EXPECT_EQ(n.begin, 3u);
+  EXPECT_EQ(n.end, 700u);
+  EXPECT_EQ(n.kind, "adamw m");
+  ASSERT_TRUE(parse_state_name("wte.weight sgd momentum", &n));
+  EXPECT_TRUE(n.whole);
+  EXPECT_EQ(n.kind, "sgd momentum");
+  for (const char* bad : {"wte.weight", "wte.weight [3:3) adamw m", "wte.weight [4:3) adamw m",
+                          "wte.weight [3:x) adamw m", "wte.weight [0:3)", "wte.weight [0:3)adamw",
+                          " adamw m", "wte.weight "})
+    EXPECT_FALSE(parse_state_name(bad, &n)) << bad;
+}
+
+std::vector<uint8_t> floats(std::vector<float> v) {
+  std::vector<uint8_t> b(v.size() * sizeof(float));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// State cut one way (4 ranks: a's [0:3) [3:6), b whole, c's [0:1)) assembled into another cut:
+// every wanted tensor gets its elements from whatever pieces overlap it, in place.
+TEST(Reshard, AssemblesStateCutAnotherWay) {
+  const std::map<std::string, uint64_t> params = {{"a", 6}, {"b", 2}, {"c", 1}};
+  StateResharder r(params);
+  r.want("a [0:4) adamw m", 4);
+  r.want("a [4:6) adamw m", 2);
+  r.want("b adamw m", 2);
+  r.want("c adamw m", 1);
+  r.want("a [0:4) adamw v", 4);
+  r.take("a [0:3) adamw m", floats({0, 1, 2}), "p0");
+  r.take("a [3:6) adamw m", floats({3, 4, 5}), "p1");
+  r.take("a adamw v", floats({10, 11, 12, 13, 14, 15}), "file");
+  r.take("b [0:2) adamw m", floats({20, 21}), "p1");
+  r.take("c adamw m", floats({30}), "p2");
+  r.take("b adamw v", floats({40, 41}), "p1");  // wanted by no tensor of this rank
+  r.check("what 4 ranks wrote");
+  EXPECT_EQ(r.bytes("a [0:4) adamw m"), floats({0, 1, 2, 3}));
+  EXPECT_EQ(r.bytes("a [4:6) adamw m"), floats({4, 5}));
+  EXPECT_EQ(r.bytes("b adamw m"), floats({20, 21}));
+  EXPECT_EQ(r.bytes("c adamw m"), floats({30}));
+  EXPECT_EQ(r.bytes("a [0:4) adamw v"), floats({10, 11, 12, 13}));
+}
+
+TEST(Reshard, RefusesStateThatDoesNotCoverOrFit) {
+  const std::map<std::string, uint64_t> params = {{"a", 6}};
+  auto wanting = [&] {
+    auto r = std::make_unique<StateResharder>(params);
+    r->want("a adamw m", 6);
+    return r;
+  };
+  auto r = wanting();
+  r->take("a [0:2) adamw m", floats({0, 1}), "p0");
+  r->take("a [4:6) adamw m", floats({4, 5}), "p2");
+  std::string msg = test::error_of([&] { r->check("what 3 ranks wrote"); });
+  EXPECT_EQ(msg, "what 3 ranks wrote has no optimizer state for elements [2:4) of 'a' (adamw m)");
+  r = wanting();
+  r->take("a [0:4) adamw m", floats({0, 1, 2, 3}), "p0");
+  msg = test::error_of([&] { r->check("what 3 ranks wrote"); });
+  EXPECT_EQ(msg, "what 3 ranks wrote has no optimizer state for elements [4:6) of 'a' (adamw m)");
+  r = wanting();
+  r->take("a [0:4) adamw m", floats({0, 1, 2, 3}), "p0");
+  r->take("a [3:6) adamw m", floats({3, 4, 5}), "p1");
+  msg = test::error_of([&] { r->check("what 2 ranks wrote"); });
+  EXPECT_EQ(msg,
+            "what 2 ranks wrote has optimizer state for elements [3:4) of 'a' (adamw m) twice");
+  msg = test::error_of([&] { r->take("z adamw m", floats({0}), "FILE"); });
+  EXPECT_EQ(msg,
+            "FILE: tensor 'z adamw m' is neither a parameter of this model nor optimizer "
+            "state of one");
+  msg = test::error_of([&] { r->take("a [4:7) adamw m", floats({0, 1, 2}), "FILE"); });
+  EXPECT_EQ(msg, "FILE: tensor 'a [4:7) adamw m' covers elements [4:7) of 'a', which has 6");
+  msg = test::error_of([&] { r->take("a [4:6) adamw m", floats({0}), "FILE"); });
+  EXPECT_EQ(msg, "FILE: tensor 'a [4:6) adamw m' has 4 bytes; its 2 elements are 8");
+  EXPECT_THROW(r->want("a [0:2) adamw m", 3), std::invalid_argument);
+  EXPECT_THROW(r->want("b adamw m", 1), std::invalid_argument);
+}
+
 TEST(Snapshot, TamperedManifestIsRefusedNamingTheFile) {
   const std::string dir = test::temp_dir();
   write_snapshot(dir, small_snapshot(5), 3);

@@ -195,12 +195,6 @@ class ShardSource final : public DataSource {
                         " shards of " + summary(tokens) + " tokens, but data.pattern '" + pattern_ +
                         "' matches " + std::to_string(mine.size()) + " shards of " + summary(mine) +
                         " tokens: not the same data");
-    const uint64_t my_bt = uint64_t(B_) * uint64_t(T_);
-    if (bt != my_bt || world != uint64_t(world_))
-      throw ConfigError("the snapshot's data position was taken with micro_batch * seq_len = " +
-                        std::to_string(bt) + " over " + std::to_string(world) +
-                        " ranks; this run has " + std::to_string(my_bt) + " over " +
-                        std::to_string(world_) + ": its batches would not line up");
     if ((shuffle != 0) != shuffle_ || (shuffle_ && seed != seed_))
       throw ConfigError("the snapshot's data position was taken with data.shuffle = " +
                         std::string(shuffle ? "true" : "false") +
@@ -213,9 +207,11 @@ class ShardSource final : public DataSource {
       permutation = order[i] < shards_.size() && !seen[order[i]];
       if (permutation) seen[order[i]] = true;
     }
-    if (!permutation || shard >= shards_.size() || sample > batches(order[shard]))
+    // The position in the snapshot's own global batches (world * bt tokens each).
+    if (!permutation || shard >= shards_.size() || bt == 0 || world == 0 ||
+        bt > ~uint64_t(0) / world || sample > (shards_[order[shard]].tokens - 1) / (world * bt))
       throw ConfigError(bad + " (its shard order or position is out of range)");
-
+    sample = map_sample(sample, world, bt, shards_[order[shard]].path);
     epoch_ = epoch;
     shard_ = size_t(shard);
     sample_ = sample;
@@ -225,6 +221,50 @@ class ShardSource final : public DataSource {
 
  private:
   static constexpr uint64_t kNone = ~uint64_t(0);
+
+  // The snapshot's position, global batch `sample` of `world` ranks x `bt` tokens in the current
+  // shard (`file`), as a global batch of this run (world_ x B_*T_ tokens): the same token
+  // position, so that a snapshot resumes at another world size or micro-batch. Shuffled, the
+  // batch order is a permutation of the shard's global batches, whose count depends on their
+  // size: only the same size maps. ConfigError saying what would be valid otherwise.
+  uint64_t map_sample(uint64_t sample, uint64_t world, uint64_t bt, const std::string& file) const {
+    const uint64_t my_bt = uint64_t(B_) * uint64_t(T_), mine = uint64_t(world_) * my_bt;
+    const uint64_t theirs = world * bt;
+    if (theirs == mine) return sample;
+    const std::string was = std::to_string(world) + " rank" + (world == 1 ? "" : "s") + " x " +
+                            std::to_string(bt) +
+                            " tokens (micro_batch * seq_len) = " + std::to_string(theirs);
+    const std::string is =
+        std::to_string(world_) + " x " + std::to_string(my_bt) + " = " + std::to_string(mine);
+    // This run's micro_batch that would give the snapshot's global batch, if one does.
+    const uint64_t per_rank = uint64_t(world_) * uint64_t(T_);
+    const std::string at_this_world = std::to_string(world_) + " rank" + (world_ == 1 ? "" : "s");
+    if (shuffle_)
+      throw ConfigError(
+          "the snapshot's data position was taken with data.shuffle = true over global batches "
+          "of " +
+          was + " tokens; this run's are " + is +
+          ": a shuffled batch order depends on the global batch, so it must stay " +
+          std::to_string(theirs) + " tokens (" +
+          (theirs % per_rank == 0
+               ? "micro_batch = " + std::to_string(theirs / per_rank) + " at " + at_this_world
+               : "no micro_batch gives that at " + at_this_world + " and seq_len " +
+                     std::to_string(T_)) +
+          ")");
+    const uint64_t token = sample * theirs;
+    if (token % mine != 0)
+      throw ConfigError(
+          "the snapshot's data position, token " + std::to_string(token) + " of " + file +
+          " (global batch " + std::to_string(sample) + " of " + was +
+          " tokens), is no multiple of this run's global batch of " + is +
+          " tokens, so no batch of this run starts there; valid: a world size * "
+          "micro_batch * seq_len that divides " +
+          std::to_string(token) + ", such as the snapshot's " + std::to_string(theirs) +
+          (theirs % per_rank == 0 ? " (micro_batch = " + std::to_string(theirs / per_rank) +
+                                        " at " + at_this_world + ")"
+                                  : std::string()));
+    return token / mine;
+  }
 
   static bool read_field(std::istream& is, const std::string& key, uint64_t* value) {
     std::string word;

@@ -51,7 +51,10 @@ std::vector<uint16_t> read_tokens(const std::string& path, uint64_t offset, size
 // shard (the same on every rank, so ranks stay disjoint). A token >= vocab_size is a ConfigError
 // naming the shard and the token's offset, found when its batch is read. state() is the same on
 // every rank; restore() checks it was taken over the same shards (count and token counts) with
-// the same micro_batch * seq_len, world, shuffle and seed.
+// the same shuffle and seed. A state taken at another world size or micro_batch * seq_len moves
+// to the same token position in its shard when that starts a global batch of this source (the
+// position is a multiple of world * B*T); shuffled, only with the same world * B*T (the batch
+// order is drawn over the shard's global batches). Otherwise a ConfigError says what would do.
 std::unique_ptr<DataSource> make_shard_source(const DataConfig& data, int B, int T, int vocab_size,
                                               int rank = 0, int world = 1);
 

@@ -452,8 +452,12 @@ void write_rank_part(const std::string& dir, int64_t step, int rank, int world_s
   write_container((fs::path(dir) / rank_part_name(step, rank)).string(), d, "snapshot rank part");
 }
 
+std::string rank_part_file(const std::string& dir, int64_t step, int rank) {
+  return (fs::path(dir) / rank_part_name(step, rank)).string();
+}
+
 RankPart read_rank_part(const std::string& dir, int64_t step, int rank, int world_size) {
-  const std::string file = (fs::path(dir) / rank_part_name(step, rank)).string();
+  const std::string file = rank_part_file(dir, step, rank);
   auto bad = [&](const std::string& what) {
     return ConfigError("rank " + std::to_string(rank) + "'s part " + file + " " + what);
   };
@@ -470,6 +474,134 @@ RankPart read_rank_part(const std::string& dir, int64_t step, int rank, int worl
     throw bad("is of step " + std::to_string(d.step) + ", " + d.model + "; expected step " +
               std::to_string(step) + ", " + rank_part_owner(rank, world_size));
   return {d.data_state, std::move(d.tensors)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resharding
+
+OptimizerLayout optimizer_layout(const std::string& signature) {
+  const std::string mid = " sharded over ", tail = " ranks";
+  OptimizerLayout l{signature, 0};
+  const size_t at = signature.rfind(mid);
+  if (at == std::string::npos || signature.size() < at + mid.size() + tail.size() ||
+      signature.compare(signature.size() - tail.size(), tail.size(), tail) != 0)
+    return l;
+  const std::string n =
+      signature.substr(at + mid.size(), signature.size() - tail.size() - at - mid.size());
+  if (n.empty() || n.size() > 9 ||
+      !std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return l;
+  l.optimizer = signature.substr(0, at);
+  l.sharded_over = std::stoi(n);
+  return l;
+}
+
+namespace {
+
+// A decimal number of at most 18 digits.
+bool parse_count(const std::string& s, uint64_t* out) {
+  if (s.empty() || s.size() > 18 ||
+      !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return false;
+  *out = std::stoull(s);
+  return true;
+}
+
+std::string range_str(uint64_t a, uint64_t b) {
+  return "[" + std::to_string(a) + ":" + std::to_string(b) + ")";
+}
+
+}  // namespace
+
+bool parse_state_name(const std::string& name, StateName* out) {
+  StateName n;
+  const size_t space = name.find(' ');
+  if (space == 0 || space == std::string::npos) return false;
+  n.param = name.substr(0, space);
+  std::string rest = name.substr(space + 1);
+  if (!rest.empty() && rest[0] == '[') {
+    const size_t colon = rest.find(':'), close = rest.find(')');
+    if (colon == std::string::npos || close == std::string::npos || colon > close ||
+        rest.size() < close + 2 || rest[close + 1] != ' ' ||
+        !parse_count(rest.substr(1, colon - 1), &n.begin) ||
+        !parse_count(rest.substr(colon + 1, close - colon - 1), &n.end) || n.begin >= n.end)
+      return false;
+    n.whole = false;
+    rest = rest.substr(close + 2);
+  }
+  if (rest.empty() || rest[0] == ' ' || rest[0] == '[') return false;
+  n.kind = rest;
+  *out = std::move(n);
+  return true;
+}
+
+StateResharder::StateResharder(std::map<std::string, uint64_t> params)
+    : params_(std::move(params)) {}
+
+void StateResharder::want(const std::string& name, uint64_t numel) {
+  StateName at;
+  if (!parse_state_name(name, &at) || !params_.count(at.param))
+    throw std::invalid_argument("StateResharder: '" + name +
+                                "' is no optimizer state of a parameter");
+  if (at.whole) at.end = params_.at(at.param);
+  if (at.end > params_.at(at.param) || at.end - at.begin != numel || by_name_.count(name))
+    throw std::invalid_argument("StateResharder: '" + name + "' of " + std::to_string(numel) +
+                                " elements does not fit its parameter, or is wanted twice");
+  by_name_[name] = wanted_.size();
+  by_param_kind_[{at.param, at.kind}].push_back(wanted_.size());
+  wanted_.push_back({name, at, std::vector<uint8_t>(numel * sizeof(float)), {}});
+}
+
+void StateResharder::take(const std::string& name, const std::vector<uint8_t>& bytes,
+                          const std::string& file) {
+  StateName at;
+  if (!parse_state_name(name, &at) || !params_.count(at.param))
+    throw ConfigError(file + ": tensor '" + name +
+                      "' is neither a parameter of this model nor optimizer state of one");
+  const uint64_t numel = params_.at(at.param);
+  if (at.whole) at.end = numel;
+  if (at.end > numel)
+    throw ConfigError(file + ": tensor '" + name + "' covers elements " +
+                      range_str(at.begin, at.end) + " of '" + at.param + "', which has " +
+                      std::to_string(numel));
+  if (bytes.size() != (at.end - at.begin) * sizeof(float))
+    throw ConfigError(file + ": tensor '" + name + "' has " + std::to_string(bytes.size()) +
+                      " bytes; its " + std::to_string(at.end - at.begin) + " elements are " +
+                      std::to_string((at.end - at.begin) * sizeof(float)));
+  const auto it = by_param_kind_.find({at.param, at.kind});
+  if (it == by_param_kind_.end()) return;
+  for (const size_t i : it->second) {
+    Wanted& w = wanted_[i];
+    const uint64_t a = std::max(at.begin, w.at.begin), b = std::min(at.end, w.at.end);
+    if (a >= b) continue;
+    std::memcpy(w.bytes.data() + (a - w.at.begin) * sizeof(float),
+                bytes.data() + (a - at.begin) * sizeof(float), (b - a) * sizeof(float));
+    w.given.push_back({a, b});
+  }
+}
+
+void StateResharder::check(const std::string& what) const {
+  for (const Wanted& w : wanted_) {
+    std::vector<std::pair<uint64_t, uint64_t>> given = w.given;
+    std::sort(given.begin(), given.end());
+    uint64_t at = w.at.begin;
+    const std::string of = " of '" + w.at.param + "' (" + w.at.kind + ")";
+    for (const auto& [a, b] : given) {
+      if (a < at)
+        throw ConfigError(what + " has optimizer state for elements " +
+                          range_str(a, std::min(at, b)) + of + " twice");
+      if (a > at)
+        throw ConfigError(what + " has no optimizer state for elements " + range_str(at, a) + of);
+      at = b;
+    }
+    if (at < w.at.end)
+      throw ConfigError(what + " has no optimizer state for elements " + range_str(at, w.at.end) +
+                        of);
+  }
+}
+
+const std::vector<uint8_t>& StateResharder::bytes(const std::string& name) const {
+  return wanted_.at(by_name_.at(name)).bytes;
 }
 
 // ---------------------------------------------------------------------------------------------

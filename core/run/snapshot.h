@@ -85,7 +85,8 @@ SnapshotData parse_snapshot(const uint8_t* data, size_t size, const std::string&
 // optimizer state, when a zero plugin shards it), in format 02 (AtomicFile) with "model" saying
 // whose part it is ("rank r of W") and "optimizer" "-". Every rank writes its part before rank 0
 // writes step_<N>.hrsnap, so a snapshot file means every part is there (on a folder every rank
-// shares); pruning a snapshot removes its parts.
+// shares); pruning a snapshot removes its parts. A resume at another world size or sharding reads
+// every part (StateResharder, below): the data positions are global, the state ranges named.
 std::string ranks_data_state(int world_size);
 // The world size a snapshot was written at: W for ranks_data_state(W), else 1.
 int snapshot_world_size(const std::string& data_state);
@@ -99,9 +100,67 @@ struct RankPart {
   std::string data_state;
   std::map<std::string, std::vector<uint8_t>> tensors;
 };
+// DIR/step_<N>.rank<r>.data: where rank r's part of step N is.
+std::string rank_part_file(const std::string& dir, int64_t step, int rank);
 // Reads it back. ConfigError when it is missing, damaged, or not rank `rank`'s of step N at world
 // size `world_size`.
 RankPart read_rank_part(const std::string& dir, int64_t step, int rank, int world_size);
+
+// Resharding: resuming optimizer state written at one sharding (a world size, sharded or not) into
+// another. What the optimizer's signature says (a snapshot's "optimizer"): "adamw", or "adamw
+// sharded over 4 ranks" when the state is in the rank parts; `optimizer` is then "adamw" and
+// `sharded_over` 4 (0 when not sharded).
+struct OptimizerLayout {
+  std::string optimizer;
+  int sharded_over = 0;
+};
+OptimizerLayout optimizer_layout(const std::string& signature);
+
+// An optimizer state tensor's name, "<parameter>[ [a:b)] <kind>" (core/optim: the segment's name
+// and the kind, "adamw m"; core/shard: a segment that is part of a parameter adds its element
+// range [a:b)). `whole`: no range was given (the whole parameter). False when `name` is not of
+// that form (a parameter's own name is not: it has no kind).
+struct StateName {
+  std::string param, kind;
+  bool whole = true;
+  uint64_t begin = 0, end = 0;  // with !whole
+};
+bool parse_state_name(const std::string& name, StateName* out);
+
+// Builds this run's optimizer state tensors (float32) from a snapshot's, cut however they were
+// cut: every snapshot tensor that overlaps a wanted one gives it the elements they share, at
+// their place in the parameter. The snapshot's tensors may come one container at a time (the
+// replicated file, each rank part), so only what this run wants is held.
+class StateResharder {
+ public:
+  // `params`: each parameter's name and element count.
+  explicit StateResharder(std::map<std::string, uint64_t> params);
+  // A state tensor of this run, of `numel` elements. std::invalid_argument when its name is not
+  // a state name of a parameter of `params` with that many elements (a bug of the caller).
+  void want(const std::string& name, uint64_t numel);
+  // A tensor of the snapshot, read from `file`. ConfigError "FILE: ..." when it is no state
+  // tensor of a parameter (or a parameter's own tensor: those are not state), when its range lies
+  // outside the parameter or its bytes are not its range's. Wanted tensors it does not overlap,
+  // and wanted kinds it is not, ignore it.
+  void take(const std::string& name, const std::vector<uint8_t>& bytes, const std::string& file);
+  // ConfigError "WHAT has ..." naming the first wanted tensor whose elements were not all given, or
+  // some given twice, and which.
+  void check(const std::string& what) const;
+  // A wanted tensor's bytes (numel * 4), once check() passed.
+  const std::vector<uint8_t>& bytes(const std::string& name) const;
+
+ private:
+  struct Wanted {
+    std::string name;
+    StateName at;  // whole resolved: begin, end in the parameter
+    std::vector<uint8_t> bytes;
+    std::vector<std::pair<uint64_t, uint64_t>> given;  // element ranges in the parameter
+  };
+  std::map<std::string, uint64_t> params_;
+  std::vector<Wanted> wanted_;
+  std::map<std::pair<std::string, std::string>, std::vector<size_t>> by_param_kind_;
+  std::map<std::string, size_t> by_name_;
+};
 
 // The checksum format 02 stores at offset 16, of a whole file's bytes (size >= 24). For tools and
 // tests that build a file by hand.

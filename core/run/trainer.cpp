@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -645,7 +646,7 @@ bool Trainer::sharded_state() const {
 
 std::string Trainer::optimizer_signature() const {
   if (plugins_->provides_optimizer()) return "plugin";
-  // Sharded state resumes only as sharded state, over as many ranks (until resharding).
+  // Where the state is: sharded, in the rank parts (a resume elsewhere reshards it).
   return sharded_state() ? config_.train.optimizer + " sharded over " +
                                std::to_string(comm_->world_size()) + " ranks"
                          : config_.train.optimizer;
@@ -793,47 +794,53 @@ std::string Trainer::write_snapshot_files(
 
 int64_t Trainer::resume() {
   std::string path;
-  const SnapshotData d = read_newest_snapshot(options_.resume_dir, &path);
+  SnapshotData d = read_newest_snapshot(options_.resume_dir, &path);
   auto refuse = [&](const std::string& why) {
     return ConfigError("--resume: snapshot " + path + " " + why);
   };
-  // The world size it was written at must be this run's until resharding exists; each rank then
-  // reads its own data position. Every rank learns whether any rank refused, so all stop alike.
+  // What every rank reads alike (the replicated file, the config) is checked first.
+  if (d.model != model_signature(config_.model))
+    throw refuse("is of another model (" + d.model + "); this config has " +
+                 model_signature(config_.model));
+  // The optimizer must be this run's; how its state is sharded need not be (resharding).
+  const std::string optimizer = optimizer_signature();
+  const OptimizerLayout theirs = optimizer_layout(d.optimizer);
+  if (theirs.optimizer != optimizer_layout(optimizer).optimizer)
+    throw refuse("was made with optimizer " + d.optimizer + ", this config uses " + optimizer);
+  if (d.step >= config_.train.steps)
+    throw refuse("is at step " + std::to_string(d.step) +
+                 ", already at train.steps = " + std::to_string(config_.train.steps));
   const int world = comm_->world_size();
   const int written_by = snapshot_world_size(d.data_state);
+  if (theirs.sharded_over != 0 && theirs.sharded_over != written_by)
+    throw refuse("says its optimizer state is sharded over " + std::to_string(theirs.sharded_over) +
+                 " ranks, but it was written by " + std::to_string(written_by));
+  // The same world size and the same sharding: each rank reads its own part (its data position
+  // and shards), and everything loads as it was saved, bitwise. Otherwise the state is resharded.
+  const bool same_layout = written_by == world && d.optimizer == optimizer;
   std::string data_state = d.data_state;
   RankPart part;
+  std::unique_ptr<StateResharder> resharded;
   std::string why;
-  if (written_by != world) {
-    why = "was written by " + std::to_string(written_by) + " rank" + (written_by == 1 ? "" : "s") +
-          "; this run has " + std::to_string(world) +
-          ": resuming at another world size needs resharding, which headroom does not do yet " +
-          "(resume with the same number of ranks)";
-  } else if (world > 1) {
-    try {
+  try {
+    if (!same_layout) {
+      resharded = reshard_optimizer_state(d, path, written_by, &data_state);
+    } else if (world > 1) {
       part = read_rank_part(options_.resume_dir, d.step, comm_->rank(), world);
       data_state = part.data_state;
-    } catch (const ConfigError& e) {
-      why = std::string("is incomplete: ") + e.what();
     }
+  } catch (const ConfigError& e) {
+    why = std::string(same_layout ? "is incomplete: " : "cannot be resharded: ") + e.what();
   }
+  // Every rank learns whether any rank refused, so all stop alike.
   if (world > 1) {
     uint64_t failed = why.empty() ? 0 : 1;
     comm_->all_max_host(&failed, 1);
     if (failed && why.empty()) why = "cannot be resumed: another rank refused its part";
   }
   if (!why.empty()) throw refuse(why);
-  if (d.model != model_signature(config_.model))
-    throw refuse("is of another model (" + d.model + "); this config has " +
-                 model_signature(config_.model));
-  const std::string optimizer = optimizer_signature();
-  if (d.optimizer != optimizer)
-    throw refuse("was made with optimizer " + d.optimizer + ", this config uses " + optimizer);
-  if (d.step >= config_.train.steps)
-    throw refuse("is at step " + std::to_string(d.step) +
-                 ", already at train.steps = " + std::to_string(config_.train.steps));
   // Every tensor the run has must be in the snapshot, with the same size; nothing else may be.
-  // Sharded optimizer state is in this rank's part instead.
+  // Sharded optimizer state is in this rank's part instead; resharded state was assembled above.
   using Targets = std::vector<std::pair<std::string, std::pair<float*, uint64_t>>>;
   auto load = [&](const std::map<std::string, std::vector<uint8_t>>& tensors,
                   const Targets& targets, const std::string& where) {
@@ -854,11 +861,25 @@ int64_t Trainer::resume() {
     Targets replicated, own;
     for (Param<float>* p : model_->params())
       replicated.push_back({p->name, {p->data(), p->numel}});
-    for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
-      (sharded_state() ? own : replicated).push_back({s.name, {s.data, s.numel}});
+    if (resharded) {
+      // The replicated file's optimizer state (an unsharded snapshot's) went into the resharder.
+      std::set<std::string> names;
+      for (const auto& [name, target] : replicated)
+        names.insert(name);
+      for (auto it = d.tensors.begin(); it != d.tensors.end();)
+        it = names.count(it->first) ? std::next(it) : d.tensors.erase(it);
+      for (const Optimizer::StateTensor& s : optimizer_->state(segments_)) {
+        const std::vector<uint8_t>& bytes = resharded->bytes(s.name);
+        device_->backend().upload(s.data, bytes.data(), bytes.size());
+      }
+    } else {
+      for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
+        (sharded_state() ? own : replicated).push_back({s.name, {s.data, s.numel}});
+    }
     load(d.tensors, replicated, "");
-    if (world > 1) load(part.tensors, own, "(rank " + std::to_string(comm_->rank()) + "'s part) ");
-    device_->backend().synchronize();  // `d` holds the bytes until here
+    if (world > 1 && !resharded)
+      load(part.tensors, own, "(rank " + std::to_string(comm_->rank()) + "'s part) ");
+    device_->backend().synchronize();  // `d` and the resharder hold the bytes until here
     model_->sync_compute_params();
   });
   try {
@@ -870,9 +891,51 @@ int64_t Trainer::resume() {
   skipped_steps_ = d.skipped_steps;
   snapshot_path_ = path;
   snapshot_step_ = d.step;
-  if (options_.log && root())
-    *options_.log << "resumed from " << path << " (step " << d.step << ")\n";
+  if (options_.log && root()) {
+    *options_.log << "resumed from " << path << " (step " << d.step << ")";
+    if (!same_layout)
+      *options_.log << ", resharded from " << written_by << " rank" << (written_by == 1 ? "" : "s")
+                    << " to " << world;
+    *options_.log << "\n";
+  }
   return d.step;
+}
+
+std::unique_ptr<StateResharder> Trainer::reshard_optimizer_state(const SnapshotData& d,
+                                                                 const std::string& path,
+                                                                 int written_by,
+                                                                 std::string* data_state) {
+  std::map<std::string, uint64_t> numel;
+  for (const Param<float>* p : model_->params())
+    numel[p->name] = p->numel;
+  auto r = std::make_unique<StateResharder>(numel);
+  // What this run's segments need (whole parameters, or this rank's ranges when sharded).
+  for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
+    r->want(s.name, s.numel);
+  // An unsharded snapshot's optimizer state is in the replicated file, beside the parameters.
+  for (const auto& [name, bytes] : d.tensors)
+    if (!numel.count(name)) r->take(name, bytes, path);
+  // Every rank part, one at a time: each gives its ranges (sharded state), and its data position.
+  // That position is global (the same on every rank, data.h), so it moves to another world size
+  // as it is; a part whose position differs from rank 0's cannot.
+  const bool same_world = written_by == comm_->world_size();
+  for (int q = 0; q < (written_by > 1 ? written_by : 0); ++q) {
+    const RankPart part = read_rank_part(options_.resume_dir, d.step, q, written_by);
+    const std::string file = rank_part_file(options_.resume_dir, d.step, q);
+    if (same_world) {
+      if (q == comm_->rank()) *data_state = part.data_state;
+    } else if (q == 0) {
+      *data_state = part.data_state;
+    } else if (part.data_state != *data_state) {
+      throw ConfigError(file + " holds another data position than rank 0's part, so the " +
+                        "positions cannot be moved to another world size");
+    }
+    for (const auto& [name, bytes] : part.tensors)
+      r->take(name, bytes, file);
+  }
+  r->check("what " + std::to_string(written_by) + " rank" + (written_by == 1 ? "" : "s") +
+           " wrote");
+  return r;
 }
 
 // ---------------------------------------------------------------------------------------------

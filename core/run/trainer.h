@@ -24,6 +24,9 @@
 
 namespace headroom {
 
+struct SnapshotData;
+class StateResharder;
+
 struct TrainOptions {
   std::string metrics_path;     // "" = no metrics file; else one JSON object per optimizer step
   std::ostream* log = nullptr;  // progress and reports; nullptr = silent
@@ -134,8 +137,18 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   std::string write_snapshot_files(
       int64_t step, const std::string& data_state,
       const std::map<std::string, std::vector<uint8_t>>& plugin_states);
-  // Loads the newest snapshot of options_.resume_dir; returns its step.
+  // Loads the newest snapshot of options_.resume_dir; returns its step. At the world size and
+  // sharding it was written at, each rank reads its own part, bitwise; else it is resharded.
   int64_t resume();
+  // Resharding: this rank's optimizer state assembled from snapshot `d` (at `path`, written by
+  // `written_by` ranks, sharded or not): every rank part is read, one at a time, for the ranges
+  // this run's segments_ cover. *data_state gets the global data position (rank 0's part's; a
+  // part that differs is refused) or, at the same world size, this rank's own. ConfigError naming
+  // the file for a part that is missing or damaged, and for state that does not cover the
+  // segments.
+  std::unique_ptr<StateResharder> reshard_optimizer_state(const SnapshotData& d,
+                                                          const std::string& path, int written_by,
+                                                          std::string* data_state);
 
   // LayerEvents: the model announces each layer's forward and backward.
   void forward_begin(int layer) override;

@@ -208,17 +208,10 @@ resume)
   tail -n 10 full.jsonl | sed 's/"step_ms[^,]*,//; s/"tokens_per_s[^,]*,//; s/"data_wait_ms[^,]*,//' > a
   sed 's/"step_ms[^,]*,//; s/"tokens_per_s[^,]*,//; s/"data_wait_ms[^,]*,//' resumed.jsonl > b
   "$compare" losses b a 0 || fail "resumed losses differ"
-  # Another world size is refused (exit 2), saying why.
-  set +e
-  out=$("$headroom" train cfg.toml -q --resume at10 2>&1); rc=$?
-  set -e
-  [ $rc = 2 ] || fail "resume at 1 rank: exit $rc, expected 2"
-  grep -q "written by 2 ranks; this run has 1" <<<"$out" || fail "resume at 1 rank: $out"
-  set +e
-  out=$(mpirun -np 4 "$headroom" train cfg.toml -q --resume at10 2>&1); rc=$?
-  set -e
-  [ $rc != 0 ] || fail "resume at 4 ranks succeeded"
-  grep -q "written by 2 ranks; this run has 4" <<<"$out" || fail "resume at 4 ranks: $out"
+  # At another world size it is resharded (reshard_test.sh holds such runs to the unbroken ones).
+  out=$("$headroom" train cfg.toml --resume at10 --set train.micro_batch=4 2>&1) ||
+    fail "resume at 1 rank: $out"
+  grep -q "resharded from 2 ranks to 1" <<<"$out" || fail "resume at 1 rank: $out"
   # A part missing: the snapshot is refused by every rank.
   rm at10/step_000000000010.rank1.data
   set +e
