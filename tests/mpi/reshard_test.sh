@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Resharding on resume: a snapshot taken at one world size (sharded by zero1/zero2 or not) resumes
-# at another, on the CPU backend with the tiny model of zero_test.sh (CI has 2 cores).
+# at another (zero3's parameter shards too), on the CPU backend with the tiny model of zero_test.sh (CI has 2 cores).
 #
 #   reshard_test.sh HEADROOM COMPARE PLUGIN_DIR MPIEXEC
 #
@@ -40,6 +40,8 @@ TOML
 with_zero() { cp base.toml "$2"; printf '\n[[plugins]]\nname = "zero%s"\n' "$1" >> "$2"; }
 with_zero 1 z1.toml
 with_zero 2 z2.toml
+with_zero 3 z3.toml
+printf 'param_persistence_threshold = 100\n' >> z3.toml  # the embedding and blocks sharded
 ga() { echo "--set train.grad_accum=$1"; }
 snap3() { echo "--set snapshot.every=3 --set snapshot.dir=$1"; }
 # The steps after 3 of a metrics file, without the timings.
@@ -91,6 +93,18 @@ check "zero2 4 -> 2" r2 u2
 "$headroom" train z2.toml -q $(ga 4) --metrics u1.jsonl --save-weights u1.safetensors
 resume "zero2 4 -> 1" 1 r1 z2.toml $(ga 4)
 check "zero2 4 -> 1" r1 u1
+
+# zero3 from 4 ranks: to 2 ranks (grad_accum 2) and to 1 (grad_accum 4, where zero3 shards
+# nothing but the optimizer state), against unbroken zero3 runs there.
+mpirun -np 4 "$headroom" train z3.toml -q $(snap3 s34) >/dev/null
+take3 s34
+expect_from="4 ranks"
+mpirun -np 2 "$headroom" train z3.toml -q $(ga 2) --metrics u32.jsonl --save-weights u32.safetensors
+resume "zero3 4 -> 2" 2 r32 z3.toml $(ga 2)
+check "zero3 4 -> 2" r32 u32
+"$headroom" train z3.toml -q $(ga 4) --metrics u31.jsonl --save-weights u31.safetensors
+resume "zero3 4 -> 1" 1 r31 z3.toml $(ga 4)
+check "zero3 4 -> 1" r31 u31
 
 # Plain data parallelism on 2 ranks, resumed on 1 rank.
 mpirun -np 2 "$headroom" train base.toml -q $(ga 2) $(snap3 p2) >/dev/null
