@@ -430,6 +430,11 @@ void Layer<T>::release_parameters() {
 }
 
 template <class T>
+void Layer<T>::release_masters() {
+  flat_.value.reset();
+}
+
+template <class T>
 void Layer<T>::allocate_masters() {
   if (flat_.value) return;
   flat_.value = Buffer(device_, flat_.padded * sizeof(T), Category::kParameters,

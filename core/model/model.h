@@ -126,6 +126,7 @@ class Layer {
   // (its contents undefined until a gather or a load fills it) when absent. A released layer's
   // Param::data() and cdata() are nullptr.
   void release_parameters();
+  void release_masters();  // the masters alone: a whole compute copy stays (amp, zero1/zero2)
   void allocate_masters();
   void allocate_compute();
   Dtype compute_dtype() const { return dt_; }

@@ -46,7 +46,7 @@ std::string rank_output_path(const std::string& path, int rank) {
 
 template <class F>
 void Trainer::with_full_masters(bool gather, F&& f) {
-  if (!sharding_ || !sharding_->shards_parameters()) {
+  if (!sharding_ || !sharding_->shards_masters()) {
     f();
     return;
   }

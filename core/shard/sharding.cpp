@@ -51,21 +51,26 @@ void Sharding::place(Layer<float>& l) {
                      l.name() + " gradient shard");
     ops.fill(Dtype::kF32, ls.grad.as<float>(), ls.shard, 0.0);
   }
-  if (!ls.whole) {
-    // This rank's range of the initialised masters, and of the compute copy cast from them.
+  // The fp32 masters are sharded whenever the layers read something else (a compute copy, amp:
+  // they are optimizer state then, as in ZeRO's 16Ψ/N) or the parameters are sharded (zero3).
+  if (!ls.whole || f.compute) {
     const uint64_t at = uint64_t(comm_.rank()) * ls.shard;
     ls.value = Buffer(device_, ls.shard * sizeof(float), Category::kParameters,
-                      l.name() + " parameter shard");
+                      l.name() + " master shard");
     ops.copy(ls.value.as<void>(), f.value.as<float>() + at, ls.shard * sizeof(float));
-    if (f.compute) {
+    if (!ls.whole && f.compute) {  // zero3: the compute copy's range too
       const Dtype dt = l.compute_dtype();
       ls.compute = Buffer(device_, ls.shard * dtype_size(dt), Category::kParameters,
                           l.name() + " parameter shard (" + dtype_name(dt) + ")");
       ops.copy(ls.compute.as<void>(), f.compute.as<char>() + at * dtype_size(dt),
                ls.shard * dtype_size(dt));
     }
-    l.release_parameters();
-    ls.gathered = false;
+    if (ls.whole) {
+      l.release_masters();  // the whole compute copy stays
+    } else {
+      l.release_parameters();
+      ls.gathered = false;
+    }
   }
   layers_.push_back(std::move(ls));
 }
@@ -109,9 +114,9 @@ uint64_t Sharding::shard_numel(int layer) const {
   return layers_[checked(layer)].shard;
 }
 
-bool Sharding::shards_parameters() const {
+bool Sharding::shards_masters() const {
   for (const LayerShard& ls : layers_)
-    if (!ls.whole) return true;
+    if (ls.value) return true;
   return false;
 }
 
@@ -163,9 +168,12 @@ void Sharding::gather_parameters(int l) {
   Layer<float>& lay = layer(l);
   const FlatStorage& f = lay.flat();
   if (ls.whole) {
-    float* full = f.value.as<float>();
+    // In place: the masters' updated ranges, or with sharded masters (amp) the compute copy's,
+    // cast into it by updated().
+    const Dtype dt = ls.value ? lay.compute_dtype() : Dtype::kF32;
+    char* full = ls.value ? f.compute.as<char>() : f.value.as<char>();
     pending_.push_back(
-        {l, true, comm_.all_gather(full + uint64_t(rank()) * S, full, S, Dtype::kF32)});
+        {l, true, comm_.all_gather(full + uint64_t(rank()) * S * dtype_size(dt), full, S, dt)});
   } else {
     if (ls.gathered) return;  // there, or on its way
     // What the layers read: the compute copy where there is one (the masters stay sharded), else
@@ -227,9 +235,9 @@ void Sharding::finish(Pending& p) {
   Backend& ops = device_.backend();
   LayerShard& ls = layers_[size_t(p.layer)];
   if (p.gather) {
-    // A whole layer's masters are whole again: so is its compute copy. (A sharded layer gathered
-    // its compute copy itself.)
-    if (ls.whole && f.compute)
+    // A whole layer's masters are whole again: so is its compute copy. (With sharded masters the
+    // compute copy was gathered itself.)
+    if (ls.whole && f.compute && f.value)
       ops.cast(f.compute.as<void>(), lay.compute_dtype(), f.value.as<void>(), Dtype::kF32,
                f.padded);
   } else if (ls.grad) {
@@ -267,11 +275,17 @@ void Sharding::updated() {
   Backend& ops = device_.backend();
   for (size_t l = 0; l < layers_.size(); ++l) {
     LayerShard& ls = layers_[l];
+    Layer<float>& lay = layer(int(l));
+    const Dtype dt = lay.compute_dtype();
     if (ls.whole) {
+      // Sharded masters (amp): this rank's range of the compute copy follows them; the gather
+      // brings the others'.
+      if (ls.value)
+        ops.cast(lay.flat().compute.as<char>() + uint64_t(rank()) * ls.shard * dtype_size(dt), dt,
+                 ls.value.as<void>(), Dtype::kF32, ls.shard);
       ls.gathered = false;
     } else if (ls.compute) {
-      ops.cast(ls.compute.as<void>(), layer(int(l)).compute_dtype(), ls.value.as<void>(),
-               Dtype::kF32, ls.shard);
+      ops.cast(ls.compute.as<void>(), dt, ls.value.as<void>(), Dtype::kF32, ls.shard);
     }
   }
 }
@@ -292,8 +306,8 @@ void Sharding::check_step_end(const std::string& who) const {
 void Sharding::materialize_masters(bool gather) {
   for (size_t l = 0; l < layers_.size(); ++l) {
     LayerShard& ls = layers_[l];
-    if (ls.whole) continue;
-    if (ls.gathered)
+    if (!ls.value) continue;
+    if (!ls.whole && ls.gathered)
       throw std::logic_error("layer " + std::to_string(l) + " is gathered between steps");
     Layer<float>& lay = layer(int(l));
     lay.allocate_masters();
@@ -312,8 +326,9 @@ void Sharding::dematerialize_masters(bool scatter) {
   Backend& ops = device_.backend();
   for (size_t l = 0; l < layers_.size(); ++l) {
     LayerShard& ls = layers_[l];
-    if (ls.whole) continue;
+    if (!ls.value) continue;
     Layer<float>& lay = layer(int(l));
+    // (A whole compute copy was cast from the loaded masters by the load itself.)
     if (scatter) {
       ops.copy(ls.value.as<void>(), lay.flat().value.as<float>() + uint64_t(rank()) * ls.shard,
                ls.shard * sizeof(float));
@@ -321,7 +336,7 @@ void Sharding::dematerialize_masters(bool scatter) {
         ops.cast(ls.compute.as<void>(), lay.compute_dtype(), ls.value.as<void>(), Dtype::kF32,
                  ls.shard);
     }
-    lay.release_parameters();
+    lay.release_masters();
   }
 }
 

@@ -2,7 +2,9 @@
 // flat buffers (core/model/model.h FlatStorage, numel padded to a multiple of the world size W)
 // are partitioned into W equal contiguous ranges; rank r owns [r·S, (r+1)·S), S = padded / W.
 //
-//   optimizer   the optimizer state (and so the update) covers only the rank's ranges: segments()
+//   optimizer   the optimizer state (and so the update) covers only the rank's ranges: segments();
+//                where the layers read a compute copy (amp), the fp32 masters are optimizer state
+//                too: each rank keeps its range of them, and the whole compute copy is gathered
 //   gradients   + each layer's full gradients exist only while its backward runs; what stays is
 //                the rank's gradient shard (S elements a layer), which reduce_gradients adds into
 //   parameters  + each layer keeps only its parameter shard (the masters' range, and with a
@@ -69,8 +71,8 @@ class Sharding {
   uint64_t shard_begin(int layer) const { return uint64_t(rank()) * shard_numel(layer); }
   // Layer l keeps its parameters whole (no kShardParameters, or smaller than the threshold).
   bool whole(int layer) const { return layers_[checked(layer)].whole; }
-  // Some layer's parameters are sharded: the model's full parameters are not all there.
-  bool shards_parameters() const;
+  // Some layer's fp32 masters are sharded (amp, zero3): the model's full masters are not there.
+  bool shards_masters() const;
 
   // What the optimizer updates: every layer's range of this rank, cut at its parameters'
   // boundaries (the padding is no parameter's). The same list for the whole run.
@@ -118,9 +120,9 @@ class Sharding {
   // sharded layer's compute shard is cast from its updated master shard.
   void updated();
 
-  // Between steps, on every rank (collective when `gather`): the full masters of every sharded
-  // layer made, for what reads or writes the model whole (snapshots, weights files, loading);
-  // `gather`: all-gathered from the shards, else left zero for a load to fill.
+  // Between steps, on every rank (collective when `gather`): the full masters of every layer
+  // whose masters are sharded made, for what reads or writes the model whole (snapshots, weights
+  // files, loading); `gather`: all-gathered from the shards, else left zero for a load to fill.
   void materialize_masters(bool gather);
   // And freed again; `scatter`: first this rank's range of them (loaded: the same on every rank)
   // goes into the shards (and the compute shards follow).
@@ -138,8 +140,8 @@ class Sharding {
     uint64_t shard = 0;  // elements a rank
     bool whole = true;   // parameters not sharded
     Buffer grad;         // with sharded gradients: this rank's gradient range (S elements)
-    Buffer value;        // sharded parameters: this rank's range of the masters (S, f32)
-    Buffer compute;      // and of the compute copy (S, the compute dtype), with one
+    Buffer value;        // sharded masters (amp, zero3): this rank's range of them (S, f32)
+    Buffer compute;      // zero3 with a compute copy: this rank's range of it (S elements)
     bool reduced = false;
     bool gathered = true;  // whole: gathered since the update; sharded: full parameters there
   };

@@ -59,8 +59,10 @@ padded = [-(-n // N) * N for n in layers]
 shard = [p // N for p in padded]
 es = 2 if amp else 0                                              # the compute copies' bytes
 sharded = [stage == 3 and N > 1 and n >= 100 for n in layers]    # param_persistence_threshold
-# Whole: the masters and the compute copy; sharded: this rank's range of both.
-params = sum((4 + es) * (s if sh else p) for p, s, sh in zip(padded, shard, sharded))
+# Whole: the masters (fp32), or with amp the compute copy and this rank's range of the masters
+# (they are optimizer state then); sharded (zero3): this rank's range of both.
+params = sum((4 + es) * s if sh else (es * p + 4 * s if amp else 4 * p)
+             for p, s, sh in zip(padded, shard, sharded))
 # zero3 gathers into the dtype the layers read (the compute copy's with amp); prefetch_layers 1:
 # at most two computations' layers at once, each reading one sharded layer (the head is whole).
 gathered = (es if amp else 4) * max([p for p, sh in zip(padded, sharded) if sh], default=0)
