@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# ZeRO stages 1 and 2 (the zero1 and zero2 plugins) against data parallelism (DDP, core's buckets)
+# ZeRO stages 1, 2 and 3 (the zero plugins) against data parallelism (DDP, core's buckets)
 # on the CPU backend, side by side in one run, on gpt2-124m's shapes (n_layer 12, n_head 12,
 # n_embd 768, vocab 50257) with a short sequence (seq_len 64) and one sequence a rank a step:
 #   1. each rank's tracker bytes by category (parameters, gradients, optimizer, communication)
 #      against the closed forms, from the recorder test plugin's ALLOC/FREE events;
 #   2. the bytes each rank sends a step (TCP over loopback) against the collectives' theory;
-#   3. the median step time of zero1 and zero2 against DDP at the same world size.
+#   3. the median step time of each stage against DDP at the same world size.
 #
 #   bench/zero.sh [BUILD]      (default build/; writes nothing but a temporary folder)
 #
 # World sizes 1, 2 and 4; every rank runs OpenBLAS on one thread. The bytes are what the loopback
 # interface carries with Open MPI's TCP transport forced (--mca btl self,tcp), per step: the
 # difference between a long and a short run over the difference in their steps (as
-# bench/distributed.sh), so that start-up traffic cancels out. zero3 is not built; not measured.
+# bench/distributed.sh), so that start-up traffic cancels out. zero3 runs with its defaults
+# (prefetch_layers 1, param_persistence_threshold 100000: the head's LayerNorm stays whole).
 set -euo pipefail
 build=$(cd "${1:-build}" && pwd)
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,7 +46,7 @@ lr = 1e-4
 [data]
 kind = "synthetic"
 TOML
-cfg() {  # cfg KIND FILE: KIND is ddp, zero1 or zero2
+cfg() {  # cfg KIND FILE: KIND is ddp, zero1, zero2 or zero3
   cp base.toml "$2"
   [ "$1" = ddp ] || printf '\n[[plugins]]\nname = "%s"\n' "$1" >> "$2"
 }
@@ -60,10 +61,10 @@ rows = [json.loads(l) for l in open(sys.argv[1])][1:]
 print(statistics.median(r[sys.argv[2]] for r in rows))
 PY
 }
-tally() {  # tally EVENTS CATEGORY -> "live_at_end peak" (as tests/mpi/zero_test.sh)
-  awk -v c="$2" -f "$repo/tests/mpi/tally.awk" "$1"
+tally() {  # tally EVENTS CATEGORY -> "live_at_end peak_from_train_begin at_step_ends"
+  awk -v c="$2" -v from=TRAIN_BEGIN -v at=STEP_END -f "$repo/tests/mpi/tally.awk" "$1"
 }
-closed() {  # closed KIND N RANK -> "params grads grads_peak_bound optimizer comm psi psi_p"
+closed() {  # closed KIND N RANK -> "params grads grads_peak_bound optimizer comm psi psi_p params_peak_bound gathers"
   python3 - "$@" "$C" "$V" "$T" "$L" <<'PY'
 import sys
 kind, N, r = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -74,21 +75,27 @@ padded = [-(-n // N) * N for n in layers]
 psi_p = sum(padded)
 shard = [p // N for p in padded]
 mine = [max(0, min(n, (r + 1) * s) - r * s) for n, s in zip(layers, shard)]
+sharded = [kind == "zero3" and N > 1 and n >= 100000 for n in layers]
+gathers = 0                                   # parameter elements all-gathered a micro-step
 if kind == "ddp":
     params, grads, opt = 4 * psi, 4 * psi, 8 * psi
     bound = grads
     comm = 4 * psi if N > 1 else 0            # the all-reduce buckets (none at one rank)
 else:
-    params = 4 * psi_p
+    params = sum(4 * (s if sh else p) for p, s, sh in zip(padded, shard, sharded))
     opt = 8 * sum(mine)                       # AdamW m and v over this rank's real elements
     comm = 0
-    if kind == "zero1" or N == 1:             # zero2 on one rank partitions as zero1
+    if kind == "zero1" or N == 1:             # zero2 and zero3 on one rank partition as zero1
         grads = 4 * psi_p
         bound = grads
     else:
         grads = 4 * sum(shard)                # the gradient shards
         bound = grads + 4 * (padded[0] + 2 * max(padded[1:]))  # + layer 0's and two layers' full
-print(params, grads, bound, opt, comm, psi, psi_p)
+    # zero3's window (prefetch_layers 1): every sharded layer gathered for its forward and its
+    # backward, and the embedding once more for the head, which reads its tied wte.
+    gathers = sum(2 * p for p, sh in zip(padded, sharded) if sh) + (padded[0] if sharded[0] else 0)
+pbound = params + 2 * 4 * max([p for p, sh in zip(padded, sharded) if sh], default=0)
+print(params, grads, bound, opt, comm, psi, psi_p, pbound, gathers)
 PY
 }
 ratio() { python3 -c "import sys; a, b = int(sys.argv[1]), int(sys.argv[2]); print('%.4f' % (a / b) if b else ('-' if a == 0 else 'inf'))" "$1" "$2"; }
@@ -101,7 +108,7 @@ echo "gpt2-124m shapes at seq_len $T: Ψ = $psi parameters ($((4 * psi)) fp32 by
 echo
 echo "| config | N | category | measured, rank 0 (end) | formula | ratio | ranks equal to formula |"
 echo "|---|---:|---|---:|---:|---:|---:|"
-for kind in ddp zero1 zero2; do
+for kind in ddp zero1 zero2 zero3; do
   for n in 1 2 4; do
     cfg "$kind" mem.toml
     printf '\n[[plugins]]\nname = "rec_a"\npath = "%s"\nout = "%s"\nper_rank = %s\nalloc_events = true\n' \
@@ -111,28 +118,32 @@ for kind in ddp zero1 zero2; do
     [ "$n" = 1 ] && mv events events.rank0
     # per category: rank 0's measured, the formula, and how many ranks match exactly
     declare -A m0=() f0=() ok=()
-    for what in params grads gpeak opt comm; do ok[$what]=0; done
+    for what in params pends ppeak grads gpeak opt comm; do ok[$what]=0; done
     for ((r = 0; r < n; r++)); do
-      read -r fp fg fb fo fc _ psi_p < <(closed "$kind" "$n" "$r")
-      read -r p _ < <(tally events.rank$r 0)
+      read -r fp fg fb fo fc _ psi_p fpb _ < <(closed "$kind" "$n" "$r")
+      read -r p ppeak pends < <(tally events.rank$r 0)
       read -r g gpeak _ < <(tally events.rank$r 1)
       read -r o _ < <(tally events.rank$r 2)
       read -r c _ < <(tally events.rank$r 6)
       if [ "$r" = 0 ]; then
-        m0=([params]=$p [grads]=$g [gpeak]=$gpeak [opt]=$o [comm]=$c)
-        f0=([params]=$fp [grads]=$fg [gpeak]=$fb [opt]=$fo [comm]=$fc)
+        m0=([params]=$p [pends]=$pends [ppeak]=$ppeak [grads]=$g [gpeak]=$gpeak [opt]=$o [comm]=$c)
+        f0=([params]=$fp [pends]=$fp [ppeak]=$fpb [grads]=$fg [gpeak]=$fb [opt]=$fo [comm]=$fc)
       fi
       [ "$p" = "$fp" ] && ok[params]=$((ok[params] + 1))
+      [ "$pends" = "$fp" ] && ok[pends]=$((ok[pends] + 1))
+      [ "$ppeak" -le "$fpb" ] && ok[ppeak]=$((ok[ppeak] + 1))
       [ "$g" = "$fg" ] && ok[grads]=$((ok[grads] + 1))
       [ "$gpeak" -le "$fb" ] && ok[gpeak]=$((ok[gpeak] + 1))
       [ "$o" = "$fo" ] && ok[opt]=$((ok[opt] + 1))
       [ "$c" = "$fc" ] && ok[comm]=$((ok[comm] + 1))
     done
-    for what in params grads gpeak opt comm; do
+    for what in params pends ppeak grads gpeak opt comm; do
       case $what in
         params) label="parameters" ;;
+        pends) [ "$kind" = zero3 ] || continue; label="parameters at every STEP_END" ;;
+        ppeak) [ "$kind" = zero3 ] || continue; label="parameters, peak (≤ bound)" ;;
         grads) label="gradients" ;;
-        gpeak) [ "$kind" = zero2 ] || continue; label="gradients, peak (≤ bound)" ;;
+        gpeak) [ "$kind" = zero2 ] || [ "$kind" = zero3 ] || continue; label="gradients, peak (≤ bound)" ;;
         opt) label="optimizer" ;;
         comm) label="communication" ;;
       esac
@@ -149,6 +160,10 @@ echo
 # MPI_Ireduce_scatter_block is a binomial reduce of the whole buffer to rank 0, then a linear
 # scatter: (N-1) x 4Ψp + (N-1)/N x 4Ψp sent over all ranks; MPI_Iallgather sends (N-1)/N x 4Ψp a
 # rank. A rank on average: 4Ψp (N-1)(2N+1)/N^2. DDP's MPI_Iallreduce of large buckets is a ring.
+# zero3 replaces the one all-gather of the updated parameters by its window's gathers: (N-1)/N x 4
+# bytes x G, G the elements gathered a step (every sharded layer twice, the embedding three times:
+# ~2.31Ψ here), so its theory is (N-1)/N x 4(Ψp + G), about 1.66x DDP's on these shapes (1.5x when
+# nothing is tied: the paper's figure).
 echo "| config | N | bytes sent a rank a step (TCP, loopback) | theory | ratio | libnbc's algorithms | ratio |"
 echo "|---|---:|---:|---:|---:|---:|---:|"
 lo_tx() { awk '/^ *lo:/ {print $10}' /proc/net/dev; }
@@ -161,19 +176,25 @@ sent() {  # sent N STEPS -> bytes all ranks sent over loopback
   echo $((after - before))
 }
 for n in 2 4; do
-  for kind in ddp zero1 zero2; do
+  for kind in ddp zero1 zero2 zero3; do
     cfg "$kind" cfg.toml
     s=$(sent "$n" "$short")
     l=$(sent "$n" "$long")
     per_rank_step=$(( (l - s) / (long - short) / n ))
-    read -r _ _ _ _ _ psi psi_p < <(closed "$kind" "$n" 0)
+    read -r _ _ _ _ _ psi psi_p _ gathers < <(closed "$kind" "$n" 0)
     if [ "$kind" = ddp ]; then
       theory=$(( 2 * (n - 1) * 4 * psi / n ))           # ring all-reduce of the gradients
+    elif [ "$kind" = zero3 ]; then
+      theory=$(( (n - 1) * 4 * (psi_p + gathers) / n )) # reduce-scatter + the window's gathers
     else
       theory=$(( 2 * (n - 1) * 4 * psi_p / n ))         # reduce-scatter + all-gather
     fi
     nbc=$theory
-    [ "$kind" = ddp ] || nbc=$(( 4 * psi_p * (n - 1) * (2 * n + 1) / (n * n) ))
+    if [ "$kind" = zero3 ]; then
+      nbc=$(( 4 * psi_p * (n - 1) * (n + 1) / (n * n) + (n - 1) * 4 * gathers / n ))
+    elif [ "$kind" != ddp ]; then
+      nbc=$(( 4 * psi_p * (n - 1) * (2 * n + 1) / (n * n) ))
+    fi
     printf '| %s | %d | %d | %d | %s | %d | %s |\n' "$kind" "$n" "$per_rank_step" "$theory" \
       "$(ratio "$per_rank_step" "$theory")" "$nbc" "$(ratio "$per_rank_step" "$nbc")"
   done
@@ -181,16 +202,18 @@ done
 
 # 3. Step time: median step_ms over steps 2..$steps, default transports.
 echo
-echo "| N | DDP step (median) | zero1 step | zero1 / DDP | zero2 step | zero2 / DDP |"
-echo "|---:|---:|---:|---:|---:|---:|"
+echo "| N | DDP step (median) | zero1 step | zero1 / DDP | zero2 step | zero2 / DDP | zero3 step | zero3 / DDP |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
 for n in 1 2 4; do
   declare -A ms=()
-  for kind in ddp zero1 zero2; do
+  for kind in ddp zero1 zero2 zero3; do
     cfg "$kind" cfg.toml
     launch "$n" train cfg.toml -q --metrics "$kind.jsonl"
     ms[$kind]=$(median "$kind.jsonl" step_ms)
   done
-  printf '| %d | %.0f ms | %.0f ms | %.3f | %.0f ms | %.3f |\n' "$n" "${ms[ddp]}" "${ms[zero1]}" \
-    "$(python3 -c "print(${ms[zero1]} / ${ms[ddp]})")" "${ms[zero2]}" \
-    "$(python3 -c "print(${ms[zero2]} / ${ms[ddp]})")"
+  row="| $n | $(printf '%.0f' "${ms[ddp]}") ms"
+  for kind in zero1 zero2 zero3; do
+    row+=" | $(printf '%.0f' "${ms[$kind]}") ms | $(python3 -c "print('%.3f' % (${ms[$kind]} / ${ms[ddp]}))")"
+  done
+  echo "$row |"
 done
