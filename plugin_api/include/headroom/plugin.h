@@ -253,7 +253,10 @@ typedef struct hr_host_services {
 
   /* The model: layers 0 .. num_layers-1 (embedding, blocks, head). Tensors are views valid until
    * the next event. A layer's activations exist from its FORWARD_END through its
-   * BACKWARD_BEGIN (they are freed when its backward is done). */
+   * BACKWARD_BEGIN (they are freed when its backward is done). A parameter's data (the f32
+   * masters) is NULL while its layer's masters are sharded across ranks (headroom.shard/1 with
+   * a compute copy, or HR_SHARD_PARAMETERS), and its grad NULL while only a gradient shard
+   * exists. */
   int32_t (*num_layers)(hr_host* host);
   hr_status (*layer_name)(hr_host* host, int32_t layer, char* out, size_t size);
   int32_t (*layer_num_params)(hr_host* host, int32_t layer);
