@@ -29,6 +29,8 @@
 #include <headroom/plugin.h>
 
 #include "common/hook_guard.h"
+#include "common/offer_estimate.h"
+#include "zero/estimate.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -51,6 +53,7 @@ class Zero {
       : s_(s), shard_(shard), step_(step), overlap_(overlap), every_(every_micro_step) {}
 
   const hr_host_services* services() const { return s_; }
+  zero_plugin::Settings settings;  // the table's keys as create() read them (estimate.h)
 
   hr_status on_event(const hr_event_info* info) {
     if (info->event == HR_EVENT_BACKWARD_END) return backward_end(info);
@@ -129,8 +132,17 @@ hr_status create(const hr_host_services* s, void** instance) {
   // Without gradient shards (zero1, or zero2 on one rank) the full gradients are reduced once, in
   // the step's last micro-step.
   const bool sharded_grads = kStage == 2 && !one_rank;
-  *instance = new Zero(s, shard, step, overlap != 0, sharded_grads && every != 0);
+  Zero* z = new Zero(s, shard, step, overlap != 0, sharded_grads && every != 0);
+  z->settings.overlap_comm = overlap != 0;
+  z->settings.reduce_every_micro_step = every != 0;
+  *instance = z;
   return HR_OK;
+}
+
+// headroom.estimate/1: plugins/zero/estimate.cpp, with the instance's keys (or its defaults).
+hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_result* r) {
+  const Zero* z = static_cast<const Zero*>(instance);
+  return zero_plugin::estimate(kStage, z ? &z->settings : nullptr, q, r);
 }
 
 hr_status create_hook(const hr_host_services* s, void** instance) {
@@ -168,7 +180,7 @@ const hr_plugin_descriptor kDescriptor = {
     nullptr,  // optimizer
     nullptr,  // save_state: nothing of its own (the host snapshots the shards)
     nullptr,  // load_state
-    nullptr,  // get_extension
+    headroom_plugin::offer_estimate<estimate>,
 };
 
 }  // namespace
