@@ -630,8 +630,15 @@ std::string format_estimate(const ConfigEstimate& e) {
   }
   if (!e.plugins.empty()) s = "with the config's [[plugins]], in order:\n" + s;
   char line[128];
-  std::snprintf(line, sizeof line, "estimated peak, micro_batch %d x grad_accum %d:\n",
-                e.mechanisms.micro_batch, e.mechanisms.grad_accum);
+  const int W = e.mechanisms.world_size;
+  const int rank = W == rank_info().world_size ? rank_info().rank : 0;
+  if (W > 1)
+    std::snprintf(line, sizeof line,
+                  "estimated peak of rank %d of %d, micro_batch %d x grad_accum %d a rank:\n", rank,
+                  W, e.mechanisms.micro_batch, e.mechanisms.grad_accum);
+  else
+    std::snprintf(line, sizeof line, "estimated peak, micro_batch %d x grad_accum %d:\n",
+                  e.mechanisms.micro_batch, e.mechanisms.grad_accum);
   s += line;
   for (int i = 0; i < kNumCategories; ++i) {
     std::snprintf(line, sizeof line, "  %-16s %14s\n", category_name(category_at(i)),
