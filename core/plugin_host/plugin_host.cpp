@@ -316,12 +316,27 @@ class ValidationRun final : public PluginRun {
     r.loss_scale = loss_scale_;
     return r;
   }
+  bool checking_only() const override { return true; }
+  // A zero plugin partitions from its create(): the run it would shard is not built here (the
+  // estimate of what it shards is its headroom.estimate/1's). Two that both shard are refused as
+  // the trainer refuses them; the host checked the bits.
+  void set_partition(const std::string& plugin, uint32_t) override {
+    if (!shard_by_.empty())
+      throw std::logic_error(plugin + ": the model state is sharded already, by " + shard_by_ +
+                             "; two plugins cannot both shard it");
+    shard_by_ = plugin;
+  }
+  void set_persist_below(const std::string& plugin, uint64_t) override {
+    if (plugin != shard_by_)
+      throw std::logic_error(plugin + ": the persistence threshold is set after partitioning");
+  }
 
  private:
   Device& device_;
   Dtype dtype_ = Dtype::kF32;
   double loss_scale_ = 1.0;
   std::string dtype_by_;
+  std::string shard_by_;
 };
 
 }  // namespace

@@ -80,6 +80,10 @@ class PluginRun {
   }
   // The mechanism, once the model is built with something sharded; else nullptr.
   virtual Sharding* sharding() { return nullptr; }
+  // The plugins are created only to be checked or asked for estimates (validate_plugins,
+  // `headroom plan`, the advice), often many times and at one rank whatever the run's: their
+  // debug and info lines are not the run's and are not printed.
+  virtual bool checking_only() const { return false; }
 };
 
 // A run with a device and no model — replaying an allocation trace, testing an allocator: vetoes,

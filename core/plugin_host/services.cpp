@@ -35,6 +35,7 @@ struct HostServices {
   static int current_layer(hr_host* h) { return h->owner->current_layer_; }
 
   static void log(hr_host* h, int32_t level, const char* message) {
+    if (level < HR_LOG_WARN && h->owner->run_ && run(h).checking_only()) return;
     static const char* names[] = {"debug", "info", "warning", "error"};
     const char* lv = level >= 0 && level <= 3 ? names[level] : "info";
     std::fprintf(stderr, "[%s] %s: %s\n", plugin(h).entry.name.c_str(), lv, message ? message : "");

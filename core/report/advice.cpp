@@ -9,6 +9,7 @@
 
 #include "core/comm/comm.h"
 #include "core/model/model.h"
+#include "headroom/ext/shard.h"
 
 namespace headroom {
 
@@ -22,6 +23,16 @@ bool fits(uint64_t bytes, uint64_t limit) {
   return !limit || bytes <= limit;
 }
 
+// The HR_SHARD_* bits (headroom/ext/shard.h). HR_SHARD_PARAMETERS is zero3's, 4 by its
+// header; until that header has it, the value stands here.
+constexpr uint32_t kShardOpt = HR_SHARD_OPTIMIZER, kShardGrads = HR_SHARD_GRADIENTS;
+#ifdef HR_SHARD_PARAMETERS
+constexpr uint32_t kShardParams = HR_SHARD_PARAMETERS;
+#else
+constexpr uint32_t kShardParams = 4;
+#endif
+static_assert(kShardParams == 4, "hr_mechanisms.shard's HR_SHARD_PARAMETERS");
+
 // hr_mechanisms over a Mechanisms' own drop array.
 struct CMechanisms {
   explicit CMechanisms(const Mechanisms& m) : drop(m.drop) {
@@ -32,6 +43,11 @@ struct CMechanisms {
     c.grad_accum = m.grad_accum;
     c.num_layers = int32_t(drop.size());
     c.drop = drop.data();
+    c.world_size = m.world_size;
+    c.shard = m.shard;
+    c.grad_reduce = m.grad_reduce;
+    c.prefetch_layers = m.prefetch_layers;
+    c.param_persistence_threshold = m.param_persistence_threshold;
   }
   CMechanisms(const CMechanisms&) = delete;
   CMechanisms& operator=(const CMechanisms&) = delete;
@@ -39,8 +55,11 @@ struct CMechanisms {
   std::vector<uint8_t> drop;
 };
 
-// What a plugin handed back, checked: the dtypes core computes in, a layer count it was given.
-bool from_c(const hr_mechanisms& c, size_t num_layers, Mechanisms* out) {
+// What a plugin handed back, checked: the dtypes core computes in, a layer count it was given, a
+// ZeRO stage core has (the optimizer state, + the gradients, + the parameters). The fields its
+// struct_size does not cover keep `fallback`'s values (a plugin built before they were appended).
+bool from_c(const hr_mechanisms& c, size_t num_layers, const Mechanisms& fallback,
+            Mechanisms* out) {
   if (c.compute_dtype != HR_DTYPE_F32 && c.compute_dtype != HR_DTYPE_BF16 &&
       c.compute_dtype != HR_DTYPE_F16)
     return false;
@@ -50,18 +69,42 @@ bool from_c(const hr_mechanisms& c, size_t num_layers, Mechanisms* out) {
   for (int32_t l = 0; l < c.num_layers; ++l)
     if (c.drop[l] != HR_KEEP_ACTIVATIONS && c.drop[l] != HR_DROP_ALL && c.drop[l] != HR_DROP_CHEAP)
       return false;
-  out->compute = static_cast<Dtype>(c.compute_dtype);
-  out->micro_batch = c.micro_batch;
-  out->grad_accum = c.grad_accum;
-  out->drop.assign(c.drop, c.drop + c.num_layers);
+  Mechanisms m = fallback;
+  m.compute = static_cast<Dtype>(c.compute_dtype);
+  m.micro_batch = c.micro_batch;
+  m.grad_accum = c.grad_accum;
+  m.drop.assign(c.drop, c.drop + c.num_layers);
+  if (HR_HAS_FIELD(&c, hr_mechanisms, world_size)) m.world_size = c.world_size;
+  if (HR_HAS_FIELD(&c, hr_mechanisms, shard)) m.shard = c.shard;
+  if (HR_HAS_FIELD(&c, hr_mechanisms, grad_reduce)) m.grad_reduce = c.grad_reduce;
+  if (HR_HAS_FIELD(&c, hr_mechanisms, prefetch_layers)) m.prefetch_layers = c.prefetch_layers;
+  if (HR_HAS_FIELD(&c, hr_mechanisms, param_persistence_threshold))
+    m.param_persistence_threshold = c.param_persistence_threshold;
+  const uint32_t stages[] = {0, kShardOpt, kShardOpt | kShardGrads,
+                             kShardOpt | kShardGrads | kShardParams};
+  if (m.world_size < 1 || m.world_size > (1 << 20) ||
+      std::find(std::begin(stages), std::end(stages), m.shard) == std::end(stages) ||
+      (m.grad_reduce & ~(HR_GRAD_REDUCE_AFTER_BACKWARD | HR_GRAD_REDUCE_LAST_MICRO_STEP)) ||
+      m.prefetch_layers < 0)
+    return false;
+  *out = std::move(m);
   return true;
 }
 
+// query->peak's context: the config's shapes, and the mechanisms the query started from (for a
+// plugin's struct that lacks the appended fields).
+struct PeakContext {
+  const Config* config;
+  Mechanisms before;
+};
+
 // query->peak: the closed form for the config's shapes.
 hr_status peak_of(void* context, const hr_mechanisms* m, uint64_t* out) {
-  const Config& config = *static_cast<const Config*>(context);
+  const PeakContext& ctx = *static_cast<const PeakContext*>(context);
+  const Config& config = *ctx.config;
   Mechanisms mm;
-  if (!m || !out || !from_c(*m, size_t(config.model.n_layer) + 2, &mm)) return HR_ERROR_INVALID;
+  if (!m || !out || !from_c(*m, size_t(config.model.n_layer) + 2, ctx.before, &mm))
+    return HR_ERROR_INVALID;
   const PeakEstimate e = estimate_peak(config, mm);
   for (int i = 0; i < HR_MEM_CATEGORY_COUNT_V1; ++i)
     out[i] = e.at_peak[i];
@@ -101,7 +144,8 @@ PluginEstimate ask(const Config& config, const OfferedExtension& ext, void* inst
   q.before = &in.c;
   for (int i = 0; i < HR_MEM_CATEGORY_COUNT_V1; ++i)
     q.baseline[i] = baseline.at_peak[i];
-  q.context = const_cast<Config*>(&config);
+  PeakContext context{&config, before};
+  q.context = &context;
   q.peak = peak_of;
   q.oom_requested = oom.requested;
   q.oom_free_bytes = oom.free_bytes;
@@ -120,7 +164,7 @@ PluginEstimate ask(const Config& config, const OfferedExtension& ext, void* inst
   // factor that is no factor) counts as an error of the plugin.
   Mechanisms after;
   if (r.after != &out.c || out.c.drop != out.drop.data() ||
-      !from_c(out.c, before.drop.size(), &after) || !(r.step_time_factor > 0)) {
+      !from_c(out.c, before.drop.size(), before, &after) || !(r.step_time_factor > 0)) {
     pe.status = HR_ERROR_INVALID;
     return pe;
   }
@@ -201,11 +245,12 @@ uint64_t PeakEstimate::total() const {
   return t;
 }
 
-Mechanisms mechanisms_of(const Config& config) {
+Mechanisms mechanisms_of(const Config& config, int world_size) {
   Mechanisms m;
   m.micro_batch = config.train.micro_batch;
   m.grad_accum = config.train.grad_accum;
   m.drop.assign(size_t(std::max(0, config.model.n_layer)) + 2, HR_KEEP_ACTIVATIONS);
+  m.world_size = world_size > 0 ? world_size : rank_info().world_size;
   return m;
 }
 
@@ -216,25 +261,69 @@ PeakEstimate estimate_peak(const Config& config, int micro_batch) {
 }
 
 PeakEstimate estimate_peak(const Config& config, const Mechanisms& s) {
+  const RankInfo& ri = rank_info();
+  return estimate_peak(config, s, s.world_size == ri.world_size ? ri.rank : 0);
+}
+
+// One rank's peak. Its moments are the backward of each layer, from the head down to the
+// embedding (a forward holds less: fewer activations, no full gradients, no more layers gathered
+// than the backward after it); the first of the highest is the tracker's peak, so each moment's
+// bytes by category are what it records there.
+PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) {
   const ModelConfig& m = config.model;
   const uint64_t B = uint64_t(s.micro_batch), T = uint64_t(m.seq_len), C = uint64_t(m.n_embd);
-  const uint64_t V = uint64_t(m.vocab_size), L = uint64_t(m.n_layer), N = B * T;
+  const uint64_t V = uint64_t(m.vocab_size), L = uint64_t(std::max(0, m.n_layer)), N = B * T;
   const uint64_t NH = uint64_t(m.n_head);
   const uint64_t params = gpt_num_params(m);
   // es: the compute dtype's element size (activations, compute copies); statistics and masters
   // are fp32.
   const uint64_t es = dtype_size(s.compute), kF32 = 4;
   const bool copies = s.compute != Dtype::kF32;
-  PeakEstimate e;
-  at(e.at_peak, Category::kParameters) = kF32 * params + (copies ? es * params : 0);
-  at(e.at_peak, Category::kGradients) = kF32 * params + (copies ? es * params : 0);
+  const uint64_t per_param = kF32 + (copies ? es : 0);  // a master and its compute copy
+
+  // The layers' parameter elements (model.cpp): the embedding (wte, wpe), the blocks, the head
+  // (ln_f; its LM head is the tied wte). Sharded, each layer's flat buffers are padded to a
+  // multiple of the W ranks, and rank r owns [r·S, (r+1)·S) of them, S = padded / W.
+  const size_t H = size_t(L) + 1;  // the head's index
+  std::vector<uint64_t> numel(H + 1, 0);
+  numel[0] = V * C + T * C;
+  for (size_t l = 1; l < H; ++l)
+    numel[l] = (params - numel[0] - 2 * C) / std::max<uint64_t>(L, 1);
+  numel[H] = 2 * C;
+  const uint64_t W = uint64_t(std::max(1, s.world_size)), r = uint64_t(std::max(0, rank));
+  const bool sh_opt = (s.shard & kShardOpt) != 0;
+  const bool sh_grad = sh_opt && (s.shard & kShardGrads);
+  const bool sh_param = sh_grad && (s.shard & kShardParams);
+  std::vector<uint64_t> padded(H + 1), shard(H + 1), mine(H + 1);
+  std::vector<bool> gathers(H + 1, false);  // zero3: sharded, gathered around its use
+  uint64_t params_rest = 0, grads_rest = 0, mine_total = 0;
+  for (size_t l = 0; l <= H; ++l) {
+    const uint64_t n = numel[l];
+    padded[l] = sh_opt ? (n + W - 1) / W * W : n;
+    shard[l] = padded[l] / W;
+    // The rank's real elements (the padding is nobody's parameter): what the optimizer updates.
+    mine[l] = sh_opt ? std::min(n, (r + 1) * shard[l]) - std::min(n, r * shard[l]) : n;
+    mine_total += mine[l];
+    gathers[l] = sh_param && n >= s.param_persistence_threshold;
+    // At rest: the masters and compute copies, whole or (zero3) the rank's shard of each; with
+    // compute copies and anything sharded the fp32 masters are optimizer state, the rank's range
+    // of them only (core/shard/sharding.h). The gradients whole (fp32 and the compute dtype's) or
+    // the rank's fp32 gradient shard.
+    params_rest += gathers[l]         ? per_param * shard[l]
+                   : copies && sh_opt ? es * padded[l] + kF32 * shard[l]
+                                      : per_param * padded[l];
+    grads_rest += sh_grad ? kF32 * shard[l] : per_param * padded[l];
+  }
+
+  PeakEstimate base;
   const TrainConfig& t = config.train;
   const uint64_t states = t.optimizer == "adamw" ? 2 : (t.momentum > 0 ? 1 : 0);
-  at(e.at_peak, Category::kOptimizer) = kF32 * states * params;
-  at(e.at_peak, Category::kData) = 2 * sizeof(int32_t) * N;  // inputs and targets
-  // Data parallelism (world size > 1): the gradient buckets partition the parameters, one fp32
-  // copy of every gradient, allocated once (core/run/trainer.cpp, build_buckets). None at 1.
-  if (rank_info().world_size > 1) at(e.at_peak, Category::kCommunication) = kF32 * params;
+  at(base.at_peak, Category::kOptimizer) = kF32 * states * mine_total;
+  at(base.at_peak, Category::kData) = 2 * sizeof(int32_t) * N;  // inputs and targets
+  // Data parallelism (more than one rank, nothing sharded: the sharding plugin reduces the
+  // gradients itself): the gradient buckets partition the parameters, one fp32 copy of every
+  // gradient, allocated once (core/run/trainer.cpp, build_buckets).
+  if (W > 1 && !sh_opt) at(base.at_peak, Category::kCommunication) = kF32 * params;
 
   // What the layers save in forward (model.cpp): the embedding's output, each block's tensors,
   // the head's ln_f, its statistics, the logits and the per-token losses.
@@ -243,36 +332,83 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s) {
   const uint64_t head = es * (N * C + N * V) + kF32 * (2 * N + N);
   // Backward holds two (B, T, C) gradient buffers throughout, and each layer its own scratch:
   // the head dln_f (B, T, C); a block two (B, T, 4C), two (B, T, C) and the attention scratch —
-  // (T, T) on the CPU, (NH, T, T) on CUDA (Backend::attention_scratch_numel).
+  // (T, T) on the CPU, (NH, T, T) on CUDA (Backend::attention_scratch_numel); the embedding none.
   const uint64_t scratch = config.device.kind == "cuda" ? NH * T * T : T * T;
   const uint64_t dres = 2 * es * N * C;
   const uint64_t head_ws = dres + es * N * C;
   const uint64_t block_ws = dres + es * (8 * N * C + 2 * N * C + scratch);
+  // A block that drops everything (HR_DROP_ALL) holds only its output between its forward and
+  // its backward; any other (kept, or HR_DROP_CHEAP, counted as kept: an upper bound) its full
+  // activations. In its own backward a block holds them all (recomputed when dropped).
+  auto held = [&](size_t l) { return l < s.drop.size() && s.drop[l] == HR_DROP_ALL ? out : full; };
 
-  // A block that drops everything (HR_DROP_ALL) holds only its output; any other (kept, or
-  // HR_DROP_CHEAP, counted as kept: an upper bound) its full activations. The peak is at the
-  // head's backward (the embedding's output, every block's held bytes, the head's) or at the
-  // backward of the last block (the blocks below it held, its own full activations — recomputed
-  // when it dropped them — and a block's scratch): the blocks' bytes only grow towards the top,
-  // so no lower block's backward holds more. Exact for every block kept and every block dropped.
-  uint64_t below_last = 0;  // the blocks below the last one
-  for (uint64_t l = 1; l + 1 <= L; ++l) {
-    const bool all = l < s.drop.size() && s.drop[l] == HR_DROP_ALL;
-    below_last += all ? out : full;
+  // Sharded gradients (zero2, zero3): a layer's full gradients (fp32 and the compute dtype's)
+  // exist from just before its backward until its reduction is finished. Layer 0's are made
+  // before the head's backward (the head adds into the tied wte). Reduced at each BACKWARD_END,
+  // the reduction started before is finished (freed) first: layer l's backward holds layers 0, l
+  // and l + 1's. Reduced after the backward: layers 0 and l .. H. Only in the last micro-step
+  // (grad_accum > 1): every layer's from the second micro-step on.
+  // zero3 without prefetching gathers layer l only after l + 1's reduction started, and waiting
+  // for the gather finishes what was started before it: l + 1's are freed by then.
+  auto full_grads = [&](size_t l) {
+    uint64_t b = 0;
+    const bool above_done = sh_param && s.prefetch_layers == 0 && gathers[l];
+    for (size_t k = 0; k <= H; ++k) {
+      const bool live =
+          k == 0 || k == l ||
+          ((s.grad_reduce & HR_GRAD_REDUCE_LAST_MICRO_STEP) && s.grad_accum > 1) ||
+          ((s.grad_reduce & HR_GRAD_REDUCE_AFTER_BACKWARD) ? k > l : k == l + 1 && !above_done);
+      if (live) b += per_param * padded[k];
+    }
+    return b;
+  };
+  // Sharded parameters (zero3, prefetch p; plugins/zero/zero.cpp's window): a layer is gathered
+  // whole — its fp32 values, or with compute copies only its compute copy — while it or one of
+  // the next p computations reads it; the head reads the tied wte, so the embedding too. Layer
+  // l's backward so holds layers max(l - p, 0) .. l gathered, and the embedding when the head's
+  // backward is among them.
+  auto gathered = [&](size_t l) {
+    uint64_t b = 0;
+    const size_t from = l > size_t(s.prefetch_layers) ? l - size_t(s.prefetch_layers) : 0;
+    for (size_t k = 0; k <= H; ++k)
+      if (gathers[k] && ((k >= from && k <= l) || (k == 0 && l == H)))
+        b += (copies ? es : kF32) * padded[k];
+    return b;
+  };
+
+  PeakEstimate e;
+  uint64_t best = 0;
+  uint64_t below = 0;  // the held bytes of the blocks below layer l
+  for (size_t l = 1; l < H; ++l)
+    below += held(l);
+  for (size_t l = H + 1; l-- > 0;) {
+    if (l >= 1 && l < H) below -= held(l);  // now the blocks below l
+    PeakEstimate at_l = base;
+    uint64_t& act = at(at_l.at_peak, Category::kActivations);
+    uint64_t& ws = at(at_l.at_peak, Category::kWorkspace);
+    if (l == H) {  // every block's held bytes, the head's own
+      act = out + below + head;
+      ws = head_ws;
+    } else if (l >= 1) {  // the blocks below, its own full activations
+      act = out + below + full;
+      ws = block_ws;
+    } else {  // the embedding holds its output
+      act = out;
+      ws = dres;
+    }
+    at(at_l.at_peak, Category::kParameters) = params_rest + (sh_param ? gathered(l) : 0);
+    at(at_l.at_peak, Category::kGradients) = grads_rest + (sh_grad ? full_grads(l) : 0);
+    if (at_l.total() > best) {
+      best = at_l.total();
+      e = at_l;
+    }
   }
-  const bool last_drops = L > 0 && L < s.drop.size() && s.drop[L] == HR_DROP_ALL;
-  const uint64_t held = L > 0 ? below_last + (last_drops ? out : full) : 0;
-  const uint64_t act_head = out + held + head;
-  const uint64_t act_block = L > 0 ? out + below_last + full : 0;
-  const bool head_wins = L == 0 || act_head + head_ws >= act_block + block_ws;
-  at(e.at_peak, Category::kActivations) = head_wins ? act_head : act_block;
-  at(e.at_peak, Category::kWorkspace) = head_wins ? head_ws : block_ws;
   return e;
 }
 
-ConfigEstimate estimate_config(const Config& config, const OomNumbers& oom) {
+ConfigEstimate estimate_config(const Config& config, const OomNumbers& oom, int world_size) {
   ConfigEstimate ce;
-  ce.mechanisms = mechanisms_of(config);
+  ce.mechanisms = mechanisms_of(config, world_size);
   ce.peak = estimate_peak(config, ce.mechanisms);
   if (config.plugins.empty()) return ce;
   CreatedPlugins created(config);
@@ -303,6 +439,8 @@ Advice advise(const Config& config, const std::vector<OfferedExtension>& install
               const OomNumbers& oom) {
   Advice a;
   a.config = estimate_config(config, oom);
+  a.file = config.file;
+  a.world_size = mechanisms_of(config).world_size;
   a.limit = config.device.memory_limit;
   const uint64_t now_total = a.config.peak.total();
   a.fits = fits(now_total, a.limit);
@@ -354,6 +492,7 @@ Advice advise(const Config& config, const std::vector<OfferedExtension>& install
     r.plugins = {pe.plugin};
     r.unstranded = pe.makes_usable;
     r.step_time_factor = pe.step_time_factor;
+    if (pe.after.world_size != a.world_size) r.ranks = pe.after.world_size;
     if (r.peak_after < now_total) {
       helping.push_back(&ext);
       helping_peak.push_back(r.peak_after);
@@ -378,11 +517,13 @@ Advice advise(const Config& config, const std::vector<OfferedExtension>& install
     without.plugins.erase(without.plugins.begin() + long(i));
     toml::table proposal, merged;
     std::string proposal_text;  // as the plugin wrote it
+    int ranks = a.world_size;   // the ranks it proposes (a zero plugin: more)
     try {
       const ConfigEstimate base = estimate_config(without, oom);
       const PluginEstimate pe = ask(config, *ext, nullptr, base.mechanisms, base.peak, oom);
       if (!pe.ok()) continue;
       proposal_text = pe.toml;
+      ranks = pe.after.world_size;
       proposal = toml::parse(pe.toml);
       merged = toml::parse(entry.toml);
     } catch (const std::exception&) {
@@ -391,7 +532,8 @@ Advice advise(const Config& config, const std::vector<OfferedExtension>& install
     const toml::table had = merged;
     for (auto&& [key, value] : proposal)
       merged.insert_or_assign(key, value);
-    if (merged == had) continue;  // it proposes what it already has
+    // It proposes what it already has, on the ranks it has.
+    if (merged == had && ranks == a.world_size) continue;
     Config variant = config;
     ConfigEstimate e;
     bool as_flags = true;
@@ -399,7 +541,7 @@ Advice advise(const Config& config, const std::vector<OfferedExtension>& install
       std::ostringstream text;
       text << t;
       variant.plugins[i].toml = text.str();
-      e = estimate_config(variant, oom);
+      e = estimate_config(variant, oom, ranks);
     };
     try {
       estimate_with(merged);
@@ -415,6 +557,7 @@ Advice advise(const Config& config, const std::vector<OfferedExtension>& install
     Remedy r = remedy_from(a.config.peak, e.peak, a.limit);
     r.plugins = {entry.name};
     r.step_time_factor = e.step_time_factor / a.config.step_time_factor;
+    if (ranks != a.world_size) r.ranks = ranks;
     for (const PluginEstimate& pe : e.plugins)
       if (pe.plugin == entry.name) r.what = entry.name + ": " + pe.what;
     for (const PluginEstimate& pe : a.config.plugins)
@@ -445,9 +588,12 @@ Advice advise(const Config& config, const std::vector<OfferedExtension>& install
     Remedy combined;
     std::vector<std::string> whats, tables;
     double factor = 1;
+    uint32_t roles = a.config.roles;  // two plugins of one role (zero2, zero3) cannot be combined
     for (size_t i : order) {
+      if (helping[i]->roles & roles) continue;
       const PluginEstimate pe = ask(config, *helping[i], nullptr, m, peak, oom);
       if (!pe.ok() || pe.peak.total() >= peak.total()) continue;
+      roles |= helping[i]->roles;
       m = pe.after;
       peak = pe.peak;
       factor *= pe.step_time_factor;
@@ -464,6 +610,7 @@ Advice advise(const Config& config, const std::vector<OfferedExtension>& install
         r.toml += (i ? "\n\n" : "") + tables[i];
       }
       r.step_time_factor = factor;
+      if (m.world_size != a.world_size) r.ranks = m.world_size;
       a.remedies.push_back(std::move(r));
     }
   }
@@ -491,8 +638,15 @@ std::string format_estimate(const ConfigEstimate& e) {
   }
   if (!e.plugins.empty()) s = "with the config's [[plugins]], in order:\n" + s;
   char line[128];
-  std::snprintf(line, sizeof line, "estimated peak, micro_batch %d x grad_accum %d:\n",
-                e.mechanisms.micro_batch, e.mechanisms.grad_accum);
+  const int W = e.mechanisms.world_size;
+  const int rank = W == rank_info().world_size ? rank_info().rank : 0;
+  if (W > 1)
+    std::snprintf(line, sizeof line,
+                  "estimated peak of rank %d of %d, micro_batch %d x grad_accum %d a rank:\n", rank,
+                  W, e.mechanisms.micro_batch, e.mechanisms.grad_accum);
+  else
+    std::snprintf(line, sizeof line, "estimated peak, micro_batch %d x grad_accum %d:\n",
+                  e.mechanisms.micro_batch, e.mechanisms.grad_accum);
   s += line;
   for (int i = 0; i < kNumCategories; ++i) {
     std::snprintf(line, sizeof line, "  %-16s %14s\n", category_name(category_at(i)),
@@ -551,12 +705,24 @@ std::string format_remedies(const Advice& advice) {
         start = end + 1;
       }
     }
+    if (r.ranks > 0) {
+      // Each rank reads micro_batch x grad_accum sequences of its own a step (docs/design.md,
+      // "Ranks"): the step's batch grows with the ranks.
+      s += "    launch on " + std::to_string(r.ranks) +
+           " ranks (each reads micro_batch x grad_accum sequences of its own a step):\n" +
+           "      mpirun -np " + std::to_string(r.ranks) + " headroom train " +
+           (advice.file.empty() ? std::string("CONFIG") : advice.file);
+      for (const std::string& f : r.sets)
+        s += " --set " + f;
+      s += "\n";
+    }
   }
   if (!advice.not_enough.empty()) {
     s += "not enough alone:";
     for (size_t i = 0; i < advice.not_enough.size(); ++i) {
       const Remedy& r = advice.not_enough[i];
-      const std::string name = r.plugins.empty() ? r.what : r.plugins[0];
+      const std::string name = (r.plugins.empty() ? r.what : r.plugins[0]) +
+                               (r.ranks > 0 ? " on " + std::to_string(r.ranks) + " ranks" : "");
       s += std::string(i ? ";" : "") + " " + name + " (peak about " + format_bytes(r.peak_after) +
            (r.unstranded ? ", makes usable " + format_bytes(r.unstranded) : "") + ")";
     }

@@ -31,14 +31,23 @@ struct Mechanisms {
   int micro_batch = 1, grad_accum = 1;
   std::vector<uint8_t> drop;  // per layer (n_layer + 2): HR_KEEP_ACTIVATIONS, HR_DROP_ALL or
                               // HR_DROP_CHEAP
+  int world_size = 1;         // the run's ranks
+  uint32_t shard = 0;         // the HR_SHARD_* bits (headroom/ext/shard.h); 0: nothing sharded
+  uint32_t grad_reduce = 0;   // HR_GRAD_REDUCE_* bits (with HR_SHARD_GRADIENTS)
+  int prefetch_layers = 1;    // with HR_SHARD_PARAMETERS (zero3)
+  uint64_t param_persistence_threshold = 100000;  // with HR_SHARD_PARAMETERS: elements
 };
-// The config's micro_batch and grad_accum, fp32, every layer keeping its activations: the run as
-// it is without plugins.
-Mechanisms mechanisms_of(const Config& config);
+// The config's micro_batch and grad_accum, fp32, every layer keeping its activations, nothing
+// sharded, at `world_size` ranks (0: the launcher's, rank_info()): the run as it is without
+// plugins.
+Mechanisms mechanisms_of(const Config& config, int world_size = 0);
 
-// The closed form. Exact on the CPU backend when every layer keeps its activations and when every
-// block drops them all; HR_DROP_CHEAP counts as kept (an upper bound).
+// The closed form of one rank's peak. Exact on the CPU backend when every layer keeps its
+// activations and when every block drops them all, with the optimizer state and the gradients
+// sharded or not; HR_DROP_CHEAP counts as kept (an upper bound). The rank is this process's when
+// m.world_size is the launcher's, else rank 0 (the fullest: the padding is in the last ranks').
 PeakEstimate estimate_peak(const Config& config, const Mechanisms& m);
+PeakEstimate estimate_peak(const Config& config, const Mechanisms& m, int rank);
 PeakEstimate estimate_peak(const Config& config, int micro_batch);  // no plugins
 
 // The numbers of an out-of-memory failure (all 0 for `headroom plan`).
@@ -70,8 +79,10 @@ struct ConfigEstimate {
   uint32_t roles =
       0;  // the HR_ROLE_*s the config's plugins take: a proposal taking one is no remedy
 };
-// Throws as validate_plugins does for a config whose plugins cannot be created.
-ConfigEstimate estimate_config(const Config& config, const OomNumbers& oom = {});
+// Throws as validate_plugins does for a config whose plugins cannot be created. `world_size`: the
+// ranks the config runs on (0: the launcher's).
+ConfigEstimate estimate_config(const Config& config, const OomNumbers& oom = {},
+                               int world_size = 0);
 
 // One way to fit: pasteable as `--set` flags, or as [[plugins]] tables to append to the config.
 struct Remedy {
@@ -89,10 +100,14 @@ struct Remedy {
   double step_time_factor = 1;       // step time with it over without it
   bool step_time_measured = true;    // false: step_time_factor is not a measurement
   std::string step_time_note;        // what is known instead, with its source
+  int ranks = 0;  // the world size it needs, when not the run's (a zero plugin's proposal); 0: the
+                  // run's
 };
 
 struct Advice {
   ConfigEstimate config;           // the config as written
+  std::string file;                // its file, for the launch line of a remedy on more ranks
+  int world_size = 1;              // the ranks it runs on
   uint64_t limit = 0;              // memory_limit (0: none)
   bool fits = true;                // the config as written fits by the estimate
   std::vector<Remedy> remedies;    // each fits by the estimate

@@ -47,6 +47,8 @@
 #include <headroom/plugin.h>
 
 #include "common/hook_guard.h"
+#include "common/offer_estimate.h"
+#include "zero/estimate.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -75,6 +77,7 @@ class Zero {
         prefetch_(prefetch) {}
 
   const hr_host_services* services() const { return s_; }
+  zero_plugin::Settings settings;  // the table's keys as create() read them (estimate.h)
 
   hr_status on_event(const hr_event_info* info) {
     switch (info->event) {
@@ -260,9 +263,19 @@ hr_status create(const hr_host_services* s, void** instance) {
   // Without gradient shards (zero1, or more on one rank) the full gradients are reduced once, in
   // the step's last micro-step.
   const bool sharded_grads = (what & HR_SHARD_GRADIENTS) != 0;
-  *instance =
-      new Zero(s, shard, step, overlap != 0, sharded_grads && every != 0, int32_t(prefetch));
+  Zero* z = new Zero(s, shard, step, overlap != 0, sharded_grads && every != 0, int32_t(prefetch));
+  z->settings.overlap_comm = overlap != 0;
+  z->settings.reduce_every_micro_step = every != 0;
+  z->settings.prefetch_layers = int32_t(prefetch);
+  z->settings.param_persistence_threshold = uint64_t(persist);
+  *instance = z;
   return HR_OK;
+}
+
+// headroom.estimate/1: plugins/zero/estimate.cpp, with the instance's keys (or its defaults).
+hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_result* r) {
+  const Zero* z = static_cast<const Zero*>(instance);
+  return zero_plugin::estimate(kStage, z ? &z->settings : nullptr, q, r);
 }
 
 hr_status create_hook(const hr_host_services* s, void** instance) {
@@ -306,7 +319,7 @@ const hr_plugin_descriptor kDescriptor = {
     nullptr,  // optimizer
     nullptr,  // save_state: nothing of its own (the host snapshots the shards)
     nullptr,  // load_state
-    nullptr,  // get_extension
+    headroom_plugin::offer_estimate<estimate>,
 };
 
 }  // namespace

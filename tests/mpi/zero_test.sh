@@ -3,7 +3,8 @@
 #
 #   zero_test.sh PART HEADROOM COMPARE PLUGIN_DIR MPIEXEC
 #
-# PART: bytes | equivalence | resume | errors. Every mpirun runs under `timeout`: a hang fails.
+# PART: bytes | equivalence | resume | advice | errors. Every mpirun runs under `timeout`: a hang
+# fails.
 set -euo pipefail
 part=$1 headroom=$2 compare=$3 plugins=$4 mpiexec=$5
 here=$(cd "$(dirname "$0")" && pwd)
@@ -241,6 +242,50 @@ resume)
   set -e
   [ $rc != 0 ] && grep -q "optimizer adamw sharded over 2 ranks, this config uses sgd" <<<"$out" ||
     fail "resume with sgd: exit $rc: $out"
+  ;;
+advice)
+  # One rank out of memory where the model state does not fit but would on more ranks: the report
+  # names zero2 on 4 ranks (at 2 a rank needs 5.84 MiB, at 4 4.49 MiB, under 4.60) and how to
+  # launch it; its table appended and launched as printed, every rank trains within the limit.
+  # (zero1 fits only on 8: 4.99 MiB at 4.)
+  cat > adv.toml <<'TOML'
+[model]
+n_layer = 4
+n_head = 4
+n_embd = 96
+seq_len = 16
+vocab_size = 256
+
+[train]
+steps = 2
+micro_batch = 1
+optimizer = "adamw"
+
+[device]
+memory_limit = 4823449
+
+[data]
+kind = "synthetic"
+workers = 0
+TOML
+  set +e
+  out=$("$headroom" train adv.toml -q 2>&1); rc=$?
+  set -e
+  [ $rc = 3 ] || fail "one rank: exit $rc, not out of memory: $out"
+  grep -q "^  - zero2: ZeRO stage 2 on 4 ranks: gradients and optimizer state sharded$" <<<"$out" ||
+    fail "the advice names no zero2 on 4 ranks: $out"
+  grep -q "^  - zero1: ZeRO stage 1 on 8 ranks: optimizer state sharded$" <<<"$out" ||
+    fail "the advice names no zero1 on 8 ranks: $out"
+  # zero2's remedy as printed: the table to append and the launch line.
+  remedy=$(awk '/^  - /{on = index($0, "  - zero2:") == 1} on' <<<"$out")
+  table=$(awk '/^    append to the config:/{t = 1; next} /^    [^ ]/{t = 0} t {sub(/^      /, ""); print}' <<<"$remedy")
+  launch=$(awk '/^    launch on 4 ranks /{getline; sub(/^ +/, ""); print}' <<<"$remedy")
+  [ "$table" = $'[[plugins]]\nname = "zero2"' ] || fail "zero2's table: $table"
+  [ "$launch" = "mpirun -np 4 headroom train adv.toml" ] || fail "zero2's launch line: $launch"
+  printf '\n%s\n' "$table" >> adv.toml
+  read -r -a argv <<<"$launch"
+  [ "${argv[0]} ${argv[1]} ${argv[2]} ${argv[3]}" = "mpirun -np 4 headroom" ] || fail "$launch"
+  mpirun -np 4 "$headroom" "${argv[@]:4}" -q || fail "zero2 on 4 ranks as advised did not train"
   ;;
 errors)
   # Two zero plugins: a config error naming both. A zero plugin with an optimizer-role plugin: the

@@ -37,15 +37,44 @@ typedef struct hr_estimate_model {
   const char* device_kind; /* "cpu", "cuda" */
 } hr_estimate_model;
 
-/* What core's mechanisms are set to, as far as the peak is concerned. */
+/* hr_mechanisms.grad_reduce: when sharded gradients (HR_SHARD_GRADIENTS) are reduced into their
+ * shards, which decides how many layers' full gradients are live at once. 0: each layer's at its
+ * BACKWARD_END, in every micro-step (zero2's defaults); or these bits: */
+/* Every layer's after the whole backward (overlap off): they are all live at its end. */
+#define HR_GRAD_REDUCE_AFTER_BACKWARD 1u
+/* Only in the step's last micro-step: the full gradients accumulate over the ones before it. */
+#define HR_GRAD_REDUCE_LAST_MICRO_STEP 2u
+
+/* What core's mechanisms are set to, as far as the peak is concerned. The bytes are a rank's: the
+ * fullest rank's (rank 0, whose ranges hold the fewest padding elements) unless the estimate runs
+ * on a rank of a run of world_size ranks, which gets its own. */
 typedef struct hr_mechanisms {
   uint32_t struct_size;
   uint32_t compute_dtype; /* hr_dtype: HR_DTYPE_F32, HR_DTYPE_BF16 or HR_DTYPE_F16 */
-  int32_t micro_batch;
+  int32_t micro_batch;    /* a rank's */
   int32_t grad_accum;
   int32_t num_layers; /* n_layer + 2: the length of drop */
   int32_t reserved0;
   uint8_t* drop; /* per layer: HR_KEEP_ACTIVATIONS, HR_DROP_ALL or HR_DROP_CHEAP */
+  /* Appended (core reads them when struct_size covers them; a shorter struct, from a plugin
+   * built before them, keeps the query's `before` values). */
+  /* The ranks of the run: the launcher's (mpirun, srun) for the config as written, 1 without
+   * one. A plugin that is not in the config may propose more. Above 1 with nothing sharded, core's
+   * data parallelism holds one fp32 copy of every gradient in its buckets (communication). */
+  int32_t world_size;
+  /* What is sharded over those ranks: the HR_SHARD_* bits of headroom/ext/shard.h —
+   * HR_SHARD_OPTIMIZER (1: the optimizer state of the rank's ranges), | HR_SHARD_GRADIENTS (2: the
+   * gradient shards; a layer's full gradients only from its backward until reduced), |
+   * HR_SHARD_PARAMETERS (4: the parameters' shards; a layer gathered whole only around its use,
+   * as prefetch_layers and param_persistence_threshold say); 0 = nothing. Each layer's buffers
+   * are padded to a multiple of world_size when anything is. */
+  uint32_t shard;
+  uint32_t grad_reduce;    /* with HR_SHARD_GRADIENTS: 0 or HR_GRAD_REDUCE_* bits */
+  int32_t prefetch_layers; /* with HR_SHARD_PARAMETERS: the layers gathered ahead of the one
+                            * computing, in the order of the pass (forward or backward) */
+  /* With HR_SHARD_PARAMETERS: a layer of fewer parameter elements than this stays whole on every
+   * rank (persistent); the others are sharded and gathered around their use. */
+  uint64_t param_persistence_threshold;
 } hr_mechanisms;
 
 typedef struct hr_estimate_query {
@@ -54,9 +83,11 @@ typedef struct hr_estimate_query {
   const hr_estimate_model* model;
   const hr_mechanisms* before;                 /* as the plugins before this one leave them */
   uint64_t baseline[HR_MEM_CATEGORY_COUNT_V1]; /* the peak bytes by category with `before` */
-  /* Core's closed form: the peak bytes by category (out[HR_MEM_CATEGORY_COUNT_V1]) with the
-   * mechanisms set as `m`. Exact on the CPU backend for HR_DROP_ALL and every layer kept; an upper
-   * bound for HR_DROP_CHEAP (counted as kept). */
+  /* Core's closed form: the peak bytes by category (out[HR_MEM_CATEGORY_COUNT_V1]) of a rank with
+   * the mechanisms set as `m`. Exact on the CPU backend for HR_DROP_ALL and every layer kept, with
+   * or without HR_SHARD_OPTIMIZER and HR_SHARD_GRADIENTS; an upper bound for HR_DROP_CHEAP
+   * (counted as kept). HR_SHARD_PARAMETERS follows zero3's schedule as core/report/advice.cpp
+   * draws it. */
   void* context;
   hr_status (*peak)(void* context, const hr_mechanisms* m, uint64_t* out);
   /* At an out-of-memory failure: the failed request, the free bytes then and the largest free

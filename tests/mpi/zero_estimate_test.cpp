@@ -1,0 +1,124 @@
+// The estimate of a run across ranks (`headroom plan`, the out-of-memory advice) against every
+// rank's own tracker, run on every rank under mpirun (-np 2 and -np 3, tests/mpi/CMakeLists.txt):
+// the zero plugins' headroom.estimate/1 (plugins/zero/estimate.cpp) chained with amp and
+// checkpoint, core's closed form of a rank's bytes. Exact by category at the peak, on each rank.
+#include <gtest/gtest.h>
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/comm/comm.h"
+#include "core/plugin_host/plugin_host.h"
+#include "core/report/advice.h"
+#include "core/run/trainer.h"
+#include "tests/test_util.h"
+
+namespace headroom {
+namespace {
+
+// tests/mpi/zero_test.sh's model, micro_batch 2: the embedding has 380 elements, each block 1330
+// and the head 20, so at 3 ranks every layer is padded (to 381, 1332, 21) and the last rank's
+// ranges hold the padding: its optimizer state is smaller than rank 0's.
+const char* kModel =
+    "[model]\nn_layer = 2\nn_head = 2\nn_embd = 10\nseq_len = 7\nvocab_size = 31\n"
+    "[train]\nsteps = 2\nmicro_batch = 2\noptimizer = \"adamw\"\nlr = 0.01\nseed = 5\n"
+    "[data]\nkind = \"synthetic\"\nworkers = 0\n";
+
+struct Case {
+  const char* name;
+  const char* plugins;
+  const char* grad_accum;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
+
+class ZeroEstimate : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ZeroEstimate, IsEachRanksTrackerPeakByCategory) {
+  ASSERT_TRUE(rank_info().launched) << "run me under mpirun";
+  const Config c = test::config_from(std::string(kModel) + GetParam().plugins,
+                                     {std::string("train.grad_accum=") + GetParam().grad_accum});
+  Trainer t(c, TrainOptions{});
+  t.run();
+  const MemoryTracker& mt = t.device().tracker();
+  const ConfigEstimate e = estimate_config(c);
+  for (const PluginEstimate& pe : e.plugins)
+    EXPECT_TRUE(pe.ok()) << pe.plugin << " status " << pe.status;
+  const std::string who = "rank " + std::to_string(rank_info().rank) + " of " +
+                          std::to_string(rank_info().world_size) + ": " + format_estimate(e);
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(e.peak.at_peak[i], mt.live_at_peak()[i]) << category_name(category_at(i)) << "\n"
+                                                       << who;
+  EXPECT_EQ(e.peak.total(), mt.peak_total()) << who;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plugins, ZeroEstimate,
+    ::testing::Values(
+        Case{"DataParallel", "", "1"},  // no plugin: core's buckets, one fp32 copy of the gradients
+        Case{"Zero1", "[[plugins]]\nname = \"zero1\"\n", "1"},
+        Case{"Zero2", "[[plugins]]\nname = \"zero2\"\n", "1"},
+        Case{"Zero2Accumulating", "[[plugins]]\nname = \"zero2\"\n", "2"},
+        Case{"Zero2LastMicroStep",
+             "[[plugins]]\nname = \"zero2\"\nreduce_every_micro_step = false\n", "2"},
+        Case{"Zero2NoOverlap", "[[plugins]]\nname = \"zero2\"\noverlap_comm = false\n", "1"},
+        Case{"Zero1AmpBf16", "[[plugins]]\nname = \"zero1\"\n[[plugins]]\nname = \"amp\"\n", "1"},
+        Case{"Zero2AmpBf16", "[[plugins]]\nname = \"zero2\"\n[[plugins]]\nname = \"amp\"\n", "1"},
+        Case{"AmpFp16Zero2",
+             "[[plugins]]\nname = \"amp\"\ndtype = \"fp16\"\n[[plugins]]\nname = \"zero2\"\n", "1"},
+        Case{"Zero2CheckpointEvery",
+             "[[plugins]]\nname = \"zero2\"\n[[plugins]]\nname = \"checkpoint\"\n", "1"},
+        Case{"Zero3", "[[plugins]]\nname = \"zero3\"\nparam_persistence_threshold = 100\n", "1"},
+        Case{"Zero3EveryLayerPrefetch0",
+             "[[plugins]]\nname = \"zero3\"\nparam_persistence_threshold = 0\n"
+             "prefetch_layers = 0\n",
+             "1"},
+        Case{"Zero3Prefetch2Accumulating",
+             "[[plugins]]\nname = \"zero3\"\nparam_persistence_threshold = 100\n"
+             "prefetch_layers = 2\n",
+             "2"},
+        Case{"Zero3AmpBf16",
+             "[[plugins]]\nname = \"zero3\"\nparam_persistence_threshold = 100\n"
+             "[[plugins]]\nname = \"amp\"\n",
+             "1"},
+        Case{"Zero3CheckpointEvery",
+             "[[plugins]]\nname = \"zero3\"\nparam_persistence_threshold = 100\n"
+             "[[plugins]]\nname = \"checkpoint\"\n",
+             "1"},
+        Case{"CheckpointEveryAmpZero1",
+             "[[plugins]]\nname = \"checkpoint\"\n[[plugins]]\nname = \"amp\"\n"
+             "[[plugins]]\nname = \"zero1\"\n",
+             "1"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// Out of memory on every rank of a data-parallel run whose state would fit sharded: zero2 is
+// proposed on the run's own ranks (no launch line), at the peak its estimate gives there.
+TEST(ZeroAdvice, OnTheRunsRanks) {
+  ASSERT_TRUE(rank_info().launched) << "run me under mpirun";
+  const uint64_t limit =
+      estimate_config(test::config_from(std::string(kModel) + "[[plugins]]\nname = \"zero2\"\n"))
+          .peak.total();
+  const Config c = test::config_from(kModel, {"device.memory_limit=" + std::to_string(limit)});
+  std::vector<OfferedExtension> installed;
+  const PluginCatalog catalog;
+  for (const OfferedExtension& e : catalog.offered(HR_EXT_ESTIMATE))
+    if (e.plugin == "zero2") installed.push_back(e);
+  const Advice a = advise(c, installed);
+  ASSERT_FALSE(a.fits);
+  EXPECT_EQ(a.world_size, rank_info().world_size);
+  const Remedy* r = nullptr;
+  for (const Remedy& x : a.remedies)
+    if (x.plugins == std::vector<std::string>{"zero2"}) r = &x;
+  ASSERT_NE(r, nullptr) << format_remedies(a);
+  EXPECT_EQ(r->ranks, 0);
+  EXPECT_EQ(r->peak_after, limit);
+  EXPECT_EQ(r->what, "zero2: ZeRO stage 2 on " + std::to_string(rank_info().world_size) +
+                         " ranks: gradients and optimizer state sharded");
+  EXPECT_EQ(format_remedies(a).find("mpirun"), std::string::npos) << format_remedies(a);
+}
+
+}  // namespace
+}  // namespace headroom
