@@ -68,6 +68,10 @@ std::string describe(const char* collective, uint64_t n, Dtype dtype, const char
 
 }  // namespace comm_detail
 
+std::unique_ptr<Communicator> make_local_communicator(Device& device) {
+  return comm_detail::make_self_communicator(device);
+}
+
 std::unique_ptr<Communicator> make_communicator(Device& device, const DistributedConfig& config) {
   const RankInfo& ranks = rank_info();
   if (ranks.world_size == 1) return comm_detail::make_self_communicator(device);

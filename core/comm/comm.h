@@ -138,5 +138,8 @@ const RankInfo& rank_info();
 // Throws ConfigError when the run is launched on several ranks but this build has no MPI, or on
 // CUDA without NCCL (MPI cannot be assumed to read device pointers).
 std::unique_ptr<Communicator> make_communicator(Device& device, const DistributedConfig& config);
+// Rank 0 of 1, this process alone, whatever launched it: for what runs on one rank of its own
+// (checking plugins, estimates, an out-of-memory report's advice). Not collective.
+std::unique_ptr<Communicator> make_local_communicator(Device& device);
 
 }  // namespace headroom

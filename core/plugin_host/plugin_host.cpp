@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <utility>
 
 #include "core/plugin_host/plugin_internal.h"
 #include "headroom/ext/state.h"
@@ -242,6 +243,11 @@ void PluginHost::on_event(const EventInfo& e) {
     if (!p->created || !(p->desc.events & HR_EVENT_BIT(info.event))) continue;
     const hr_status s = p->desc.on_event(p->instance, &info);
     if (s == HR_OK) continue;
+    if (p->out_of_memory) {  // a service ran out of memory for it: the run's out-of-memory path
+      std::exception_ptr oom = std::exchange(p->out_of_memory, nullptr);
+      p->error.clear();
+      std::rethrow_exception(oom);
+    }
     std::string m = "plugin '" + p->entry.name + "' failed in " + event_name(e.event);
     if (e.layer >= 0) m += " (layer " + std::to_string(e.layer) + ")";
     if (e.step > 0) m += " at step " + std::to_string(e.step);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <set>
 #include <string>
@@ -107,6 +108,10 @@ struct LoadedPlugin {
   toml::table table;            // the plugin's own keys
   std::set<std::string> asked;  // keys a config getter asked for
   std::string error;            // the last set_error message
+  // A service's allocation on the plugin's behalf that ran out of memory (a zero3 gather): the
+  // host rethrows it when the plugin returns its error, so the run ends as out of memory (the
+  // report, the advice, exit 3) rather than as a plugin failure.
+  std::exception_ptr out_of_memory;
   std::set<void*> allocations;  // what services->alloc handed out and free may take back
 
   std::string where() const { return entry.pos.str() + ": plugin '" + entry.name + "'"; }

@@ -584,11 +584,12 @@ struct HostServices {
   }
 
   // --- headroom.comm/1 ---
-  // The run's communicator, or a self one (world size 1) when the run has none.
+  // The run's communicator, or a local one (rank 0 of 1) when the run has none: a check or an
+  // estimate runs on one rank by itself, also under mpirun (an MPI one would be collective).
   static Communicator& comm(hr_host* h) {
     if (Communicator* c = run(h).plugin_communicator()) return *c;
     PluginHost& host = *h->owner;
-    if (!host.self_comm_) host.self_comm_ = make_communicator(run(h).device(), DistributedConfig{});
+    if (!host.self_comm_) host.self_comm_ = make_local_communicator(run(h).device());
     return *host.self_comm_;
   }
   // A collective posted by `post` (a CommRequest) into *out; its errors as statuses: a bad
@@ -718,6 +719,10 @@ struct HostServices {
     try {
       f(*sh);
       return HR_OK;
+    } catch (const OutOfMemory& e) {
+      p.out_of_memory = std::current_exception();
+      p.error = std::string(HR_EXT_SHARD " ") + fn + ": " + e.what();
+      return HR_ERROR_OUT_OF_MEMORY;
     } catch (const std::exception& e) {
       p.error = std::string(HR_EXT_SHARD " ") + fn + ": " + e.what();
       return HR_ERROR;

@@ -153,7 +153,17 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   }
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // A collective that could not finish (a peer failed, this rank ran out of memory) is abandoned
+  // to the communicator, which progresses it while it goes: every buffer it touches — the
+  // model's, the buckets', an allocator plugin's memory under them — must outlive the
+  // communicator. So the requests go first (they name it; Sharding keeps its own buffers of an
+  // abandoned one), then the communicator, then everything else in member order.
+  sharding_.reset();
+  for (Bucket& b : buckets_)
+    b.request = CommRequest();
+  comm_.reset();
+}
 
 // ---------------------------------------------------------------------------------------------
 // The loop. docs/design.md ("The loop and its events") draws every event it fires, in order, and

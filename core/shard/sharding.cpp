@@ -32,7 +32,22 @@ Sharding::Sharding(Device& device, Communicator& comm, uint32_t what, uint64_t p
 }
 
 Sharding::~Sharding() {
-  // Requests wait in their destructors; nothing may outlive the buffers they read.
+  // A collective that cannot finish (a peer failed, this rank ran out of memory) is abandoned to
+  // the communicator, which may still progress it — read and write its buffers — until it goes
+  // (after this; core/run/trainer.cpp): the shards of its layer are then never freed, kept
+  // reachable (not a leak) for the rest of the process. (The model's buffers outlive the
+  // communicator.)
+  static auto* kept = new std::vector<Buffer>();
+  for (Pending& p : pending_) {
+    try {
+      p.request.wait();
+      continue;
+    } catch (...) {
+    }
+    LayerShard& ls = layers_[size_t(p.layer)];
+    for (Buffer* b : {&ls.value, &ls.compute, &ls.grad})
+      if (*b) kept->push_back(std::move(*b));
+  }
   pending_.clear();
 }
 
