@@ -3,7 +3,7 @@
 #
 #   zero_test.sh PART HEADROOM COMPARE PLUGIN_DIR MPIEXEC
 #
-# PART: bytes | equivalence | resume | advice | errors. Every mpirun runs under `timeout`: a hang
+# PART: bytes | equivalence | resume | advice | demo | errors. Every mpirun runs under `timeout`: a hang
 # fails.
 set -euo pipefail
 part=$1 headroom=$2 compare=$3 plugins=$4 mpiexec=$5
@@ -286,6 +286,29 @@ TOML
   read -r -a argv <<<"$launch"
   [ "${argv[0]} ${argv[1]} ${argv[2]} ${argv[3]}" = "mpirun -np 4 headroom" ] || fail "$launch"
   mpirun -np 4 "$headroom" "${argv[@]:4}" -q || fail "zero2 on 4 ranks as advised did not train"
+  ;;
+demo)
+  # examples/zero-demo.toml: out of memory on one rank, with advice naming zero3 on 4 ranks and
+  # the launch line; trains on 4 ranks within its memory_limit; without its [[plugins]] table the
+  # plan names every stage with its ranks.
+  demo=$here/../../examples/zero-demo.toml
+  set +e
+  out=$("$headroom" train "$demo" -q --set train.steps=3 2>&1); rc=$?
+  set -e
+  [ $rc = 3 ] || fail "zero-demo on one rank: exit $rc, not out of memory: $out"
+  grep -q "^  - zero3: ZeRO stage 3 on 4 ranks: parameters, gradients and optimizer state sharded" \
+    <<<"$out" && grep -q "^      mpirun -np 4 headroom train $demo$" <<<"$out" ||
+    fail "zero-demo's advice names no zero3 on 4 ranks: $out"
+  out=$(mpirun -np 4 "$headroom" train "$demo" --set train.steps=3 2>&1) ||
+    fail "zero-demo on 4 ranks did not train: $out"
+  grep -q "rank 0: memory report: peak 26.61 MiB of memory_limit 32.00 MiB" <<<"$out" ||
+    fail "zero-demo on 4 ranks: $out"
+  sed '/^\[\[plugins\]\]/,$d' "$demo" > nozero.toml
+  out=$("$headroom" plan nozero.toml 2>&1) || true
+  for want in "zero1: ZeRO stage 1 on 8 ranks" "zero2: ZeRO stage 2 on 4 ranks" \
+    "zero3: ZeRO stage 3 on 4 ranks"; do
+    grep -q "^  - $want" <<<"$out" || fail "zero-demo without zero3: the plan names no $want: $out"
+  done
   ;;
 errors)
   # Two zero plugins: a config error naming both. A zero plugin with an optimizer-role plugin: the
