@@ -167,8 +167,11 @@ class Device {
 class ObserverRegistration {
  public:
   ObserverRegistration() = default;
-  ~ObserverRegistration() {
+  ~ObserverRegistration() { detach(); }
+  // The device stops calling the observer now (an owner whose destructor frees things first).
+  void detach() {
     if (device_) device_->remove_observer(observer_);
+    device_ = nullptr;
   }
   ObserverRegistration(const ObserverRegistration&) = delete;
   ObserverRegistration& operator=(const ObserverRegistration&) = delete;

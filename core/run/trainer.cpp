@@ -158,7 +158,9 @@ Trainer::~Trainer() {
   // to the communicator, which progresses it while it goes: every buffer it touches — the
   // model's, the buckets', an allocator plugin's memory under them — must outlive the
   // communicator. So the requests go first (they name it; Sharding keeps its own buffers of an
-  // abandoned one), then the communicator, then everything else in member order.
+  // abandoned one), then the communicator, then everything else in member order. The device
+  // stops telling this trainer of frees first, as the default order of the members would.
+  observing_.detach();
   sharding_.reset();
   for (Bucket& b : buckets_)
     b.request = CommRequest();
