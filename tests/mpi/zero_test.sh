@@ -182,6 +182,11 @@ equivalence)
   "$compare" within z.safetensors d4.safetensors mb.safetensors ga.safetensors ||
     fail "zero2, 4 ranks: weights"
   with_zero 3 z.toml
+  mpirun -np 4 "$headroom" train z.toml -q "${ga[@]}" --set plugins.zero3.reduce_every_micro_step=false \
+    --metrics z.jsonl --save-weights z.safetensors
+  "$compare" losses z.jsonl d4.jsonl 0 || fail "zero3 (local accumulation), 4 ranks: losses"
+  "$compare" weights z.safetensors d4.safetensors init.safetensors 0 ||
+    fail "zero3 (local accumulation), 4 ranks: weights"
   mpirun -np 4 "$headroom" train z.toml -q "${ga[@]}" --metrics z.jsonl --save-weights z.safetensors
   "$compare" losses z.jsonl d4.jsonl 1e-6 || fail "zero3, 4 ranks: losses"
   "$compare" within z.safetensors d4.safetensors mb.safetensors ga.safetensors ||
