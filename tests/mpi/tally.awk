@@ -6,7 +6,7 @@
 # CATEGORY is hr_mem_category's number: 0 parameters, 1 gradients, 2 optimizer, 6 communication.
 # With -v from=EVENT (TRAIN_BEGIN) the peak counts only from that event's line on; with
 # -v at=EVENT (STEP_END) a third field lists the distinct live bytes at that event's lines.
-from != "" && $2 == from { counting = 1 }
+from != "" && $2 == from && !counting { counting = 1; peak = live }
 at != "" && $2 == at { if (!((live + 0) in seen)) { seen[live + 0] = 1; at_values = at_values (at_values == "" ? "" : ",") live + 0 } }
 / ALLOC / || / FREE / {
   b = 0; k = -1
