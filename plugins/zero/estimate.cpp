@@ -107,14 +107,14 @@ hr_status estimate(int stage, const Settings* configured, const hr_estimate_quer
     }
   }
   // Step time: docs/results/zero.md, "3. Step time" (gpt2-124m's shapes, CPU backend, a shared
-  // 2-core machine): against data parallelism on as many ranks, zero1 0.87 and 0.91 (first run
-  // 0.83 and 0.81) at N = 2 and 4, zero2 0.97 and 1.14 (first run 0.82 and 0.91); the same
-  // computation at N = 1 spread 0.91-1.19, as wide as any of these. No cost or gain is measurable
-  // there, so 1. Bytes on the wire are that page's section 2: the same as data parallelism's in
-  // theory (1.13-1.25x with Open MPI 4.1's libnbc reduce-scatter). zero3 is not measured yet (its
-  // all-gathers in forward and backward would send about 1.5x data parallelism's bytes): 1 until
-  // it is. A proposal on more ranks than the run has adds the communication of data parallelism
-  // itself, which is not in this factor either.
+  // 2-core machine): against data parallelism on as many ranks, zero1 0.92 and 0.84, zero2 0.95
+  // and 1.02, zero3 0.96 and 1.28 at N = 2 and 4 (earlier runs: zero1 0.83-0.91, zero2
+  // 0.82-1.14); the same computation at N = 1 spread 0.85-1.19 over three runs, as wide as all but
+  // zero3 at N = 4, four ranks taking turns on two cores. No cost or gain is established there,
+  // so 1. Bytes on the wire are that page's section 2: zero1/zero2 the same as data parallelism's
+  // in theory (1.13-1.28x with Open MPI 4.1's libnbc reduce-scatter), zero3 about 1.66x (1.8-1.9x
+  // measured). A proposal on more ranks than the run has adds the communication of data
+  // parallelism itself, which is not in this factor either.
   r->step_time_factor = 1.0;
   std::snprintf(r->what, sizeof r->what, "%s", what_of(stage, W, m->shard).c_str());
   // A proposal writes no keys (the defaults): its remedy is the table as it is, on its ranks.
