@@ -356,9 +356,10 @@ TEST(Remedies, ZeroOnTheFewestRanksAtWhichARankFits) {
       EXPECT_EQ(std::find(x.plugins.begin(), x.plugins.end(), "zero1"), x.plugins.end()) << x.what;
 }
 
-// Sharded parameters (zero3's HR_SHARD_PARAMETERS), in core's closed form by zero3's schedule
-// (core/report/advice.cpp; not yet checked against a zero3 run): with every layer under the
-// persistence threshold nothing is gathered and the peak is zero2's; sharding them saves.
+// Sharded parameters (zero3's HR_SHARD_PARAMETERS), in core's closed form by zero3's window
+// (core/report/advice.cpp; against zero3 runs' trackers in tests/mpi/zero_estimate_test.cpp):
+// with every layer under the persistence threshold nothing is gathered and the peak is zero2's;
+// sharding them saves.
 TEST(StrategyEstimate, ShardedParametersByZero3sSchedule) {
   const Config c = test::config_from(kStateBound);
   Mechanisms m = mechanisms_of(c, 4);
@@ -380,15 +381,16 @@ TEST(StrategyEstimate, ShardedParametersByZero3sSchedule) {
   EXPECT_LT(params(p0), params(zero2));
   EXPECT_LT(params(p0), params(p2));
   EXPECT_LT(p0.total(), zero2.total());
-  // Three blocks and the embedding gathered whole beside their shards (fp32: no compute copy to
-  // gather instead): on 4 ranks and 4 blocks that is more than zero2 holds.
-  EXPECT_GT(p2.total(), zero2.total());
   // Elements: the embedding 256·96 + 16·96 = 26112, a block 12·96² + 13·96 = 111840, the head 192;
   // each layer a multiple of 4. At rest a rank holds its fp32 shard of the three sharded kinds, the
-  // head whole. The peak is a block's backward or the head's: layers 0 and l gathered whole.
+  // head whole. Without prefetching the peak is a block's backward (that block gathered whole) or
+  // the embedding's; with 2, at most three computations' layers: three blocks, or two and the
+  // embedding (the head's tied wte).
   const uint64_t emb = 26112, block = 111840, head = 192;
   const uint64_t rest = 4 * (emb + 4 * block) / 4 + 4 * head;
-  EXPECT_TRUE(params(p0) == rest + 4 * (emb + block) || params(p0) == rest + 4 * emb) << params(p0);
+  EXPECT_TRUE(params(p0) == rest + 4 * block || params(p0) == rest + 4 * emb) << params(p0);
+  EXPECT_LE(params(p2), rest + 4 * 3 * block) << params(p2);
+  EXPECT_GE(params(p2), rest + 4 * (emb + 2 * block)) << params(p2);
 }
 
 // None fits alone, even on 8 ranks: zero2 with checkpoint does, and zero1 (zero2's role) is not
