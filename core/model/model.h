@@ -281,6 +281,11 @@ class Gpt {
   std::vector<std::unique_ptr<Layer<T>>> layers_;
 };
 
+// Runs f with layer `layer`'s fp32 masters on the device (Param::data() valid): a model whose
+// masters are sharded across ranks (core/shard/sharding.h) makes them whole around f, one layer at
+// a time; an empty one: they always are.
+using MasterAccess = std::function<void(int layer, const std::function<void()>& f)>;
+
 // Closed forms the tests check the tracker against.
 uint64_t gpt_num_params(const ModelConfig& m);
 // Bytes of activations one transformer block saves for a (B, T) micro-batch in compute dtype `dt`

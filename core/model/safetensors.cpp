@@ -317,12 +317,43 @@ std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* data, size
   return entries;  // sorted by name: nlohmann's object is a std::map
 }
 
-void save_safetensors(const std::string& path, const Gpt<float>& model) {
+std::vector<std::vector<float>> download_params(const Gpt<float>& model, const MasterAccess& access,
+                                                bool keep) {
+  std::vector<std::vector<float>> out;
+  Backend& ops = model.device().backend();
+  for (size_t l = 0; l < model.layers().size(); ++l) {
+    const auto read = [&] {
+      for (const auto& p : model.layers()[l]->params()) {
+        out.emplace_back(keep ? p->numel : 0);
+        if (keep) ops.download(out.back().data(), p->data(), 4 * p->numel);
+      }
+    };
+    if (access) {
+      access(int(l), read);
+    } else {
+      read();
+    }
+  }
+  return out;
+}
+
+void save_safetensors(const std::string& path, const Gpt<float>& model,
+                      const std::vector<std::vector<float>>* host) {
+  // By name, as the reference writer orders them; each with its index in model order (`host`).
+  std::vector<std::pair<const Param<float>*, size_t>> order;
+  {
+    size_t i = 0;
+    for (const Param<float>* p : model_params(model))
+      order.push_back({p, i++});
+  }
+  if (host && host->size() != order.size())
+    throw std::logic_error("save_safetensors: " + std::to_string(host->size()) +
+                           " host tensors for " + std::to_string(order.size()) + " parameters");
+  std::sort(order.begin(), order.end(),
+            [](const auto& a, const auto& b) { return a.first->name < b.first->name; });
   std::vector<const Param<float>*> params;
-  for (const Param<float>* p : model_params(model))
-    params.push_back(p);
-  std::sort(params.begin(), params.end(),
-            [](const auto* a, const auto* b) { return a->name < b->name; });
+  for (const auto& o : order)
+    params.push_back(o.first);
 
   // The reference writer's layout: metadata first, then each tensor as dtype, shape, offsets.
   nlohmann::ordered_json header;
@@ -349,11 +380,16 @@ void save_safetensors(const std::string& path, const Gpt<float>& model) {
   AtomicFile out(path, "weights");
   out.write(prefix, 8);
   out.write(text);
-  std::vector<float> t, host;
-  for (const Param<float>* p : params) {
-    host.resize(p->numel);
-    model.device().backend().download(host.data(), p->data(), 4 * p->numel);
-    const float* src = host.data();
+  std::vector<float> t, buf;
+  for (const auto& [p, index] : order) {
+    const float* src;
+    if (host) {
+      src = (*host)[index].data();
+    } else {
+      buf.resize(p->numel);
+      model.device().backend().download(buf.data(), p->data(), 4 * p->numel);
+      src = buf.data();
+    }
     if (is_conv1d_weight(p->name)) {
       const uint64_t rows = uint64_t(p->shape[0]), cols = uint64_t(p->shape[1]);
       t.resize(p->numel);
@@ -367,7 +403,7 @@ void save_safetensors(const std::string& path, const Gpt<float>& model) {
   out.commit();
 }
 
-void load_safetensors(const std::string& path, Gpt<float>& model) {
+void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAccess& access) {
   const std::string where = path + ": ";
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) throw ConfigError(where + "cannot open: " + errno_str());
@@ -460,15 +496,29 @@ void load_safetensors(const std::string& path, Gpt<float>& model) {
                         "embedding: an untied checkpoint cannot be loaded");
   }
 
-  // Decoded on the host, then uploaded; the compute copies (amp) follow the new masters.
+  // Decoded on the host, then uploaded layer by layer (inside `access`: sharded masters are made
+  // whole for it); the compute copies (amp) follow the new masters.
   Backend& ops = model.device().backend();
-  std::vector<float> host;
+  std::map<const Param<float>*, std::vector<float>> host;
   for (const auto& [name, e] : found) {
-    Param<float>& p = *params.at(name);
-    host.resize(p.numel);
-    read_floats(*e, host.data(), is_conv1d_weight(name));
-    ops.upload(p.data(), host.data(), 4 * p.numel);
-    ops.synchronize();
+    const Param<float>* p = params.at(name);
+    std::vector<float>& v = host[p];
+    v.resize(p->numel);
+    read_floats(*e, v.data(), is_conv1d_weight(name));
+  }
+  for (size_t l = 0; l < model.layers().size(); ++l) {
+    const auto write = [&] {
+      for (const auto& p : model.layers()[l]->params()) {
+        const std::vector<float>& v = host.at(p.get());
+        ops.upload(p->data(), v.data(), 4 * p->numel);
+      }
+      ops.synchronize();
+    };
+    if (access) {
+      access(int(l), write);
+    } else {
+      write();
+    }
   }
   model.sync_compute_params();
 }

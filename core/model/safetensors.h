@@ -35,12 +35,23 @@ std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* data, size
 // (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are stored (in, out), ours are (out, in).
 // Written through an AtomicFile: a crash leaves the old file or the new one. OutputError when it
 // cannot be written.
-void save_safetensors(const std::string& path, const Gpt<float>& model);
+// `host`: the parameters' values as download_params read them, instead of reading the device.
+void save_safetensors(const std::string& path, const Gpt<float>& model,
+                      const std::vector<std::vector<float>>* host = nullptr);
+
+// Every parameter's values on the host, in model order (layer by layer), each layer's read inside
+// `access` (empty: read directly). With sharded masters every rank must call it (the access
+// gathers); `keep` false reads but keeps nothing (a rank that writes nothing).
+std::vector<std::vector<float>> download_params(const Gpt<float>& model,
+                                                const MasterAccess& access = nullptr,
+                                                bool keep = true);
 
 // Reads F32, BF16 or F16 tensors into the model's parameters, converting to float and transposing
 // the Conv1D weights back. Names may carry a "transformer." prefix; the attention-mask buffers
 // (h.N.attn.bias, h.N.attn.masked_bias) and an lm_head.weight tied to wte.weight are ignored. A
 // missing, unknown or mis-shaped tensor is a ConfigError naming it; nothing is changed then.
-void load_safetensors(const std::string& path, Gpt<float>& model);
+// Each layer's uploads run inside `access` (empty: directly), layer by layer.
+void load_safetensors(const std::string& path, Gpt<float>& model,
+                      const MasterAccess& access = nullptr);
 
 }  // namespace headroom

@@ -44,20 +44,8 @@ std::string rank_output_path(const std::string& path, int rank) {
 
 }  // namespace
 
-template <class F>
-void Trainer::with_full_masters(bool gather, F&& f) {
-  if (!sharding_ || !sharding_->shards_masters()) {
-    f();
-    return;
-  }
-  sharding_->materialize_masters(gather);
-  try {
-    f();
-  } catch (...) {
-    sharding_->dematerialize_masters(false);
-    throw;
-  }
-  sharding_->dematerialize_masters(!gather);
+MasterAccess Trainer::masters(bool gather, bool scatter) {
+  return sharding_ ? sharding_->master_access(gather, scatter) : nullptr;
 }
 
 Trainer::Trainer(const Config& config, TrainOptions options)
@@ -146,7 +134,7 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   }
   if (!config_.train.init_from.empty()) {
     try {
-      with_full_masters(false, [&] { load_safetensors(config_.train.init_from, *model_); });
+      load_safetensors(config_.train.init_from, *model_, masters(false, true));
     } catch (const ConfigError& e) {
       throw ConfigError(config_.train.init_from_pos.str() + ": train.init_from: " + e.what());
     }
@@ -377,11 +365,12 @@ void Trainer::run_steps() {
   step_ = t.steps;
   set_phase(Phase::Kind::kDone);
   fire(Event::kTrainEnd);
-  if (save_weights_)
-    with_full_masters(true, [&] {
-      if (!options_.save_weights_path.empty())
-        save_safetensors(options_.save_weights_path, *model_);
-    });
+  if (save_weights_) {
+    // Read on every rank (sharded masters are gathered layer by layer), written by rank 0.
+    const bool writes = !options_.save_weights_path.empty();
+    const auto host = download_params(*model_, masters(true, false), writes);
+    if (writes) save_safetensors(options_.save_weights_path, *model_, &host);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -752,16 +741,10 @@ void Trainer::stop_interrupted(int signal, bool mid_step) {
 std::string Trainer::write_snapshot(
     int64_t step, const std::string& data_state,
     const std::map<std::string, std::vector<uint8_t>>& plugin_states) {
-  // Sharded parameters (zero3): gathered whole for rank 0 to write, on every rank, between steps.
-  std::string path;
-  with_full_masters(true, [&] { path = write_snapshot_files(step, data_state, plugin_states); });
-  return path;
-}
-
-std::string Trainer::write_snapshot_files(
-    int64_t step, const std::string& data_state,
-    const std::map<std::string, std::vector<uint8_t>>& plugin_states) {
   const int world = comm_->world_size();
+  // The parameters on the host, read on every rank (sharded masters are gathered layer by layer,
+  // a collective), kept by the rank that writes them.
+  const auto host = download_params(*model_, masters(true, false), world == 1 || root());
   // Sharded optimizer state (zero plugins) is each rank's own: it goes in the rank's part.
   std::map<std::string, std::vector<uint8_t>> own;
   if (sharded_state())
@@ -787,8 +770,10 @@ std::string Trainer::write_snapshot_files(
   d.model = model_signature(config_.model);
   d.optimizer = optimizer_signature();
   const std::vector<Param<float>*> params = model_->params();
-  for (const Param<float>* p : params)
-    d.tensors[p->name] = bytes_of(device_->backend(), p->data(), p->numel);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto* b = reinterpret_cast<const uint8_t*>(host[i].data());
+    d.tensors[params[i]->name].assign(b, b + host[i].size() * sizeof(float));
+  }
   if (!sharded_state())
     for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
       d.tensors[s.name] = bytes_of(device_->backend(), s.data, s.numel);
@@ -798,8 +783,8 @@ std::string Trainer::write_snapshot_files(
   snapshot_step_ = step;
   // The weights beside it, for other tools; pruned with the snapshot. Rank 0's alone.
   if (config_.snapshot.save_weights)
-    save_safetensors(path.substr(0, path.size() - std::strlen(".hrsnap")) + ".safetensors",
-                     *model_);
+    save_safetensors(path.substr(0, path.size() - std::strlen(".hrsnap")) + ".safetensors", *model_,
+                     &host);
   if (options_.log && !options_.live_progress) *options_.log << "snapshot: " << path << "\n";
   return path;
 }
@@ -853,47 +838,73 @@ int64_t Trainer::resume() {
   if (!why.empty()) throw refuse(why);
   // Every tensor the run has must be in the snapshot, with the same size; nothing else may be.
   // Sharded optimizer state is in this rank's part instead; resharded state was assembled above.
-  using Targets = std::vector<std::pair<std::string, std::pair<float*, uint64_t>>>;
-  auto load = [&](const std::map<std::string, std::vector<uint8_t>>& tensors,
-                  const Targets& targets, const std::string& where) {
+  // A target: a parameter (its masters made whole layer by layer inside masters(), sharded or
+  // not) or an optimizer state tensor (this rank's, always on the device).
+  struct Target {
+    std::string name;
+    Param<float>* param = nullptr;
+    float* data = nullptr;
+    uint64_t numel = 0;
+  };
+  auto check = [&](const std::map<std::string, std::vector<uint8_t>>& tensors,
+                   const std::vector<Target>& targets, const std::string& where) {
     if (targets.size() != tensors.size())
       throw refuse(where + "holds " + std::to_string(tensors.size()) + " tensors; this run has " +
                    std::to_string(targets.size()));
-    for (const auto& [name, dst] : targets) {
-      const auto it = tensors.find(name);
-      if (it == tensors.end()) throw refuse(where + "has no tensor '" + name + "'");
-      if (it->second.size() != dst.second * sizeof(float))
-        throw refuse(where + "has tensor '" + name + "' of " + std::to_string(it->second.size()) +
-                     " bytes; expected " + std::to_string(dst.second * sizeof(float)));
-      device_->backend().upload(dst.first, it->second.data(), it->second.size());
+    for (const Target& t : targets) {
+      const auto it = tensors.find(t.name);
+      if (it == tensors.end()) throw refuse(where + "has no tensor '" + t.name + "'");
+      if (it->second.size() != t.numel * sizeof(float))
+        throw refuse(where + "has tensor '" + t.name + "' of " + std::to_string(it->second.size()) +
+                     " bytes; expected " + std::to_string(t.numel * sizeof(float)));
     }
   };
-  // Sharded parameters (zero3): every rank loads the full masters and keeps its shard of them.
-  with_full_masters(false, [&] {
-    Targets replicated, own;
-    for (Param<float>* p : model_->params())
-      replicated.push_back({p->name, {p->data(), p->numel}});
-    if (resharded) {
-      // The replicated file's optimizer state (an unsharded snapshot's) went into the resharder.
-      std::set<std::string> names;
-      for (const auto& [name, target] : replicated)
-        names.insert(name);
-      for (auto it = d.tensors.begin(); it != d.tensors.end();)
-        it = names.count(it->first) ? std::next(it) : d.tensors.erase(it);
-      for (const Optimizer::StateTensor& s : optimizer_->state(segments_)) {
-        const std::vector<uint8_t>& bytes = resharded->bytes(s.name);
-        device_->backend().upload(s.data, bytes.data(), bytes.size());
-      }
-    } else {
-      for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
-        (sharded_state() ? own : replicated).push_back({s.name, {s.data, s.numel}});
+  Backend& ops = device_->backend();
+  auto upload_state = [&](const std::map<std::string, std::vector<uint8_t>>& tensors,
+                          const std::vector<Target>& targets) {
+    for (const Target& t : targets)
+      if (!t.param) ops.upload(t.data, tensors.at(t.name).data(), t.numel * sizeof(float));
+  };
+  std::vector<Target> replicated, own;
+  for (Param<float>* p : model_->params())
+    replicated.push_back({p->name, p, nullptr, p->numel});
+  if (resharded) {
+    // The replicated file's optimizer state (an unsharded snapshot's) went into the resharder.
+    std::set<std::string> names;
+    for (const Target& t : replicated)
+      names.insert(t.name);
+    for (auto it = d.tensors.begin(); it != d.tensors.end();)
+      it = names.count(it->first) ? std::next(it) : d.tensors.erase(it);
+    for (const Optimizer::StateTensor& s : optimizer_->state(segments_)) {
+      const std::vector<uint8_t>& bytes = resharded->bytes(s.name);
+      ops.upload(s.data, bytes.data(), bytes.size());
     }
-    load(d.tensors, replicated, "");
-    if (world > 1 && !resharded)
-      load(part.tensors, own, "(rank " + std::to_string(comm_->rank()) + "'s part) ");
-    device_->backend().synchronize();  // `d` and the resharder hold the bytes until here
-    model_->sync_compute_params();
-  });
+  } else {
+    for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
+      (sharded_state() ? own : replicated).push_back({s.name, nullptr, s.data, s.numel});
+  }
+  const std::string own_where = "(rank " + std::to_string(comm_->rank()) + "'s part) ";
+  check(d.tensors, replicated, "");
+  if (world > 1 && !resharded) check(part.tensors, own, own_where);
+  upload_state(d.tensors, replicated);
+  if (world > 1 && !resharded) upload_state(part.tensors, own);
+  // The parameters, layer by layer: every rank loads the full masters and keeps its shard of
+  // them where they are sharded (zero3, amp).
+  const MasterAccess access = masters(false, true);
+  for (size_t l = 0; l < model_->layers().size(); ++l) {
+    const auto write = [&] {
+      for (const auto& p : model_->layers()[l]->params())
+        ops.upload(p->data(), d.tensors.at(p->name).data(), p->numel * sizeof(float));
+      ops.synchronize();  // `d` holds the bytes until here
+    };
+    if (access) {
+      access(int(l), write);
+    } else {
+      write();
+    }
+  }
+  ops.synchronize();  // `d`, the part and the resharder hold the bytes until here
+  model_->sync_compute_params();
   try {
     loader_->restore(data_state);
   } catch (const ConfigError& e) {

@@ -134,9 +134,6 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   // are now, with the data position and plugin states of that moment. Returns the file.
   std::string write_snapshot(int64_t step, const std::string& data_state,
                              const std::map<std::string, std::vector<uint8_t>>& plugin_states);
-  std::string write_snapshot_files(
-      int64_t step, const std::string& data_state,
-      const std::map<std::string, std::vector<uint8_t>>& plugin_states);
   // Loads the newest snapshot of options_.resume_dir; returns its step. At the world size and
   // sharding it was written at, each rank reads its own part, bitwise; else it is resharded.
   int64_t resume();
@@ -170,11 +167,11 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   void set_partition(const std::string& plugin, uint32_t what) override;
   void set_persist_below(const std::string& plugin, uint64_t elements) override;
   Sharding* sharding() override { return sharding_.get(); }
-  // Runs `f` with every layer's full masters there (zero3 keeps shards): gathered from the shards
-  // (`gather`; a collective, every rank calls it) or left for `f` to load (then scattered back
-  // into the shards). Just `f` when nothing holds parameter shards.
-  template <class F>
-  void with_full_masters(bool gather, F&& f);
+  // Every layer's masters made whole one at a time for what reads or writes the model whole
+  // (zero3 and amp keep shards; core/shard/sharding.h with_masters): gathered first (`gather`, a
+  // collective: every rank calls it) and/or scattered back into the shards after (`scatter`).
+  // Empty when the masters are whole.
+  MasterAccess masters(bool gather, bool scatter);
 
   Config config_;
   TrainOptions options_;

@@ -318,41 +318,43 @@ void Sharding::check_step_end(const std::string& who) const {
                            "step (headroom.shard/1 release_parameters)");
 }
 
-void Sharding::materialize_masters(bool gather) {
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    LayerShard& ls = layers_[l];
-    if (!ls.value) continue;
-    if (!ls.whole && ls.gathered)
-      throw std::logic_error("layer " + std::to_string(l) + " is gathered between steps");
-    Layer<float>& lay = layer(int(l));
-    lay.allocate_masters();
-    if (gather)
-      pending_.push_back({int(l), false,
-                          comm_.all_gather(ls.value.as<void>(), lay.flat().value.as<void>(),
-                                           ls.shard, Dtype::kF32)});
+void Sharding::with_masters(int l, bool gather, bool scatter, const std::function<void()>& f) {
+  LayerShard& ls = layers_[checked(l)];
+  if (!ls.value) {  // whole masters: nothing to make
+    f();
+    return;
   }
-  // Only the requests: no adds, no frees (these are no gradient reductions to finish).
-  for (Pending& p : pending_)
-    p.request.wait();
-  pending_.clear();
+  if (!ls.whole && ls.gathered)
+    throw std::logic_error("layer " + std::to_string(l) + " is gathered between steps");
+  Layer<float>& lay = layer(l);
+  const FlatStorage& fs = lay.flat();
+  lay.allocate_masters();
+  // Freed again however f ends (fp32 zero3: they are its gathered parameters too).
+  struct Release {
+    Layer<float>& layer;
+    ~Release() { layer.release_masters(); }
+  } release{lay};
+  if (gather)
+    comm_.all_gather(ls.value.as<void>(), fs.value.as<void>(), ls.shard, Dtype::kF32).wait();
+  f();
+  if (!scatter) return;
+  Backend& ops = device_.backend();
+  ops.copy(ls.value.as<void>(), fs.value.as<float>() + uint64_t(rank()) * ls.shard,
+           ls.shard * sizeof(float));
+  const Dtype dt = lay.compute_dtype();
+  if (ls.compute) {  // zero3: the compute copy's shard
+    ops.cast(ls.compute.as<void>(), dt, ls.value.as<void>(), Dtype::kF32, ls.shard);
+  } else if (fs.compute) {  // a whole compute copy (amp, zero1/zero2)
+    ops.cast(fs.compute.as<void>(), dt, fs.value.as<void>(), Dtype::kF32, fs.padded);
+  }
+  ops.synchronize();
 }
 
-void Sharding::dematerialize_masters(bool scatter) {
-  Backend& ops = device_.backend();
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    LayerShard& ls = layers_[l];
-    if (!ls.value) continue;
-    Layer<float>& lay = layer(int(l));
-    // (A whole compute copy was cast from the loaded masters by the load itself.)
-    if (scatter) {
-      ops.copy(ls.value.as<void>(), lay.flat().value.as<float>() + uint64_t(rank()) * ls.shard,
-               ls.shard * sizeof(float));
-      if (ls.compute)
-        ops.cast(ls.compute.as<void>(), lay.compute_dtype(), ls.value.as<void>(), Dtype::kF32,
-                 ls.shard);
-    }
-    lay.release_masters();
-  }
+MasterAccess Sharding::master_access(bool gather, bool scatter) {
+  if (!shards_masters()) return nullptr;
+  return [this, gather, scatter](int l, const std::function<void()>& f) {
+    with_masters(l, gather, scatter, f);
+  };
 }
 
 float* Sharding::gradient_range(int l) const {

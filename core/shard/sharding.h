@@ -73,6 +73,8 @@ class Sharding {
   bool whole(int layer) const { return layers_[checked(layer)].whole; }
   // Some layer's fp32 masters are sharded (amp, zero3): the model's full masters are not there.
   bool shards_masters() const;
+  // with_masters as a MasterAccess (core/model/model.h); empty when no masters are sharded.
+  MasterAccess master_access(bool gather, bool scatter);
 
   // What the optimizer updates: every layer's range of this rank, cut at its parameters'
   // boundaries (the padding is no parameter's). The same list for the whole run.
@@ -120,13 +122,13 @@ class Sharding {
   // sharded layer's compute shard is cast from its updated master shard.
   void updated();
 
-  // Between steps, on every rank (collective when `gather`): the full masters of every layer
-  // whose masters are sharded made, for what reads or writes the model whole (snapshots, weights
-  // files, loading); `gather`: all-gathered from the shards, else left zero for a load to fill.
-  void materialize_masters(bool gather);
-  // And freed again; `scatter`: first this rank's range of them (loaded: the same on every rank)
-  // goes into the shards (and the compute shards follow).
-  void dematerialize_masters(bool scatter);
+  // Between steps, on every rank in the same order (collective when `gather`): runs f with layer
+  // l's full fp32 masters on the device, for what reads or writes the model whole (snapshots,
+  // weights files, loading) one layer at a time. `gather`: all-gathered from the shards first,
+  // else left for f to fill; `scatter`: afterwards this rank's range of what f left (loaded: the
+  // same on every rank) goes into the master shard, and the compute copy follows. Just f when the
+  // layer's masters are whole.
+  void with_masters(int layer, bool gather, bool scatter, const std::function<void()>& f);
 
   // Layer l's gradients as the optimizer reads them on this rank: its range of the full gradients
   // (optimizer state sharded) or its gradient shard (gradients sharded); shard_numel(l) elements.

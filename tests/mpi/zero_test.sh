@@ -67,7 +67,10 @@ params = sum((4 + es) * s if sh else (es * p + 4 * s if amp else 4 * p)
 # zero3 gathers into the dtype the layers read (the compute copy's with amp); prefetch_layers 1:
 # at most two computations' layers at once, each reading one sharded layer (the head is whole).
 gathered = (es if amp else 4) * max([p for p, sh in zip(padded, sharded) if sh], default=0)
-params_bound = params + 2 * gathered
+# zero3's runs snapshot every step: with amp (the fp32 masters sharded, also over one rank) each
+# layer's full masters are gathered for it in turn, one at a time.
+snapshot = 4 * max(padded) if stage == 3 and amp else 0
+params_bound = params + max(2 * gathered, snapshot)
 mine = [max(0, min(n, (r + 1) * s) - r * s) for n, s in zip(layers, shard)]
 opt = sum(8 * m for m in mine)                                    # AdamW m and v
 if stage == 1 or N == 1:                                          # zero2 on one rank is zero1
@@ -90,13 +93,17 @@ PY
       printf '\n[[plugins]]\nname = "rec_a"\npath = "%s"\nout = "%s"\nper_rank = true\nalloc_events = true\n' \
         "$plugins/rec_a.so" "$work/events" >> cfg.toml
       for n in 1 2 4; do
-        rm -f events events.rank*
+        rm -rf events events.rank* snaps
+        # zero3 snapshots every step: the full masters are gathered one layer at a time for them,
+        # within the same bound.
+        snap=()
+        [ $stage = 3 ] && snap=(--set snapshot.every=1 --set snapshot.dir=snaps)
         if [ $n = 1 ]; then
           sed 's/per_rank = true/per_rank = false/' cfg.toml > one.toml
-          "$headroom" train one.toml -q --set train.steps=2
+          "$headroom" train one.toml -q --set train.steps=2 "${snap[@]}"
           mv events events.rank0
         else
-          mpirun -np $n "$headroom" train cfg.toml -q --set train.steps=2
+          mpirun -np $n "$headroom" train cfg.toml -q --set train.steps=2 "${snap[@]}"
         fi
         for ((r = 0; r < n; r++)); do
           read -r params grads opt bound pbound < <(closed $stage $n $r $amp)
