@@ -7,7 +7,10 @@
 #   2. the bytes each rank sends a step (TCP over loopback) against the collectives' theory;
 #   3. the median step time of each stage against DDP at the same world size.
 #
+#   4. zero2's two ways to accumulate micro-steps: peak gradient bytes and bytes sent.
+#
 #   bench/zero.sh [BUILD]      (default build/; writes nothing but a temporary folder)
+#   ZERO_BENCH_PARTS=4 bench/zero.sh build     runs only section 4 (any of 1234)
 #
 # World sizes 1, 2 and 4; every rank runs OpenBLAS on one thread. The bytes are what the loopback
 # interface carries with Open MPI's TCP transport forced (--mca btl self,tcp), per step: the
@@ -16,6 +19,7 @@
 # (prefetch_layers 1, param_persistence_threshold 100000: the head's LayerNorm stays whole).
 set -euo pipefail
 build=$(cd "${1:-build}" && pwd)
+parts=${ZERO_BENCH_PARTS:-1234}  # which sections to run (all by default)
 repo=$(cd "$(dirname "$0")/.." && pwd)
 headroom=$build/bin/headroom
 rec=$build/tests/plugins/rec_a.so
@@ -103,6 +107,18 @@ ratio() { python3 -c "import sys; a, b = int(sys.argv[1]), int(sys.argv[2]); pri
 read -r _ _ _ _ _ psi _ < <(closed ddp 1 0)
 echo "gpt2-124m shapes at seq_len $T: Ψ = $psi parameters ($((4 * psi)) fp32 bytes); $T tokens a rank a step"
 
+lo_tx() { awk '/^ *lo:/ {print $10}' /proc/net/dev; }
+sent() {  # sent N STEPS [ARGS...] -> bytes all ranks sent over loopback
+  local before after n=$1 k=$2
+  shift 2
+  before=$(lo_tx)
+  mpirun --mca btl self,tcp --mca btl_tcp_if_include lo -np "$n" "$headroom" train cfg.toml -q \
+    --set train.steps="$k" "$@" >/dev/null
+  after=$(lo_tx)
+  echo $((after - before))
+}
+
+if [[ $parts == *1* ]]; then
 # 1. Bytes by category, from the recorder's ALLOC/FREE events of a 2-step run: live at the end
 #    (and, for the gradients, the peak), every rank against its closed form.
 echo
@@ -153,6 +169,9 @@ for kind in ddp zero1 zero2 zero3; do
   done
 done
 
+fi
+
+if [[ $parts == *2* ]]; then
 # 2. Bytes each rank sends a step over loopback (TCP forced) against theory.
 echo
 # theory: ring all-reduce 2(N-1)/N x 4Ψ (DDP); reduce-scatter + all-gather 2(N-1)/N x 4Ψp (zero).
@@ -166,15 +185,6 @@ echo
 # nothing is tied: the paper's figure).
 echo "| config | N | bytes sent a rank a step (TCP, loopback) | theory | ratio | libnbc's algorithms | ratio |"
 echo "|---|---:|---:|---:|---:|---:|---:|"
-lo_tx() { awk '/^ *lo:/ {print $10}' /proc/net/dev; }
-sent() {  # sent N STEPS -> bytes all ranks sent over loopback
-  local before after
-  before=$(lo_tx)
-  mpirun --mca btl self,tcp --mca btl_tcp_if_include lo -np "$1" "$headroom" train cfg.toml -q \
-    --set train.steps="$2" >/dev/null
-  after=$(lo_tx)
-  echo $((after - before))
-}
 for n in 2 4; do
   for kind in ddp zero1 zero2 zero3; do
     cfg "$kind" cfg.toml
@@ -200,6 +210,9 @@ for n in 2 4; do
   done
 done
 
+fi
+
+if [[ $parts == *3* ]]; then
 # 3. Step time: median step_ms over steps 2..$steps, default transports.
 echo
 echo "| N | DDP step (median) | zero1 step | zero1 / DDP | zero2 step | zero2 / DDP | zero3 step | zero3 / DDP |"
@@ -217,3 +230,35 @@ for n in 1 2 4; do
   done
   echo "$row |"
 done
+fi
+
+# 4. zero2's two ways to accumulate micro-steps (grad_accum 4, N = 2): reduce every micro-step
+#    into the shards (DeepSpeed's) or accumulate the full gradients locally and reduce once. The
+#    gradient bytes' peak from the recorder, the bytes sent a step as in 2.
+if [[ $parts == *4* ]]; then
+  echo
+  echo "| zero2, N = 2, grad_accum 4 | gradients peak, rank 0 | gradients at the end | sent a rank a step | libnbc's algorithms | ratio |"
+  echo "|---|---:|---:|---:|---:|---:|"
+  A=4 n=2
+  read -r _ _ _ _ _ psi psi_p _ _ < <(closed zero2 "$n" 0)
+  for every in true false; do
+    cfg zero2 cfg.toml
+    printf 'reduce_every_micro_step = %s\n' "$every" >> cfg.toml
+    cp cfg.toml mem.toml
+    printf '\n[[plugins]]\nname = "rec_a"\npath = "%s"\nout = "%s"\nper_rank = true\nalloc_events = true\n' \
+      "$rec" "$work/events" >> mem.toml
+    rm -f events events.rank*
+    mpirun -np "$n" "$headroom" train mem.toml -q --set train.steps=2 --set train.grad_accum=$A
+    read -r g gpeak _ < <(tally events.rank0 1)
+    s=$(sent "$n" "$short" --set train.grad_accum=$A)
+    l=$(sent "$n" "$long" --set train.grad_accum=$A)
+    per_rank_step=$(( (l - s) / (long - short) / n ))
+    # libnbc: a reduce-scatter (binomial reduce + scatter) per reduction, one all-gather.
+    rs=$(( 4 * psi_p * (n - 1) * (n + 1) / (n * n) ))
+    ag=$(( 4 * psi_p * (n - 1) / n ))
+    reductions=$([ "$every" = true ] && echo $A || echo 1)
+    nbc=$(( reductions * rs + ag ))
+    printf '| reduce_every_micro_step = %s | %d | %d | %d | %d | %s |\n' "$every" "$gpeak" "$g" \
+      "$per_rank_step" "$nbc" "$(ratio "$per_rank_step" "$nbc")"
+  done
+fi
