@@ -168,6 +168,15 @@ equivalence)
   "$compare" losses z.jsonl db.jsonl 0 || fail "zero3 + amp bf16, 2 ranks: losses"
   "$compare" weights z.safetensors db.safetensors init.safetensors 0 ||
     fail "zero3 + amp bf16, 2 ranks: weights"
+  # 4 ranks, one micro-step a step: every stage's sums are the data-parallel run's, bitwise.
+  mpirun -np 4 "$headroom" train base.toml -q --metrics d41.jsonl --save-weights d41.safetensors
+  for stage in 1 2 3; do
+    with_zero $stage z.toml
+    mpirun -np 4 "$headroom" train z.toml -q --metrics z.jsonl --save-weights z.safetensors
+    "$compare" losses z.jsonl d41.jsonl 0 || fail "zero$stage, 4 ranks: losses"
+    "$compare" weights z.safetensors d41.safetensors init.safetensors 0 ||
+      fail "zero$stage, 4 ranks: weights"
+  done
   ga=(--set train.micro_batch=1 --set train.grad_accum=2)
   mpirun -np 4 "$headroom" train base.toml -q "${ga[@]}" --metrics d4.jsonl \
     --save-weights d4.safetensors
