@@ -156,7 +156,7 @@ class Sharding {
   Layer<float>& layer(int l) const { return *model_->layers()[size_t(l)]; }
   void finish(Pending& p);
   // Finishes the pending collectives in the order started, up to and including the last gather
-  // of layer l (all of them when l < 0 ... none when it has none in flight).
+  // of layer l; none when no gather of l is in flight.
   void finish_through_gather(int layer);
   std::string missed(const std::function<bool(const LayerShard&)>& miss) const;
 

@@ -134,14 +134,18 @@ equivalence)
   # every micro-step adds the ranks' averages micro-step by micro-step instead of reducing their
   # sum once, which rounds differently: losses within 1e-6 relative, and the weights no farther
   # from the DDP run's than two 1-rank runs that sum in other orders are from each other.
+  # stages_bitwise N REF: every stage on N ranks ends where REF (.jsonl, .safetensors) ends.
+  stages_bitwise() {
+    for stage in 1 2 3; do
+      with_zero $stage z.toml
+      mpirun -np "$1" "$headroom" train z.toml -q --metrics z.jsonl --save-weights z.safetensors
+      "$compare" losses z.jsonl "$2.jsonl" 0 || fail "zero$stage, $1 ranks: losses"
+      "$compare" weights z.safetensors "$2.safetensors" init.safetensors 0 ||
+        fail "zero$stage, $1 ranks: weights (the padding must never reach them)"
+    done
+  }
   mpirun -np 2 "$headroom" train base.toml -q --metrics d2.jsonl --save-weights d2.safetensors
-  for stage in 1 2 3; do
-    with_zero $stage z.toml
-    mpirun -np 2 "$headroom" train z.toml -q --metrics z.jsonl --save-weights z.safetensors
-    "$compare" losses z.jsonl d2.jsonl 0 || fail "zero$stage, 2 ranks: losses"
-    "$compare" weights z.safetensors d2.safetensors init.safetensors 0 ||
-      fail "zero$stage, 2 ranks: weights (the padding must never reach them)"
-  done
+  stages_bitwise 2 d2
   # With checkpoint (every block recomputed) and defrag_allocator as well: still bitwise.
   printf '\n[[plugins]]\nname = "checkpoint"\npolicy = "every"\n\n[[plugins]]\nname = "defrag_allocator"\n' \
     > cd.part
@@ -170,13 +174,7 @@ equivalence)
     fail "zero3 + amp bf16, 2 ranks: weights"
   # 4 ranks, one micro-step a step: every stage's sums are the data-parallel run's, bitwise.
   mpirun -np 4 "$headroom" train base.toml -q --metrics d41.jsonl --save-weights d41.safetensors
-  for stage in 1 2 3; do
-    with_zero $stage z.toml
-    mpirun -np 4 "$headroom" train z.toml -q --metrics z.jsonl --save-weights z.safetensors
-    "$compare" losses z.jsonl d41.jsonl 0 || fail "zero$stage, 4 ranks: losses"
-    "$compare" weights z.safetensors d41.safetensors init.safetensors 0 ||
-      fail "zero$stage, 4 ranks: weights"
-  done
+  stages_bitwise 4 d41
   ga=(--set train.micro_batch=1 --set train.grad_accum=2)
   mpirun -np 4 "$headroom" train base.toml -q "${ga[@]}" --metrics d4.jsonl \
     --save-weights d4.safetensors

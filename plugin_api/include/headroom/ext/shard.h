@@ -18,11 +18,14 @@
  *                        whole, as zero2's (layout's `whole`).
  *
  * The plugin that shards takes the gradient-reduction role (HR_ROLE_GRADIENT_REDUCTION): core's
- * data-parallel buckets are then off. When it reduces and gathers is its policy; the host checks
- * that every layer was reduced since its last backward before GRADS_READY, and gathered after the
- * update before STEP_END is over, and stops the run with an error naming the plugin and the
- * layers otherwise. The host waits for whatever is still in flight at the end of each
- * micro-step's backward and at STEP_END.
+ * data-parallel buckets are then off. When it reduces, gathers and releases is its policy; the
+ * host checks that every layer was reduced since its last backward before GRADS_READY, that every
+ * whole layer was gathered after the update before STEP_END is over, that a sharded layer's
+ * parameters (and its tied layer's) are gathered when it computes, and that none is still gathered
+ * at the end of STEP_END, and stops the run with an error naming the plugin and the layers
+ * otherwise. The host waits for a layer's gathering before it computes, and for whatever is still
+ * in flight at the end of each micro-step's backward and at STEP_END. An allocation that fails in
+ * a call here returns HR_ERROR_OUT_OF_MEMORY; the run then ends as out of memory (exit 3).
  *
  * Training thread. Collectives: never from inside an allocation (ALLOC, FREE, OOM hooks, the
  * allocator role's hooks). Every rank must make the same calls in the same order. */
