@@ -182,29 +182,21 @@ equivalence)
   mpirun -np 4 "$headroom" train z.toml -q "${ga[@]}" --metrics z.jsonl --save-weights z.safetensors
   "$compare" losses z.jsonl d4.jsonl 0 || fail "zero1, 4 ranks: losses"
   "$compare" weights z.safetensors d4.safetensors init.safetensors 0 || fail "zero1, 4 ranks: weights"
-  with_zero 2 z.toml
-  mpirun -np 4 "$headroom" train z.toml -q "${ga[@]}" --set plugins.zero2.reduce_every_micro_step=false \
-    --metrics z.jsonl --save-weights z.safetensors
-  "$compare" losses z.jsonl d4.jsonl 0 || fail "zero2 (local accumulation), 4 ranks: losses"
-  "$compare" weights z.safetensors d4.safetensors init.safetensors 0 ||
-    fail "zero2 (local accumulation), 4 ranks: weights"
-  mpirun -np 4 "$headroom" train z.toml -q "${ga[@]}" --metrics z.jsonl --save-weights z.safetensors
-  "$compare" losses z.jsonl d4.jsonl 1e-6 || fail "zero2, 4 ranks: losses"
   "$headroom" train base.toml -q --set train.micro_batch=8 --save-weights mb.safetensors
   "$headroom" train base.toml -q --set train.micro_batch=1 --set train.grad_accum=8 \
     --save-weights ga.safetensors
-  "$compare" within z.safetensors d4.safetensors mb.safetensors ga.safetensors ||
-    fail "zero2, 4 ranks: weights"
-  with_zero 3 z.toml
-  mpirun -np 4 "$headroom" train z.toml -q "${ga[@]}" --set plugins.zero3.reduce_every_micro_step=false \
-    --metrics z.jsonl --save-weights z.safetensors
-  "$compare" losses z.jsonl d4.jsonl 0 || fail "zero3 (local accumulation), 4 ranks: losses"
-  "$compare" weights z.safetensors d4.safetensors init.safetensors 0 ||
-    fail "zero3 (local accumulation), 4 ranks: weights"
-  mpirun -np 4 "$headroom" train z.toml -q "${ga[@]}" --metrics z.jsonl --save-weights z.safetensors
-  "$compare" losses z.jsonl d4.jsonl 1e-6 || fail "zero3, 4 ranks: losses"
-  "$compare" within z.safetensors d4.safetensors mb.safetensors ga.safetensors ||
-    fail "zero3, 4 ranks: weights"
+  for stage in 2 3; do
+    with_zero $stage z.toml
+    mpirun -np 4 "$headroom" train z.toml -q "${ga[@]}" \
+      --set plugins.zero$stage.reduce_every_micro_step=false --metrics z.jsonl --save-weights z.safetensors
+    "$compare" losses z.jsonl d4.jsonl 0 || fail "zero$stage (local accumulation), 4 ranks: losses"
+    "$compare" weights z.safetensors d4.safetensors init.safetensors 0 ||
+      fail "zero$stage (local accumulation), 4 ranks: weights"
+    mpirun -np 4 "$headroom" train z.toml -q "${ga[@]}" --metrics z.jsonl --save-weights z.safetensors
+    "$compare" losses z.jsonl d4.jsonl 1e-6 || fail "zero$stage, 4 ranks: losses"
+    "$compare" within z.safetensors d4.safetensors mb.safetensors ga.safetensors ||
+      fail "zero$stage, 4 ranks: weights"
+  done
   # amp fp16 with a loss scale that overflows at first: the ranks agree to skip the same steps as
   # the data-parallel run, and end bitwise where it ends.
   printf '\n[[plugins]]\nname = "amp"\ndtype = "fp16"\ninit_scale = 1e30\nhysteresis = 1\n' > amp.part
