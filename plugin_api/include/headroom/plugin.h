@@ -179,6 +179,11 @@ typedef struct hr_tensor {
                           * holds only the layer's gradient shard */
   uint32_t weight_decay; /* parameters: 1 when weight decay applies (matrices, embeddings) */
   uint32_t reserved1;    /* zero */
+  /* Appended (ABI 1.5, HR_HAS_FIELD). Parameters: the dtype of `grad`, which differs from
+   * `dtype` when amp accumulates the gradients in the compute dtype (headroom.precision/1
+   * set_grad_dtype). A caller whose struct_size does not cover it gets grad NULL then. */
+  uint32_t grad_dtype;
+  uint32_t reserved2; /* zero */
 } hr_tensor;
 
 typedef struct hr_memory_stats {

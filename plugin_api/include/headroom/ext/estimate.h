@@ -23,6 +23,18 @@ extern "C" {
 /* hr_mechanisms.drop[layer]: HR_DROP_ALL, HR_DROP_CHEAP (headroom/plugin.h), or this. */
 #define HR_KEEP_ACTIVATIONS 0xFFu
 
+/* One parameter tensor of the model, for an estimate that depends on shapes (an optimizer's
+ * factored or quantized state). */
+typedef struct hr_estimate_param {
+  uint32_t struct_size;
+  int32_t layer;    /* 0 the embedding, 1 .. n_layer the blocks, n_layer + 1 the head */
+  const char* name; /* Hugging Face GPT-2 name, as hr_tensor's */
+  int32_t ndim;
+  uint32_t weight_decay; /* as hr_tensor's */
+  int64_t shape[HR_MAX_DIMS];
+  uint64_t numel;
+} hr_estimate_param;
+
 /* The run's shapes. */
 typedef struct hr_estimate_model {
   uint32_t struct_size;
@@ -35,6 +47,10 @@ typedef struct hr_estimate_model {
   uint64_t num_params;
   uint64_t memory_limit;   /* [device] memory_limit; 0 = none */
   const char* device_kind; /* "cpu", "cuda" */
+  /* Appended (HR_HAS_FIELD): every parameter tensor, layer by layer, as layer_param lists them. */
+  int32_t num_param_tensors;
+  int32_t reserved0;
+  const hr_estimate_param* param_tensors;
 } hr_estimate_model;
 
 /* hr_mechanisms.grad_reduce: when sharded gradients (HR_SHARD_GRADIENTS) are reduced into their
@@ -75,7 +91,20 @@ typedef struct hr_mechanisms {
   /* With HR_SHARD_PARAMETERS: a layer of fewer parameter elements than this stays whole on every
    * rank (persistent); the others are sharded and gathered around their use. */
   uint64_t param_persistence_threshold;
+  /* Appended: the model state's layout (headroom.precision/1). grad_dtype: HR_DTYPE_F32 or the
+   * compute dtype; master_weights: 1 (f32 masters beside the compute copies) or 0 (only the
+   * compute dtype, bf16); state_dtype: the built-in optimizer's state, HR_DTYPE_F32 or
+   * HR_DTYPE_BF16. Without compute copies (compute_dtype f32) they must be F32, 1 and any. */
+  uint32_t grad_dtype;
+  uint32_t master_weights;
+  uint32_t state_dtype;
+  uint32_t reserved1;
+  /* The optimizer state of a rank in bytes when a plugin takes the optimizer role (its estimate
+   * sets it from model->param_tensors), or HR_OPTIMIZER_BYTES_BUILTIN: core's AdamW / SGD. */
+  uint64_t optimizer_bytes;
 } hr_mechanisms;
+
+#define HR_OPTIMIZER_BYTES_BUILTIN UINT64_MAX
 
 typedef struct hr_estimate_query {
   uint32_t struct_size;

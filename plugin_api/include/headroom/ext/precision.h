@@ -24,6 +24,28 @@ typedef struct hr_ext_precision {
   uint32_t (*compute_dtype)(hr_host* host);
   /* Any time: the loss scale the current step's backward uses (1 unless a plugin set one). */
   double (*loss_scale)(hr_host* host);
+
+  /* Appended: the model state's layout (HR_HAS_FIELD). The setters are for create() only, after
+   * set_compute_dtype chose bf16 or fp16; HR_ERROR_INVALID with a message otherwise, or for a
+   * value not listed.
+   * set_grad_dtype: what each parameter's gradient accumulates in over a step's micro-steps.
+   * HR_DTYPE_F32 (the default): f32 gradients, each layer's compute-dtype gradients living only
+   * through its backward (made at its BACKWARD_BEGIN, added in and freed at its BACKWARD_END).
+   * The compute dtype: one gradient buffer in that dtype, the backward adds into it directly
+   * (DeepSpeed's layout); layer_param's grad is then of that dtype (hr_tensor.grad_dtype). */
+  hr_status (*set_grad_dtype)(hr_host* host, uint32_t dtype);
+  /* keep = 1 (the default): f32 master weights beside the compute copies, what the optimizer
+   * updates. keep = 0: the weights exist only in the compute dtype (bf16 only), and the
+   * optimizer updates them with stochastic rounding, seeded from [train] seed and the step, its
+   * state in snapshots; layer_param's data is then the bf16 weights (hr_tensor.dtype). */
+  hr_status (*set_master_weights)(hr_host* host, int32_t keep);
+  /* The built-in optimizers' state (AdamW's moments, SGD's momentum): HR_DTYPE_F32 (the default)
+   * or HR_DTYPE_BF16 (stored rounded to nearest even; the update computes in f32). */
+  hr_status (*set_state_dtype)(hr_host* host, uint32_t dtype);
+  /* Any time: what the setters chose. */
+  uint32_t (*grad_dtype)(hr_host* host);
+  int32_t (*master_weights)(hr_host* host);
+  uint32_t (*state_dtype)(hr_host* host);
 } hr_ext_precision;
 
 #ifdef __cplusplus

@@ -38,6 +38,9 @@ typedef struct hr_ext_tensors {
    * n = 0 gives 0 for the sums and -infinity for the maxima. */
   hr_status (*reduce)(hr_host* host, const void* x, uint32_t dtype, uint64_t n, uint32_t op,
                       double* out);
+  /* Appended (HR_HAS_FIELD): copies `bytes` of host memory at `src` to device memory at `dst`
+   * (any size; a plugin loading its state into its buffers). Done when it returns. */
+  hr_status (*write)(hr_host* host, void* dst, const void* src, uint64_t bytes);
 } hr_ext_tensors;
 
 #ifdef __cplusplus
