@@ -80,7 +80,7 @@ inline std::vector<float> thresholds(const std::vector<float>& map) {
 inline uint8_t quantize(const float* thresh, float x) {
   uint32_t pos = 0;
   for (uint32_t s = 128; s >= 1; s >>= 1)
-    pos += (thresh[pos + s - 1] < x) ? s : 0u;
+    pos += (thresh[pos + s - 1] < x) ? s : 0u;  // a conditional move, no branch
   return uint8_t(pos);
 }
 
@@ -199,8 +199,10 @@ struct State8 {
 
 // Block by block: dequantize m and v, the AdamW update in f32 from them (the weights get the
 // update computed from the f32 moments of this step, as bitsandbytes' blockwise kernel does),
-// then requantize both with the block's new absmax.
-inline void step_8bit(const ParamRef& p, const State8& s, const Hyper& h) {
+// then requantize both with the block's new absmax. Data and gradient dtypes are template
+// parameters, so that the inner loop has no dtype branch.
+template <uint32_t DataDtype, uint32_t GradDtype>
+inline void step_8bit_typed(const ParamRef& p, const State8& s, const Hyper& h) {
   float m[kBlock], v[kBlock];
   const uint64_t blocks = num_blocks(p.numel);
   for (uint64_t b = 0; b < blocks; ++b) {
@@ -209,12 +211,20 @@ inline void step_8bit(const ParamRef& p, const State8& s, const Hyper& h) {
     dequantize_block(s.map_v, s.qv + lo, s.absmax_v[b], n, v);
     for (uint64_t j = 0; j < n; ++j) {
       const uint64_t i = lo + j;
-      const float w = adamw(load(p.data, p.dtype, i), load(p.grad, p.grad_dtype, i), m[j], v[j], h);
-      store(p.data, p.dtype, i, w, h.round_key);
+      const float w = adamw(load(p.data, DataDtype, i), load(p.grad, GradDtype, i), m[j], v[j], h);
+      store(p.data, DataDtype, i, w, h.round_key);
     }
     s.absmax_m[b] = quantize_block(s.map_m, s.thresh_m, m, n, s.qm + lo);
     s.absmax_v[b] = quantize_block(s.map_v, s.thresh_v, v, n, s.qv + lo);
   }
+}
+
+inline void step_8bit(const ParamRef& p, const State8& s, const Hyper& h) {
+  const bool bf16_data = p.dtype == HR_DTYPE_BF16, bf16_grad = p.grad_dtype == HR_DTYPE_BF16;
+  if (bf16_data && bf16_grad) return step_8bit_typed<HR_DTYPE_BF16, HR_DTYPE_BF16>(p, s, h);
+  if (bf16_data) return step_8bit_typed<HR_DTYPE_BF16, HR_DTYPE_F32>(p, s, h);
+  if (bf16_grad) return step_8bit_typed<HR_DTYPE_F32, HR_DTYPE_BF16>(p, s, h);
+  step_8bit_typed<HR_DTYPE_F32, HR_DTYPE_F32>(p, s, h);
 }
 
 // The state bytes of one tensor of n elements (the estimate's closed form and the allocation).
