@@ -74,8 +74,9 @@ params_bound = params + max(2 * gathered, snapshot)
 mine = [max(0, min(n, (r + 1) * s) - r * s) for n, s in zip(layers, shard)]
 opt = sum(8 * m for m in mine)                                    # AdamW m and v
 if stage == 1 or N == 1:                                          # zero2 on one rank is zero1
-    grads = sum(4 * p + es * p for p in padded)
-    bound = grads
+    grads = sum(4 * p for p in padded)                            # fp32, accumulated
+    # plus, during a backward with amp: that layer's and the tied wte's bf16 gradients
+    bound = grads + es * (padded[0] + max(padded[1:]))
 else:
     grads = sum(4 * s for s in shard)                             # the gradient shards
     # plus, during a backward: layer 0's full gradients (the tied wte) and two adjacent layers'
