@@ -192,7 +192,9 @@ class Adafactor {
     const uint8_t* p = static_cast<const uint8_t*>(data);
     const uint8_t* end = p + size;
     StateHeader h;
-    if (size < sizeof h) return damaged("it holds " + std::to_string(size) + " bytes");
+    if (size < sizeof h)
+      return damaged("it holds " + std::to_string(size) + " bytes, less than its " +
+                     std::to_string(sizeof h) + "-byte header");
     std::memcpy(&h, p, sizeof h);
     p += sizeof h;
     if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return damaged("no adafactor header");
