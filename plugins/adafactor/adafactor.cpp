@@ -570,6 +570,13 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
   const Settings defaults;
   const Settings& c = instance ? static_cast<const Adafactor*>(instance)->settings() : defaults;
   const hr_estimate_model& m = *q->model;
+  // What it cannot run with: another device than the CPU, optimizer state sharded by a zero
+  // plugin, bf16 weights without fp32 masters.
+  const hr_mechanisms& before = *r->after;
+  if (m.device_kind && std::strcmp(m.device_kind, "cpu") != 0) return HR_ERROR_UNSUPPORTED;
+  if (HR_HAS_FIELD(&before, hr_mechanisms, shard) && before.shard != 0) return HR_ERROR_UNSUPPORTED;
+  if (HR_HAS_FIELD(&before, hr_mechanisms, master_weights) && before.master_weights == 0)
+    return HR_ERROR_UNSUPPORTED;
   uint64_t floats = 0;
   if (HR_HAS_FIELD(&m, hr_estimate_model, param_tensors) && m.param_tensors &&
       m.num_param_tensors > 0) {
