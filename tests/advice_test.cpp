@@ -129,7 +129,8 @@ uint64_t peak_with(const std::string& plugins, int micro_batch) {
 }
 
 TEST(Remedies, BothTogetherWhenNeitherAloneFits) {
-  const char* amp = "[[plugins]]\nname = \"amp\"\n";
+  // amp as it proposes itself on one rank: DeepSpeed's 16-byte layout.
+  const char* amp = "[[plugins]]\nname = \"amp\"\ngrad_dtype = \"bf16\"\n";
   const char* every = "[[plugins]]\nname = \"checkpoint\"\n";
   const uint64_t p_amp = peak_with(amp, 16), p_every = peak_with(every, 16),
                  p_both = peak_with(std::string(amp) + every, 16);
@@ -145,7 +146,8 @@ TEST(Remedies, BothTogetherWhenNeitherAloneFits) {
   std::vector<std::string> names = both.plugins;
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"amp", "checkpoint"}));
-  EXPECT_NE(both.toml.find("[[plugins]]\nname = \"amp\"\ndtype = \"bf16\""), std::string::npos)
+  EXPECT_NE(both.toml.find("[[plugins]]\nname = \"amp\"\ndtype = \"bf16\"\ngrad_dtype = \"bf16\""),
+            std::string::npos)
       << both.toml;
   EXPECT_NE(both.toml.find("[[plugins]]\nname = \"checkpoint\"\npolicy = \"every\""),
             std::string::npos)

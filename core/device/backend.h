@@ -88,6 +88,47 @@ class Backend {
   // torch.optim.SGD; momentum_buf null means no momentum state
   virtual void sgd_update(float* param, const float* grad, float* momentum_buf, uint64_t n,
                           float lr, float momentum, float weight_decay) = 0;
+  // The same updates on operands stored in f32 or bf16 (amp's state layouts): the math in f32,
+  // bf16 weights and state stored rounded stochastically with noise from `seed`
+  // (kernels/common/elementwise.h). All f32 is exactly adamw_update / sgd_update.
+  struct Stored {
+    Dtype param = Dtype::kF32;  // f32 masters or bf16 weights
+    Dtype grad = Dtype::kF32;   // f32 or bf16
+    Dtype state = Dtype::kF32;  // f32 or bf16
+    uint32_t seed = 0;          // the step's and segment's rounding stream
+  };
+  // Calls f(W{}, G{}, S{}) with the types the operands are stored as: float for f32, uint16_t
+  // for bf16's bits. std::invalid_argument for any other dtype.
+  template <class F>
+  static void with_stored_types(const Stored& o, F&& f) {
+    auto ok = [](Dtype d) { return d == Dtype::kF32 || d == Dtype::kBF16; };
+    if (!ok(o.param) || !ok(o.grad) || !ok(o.state))
+      throw std::invalid_argument("optimizer operands must be stored in f32 or bf16");
+    auto with_state = [&](auto w, auto g) {
+      if (o.state == Dtype::kF32) {
+        f(w, g, float{});
+      } else {
+        f(w, g, uint16_t{});
+      }
+    };
+    auto with_grad = [&](auto w) {
+      if (o.grad == Dtype::kF32) {
+        with_state(w, float{});
+      } else {
+        with_state(w, uint16_t{});
+      }
+    };
+    if (o.param == Dtype::kF32) {
+      with_grad(float{});
+    } else {
+      with_grad(uint16_t{});
+    }
+  }
+  virtual void adamw_update_stored(const Stored& o, void* param, const void* grad, void* m, void* v,
+                                   uint64_t n, float lr, float beta1, float beta2, float eps,
+                                   float weight_decay, int64_t t) = 0;
+  virtual void sgd_update_stored(const Stored& o, void* param, const void* grad, void* momentum_buf,
+                                 uint64_t n, float lr, float momentum, float weight_decay) = 0;
 
   // --- element-wise and reductions, any float dtype --------------------------------------------
   virtual void fill(Dtype dt, void* x, uint64_t n, double value) = 0;

@@ -260,6 +260,35 @@ class CpuBackend final : public Backend {
                   float momentum, float weight_decay) override {
     cpu::sgd_update(param, grad, momentum_buf, n, lr, momentum, weight_decay);
   }
+  void adamw_update_stored(const Stored& o, void* param, const void* grad, void* m, void* v,
+                           uint64_t n, float lr, float beta1, float beta2, float eps,
+                           float weight_decay, int64_t t) override {
+    if (o.param == Dtype::kF32 && o.grad == Dtype::kF32 && o.state == Dtype::kF32)
+      return adamw_update(static_cast<float*>(param), static_cast<const float*>(grad),
+                          static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1, beta2, eps,
+                          weight_decay, t);
+    with_stored_types(o, [&](auto w, auto g, auto st) {
+      using W = decltype(w);
+      using G = decltype(g);
+      using S = decltype(st);
+      cpu::adamw_update_stored(static_cast<W*>(param), static_cast<const G*>(grad),
+                               static_cast<S*>(m), static_cast<S*>(v), n, lr, beta1, beta2, eps,
+                               weight_decay, t, o.seed);
+    });
+  }
+  void sgd_update_stored(const Stored& o, void* param, const void* grad, void* momentum_buf,
+                         uint64_t n, float lr, float momentum, float weight_decay) override {
+    if (o.param == Dtype::kF32 && o.grad == Dtype::kF32 && o.state == Dtype::kF32)
+      return sgd_update(static_cast<float*>(param), static_cast<const float*>(grad),
+                        static_cast<float*>(momentum_buf), n, lr, momentum, weight_decay);
+    with_stored_types(o, [&](auto w, auto g, auto st) {
+      using W = decltype(w);
+      using G = decltype(g);
+      using S = decltype(st);
+      cpu::sgd_update_stored(static_cast<W*>(param), static_cast<const G*>(grad),
+                             static_cast<S*>(momentum_buf), n, lr, momentum, weight_decay, o.seed);
+    });
+  }
 
   void fill(Dtype dt, void* x, uint64_t n, double value) override {
     require_dtype(dt, "fill");

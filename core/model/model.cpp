@@ -5,6 +5,7 @@
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <tuple>
 #include <type_traits>
 
 namespace headroom {
@@ -62,7 +63,7 @@ void fill_value(Device& device, Param<T>& p, T v) {
 template <class T>
 class Embedding final : public Layer<T> {
  public:
-  Embedding(const ModelConfig& m, Device& device, Dtype dt)
+  Embedding(const ModelConfig& m, Device& device, const Precision& dt)
       : Layer<T>("embedding", device, dt), m_(m) {
     wte_ = &this->add_param("wte.weight", {m.vocab_size, m.n_embd}, true);
     wpe_ = &this->add_param("wpe.weight", {m.seq_len, m.n_embd}, true);
@@ -96,7 +97,7 @@ class Embedding final : public Layer<T> {
 template <class T>
 class Block final : public Layer<T> {
  public:
-  Block(int index, const ModelConfig& m, Device& device, Dtype dt)
+  Block(int index, const ModelConfig& m, Device& device, const Precision& dt)
       : Layer<T>("block " + std::to_string(index), device, dt), m_(m) {
     const int64_t C = m.n_embd;
     const std::string h = "h." + std::to_string(index) + ".";
@@ -261,7 +262,7 @@ class Block final : public Layer<T> {
 template <class T>
 class Head final : public Layer<T> {
  public:
-  Head(const ModelConfig& m, Device& device, Dtype dt, Param<T>& wte)
+  Head(const ModelConfig& m, Device& device, const Precision& dt, Param<T>& wte)
       : Layer<T>("head", device, dt), m_(m), wte_(wte) {
     lnfw_ = &this->add_param("ln_f.weight", {m.n_embd}, false);
     lnfb_ = &this->add_param("ln_f.bias", {m.n_embd}, false);
@@ -456,15 +457,29 @@ void Layer<T>::release_grads() {
 
 template <class T>
 void Layer<T>::ensure_grads() {
-  if (flat_.grad) return;
-  flat_.grad =
-      Buffer(device_, flat_.padded * sizeof(T), Category::kGradients, name_ + " gradients");
-  ops().fill(dtype_of<T>(), flat_.grad.as<T>(), flat_.padded, 0.0);
-  if (dt_ != dtype_of<T>()) {
+  if (has_grads()) return;
+  if (precision_.grad_in_compute && dt_ != dtype_of<T>()) {  // the step's, in the compute dtype
     flat_.compute_grad = Buffer(device_, flat_.padded * dtype_size(dt_), Category::kGradients,
                                 name_ + " gradients (" + dtype_name(dt_) + ")");
     ops().fill(dt_, flat_.compute_grad.as<void>(), flat_.padded, 0.0);
+    return;
   }
+  flat_.grad =
+      Buffer(device_, flat_.padded * sizeof(T), Category::kGradients, name_ + " gradients");
+  ops().fill(dtype_of<T>(), flat_.grad.as<T>(), flat_.padded, 0.0);
+}
+
+template <class T>
+void Layer<T>::make_compute_grads() {
+  if (dt_ == dtype_of<T>() || precision_.grad_in_compute || flat_.compute_grad) return;
+  flat_.compute_grad = Buffer(device_, flat_.padded * dtype_size(dt_), Category::kGradients,
+                              name_ + " gradients (" + dtype_name(dt_) + ", one micro-step)");
+  ops().fill(dt_, flat_.compute_grad.as<void>(), flat_.padded, 0.0);
+}
+
+template <class T>
+void Layer<T>::release_compute_grads() {
+  if (!precision_.grad_in_compute) flat_.compute_grad.reset();
 }
 
 template <class T>
@@ -494,23 +509,44 @@ Buffer Layer<T>::workspace(uint64_t numel, const char* what) {
 // ---------------------------------------------------------------------------------------------
 // Gpt
 
+std::string precision_problem(const Precision& p) {
+  const bool copies = p.compute != Dtype::kF32;
+  if (p.grad_in_compute && !copies)
+    return "gradients in the compute dtype need one other than f32 (bf16 or f16)";
+  if (!p.masters && p.compute != Dtype::kBF16)
+    return std::string(
+               "weights without f32 masters need the bf16 compute dtype (this run "
+               "computes in ") +
+           dtype_name(p.compute) + ")";
+  if (p.state != Dtype::kF32 && p.state != Dtype::kBF16)
+    return std::string("optimizer state in ") + dtype_name(p.state) + " (valid: f32, bf16)";
+  return "";
+}
+
 template <class T>
-Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, Dtype compute,
+Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, const Precision& precision,
             uint64_t shard_ranks, bool grads_on_demand,
             const std::function<void(Layer<T>&)>& placed)
-    : config_(config), device_(device), dt_(compute) {
+    : config_(config), device_(device), dt_(precision.compute), precision_(precision) {
+  const Dtype compute = precision.compute;
   const bool ok = compute == dtype_of<T>() || (dtype_of<T>() == Dtype::kF32 &&
                                                (compute == Dtype::kBF16 || compute == Dtype::kF16));
   if (!ok)
     throw std::invalid_argument(std::string("a model with ") + dtype_name(dtype_of<T>()) +
                                 " parameters cannot compute in " + dtype_name(compute) +
                                 " (valid: its own dtype; bf16 or f16 for f32 parameters)");
-  auto emb = std::make_unique<Embedding<T>>(config, device, compute);
+  if constexpr (std::is_same_v<T, float>) {
+    const std::string why = precision_problem(precision);
+    if (!why.empty()) throw std::invalid_argument(why);
+  } else if (precision.grad_in_compute || !precision.masters) {
+    throw std::invalid_argument("only a model with f32 masters has other state layouts");
+  }
+  auto emb = std::make_unique<Embedding<T>>(config, device, precision);
   Embedding<T>& e = *emb;
   layers_.push_back(std::move(emb));
   for (int l = 0; l < config.n_layer; ++l)
-    layers_.push_back(std::make_unique<Block<T>>(l, config, device, compute));
-  auto head = std::make_unique<Head<T>>(config, device, compute, e.wte());
+    layers_.push_back(std::make_unique<Block<T>>(l, config, device, precision));
+  auto head = std::make_unique<Head<T>>(config, device, precision, e.wte());
   Head<T>& h = *head;
   layers_.push_back(std::move(head));
   // GPT-2 init, in a fixed order: wte, wpe, then each block, then the head's LayerNorm; each
@@ -532,6 +568,8 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, Dtype comp
     if (f.compute)  // the compute copy follows its masters
       device.backend().cast(f.compute.template as<void>(), dt_, f.value.template as<void>(),
                             dtype_of<T>(), f.padded);
+    // Without masters the f32 values were only the init's: the weights are the compute copy.
+    if (!precision.masters) layer.release_masters();
     if (placed) placed(layer);
   }
 }
@@ -568,8 +606,10 @@ void Gpt<T>::backward(const Batch& batch, LayerEvents* events) {
   // Sharded gradients (zero2) exist only while needed: the head adds into the tied wte, which the
   // embedding (layer 0, the last backward) owns, so layer 0's are there from the start.
   layers_[0]->ensure_grads();
+  layers_[0]->make_compute_grads();
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
     layers_[l]->ensure_grads();
+    layers_[l]->make_compute_grads();
     if (events) events->backward_begin(l);
     const void* input = l > 0 ? layers_[l - 1]->output() : nullptr;
     // A dropped layer's kept output is not needed by its backward: recompute() frees it first,
@@ -589,14 +629,40 @@ void Gpt<T>::backward(const Batch& batch, LayerEvents* events) {
 template <class T>
 void Gpt<T>::accumulate_compute_grads(int layer) {
   if constexpr (std::is_same_v<T, float>) {  // only fp32 masters have compute copies
-    if (!has_compute_copies()) return;
-    const FlatStorage& f = layers_[size_t(layer)]->flat();
+    // Accumulating in the compute dtype, the backward added into the step's gradients itself.
+    if (!has_compute_copies() || precision_.grad_in_compute) return;
+    Layer<T>& lay = *layers_[size_t(layer)];
+    const FlatStorage& f = lay.flat();
     Backend& ops = device_.backend();
     ops.accumulate(f.grad.as<float>(), f.compute_grad.as<void>(), dt_, f.padded);  // f32 += cgrad
-    ops.fill(dt_, f.compute_grad.as<void>(), f.padded, 0.0);  // ready for the next micro-step
+    lay.release_compute_grads();  // the next micro-step's backward makes them again, zeroed
   } else {
     (void)layer;
   }
+}
+
+template <class T>
+std::function<void(int, const std::function<void()>&)> Gpt<T>::master_access(bool gather,
+                                                                             bool scatter) {
+  if (precision_.masters) return nullptr;
+  return [this, gather, scatter](int l, const std::function<void()>& f) {
+    Layer<T>& lay = *layers_[size_t(l)];
+    const FlatStorage& fs = lay.flat();
+    lay.allocate_masters();
+    struct Release {  // however f ends
+      Layer<T>& layer;
+      ~Release() { layer.release_masters(); }
+    } release{lay};
+    Backend& ops = device_.backend();
+    if (gather)
+      ops.cast(fs.value.template as<void>(), dtype_of<T>(), fs.compute.template as<void>(), dt_,
+               fs.padded);
+    f();
+    if (scatter)
+      ops.cast(fs.compute.template as<void>(), dt_, fs.value.template as<void>(), dtype_of<T>(),
+               fs.padded);
+    ops.synchronize();
+  };
 }
 
 template <class T>
@@ -651,6 +717,34 @@ uint64_t gpt_num_params(const ModelConfig& m) {
   const uint64_t per_block =
       2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (4 * C * C + 4 * C) + (4 * C * C + C);
   return uint64_t(m.vocab_size) * C + uint64_t(m.seq_len) * C + L * per_block + 2 * C;
+}
+
+std::vector<ParamShape> gpt_param_shapes(const ModelConfig& m) {
+  const int64_t C = m.n_embd;
+  std::vector<ParamShape> out = {{0, "wte.weight", {m.vocab_size, C}, true},
+                                 {0, "wpe.weight", {m.seq_len, C}, true}};
+  for (int l = 0; l < m.n_layer; ++l) {
+    const std::string h = "h." + std::to_string(l) + ".";
+    const int layer = l + 1;
+    for (const auto& [name, shape, decay] :
+         std::vector<std::tuple<const char*, std::vector<int64_t>, bool>>{
+             {"ln_1.weight", {C}, false},
+             {"ln_1.bias", {C}, false},
+             {"attn.c_attn.weight", {3 * C, C}, true},
+             {"attn.c_attn.bias", {3 * C}, false},
+             {"attn.c_proj.weight", {C, C}, true},
+             {"attn.c_proj.bias", {C}, false},
+             {"ln_2.weight", {C}, false},
+             {"ln_2.bias", {C}, false},
+             {"mlp.c_fc.weight", {4 * C, C}, true},
+             {"mlp.c_fc.bias", {4 * C}, false},
+             {"mlp.c_proj.weight", {C, 4 * C}, true},
+             {"mlp.c_proj.bias", {C}, false}})
+      out.push_back({layer, h + name, shape, decay});
+  }
+  out.push_back({m.n_layer + 1, "ln_f.weight", {C}, false});
+  out.push_back({m.n_layer + 1, "ln_f.bias", {C}, false});
+  return out;
 }
 
 uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt) {

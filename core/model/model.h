@@ -45,15 +45,38 @@ constexpr Dtype dtype_of<double>() {
   return Dtype::kF64;
 }
 
+// How the model state is laid out around the compute dtype: amp's choices (headroom.precision/1),
+// checked by precision_problem(). The default is T's own dtype throughout.
+struct Precision {
+  Dtype compute = Dtype::kF32;  // what the layers compute in and read: T's own, or bf16 / f16
+  // With a compute dtype other than T's: the gradients accumulate over the step's micro-steps in
+  // the compute dtype (DeepSpeed's layout: no T-typed gradients at all), instead of in T with
+  // each layer's compute-dtype gradients living only through its backward.
+  bool grad_in_compute = false;
+  // T-typed master weights beside the compute copies; without them the weights exist only in
+  // the compute dtype (bf16), and the optimizer rounds its updates stochastically.
+  bool masters = true;
+  Dtype state = Dtype::kF32;  // the built-in optimizers' state: f32 or bf16
+  Precision() = default;
+  Precision(Dtype c) : compute(c) {}  // NOLINT(google-explicit-constructor): T's layout in c
+  bool copies(Dtype t) const { return compute != t; }
+};
+// What is wrong with `p` for a model with f32 masters, in words ("" when nothing): grad_in_compute
+// and masters = false need a compute copy, masters = false needs bf16, state is f32 or bf16.
+std::string precision_problem(const Precision& p);
+
 // A layer's parameters, one contiguous buffer per kind (a flat parameter, as FSDP's FlatParameter
 // and DeepSpeed's contiguous buffers): every Param is a view at its offset. `padded` elements
 // (numel rounded up to a multiple of the world size when the run shards, else numel) so that each
 // rank's range is the same size; the padding is zero and never read by a layer.
 struct FlatStorage {
-  Buffer value;         // the masters (T), what the optimizer updates
-  Buffer grad;          // their gradients (T), accumulated over the step's micro-steps
-  Buffer compute;       // compute copies (the compute dtype), only with one other than T's
-  Buffer compute_grad;  // the compute copies' gradients for one micro-step
+  Buffer value;    // the masters (T), what the optimizer updates; none without masters
+  Buffer grad;     // their gradients (T), accumulated over the step's micro-steps; none when they
+                   // accumulate in the compute dtype
+  Buffer compute;  // compute copies (the compute dtype), only with one other than T's
+  // The compute copies' gradients: one micro-step's, made at the layer's backward and added into
+  // `grad` at its end; or, accumulating in the compute dtype, the step's (there is no `grad`).
+  Buffer compute_grad;
   uint64_t numel = 0;   // the layer's parameter elements
   uint64_t padded = 0;  // numel rounded up to a multiple of the ranks sharing it
 };
@@ -67,7 +90,8 @@ struct Param {
   uint64_t offset = 0;                // elements from the start of its layer's flat buffers
   const FlatStorage* flat = nullptr;  // its layer's
   Dtype compute_dtype = dtype_of<T>();
-  // nullptr while the layer's buffer of that kind is released (sharded gradients, zero2).
+  // nullptr while the layer's buffer of that kind is released (sharded gradients, zero2), or
+  // when the model has none (no masters; gradients accumulated in the compute dtype).
   T* data() const { return flat->value ? flat->value.as<T>() + offset : nullptr; }
   T* gdata() const { return flat->grad ? flat->grad.as<T>() + offset : nullptr; }
   // What the layers read and write: the compute copy where there is one, else the master.
@@ -79,6 +103,13 @@ struct Param {
     return flat->compute_grad ? flat->compute_grad.as<char>() + offset * dtype_size(compute_dtype)
                               : static_cast<void*>(gdata());
   }
+  // What the optimizer reads: the step's accumulated gradient, in T or (accumulated in the
+  // compute dtype) in that dtype; and what it updates: the master, or without masters the
+  // compute-dtype weights.
+  void* step_grad() const { return flat->grad ? static_cast<void*>(gdata()) : cgrad(); }
+  Dtype step_grad_dtype() const { return flat->grad ? dtype_of<T>() : compute_dtype; }
+  void* weights() const { return flat->value ? static_cast<void*>(data()) : cdata(); }
+  Dtype weights_dtype() const { return flat->value ? dtype_of<T>() : compute_dtype; }
 };
 
 // One tensor a layer keeps from forward for backward.
@@ -101,8 +132,8 @@ enum class Drop : uint32_t {
 template <class T>
 class Layer {
  public:
-  Layer(std::string name, Device& device, Dtype dtype)
-      : name_(std::move(name)), device_(device), dt_(dtype) {}
+  Layer(std::string name, Device& device, const Precision& precision)
+      : name_(std::move(name)), device_(device), dt_(precision.compute), precision_(precision) {}
   virtual ~Layer() = default;
   Layer(const Layer&) = delete;
   Layer& operator=(const Layer&) = delete;
@@ -120,7 +151,14 @@ class Layer {
   // zeroed, when released. has_grads: they exist.
   void release_grads();
   void ensure_grads();
-  bool has_grads() const { return bool(flat_.grad); }
+  bool has_grads() const {
+    return bool(flat_.grad) || (precision_.grad_in_compute && flat_.compute_grad);
+  }
+  // The compute-dtype gradients of one micro-step (gradients accumulated in T): made, zeroed,
+  // before the layer's backward (layer 0's before the head's: the tied wte) and freed once added
+  // into the T-typed ones (Gpt::backward). Nothing to do otherwise.
+  void make_compute_grads();
+  void release_compute_grads();
   // Sharded parameters (zero3): the layer's full masters and compute copy exist only while
   // gathered. release_parameters frees both; allocate_masters / allocate_compute make one again
   // (its contents undefined until a gather or a load fills it) when absent. A released layer's
@@ -130,6 +168,7 @@ class Layer {
   void allocate_masters();
   void allocate_compute();
   Dtype compute_dtype() const { return dt_; }
+  const Precision& precision() const { return precision_; }
 
   // Tensors are device memory of the compute dtype.
   // input (B, T, C) is the previous layer's output (unused by the embedding). Saves what backward
@@ -186,6 +225,7 @@ class Layer {
   std::string name_;
   Device& device_;
   Dtype dt_;  // the compute dtype
+  Precision precision_;
   std::vector<std::unique_ptr<Param<T>>> params_;
   FlatStorage flat_;
   std::vector<SavedActivation> saved_;
@@ -219,9 +259,9 @@ class Gpt {
   // `placed`, when set, gets each layer as soon as it is allocated and initialised, in order, the
   // next layer not yet allocated (core/shard/sharding.h keeps only its shard of a layer's
   // parameters, so the whole model never exists at once).
-  Gpt(const ModelConfig& config, Device& device, uint64_t seed, Dtype compute = dtype_of<T>(),
-      uint64_t shard_ranks = 1, bool grads_on_demand = false,
-      const std::function<void(Layer<T>&)>& placed = nullptr);
+  Gpt(const ModelConfig& config, Device& device, uint64_t seed,
+      const Precision& precision = Precision(dtype_of<T>()), uint64_t shard_ranks = 1,
+      bool grads_on_demand = false, const std::function<void(Layer<T>&)>& placed = nullptr);
   ~Gpt();
 
   // Every layer's forward: returns the mean loss over the batch's (non-ignored) tokens. The head
@@ -257,6 +297,12 @@ class Gpt {
   }
   Dtype compute_dtype() const { return dt_; }
   bool has_compute_copies() const { return dt_ != dtype_of<T>(); }
+  const Precision& precision() const { return precision_; }
+  // Without masters: runs f with layer `layer`'s masters made from its compute-dtype weights
+  // (exact: bf16 widens to f32 losslessly) when `gather`, and cast back into them when `scatter`
+  // (round to nearest even: a loaded f32 value becomes the nearest bf16), one layer at a time.
+  // Empty when the model has masters.
+  std::function<void(int, const std::function<void()>&)> master_access(bool gather, bool scatter);
   // Frees every layer's saved activations: after a forward that has no backward (evaluation,
   // gradient checks) or an abandoned micro-step.
   void release_activations();
@@ -278,6 +324,7 @@ class Gpt {
   ModelConfig config_;
   Device& device_;
   Dtype dt_;
+  Precision precision_;
   std::vector<std::unique_ptr<Layer<T>>> layers_;
 };
 
@@ -288,6 +335,15 @@ using MasterAccess = std::function<void(int layer, const std::function<void()>& 
 
 // Closed forms the tests check the tracker against.
 uint64_t gpt_num_params(const ModelConfig& m);
+// Every parameter the model of `m` has, in layer_param's order, without building it (an
+// estimate's shapes); tests check it against a built model's.
+struct ParamShape {
+  int layer;
+  std::string name;
+  std::vector<int64_t> shape;
+  bool decay;
+};
+std::vector<ParamShape> gpt_param_shapes(const ModelConfig& m);
 // Bytes of activations one transformer block saves for a (B, T) micro-batch in compute dtype `dt`
 // (its LayerNorm statistics in stat_dtype(dt)).
 uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt);

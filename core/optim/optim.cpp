@@ -2,33 +2,48 @@
 
 #include <cmath>
 
+#include "kernels/common/elementwise.h"  // rounding_noise
+
 namespace headroom {
 
 namespace {
 
 // One state tensor per segment, zeroed, allocated on first use.
 std::vector<Buffer> make_state(Device& device, const std::vector<OptSegment>& segments,
-                               const char* what) {
+                               const char* what, Dtype dt) {
   std::vector<Buffer> state;
   state.reserve(segments.size());
   for (const OptSegment& s : segments) {
-    state.emplace_back(device, s.numel * sizeof(float), Category::kOptimizer, s.name + " " + what);
-    device.backend().fill(Dtype::kF32, state.back().as<float>(), s.numel, 0.0);
+    state.emplace_back(device, s.numel * dtype_size(dt), Category::kOptimizer, s.name + " " + what);
+    device.backend().fill(dt, state.back().as<void>(), s.numel, 0.0);
   }
   return state;
 }
 
+// The operands of segment k's update at `step`: its dtypes, the state's, and its rounding stream.
+Backend::Stored stored(const OptSegment& s, Dtype state, uint32_t seed, int64_t step, size_t k) {
+  Backend::Stored o;
+  o.param = s.value_dtype;
+  o.grad = s.grad_dtype;
+  o.state = state;
+  o.seed = rounding_noise(seed ^ uint32_t(step), k);
+  return o;
+}
+
 class AdamW final : public Optimizer {
  public:
-  AdamW(const TrainConfig& t, Device& device) : t_(t), device_(device) {}
+  AdamW(const TrainConfig& t, Device& device, Dtype state) : t_(t), device_(device), state_(state) {
+    rounding_seed_ = uint32_t(t.seed);
+  }
   void step(const std::vector<OptSegment>& segments, double lr, int64_t step) override {
     allocate(segments);
     for (size_t i = 0; i < segments.size(); ++i) {
       const OptSegment& p = segments[i];
-      device_.backend().adamw_update(p.value, p.grad, m_[i].as<float>(), v_[i].as<float>(), p.numel,
-                                     static_cast<float>(lr), static_cast<float>(t_.beta1),
-                                     static_cast<float>(t_.beta2), static_cast<float>(t_.eps),
-                                     p.decay ? static_cast<float>(t_.weight_decay) : 0.0f, step);
+      device_.backend().adamw_update_stored(
+          stored(p, state_, rounding_seed_, step, i), p.value, p.grad, m_[i].as<void>(),
+          v_[i].as<void>(), p.numel, static_cast<float>(lr), static_cast<float>(t_.beta1),
+          static_cast<float>(t_.beta2), static_cast<float>(t_.eps),
+          p.decay ? static_cast<float>(t_.weight_decay) : 0.0f, step);
     }
   }
 
@@ -36,8 +51,8 @@ class AdamW final : public Optimizer {
     allocate(segments);
     std::vector<StateTensor> out;
     for (size_t i = 0; i < segments.size(); ++i) {
-      out.push_back({segments[i].name + " adamw m", m_[i].as<float>(), segments[i].numel});
-      out.push_back({segments[i].name + " adamw v", v_[i].as<float>(), segments[i].numel});
+      out.push_back({segments[i].name + " adamw m", m_[i].as<void>(), segments[i].numel, state_});
+      out.push_back({segments[i].name + " adamw v", v_[i].as<void>(), segments[i].numel, state_});
     }
     return out;
   }
@@ -45,25 +60,29 @@ class AdamW final : public Optimizer {
  private:
   void allocate(const std::vector<OptSegment>& segments) {
     if (!m_.empty() || segments.empty()) return;
-    m_ = make_state(device_, segments, "adamw m");
-    v_ = make_state(device_, segments, "adamw v");
+    m_ = make_state(device_, segments, "adamw m", state_);
+    v_ = make_state(device_, segments, "adamw v", state_);
   }
 
   TrainConfig t_;
   Device& device_;
+  Dtype state_;
   std::vector<Buffer> m_, v_;
 };
 
 class Sgd final : public Optimizer {
  public:
-  Sgd(const TrainConfig& t, Device& device) : t_(t), device_(device) {}
-  void step(const std::vector<OptSegment>& segments, double lr, int64_t) override {
+  Sgd(const TrainConfig& t, Device& device, Dtype state) : t_(t), device_(device), state_(state) {
+    rounding_seed_ = uint32_t(t.seed);
+  }
+  void step(const std::vector<OptSegment>& segments, double lr, int64_t step) override {
     allocate(segments);
     for (size_t i = 0; i < segments.size(); ++i) {
       const OptSegment& p = segments[i];
-      device_.backend().sgd_update(p.value, p.grad, buf_.empty() ? nullptr : buf_[i].as<float>(),
-                                   p.numel, static_cast<float>(lr), static_cast<float>(t_.momentum),
-                                   p.decay ? static_cast<float>(t_.weight_decay) : 0.0f);
+      device_.backend().sgd_update_stored(
+          stored(p, state_, rounding_seed_, step, i), p.value, p.grad,
+          buf_.empty() ? nullptr : buf_[i].as<void>(), p.numel, static_cast<float>(lr),
+          static_cast<float>(t_.momentum), p.decay ? static_cast<float>(t_.weight_decay) : 0.0f);
     }
   }
 
@@ -71,26 +90,29 @@ class Sgd final : public Optimizer {
     allocate(segments);
     std::vector<StateTensor> out;
     for (size_t i = 0; i < buf_.size(); ++i)
-      out.push_back({segments[i].name + " sgd momentum", buf_[i].as<float>(), segments[i].numel});
+      out.push_back(
+          {segments[i].name + " sgd momentum", buf_[i].as<void>(), segments[i].numel, state_});
     return out;
   }
 
  private:
   // Momentum 0 keeps no state at all.
   void allocate(const std::vector<OptSegment>& segments) {
-    if (t_.momentum > 0 && buf_.empty()) buf_ = make_state(device_, segments, "sgd momentum");
+    if (t_.momentum > 0 && buf_.empty())
+      buf_ = make_state(device_, segments, "sgd momentum", state_);
   }
 
   TrainConfig t_;
   Device& device_;
+  Dtype state_;
   std::vector<Buffer> buf_;
 };
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& train, Device& device) {
-  if (train.optimizer == "adamw") return std::make_unique<AdamW>(train, device);
-  if (train.optimizer == "sgd") return std::make_unique<Sgd>(train, device);
+std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& train, Device& device, Dtype state) {
+  if (train.optimizer == "adamw") return std::make_unique<AdamW>(train, device, state);
+  if (train.optimizer == "sgd") return std::make_unique<Sgd>(train, device, state);
   throw ConfigError("train.optimizer = \"" + train.optimizer +
                     "\": valid optimizers are \"adamw\" and \"sgd\"");
 }
@@ -108,14 +130,15 @@ std::vector<OptSegment> whole_params(const std::vector<Param<float>*>& params) {
   std::vector<OptSegment> out;
   out.reserve(params.size());
   for (Param<float>* p : params)
-    out.push_back({p->name, p->data(), p->gdata(), p->numel, p->decay});
+    out.push_back({p->name, p->weights(), p->step_grad(), p->numel, p->decay, p->weights_dtype(),
+                   p->step_grad_dtype()});
   return out;
 }
 
 double grad_sum_squares(Backend& ops, const std::vector<OptSegment>& segments) {
   double sum = 0.0;
   for (const OptSegment& s : segments)
-    sum += ops.sum_squares(Dtype::kF32, s.grad, s.numel);
+    sum += ops.sum_squares(s.grad_dtype, s.grad, s.numel);
   return sum;
 }
 
@@ -133,7 +156,7 @@ void clip_grads(Backend& ops, const std::vector<OptSegment>& segments, double no
   if (!(max_norm > 0 && norm > max_norm)) return;
   const float factor = clip_factor(norm, max_norm);
   for (const OptSegment& s : segments)
-    ops.scale(Dtype::kF32, s.grad, s.numel, factor);
+    ops.scale(s.grad_dtype, s.grad, s.numel, factor);
 }
 
 double clip_grad_norm(Backend& ops, const std::vector<Param<float>*>& params, double max_norm) {

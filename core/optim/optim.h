@@ -15,12 +15,16 @@ namespace headroom {
 
 // A contiguous run of one parameter's elements that the optimizer updates: the whole parameter,
 // or, when the optimizer state is sharded across ranks, the part of it in this rank's range.
+// Its weights are the f32 masters, or (amp without masters) the bf16 weights; its gradient f32,
+// or bf16 when amp accumulates in the compute dtype.
 struct OptSegment {
   std::string name;  // the parameter's name; a part adds its element range: "wte.weight [0:512)"
-  float* value = nullptr;
-  float* grad = nullptr;
+  void* value = nullptr;
+  void* grad = nullptr;
   uint64_t numel = 0;
   bool decay = false;
+  Dtype value_dtype = Dtype::kF32;
+  Dtype grad_dtype = Dtype::kF32;
 };
 // One segment per parameter, the whole of each.
 std::vector<OptSegment> whole_params(const std::vector<Param<float>*>& params);
@@ -35,16 +39,28 @@ class Optimizer {
 
   struct StateTensor {
     std::string name;  // "h.0.attn.c_attn.weight adamw m"
-    float* data;
+    void* data;
     uint64_t numel;
+    Dtype dtype = Dtype::kF32;  // [amp] state_dtype
+    uint64_t bytes() const { return numel * dtype_size(dtype); }
   };
   // Its state tensors, for snapshots; allocates them first (zeroed) if no step has yet, so that a
   // snapshot can be loaded into them. Empty for an optimizer that keeps state elsewhere.
   virtual std::vector<StateTensor> state(const std::vector<OptSegment>& segments) = 0;
+
+  // Where the stochastic rounding of bf16 weights and state starts (kernels/common/
+  // elementwise.h): [train] seed's, or a snapshot's on resume. Segment k at step t draws its
+  // noise from rounding_noise(seed ^ t, k), so a resumed run rounds as the run it continues.
+  uint32_t rounding_seed() const { return rounding_seed_; }
+  void set_rounding_seed(uint32_t seed) { rounding_seed_ = seed; }
+
+ protected:
+  uint32_t rounding_seed_ = 0;
 };
 
-// Throws ConfigError for an unknown optimizer name.
-std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& train, Device& device);
+// Throws ConfigError for an unknown optimizer name. `state`: the dtype of its state (f32, bf16).
+std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& train, Device& device,
+                                          Dtype state = Dtype::kF32);
 
 // The learning rate at 0-based optimizer step `step`: linear warmup over warmup_steps, then
 // cosine / linear decay to min_lr at the last step, or constant.

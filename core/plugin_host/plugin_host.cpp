@@ -310,6 +310,13 @@ class ValidationRun final : public PluginRun {
     dtype_ = dtype;
     dtype_by_ = plugin;
   }
+  void set_precision(const std::string& plugin, const Precision& p) override {
+    Precision q = p;
+    q.compute = dtype_;
+    const std::string why = precision_problem(q);
+    if (!why.empty()) throw std::invalid_argument(plugin + ": " + why);
+    precision_ = q;
+  }
   void set_loss_scale(const std::string& plugin, double scale) override {
     if (!(scale > 0) || !std::isfinite(scale))
       throw std::invalid_argument(plugin + ": loss scale " + std::to_string(scale) +
@@ -319,6 +326,8 @@ class ValidationRun final : public PluginRun {
   RunState state() const override {
     RunState r;
     r.compute_dtype = dtype_;
+    r.precision = precision_;
+    r.precision.compute = dtype_;
     r.loss_scale = loss_scale_;
     return r;
   }
@@ -342,6 +351,7 @@ class ValidationRun final : public PluginRun {
   Dtype dtype_ = Dtype::kF32;
   double loss_scale_ = 1.0;
   std::string dtype_by_;
+  Precision precision_;
   std::string shard_by_;
 };
 

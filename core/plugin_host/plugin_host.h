@@ -42,6 +42,7 @@ struct RunState {
   double clip_coef = 1.0;  // from OPTIMIZER_STEP on
   bool skipped = false;
   Dtype compute_dtype = Dtype::kF32;
+  Precision precision;  // its compute is compute_dtype
 };
 
 // What plugins reach of the training run beyond the device: implemented by the trainer.
@@ -56,6 +57,13 @@ class PluginRun {
   // when another plugin chose another; std::invalid_argument for a dtype that is not f32, bf16 or
   // f16).
   virtual void set_compute_dtype(const std::string& plugin, Dtype dtype) = 0;
+  // The state layout around the compute dtype (headroom.precision/1's appended setters): only
+  // before the model is built, after set_compute_dtype; std::invalid_argument naming what
+  // precision_problem() finds, std::logic_error after the model is built.
+  virtual void set_precision(const std::string& plugin, const Precision& p) {
+    (void)p;
+    throw std::logic_error(plugin + ": this run has no model state to lay out");
+  }
   // The factor the loss gradient is multiplied by from the next step on (std::invalid_argument
   // unless finite and > 0).
   virtual void set_loss_scale(const std::string& plugin, double scale) = 0;
@@ -96,6 +104,7 @@ class ModelessRun final : public PluginRun {
   void veto_step(const std::string&, const std::string&) override {}
   void request_retry(const std::string&, const std::string&) override {}
   void set_compute_dtype(const std::string&, Dtype) override {}
+  void set_precision(const std::string&, const Precision&) override {}
   void set_loss_scale(const std::string&, double) override {}
   RunState state() const override { return RunState{}; }
 

@@ -246,9 +246,15 @@ struct HostServices {
       return HR_ERROR_INVALID;
     }
     const Param<float>& p = *l->params()[i];
-    hr_tensor t = f32_view(p.name, p.shape, p.numel, p.data());
-    t.grad = p.gdata();
+    // What the optimizer updates: the f32 masters, or without them the bf16 weights; and the
+    // step's gradient, f32 or (accumulated in the compute dtype) bf16.
+    hr_tensor t = f32_view(p.name, p.shape, p.numel, p.weights());
+    t.dtype = uint32_t(p.weights_dtype());
+    t.grad = p.step_grad();
+    t.grad_dtype = uint32_t(p.step_grad_dtype());
     t.weight_decay = p.decay ? 1 : 0;
+    // A plugin built before grad_dtype existed reads the gradient as the tensor's dtype.
+    if (!HR_HAS_FIELD(out, hr_tensor, grad_dtype) && t.grad_dtype != t.dtype) t.grad = nullptr;
     write_sized(out, t);
     return HR_OK;
   }
@@ -404,6 +410,46 @@ struct HostServices {
   // --- headroom.precision/1's getters ---
   static uint32_t compute_dtype(hr_host* h) { return uint32_t(run(h).state().compute_dtype); }
   static double loss_scale(hr_host* h) { return run(h).state().loss_scale; }
+  // The state layout: each setter changes one field of the run's Precision.
+  template <class F>
+  static hr_status set_precision(hr_host* h, const char* fn, F&& change) {
+    LoadedPlugin& p = plugin(h);
+    try {
+      Precision q = run(h).state().precision;
+      change(q);
+      run(h).set_precision(p.entry.name, q);
+      return HR_OK;
+    } catch (const std::exception& e) {
+      p.error = std::string(fn) + ": " + e.what();
+      return HR_ERROR_INVALID;
+    }
+  }
+  static hr_status set_grad_dtype(hr_host* h, uint32_t dtype) {
+    return set_precision(h, "set_grad_dtype", [&](Precision& q) {
+      if (dtype != HR_DTYPE_F32 && dtype != uint32_t(q.compute))
+        throw std::invalid_argument("gradients accumulate in f32 or in the compute dtype (" +
+                                    std::string(dtype_name(q.compute)) + "), not dtype " +
+                                    std::to_string(dtype));
+      q.grad_in_compute = dtype != HR_DTYPE_F32;
+    });
+  }
+  static hr_status set_master_weights(hr_host* h, int32_t keep) {
+    return set_precision(h, "set_master_weights", [&](Precision& q) { q.masters = keep != 0; });
+  }
+  static hr_status set_state_dtype(hr_host* h, uint32_t dtype) {
+    return set_precision(h, "set_state_dtype", [&](Precision& q) {
+      if (dtype != HR_DTYPE_F32 && dtype != HR_DTYPE_BF16)
+        throw std::invalid_argument("the optimizer state is f32 or bf16, not dtype " +
+                                    std::to_string(dtype));
+      q.state = Dtype(dtype);
+    });
+  }
+  static uint32_t grad_dtype(hr_host* h) {
+    const Precision q = run(h).state().precision;
+    return q.grad_in_compute ? uint32_t(q.compute) : uint32_t(HR_DTYPE_F32);
+  }
+  static int32_t master_weights(hr_host* h) { return run(h).state().precision.masters ? 1 : 0; }
+  static uint32_t state_dtype(hr_host* h) { return uint32_t(run(h).state().precision.state); }
 
   // --- headroom.recompute/1 ---
   static uint64_t layer_activation_bytes(hr_host* h, int32_t index) {
@@ -454,6 +500,18 @@ struct HostServices {
       return HR_ERROR_INVALID;
     }
     return guarded(h, [&] { run(h).device().backend().download(dst, src, bytes); });
+  }
+  static hr_status write(hr_host* h, void* dst, const void* src, uint64_t bytes) {
+    if (bytes == 0) return HR_OK;
+    if (!dst || !src) {
+      plugin(h).error = "write: dst and src must not be NULL";
+      return HR_ERROR_INVALID;
+    }
+    return guarded(h, [&] {
+      Backend& ops = run(h).device().backend();
+      ops.upload(dst, src, bytes);
+      ops.synchronize();  // done when it returns: `src` is the plugin's to reuse
+    });
   }
   // One element of `dtype` at `b`, widened to double.
   static double element(uint32_t dtype, const unsigned char* b) {
@@ -864,6 +922,12 @@ enum Fn : int {
   kExtSetLossScale,
   kExtComputeDtype,
   kExtLossScale,
+  kExtSetGradDtype,
+  kExtSetMasterWeights,
+  kExtSetStateDtype,
+  kExtGradDtype,
+  kExtMasterWeights,
+  kExtStateDtype,
   // headroom.recompute/1
   kExtDropActivations,
   kExtLayerActivationBytes,
@@ -871,6 +935,7 @@ enum Fn : int {
   kExtFindParam,
   kExtRead,
   kExtReduce,
+  kExtWrite,
   // headroom.step/1
   kExtStepState,
   // headroom.comm/1
@@ -954,11 +1019,18 @@ constexpr Rule kRules[kNumFns] = {
     {HR_EXT_PRECISION " set_loss_scale", kAnyone, When::kAnyTime, kNotAllowed},
     {HR_EXT_PRECISION " compute_dtype", kAnyone, When::kAnyTime, kNotAllowed},
     {HR_EXT_PRECISION " loss_scale", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_PRECISION " set_grad_dtype", kAnyone, When::kCreate, kNotAllowed},
+    {HR_EXT_PRECISION " set_master_weights", kAnyone, When::kCreate, kNotAllowed},
+    {HR_EXT_PRECISION " set_state_dtype", kAnyone, When::kCreate, kNotAllowed},
+    {HR_EXT_PRECISION " grad_dtype", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_PRECISION " master_weights", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_PRECISION " state_dtype", kAnyone, When::kAnyTime, kNotAllowed},
     {HR_EXT_RECOMPUTE " drop_activations", kAnyone, When::kForwardEndOfLayer, kNotAllowed},
     {HR_EXT_RECOMPUTE " layer_activation_bytes", kAnyone, When::kAnyTime, kNotAllowed},
     {HR_EXT_TENSORS " find_param", kAnyone, When::kAnyTime, kNotAllowed},
     {HR_EXT_TENSORS " read", kAnyone, When::kAnyTime, kNotAllowed},
     {HR_EXT_TENSORS " reduce", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_TENSORS " write", kAnyone, When::kAnyTime, kNotAllowed},
     {HR_EXT_STEP " state", kAnyone, When::kAnyTime, kNotAllowed},
     // Collectives wait for other ranks: never from inside an allocation (an allocator hook or an
     // ALLOC / FREE / OOM hook), where the training thread is in the middle of another operation.
@@ -1114,14 +1186,24 @@ const hr_ext_precision kPrecision = {sizeof(hr_ext_precision),
                                      HR_CHECKED(kExtSetComputeDtype, set_compute_dtype),
                                      HR_CHECKED(kExtSetLossScale, set_loss_scale),
                                      HR_CHECKED(kExtComputeDtype, compute_dtype),
-                                     HR_CHECKED(kExtLossScale, loss_scale)};
+                                     HR_CHECKED(kExtLossScale, loss_scale),
+                                     HR_CHECKED(kExtSetGradDtype, set_grad_dtype),
+                                     HR_CHECKED(kExtSetMasterWeights, set_master_weights),
+                                     HR_CHECKED(kExtSetStateDtype, set_state_dtype),
+                                     HR_CHECKED(kExtGradDtype, grad_dtype),
+                                     HR_CHECKED(kExtMasterWeights, master_weights),
+                                     HR_CHECKED(kExtStateDtype, state_dtype)};
 
 const hr_ext_recompute kRecompute = {sizeof(hr_ext_recompute), 0,
                                      HR_CHECKED(kExtDropActivations, drop_activations),
                                      HR_CHECKED(kExtLayerActivationBytes, layer_activation_bytes)};
 
-const hr_ext_tensors kTensors = {sizeof(hr_ext_tensors), 0, HR_CHECKED(kExtFindParam, find_param),
-                                 HR_CHECKED(kExtRead, read), HR_CHECKED(kExtReduce, reduce)};
+const hr_ext_tensors kTensors = {sizeof(hr_ext_tensors),
+                                 0,
+                                 HR_CHECKED(kExtFindParam, find_param),
+                                 HR_CHECKED(kExtRead, read),
+                                 HR_CHECKED(kExtReduce, reduce),
+                                 HR_CHECKED(kExtWrite, write)};
 
 const hr_ext_step kStep = {sizeof(hr_ext_step), 0, HR_CHECKED(kExtStepState, step_state)};
 

@@ -48,6 +48,10 @@ struct CMechanisms {
     c.grad_reduce = m.grad_reduce;
     c.prefetch_layers = m.prefetch_layers;
     c.param_persistence_threshold = m.param_persistence_threshold;
+    c.grad_dtype = m.grad_in_compute ? uint32_t(m.compute) : uint32_t(HR_DTYPE_F32);
+    c.master_weights = m.masters ? 1 : 0;
+    c.state_dtype = uint32_t(m.state);
+    c.optimizer_bytes = m.optimizer_bytes;
   }
   CMechanisms(const CMechanisms&) = delete;
   CMechanisms& operator=(const CMechanisms&) = delete;
@@ -80,6 +84,20 @@ bool from_c(const hr_mechanisms& c, size_t num_layers, const Mechanisms& fallbac
   if (HR_HAS_FIELD(&c, hr_mechanisms, prefetch_layers)) m.prefetch_layers = c.prefetch_layers;
   if (HR_HAS_FIELD(&c, hr_mechanisms, param_persistence_threshold))
     m.param_persistence_threshold = c.param_persistence_threshold;
+  if (HR_HAS_FIELD(&c, hr_mechanisms, optimizer_bytes)) {
+    if (c.grad_dtype != HR_DTYPE_F32 && c.grad_dtype != c.compute_dtype) return false;
+    if (c.master_weights > 1 || (c.state_dtype != HR_DTYPE_F32 && c.state_dtype != HR_DTYPE_BF16))
+      return false;
+    m.grad_in_compute = c.grad_dtype != HR_DTYPE_F32;
+    m.masters = c.master_weights != 0;
+    m.state = static_cast<Dtype>(c.state_dtype);
+    m.optimizer_bytes = c.optimizer_bytes;
+    Precision p(m.compute);
+    p.grad_in_compute = m.grad_in_compute;
+    p.masters = m.masters;
+    p.state = m.state;
+    if (!precision_problem(p).empty()) return false;
+  }
   const uint32_t stages[] = {0, kShardOpt, kShardOpt | kShardGrads,
                              kShardOpt | kShardGrads | kShardParams};
   if (m.world_size < 1 || m.world_size > (1 << 20) ||
@@ -134,6 +152,25 @@ PluginEstimate ask(const Config& config, const OfferedExtension& ext, void* inst
   model.num_params = gpt_num_params(config.model);
   model.memory_limit = config.device.memory_limit;
   model.device_kind = config.device.kind.c_str();
+  // Every parameter tensor, for an estimate that depends on shapes (an optimizer's state).
+  const std::vector<ParamShape> shapes = gpt_param_shapes(config.model);
+  std::vector<hr_estimate_param> tensors(shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    hr_estimate_param& t = tensors[i];
+    std::memset(&t, 0, sizeof t);
+    t.struct_size = sizeof t;
+    t.layer = shapes[i].layer;
+    t.name = shapes[i].name.c_str();
+    t.ndim = int32_t(shapes[i].shape.size());
+    t.weight_decay = shapes[i].decay ? 1 : 0;
+    t.numel = 1;
+    for (size_t d = 0; d < shapes[i].shape.size(); ++d) {
+      t.shape[d] = shapes[i].shape[d];
+      t.numel *= uint64_t(shapes[i].shape[d]);
+    }
+  }
+  model.num_param_tensors = int32_t(tensors.size());
+  model.param_tensors = tensors.data();
 
   const CMechanisms in(before);
   CMechanisms out(before);
@@ -280,6 +317,13 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   const uint64_t es = dtype_size(s.compute), kF32 = 4;
   const bool copies = s.compute != Dtype::kF32;
   const uint64_t per_param = kF32 + (copies ? es : 0);  // a master and its compute copy
+  // At rest, whole (model.h Precision): the weights (f32 masters and compute copies, or the
+  // compute dtype alone) and the step's gradients (f32, or in the compute dtype). Accumulating
+  // in f32 with compute copies, a layer's compute-dtype gradients live only through its
+  // backward (and layer 0's, the tied wte, from the head's on).
+  const uint64_t weights_el = copies ? (s.masters ? kF32 : 0) + es : kF32;
+  const uint64_t grads_el = copies && s.grad_in_compute ? es : kF32;
+  const bool micro_grads = copies && !s.grad_in_compute;
 
   // The layers' parameter elements (model.cpp): the embedding (wte, wpe), the blocks, the head
   // (ln_f; its LM head is the tied wte). Sharded, each layer's flat buffers are padded to a
@@ -311,14 +355,16 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     // the rank's fp32 gradient shard.
     params_rest += gathers[l]         ? per_param * shard[l]
                    : copies && sh_opt ? es * padded[l] + kF32 * shard[l]
-                                      : per_param * padded[l];
-    grads_rest += sh_grad ? kF32 * shard[l] : per_param * padded[l];
+                                      : weights_el * padded[l];
+    grads_rest += sh_grad ? kF32 * shard[l] : grads_el * padded[l];
   }
 
   PeakEstimate base;
   const TrainConfig& t = config.train;
   const uint64_t states = t.optimizer == "adamw" ? 2 : (t.momentum > 0 ? 1 : 0);
-  at(base.at_peak, Category::kOptimizer) = kF32 * states * mine_total;
+  at(base.at_peak, Category::kOptimizer) = s.optimizer_bytes != Mechanisms::kBuiltinOptimizer
+                                               ? s.optimizer_bytes
+                                               : dtype_size(s.state) * states * mine_total;
   at(base.at_peak, Category::kData) = 2 * sizeof(int32_t) * N;  // inputs and targets
   // Data parallelism (more than one rank, nothing sharded: the sharding plugin reduces the
   // gradients itself): the gradient buckets partition the parameters, one fp32 copy of every
@@ -358,9 +404,14 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
           k == 0 || k == l ||
           ((s.grad_reduce & HR_GRAD_REDUCE_LAST_MICRO_STEP) && s.grad_accum > 1) ||
           ((s.grad_reduce & HR_GRAD_REDUCE_AFTER_BACKWARD) ? k > l : k == l + 1 && !above_done);
-      if (live) b += per_param * padded[k];
+      if (live) b += kF32 * padded[k];  // the compute-dtype ones are micro_grads'
     }
     return b;
+  };
+  // The compute-dtype gradients of one micro-step (micro_grads) in layer l's backward: its own
+  // and the embedding's (the head adds into the tied wte).
+  auto micro = [&](size_t l) {
+    return micro_grads ? es * (padded[l] + (l > 0 ? padded[0] : 0)) : 0;
   };
   // Sharded parameters (zero3, prefetch p; plugins/zero/zero.cpp's window): a layer is gathered
   // whole — its fp32 values, or with compute copies only its compute copy — while it or one of
@@ -397,7 +448,7 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
       ws = dres;
     }
     at(at_l.at_peak, Category::kParameters) = params_rest + (sh_param ? gathered(l) : 0);
-    at(at_l.at_peak, Category::kGradients) = grads_rest + (sh_grad ? full_grads(l) : 0);
+    at(at_l.at_peak, Category::kGradients) = grads_rest + (sh_grad ? full_grads(l) : 0) + micro(l);
     if (at_l.total() > best) {
       best = at_l.total();
       e = at_l;

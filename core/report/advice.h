@@ -36,6 +36,14 @@ struct Mechanisms {
   uint32_t grad_reduce = 0;   // HR_GRAD_REDUCE_* bits (with HR_SHARD_GRADIENTS)
   int prefetch_layers = 1;    // with HR_SHARD_PARAMETERS (zero3)
   uint64_t param_persistence_threshold = 100000;  // with HR_SHARD_PARAMETERS: elements
+  // The state layout with compute copies (amp): gradients accumulated in the compute dtype, f32
+  // masters or none, the built-in optimizer's state dtype (core/model/model.h Precision).
+  bool grad_in_compute = false;
+  bool masters = true;
+  Dtype state = Dtype::kF32;
+  // An optimizer-role plugin's state bytes on this rank, or kBuiltinOptimizer: AdamW / SGD.
+  static constexpr uint64_t kBuiltinOptimizer = UINT64_MAX;
+  uint64_t optimizer_bytes = kBuiltinOptimizer;
 };
 // The config's micro_batch and grad_accum, fp32, every layer keeping its activations, nothing
 // sharded, at `world_size` ranks (0: the launcher's, rank_info()): the run as it is without

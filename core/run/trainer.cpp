@@ -45,7 +45,9 @@ std::string rank_output_path(const std::string& path, int rank) {
 }  // namespace
 
 MasterAccess Trainer::masters(bool gather, bool scatter) {
-  return sharding_ ? sharding_->master_access(gather, scatter) : nullptr;
+  // Sharded masters are gathered; a model without masters makes them from its bf16 weights.
+  return sharding_ ? sharding_->master_access(gather, scatter)
+                   : model_->master_access(gather, scatter);
 }
 
 Trainer::Trainer(const Config& config, TrainOptions options)
@@ -103,8 +105,20 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   plugins_ = std::make_unique<PluginHost>(config_);
   plugins_->create(*this);
   add_listener(plugins_.get());
-  optimizer_ = plugins_->provides_optimizer() ? plugins_->make_optimizer()
-                                              : make_optimizer(config_.train, *device_);
+  precision_.compute = compute_dtype_;
+  // amp's state layouts other than its default are one rank's, unsharded, so far: the gradient
+  // buckets, the shards and their resharding hold f32 masters and gradients.
+  const bool layout = precision_.grad_in_compute || !precision_.masters;
+  if (layout && (ranked || shard_what_))
+    throw ConfigError("plugin '" + precision_by_ + "': " +
+                      (precision_.masters ? "grad_dtype = \"bf16\"" : "master_weights = false") +
+                      " runs on one rank without a zero plugin so far (this run has " +
+                      std::to_string(ranks.world_size) + " rank(s)" +
+                      (shard_what_ ? " and shards with '" + shard_plugin_ + "'" : "") +
+                      "); use grad_dtype = \"fp32\" and master_weights = true there");
+  optimizer_ = plugins_->provides_optimizer()
+                   ? plugins_->make_optimizer()
+                   : make_optimizer(config_.train, *device_, precision_.state);
   if (!options_.metrics_path.empty())
     metrics_ = std::make_unique<AppendFile>(options_.metrics_path, "--metrics");
   try {
@@ -117,10 +131,9 @@ Trainer::Trainer(const Config& config, TrainOptions options)
       sharding_ = std::make_unique<Sharding>(*device_, *comm_, shard_what_, shard_persist_below_);
       placed = [this](Layer<float>& layer) { sharding_->place(layer); };
     }
-    model_ =
-        std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed, compute_dtype_,
-                                     shard_what_ ? uint64_t(comm_->world_size()) : 1,
-                                     (shard_what_ & kShardGradients) != 0, placed);
+    model_ = std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed, precision_,
+                                          shard_what_ ? uint64_t(comm_->world_size()) : 1,
+                                          (shard_what_ & kShardGradients) != 0, placed);
     build_buckets();
     if (sharding_) {
       sharding_->attach(*model_);
@@ -613,6 +626,8 @@ RunState Trainer::state() const {
   r.clip_coef = cur_.norm_known ? cur_.clip_coef : 1.0;
   r.skipped = veto_;
   r.compute_dtype = compute_dtype_;
+  r.precision = precision_;
+  r.precision.compute = compute_dtype_;
   return r;
 }
 
@@ -641,12 +656,33 @@ void Trainer::set_compute_dtype(const std::string& plugin, Dtype dtype) {
   compute_dtype_by_ = plugin;
 }
 
+void Trainer::set_precision(const std::string& plugin, const Precision& p) {
+  if (model_)
+    throw std::logic_error(plugin +
+                           ": the model state's layout can only be chosen while the plugin is "
+                           "created, before the model is built");
+  Precision q = p;
+  q.compute = compute_dtype_;
+  const std::string why = precision_problem(q);
+  if (!why.empty()) throw std::invalid_argument(plugin + ": " + why);
+  precision_ = q;
+  precision_by_ = plugin;
+}
+
 bool Trainer::sharded_state() const {
   return sharding_ && comm_->world_size() > 1;
 }
 
 std::string Trainer::optimizer_signature() const {
   if (plugins_->provides_optimizer()) return "plugin";
+  // Its state's dtype and, for bf16 weights or state, where its stochastic rounding starts: a
+  // resume must continue the same stream (optim.h rounding_seed).
+  std::string layout;
+  if (precision_.state != Dtype::kF32) layout += " with bf16 state";
+  if (precision_.state != Dtype::kF32 || !precision_.masters)
+    layout += std::string(precision_.masters ? "" : " updating bf16 weights") +
+              ", stochastic rounding seed " + std::to_string(optimizer_->rounding_seed());
+  if (!layout.empty()) return config_.train.optimizer + layout;
   // Where the state is: sharded, in the rank parts (a resume elsewhere reshards it).
   return sharded_state() ? config_.train.optimizer + " sharded over " +
                                std::to_string(comm_->world_size()) + " ranks"
@@ -693,8 +729,8 @@ std::string model_signature(const ModelConfig& m) {
          " vocab_size=" + std::to_string(m.vocab_size);
 }
 
-std::vector<uint8_t> bytes_of(Backend& ops, const float* data, uint64_t numel) {
-  std::vector<uint8_t> host(numel * sizeof(float));
+std::vector<uint8_t> bytes_of(Backend& ops, const void* data, uint64_t bytes) {
+  std::vector<uint8_t> host(bytes);
   ops.download(host.data(), data, host.size());
   return host;
 }
@@ -749,7 +785,7 @@ std::string Trainer::write_snapshot(
   std::map<std::string, std::vector<uint8_t>> own;
   if (sharded_state())
     for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
-      own[s.name] = bytes_of(device_->backend(), s.data, s.numel);
+      own[s.name] = bytes_of(device_->backend(), s.data, s.bytes());
   if (world > 1) {
     // Each rank's own part (its data position, its shards) first, then, once every rank's is
     // written, rank 0 writes the replicated state: a step_<N>.hrsnap in the folder means every
@@ -776,7 +812,7 @@ std::string Trainer::write_snapshot(
   }
   if (!sharded_state())
     for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
-      d.tensors[s.name] = bytes_of(device_->backend(), s.data, s.numel);
+      d.tensors[s.name] = bytes_of(device_->backend(), s.data, s.bytes());
   d.plugins = plugin_states;
   const std::string path = headroom::write_snapshot(config_.snapshot.dir, d, config_.snapshot.keep);
   snapshot_path_ = path;
@@ -843,8 +879,8 @@ int64_t Trainer::resume() {
   struct Target {
     std::string name;
     Param<float>* param = nullptr;
-    float* data = nullptr;
-    uint64_t numel = 0;
+    void* data = nullptr;
+    uint64_t bytes = 0;  // f32 parameters; optimizer state in its dtype
   };
   auto check = [&](const std::map<std::string, std::vector<uint8_t>>& tensors,
                    const std::vector<Target>& targets, const std::string& where) {
@@ -854,20 +890,20 @@ int64_t Trainer::resume() {
     for (const Target& t : targets) {
       const auto it = tensors.find(t.name);
       if (it == tensors.end()) throw refuse(where + "has no tensor '" + t.name + "'");
-      if (it->second.size() != t.numel * sizeof(float))
+      if (it->second.size() != t.bytes)
         throw refuse(where + "has tensor '" + t.name + "' of " + std::to_string(it->second.size()) +
-                     " bytes; expected " + std::to_string(t.numel * sizeof(float)));
+                     " bytes; expected " + std::to_string(t.bytes));
     }
   };
   Backend& ops = device_->backend();
   auto upload_state = [&](const std::map<std::string, std::vector<uint8_t>>& tensors,
                           const std::vector<Target>& targets) {
     for (const Target& t : targets)
-      if (!t.param) ops.upload(t.data, tensors.at(t.name).data(), t.numel * sizeof(float));
+      if (!t.param) ops.upload(t.data, tensors.at(t.name).data(), t.bytes);
   };
   std::vector<Target> replicated, own;
   for (Param<float>* p : model_->params())
-    replicated.push_back({p->name, p, nullptr, p->numel});
+    replicated.push_back({p->name, p, nullptr, p->numel * sizeof(float)});
   if (resharded) {
     // The replicated file's optimizer state (an unsharded snapshot's) went into the resharder.
     std::set<std::string> names;
@@ -881,7 +917,7 @@ int64_t Trainer::resume() {
     }
   } else {
     for (const Optimizer::StateTensor& s : optimizer_->state(segments_))
-      (sharded_state() ? own : replicated).push_back({s.name, nullptr, s.data, s.numel});
+      (sharded_state() ? own : replicated).push_back({s.name, nullptr, s.data, s.bytes()});
   }
   const std::string own_where = "(rank " + std::to_string(comm_->rank()) + "'s part) ";
   check(d.tensors, replicated, "");

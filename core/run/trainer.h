@@ -161,6 +161,7 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   void veto_step(const std::string& plugin, const std::string& reason) override;
   void request_retry(const std::string& plugin, const std::string& reason) override;
   void set_compute_dtype(const std::string& plugin, Dtype dtype) override;
+  void set_precision(const std::string& plugin, const Precision& p) override;
   void set_loss_scale(const std::string& plugin, double scale) override;
   RunState state() const override;
   Communicator* plugin_communicator() override { return comm_.get(); }
@@ -242,6 +243,10 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   int64_t skipped_steps_ = 0;
   Dtype compute_dtype_ = Dtype::kF32;  // the model's, as a plugin chose it (amp)
   std::string compute_dtype_by_;
+  // The state layout around it (amp's grad_dtype, master_weights, state_dtype); its compute is
+  // compute_dtype_'s.
+  Precision precision_;
+  std::string precision_by_;
   double loss_scale_ = 1.0;
   double run_start_ms_ = 0.0;
   int64_t first_step_ = 1;  // > 1 after a resume

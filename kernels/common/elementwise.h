@@ -111,6 +111,68 @@ HR_HD inline T adamw_element(T param, T grad, T& m, T& v, T lr, T beta1, T beta2
   return param - lr * (mhat / (detail::hr_sqrt(vhat) + eps) + weight_decay * param);
 }
 
+// --- stochastic rounding (weights and optimizer state stored in bf16) -------------------------
+// Rounding a small update into bf16 to nearest loses it whenever it is under half a bf16 ulp of
+// the weight (1/256 of it): the weight stops moving. Rounded up or down with probabilities in
+// proportion to the distances, the expected stored value is the f32 one, so small updates
+// accumulate on average (Gupta et al. 2015; llm.c's bf16 weights without masters).
+
+// 32 random bits for element i of a stream `seed`: a counter-based hash (MurmurHash3's 64-bit
+// finalizer over the index and the seed), the same on the host and the device, in any order and
+// any thread layout, so that a run and its resume round alike.
+HR_HD inline uint32_t rounding_noise(uint32_t seed, uint64_t i) {
+  uint64_t x = i * 0x9E3779B97F4A7C15ull ^ ((uint64_t(seed) << 32) | seed);
+  x ^= x >> 33;
+  x *= 0xFF51AFD7ED558CCDull;
+  x ^= x >> 33;
+  x *= 0xC4CEB9FE1A85EC53ull;
+  x ^= x >> 33;
+  return uint32_t(x);
+}
+
+// x to bf16, rounded up in magnitude with probability (dropped bits) / 2^16: the 16 bits bf16
+// drops plus 16 random ones, truncated. Infinities and NaN round as float_to_bf16 does.
+HR_HD inline uint16_t float_to_bf16_stochastic(float x, uint32_t noise) {
+  const uint32_t b = float_bits(x);
+  if ((b & 0x7F800000u) == 0x7F800000u) return float_to_bf16(x);
+  return uint16_t((b + (noise & 0xFFFFu)) >> 16);
+}
+
+// An optimizer operand as stored: f32, or bf16 (uint16_t bits), widened to f32 to compute and
+// stored back, bf16 rounded stochastically with `noise`.
+HR_HD inline float widen(float x) {
+  return x;
+}
+HR_HD inline float widen(uint16_t bf16) {
+  return bf16_to_float(bf16);
+}
+HR_HD inline void store_rounded(float& out, float x, uint32_t) {
+  out = x;
+}
+HR_HD inline void store_rounded(uint16_t& out, float x, uint32_t noise) {
+  out = float_to_bf16_stochastic(x, noise);
+}
+
+// One AdamW step on stored operands: weights W, gradient G, state S, each float or bf16. The
+// math is adamw_element's in f32; element i of the segment draws its three streams of noise
+// (weight, m, v) from `seed`, the step's and segment's.
+template <class W, class G, class S>
+HR_HD inline void adamw_stored(W& param, G grad, S& m, S& v, uint64_t i, uint32_t seed, float lr,
+                               float beta1, float beta2, float eps, float weight_decay, float bc1,
+                               float bc2) {
+  float mf = widen(m), vf = widen(v);
+  const float p = adamw_element(widen(param), widen(grad), mf, vf, lr, beta1, beta2, eps,
+                                weight_decay, bc1, bc2);
+  store_rounded(param, p, rounding_noise(seed, 3 * i));
+  store_rounded(m, mf, rounding_noise(seed, 3 * i + 1));
+  store_rounded(v, vf, rounding_noise(seed, 3 * i + 2));
+}
+
+// One SGD step on stored operands (buf null: no momentum), as adamw_stored.
+template <class W, class G, class S>
+HR_HD inline void sgd_stored(W& param, G grad, S* buf, uint64_t i, uint32_t seed, float lr,
+                             float momentum, float weight_decay);
+
 // One plain SGD step (no momentum state), torch.optim.SGD semantics: weight decay is L2 added to
 // the gradient. Returns the new parameter.
 template <class T>
@@ -125,6 +187,20 @@ HR_HD inline T sgd_momentum_element(T param, T grad, T& buf, T lr, T momentum, T
   const T g = grad + weight_decay * param;
   buf = momentum * buf + g;
   return param - lr * buf;
+}
+
+template <class W, class G, class S>
+HR_HD inline void sgd_stored(W& param, G grad, S* buf, uint64_t i, uint32_t seed, float lr,
+                             float momentum, float weight_decay) {
+  float p;
+  if (buf != nullptr) {
+    float b = widen(*buf);
+    p = sgd_momentum_element(widen(param), widen(grad), b, lr, momentum, weight_decay);
+    store_rounded(*buf, b, rounding_noise(seed, 2 * i + 1));
+  } else {
+    p = sgd_element(widen(param), widen(grad), lr, weight_decay);
+  }
+  store_rounded(param, p, rounding_noise(seed, 2 * i));
 }
 
 }  // namespace headroom

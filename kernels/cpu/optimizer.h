@@ -46,6 +46,31 @@ void sgd_update(T* param, const T* grad, T* momentum_buf, size_t n, float lr, fl
   }
 }
 
+// AdamW over stored operands (weights W, gradients G, state S: float, or uint16_t bf16 bits that
+// are rounded stochastically from `seed`, kernels/common/elementwise.h adamw_stored).
+template <class W, class G, class S>
+void adamw_update_stored(W* param, const G* grad, S* m, S* v, size_t n, float lr, float beta1,
+                         float beta2, float eps, float weight_decay, int64_t t, uint32_t seed) {
+  const double td = static_cast<double>(t);
+  const float bc1 = float(1.0 - std::pow(static_cast<double>(beta1), td));
+  const float bc2 = float(1.0 - std::pow(static_cast<double>(beta2), td));
+  for (size_t i = 0; i < n; i++) {
+    adamw_stored(param[i], grad[i], m[i], v[i], i, seed, lr, beta1, beta2, eps, weight_decay, bc1,
+                 bc2);
+  }
+}
+
+// SGD over stored operands, as adamw_update_stored; momentum_buf null (or momentum 0): no state.
+template <class W, class G, class S>
+void sgd_update_stored(W* param, const G* grad, S* momentum_buf, size_t n, float lr, float momentum,
+                       float weight_decay, uint32_t seed) {
+  const bool with_buf = momentum_buf != nullptr && momentum != 0.0f;
+  for (size_t i = 0; i < n; i++) {
+    sgd_stored(param[i], grad[i], with_buf ? momentum_buf + i : static_cast<S*>(nullptr), i, seed,
+               lr, momentum, weight_decay);
+  }
+}
+
 // sum of x[i]^2, accumulated in double (the squared norm of ~1e8 float gradients).
 template <class T>
 double sum_squares(const T* x, size_t n) {

@@ -177,6 +177,15 @@ void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
 // SGD, torch.optim.SGD semantics; momentum_buf (n) null (or momentum 0) means no state.
 void sgd_update(float* param, const float* grad, float* momentum_buf, size_t n, float lr,
                 float momentum, float weight_decay, cudaStream_t stream);
+// The same on stored operands: W, G, S each float or uint16_t (bf16 bits, weights and state
+// rounded stochastically from seed); instantiated for every combination in optimizer.cu.
+template <class W, class G, class S>
+void adamw_update_stored(W* param, const G* grad, S* m, S* v, size_t n, float lr, float beta1,
+                         float beta2, float eps, float weight_decay, int64_t t, uint32_t seed,
+                         cudaStream_t stream);
+template <class W, class G, class S>
+void sgd_update_stored(W* param, const G* grad, S* momentum_buf, size_t n, float lr, float momentum,
+                       float weight_decay, uint32_t seed, cudaStream_t stream);
 // x (n) *= s
 void scale_inplace(float* x, size_t n, float s, cudaStream_t stream);
 

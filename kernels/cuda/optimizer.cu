@@ -66,6 +66,67 @@ void sgd_update(float* param, const float* grad, float* momentum_buf, size_t n, 
   CUDA_CHECK_LAUNCH();
 }
 
+// AdamW and SGD on stored operands (float, or uint16_t bf16 bits rounded stochastically): the
+// element math is kernels/common/elementwise.h's adamw_stored / sgd_stored, the CPU's own.
+template <class W, class G, class S>
+__global__ void adamw_stored_kernel(W* param, const G* grad, S* m, S* v, size_t n, float lr,
+                                    float beta1, float beta2, float eps, float weight_decay,
+                                    float bc1, float bc2, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    adamw_stored(param[i], grad[i], m[i], v[i], i, seed, lr, beta1, beta2, eps, weight_decay, bc1,
+                 bc2);
+  }
+}
+
+template <class W, class G, class S>
+void adamw_update_stored(W* param, const G* grad, S* m, S* v, size_t n, float lr, float beta1,
+                         float beta2, float eps, float weight_decay, int64_t t, uint32_t seed,
+                         cudaStream_t stream) {
+  const double td = static_cast<double>(t);
+  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), td));
+  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), td));
+  const int block = 256;
+  adamw_stored_kernel<<<grid_for(n, block), block, 0, stream>>>(
+      param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2, seed);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <class W, class G, class S>
+__global__ void sgd_stored_kernel(W* param, const G* grad, S* buf, size_t n, float lr,
+                                  float momentum, float weight_decay, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    sgd_stored(param[i], grad[i], buf ? buf + i : static_cast<S*>(nullptr), i, seed, lr, momentum,
+               weight_decay);
+  }
+}
+
+template <class W, class G, class S>
+void sgd_update_stored(W* param, const G* grad, S* momentum_buf, size_t n, float lr, float momentum,
+                       float weight_decay, uint32_t seed, cudaStream_t stream) {
+  const int block = 256;
+  S* buf = momentum != 0.0f ? momentum_buf : nullptr;
+  sgd_stored_kernel<<<grid_for(n, block), block, 0, stream>>>(param, grad, buf, n, lr, momentum,
+                                                              weight_decay, seed);
+  CUDA_CHECK_LAUNCH();
+}
+
+#define HR_STORED(W, G, S)                                                                      \
+  template void adamw_update_stored<W, G, S>(W*, const G*, S*, S*, size_t, float, float, float, \
+                                             float, float, int64_t, uint32_t, cudaStream_t);    \
+  template void sgd_update_stored<W, G, S>(W*, const G*, S*, size_t, float, float, float,       \
+                                           uint32_t, cudaStream_t);
+HR_STORED(float, float, float)
+HR_STORED(float, float, uint16_t)
+HR_STORED(float, uint16_t, float)
+HR_STORED(float, uint16_t, uint16_t)
+HR_STORED(uint16_t, float, float)
+HR_STORED(uint16_t, float, uint16_t)
+HR_STORED(uint16_t, uint16_t, float)
+HR_STORED(uint16_t, uint16_t, uint16_t)
+#undef HR_STORED
+
 // x (n) *= s: the float case of the dtype-generic scale (elementwise.cu).
 void scale_inplace(float* x, size_t n, float s, cudaStream_t stream) {
   scale<float>(x, n, static_cast<double>(s), stream);

@@ -1,14 +1,31 @@
 // amp: mixed precision. The model computes in bf16 or fp16 — activations, compute copies of the
-// parameters and each micro-step's gradients — while the optimizer updates fp32 master weights
-// from fp32 gradients; the host casts the masters to the compute copies after every update and
-// adds each micro-step's gradients into the fp32 ones (ABI 1.4 set_compute_dtype). That halves
-// activation memory. fp16's narrow range needs dynamic loss scaling, which is this plugin's
-// policy and state:
+// parameters and each micro-step's gradients — while the optimizer updates fp32 master weights;
+// the host casts the masters to the compute copies after every update (ABI 1.4
+// set_compute_dtype). That halves activation memory. How the model state is laid out around it is
+// this plugin's choice too (headroom.precision/1's appended setters), in bytes per parameter Ψ
+// with AdamW:
+//
+//   grad_dtype = "fp32"  fp32 masters 4 + compute copies 2 + fp32 gradients 4 + moments 8 = 18Ψ.
+//                        Each layer's bf16 gradients live only through its backward: made before
+//                        it, added into the fp32 ones (exact accumulation) and freed at its end.
+//   grad_dtype = "bf16"  DeepSpeed's layout: the backward adds into one bf16 gradient buffer over
+//                        the micro-steps, no fp32 gradients: 4 + 2 + 2 + 8 = 16Ψ.
+//   master_weights = false
+//                        no fp32 masters: the weights exist only in bf16 and the optimizer rounds
+//                        each update into them stochastically (seeded from [train] seed, the
+//                        seed in snapshots, so a resume is exact): 2 + 2 + 8 = 12Ψ with bf16
+//                        gradients (its default), 2 + 2 + 4 = 8Ψ with state_dtype = "bf16".
+//   state_dtype = "bf16" the built-in optimizer's moments in bf16, rounded stochastically.
+//
+// fp16's narrow range needs dynamic loss scaling, which is this plugin's policy and state:
 //
 //   [[plugins]]
 //   name = "amp"
 //   dtype = "bf16"          # "bf16" (the default: fp32's range, no scaling) | "fp16"
-//   master_weights = true   # fp32 masters the optimizer updates (the only mode headroom has)
+//   grad_dtype = "fp32"     # "fp32" (default with masters) | "bf16" (default without; dtype bf16)
+//   master_weights = true   # false: bf16 weights only, stochastic rounding (dtype bf16)
+//   state_dtype = "fp32"    # "fp32" | "bf16": the built-in optimizer's state
+//   # grad_dtype = "bf16" and master_weights = false run on one rank without a zero plugin.
 //   # fp16 only — the loss scaler, with DeepSpeed's and torch.amp's defaults:
 //   init_scale = 65536.0    # 2^16
 //   growth_factor = 2.0     # after growth_interval steps without overflow
@@ -38,6 +55,7 @@
 // the C ABI.
 #include <headroom/ext/comm.h>
 #include <headroom/ext/estimate.h>
+#include <headroom/ext/precision.h>
 #include <headroom/ext/shard.h>
 #include <headroom/plugin.h>
 
@@ -90,6 +108,8 @@ class Amp {
   }
   const hr_host_services* services() const { return s_; }
   bool fp16() const { return fp16_; }
+  // The state layout it chose (its estimate's).
+  bool grad_bf16 = false, masters = true, state_bf16 = false;
   double scale() const { return st_.scale; }
 
   hr_status on_grads_ready() {
@@ -98,7 +118,7 @@ class Amp {
     bool overflow = false;
     for (const hr_tensor& g : grads) {
       int32_t bad = 0;
-      const hr_status st = s_->op_nonfinite(s_->host, g.grad, g.dtype, g.numel, &bad);
+      const hr_status st = s_->op_nonfinite(s_->host, g.grad, g.grad_dtype, g.numel, &bad);
       if (st != HR_OK) return st;
       if (bad) {
         overflow = true;
@@ -113,7 +133,7 @@ class Amp {
     }
     if (overflow) return on_overflow();
     for (const hr_tensor& g : grads) {
-      const hr_status st = s_->op_scale(s_->host, g.grad, g.dtype, g.numel, 1.0 / st_.scale);
+      const hr_status st = s_->op_scale(s_->host, g.grad, g.grad_dtype, g.numel, 1.0 / st_.scale);
       if (st != HR_OK) return st;
     }
     if (++st_.good_steps >= c_.growth_interval) {
@@ -204,7 +224,10 @@ class Amp {
         hr_tensor t;
         std::memset(&t, 0, sizeof t);
         t.struct_size = sizeof t;
-        if (shard_->gradient_range(s_->host, l, &t) == HR_OK) out.push_back(t);
+        if (shard_->gradient_range(s_->host, l, &t) == HR_OK) {
+          t.grad_dtype = t.dtype;  // sharded gradients are fp32
+          out.push_back(t);
+        }
       }
       return out;
     }
@@ -263,11 +286,29 @@ hr_status create(const hr_host_services* s, void** instance) {
   int32_t master = 1;
   st = s->config_bool(s->host, "master_weights", &master);
   if (st != HR_OK) return st;
-  if (!master)
+  if (!master && fp16)
     return s->config_error(s->host, "master_weights",
-                           "= false is not available: headroom keeps fp32 master weights for the "
-                           "optimizer (6 bytes per parameter with the compute copy); remove the "
-                           "key or set it to true");
+                           "= false needs dtype = \"bf16\" (the weights are kept in bf16 and "
+                           "rounded stochastically); fp16 keeps fp32 masters");
+  // The gradients: fp32 beside the masters, bf16 without them, unless given.
+  char grad[16] = "";
+  st = s->config_string(s->host, "grad_dtype", grad, sizeof grad);
+  std::string g = grad;
+  if (st == HR_ERROR_INVALID || (st == HR_OK && !g.empty() && g != "fp32" && g != "bf16"))
+    return s->config_error(s->host, "grad_dtype",
+                           ("must be \"fp32\" or \"bf16\"; got \"" + g + "\"").c_str());
+  if (st != HR_OK) return st;
+  if (g.empty()) g = master ? "fp32" : "bf16";
+  if (g == "bf16" && fp16)
+    return s->config_error(s->host, "grad_dtype",
+                           "= \"bf16\" needs dtype = \"bf16\" (fp16 accumulates in fp32)");
+  char state[16] = "fp32";
+  st = s->config_string(s->host, "state_dtype", state, sizeof state);
+  const std::string sd = state;
+  if (st == HR_ERROR_INVALID || (st == HR_OK && sd != "fp32" && sd != "bf16"))
+    return s->config_error(s->host, "state_dtype",
+                           ("must be \"fp32\" or \"bf16\"; got \"" + sd + "\"").c_str());
+  if (st != HR_OK) return st;
 
   // The scaler's keys: every one is read (so none is an unknown key), then checked.
   ScalerConfig c;
@@ -315,7 +356,28 @@ hr_status create(const hr_host_services* s, void** instance) {
 
   st = s->set_compute_dtype(s->host, fp16 ? HR_DTYPE_F16 : HR_DTYPE_BF16);
   if (st != HR_OK) return st;  // the host's message stands
+  const bool layout = g == "bf16" || !master || sd == "bf16";
+  if (layout) {
+    const auto* prec =
+        HR_HAS_FIELD(s, hr_host_services, get_extension)
+            ? static_cast<const hr_ext_precision*>(s->get_extension(s->host, HR_EXT_PRECISION))
+            : nullptr;
+    if (!prec || !HR_HAS_FIELD(prec, hr_ext_precision, state_dtype)) {
+      s->set_error(s->host,
+                   "grad_dtype = \"bf16\", master_weights = false and state_dtype = \"bf16\" "
+                   "need a host whose headroom.precision/1 lays out the model state; this one "
+                   "is older");
+      return HR_ERROR_UNSUPPORTED;
+    }
+    if (g == "bf16") st = prec->set_grad_dtype(s->host, HR_DTYPE_BF16);
+    if (st == HR_OK && !master) st = prec->set_master_weights(s->host, 0);
+    if (st == HR_OK && sd == "bf16") st = prec->set_state_dtype(s->host, HR_DTYPE_BF16);
+    if (st != HR_OK) return st;
+  }
   Amp* amp = new Amp(s, fp16, c);
+  amp->grad_bf16 = g == "bf16";
+  amp->masters = master != 0;
+  amp->state_bf16 = sd == "bf16";
   st = amp->start();
   if (st != HR_OK) {
     delete amp;
@@ -361,17 +423,34 @@ hr_status load_state(void* instance, const void* data, uint64_t size) {
 // Configured: the dtype it was given; not configured: it proposes bf16 (no loss scaling needed).
 hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_result* r) {
   if (!q || !r || !r->after || !q->peak) return HR_ERROR_INVALID;
-  const bool fp16 = instance && static_cast<const Amp*>(instance)->fp16();
+  const Amp* amp = static_cast<const Amp*>(instance);
+  const bool fp16 = amp && amp->fp16();
   r->after->compute_dtype = fp16 ? HR_DTYPE_F16 : HR_DTYPE_BF16;
+  // Proposed (not configured): bf16 with DeepSpeed's 16Ψ layout on one unsharded rank (where the
+  // host has it), fp32 gradients elsewhere. As configured: its layout.
+  const bool one_rank = HR_HAS_FIELD(q->before, hr_mechanisms, optimizer_bytes) &&
+                        q->before->world_size <= 1 && q->before->shard == 0;
+  const bool grad_bf16 = amp ? amp->grad_bf16 : one_rank;
+  const bool masters = amp ? amp->masters : true;
+  const bool state_bf16 = amp && amp->state_bf16;
+  if (HR_HAS_FIELD(r->after, hr_mechanisms, optimizer_bytes)) {
+    r->after->grad_dtype = grad_bf16 ? HR_DTYPE_BF16 : HR_DTYPE_F32;
+    r->after->master_weights = masters ? 1 : 0;
+    r->after->state_dtype = state_bf16 ? HR_DTYPE_BF16 : HR_DTYPE_F32;
+  }
   const hr_status st = q->peak(q->context, r->after, r->bytes);
   if (st != HR_OK) return st;
   // Step time over no plugins, CPU backend: docs/results/plugins.md, "Results", rows "amp bf16"
   // (1.148) and "amp fp16" (1.350; the loss scaler's checks). Not measured on a GPU yet.
   r->step_time_factor = fp16 ? 1.35 : 1.15;
-  std::snprintf(r->what, sizeof r->what,
-                "mixed precision, %s activations and compute weights, fp32 master weights",
-                fp16 ? "fp16" : "bf16");
-  std::snprintf(r->toml, sizeof r->toml, "dtype = \"%s\"", fp16 ? "fp16" : "bf16");
+  std::snprintf(
+      r->what, sizeof r->what, "mixed precision, %s activations and weights, %s, %s%s",
+      fp16 ? "fp16" : "bf16", masters ? "fp32 master weights" : "no masters (stochastic rounding)",
+      grad_bf16 ? "bf16 gradients" : "fp32 gradients", state_bf16 ? ", bf16 optimizer state" : "");
+  std::snprintf(r->toml, sizeof r->toml, "dtype = \"%s\"%s%s%s", fp16 ? "fp16" : "bf16",
+                grad_bf16 && masters ? "\ngrad_dtype = \"bf16\"" : "",
+                masters ? "" : "\nmaster_weights = false",
+                state_bf16 ? "\nstate_dtype = \"bf16\"" : "");
   return HR_OK;
 }
 

@@ -234,6 +234,38 @@ class CudaBackend final : public Backend {
     on_device();
     cuda::sgd_update(param, grad, momentum_buf, n, lr, momentum, weight_decay, stream());
   }
+  void adamw_update_stored(const Stored& o, void* param, const void* grad, void* m, void* v,
+                           uint64_t n, float lr, float beta1, float beta2, float eps,
+                           float weight_decay, int64_t t) override {
+    if (o.param == Dtype::kF32 && o.grad == Dtype::kF32 && o.state == Dtype::kF32)
+      return adamw_update(static_cast<float*>(param), static_cast<const float*>(grad),
+                          static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1, beta2, eps,
+                          weight_decay, t);
+    on_device();
+    with_stored_types(o, [&](auto w, auto g, auto st) {
+      using W = decltype(w);
+      using G = decltype(g);
+      using S = decltype(st);
+      cuda::adamw_update_stored(static_cast<W*>(param), static_cast<const G*>(grad),
+                                static_cast<S*>(m), static_cast<S*>(v), n, lr, beta1, beta2, eps,
+                                weight_decay, t, o.seed, stream());
+    });
+  }
+  void sgd_update_stored(const Stored& o, void* param, const void* grad, void* momentum_buf,
+                         uint64_t n, float lr, float momentum, float weight_decay) override {
+    if (o.param == Dtype::kF32 && o.grad == Dtype::kF32 && o.state == Dtype::kF32)
+      return sgd_update(static_cast<float*>(param), static_cast<const float*>(grad),
+                        static_cast<float*>(momentum_buf), n, lr, momentum, weight_decay);
+    on_device();
+    with_stored_types(o, [&](auto w, auto g, auto st) {
+      using W = decltype(w);
+      using G = decltype(g);
+      using S = decltype(st);
+      cuda::sgd_update_stored(static_cast<W*>(param), static_cast<const G*>(grad),
+                              static_cast<S*>(momentum_buf), n, lr, momentum, weight_decay, o.seed,
+                              stream());
+    });
+  }
 
   // --- element-wise and reductions ---------------------------------------------------------------
   void fill(Dtype dt, void* x, uint64_t n, double value) override {
