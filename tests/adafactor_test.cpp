@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "core/events/events.h"
 #include "core/model/model.h"
 #include "core/optim/optim.h"
+#include "core/report/advice.h"
 #include "core/run/snapshot.h"
 #include "core/run/trainer.h"
 #include "tests/test_util.h"
@@ -85,7 +87,21 @@ struct ReferenceOptimizer final : EventListener {
     for (size_t k = 0; k < params.size(); ++k) {
       const Param<float>& p = *params[k];
       float* theta = p.data();
-      float* grad = p.gdata();
+      // The step's gradient: f32, or bf16 when amp accumulates it in the compute dtype.
+      const bool bf16 = p.step_grad_dtype() == Dtype::kBF16;
+      float* g32 = static_cast<float*>(p.step_grad());
+      uint16_t* g16 = static_cast<uint16_t*>(p.step_grad());
+      std::vector<double> grad(p.numel);
+      for (size_t i = 0; i < p.numel; ++i) {
+        if (bf16) {
+          const uint32_t bits = uint32_t(g16[i]) << 16;
+          float f;
+          std::memcpy(&f, &bits, sizeof f);
+          grad[i] = f;
+        } else {
+          grad[i] = g32[i];
+        }
+      }
       const size_t n = p.numel;
       double ss = 0.0;
       for (size_t i = 0; i < n; ++i)
@@ -132,7 +148,11 @@ struct ReferenceOptimizer final : EventListener {
         const double th = theta[i];
         const double decayed = p.decay ? th - r.weight_decay * alpha * th : th;
         theta[i] = float(decayed - step);
-        grad[i] = 0.0f;
+        if (bf16) {
+          g16[i] = 0;
+        } else {
+          g32[i] = 0.0f;
+        }
       }
     }
   }
@@ -182,6 +202,9 @@ TEST(Adafactor, LossesMatchADoublePrecisionReferenceOver20Steps) {
       // differs by one float ulp (the plugin keeps its moments in f32) can round to another bf16
       // compute weight, 2^-8 apart: the losses part slowly (1e-6 through step 14, 3e-5 by 20).
       {"amp bf16", "", Reference{}, "3e-3", true, "[[plugins]]\nname = \"amp\"\n", 1e-4},
+      // bf16 gradients accumulated over the micro-steps (DeepSpeed's layout), widened to f32.
+      {"amp bf16, grad_dtype bf16", "", Reference{}, "3e-3", true,
+       "[[plugins]]\nname = \"amp\"\ngrad_dtype = \"bf16\"\n", 1e-4},
   };
   for (const Variant& v : variants) {
     const std::string base = model_toml() + train_toml(20, v.lr);
@@ -265,6 +288,51 @@ TEST(Adafactor, OptimizerBytesOnGpt2SmallShapes) {
   // c_attn (2304 + 768) + 2304, attn c_proj (768 + 768) + 768, c_fc (3072 + 768) + 3072, mlp
   // c_proj (768 + 3072) + 768: 22272; 320625 floats in all.
   EXPECT_EQ(check_state_bytes("gpt2-124m shapes", gpt2_124m_toml(), false), 320625u * 4);
+}
+
+// The plugin's estimate (headroom.estimate/1) chained by core, as `headroom plan` prints it: the
+// optimizer bytes are the state the tracker measured, and on the CPU backend the whole peak is.
+TEST(Adafactor, EstimateIsTheMeasuredState) {
+  for (const std::string keys : {"", "beta1 = 0.9\n"}) {
+    const Config c = test::config_from(model_toml(12, 32) +
+                                       "[train]\nsteps = 2\nmicro_batch = 1\n" + plugin_toml(keys));
+    const ConfigEstimate e = estimate_config(c);
+    ASSERT_EQ(e.plugins.size(), 1u);
+    ASSERT_TRUE(e.plugins[0].ok()) << keys << "status " << e.plugins[0].status;
+    Trainer t(c, TrainOptions{});
+    t.run();
+    const MemoryTracker& mt = t.device().tracker();
+    EXPECT_EQ(e.peak.at_peak[static_cast<int>(Category::kOptimizer)], optimizer_peak(t)) << keys;
+    for (int i = 0; i < kNumCategories; ++i)
+      EXPECT_EQ(e.peak.at_peak[i], mt.live_at_peak()[i]) << keys << category_name(category_at(i));
+    EXPECT_EQ(e.peak.total(), mt.peak_total()) << keys;
+  }
+  // gpt2-124m's shapes, from the estimate alone: the hand-counted 320625 floats.
+  const ConfigEstimate g = estimate_config(test::config_from(gpt2_124m_toml()));
+  ASSERT_EQ(g.plugins.size(), 1u);
+  EXPECT_EQ(g.peak.at_peak[static_cast<int>(Category::kOptimizer)], 320625u * 4);
+}
+
+// Not in the config, it proposes itself: a run that fits only without AdamW's 8 bytes a parameter
+// gets adafactor as a remedy, with its table.
+TEST(Adafactor, ProposedWhenAdamWStateDoesNotFit) {
+  const std::string model = model_toml(4, 64) + "[train]\nsteps = 2\nmicro_batch = 2\n";
+  const uint64_t with = estimate_config(test::config_from(model + plugin_toml(""))).peak.total();
+  const uint64_t without = estimate_config(test::config_from(model)).peak.total();
+  ASSERT_LT(with, without);
+  const Config c = test::config_from(model, {"device.memory_limit=" + std::to_string(with + 1000)});
+  const Advice a = advise(c);
+  ASSERT_FALSE(a.fits);
+  bool found = false;
+  for (const Remedy& r : a.remedies)
+    if (r.plugins == std::vector<std::string>{"adafactor"}) {
+      found = true;
+      EXPECT_TRUE(r.fits);
+      EXPECT_EQ(r.peak_after, with);
+      EXPECT_TRUE(test::contains(r.toml, "[[plugins]]\nname = \"adafactor\"\nrelative_step = true"))
+          << r.toml;
+    }
+  EXPECT_TRUE(found) << format_remedies(a);
 }
 
 // Stopping before step 11 (snapshot at 10) and resuming gives the uninterrupted run's losses and
@@ -370,6 +438,21 @@ TEST(Adafactor, DamagedOrMismatchedStateIsAClearError) {
       dir + "/s", test::config_from(model_toml() + train_toml(12) + plugin_toml("beta1 = 0.9\n") +
                                     snapshot_toml(dir + "/s")));
   EXPECT_TRUE(test::contains(e, "does not fit this run: it has no first moment")) << e;
+}
+
+// amp master_weights = false leaves bf16 weights only: the first step stops saying what to use.
+TEST(Adafactor, Bf16WeightsWithoutMastersStopWithAMessage) {
+  Trainer t(
+      test::config_from(model_toml() + train_toml(2) +
+                        "[[plugins]]\nname = \"amp\"\nmaster_weights = false\n" + plugin_toml("")),
+      TrainOptions{});
+  try {
+    t.run();
+    FAIL() << "expected a PluginFailure";
+  } catch (const PluginFailure& e) {
+    EXPECT_TRUE(test::contains(e.what(), "adafactor updates fp32 weights")) << e.what();
+    EXPECT_TRUE(test::contains(e.what(), "master_weights = false")) << e.what();
+  }
 }
 
 TEST(Adafactor, BadKeysExit2NamingTheKey) {
