@@ -29,15 +29,17 @@
 // The update runs in passes over each tensor (the sums of g^2 + eps1 and theta^2, the sum of u^2,
 // the update), so the only device memory it takes is its state: allocated at the first step (as
 // PyTorch and the built-in AdamW do), or when a snapshot is loaded, category optimizer, one
-// buffer per parameter. The step counter t counts this plugin's updates (a step vetoed by amp is
-// not one, as torch.amp skips optimizer.step()).
+// buffer per parameter (besides it, one host vector of cols doubles, reused). The step counter t
+// counts this plugin's updates (a step vetoed by amp is not one, as torch.amp skips
+// optimizer.step()).
 //
 // Snapshots: the counter and every state tensor's bytes, named by parameter (save_state /
 // load_state); a resume is bitwise. A state of another shape, another beta1 setting or damaged
 // bytes is refused with a message (exit 2).
 //
 // Estimate (headroom.estimate/1): the state's bytes from the model's parameter tensors, into
-// hr_mechanisms.optimizer_bytes; not configured, it proposes itself with its defaults.
+// hr_mechanisms.optimizer_bytes; not configured, it proposes itself with its defaults. It declines
+// (HR_ERROR_UNSUPPORTED) where it cannot run: CUDA, sharded state, bf16 weights without masters.
 //
 // Limits: the CPU backend only (its kernels are plain loops over host memory; on "cuda" create()
 // fails saying so), fp32 weights only (amp master_weights = false is refused at the first step),
