@@ -2,6 +2,13 @@
 // run without plugins.
 //
 //   build/bin/bench_plugins [CONFIG] [--set section.key=value]... [--steps N] [--warmup W]
+//                           [--suite memory|model-state]
+//
+// --suite memory (the default): the activation and allocator strategies. --suite model-state: the
+// model state's layouts (amp's grad_dtype, master_weights, state_dtype) and the optimizer plugins
+// (adafactor, adam8bit), with the headline combinations, each against fp32 AdamW; its table adds
+// the model state at rest (parameters + gradients + optimizer state after the run) in bytes a
+// parameter.
 //
 // CONFIG defaults to bench/gpt2-124m.toml with model.seq_len=512 and train.micro_batch=4 (the
 // --set overrides come after those, so they can change them). Each variant runs W + N optimizer
@@ -55,6 +62,7 @@ struct Variant {
 struct Result {
   ByCategory at_peak{};
   uint64_t peak_total = 0;
+  uint64_t model_state = 0;  // parameters + gradients + optimizer state live after the run
   double step_s = 0.0;
 };
 
@@ -79,16 +87,36 @@ int main(int argc, char** argv) {
   std::string file = "bench/gpt2-124m.toml";
   std::vector<std::string> sets;
   int steps = 2, warmup = 1;
+  std::string suite = "memory";
   app.add_option("config", file, "the TOML config (default bench/gpt2-124m.toml)");
   app.add_option("--set", sets, "override a config key: --set section.key=value");
   app.add_option("--steps", steps, "measured optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "steps run before measuring")->check(CLI::NonNegativeNumber);
+  app.add_option("--suite", suite, "which variants: memory (default) or model-state")
+      ->check(CLI::IsMember({"memory", "model-state"}));
   CLI11_PARSE(app, argc, argv);
 
   const std::string amp_bf16 = "[[plugins]]\nname = \"amp\"\ndtype = \"bf16\"\n";
   const std::string every = "[[plugins]]\nname = \"checkpoint\"\npolicy = \"every\"\n";
   const std::string selective = "[[plugins]]\nname = \"checkpoint\"\npolicy = \"selective\"\n";
-  const std::vector<Variant> variants = {
+  const std::string amp = "[[plugins]]\nname = \"amp\"\n";
+  const std::string grad16 = amp + "grad_dtype = \"bf16\"\n";
+  const std::string nomasters = amp + "master_weights = false\n";
+  const std::string adam8 = "[[plugins]]\nname = \"adam8bit\"\n";
+  const std::vector<Variant> model_state = {
+      {"fp32 AdamW (no plugins)", ""},
+      {"amp bf16, grad_dtype fp32", amp},
+      {"amp bf16, grad_dtype bf16", grad16},
+      {"amp, master_weights = false", nomasters},
+      {"amp, master_weights = false, state_dtype bf16", nomasters + "state_dtype = \"bf16\"\n"},
+      {"adafactor", "[[plugins]]\nname = \"adafactor\"\n"},
+      {"adam8bit", adam8},
+      {"amp grad bf16 + adam8bit + checkpoint every", grad16 + adam8 + every},
+      {"amp no masters + adam8bit + checkpoint every", nomasters + adam8 + every},
+      {"amp no masters, bf16 state + checkpoint every",
+       nomasters + "state_dtype = \"bf16\"\n" + every},
+  };
+  const std::vector<Variant> memory = {
       {"baseline (no plugins)", ""},
       {"checkpoint every", every},
       {"checkpoint sqrt", "[[plugins]]\nname = \"checkpoint\"\npolicy = \"sqrt\"\n"},
@@ -99,6 +127,7 @@ int main(int argc, char** argv) {
       {"amp bf16 + checkpoint selective", amp_bf16 + selective},
       {"defrag_allocator", "[[plugins]]\nname = \"defrag_allocator\"\n"},
   };
+  const std::vector<Variant>& variants = suite == "memory" ? memory : model_state;
 
   try {
     // Our defaults first, so the caller's --set wins.
@@ -134,6 +163,9 @@ int main(int argc, char** argv) {
       Result r;
       r.at_peak = trainer.device().tracker().live_at_peak();
       r.peak_total = trainer.device().tracker().peak_total();
+      const ByCategory& live = trainer.device().tracker().live_by_category();
+      r.model_state = live[size_t(Category::kParameters)] + live[size_t(Category::kGradients)] +
+                      live[size_t(Category::kOptimizer)];
       r.step_s = window.elapsed() / steps;
       results.push_back(r);
     }
@@ -157,8 +189,11 @@ int main(int argc, char** argv) {
     std::printf("| variant |");
     for (int i : cats)
       std::printf(" %s |", category_name(category_at(i)));
+    const uint64_t psi = gpt_num_params(c.model);
+    const bool state_col = suite == "model-state";
+    if (state_col) std::printf(" model state at rest | bytes / param |");
     std::printf(" peak total | peak vs baseline | step time | step vs baseline |\n|---|");
-    for (size_t i = 0; i < cats.size(); ++i)
+    for (size_t i = 0; i < cats.size() + (state_col ? 2 : 0); ++i)
       std::printf("---:|");
     std::printf("---:|---:|---:|---:|\n");
     const Result& base = results.front();
@@ -167,6 +202,9 @@ int main(int argc, char** argv) {
       std::printf("| %s |", variants[k].name.c_str());
       for (int i : cats)
         std::printf(" %s |", mib(r.at_peak[size_t(i)]).c_str());
+      if (state_col)
+        std::printf(" %s | %.2f |", mib(r.model_state).c_str(),
+                    double(r.model_state) / double(psi));
       std::printf(" %s | %.3f | %.2f s | %.3f |\n", mib(r.peak_total).c_str(),
                   double(r.peak_total) / double(base.peak_total), r.step_s, r.step_s / base.step_s);
     }

@@ -21,6 +21,7 @@
 
 #include "core/config/config.h"
 #include "core/model/model.h"
+#include "core/report/advice.h"
 #include "core/run/snapshot.h"
 #include "core/run/trainer.h"
 #include "headroom/ext/estimate.h"
@@ -250,8 +251,12 @@ TEST(Adam8bitKernel, FollowsFp32AdamWFor50Steps) {
 
 // bitsandbytes' test_optimizer8bit as written (weights randn * 0.1, gradients randn * 0.01, lr
 // 1e-3, no weight decay, 50 steps; every 10 steps the reference takes the 8-bit run's weights and
-// dequantized state, "so the parameters stay close together"): its bound for fp32 gradients on
-// the mean absolute weight error, err.mean() < 6e-5, after every step.
+// dequantized state, "so the parameters stay close together"): its bounds for fp32 gradients on
+// the weights after every step: the mean absolute error under 6e-5 (tighter than its 1.2e-4). Its
+// other bound, the mean relative error relerr = |p - p_ref| / (|p_ref| + 1e-9) under 1.2e-3, is
+// NOT met here: measured 1e-6 to 2.4e-3 in the first 8 steps of a window and up to 3.9e-2 when a
+// weight crosses zero (one element's |p_ref| ~ 1e-9 dominates the mean); it is printed, not
+// asserted. The moments' own mean relative error is ~1e-2 (FollowsFp32AdamWFor50Steps).
 TEST(Adam8bitKernel, MeetsBitsandbytesWeightBound) {
   const uint64_t n = 64 * 256;
   const double lr = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8;
@@ -263,7 +268,7 @@ TEST(Adam8bitKernel, MeetsBitsandbytesWeightBound) {
   std::vector<double> pr(n), mr(n, 0.0), vr(n, 0.0);
   for (uint64_t i = 0; i < n; ++i)
     pr[i] = p[i] = float(0.1 * normal(rng));
-  double worst = 0;
+  double worst = 0, worst_rel = 0;
   for (int t = 1; t <= 50; ++t) {
     for (float& x : g)
       x = float(0.01 * normal(rng));
@@ -273,14 +278,16 @@ TEST(Adam8bitKernel, MeetsBitsandbytesWeightBound) {
     ref.numel = n;
     adam8bit::step_8bit(ref, q.st, adam8bit::make_hyper(lr, b1, b2, eps, 0.0, t));
     const double c1 = 1 - std::pow(b1, t), c2 = 1 - std::pow(b2, t);
-    double err = 0;
+    double err = 0, rel = 0;
     for (uint64_t i = 0; i < n; ++i) {
       mr[i] = b1 * mr[i] + (1 - b1) * g[i];
       vr[i] = b2 * vr[i] + (1 - b2) * double(g[i]) * g[i];
       pr[i] -= lr * ((mr[i] / c1) / (std::sqrt(vr[i] / c2) + eps));
       err += std::fabs(p[i] - pr[i]);
+      rel += std::fabs(p[i] - pr[i]) / (std::fabs(pr[i]) + 1e-9);
     }
     worst = std::max(worst, err / n);
+    worst_rel = std::max(worst_rel, rel / n);
     EXPECT_LT(err / n, 6e-5) << "step " << t;
     if (t % 10 == 0) {
       const std::vector<float> m = q.m(maps), v = q.v(maps);
@@ -291,8 +298,10 @@ TEST(Adam8bitKernel, MeetsBitsandbytesWeightBound) {
       }
     }
   }
-  std::printf("bitsandbytes' setup: worst mean |weight error| over 50 steps %.3e (bound 6e-5)\n",
-              worst);
+  std::printf(
+      "bitsandbytes' setup: worst mean |weight error| over 50 steps %.3e (bound 6e-5), worst mean "
+      "relative weight error %.3e (bitsandbytes' 1.2e-3 not met; see above)\n",
+      worst, worst_rel);
 }
 
 // Tensors under min_8bit_size: fp32 moments, the host's AdamW element exactly (in float).
@@ -679,6 +688,9 @@ TEST(Adam8bitBytes, TrackerIsTheClosedFormOnA12LayerToy) {
 }
 
 TEST(Adam8bitBytes, TrackerIsTheClosedFormOnGpt2_124mShapes) {
+#ifdef HEADROOM_SANITIZE_BUILD
+  GTEST_SKIP() << "124M parameters: the release pass runs this, the sanitizer pass the toy";
+#endif
   const std::string toml =
       "[model]\nn_layer = 12\nn_head = 12\nn_embd = 768\nseq_len = 32\nvocab_size = 50257\n"
       "[train]\nsteps = 1\nmicro_batch = 1\ngrad_accum = 1\n" +
@@ -692,6 +704,60 @@ TEST(Adam8bitBytes, TrackerIsTheClosedFormOnGpt2_124mShapes) {
       (unsigned long long)psi, (unsigned long long)o.optimizer_live,
       double(o.optimizer_live) / double(psi), (unsigned long long)(8 * psi));
   EXPECT_EQ(o.optimizer_live, expect);
+}
+
+}  // namespace
+}  // namespace headroom
+
+namespace headroom {
+namespace {
+
+// The host's closed form with adam8bit's estimate (hr_mechanisms.optimizer_bytes from the
+// parameter tensors) is the tracker's peak by category, beside amp's bf16 gradients, over two
+// steps (the second's backward holds the state).
+TEST(Adam8bitBytes, HostEstimateIsTheTrackersPeakWithAmp) {
+  const std::string toml = model_toml(12) + train_toml(2) +
+                           "[[plugins]]\nname = \"amp\"\ngrad_dtype = \"bf16\"\n" + plugin_toml();
+  const Config c = test::config_from(toml);
+  Trainer t(c, TrainOptions{});
+  t.run();
+  const ConfigEstimate e = estimate_config(c);
+  ASSERT_EQ(e.plugins.size(), 2u);
+  for (const PluginEstimate& pe : e.plugins)
+    ASSERT_TRUE(pe.ok()) << pe.plugin << " status " << pe.status;
+  const MemoryTracker& mt = t.device().tracker();
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(e.peak.at_peak[i], mt.live_at_peak()[i]) << category_name(category_at(i));
+  EXPECT_EQ(e.peak.total(), mt.peak_total());
+}
+
+// Without fp32 masters (amp master_weights = false: bf16 weights and gradients) the plugin
+// rounds its updates into the bf16 weights stochastically; 8 steps = 4, a snapshot and 4 more,
+// bitwise, and the loss falls.
+TEST(Adam8bitTrain, Bf16WeightsWithoutMastersResumeBitwise) {
+  const std::string dir = test::temp_dir();
+  const std::string base = model_toml() + train_toml(8) +
+                           "[[plugins]]\nname = \"amp\"\nmaster_weights = false\n" +
+                           plugin_toml("min_8bit_size = 1024\n");
+  Trainer whole(test::config_from(base), TrainOptions{});
+  whole.run();
+  EXPECT_LT(whole.history().back().loss, whole.history().front().loss);
+  const std::string snap = "[snapshot]\nevery = 4\ndir = \"" + dir + "/s\"\n";
+  {
+    Trainer first(test::config_from(base + snap, {"train.steps=4"}), TrainOptions{});
+    first.run();
+  }
+  TrainOptions o;
+  o.resume_dir = dir + "/s";
+  Trainer resumed(test::config_from(base + snap), std::move(o));
+  resumed.run();
+  ASSERT_EQ(resumed.history().size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_EQ(resumed.history()[i].loss, whole.history()[4 + i].loss) << "step " << i + 5;
+  const auto& a = whole.model().params();
+  const auto& b = resumed.model().params();
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(std::memcmp(a[i]->cdata(), b[i]->cdata(), a[i]->numel * 2), 0) << a[i]->name;
 }
 
 }  // namespace
