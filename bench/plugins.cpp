@@ -113,6 +113,8 @@ int main(int argc, char** argv) {
       {"adam8bit", adam8},
       {"amp grad bf16 + adam8bit + checkpoint every", grad16 + adam8 + every},
       {"amp no masters + adam8bit + checkpoint every", nomasters + adam8 + every},
+      {"amp no masters + adafactor + checkpoint every",
+       nomasters + "[[plugins]]\nname = \"adafactor\"\n" + every},
       {"amp no masters, bf16 state + checkpoint every",
        nomasters + "state_dtype = \"bf16\"\n" + every},
   };

@@ -284,6 +284,9 @@ std::string gpt2_124m_toml() {
 }
 
 TEST(Adafactor, OptimizerBytesOnGpt2SmallShapes) {
+#ifdef HEADROOM_SANITIZE_BUILD
+  GTEST_SKIP() << "124M parameters: the release pass runs this, the sanitizer pass the toy";
+#endif
   // By hand: wte 50257 + 768, wpe 32 + 768, ln_f 2 * 768, and per block ln_1 and ln_2 4 * 768,
   // c_attn (2304 + 768) + 2304, attn c_proj (768 + 768) + 768, c_fc (3072 + 768) + 3072, mlp
   // c_proj (768 + 3072) + 768: 22272; 320625 floats in all.
@@ -441,18 +444,45 @@ TEST(Adafactor, DamagedOrMismatchedStateIsAClearError) {
 }
 
 // amp master_weights = false leaves bf16 weights only: the first step stops saying what to use.
-TEST(Adafactor, Bf16WeightsWithoutMastersStopWithAMessage) {
-  Trainer t(
-      test::config_from(model_toml() + train_toml(2) +
-                        "[[plugins]]\nname = \"amp\"\nmaster_weights = false\n" + plugin_toml("")),
-      TrainOptions{});
-  try {
-    t.run();
-    FAIL() << "expected a PluginFailure";
-  } catch (const PluginFailure& e) {
-    EXPECT_TRUE(test::contains(e.what(), "adafactor updates fp32 weights")) << e.what();
-    EXPECT_TRUE(test::contains(e.what(), "master_weights = false")) << e.what();
+// Without fp32 masters (amp master_weights = false) the weights are bf16 and adafactor rounds
+// its updates into them stochastically: the loss falls as with masters, 8 steps = 4, a snapshot
+// and 4 more bitwise (the seed is in the state), and the host's estimate is the tracker's peak.
+TEST(Adafactor, Bf16WeightsWithoutMastersTrainResumeAndEstimate) {
+  const std::string dir = test::temp_dir();
+  const std::string nomasters = "[[plugins]]\nname = \"amp\"\nmaster_weights = false\n";
+  const std::string base = model_toml() + train_toml(8) + nomasters + plugin_toml("seed = 7\n");
+  Trainer whole(test::config_from(base), TrainOptions{});
+  whole.run();
+  Trainer masters(test::config_from(model_toml() + train_toml(8) + "[[plugins]]\nname = \"amp\"\n" +
+                                    plugin_toml("")),
+                  TrainOptions{});
+  masters.run();
+  const double a = whole.history().back().loss, b = masters.history().back().loss;
+  EXPECT_LT(a, whole.history().front().loss);
+  EXPECT_NEAR(a, b, 0.02 * b) << "bf16 weights against fp32 masters after 8 steps";
+  const std::string snap = "[snapshot]\nevery = 4\ndir = \"" + dir + "/s\"\n";
+  {
+    Trainer first(test::config_from(base + snap, {"train.steps=4"}), TrainOptions{});
+    first.run();
   }
+  TrainOptions o;
+  o.resume_dir = dir + "/s";
+  Trainer resumed(test::config_from(base + snap), std::move(o));
+  resumed.run();
+  ASSERT_EQ(resumed.history().size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_EQ(resumed.history()[i].loss, whole.history()[4 + i].loss) << "step " << i + 5;
+  const auto& pa = whole.model().params();
+  const auto& pb = resumed.model().params();
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_EQ(std::memcmp(pa[i]->cdata(), pb[i]->cdata(), pa[i]->numel * 2), 0) << pa[i]->name;
+  const Config c = test::config_from(base);
+  const ConfigEstimate e = estimate_config(c);
+  for (const PluginEstimate& pe : e.plugins)
+    ASSERT_TRUE(pe.ok()) << pe.plugin << " status " << pe.status;
+  const MemoryTracker& mt = whole.device().tracker();
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(e.peak.at_peak[i], mt.live_at_peak()[i]) << category_name(category_at(i));
 }
 
 TEST(Adafactor, BadKeysExit2NamingTheKey) {

@@ -17,6 +17,8 @@
 //   weight_decay = 0.0      # decoupled, as Hugging Face's: theta -= weight_decay * lr * theta
 //                           # before the update, on tensors with weight decay (matrices,
 //                           # embeddings); >= 0
+//   seed = 0                # bf16 weights only (amp master_weights = false): the stochastic
+//                           # rounding's stream; in snapshots (a resume keeps the snapshot's)
 //
 // Per tensor and step, g its gradient (f32, or bf16 widened to f32 when amp accumulates bf16
 // gradients), the state stored as f32 and the arithmetic in double:
@@ -25,7 +27,9 @@
 //    beta2; the second moment is estimated as R_i C_j / mean(R), so u = g / sqrt(that);
 //  - a vector keeps the full second moment V (numel floats): u = g / sqrt(V);
 //  - u is clipped at RMS clip_threshold, scaled by the step size, (beta1) folded into m, and
-//    subtracted from theta.
+//    subtracted from theta. With amp's master_weights = false theta is bf16: widened to compute,
+//    the new value rounded stochastically into it (plugins/common/bf16.h, random bits of (seed,
+//    t, tensor, element)), so that updates far below a bf16 step still move it on average.
 // The update runs in passes over each tensor (the sums of g^2 + eps1 and theta^2, the sum of u^2,
 // the update), so the only device memory it takes is its state: allocated at the first step (as
 // PyTorch and the built-in AdamW do), or when a snapshot is loaded, category optimizer, one
@@ -39,11 +43,11 @@
 //
 // Estimate (headroom.estimate/1): the state's bytes from the model's parameter tensors, into
 // hr_mechanisms.optimizer_bytes; not configured, it proposes itself with its defaults. It declines
-// (HR_ERROR_UNSUPPORTED) where it cannot run: CUDA, sharded state, bf16 weights without masters.
+// (HR_ERROR_UNSUPPORTED) where it cannot run: CUDA, sharded state.
 //
 // Limits: the CPU backend only (its kernels are plain loops over host memory; on "cuda" create()
-// fails saying so), fp32 weights only (amp master_weights = false is refused at the first step),
-// whole parameters only (not with a zero plugin that shards the optimizer state).
+// fails saying so), whole parameters only (not with a zero plugin that shards the optimizer
+// state).
 //
 // Training thread only (create, step, save_state, load_state, estimate); no locking and no
 // threads of its own. Only hr_plugin_entry is exported; no C++ exception crosses the C ABI.
@@ -52,6 +56,7 @@
 #include <headroom/ext/tensors.h>
 #include <headroom/plugin.h>
 
+#include "common/bf16.h"
 #include "common/hook_guard.h"
 
 #include <algorithm>
@@ -75,6 +80,7 @@ struct Settings {
   bool scale_parameter = true;
   bool warmup_init = false;
   double weight_decay = 0.0;
+  uint64_t seed = 0;  // bf16 weights' stochastic rounding
 };
 
 // The state of one parameter, in one device buffer: [row rows | col cols] for a factored tensor or
@@ -120,7 +126,7 @@ struct StateHeader {
   uint32_t first_moment;
   int64_t step;
   uint32_t count;  // slots; 0 before the first step
-  uint32_t reserved;
+  uint32_t seed;   // the stochastic rounding's (bf16 weights)
 };
 constexpr char kMagic[8] = {'A', 'D', 'F', 'A', 'C', 'T', 'O', 'R'};
 constexpr uint32_t kStateVersion = 1;
@@ -152,11 +158,11 @@ class Adafactor {
     const double beta2 = 1.0 - std::pow(t, c_.decay_rate);
     double rel = info->lr;
     if (c_.relative_step) rel = std::min(c_.warmup_init ? 1e-6 * t : 1e-2, 1.0 / std::sqrt(t));
-    for (const Slot& slot : slots_) {
+    for (size_t k = 0; k < slots_.size(); ++k) {
       hr_tensor p;
-      const hr_status st = param(slot, &p);
+      const hr_status st = param(slots_[k], &p);
       if (st != HR_OK) return st;
-      update(slot, p, beta2, rel);
+      update(slots_[k], p, beta2, rel, headroom_plugin::bf16::stream_key(c_.seed, uint64_t(t_), k));
     }
     return HR_OK;
   }
@@ -169,6 +175,7 @@ class Adafactor {
     h.first_moment = c_.first_moment ? 1 : 0;
     h.step = t_;
     h.count = allocated_ ? uint32_t(slots_.size()) : 0;
+    h.seed = uint32_t(c_.seed);
     hr_status st = w->write(w->context, &h, sizeof h);
     std::vector<uint8_t> chunk;
     for (uint32_t k = 0; st == HR_OK && k < h.count; ++k) {
@@ -248,6 +255,7 @@ class Adafactor {
       if (st != HR_OK) return st;
     }
     t_ = h.step;
+    c_.seed = h.seed;  // the rounding continues the snapshot's stream
     return HR_OK;
   }
 
@@ -274,12 +282,10 @@ class Adafactor {
                     ("adafactor: parameter '" + slot.name + "' changed its size").c_str());
       return HR_ERROR_INVALID;
     }
-    if (p->dtype != HR_DTYPE_F32) {
-      s_->set_error(s_->host,
-                    ("adafactor updates fp32 weights, and '" + slot.name +
-                     "' is not (amp master_weights = false keeps bf16 weights only); with "
-                     "master_weights = false use the built-in optimizer, or keep fp32 masters")
-                        .c_str());
+    if (p->dtype != HR_DTYPE_F32 && p->dtype != HR_DTYPE_BF16) {
+      s_->set_error(s_->host, ("adafactor updates f32 or bf16 weights; '" + slot.name +
+                               "' has weights of dtype " + std::to_string(p->dtype))
+                                  .c_str());
       return HR_ERROR_UNSUPPORTED;
     }
     if (!p->data || !p->grad) {
@@ -343,8 +349,22 @@ class Adafactor {
   }
 
   // The CPU backend's kernel: device memory is host memory.
-  void update(const Slot& slot, const hr_tensor& p, double beta2, double rel) {
-    float* theta = static_cast<float*>(p.data);
+  // theta f32 (masters) or bf16 (amp master_weights = false: rounded stochastically from `key`).
+  void update(const Slot& slot, const hr_tensor& p, double beta2, double rel, uint64_t key) {
+    namespace bf = headroom_plugin::bf16;
+    const bool theta16 = p.dtype == HR_DTYPE_BF16;
+    float* theta32 = static_cast<float*>(p.data);
+    uint16_t* theta16p = static_cast<uint16_t*>(p.data);
+    auto theta = [&](uint64_t k) {
+      return theta16 ? double(bf::load(theta16p[k])) : double(theta32[k]);
+    };
+    auto set_theta = [&](uint64_t k, double v) {
+      if (theta16) {
+        theta16p[k] = bf::round_stochastic(float(v), bf::random16_at(key, k));
+      } else {
+        theta32[k] = float(v);
+      }
+    };
     const bool bf16 = p.grad_dtype == HR_DTYPE_BF16;
     const float* g32 = static_cast<const float*>(p.grad);
     const uint16_t* g16 = static_cast<const uint16_t*>(p.grad);
@@ -369,7 +389,7 @@ class Adafactor {
           const double q = gk * gk + c_.eps1;
           rs += q;
           scratch_[j] += q;
-          theta_sq += double(theta[k]) * double(theta[k]);
+          theta_sq += theta(k) * theta(k);
         }
         row[i] = float(keep * double(row[i]) + take * (rs / double(C)));
       }
@@ -396,7 +416,7 @@ class Adafactor {
         v[k] = float(keep * double(v[k]) + take * (gk * gk + c_.eps1));
         const double u = gk / std::sqrt(double(v[k]));
         u_sq += u * u;
-        theta_sq += double(theta[k]) * double(theta[k]);
+        theta_sq += theta(k) * theta(k);
       }
     }
     const double rms_theta = std::sqrt(theta_sq / double(n));
@@ -411,8 +431,8 @@ class Adafactor {
         m[k] = float(c_.beta1 * double(m[k]) + (1.0 - c_.beta1) * u);
         u = double(m[k]);
       }
-      const double th = double(theta[k]);
-      theta[k] = float(th - decay * th - u);
+      const double th = theta(k);
+      set_theta(k, th - decay * th - u);
     };
     if (slot.rows) {
       const uint64_t R = slot.rows, C = slot.cols;
@@ -463,7 +483,12 @@ hr_status read_settings(const hr_host_services* s, Settings* c) {
   if (st == HR_OK) st = s->config_bool(s->host, "scale_parameter", &scale);
   if (st == HR_OK) st = s->config_bool(s->host, "warmup_init", &warmup);
   if (st == HR_OK) st = s->config_float(s->host, "weight_decay", &c->weight_decay);
+  int64_t seed = 0;
+  if (st == HR_OK) st = s->config_int(s->host, "seed", &seed);
   if (st != HR_OK) return st;
+  if (seed < 0 || seed > int64_t(UINT32_MAX))
+    return s->config_error(s->host, "seed", "must be an integer in [0, 4294967295] (default 0)");
+  c->seed = uint64_t(seed);
   c->relative_step = relative != 0;
   c->scale_parameter = scale != 0;
   c->warmup_init = warmup != 0;
@@ -539,32 +564,6 @@ hr_status load_state(void* instance, const void* data, uint64_t size) {
                                   [&] { return a->load(data, size); });
 }
 
-// The GPT-2's parameter tensors from its shapes, for a host whose estimate model has no
-// param_tensors list (core/model/model.cpp's layout; rows + cols is the same for (out, in) and
-// (in, out)). Returns the state's floats.
-uint64_t gpt2_state_floats(const hr_estimate_model& m, bool first_moment) {
-  const int64_t C = m.n_embd;
-  uint64_t total = 0;
-  auto add = [&](int64_t r, int64_t c) {
-    const int64_t shape[2] = {r, c};
-    uint64_t rows, cols;
-    total += state_floats(c > 0 ? 2 : 1, shape, uint64_t(r) * uint64_t(c > 0 ? c : 1), first_moment,
-                          &rows, &cols);
-  };
-  add(m.vocab_size, C);  // wte
-  add(m.seq_len, C);     // wpe
-  for (int32_t b = 0; b < m.n_layer; ++b) {
-    add(C, 0), add(C, 0);          // ln_1
-    add(3 * C, C), add(3 * C, 0);  // attn.c_attn
-    add(C, C), add(C, 0);          // attn.c_proj
-    add(C, 0), add(C, 0);          // ln_2
-    add(4 * C, C), add(4 * C, 0);  // mlp.c_fc
-    add(C, 4 * C), add(C, 0);      // mlp.c_proj
-  }
-  add(C, 0), add(C, 0);  // ln_f
-  return total;
-}
-
 // headroom.estimate/1: the optimizer state is this plugin's (rows + cols floats a matrix, numel a
 // vector, numel more each with beta1); core's closed form has the rest.
 hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_result* r) {
@@ -573,12 +572,10 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
   const Settings& c = instance ? static_cast<const Adafactor*>(instance)->settings() : defaults;
   const hr_estimate_model& m = *q->model;
   // What it cannot run with: another device than the CPU, optimizer state sharded by a zero
-  // plugin, bf16 weights without fp32 masters.
+  // plugin.
   const hr_mechanisms& before = *r->after;
   if (m.device_kind && std::strcmp(m.device_kind, "cpu") != 0) return HR_ERROR_UNSUPPORTED;
   if (HR_HAS_FIELD(&before, hr_mechanisms, shard) && before.shard != 0) return HR_ERROR_UNSUPPORTED;
-  if (HR_HAS_FIELD(&before, hr_mechanisms, master_weights) && before.master_weights == 0)
-    return HR_ERROR_UNSUPPORTED;
   uint64_t floats = 0;
   if (HR_HAS_FIELD(&m, hr_estimate_model, param_tensors) && m.param_tensors &&
       m.num_param_tensors > 0) {
@@ -588,7 +585,7 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
       floats += state_floats(p.ndim, p.shape, p.numel, c.first_moment, &rows, &cols);
     }
   } else {
-    floats = gpt2_state_floats(m, c.first_moment);
+    return HR_ERROR_UNSUPPORTED;  // a host that does not list the tensors: no shapes to count
   }
   if (!HR_HAS_FIELD(r->after, hr_mechanisms, optimizer_bytes))
     return HR_ERROR_UNSUPPORTED;  // a host whose closed form cannot take another optimizer's bytes
