@@ -69,9 +69,10 @@ master_weights = false
 state_dtype = \"bf16\""
     "adafactor (relative_step)|[[plugins]]
 name = \"adafactor\""
-    "adafactor, lr 1e-3 schedule|[[plugins]]
+    "adafactor, relative_step = false, scale_parameter = false (lr 1e-3 schedule)|[[plugins]]
 name = \"adafactor\"
-relative_step = false"
+relative_step = false
+scale_parameter = false"
     "adam8bit|[[plugins]]
 name = \"adam8bit\""
     "amp grad bf16 + adam8bit|$amp
@@ -82,6 +83,10 @@ name = \"adam8bit\""
 master_weights = false
 [[plugins]]
 name = \"adam8bit\""
+    "amp no masters + adafactor|$amp
+master_weights = false
+[[plugins]]
+name = \"adafactor\""
   )
   echo "## 2. convergence: text corpus ($(wc -c < "$work/corpus.txt") bytes), 4 layers, n_embd 128,"
   echo "seq_len 128, micro_batch 8, $steps steps, lr 1e-3 cosine to 1e-4, clip 1.0"

@@ -15,6 +15,7 @@
 #include "core/device/device.h"
 #include "core/model/model.h"
 #include "core/optim/optim.h"
+#include "core/plugin_host/plugin_host.h"
 #include "core/report/advice.h"
 #include "core/run/trainer.h"
 #include "kernels/common/dtype.h"
@@ -243,6 +244,36 @@ TEST(AmpLayouts, BadCombinationsAreConfigErrorsNamingTheKey) {
   EXPECT_TRUE(test::contains(e, "plugins.amp.state_dtype")) << e;
   e = error("[[plugins]]\nname = \"amp\"\nmaster_weights = false\n[[plugins]]\nname = \"zero1\"\n");
   EXPECT_TRUE(test::contains(e, "one rank without a zero plugin")) << e;
+}
+
+// Proposed by the advice, amp takes the first of its layouts (16, 12, 8 bytes a parameter) at
+// which the run fits: here only without masters, so that is what it offers, and it fits as
+// estimated.
+TEST(AmpLayouts, TheAdviceProposesTheFirstLayoutThatFits) {
+  auto peak = [](const std::string& keys) {
+    return estimate_config(
+               test::config_from(std::string(kToy12) + "[[plugins]]\nname = \"amp\"\n" + keys))
+        .peak.total();
+  };
+  const uint64_t p16 = peak("grad_dtype = \"bf16\"\n"), p12 = peak("master_weights = false\n");
+  ASSERT_LT(p12, p16);
+  const Config c =
+      test::config_from(kToy12, {"device.memory_limit=" + std::to_string((p12 + p16) / 2)});
+  static const PluginCatalog catalog;
+  std::vector<OfferedExtension> amp;
+  for (const OfferedExtension& e : catalog.offered(HR_EXT_ESTIMATE))
+    if (e.plugin == "amp") amp.push_back(e);
+  ASSERT_EQ(amp.size(), 1u);
+  const Advice a = advise(c, amp);
+  ASSERT_FALSE(a.fits);
+  const Remedy* r = nullptr;
+  for (const Remedy& x : a.remedies)
+    if (x.plugins == std::vector<std::string>{"amp"}) r = &x;
+  ASSERT_NE(r, nullptr) << format_remedies(a);
+  EXPECT_TRUE(r->fits);
+  EXPECT_EQ(r->peak_after, p12);
+  EXPECT_TRUE(test::contains(r->toml, "master_weights = false")) << r->toml;
+  EXPECT_FALSE(test::contains(r->toml, "state_dtype")) << r->toml;
 }
 
 // gpt_param_shapes (the estimates' tensors) is the built model's parameter list.

@@ -426,20 +426,53 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
   const Amp* amp = static_cast<const Amp*>(instance);
   const bool fp16 = amp && amp->fp16();
   r->after->compute_dtype = fp16 ? HR_DTYPE_F16 : HR_DTYPE_BF16;
-  // Proposed (not configured): bf16 with DeepSpeed's 16Ψ layout on one unsharded rank (where the
-  // host has it), fp32 gradients elsewhere. As configured: its layout.
-  const bool one_rank = HR_HAS_FIELD(q->before, hr_mechanisms, optimizer_bytes) &&
-                        q->before->world_size <= 1 && q->before->shard == 0;
-  const bool grad_bf16 = amp ? amp->grad_bf16 : one_rank;
-  const bool masters = amp ? amp->masters : true;
-  const bool state_bf16 = amp && amp->state_bf16;
-  if (HR_HAS_FIELD(r->after, hr_mechanisms, optimizer_bytes)) {
-    r->after->grad_dtype = grad_bf16 ? HR_DTYPE_BF16 : HR_DTYPE_F32;
-    r->after->master_weights = masters ? 1 : 0;
-    r->after->state_dtype = state_bf16 ? HR_DTYPE_BF16 : HR_DTYPE_F32;
+  // As configured: its layout. Proposed (not configured), on one unsharded rank where the host
+  // has the layouts: the first of DeepSpeed's 16-byte layout (bf16 gradients), no masters
+  // (12 bytes a parameter) and no masters with bf16 state (8) that fits memory_limit, else the
+  // first; fp32 gradients (18) elsewhere.
+  const bool layouts = HR_HAS_FIELD(q->before, hr_mechanisms, optimizer_bytes) &&
+                       HR_HAS_FIELD(r->after, hr_mechanisms, optimizer_bytes);
+  const bool one_rank = layouts && q->before->world_size <= 1 && q->before->shard == 0;
+  struct Layout {
+    bool grad_bf16, masters, state_bf16;
+  };
+  Layout tries[3] = {{false, true, false}, {}, {}};
+  size_t n_tries = 1;
+  if (amp) {
+    tries[0] = {amp->grad_bf16, amp->masters, amp->state_bf16};
+  } else if (one_rank) {
+    tries[0] = {true, true, false};
+    tries[1] = {true, false, false};
+    tries[2] = {true, false, true};
+    n_tries = 3;
+  }
+  const uint64_t limit = q->model ? q->model->memory_limit : 0;
+  Layout chosen = tries[0];
+  for (size_t k = 0; k < n_tries; ++k) {
+    const Layout& l = tries[k];
+    if (layouts) {
+      r->after->grad_dtype = l.grad_bf16 ? HR_DTYPE_BF16 : HR_DTYPE_F32;
+      r->after->master_weights = l.masters ? 1 : 0;
+      r->after->state_dtype = l.state_bf16 ? HR_DTYPE_BF16 : HR_DTYPE_F32;
+    }
+    const hr_status st = q->peak(q->context, r->after, r->bytes);
+    if (st != HR_OK) return st;
+    uint64_t total = 0;
+    for (int i = 0; i < HR_MEM_CATEGORY_COUNT_V1; ++i)
+      total += r->bytes[i];
+    if (!limit || total <= limit) {
+      chosen = l;
+      break;
+    }
+  }
+  if (layouts) {
+    r->after->grad_dtype = chosen.grad_bf16 ? HR_DTYPE_BF16 : HR_DTYPE_F32;
+    r->after->master_weights = chosen.masters ? 1 : 0;
+    r->after->state_dtype = chosen.state_bf16 ? HR_DTYPE_BF16 : HR_DTYPE_F32;
   }
   const hr_status st = q->peak(q->context, r->after, r->bytes);
   if (st != HR_OK) return st;
+  const bool grad_bf16 = chosen.grad_bf16, masters = chosen.masters, state_bf16 = chosen.state_bf16;
   // Step time over no plugins, CPU backend: docs/results/plugins.md, "Results", rows "amp bf16"
   // (1.148) and "amp fp16" (1.350; the loss scaler's checks). Not measured on a GPU yet.
   r->step_time_factor = fp16 ? 1.35 : 1.15;
