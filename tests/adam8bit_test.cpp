@@ -731,6 +731,30 @@ TEST(Adam8bitBytes, HostEstimateIsTheTrackersPeakWithAmp) {
   EXPECT_EQ(e.peak.total(), mt.peak_total());
 }
 
+// Where AdamW's state is what does not fit, the advice offers adam8bit (its proposal, estimated
+// by the host's closed form with its bytes) and it fits as estimated.
+TEST(Adam8bitBytes, ProposedWhenAdamWStateDoesNotFit) {
+  const std::string model = model_toml(4) + "[train]\nsteps = 2\nmicro_batch = 2\n";
+  const uint64_t with = estimate_config(test::config_from(model + plugin_toml())).peak.total();
+  const uint64_t without = estimate_config(test::config_from(model)).peak.total();
+  ASSERT_LT(with, without);
+  // A quarter of what AdamW's state costs more as the margin: the arena needs holes that fit, not
+  // just bytes.
+  const std::string limit = "device.memory_limit=" + std::to_string(with + (without - with) / 4);
+  const Config c = test::config_from(model, {limit});
+  const Advice a = advise(c);
+  ASSERT_FALSE(a.fits);
+  const Remedy* r = nullptr;
+  for (const Remedy& x : a.remedies)
+    if (x.plugins == std::vector<std::string>{"adam8bit"}) r = &x;
+  ASSERT_NE(r, nullptr) << format_remedies(a);
+  EXPECT_TRUE(r->fits);
+  EXPECT_EQ(r->peak_after, with);
+  Trainer t(test::config_from(model + plugin_toml(), {limit}), TrainOptions{});
+  t.run();  // fits, as estimated
+  EXPECT_EQ(t.device().tracker().peak_total(), with);
+}
+
 // Without fp32 masters (amp master_weights = false: bf16 weights and gradients) the plugin
 // rounds its updates into the bf16 weights stochastically; 8 steps = 4, a snapshot and 4 more,
 // bitwise, and the loss falls.
