@@ -509,7 +509,10 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
   r->after->optimizer_bytes = bytes;
   const hr_status st = q->peak(q->context, r->after, r->bytes);
   if (st != HR_OK) return st;
-  r->step_time_factor = 1.0;  // measured in docs/results/model-state.md
+  // Step time over the built-in AdamW, CPU backend, gpt2-124m: 2.83 (docs/results/
+  // model-state.md, section 1: its scalar quantize / dequantize loop, one thread, over 124M
+  // elements costs ~9.5 s a step). Not measured on a GPU (it has no CUDA kernels).
+  r->step_time_factor = 2.83;
   std::snprintf(r->what, sizeof r->what,
                 "8-bit AdamW: block-wise quantized moments, about 2 bytes of state per parameter");
   std::snprintf(r->toml, sizeof r->toml, "min_8bit_size = %llu", (unsigned long long)min8);

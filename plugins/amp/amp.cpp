@@ -473,9 +473,14 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
   const hr_status st = q->peak(q->context, r->after, r->bytes);
   if (st != HR_OK) return st;
   const bool grad_bf16 = chosen.grad_bf16, masters = chosen.masters, state_bf16 = chosen.state_bf16;
-  // Step time over no plugins, CPU backend: docs/results/plugins.md, "Results", rows "amp bf16"
-  // (1.148) and "amp fp16" (1.350; the loss scaler's checks). Not measured on a GPU yet.
-  r->step_time_factor = fp16 ? 1.35 : 1.15;
+  // Step time over no plugins, CPU backend, gpt2-124m: fp16 docs/results/plugins.md (1.350, the
+  // loss scaler's checks); bf16 docs/results/model-state.md, section 1: grad_dtype fp32 1.138,
+  // bf16 1.147, master_weights = false 1.292, with state_dtype bf16 1.421 (stochastic rounding
+  // of every weight and moment). Not measured on a GPU yet.
+  r->step_time_factor = fp16        ? 1.35
+                        : !masters  ? (state_bf16 ? 1.42 : 1.29)
+                        : grad_bf16 ? 1.15
+                                    : 1.14;
   std::snprintf(
       r->what, sizeof r->what, "mixed precision, %s activations and weights, %s, %s%s",
       fp16 ? "fp16" : "bf16", masters ? "fp32 master weights" : "no masters (stochastic rounding)",
