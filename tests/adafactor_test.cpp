@@ -448,7 +448,6 @@ TEST(Adafactor, DamagedOrMismatchedStateIsAClearError) {
 // its updates into them stochastically: the loss falls as with masters, 8 steps = 4, a snapshot
 // and 4 more bitwise (the seed is in the state), and the host's estimate is the tracker's peak.
 TEST(Adafactor, Bf16WeightsWithoutMastersTrainResumeAndEstimate) {
-  const std::string dir = test::temp_dir();
   const std::string nomasters = "[[plugins]]\nname = \"amp\"\nmaster_weights = false\n";
   const std::string base = model_toml() + train_toml(8) + nomasters + plugin_toml("seed = 7\n");
   Trainer whole(test::config_from(base), TrainOptions{});
@@ -460,22 +459,7 @@ TEST(Adafactor, Bf16WeightsWithoutMastersTrainResumeAndEstimate) {
   const double a = whole.history().back().loss, b = masters.history().back().loss;
   EXPECT_LT(a, whole.history().front().loss);
   EXPECT_NEAR(a, b, 0.02 * b) << "bf16 weights against fp32 masters after 8 steps";
-  const std::string snap = "[snapshot]\nevery = 4\ndir = \"" + dir + "/s\"\n";
-  {
-    Trainer first(test::config_from(base + snap, {"train.steps=4"}), TrainOptions{});
-    first.run();
-  }
-  TrainOptions o;
-  o.resume_dir = dir + "/s";
-  Trainer resumed(test::config_from(base + snap), std::move(o));
-  resumed.run();
-  ASSERT_EQ(resumed.history().size(), 4u);
-  for (size_t i = 0; i < 4; ++i)
-    EXPECT_EQ(resumed.history()[i].loss, whole.history()[4 + i].loss) << "step " << i + 5;
-  const auto& pa = whole.model().params();
-  const auto& pb = resumed.model().params();
-  for (size_t i = 0; i < pa.size(); ++i)
-    EXPECT_EQ(std::memcmp(pa[i]->cdata(), pb[i]->cdata(), pa[i]->numel * 2), 0) << pa[i]->name;
+  test::expect_resume_is_bitwise(base, whole);
   const Config c = test::config_from(base);
   const ConfigEstimate e = estimate_config(c);
   for (const PluginEstimate& pe : e.plugins)

@@ -759,29 +759,13 @@ TEST(Adam8bitBytes, ProposedWhenAdamWStateDoesNotFit) {
 // rounds its updates into the bf16 weights stochastically; 8 steps = 4, a snapshot and 4 more,
 // bitwise, and the loss falls.
 TEST(Adam8bitTrain, Bf16WeightsWithoutMastersResumeBitwise) {
-  const std::string dir = test::temp_dir();
   const std::string base = model_toml() + train_toml(8) +
                            "[[plugins]]\nname = \"amp\"\nmaster_weights = false\n" +
                            plugin_toml("min_8bit_size = 1024\n");
   Trainer whole(test::config_from(base), TrainOptions{});
   whole.run();
   EXPECT_LT(whole.history().back().loss, whole.history().front().loss);
-  const std::string snap = "[snapshot]\nevery = 4\ndir = \"" + dir + "/s\"\n";
-  {
-    Trainer first(test::config_from(base + snap, {"train.steps=4"}), TrainOptions{});
-    first.run();
-  }
-  TrainOptions o;
-  o.resume_dir = dir + "/s";
-  Trainer resumed(test::config_from(base + snap), std::move(o));
-  resumed.run();
-  ASSERT_EQ(resumed.history().size(), 4u);
-  for (size_t i = 0; i < 4; ++i)
-    EXPECT_EQ(resumed.history()[i].loss, whole.history()[4 + i].loss) << "step " << i + 5;
-  const auto& a = whole.model().params();
-  const auto& b = resumed.model().params();
-  for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_EQ(std::memcmp(a[i]->cdata(), b[i]->cdata(), a[i]->numel * 2), 0) << a[i]->name;
+  test::expect_resume_is_bitwise(base, whole);
 }
 
 }  // namespace

@@ -186,31 +186,13 @@ TEST(StochasticRounding, IsUnbiasedAndDeterministic) {
 // Without masters and with bf16 state, a run of 8 steps and one of 4 steps, a snapshot and 4 more
 // resumed are the same run, bitwise (the rounding streams continue; the snapshot says the seed).
 TEST(NoMasters, ResumeIsBitwise) {
-  const std::string dir = test::temp_dir();
   const std::string base =
       "[model]\nn_layer = 2\nn_head = 2\nn_embd = 64\nseq_len = 32\nvocab_size = 64\n"
       "[train]\nsteps = 8\nmicro_batch = 4\nlr = 3e-3\n"
       "[[plugins]]\nname = \"amp\"\nmaster_weights = false\nstate_dtype = \"bf16\"\n";
   Trainer whole(test::config_from(base), TrainOptions{});
   whole.run();
-  const std::string snap = "[snapshot]\nevery = 4\ndir = \"" + dir + "/s\"\n";
-  {
-    Trainer first(test::config_from(base + snap, {"train.steps=4"}), TrainOptions{});
-    first.run();
-  }
-  TrainOptions o;
-  o.resume_dir = dir + "/s";
-  Trainer resumed(test::config_from(base + snap), std::move(o));
-  resumed.run();
-  ASSERT_EQ(resumed.history().size(), 4u);
-  for (size_t i = 0; i < 4; ++i)
-    EXPECT_EQ(resumed.history()[i].loss, whole.history()[4 + i].loss) << "step " << i + 5;
-  // The bf16 weights themselves, bitwise.
-  const auto& a = whole.model().params();
-  const auto& b = resumed.model().params();
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_EQ(std::memcmp(a[i]->cdata(), b[i]->cdata(), a[i]->numel * 2), 0) << a[i]->name;
+  test::expect_resume_is_bitwise(base, whole);
 }
 
 // A run without masters learns: its loss falls as fp32's does over a few steps.

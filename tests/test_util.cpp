@@ -5,11 +5,42 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
 
+#include "core/run/trainer.h"
+
 namespace headroom::test {
+
+void expect_resume_is_bitwise(const std::string& toml, Trainer& whole) {
+  const int64_t steps = int64_t(whole.history().size()), half = steps / 2;
+  ASSERT_GE(half, 1) << "a run of at least 2 steps";
+  const std::string dir = temp_dir();
+  const std::string snap =
+      "[snapshot]\nevery = " + std::to_string(half) + "\ndir = \"" + dir + "/s\"\n";
+  {
+    Trainer first(config_from(toml + snap, {"train.steps=" + std::to_string(half)}),
+                  TrainOptions{});
+    first.run();
+  }
+  TrainOptions o;
+  o.resume_dir = dir + "/s";
+  Trainer resumed(config_from(toml + snap), std::move(o));
+  resumed.run();
+  ASSERT_EQ(int64_t(resumed.history().size()), steps - half);
+  for (int64_t i = 0; i < steps - half; ++i)
+    EXPECT_EQ(resumed.history()[size_t(i)].loss, whole.history()[size_t(half + i)].loss)
+        << "step " << half + i + 1;
+  const auto& a = whole.model().params();
+  const auto& b = resumed.model().params();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(
+        std::memcmp(a[i]->cdata(), b[i]->cdata(), a[i]->numel * dtype_size(a[i]->compute_dtype)), 0)
+        << a[i]->name;
+}
 
 std::string temp_dir() {
   char tmpl[] = "/tmp/headroom-test-XXXXXX";

@@ -8,7 +8,17 @@
 
 #include "core/config/config.h"
 
+namespace headroom {
+class Trainer;
+}
+
 namespace headroom::test {
+
+// `whole` ran `toml` (which sets no [snapshot]) to its end. Runs `toml` again for half its steps
+// with a snapshot there, resumes that to the end, and expects the resumed steps' losses and
+// every parameter's weights as the layers read them (the compute copy, or the f32 values) bitwise
+// `whole`'s.
+void expect_resume_is_bitwise(const std::string& toml, Trainer& whole);
 
 // A fresh directory under /tmp for one test.
 std::string temp_dir();

@@ -96,6 +96,10 @@ class Backend {
     Dtype grad = Dtype::kF32;   // f32 or bf16
     Dtype state = Dtype::kF32;  // f32 or bf16
     uint32_t seed = 0;          // the step's and segment's rounding stream
+    // The plain f32 update: the backends hand it to adamw_update / sgd_update, bitwise theirs.
+    bool all_f32() const {
+      return param == Dtype::kF32 && grad == Dtype::kF32 && state == Dtype::kF32;
+    }
   };
   // Calls f(W{}, G{}, S{}) with the types the operands are stored as: float for f32, uint16_t
   // for bf16's bits. std::invalid_argument for any other dtype.

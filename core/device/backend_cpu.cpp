@@ -263,7 +263,7 @@ class CpuBackend final : public Backend {
   void adamw_update_stored(const Stored& o, void* param, const void* grad, void* m, void* v,
                            uint64_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, int64_t t) override {
-    if (o.param == Dtype::kF32 && o.grad == Dtype::kF32 && o.state == Dtype::kF32)
+    if (o.all_f32())
       return adamw_update(static_cast<float*>(param), static_cast<const float*>(grad),
                           static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1, beta2, eps,
                           weight_decay, t);
@@ -278,7 +278,7 @@ class CpuBackend final : public Backend {
   }
   void sgd_update_stored(const Stored& o, void* param, const void* grad, void* momentum_buf,
                          uint64_t n, float lr, float momentum, float weight_decay) override {
-    if (o.param == Dtype::kF32 && o.grad == Dtype::kF32 && o.state == Dtype::kF32)
+    if (o.all_f32())
       return sgd_update(static_cast<float*>(param), static_cast<const float*>(grad),
                         static_cast<float*>(momentum_buf), n, lr, momentum, weight_decay);
     with_stored_types(o, [&](auto w, auto g, auto st) {

@@ -58,6 +58,7 @@
 
 #include "common/bf16.h"
 #include "common/hook_guard.h"
+#include "common/optimizer_hooks.h"
 
 #include <algorithm>
 #include <cmath>
@@ -538,31 +539,7 @@ hr_status create_hook(const hr_host_services* s, void** instance) {
   return headroom_plugin::guarded(s, "starting", [&] { return create(s, instance); });
 }
 
-void destroy(void* instance) {
-  delete static_cast<Adafactor*>(instance);
-}
-
-hr_status on_event(void*, const hr_event_info*) {
-  return HR_OK;
-}
-
-hr_status step_hook(void* instance, const hr_optimizer_step_info* info) {
-  Adafactor* a = static_cast<Adafactor*>(instance);
-  return headroom_plugin::guarded(a->services(), "updating the parameters",
-                                  [&] { return a->step(info); });
-}
-
-hr_status save_state(void* instance, const hr_state_writer* writer) {
-  const Adafactor* a = static_cast<const Adafactor*>(instance);
-  return headroom_plugin::guarded(a->services(), "saving the adafactor state",
-                                  [&] { return a->save(writer); });
-}
-
-hr_status load_state(void* instance, const void* data, uint64_t size) {
-  Adafactor* a = static_cast<Adafactor*>(instance);
-  return headroom_plugin::guarded(a->services(), "loading the adafactor state",
-                                  [&] { return a->load(data, size); });
-}
+using Hooks = headroom_plugin::OptimizerHooks<Adafactor>;
 
 // headroom.estimate/1: the optimizer state is this plugin's (rows + cols floats a matrix, numel a
 // vector, numel more each with beta1); core's closed form has the rest.
@@ -616,12 +593,11 @@ hr_status estimate_noexcept(void* instance, const hr_estimate_query* q,
 }
 
 const hr_ext_estimate kEstimate = {sizeof(hr_ext_estimate), 0, estimate_noexcept};
-const hr_optimizer_hooks kOptimizer = {sizeof(hr_optimizer_hooks), 0, step_hook};
 
 const void* get_extension(const char* id) {
   if (!id) return nullptr;
   if (std::strcmp(id, HR_EXT_ESTIMATE) == 0) return &kEstimate;
-  if (std::strcmp(id, HR_EXT_OPTIMIZER) == 0) return &kOptimizer;
+  if (std::strcmp(id, HR_EXT_OPTIMIZER) == 0) return &Hooks::kHooks;
   return nullptr;
 }
 
@@ -637,12 +613,12 @@ const hr_plugin_descriptor kDescriptor = {
     HR_ROLE_OPTIMIZER,
     0,  // reserved0
     create_hook,
-    destroy,
-    on_event,
+    Hooks::destroy,
+    Hooks::on_event,
     nullptr,  // allocator
-    &kOptimizer,
-    save_state,
-    load_state,
+    &Hooks::kHooks,
+    Hooks::save_state,
+    Hooks::load_state,
     get_extension,
 };
 

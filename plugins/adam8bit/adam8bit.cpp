@@ -64,6 +64,7 @@
 #include "common/bf16.h"
 #include "common/hook_guard.h"
 #include "common/offer_estimate.h"
+#include "common/optimizer_hooks.h"
 
 #include <cmath>
 #include <cstdint>
@@ -461,31 +462,7 @@ hr_status create_hook(const hr_host_services* s, void** instance) {
   return headroom_plugin::guarded(s, "starting", [&] { return create(s, instance); });
 }
 
-void destroy(void* instance) {
-  delete static_cast<Adam8bit*>(instance);
-}
-
-hr_status on_event(void*, const hr_event_info*) {
-  return HR_OK;
-}
-
-hr_status step(void* instance, const hr_optimizer_step_info* info) {
-  Adam8bit* a = static_cast<Adam8bit*>(instance);
-  return headroom_plugin::guarded(a->services(), "updating the parameters",
-                                  [&] { return a->step(info); });
-}
-
-hr_status save_state(void* instance, const hr_state_writer* writer) {
-  Adam8bit* a = static_cast<Adam8bit*>(instance);
-  return headroom_plugin::guarded(a->services(), "saving the optimizer state",
-                                  [&] { return a->save(writer); });
-}
-
-hr_status load_state(void* instance, const void* data, uint64_t size) {
-  Adam8bit* a = static_cast<Adam8bit*>(instance);
-  return headroom_plugin::guarded(a->services(), "loading the optimizer state",
-                                  [&] { return a->load(data, size); });
-}
+using Hooks = headroom_plugin::OptimizerHooks<Adam8bit>;
 
 // headroom.estimate/1: the optimizer state's bytes from the model's parameter tensors (the
 // layout above), then core's closed form for the peak. Configured: its min_8bit_size; proposed:
@@ -519,8 +496,6 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
   return HR_OK;
 }
 
-const hr_optimizer_hooks kOptimizer = {sizeof(hr_optimizer_hooks), 0, step};
-
 // Constant-initialized: loading the library runs no code before hr_plugin_entry.
 const hr_plugin_descriptor kDescriptor = {
     sizeof(hr_plugin_descriptor),
@@ -533,12 +508,12 @@ const hr_plugin_descriptor kDescriptor = {
     HR_ROLE_OPTIMIZER,
     0,  // reserved0
     create_hook,
-    destroy,
-    on_event,
+    Hooks::destroy,
+    Hooks::on_event,
     nullptr,  // allocator
-    &kOptimizer,
-    save_state,
-    load_state,
+    &Hooks::kHooks,
+    Hooks::save_state,
+    Hooks::load_state,
     headroom_plugin::offer_estimate<estimate>,
 };
 

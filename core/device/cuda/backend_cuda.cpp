@@ -237,7 +237,7 @@ class CudaBackend final : public Backend {
   void adamw_update_stored(const Stored& o, void* param, const void* grad, void* m, void* v,
                            uint64_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, int64_t t) override {
-    if (o.param == Dtype::kF32 && o.grad == Dtype::kF32 && o.state == Dtype::kF32)
+    if (o.all_f32())
       return adamw_update(static_cast<float*>(param), static_cast<const float*>(grad),
                           static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1, beta2, eps,
                           weight_decay, t);
@@ -253,7 +253,7 @@ class CudaBackend final : public Backend {
   }
   void sgd_update_stored(const Stored& o, void* param, const void* grad, void* momentum_buf,
                          uint64_t n, float lr, float momentum, float weight_decay) override {
-    if (o.param == Dtype::kF32 && o.grad == Dtype::kF32 && o.state == Dtype::kF32)
+    if (o.all_f32())
       return sgd_update(static_cast<float*>(param), static_cast<const float*>(grad),
                         static_cast<float*>(momentum_buf), n, lr, momentum, weight_decay);
     on_device();
