@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -45,6 +46,11 @@ const Layout kLayouts[] = {
     {"NoMasters", "master_weights = false\n", 12},
     {"NoMastersBf16State", "master_weights = false\nstate_dtype = \"bf16\"\n", 8},
 };
+
+// Its name in test listings (GoogleTest prints a parameter's bytes otherwise).
+void PrintTo(const Layout& l, std::ostream* os) {
+  *os << l.name;
+}
 
 std::string with_amp(const char* model, const Layout& l) {
   return std::string(model) + "[[plugins]]\nname = \"amp\"\n" + l.amp_keys;
