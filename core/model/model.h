@@ -59,7 +59,6 @@ struct Precision {
   Dtype state = Dtype::kF32;  // the built-in optimizers' state: f32 or bf16
   Precision() = default;
   Precision(Dtype c) : compute(c) {}  // NOLINT(google-explicit-constructor): T's layout in c
-  bool copies(Dtype t) const { return compute != t; }
 };
 // What is wrong with `p` for a model with f32 masters, in words ("" when nothing): grad_in_compute
 // and masters = false need a compute copy, masters = false needs bf16, state is f32 or bf16.

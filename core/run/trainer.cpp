@@ -105,7 +105,6 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   plugins_ = std::make_unique<PluginHost>(config_);
   plugins_->create(*this);
   add_listener(plugins_.get());
-  precision_.compute = compute_dtype_;
   // amp's state layouts other than its default are one rank's, unsharded, so far: the gradient
   // buckets, the shards and their resharding hold f32 masters and gradients.
   const bool layout = precision_.grad_in_compute || !precision_.masters;
@@ -625,9 +624,8 @@ RunState Trainer::state() const {
   r.grad_norm = cur_.norm_known ? cur_.grad_norm : 0.0;
   r.clip_coef = cur_.norm_known ? cur_.clip_coef : 1.0;
   r.skipped = veto_;
-  r.compute_dtype = compute_dtype_;
+  r.compute_dtype = precision_.compute;
   r.precision = precision_;
-  r.precision.compute = compute_dtype_;
   return r;
 }
 
@@ -648,11 +646,11 @@ void Trainer::set_compute_dtype(const std::string& plugin, Dtype dtype) {
   if (dtype != Dtype::kF32 && dtype != Dtype::kBF16 && dtype != Dtype::kF16)
     throw std::invalid_argument(plugin + ": compute dtype " + dtype_name(dtype) +
                                 " is not one of f32, bf16, f16");
-  if (compute_dtype_ != Dtype::kF32 && compute_dtype_ != dtype)
-    throw std::logic_error(plugin + ": the compute dtype is already " + dtype_name(compute_dtype_) +
-                           " (set by " + compute_dtype_by_ +
+  if (precision_.compute != Dtype::kF32 && precision_.compute != dtype)
+    throw std::logic_error(plugin + ": the compute dtype is already " +
+                           dtype_name(precision_.compute) + " (set by " + compute_dtype_by_ +
                            "); two plugins cannot both choose it");
-  compute_dtype_ = dtype;
+  precision_.compute = dtype;
   compute_dtype_by_ = plugin;
 }
 
@@ -662,7 +660,7 @@ void Trainer::set_precision(const std::string& plugin, const Precision& p) {
                            ": the model state's layout can only be chosen while the plugin is "
                            "created, before the model is built");
   Precision q = p;
-  q.compute = compute_dtype_;
+  q.compute = precision_.compute;
   const std::string why = precision_problem(q);
   if (!why.empty()) throw std::invalid_argument(plugin + ": " + why);
   precision_ = q;

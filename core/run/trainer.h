@@ -241,12 +241,10 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   StepProgress cur_;
   bool retry_requested_ = false;
   int64_t skipped_steps_ = 0;
-  Dtype compute_dtype_ = Dtype::kF32;  // the model's, as a plugin chose it (amp)
-  std::string compute_dtype_by_;
-  // The state layout around it (amp's grad_dtype, master_weights, state_dtype); its compute is
-  // compute_dtype_'s.
+  // The model's compute dtype and the state layout around it (amp's dtype, grad_dtype,
+  // master_weights, state_dtype), as the plugins chose them while they were created.
   Precision precision_;
-  std::string precision_by_;
+  std::string compute_dtype_by_, precision_by_;
   double loss_scale_ = 1.0;
   double run_start_ms_ = 0.0;
   int64_t first_step_ = 1;  // > 1 after a resume
