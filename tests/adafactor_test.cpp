@@ -486,6 +486,7 @@ TEST(Adafactor, BadKeysExit2NamingTheKey) {
                         {"relative_step = 1\n", "relative_step"},
                         {"scale_parameter = \"yes\"\n", "scale_parameter"},
                         {"relative_step = false\nwarmup_init = true\n", "warmup_init"},
+                        {"seed = -1\n", "seed"},
                         {"lr = 1e-3\n", "unknown key 'lr'"}}) {
     const std::string cfg = test::write_file(dir, "bad.toml", base + plugin_toml(bad.keys));
     const auto r = test::run_headroom("train " + cfg + " -q");

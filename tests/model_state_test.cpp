@@ -201,6 +201,26 @@ TEST(NoMasters, ResumeIsBitwise) {
   test::expect_resume_is_bitwise(base, whole);
 }
 
+// The snapshot says where the rounding streams start: resuming it under another [train] seed
+// would round otherwise, so it is refused, naming the seed (exit 2 from the host).
+TEST(NoMasters, ResumeUnderAnotherSeedIsRefused) {
+  const std::string dir = test::temp_dir();
+  const std::string base =
+      "[model]\nn_layer = 1\nn_head = 2\nn_embd = 32\nseq_len = 16\nvocab_size = 64\n"
+      "[train]\nsteps = 2\n[[plugins]]\nname = \"amp\"\nmaster_weights = false\n"
+      "[snapshot]\nevery = 1\ndir = \"" +
+      dir + "/s\"\n";
+  {
+    Trainer first(test::config_from(base, {"train.steps=1"}), TrainOptions{});
+    first.run();
+  }
+  const std::string cfg = test::write_file(dir, "resume.toml", base);
+  const auto r =
+      test::run_headroom("train " + cfg + " -q --resume " + dir + "/s --set train.seed=2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "stochastic rounding seed 1")) << r.output;
+}
+
 // A run without masters learns: its loss falls as fp32's does over a few steps.
 TEST(NoMasters, LearnsLikeFp32OverAShortRun) {
   const std::string model =

@@ -325,7 +325,6 @@ class ValidationRun final : public PluginRun {
   }
   RunState state() const override {
     RunState r;
-    r.compute_dtype = dtype_;
     r.precision = precision_;
     r.precision.compute = dtype_;
     r.loss_scale = loss_scale_;

@@ -41,8 +41,7 @@ struct RunState {
   double grad_norm = 0.0;  // from OPTIMIZER_STEP on
   double clip_coef = 1.0;  // from OPTIMIZER_STEP on
   bool skipped = false;
-  Dtype compute_dtype = Dtype::kF32;
-  Precision precision;  // its compute is compute_dtype
+  Precision precision;  // the compute dtype and the model state's layout around it
 };
 
 // What plugins reach of the training run beyond the device: implemented by the trainer.

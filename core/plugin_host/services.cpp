@@ -408,7 +408,7 @@ struct HostServices {
   }
 
   // --- headroom.precision/1's getters ---
-  static uint32_t compute_dtype(hr_host* h) { return uint32_t(run(h).state().compute_dtype); }
+  static uint32_t compute_dtype(hr_host* h) { return uint32_t(run(h).state().precision.compute); }
   static double loss_scale(hr_host* h) { return run(h).state().loss_scale; }
   // The state layout: each setter changes one field of the run's Precision.
   template <class F>

@@ -624,7 +624,6 @@ RunState Trainer::state() const {
   r.grad_norm = cur_.norm_known ? cur_.grad_norm : 0.0;
   r.clip_coef = cur_.norm_known ? cur_.clip_coef : 1.0;
   r.skipped = veto_;
-  r.compute_dtype = precision_.compute;
   r.precision = precision_;
   return r;
 }
