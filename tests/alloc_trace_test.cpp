@@ -21,6 +21,13 @@
 namespace headroom {
 namespace {
 
+// The default config, one object for the whole file (a temporary default_config() in each call
+// trips GCC 12's -Wmaybe-uninitialized on its many strings).
+const Config& default_config() {
+  static const Config c;
+  return c;
+}
+
 const std::string kSource = HEADROOM_SOURCE_DIR;
 const std::string kVarlenTrace = kSource + "/tests/data/varlen.trace";
 const std::string kVarlenDefrag = kSource + "/tests/data/varlen-defrag.toml";
@@ -176,8 +183,8 @@ TEST(AllocTrace, ReplayFailsARequestLargerThanTheMemory) {
   }
   std::istringstream huge(
       "headroom-alloc-trace 1 memory_limit=0\nA 0 1 281474976710656 data 0\nE 1 1 0\n");
-  const ReplayResult r =
-      replay_alloc_trace(parse_alloc_trace(huge, "t.trace"), Config{}, ReplayOptions{false, 0});
+  const ReplayResult r = replay_alloc_trace(parse_alloc_trace(huge, "t.trace"), default_config(),
+                                            ReplayOptions{false, 0});
   EXPECT_TRUE(r.failed) << "256 TiB of host memory were handed out";
   EXPECT_EQ(r.allocations, 0u);
 }
@@ -318,7 +325,7 @@ TEST(AllocTrace, RecordThenReplayReproducesTheTrackersPeakExactly) {
   EXPECT_TRUE(saw_phase);
 
   // Under the trace's own limit the arena places every block as the run did: nothing fails.
-  const ReplayResult r = replay_alloc_trace(trace, Config{});
+  const ReplayResult r = replay_alloc_trace(trace, default_config());
   std::printf("%s", r.str().c_str());
   EXPECT_FALSE(r.failed);
   EXPECT_EQ(r.peak_live, peak);
@@ -381,7 +388,7 @@ TEST(VarlenTrace, IsSmallAndWellFormed) {
 
 TEST(VarlenTrace, DefaultAllocatorFailsWithEnoughBytesFreeInPieces) {
   const AllocTrace trace = read_alloc_trace(kVarlenTrace);
-  const ReplayResult r = replay_alloc_trace(trace, Config{}, ReplayOptions{false, 0});
+  const ReplayResult r = replay_alloc_trace(trace, default_config(), ReplayOptions{false, 0});
   std::printf("default allocator under %s:\n%s", format_bytes(trace.memory_limit).c_str(),
               r.str().c_str());
   ASSERT_TRUE(r.failed) << "the default allocator completed the trace (is the CPU arena there?)";

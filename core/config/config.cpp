@@ -26,11 +26,13 @@ constexpr int64_t kInt64Max = INT64_MAX;
 const std::vector<std::string> kModelKeys = {"preset", "n_layer", "n_head",
                                              "n_embd", "seq_len", "vocab_size"};
 const std::vector<std::string> kTrainKeys = {
-    "steps",        "micro_batch", "grad_accum", "optimizer", "lr",       "min_lr",
-    "weight_decay", "beta1",       "beta2",      "eps",       "momentum", "warmup_steps",
-    "lr_schedule",  "grad_clip",   "seed",       "log_every", "init_from"};
-const std::vector<std::string> kDataKeys = {"kind",      "path",    "pattern", "seed",
-                                            "branching", "shuffle", "workers", "prefetch"};
+    "steps",     "micro_batch",  "grad_accum",  "optimizer",   "lr",
+    "min_lr",    "weight_decay", "beta1",       "beta2",       "eps",
+    "momentum",  "warmup_steps", "lr_schedule", "grad_clip",   "seed",
+    "log_every", "init_from",    "eval_every",  "eval_batches"};
+const std::vector<std::string> kDataKeys = {"kind",      "path",        "pattern",     "seed",
+                                            "branching", "shuffle",     "workers",     "prefetch",
+                                            "val_path",  "val_pattern", "val_fraction"};
 const std::vector<std::string> kSnapshotKeys = {"every", "dir", "keep", "save_weights"};
 const std::vector<std::string> kDeviceKeys = {"kind", "index", "memory_limit"};
 const std::vector<std::string> kDistributedKeys = {"bucket_size", "timeout_s", "overlap"};
@@ -239,6 +241,7 @@ class Validator {
     if (auto* t = root["distributed"].as_table()) distributed(*t, c.distributed);
     if (auto* n = root.get("plugins")) plugins(*n, c.plugins);
     data_fits_model(root, c);
+    evaluation_has_data(root, c);
     return c;
   }
 
@@ -398,16 +401,22 @@ class Validator {
     }
     const auto ov = overrides_.find(section + "." + key);
     out = resolve_path(v, ov != overrides_.end() ? std::string() : base_dir_);
-    if (pos) {
-      if (ov != overrides_.end()) {
-        pos->file = "--set " + ov->second;
-      } else {
-        pos->file = file_;
-        pos->line = static_cast<int>(n->source().begin.line);
-        pos->column = static_cast<int>(n->source().begin.column);
-      }
-    }
+    if (pos) *pos = pos_of(section, key, *n);
     return true;
+  }
+
+  // Where section.key was written: the file's line and column, or its --set.
+  SourcePos pos_of(const std::string& section, const std::string& key, const toml::node& n) const {
+    SourcePos pos;
+    const auto ov = overrides_.find(section + "." + key);
+    if (ov != overrides_.end()) {
+      pos.file = "--set " + ov->second;
+    } else {
+      pos.file = file_;
+      pos.line = static_cast<int>(n.source().begin.line);
+      pos.column = static_cast<int>(n.source().begin.column);
+    }
+    return pos;
   }
 
   void snapshot(const toml::table& t, SnapshotConfig& c) {
@@ -508,6 +517,9 @@ class Validator {
     get_int_as(t, s, "seed", 0, kInt64Max, c.seed);
     get_int(t, s, "log_every", 1, kInt64Max, c.log_every);
     get_path(t, s, "init_from", c.init_from, &c.init_from_pos);
+    get_int(t, s, "eval_every", 0, kInt64Max, c.eval_every);
+    if (const toml::node* n = t.get("eval_every")) c.eval_every_pos = pos_of(s, "eval_every", *n);
+    get_int_as(t, s, "eval_batches", 1, 1 << 20, c.eval_batches);
     if (c.min_lr > c.lr) {
       const toml::node* n = t.get("min_lr");
       const std::string w = n ? where(s, "min_lr", *n) : where(s, "lr", *t.get("lr"));
@@ -546,6 +558,36 @@ class Validator {
     get_bool(t, s, "shuffle", c.shuffle);
     get_int_as(t, s, "workers", 0, 64, c.workers);
     get_int_as(t, s, "prefetch", 1, 1024, c.prefetch);
+    validation_data(t, c);
+  }
+
+  // [data] val_path, val_pattern, val_fraction: at most one, the one the kind reads.
+  void validation_data(const toml::table& t, DataConfig& c) {
+    const std::string s = "data";
+    SourcePos pos;
+    const bool has_path = get_path(t, s, "val_path", c.val_path, &pos);
+    const bool has_pattern = get_path(t, s, "val_pattern", c.val_pattern, &pos);
+    get_float(t, s, "val_fraction", Bound::kExclusive, 0, Bound::kExclusive, 1, c.val_fraction);
+    const bool has_fraction = t.get("val_fraction") != nullptr;
+    if (has_fraction) c.val_pos = pos_of(s, "val_fraction", *t.get("val_fraction"));
+    if (has_path || has_pattern) c.val_pos = pos;
+    const char* key = has_path ? "val_path" : has_pattern ? "val_pattern" : "val_fraction";
+    if (int(has_path) + int(has_pattern) + int(has_fraction) > 1)
+      throw ConfigError(where(s, key, *t.get(key)) +
+                        ": set one of data.val_path, data.val_pattern and data.val_fraction, "
+                        "not several: each names the whole validation data");
+    if (c.kind == "synthetic" && (has_path || has_pattern || has_fraction))
+      throw ConfigError(where(s, key, *t.get(key)) + ": data." + key +
+                        " is not used with data.kind = \"synthetic\", which validates on a "
+                        "stream of its own from the same chain; remove it");
+    if (has_path && c.kind != "text")
+      throw ConfigError(where(s, "val_path", *t.get("val_path")) +
+                        ": data.val_path is a text file, for data.kind = \"text\"; with "
+                        "shards use data.val_pattern or data.val_fraction");
+    if (has_pattern && c.kind != "shards")
+      throw ConfigError(where(s, "val_pattern", *t.get("val_pattern")) +
+                        ": data.val_pattern is a glob of shards, for data.kind = \"shards\"; "
+                        "with text use data.val_path or data.val_fraction");
   }
 
   // Text data is bytes: every token 0..255 must be in the vocabulary. (Shards hold token ids of
@@ -560,6 +602,18 @@ class Validator {
     throw ConfigError(w + ": model.vocab_size is " + std::to_string(c.model.vocab_size) +
                       ", but data.kind = \"text\"" + (vocab ? " (" + kind_at + ")" : "") +
                       " trains on bytes, tokens 0..255: model.vocab_size must be >= 256");
+  }
+
+  // train.eval_every on text or shards needs validation data that is not the training data.
+  void evaluation_has_data(toml::table& root, const Config& c) const {
+    const DataConfig& d = c.data;
+    if (c.train.eval_every == 0 || d.kind == "synthetic") return;
+    if (!d.val_path.empty() || !d.val_pattern.empty() || d.val_fraction > 0) return;
+    const toml::node* n = root["train"].as_table()->get("eval_every");
+    throw ConfigError(where("train", "eval_every", *n) + ": train.eval_every needs validation " +
+                      "data: set data." + (d.kind == "text" ? "val_path" : "val_pattern") +
+                      " or data.val_fraction (e.g. val_fraction = 0.1 holds out the last " +
+                      "tenth of the " + (d.kind == "text" ? "text" : "tokens") + ")");
   }
 
   void device(const toml::table& t, DeviceConfig& c) {
@@ -974,6 +1028,8 @@ std::string format_config(const Config& c) {
   kv("seed", num(t.seed));
   kv("log_every", num(t.log_every));
   if (!t.init_from.empty()) kv("init_from", toml_string(t.init_from));
+  kv("eval_every", num(t.eval_every));
+  kv("eval_batches", num(t.eval_batches));
 
   os << "\n[data]\n";
   kv("kind", toml_string(c.data.kind));
@@ -984,6 +1040,9 @@ std::string format_config(const Config& c) {
   kv("shuffle", c.data.shuffle ? "true" : "false");
   kv("workers", num(c.data.workers));
   kv("prefetch", num(c.data.prefetch));
+  if (!c.data.val_path.empty()) kv("val_path", toml_string(c.data.val_path));
+  if (!c.data.val_pattern.empty()) kv("val_pattern", toml_string(c.data.val_pattern));
+  if (c.data.val_fraction > 0) kv("val_fraction", format_double(c.data.val_fraction));
 
   os << "\n[device]\n";
   kv("kind", toml_string(c.device.kind));

@@ -56,6 +56,11 @@ struct TrainConfig {
   int64_t log_every = 1;               // progress / metrics cadence in optimizer steps
   std::string init_from;               // a safetensors file to start from; "" = fresh init
   SourcePos init_from_pos;
+  // Validation: every eval_every optimizer steps (and after the last), the mean loss over the
+  // first eval_batches micro-batches of the validation data, forward only; 0 = never.
+  int64_t eval_every = 0;
+  int eval_batches = 8;
+  SourcePos eval_every_pos;
 };
 
 struct DataConfig {
@@ -68,6 +73,14 @@ struct DataConfig {
   uint64_t seed = 1;               // synthetic: the Markov chain and the sampling
   int branching = 4;               // synthetic: successors per token (entropy <= ln(branching))
   SourcePos path_pos;              // where path was set, for errors about the file itself
+  // Validation data (train.eval_every), at most one of: a text file (kind "text"), a glob of
+  // shards (kind "shards"), or the tail of the training data held out (text and shards: that
+  // fraction of its bytes or tokens is not trained on). Synthetic data validates on a stream of
+  // its own from the same chain.
+  std::string val_path;
+  std::string val_pattern;
+  double val_fraction = 0.0;
+  SourcePos val_pos;  // where the one that is set was set
 };
 
 // Training snapshots (weights, optimizer state, step, data position, plugin state) for resuming.

@@ -20,12 +20,19 @@ double uniform01(std::mt19937_64& rng) {
   return double(rng() >> 11) * 0x1.0p-53;
 }
 
+// data.val_fraction of a text of `size` bytes: its last floor(fraction · size) bytes.
+size_t held_out_bytes(size_t size, const DataConfig& data) {
+  return size_t(std::floor(double(size) * data.val_fraction));
+}
+
 // A continuous stream from the chain, cut into llm.c-style windows.
 class SyntheticSource final : public DataSource {
  public:
-  SyntheticSource(int vocab, int branching, uint64_t seed, int rank, int world)
+  // `stream` 0 is the training stream; the validation stream (1) samples the same chain with
+  // another seed.
+  SyntheticSource(int vocab, int branching, uint64_t seed, int rank, int world, uint64_t stream = 0)
       : chain_(vocab, branching, seed),
-        rng_(seed ^ 0x9e3779b97f4a7c15ull),
+        rng_(seed ^ 0x9e3779b97f4a7c15ull ^ (stream * 0xd1b54a32d192ed03ull)),
         last_(chain_.start()),
         rank_(size_t(rank)),
         world_(size_t(world)) {}
@@ -225,6 +232,40 @@ int32_t MarkovChain::sample(int32_t from, std::mt19937_64& rng) const {
   return successors(from)[k_ - 1];
 }
 
+std::unique_ptr<DataSource> make_validation_source(const DataConfig& data, const ModelConfig& model,
+                                                   int B, int T, int rank, int world) {
+  if (data.kind == "synthetic")
+    return std::make_unique<SyntheticSource>(model.vocab_size, data.branching, data.seed, rank,
+                                             world, 1);
+  const size_t need = size_t(world) * B * T + 1;
+  if (data.kind == "text") {
+    std::string where, path;
+    std::vector<uint8_t> bytes;
+    if (!data.val_path.empty()) {
+      where = pos_prefix(data.val_pos) + "data.val_path '" + data.val_path + "'";
+      path = data.val_path;
+      bytes = read_text_file(data.val_path, where);
+    } else if (data.val_fraction > 0) {
+      where = pos_prefix(data.val_pos) + "data.val_fraction of data.path '" + data.path + "'";
+      path = data.path + " (held-out tail)";
+      bytes =
+          read_text_file(data.path, pos_prefix(data.path_pos) + "data.path '" + data.path + "'");
+      bytes.erase(bytes.begin(), bytes.end() - ptrdiff_t(held_out_bytes(bytes.size(), data)));
+    } else {
+      return nullptr;
+    }
+    if (bytes.size() < need)
+      throw ConfigError(where + ": the validation text has " + std::to_string(bytes.size()) +
+                        " bytes, fewer than one micro-batch needs (world size * micro_batch * "
+                        "seq_len + 1 = " +
+                        std::to_string(need) + ")");
+    return std::make_unique<TextSource>(path, std::move(bytes), rank, world);
+  }
+  if (data.kind == "shards" && (!data.val_pattern.empty() || data.val_fraction > 0))
+    return make_shard_validation_source(data, B, T, model.vocab_size, rank, world);
+  return nullptr;
+}
+
 std::unique_ptr<DataSource> make_data_source(const DataConfig& data, const ModelConfig& model,
                                              int B, int T, int rank, int world) {
   if (data.kind == "synthetic")
@@ -237,6 +278,7 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& data, const Model
       throw ConfigError(where + ": text data is bytes (vocab 256) but model.vocab_size is " +
                         std::to_string(model.vocab_size) + "; set model.vocab_size >= 256");
     std::vector<uint8_t> bytes = read_text_file(data.path, where);
+    if (data.val_fraction > 0) bytes.resize(bytes.size() - held_out_bytes(bytes.size(), data));
     const size_t need = size_t(world) * B * T + 1;
     if (bytes.size() < need) {
       if (world == 1)

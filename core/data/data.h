@@ -65,4 +65,11 @@ class MarkovChain {
 std::unique_ptr<DataSource> make_data_source(const DataConfig& data, const ModelConfig& model,
                                              int B, int T, int rank = 0, int world = 1);
 
+// The validation data of train.eval_every, read as make_data_source reads the training data:
+// data.val_path (text) or data.val_pattern (shards), or the tail data.val_fraction holds out of
+// the training data (which make_data_source then leaves out); for synthetic data the same chain
+// sampled with another seed. nullptr when text or shards name no validation data.
+std::unique_ptr<DataSource> make_validation_source(const DataConfig& data, const ModelConfig& model,
+                                                   int B, int T, int rank = 0, int world = 1);
+
 }  // namespace headroom

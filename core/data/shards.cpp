@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -112,7 +113,7 @@ class ShardSource final : public DataSource {
         shuffle_(shuffle),
         seed_(seed) {
     for (const ShardInfo& s : shards_)
-      total_tokens_ += s.tokens;
+      total_tokens_ += s.count;
     order_ = shard_order(0);
   }
   ~ShardSource() override { unmap(); }
@@ -130,13 +131,13 @@ class ShardSource final : public DataSource {
     const uint64_t batch = shuffle_ ? batch_order_[sample_] : sample_;
     const uint64_t bt = uint64_t(B_) * uint64_t(T_);
     const uint64_t pos = batch * uint64_t(world_) * bt + uint64_t(rank_) * bt;
-    const uint16_t* tokens = tokens_ + pos;
+    const uint16_t* tokens = tokens_ + shards_[file].first + pos;
     for (uint64_t i = 0; i <= bt; ++i) {
       const int32_t t = tokens[i];
       if (t >= vocab_)
         throw ConfigError(shards_[file].path + ": token " + std::to_string(t) + " at offset " +
-                          std::to_string(pos + i) + " is >= model.vocab_size " +
-                          std::to_string(vocab_));
+                          std::to_string(shards_[file].first + pos + i) +
+                          " is >= model.vocab_size " + std::to_string(vocab_));
       if (i < bt) inputs[i] = t;
       if (i > 0) targets[i - 1] = t;
     }
@@ -157,7 +158,7 @@ class ShardSource final : public DataSource {
   std::string state() const override {
     std::vector<uint64_t> order(order_.begin(), order_.end()), tokens;
     for (const ShardInfo& s : shards_)
-      tokens.push_back(s.tokens);
+      tokens.push_back(s.count);
     std::ostringstream os;
     os << "shards v1 bt=" << uint64_t(B_) * uint64_t(T_) << " world=" << world_
        << " shuffle=" << (shuffle_ ? 1 : 0) << " seed=" << seed_ << " epoch=" << epoch_
@@ -189,7 +190,7 @@ class ShardSource final : public DataSource {
 
     std::vector<uint64_t> mine;
     for (const ShardInfo& s : shards_)
-      mine.push_back(s.tokens);
+      mine.push_back(s.count);
     if (tokens != mine)
       throw ConfigError("the snapshot's data position belongs to " + std::to_string(tokens.size()) +
                         " shards of " + summary(tokens) + " tokens, but data.pattern '" + pattern_ +
@@ -209,7 +210,7 @@ class ShardSource final : public DataSource {
     }
     // The position in the snapshot's own global batches (world * bt tokens each).
     if (!permutation || shard >= shards_.size() || bt == 0 || world == 0 ||
-        bt > ~uint64_t(0) / world || sample > (shards_[order[shard]].tokens - 1) / (world * bt))
+        bt > ~uint64_t(0) / world || sample > (shards_[order[shard]].count - 1) / (world * bt))
       throw ConfigError(bad + " (its shard order or position is out of range)");
     sample = map_sample(sample, world, bt, shards_[order[shard]].path);
     epoch_ = epoch;
@@ -305,7 +306,7 @@ class ShardSource final : public DataSource {
 
   // Global batches in shard `file` (llm.c: shard_num_samples).
   uint64_t batches(size_t file) const {
-    return (shards_[file].tokens - 1) / (uint64_t(world_) * uint64_t(B_) * uint64_t(T_));
+    return (shards_[file].count - 1) / (uint64_t(world_) * uint64_t(B_) * uint64_t(T_));
   }
 
   std::vector<size_t> shard_order(uint64_t epoch) const {
@@ -443,6 +444,7 @@ ShardInfo validate_shard(const std::string& path, uint64_t min_tokens) {
   ShardInfo info;
   info.path = path;
   info.tokens = parse_shard_header(header, got, size, path);
+  info.count = info.tokens;
   if (info.tokens < min_tokens)
     throw ConfigError(path + ": holds " + std::to_string(info.tokens) +
                       " tokens, fewer than one micro-batch needs (micro_batch * seq_len + 1 = " +
@@ -461,15 +463,22 @@ std::vector<uint16_t> read_tokens(const std::string& path, uint64_t offset, size
   return tokens;
 }
 
-std::unique_ptr<DataSource> make_shard_source(const DataConfig& data, int B, int T, int vocab_size,
-                                              int rank, int world) {
-  if (B < 1 || T < 1 || vocab_size < 1 || world < 1 || rank < 0 || rank >= world)
-    throw std::invalid_argument("make_shard_source: bad B, T, vocab_size, rank or world");
-  const std::string pos = data.path_pos.str();
-  const std::string where = (pos.empty() ? "" : pos + ": ") + "data.pattern '" + data.pattern + "'";
+namespace {
 
+// 0.1 -> "10%"
+std::string percent(double fraction) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g%%", fraction * 100.0);
+  return buf;
+}
+
+// The validated shards of `pattern`, sorted. `key` names the config key in messages.
+std::vector<ShardInfo> find_shards(const std::string& pattern, const SourcePos& at, const char* key,
+                                   int B, int T, int world) {
+  const std::string pos = at.str();
+  const std::string where = (pos.empty() ? "" : pos + ": ") + key + " '" + pattern + "'";
   glob_t g;
-  const int rc = ::glob(data.pattern.c_str(), 0, nullptr, &g);
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
   std::vector<std::string> paths;
   if (rc == 0)
     for (size_t i = 0; i < g.gl_pathc; ++i)
@@ -491,8 +500,75 @@ std::unique_ptr<DataSource> make_shard_source(const DataConfig& data, int B, int
           " tokens, fewer than one batch of " + std::to_string(world) +
           " ranks needs (ranks * micro_batch * seq_len + 1 = " + std::to_string(need) + ")");
   }
+  return shards;
+}
+
+// data.val_fraction: the shards cut where the held-out tail begins; `tail` picks which side.
+// Pieces shorter than one global batch (world · B·T + 1 tokens) are dropped.
+std::vector<ShardInfo> split_shards(const std::vector<ShardInfo>& shards, const DataConfig& data,
+                                    bool tail, int B, int T, int world) {
+  uint64_t total = 0;
+  for (const ShardInfo& s : shards)
+    total += s.tokens;
+  const uint64_t held = uint64_t(std::floor(double(total) * data.val_fraction));
+  const uint64_t cut = total - held;  // tokens before the cut are trained on
+  const uint64_t need = uint64_t(world) * uint64_t(B) * uint64_t(T) + 1;
+  std::vector<ShardInfo> out;
+  uint64_t at = 0;  // the first token of shard s, counted over all shards
+  for (ShardInfo s : shards) {
+    const uint64_t begin = at, end = at + s.tokens;
+    at = end;
+    const uint64_t lo = tail ? std::max(begin, cut) : begin;
+    const uint64_t hi = tail ? end : std::min(end, cut);
+    if (hi <= lo || hi - lo < need) continue;
+    s.first = lo - begin;
+    s.count = hi - lo;
+    out.push_back(s);
+  }
+  if (out.empty()) {
+    const std::string pos = data.val_pos.str();
+    throw ConfigError(
+        (pos.empty() ? "" : pos + ": ") + "data.val_fraction = " + percent(data.val_fraction) +
+        " of data.pattern '" + data.pattern + "' (" + std::to_string(total) + " tokens) leaves " +
+        (tail ? std::to_string(held) + " tokens for validation"
+              : std::to_string(cut) + " tokens for training") +
+        ", fewer than one batch needs in any shard (world size * micro_batch * "
+        "seq_len + 1 = " +
+        std::to_string(need) + "); choose a " + (tail ? "larger" : "smaller") + " fraction");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<DataSource> make_shard_source(const DataConfig& data, int B, int T, int vocab_size,
+                                              int rank, int world) {
+  if (B < 1 || T < 1 || vocab_size < 1 || world < 1 || rank < 0 || rank >= world)
+    throw std::invalid_argument("make_shard_source: bad B, T, vocab_size, rank or world");
+  std::vector<ShardInfo> shards =
+      find_shards(data.pattern, data.path_pos, "data.pattern", B, T, world);
+  if (data.val_fraction > 0) shards = split_shards(shards, data, false, B, T, world);
   return std::make_unique<ShardSource>(data.pattern, std::move(shards), B, T, vocab_size, rank,
                                        world, data.shuffle, data.seed);
+}
+
+std::unique_ptr<DataSource> make_shard_validation_source(const DataConfig& data, int B, int T,
+                                                         int vocab_size, int rank, int world) {
+  if (B < 1 || T < 1 || vocab_size < 1 || world < 1 || rank < 0 || rank >= world)
+    throw std::invalid_argument(
+        "make_shard_validation_source: bad B, T, vocab_size, rank or world");
+  std::vector<ShardInfo> shards;
+  std::string name;
+  if (!data.val_pattern.empty()) {
+    shards = find_shards(data.val_pattern, data.val_pos, "data.val_pattern", B, T, world);
+    name = data.val_pattern;
+  } else {
+    shards = split_shards(find_shards(data.pattern, data.path_pos, "data.pattern", B, T, world),
+                          data, true, B, T, world);
+    name = data.pattern + " (the last " + percent(data.val_fraction) + ")";
+  }
+  return std::make_unique<ShardSource>(name, std::move(shards), B, T, vocab_size, rank, world,
+                                       false, 0);
 }
 
 std::vector<std::string> write_text_shards(const std::string& text_file, const std::string& out_dir,

@@ -23,7 +23,11 @@ constexpr size_t kShardHeaderBytes = 256 * sizeof(int32_t);
 // One validated shard: path and token count.
 struct ShardInfo {
   std::string path;
-  uint64_t tokens = 0;
+  uint64_t tokens = 0;  // the file's
+  // The part a source reads: tokens first .. first + count - 1 (all of them unless
+  // data.val_fraction holds out the tail of the shards).
+  uint64_t first = 0;
+  uint64_t count = 0;
 };
 
 // Validates one shard file: magic, version == 1, file size == 1024 + 2*count, count >= min_tokens.
@@ -55,8 +59,18 @@ std::vector<uint16_t> read_tokens(const std::string& path, uint64_t offset, size
 // to the same token position in its shard when that starts a global batch of this source (the
 // position is a multiple of world * B*T); shuffled, only with the same world * B*T (the batch
 // order is drawn over the shard's global batches). Otherwise a ConfigError says what would do.
+//
+// With data.val_fraction f, the shards' last floor(f · tokens) tokens (counted over the sorted
+// shards, end to end) are held out: the training source reads the rest, and
+// make_shard_validation_source the held-out tail. A piece too short for one global batch is
+// dropped; none left on either side is a ConfigError naming val_fraction.
 std::unique_ptr<DataSource> make_shard_source(const DataConfig& data, int B, int T, int vocab_size,
                                               int rank = 0, int world = 1);
+// The validation data of train.eval_every: the shards of data.val_pattern, or the tail that
+// data.val_fraction holds out of data.pattern's. Never shuffled.
+std::unique_ptr<DataSource> make_shard_validation_source(const DataConfig& data, int B, int T,
+                                                         int vocab_size, int rank = 0,
+                                                         int world = 1);
 
 // `headroom shard TEXTFILE OUTDIR`: writes the bytes of a text file as tokens (vocab 256) into
 // OUTDIR/shard_000000.bin, shard_000001.bin, ... of at most tokens_per_shard tokens each, each

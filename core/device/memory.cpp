@@ -37,6 +37,9 @@ std::string Phase::str() const {
     case Kind::kOptimizer:
       s = "optimizer step";
       break;
+    case Kind::kEval:
+      s = "validation";
+      break;
     case Kind::kForward:
     case Kind::kBackward:
       s = std::string(kind == Kind::kForward ? "forward" : "backward") + " of layer " +
@@ -44,7 +47,8 @@ std::string Phase::str() const {
       break;
   }
   if (step > 0) s += ", step " + std::to_string(step);
-  if (micro_step > 0 && kind != Kind::kOptimizer) s += ", micro-step " + std::to_string(micro_step);
+  if (micro_step > 0 && kind != Kind::kOptimizer && kind != Kind::kEval)
+    s += ", micro-step " + std::to_string(micro_step);
   return s;
 }
 

@@ -30,7 +30,8 @@ inline Category category_at(int i) {
 // Which part of the loop is running: what the tracker stamps on its peak and timeline, and what an
 // out-of-memory report names.
 struct Phase {
-  enum class Kind { kSetup, kData, kForward, kBackward, kOptimizer, kDone };
+  // kEval: the validation forward after a step (train.eval_every).
+  enum class Kind { kSetup, kData, kForward, kBackward, kOptimizer, kDone, kEval };
   Kind kind = Kind::kSetup;
   int layer = -1;          // kForward / kBackward: index into the model's layer list
   std::string layer_name;  // "embedding", "block 3", "head"

@@ -590,6 +590,22 @@ double Gpt<T>::forward(const Batch& batch, LayerEvents* events) {
 }
 
 template <class T>
+double Gpt<T>::evaluate(const Batch& batch) {
+  const void* x = nullptr;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    layers_[l]->forward(x, batch);
+    // No backward comes: a block keeps only its output, the next layer's input, and the layer
+    // before it, whose output this one has read, keeps nothing.
+    if (layers_[l]->recomputable()) layers_[l]->drop_activations(Drop::kAll);
+    if (l > 0) layers_[l - 1]->release_activations();
+    x = layers_[l]->output();
+  }
+  const double loss = static_cast<const Head<T>&>(*layers_.back()).loss();
+  layers_.back()->release_activations();
+  return loss;
+}
+
+template <class T>
 uint64_t Gpt<T>::loss_tokens() const {
   return static_cast<const Head<T>&>(*layers_.back()).tokens();
 }

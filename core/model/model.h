@@ -266,6 +266,11 @@ class Gpt {
   // Every layer's forward: returns the mean loss over the batch's (non-ignored) tokens. The head
   // also writes the gradient of batch.dloss·sum(losses) w.r.t. the logits, ready for backward.
   double forward(const Batch& batch, LayerEvents* events = nullptr);
+  // Forward only, for evaluation: the mean loss over the batch's tokens, touching no gradient.
+  // A block keeps only its output once its forward is done, and that goes once the next layer
+  // has read it: one layer's activations and the output before it live at once, never more than
+  // a training forward holds at that layer. No events fire.
+  double evaluate(const Batch& batch);
   // The tokens the last forward's loss is the mean over (the batch's non-ignored targets).
   uint64_t loss_tokens() const;
   // Every layer's backward, last to first, accumulating into the gradients and freeing each

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -279,7 +280,7 @@ class Reader {
     if (!m.is_object()) throw bad("the manifest is " + describe(m) + ", not a JSON object");
     only_keys(m,
               {"step", "skipped_steps", "data_state", "model", "optimizer", "tensors", "plugins",
-               "payload_bytes"},
+               "payload_bytes", "best_val_loss", "best_val_step"},
               "");
     SnapshotData d;
     const uint64_t payload = count(key(m, "payload_bytes", ""), "payload_bytes");
@@ -295,6 +296,16 @@ class Reader {
     if (d.skipped_steps < 0 || d.skipped_steps > d.step)
       throw bad("skipped_steps " + std::to_string(d.skipped_steps) +
                 " is out of range (0 to the step, " + std::to_string(d.step) + ")");
+    if (m.contains("best_val_loss") || m.contains("best_val_step")) {
+      const nlohmann::json& v = key(m, "best_val_loss", "");
+      if (!v.is_number() || !std::isfinite(v.get<double>()))
+        throw bad("best_val_loss is " + describe(v) + ", not a finite number");
+      d.best_val_loss = v.get<double>();
+      d.best_val_step = integer(key(m, "best_val_step", ""), "best_val_step");
+      if (d.best_val_step < 1 || d.best_val_step > d.step)
+        throw bad("best_val_step " + std::to_string(d.best_val_step) +
+                  " is out of range (1 to the step, " + std::to_string(d.step) + ")");
+    }
     d.data_state = string(key(m, "data_state", ""), "data_state", false);
     d.model = string(key(m, "model", ""), "model", true);
     d.optimizer = string(key(m, "optimizer", ""), "optimizer", true);
@@ -336,6 +347,10 @@ void write_container(const std::string& path, const SnapshotData& d, const char*
   nlohmann::json m;
   m["step"] = d.step;
   m["skipped_steps"] = d.skipped_steps;
+  if (d.best_val_step > 0) {
+    m["best_val_loss"] = d.best_val_loss;
+    m["best_val_step"] = d.best_val_step;
+  }
   m["data_state"] = d.data_state;
   m["model"] = d.model;
   m["optimizer"] = d.optimizer;

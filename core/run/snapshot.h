@@ -53,6 +53,10 @@ struct SnapshotData {
   std::string optimizer;
   std::map<std::string, std::vector<uint8_t>> tensors;  // parameters and optimizer state
   std::map<std::string, std::vector<uint8_t>> plugins;  // each plugin's saved state
+  // The lowest validation loss so far (train.eval_every), and the step it was measured at; step
+  // 0: none yet (the manifest then has no "best_val_loss").
+  double best_val_loss = 0.0;
+  int64_t best_val_step = 0;
 };
 
 // The size of the fixed header (magic, manifest_len, checksum).

@@ -101,6 +101,15 @@ Trainer::Trainer(const Config& config, TrainOptions options)
                                  config_.model.seq_len, comm_->rank(), comm_->world_size());
   loader_ = std::make_unique<DataLoader>(*data_, config_.data.workers, config_.data.prefetch,
                                          config_.train.micro_batch, config_.model.seq_len);
+  if (config_.train.eval_every > 0) {
+    val_data_ = make_validation_source(config_.data, config_.model, config_.train.micro_batch,
+                                       config_.model.seq_len, comm_->rank(), comm_->world_size());
+    if (!val_data_)
+      throw ConfigError(config_.train.eval_every_pos.str() +
+                        ": train.eval_every needs validation data: set data.val_path, "
+                        "data.val_pattern or data.val_fraction");
+    val_start_ = val_data_->state();
+  }
   // Plugins come before anything allocates: an allocator-role plugin serves every buffer.
   plugins_ = std::make_unique<PluginHost>(config_);
   plugins_->create(*this);
@@ -115,6 +124,13 @@ Trainer::Trainer(const Config& config, TrainOptions options)
                       std::to_string(ranks.world_size) + " rank(s)" +
                       (shard_what_ ? " and shards with '" + shard_plugin_ + "'" : "") +
                       "); use grad_dtype = \"fp32\" and master_weights = true there");
+  // The validation forward reads every layer whole; sharded parameters are gathered only around
+  // the training passes, by the plugin's schedule.
+  if (val_data_ && (shard_what_ & kShardParameters))
+    throw ConfigError(config_.train.eval_every_pos.str() + ": train.eval_every: plugin '" +
+                      shard_plugin_ +
+                      "' shards the parameters, which validation cannot read yet; use zero1 or "
+                      "zero2, or set eval_every = 0");
   optimizer_ = plugins_->provides_optimizer()
                    ? plugins_->make_optimizer()
                    : make_optimizer(config_.train, *device_, precision_.state);
@@ -364,6 +380,15 @@ void Trainer::run_steps() {
       sharding_->wait();
       sharding_->check_step_end(shard_plugin_);
     }
+    if (val_data_ && (step_ % t.eval_every == 0 || step_ == t.steps)) {
+      ops.synchronize();  // the last micro-step is done with the batch buffers
+      r.evaluated = true;
+      r.val_loss = evaluate(batch, host_inputs, host_targets);
+      if (best_val_step_ == 0 || r.val_loss < best_val_loss_) {
+        best_val_loss_ = r.val_loss;
+        best_val_step_ = step_;
+      }
+    }
     r.data_wait_ms = data_wait_ms;
     r.comm_wait_ms = comm_wait_ms;
     r.step_ms = now_ms() - t0;
@@ -383,6 +408,30 @@ void Trainer::run_steps() {
     const auto host = download_params(*model_, masters(true, false), writes);
     if (writes) save_safetensors(options_.save_weights_path, *model_, &host);
   }
+}
+
+double Trainer::evaluate(Batch batch, void* host_inputs, void* host_targets) {
+  set_phase(Phase::Kind::kEval);
+  Backend& ops = device_->backend();
+  const uint64_t bytes = uint64_t(batch.B) * batch.T * sizeof(int32_t);
+  batch.dloss = 0.0;  // the head's gradient of the loss is not used
+  val_data_->restore(val_start_);
+  double sum = 0.0;
+  uint64_t tokens = 0;
+  for (int i = 0; i < config_.train.eval_batches; ++i) {
+    val_data_->next(static_cast<int32_t*>(host_inputs), static_cast<int32_t*>(host_targets),
+                    batch.B, batch.T);
+    ops.upload(const_cast<int32_t*>(batch.tokens), host_inputs, bytes);
+    ops.upload(const_cast<int32_t*>(batch.targets), host_targets, bytes);
+    const double loss = model_->evaluate(batch);
+    const uint64_t n = model_->loss_tokens();
+    sum += loss * double(n);
+    tokens += n;
+    ops.synchronize();  // the next upload overwrites the staging buffers
+  }
+  double loss = tokens ? sum / double(tokens) : 0.0;
+  if (comm_->world_size() > 1) comm_->all_reduce_host(&loss, 1, ReduceOp::kAverage);
+  return loss;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -798,6 +847,8 @@ std::string Trainer::write_snapshot(
   SnapshotData d;
   d.step = step;
   d.skipped_steps = skipped_steps_;
+  d.best_val_loss = best_val_loss_;
+  d.best_val_step = best_val_step_;
   // With ranks the data positions are in the rank parts; the replicated file says how many.
   d.data_state = world > 1 ? ranks_data_state(world) : data_state;
   d.model = model_signature(config_.model);
@@ -945,6 +996,8 @@ int64_t Trainer::resume() {
   }
   plugins_->load_states(d.plugins, path);
   skipped_steps_ = d.skipped_steps;
+  best_val_loss_ = d.best_val_loss;
+  best_val_step_ = d.best_val_step;
   snapshot_path_ = path;
   snapshot_step_ = d.step;
   if (options_.log && root()) {
@@ -1016,6 +1069,10 @@ void Trainer::log_step(const StepRecord& r) {
     if (r.skipped) j["skip_reason"] = veto_reason_;
     j["skipped_steps"] = skipped_steps_;
     j["loss_scale"] = r.loss_scale;
+    if (r.evaluated) {
+      j["val_loss"] = r.val_loss;
+      j["best_val_loss"] = best_val_loss_;
+    }
     j["mem_live_bytes"] = mt.live_total();
     j["mem_peak_bytes"] = mt.peak_total();
     j["mem_num_allocs"] = mt.num_allocs();
@@ -1030,7 +1087,9 @@ void Trainer::log_step(const StepRecord& r) {
   if (!options_.log || !root()) return;  // the progress line is rank 0's
   const int64_t every = config_.train.log_every;
   const bool last = r.step == config_.train.steps;
-  if (!options_.live_progress && r.step % every != 0 && r.step != 1 && !last && !r.skipped) return;
+  if (!options_.live_progress && r.step % every != 0 && r.step != 1 && !last && !r.skipped &&
+      !r.evaluated)
+    return;
   // An overflowing fp16 step (amp vetoes it) has an infinite or NaN norm: say so plainly.
   char norm[32];
   std::snprintf(norm, sizeof norm, "%.3f", r.grad_norm);
@@ -1043,7 +1102,12 @@ void Trainer::log_step(const StepRecord& r) {
                 r.lr, norm_text.c_str(), r.tokens_per_s, r.step_ms,
                 format_bytes(mt.peak_total()).c_str());
   // A vetoed step says who vetoed it and why, whatever the cadence.
-  const std::string skipped = r.skipped ? " | update skipped by " + veto_reason_ : "";
+  std::string extra = r.skipped ? " | update skipped by " + veto_reason_ : "";
+  if (r.evaluated) {
+    char val[64];
+    std::snprintf(val, sizeof val, " | val %.4f (best %.4f)", r.val_loss, best_val_loss_);
+    extra = val + extra;
+  }
   if (options_.live_progress) {
     // On a terminal: the time left at the average pace of this run so far.
     const double per_step = (now_ms() - run_start_ms_) / double(r.step - first_step_ + 1);
@@ -1051,10 +1115,10 @@ void Trainer::log_step(const StepRecord& r) {
     char eta[48];
     std::snprintf(eta, sizeof eta, " | ETA %lldh%02lldm%02llds", eta_s / 3600, eta_s / 60 % 60,
                   eta_s % 60);
-    *options_.log << '\r' << line << skipped << (last ? "" : eta) << "\033[K"
+    *options_.log << '\r' << line << extra << (last ? "" : eta) << "\033[K"
                   << (last || r.skipped ? "\n" : "") << std::flush;
   } else {
-    *options_.log << line << skipped << '\n' << std::flush;
+    *options_.log << line << extra << '\n' << std::flush;
   }
 }
 

@@ -56,6 +56,8 @@ struct StepRecord {
                               // gradient buckets after the backward (what overlap did not hide)
   bool skipped = false;       // a plugin vetoed the optimizer step
   double loss_scale = 1.0;    // the loss scale the step's backward ran with (amp fp16)
+  bool evaluated = false;     // train.eval_every: the validation loss was measured after the step
+  double val_loss = 0.0;
 };
 
 // Thrown by Trainer::run when a step's loss or gradient norm is not finite and no plugin vetoed
@@ -130,6 +132,10 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   void finish_buckets();
   bool root() const { return comm_->rank() == 0; }
   void log_step(const StepRecord& r);
+  // The validation loss (train.eval_every): the first eval_batches micro-batches of the
+  // validation data, the same ones every time, forward only (Gpt::evaluate) through the
+  // step's batch buffers; with ranks, the mean over them.
+  double evaluate(Batch batch, void* host_inputs, void* host_targets);
   // The run's state after `step` steps, written to [snapshot] dir: the device tensors as they
   // are now, with the data position and plugin states of that moment. Returns the file.
   std::string write_snapshot(int64_t step, const std::string& data_state,
@@ -199,6 +205,12 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   std::string optimizer_signature() const;
   std::unique_ptr<DataSource> data_;
   std::unique_ptr<DataLoader> loader_;
+  // train.eval_every: the validation data, rewound to val_start_ before each evaluation; the
+  // lowest loss so far and its step (0: none yet), kept in snapshots.
+  std::unique_ptr<DataSource> val_data_;
+  std::string val_start_;
+  double best_val_loss_ = 0.0;
+  int64_t best_val_step_ = 0;
   std::vector<EventListener*> listeners_;
   std::unique_ptr<AppendFile> metrics_;
   std::vector<StepRecord> history_;
