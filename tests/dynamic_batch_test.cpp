@@ -305,6 +305,35 @@ TEST(DynamicBatch, ResumeMidShrinkIsBitwise) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// headroom.batch/1's rules: restart_step from OOM only, set_micro_batch between steps only and to
+// a divisor of [train] micro_batch; set at STEP_BEGIN, the step runs at it.
+
+TEST(DynamicBatchExtension, RulesAndStateAsTheHeaderSays) {
+  const std::string dir = test::temp_dir();
+  const std::string cfg = test::write_file(
+      dir, "probe.toml", config_toml(kB, kA, 0, 2) + pressure(0, 0, 0, 0) + "probe = true\n");
+  const auto r = test::run_headroom("train " + cfg + " --metrics " + dir + "/m.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // restart_step outside OOM and set_micro_batch outside TRAIN_BEGIN / STEP_BEGIN / STEP_END:
+  // HR_ERROR_NOT_ALLOWED (7); 3 does not divide 8: HR_ERROR_INVALID (5).
+  EXPECT_TRUE(
+      test::contains(r.output, "batch probe TRAIN_BEGIN configured=8x2 now=8x2 restart=7 set3=5"))
+      << r.output;
+  EXPECT_TRUE(test::contains(r.output, "batch probe STEP_BEGIN set4=0 now=4x4")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "batch probe FORWARD_BEGIN set2=7")) << r.output;
+  EXPECT_TRUE(test::contains(r.output,
+                             "micro_batch 8 x grad_accum 2 -> 4 x 4 (plugin 'pressure': "
+                             "probe: this step at 4)"))
+      << r.output;
+  std::istringstream in(test::read_file(dir + "/m.jsonl"));
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  const auto j = nlohmann::json::parse(line);
+  EXPECT_EQ(j["micro_batch"], 4) << line;
+  EXPECT_EQ(j["grad_accum"], 4) << line;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Metrics: micro_batch and grad_accum in every row, with or without the plugin.
 
 TEST(DynamicBatch, MetricsRowsCarryTheMicroBatch) {
