@@ -365,6 +365,18 @@ TEST(DynamicBatch, MetricsRowsCarryTheMicroBatch) {
   }
 }
 
+// A zero plugin shards the model state even on one rank: the host refuses micro-batch changes
+// there (the ranks would have to agree), and the plugin says so once and stands aside.
+TEST(DynamicBatch, StandsAsideWhereTheHostCannotChangeTheMicroBatch) {
+  const std::string dir = test::temp_dir();
+  const std::string cfg = test::write_file(
+      dir, "zero.toml",
+      config_toml(kB, kA, 0, 2) + "[[plugins]]\nname = \"zero1\"\n" + dynamic_batch(""));
+  const auto r = test::run_headroom("train " + cfg + " -q");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "dynamic_batch does nothing")) << r.output;
+}
+
 TEST(DynamicBatch, BadKeysExit2NamingTheKey) {
   const std::string dir = test::temp_dir();
   const std::string base = config_toml(kB, kA, 0, 1);

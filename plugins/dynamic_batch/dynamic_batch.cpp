@@ -63,8 +63,18 @@ class DynamicBatch {
   const hr_host_services* services() const { return s_; }
 
   hr_status on_train_begin() {
-    // A resumed run continues at the micro-batch it had settled on.
     const hr_batch_state b = state();
+    // The host changes the micro-batch on one rank without a zero plugin so far: elsewhere (a
+    // zero plugin on one rank) it refuses even the micro-batch it has, and this plugin stands
+    // aside for the run rather than stop it later.
+    if (batch_->set_micro_batch(s_->host, b.micro_batch, "unchanged") == HR_ERROR_NOT_ALLOWED) {
+      off_ = true;
+      s_->log(s_->host, HR_LOG_WARN,
+              "the host cannot change the micro-batch in this run (one rank without a zero "
+              "plugin so far): dynamic_batch does nothing");
+      return HR_OK;
+    }
+    // A resumed run continues at the micro-batch it had settled on.
     if (st_.micro_batch == 0 || st_.micro_batch == b.micro_batch) return HR_OK;
     return batch_->set_micro_batch(s_->host, st_.micro_batch,
                                    ("resumed at the micro-batch the run had settled on, " +
@@ -74,6 +84,7 @@ class DynamicBatch {
 
   // Reactive: the step runs again, smaller.
   hr_status on_oom(const hr_event_info* info) {
+    if (off_) return HR_OK;
     const hr_batch_state b = state();
     const int32_t smaller = next_smaller(b.configured_micro_batch, b.micro_batch);
     if (smaller == 0) {
@@ -103,6 +114,7 @@ class DynamicBatch {
   }
 
   hr_status on_step_end(const hr_event_info* info) {
+    if (off_) return HR_OK;
     const hr_batch_state b = state();
     const int32_t cur = b.micro_batch;
     st_.micro_batch = cur;
@@ -188,6 +200,7 @@ class DynamicBatch {
   int64_t grow_after_;
   int32_t min_;
   State st_;
+  bool off_ = false;  // the host cannot change the micro-batch in this run
 };
 
 hr_status create(const hr_host_services* s, void** instance) {
@@ -212,6 +225,14 @@ hr_status create(const hr_host_services* s, void** instance) {
   if (grow_after < 0)
     return s->config_error(s->host, "grow_after",
                            "must be >= 0 good steps before growing back (0 = never)");
+  // Every rank would have to agree on every restart: one rank so far.
+  if (s->world_size(s->host) > 1) {
+    s->set_error(s->host,
+                 ("dynamic_batch runs on one rank so far; this run has " +
+                  std::to_string(s->world_size(s->host)) + " (remove it from the [[plugins]] list)")
+                     .c_str());
+    return HR_ERROR_CONFIG;
+  }
   hr_batch_state b;
   std::memset(&b, 0, sizeof b);
   b.struct_size = sizeof b;
