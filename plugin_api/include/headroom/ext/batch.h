@@ -44,14 +44,15 @@ typedef struct hr_ext_batch {
   /* Any time. */
   hr_status (*state)(hr_host* host, hr_batch_state* out);
   /* From the OOM hook only, for an allocation that failed inside one of the step's micro-steps
-   * (forward or backward): once the hooks return, the host releases everything the abandoned
-   * attempt holds (activations, workspace, per-layer compute gradients; a plugin frees its own
-   * from the OOM hook), discards the step's gradients, and runs the step again from its first
-   * micro-step at `micro_batch` (it divides configured_micro_batch, 1 <= micro_batch <= the
-   * current one), on the same sequences. No second STEP_BEGIN fires; micro-steps count from 1
-   * again. `reason` goes to the log. An OOM anywhere else, or a step restarted 16 times, stops
-   * the run as usual. HR_ERROR_INVALID (with a message) for a micro_batch outside those bounds;
-   * the last request of the hooks wins. */
+   * (forward or backward): once the hooks return, the host releases what the abandoned attempt
+   * holds (activations, workspace, per-layer compute gradients; what a plugin allocated for the
+   * attempt it frees from its next hook, the OOM hook being inside the failed allocation, and
+   * tells a restarted attempt by `restarts`), discards the step's gradients, and runs the step
+   * again from its first micro-step at `micro_batch` (it divides configured_micro_batch,
+   * 1 <= micro_batch <= the current one), on the same sequences. No second STEP_BEGIN fires;
+   * micro-steps count from 1 again. `reason` goes to the log. An OOM anywhere else, or a step
+   * restarted 16 times, stops the run as usual. HR_ERROR_INVALID (with a message) for a micro_batch
+   * outside those bounds; the last request of the hooks wins. */
   hr_status (*restart_step)(hr_host* host, int32_t micro_batch, const char* reason);
   /* From TRAIN_BEGIN, STEP_BEGIN (the current step runs at it) or STEP_END (the next step does):
    * the micro-batch, as for restart_step but any divisor of configured_micro_batch (growing back
