@@ -18,6 +18,7 @@
 
 #include "core/config/config.h"
 #include "core/device/device.h"
+#include "core/events/events.h"
 #include "core/run/trainer.h"
 #include "tests/test_util.h"
 
@@ -61,6 +62,19 @@ struct Outcome {
   std::string log;
   uint64_t peak = 0;
   ByCategory live_at_end{};
+  // The live bytes as each attempt of step 1 began its first forward: equal when an abandoned
+  // attempt left nothing behind.
+  std::vector<uint64_t> step1_attempt_starts;
+};
+
+// Records Outcome::step1_attempt_starts.
+struct AttemptStarts final : EventListener {
+  const Device* device = nullptr;
+  std::vector<uint64_t> live;
+  void on_event(const EventInfo& e) override {
+    if (e.event == Event::kForwardBegin && e.layer == 0 && e.step == 1 && e.micro_step == 1)
+      live.push_back(device->tracker().live_total());
+  }
 };
 
 Outcome run(const std::string& toml) {
@@ -68,12 +82,16 @@ Outcome run(const std::string& toml) {
   TrainOptions o;
   o.log = &log;
   Trainer t(test::config_from(toml), std::move(o));
+  AttemptStarts starts;
+  starts.device = &t.device();
+  t.add_listener(&starts);
   t.run();
   Outcome r;
   r.history = t.history();
   r.log = log.str();
   r.peak = t.device().tracker().peak_total();
   r.live_at_end = t.device().tracker().live_by_category();
+  r.step1_attempt_starts = starts.live;
   return r;
 }
 
@@ -168,7 +186,11 @@ TEST(DynamicBatch, DoesNotFitFromStep1TrainsAtTheMicroBatchThatFits) {
   // What a run configured at that micro-batch from the start learns, within 1e-6.
   const Outcome fixed = run(config_toml(settled, kB * kA / settled, 0));
   expect_losses_near(r, fixed, 1e-6, "against micro_batch " + std::to_string(settled));
-  // The abandoned attempts left nothing behind.
+  // The abandoned attempts left nothing behind: every attempt of step 1 began with the bytes the
+  // first began with.
+  ASSERT_EQ(r.step1_attempt_starts.size(), size_t(r.history[0].restarts) + 1);
+  for (uint64_t live : r.step1_attempt_starts)
+    EXPECT_EQ(live, r.step1_attempt_starts[0]);
   EXPECT_EQ(r.live_at_end[int(Category::kActivations)], 0u);
   EXPECT_EQ(r.live_at_end[int(Category::kWorkspace)], 0u);
 }
@@ -211,6 +233,10 @@ TEST(DynamicBatch, ComposesWithAmpCheckpointAndTheAllocator) {
     expect_effective_batch(r, kB);
     const Outcome fixed = run(config_toml(settled, kB / settled, 0, 3, kWideModel) + others);
     expect_losses_near(r, fixed, 1e-6, others + r.log);
+    ASSERT_EQ(r.step1_attempt_starts.size(), size_t(r.history[0].restarts) + 1) << others;
+    for (uint64_t live : r.step1_attempt_starts)
+      EXPECT_EQ(live, r.step1_attempt_starts[0])
+          << others << "nothing left of an abandoned attempt";
     EXPECT_EQ(r.live_at_end[int(Category::kActivations)], 0u) << others;
     EXPECT_EQ(r.live_at_end[int(Category::kWorkspace)], 0u) << others;
   }
