@@ -391,6 +391,28 @@ TEST(DynamicBatch, MetricsRowsCarryTheMicroBatch) {
   }
 }
 
+// examples/dynamic-batch.toml does what its comment (and docs/results/dynamic-batch.md) says: out
+// of memory without the plugin; with it, step 1 restarts once at 8 x 4.
+TEST(DynamicBatch, TheExampleFileShrinksInStep1) {
+  const std::string text =
+      test::read_file(std::string(HEADROOM_SOURCE_DIR) + "/examples/dynamic-batch.toml");
+  ASSERT_TRUE(test::contains(text, "[[plugins]]"));
+  const std::string bare = text.substr(0, text.find("[[plugins]]"));
+  Config without = test::config_from(bare, {"train.steps=1"});
+  EXPECT_THROW(Trainer(without, TrainOptions{}).run(), OutOfMemory);
+  std::ostringstream log;
+  TrainOptions o;
+  o.log = &log;
+  Trainer with(test::config_from(text, {"train.steps=2"}), std::move(o));
+  with.run();
+  ASSERT_EQ(with.history().size(), 2u);
+  for (const StepRecord& r : with.history()) {
+    EXPECT_EQ(r.micro_batch, 8) << log.str();
+    EXPECT_EQ(r.grad_accum, 4) << log.str();
+    EXPECT_EQ(r.restarts, r.step == 1 ? 1 : 0) << log.str();
+  }
+}
+
 // A zero plugin shards the model state even on one rank: the host refuses micro-batch changes
 // there (the ranks would have to agree), and the plugin says so once and stands aside.
 TEST(DynamicBatch, StandsAsideWhereTheHostCannotChangeTheMicroBatch) {
