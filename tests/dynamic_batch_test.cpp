@@ -411,6 +411,14 @@ TEST(DynamicBatch, TheExampleFileShrinksInStep1) {
     EXPECT_EQ(r.grad_accum, 4) << log.str();
     EXPECT_EQ(r.restarts, r.step == 1 ? 1 : 0) << log.str();
   }
+  // Its estimate: `plan` sees the run settle at 8 x 4 and fit.
+  const auto plan = test::run_headroom("plan " + std::string(HEADROOM_SOURCE_DIR) +
+                                       "/examples/dynamic-batch.toml");
+  EXPECT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_TRUE(test::contains(plan.output, "dynamic_batch: the micro-batch shrinks to 8 x 4"))
+      << plan.output;
+  EXPECT_TRUE(test::contains(plan.output, "estimated peak, micro_batch 8 x grad_accum 4"))
+      << plan.output;
 }
 
 // A zero plugin shards the model state even on one rank: the host refuses micro-batch changes
