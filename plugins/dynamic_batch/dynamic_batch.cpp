@@ -81,8 +81,18 @@ class DynamicBatch {
               "plugin so far): dynamic_batch does nothing");
       return HR_OK;
     }
-    // A resumed run continues at the micro-batch it had settled on.
+    // A resumed run continues at the micro-batch it had settled on, if the config still allows it.
     if (st_.micro_batch == 0 || st_.micro_batch == b.micro_batch) return HR_OK;
+    if (b.configured_micro_batch % st_.micro_batch != 0 || st_.micro_batch < min_) {
+      s_->log(s_->host, HR_LOG_WARN,
+              ("the snapshot's micro_batch " + std::to_string(st_.micro_batch) +
+               " does not fit this config's (micro_batch " +
+               std::to_string(b.configured_micro_batch) + ", min_micro_batch " +
+               std::to_string(min_) + "): starting at " + std::to_string(b.micro_batch))
+                  .c_str());
+      st_ = State{};
+      return HR_OK;
+    }
     return batch_->set_micro_batch(s_->host, st_.micro_batch,
                                    ("resumed at the micro-batch the run had settled on, " +
                                     std::to_string(st_.good_steps) + " good steps there")
