@@ -9,6 +9,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "headroom/ext/batch.h"
 #include "headroom/ext/comm.h"
 #include "headroom/ext/estimate.h"
 #include "headroom/ext/precision.h"
@@ -393,6 +394,23 @@ static_assert(sizeof(hr_ext_step) == 16 && alignof(hr_ext_step) == 8);
 PIN(hr_ext_step, struct_size, 0, 4);
 PIN(hr_ext_step, reserved0, 4, 4);
 PIN(hr_ext_step, state, 8, 8);
+// headroom.batch/1
+static_assert(sizeof(hr_batch_state) == 48 && alignof(hr_batch_state) == 8);
+PIN(hr_batch_state, struct_size, 0, 4);
+PIN(hr_batch_state, configured_micro_batch, 4, 4);
+PIN(hr_batch_state, configured_grad_accum, 8, 4);
+PIN(hr_batch_state, micro_batch, 12, 4);
+PIN(hr_batch_state, grad_accum, 16, 4);
+PIN(hr_batch_state, restarts, 20, 4);
+PIN(hr_batch_state, memory_limit, 24, 8);
+PIN(hr_batch_state, attempt_start_bytes, 32, 8);
+PIN(hr_batch_state, attempt_peak_bytes, 40, 8);
+static_assert(sizeof(hr_ext_batch) == 32 && alignof(hr_ext_batch) == 8);
+PIN(hr_ext_batch, struct_size, 0, 4);
+PIN(hr_ext_batch, reserved0, 4, 4);
+PIN(hr_ext_batch, state, 8, 8);
+PIN(hr_ext_batch, restart_step, 16, 8);
+PIN(hr_ext_batch, set_micro_batch, 24, 8);
 static_assert(sizeof(hr_ext_comm) == 88 && alignof(hr_ext_comm) == 8);
 PIN(hr_ext_comm, struct_size, 0, 4);
 PIN(hr_ext_comm, reserved0, 4, 4);
@@ -525,6 +543,9 @@ PIN_TYPE(hr_ext_tensors, reduce,
          hr_status (*)(hr_host*, const void*, uint32_t, uint64_t, uint32_t, double*));
 PIN_TYPE(hr_ext_tensors, write, hr_status (*)(hr_host*, void*, const void*, uint64_t));
 PIN_TYPE(hr_ext_step, state, hr_status (*)(hr_host*, hr_step_state*));
+PIN_TYPE(hr_ext_batch, state, hr_status (*)(hr_host*, hr_batch_state*));
+PIN_TYPE(hr_ext_batch, restart_step, hr_status (*)(hr_host*, int32_t, const char*));
+PIN_TYPE(hr_ext_batch, set_micro_batch, hr_status (*)(hr_host*, int32_t, const char*));
 PIN_TYPE(hr_ext_comm, rank, int32_t (*)(hr_host*));
 PIN_TYPE(hr_ext_comm, local_rank, int32_t (*)(hr_host*));
 PIN_TYPE(hr_ext_comm, world_size, int32_t (*)(hr_host*));

@@ -330,7 +330,7 @@ TEST(CheckpointPlugin, BadKeysExit2NamingTheKey) {
 // Only hr_plugin_entry leaves an in-tree plugin's library (plugins/common/exports.map).
 TEST(InTreePlugins, ExportOnlyTheEntryPoint) {
   const std::string bin = HEADROOM_BINARY;
-  for (const char* name : {"checkpoint", "amp", "defrag_allocator"}) {
+  for (const char* name : {"checkpoint", "amp", "defrag_allocator", "dynamic_batch"}) {
     const std::string so =
         bin.substr(0, bin.rfind('/')) + "/../lib/headroom/plugins/" + name + ".so";
     const std::string cmd = "nm -D --defined-only '" + so + "'";

@@ -40,6 +40,7 @@ std::string OomReport::str() const {
                   format_bytes(live[i]).c_str(), format_bytes(peak[i]).c_str());
     s += line;
   }
+  if (!note.empty()) s += "  " + note + "\n";
   return s;
 }
 

@@ -31,6 +31,8 @@ struct OomReport {
   // The largest contiguous free block: what one allocation could still get. Below `requested`
   // while free_bytes() is not, the memory is fragmented (defrag_allocator is the cure).
   uint64_t largest_free = 0;
+  // What the run adds (the micro-batch a plugin had lowered it to): one line, or empty.
+  std::string note;
 
   // The bytes under the limit that nothing holds: limit - live - reserved_unused (0 without one).
   uint64_t free_bytes() const;

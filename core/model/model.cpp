@@ -706,6 +706,14 @@ void Gpt<T>::release_activations() {
 }
 
 template <class T>
+void Gpt<T>::release_micro_step() {
+  for (auto& layer : layers_) {
+    layer->release_activations();
+    layer->release_compute_grads();
+  }
+}
+
+template <class T>
 std::vector<Param<T>*> Gpt<T>::params() const {
   std::vector<Param<T>*> out;
   for (const auto& layer : layers_)

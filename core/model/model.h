@@ -310,6 +310,9 @@ class Gpt {
   // Frees every layer's saved activations: after a forward that has no backward (evaluation,
   // gradient checks) or an abandoned micro-step.
   void release_activations();
+  // An abandoned micro-step (out of memory): its activations, and the compute-dtype gradients a
+  // half-done backward made (amp's fp32 accumulation; the step's own bf16 gradients stay).
+  void release_micro_step();
 
   const ModelConfig& config() const { return config_; }
   Device& device() const { return device_; }

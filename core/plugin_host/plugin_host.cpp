@@ -295,8 +295,16 @@ namespace {
 // which a plugin's create() may call.
 class ValidationRun final : public PluginRun {
  public:
-  explicit ValidationRun(Device& device) : device_(device) {}
+  ValidationRun(Device& device, const TrainConfig& train) : device_(device), train_(train) {}
   Device& device() override { return device_; }
+  // As the run starts: at the configured micro-batch.
+  BatchState batch_state() const override {
+    BatchState b;
+    b.configured_micro_batch = b.micro_batch = train_.micro_batch;
+    b.configured_grad_accum = b.grad_accum = train_.grad_accum;
+    b.memory_limit = device_.memory_limit();
+    return b;
+  }
   Gpt<float>* built_model() override { return nullptr; }
   void veto_step(const std::string&, const std::string&) override {}
   void request_retry(const std::string&, const std::string&) override {}
@@ -347,6 +355,7 @@ class ValidationRun final : public PluginRun {
 
  private:
   Device& device_;
+  TrainConfig train_;
   Dtype dtype_ = Dtype::kF32;
   double loss_scale_ = 1.0;
   std::string dtype_by_;
@@ -361,7 +370,7 @@ CreatedPlugins::CreatedPlugins(const Config& config) {
   cpu.kind = "cpu";
   if (config.device.kind == "cpu") cpu.memory_limit = config.device.memory_limit;
   device_ = Device::create(cpu);
-  run_ = std::make_unique<ValidationRun>(*device_);
+  run_ = std::make_unique<ValidationRun>(*device_, config.train);
   host_ = std::make_unique<PluginHost>(config);
   host_->create(*run_);
 }

@@ -44,6 +44,16 @@ struct RunState {
   Precision precision;  // the compute dtype and the model state's layout around it
 };
 
+// The micro-batch of the steps, for headroom.batch/1 (the fields are hr_batch_state's,
+// headroom/ext/batch.h).
+struct BatchState {
+  int configured_micro_batch = 1, configured_grad_accum = 1;
+  int micro_batch = 1, grad_accum = 1;
+  int restarts = 0;
+  uint64_t memory_limit = 0;
+  uint64_t attempt_start_bytes = 0, attempt_peak_bytes = 0;
+};
+
 // What plugins reach of the training run beyond the device: implemented by the trainer.
 class PluginRun {
  public:
@@ -87,6 +97,25 @@ class PluginRun {
   }
   // The mechanism, once the model is built with something sharded; else nullptr.
   virtual Sharding* sharding() { return nullptr; }
+  // headroom.batch/1. Where the steps' micro-batch stands.
+  virtual BatchState batch_state() const { return BatchState{}; }
+  // From the OOM event: the step runs again from its first micro-step at `micro_batch` once the
+  // failed allocation has unwound (std::invalid_argument for a micro-batch that does not divide
+  // [train] micro_batch or is above the current one; std::logic_error where steps cannot be
+  // restarted).
+  virtual void restart_step(const std::string& plugin, int micro_batch, const std::string& reason) {
+    (void)micro_batch;
+    (void)reason;
+    throw std::logic_error(plugin + ": this run has no steps to restart");
+  }
+  // From TRAIN_BEGIN, STEP_BEGIN (this step) or STEP_END (the next step): the micro-batch
+  // (std::invalid_argument for one that does not divide [train] micro_batch).
+  virtual void set_micro_batch(const std::string& plugin, int micro_batch,
+                               const std::string& reason) {
+    (void)micro_batch;
+    (void)reason;
+    throw std::logic_error(plugin + ": this run has no steps to size");
+  }
   // The plugins are created only to be checked or asked for estimates (validate_plugins,
   // `headroom plan`, the advice), often many times and at one rank whatever the run's: their
   // debug and info lines are not the run's and are not printed.

@@ -1,6 +1,7 @@
 // The services table a plugin gets in create() (ABI 1.0 to 1.4), the host's extension tables
-// (ABI 1.5: headroom.vm/1, precision/1, recompute/1, tensors/1, step/1, comm/1), and the one rules
-// table that says which plugin may call which of their functions, and from which events.
+// (ABI 1.5: headroom.vm/1, precision/1, recompute/1, tensors/1, step/1, comm/1, shard/1, batch/1),
+// and the one rules table that says which plugin may call which of their functions, and from which
+// events.
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -9,6 +10,7 @@
 
 #include "core/device/backend.h"
 #include "core/plugin_host/plugin_internal.h"
+#include "headroom/ext/batch.h"
 #include "headroom/ext/comm.h"
 #include "headroom/ext/precision.h"
 #include "headroom/ext/recompute.h"
@@ -641,6 +643,54 @@ struct HostServices {
     return HR_OK;
   }
 
+  // --- headroom.batch/1 ---
+  static hr_status batch_state(hr_host* h, hr_batch_state* out) {
+    if (!out) {
+      plugin(h).error = HR_EXT_BATCH " state: out must not be NULL";
+      return HR_ERROR_INVALID;
+    }
+    const BatchState b = run(h).batch_state();
+    hr_batch_state s;
+    std::memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    s.configured_micro_batch = b.configured_micro_batch;
+    s.configured_grad_accum = b.configured_grad_accum;
+    s.micro_batch = b.micro_batch;
+    s.grad_accum = b.grad_accum;
+    s.restarts = b.restarts;
+    s.memory_limit = b.memory_limit;
+    s.attempt_start_bytes = b.attempt_start_bytes;
+    s.attempt_peak_bytes = b.attempt_peak_bytes;
+    write_sized(out, s, offsetof(hr_batch_state, struct_size) + sizeof(uint32_t));
+    return HR_OK;
+  }
+  // A micro-batch the trainer refuses is HR_ERROR_INVALID, a run that cannot change it
+  // HR_ERROR_NOT_ALLOWED; both with the trainer's words.
+  template <class F>
+  static hr_status batch_call(hr_host* h, const char* fn, F&& f) {
+    LoadedPlugin& p = plugin(h);
+    try {
+      f(p.entry.name);
+      return HR_OK;
+    } catch (const std::invalid_argument& e) {
+      p.error = std::string(HR_EXT_BATCH " ") + fn + ": " + e.what();
+      return HR_ERROR_INVALID;
+    } catch (const std::exception& e) {
+      p.error = std::string(HR_EXT_BATCH " ") + fn + ": " + e.what();
+      return HR_ERROR_NOT_ALLOWED;
+    }
+  }
+  static hr_status batch_restart_step(hr_host* h, int32_t micro_batch, const char* reason) {
+    return batch_call(h, "restart_step", [&](const std::string& name) {
+      run(h).restart_step(name, micro_batch, reason ? reason : "");
+    });
+  }
+  static hr_status batch_set_micro_batch(hr_host* h, int32_t micro_batch, const char* reason) {
+    return batch_call(h, "set_micro_batch", [&](const std::string& name) {
+      run(h).set_micro_batch(name, micro_batch, reason ? reason : "");
+    });
+  }
+
   // --- headroom.comm/1 ---
   // The run's communicator, or a local one (rank 0 of 1) when the run has none: a check or an
   // estimate runs on one rank by itself, also under mpirun (an MPI one would be collective).
@@ -854,6 +904,8 @@ enum class When {
   kForwardEndOfLayer,  // from FORWARD_END of the layer the call names (its first argument)
   kNotInAllocation,    // not from an ALLOC, FREE or OOM hook or an allocator hook (they run
                        // inside an allocation)
+  kOom,                // from the OOM hook only
+  kStepBoundary,       // from TRAIN_BEGIN, STEP_BEGIN or STEP_END only
 };
 
 struct Rule {
@@ -958,6 +1010,10 @@ enum Fn : int {
   kExtShardGradientRange,
   kExtShardPersistBelow,
   kExtShardReleaseParameters,
+  // headroom.batch/1
+  kExtBatchState,
+  kExtBatchRestartStep,
+  kExtBatchSetMicroBatch,
   kNumFns
 };
 
@@ -1052,6 +1108,9 @@ constexpr Rule kRules[kNumFns] = {
     {HR_EXT_SHARD " gradient_range", kAnyone, When::kAnyTime, kNotAllowed},
     {HR_EXT_SHARD " persist_below", kAnyone, When::kCreate, kNotAllowed},
     {HR_EXT_SHARD " release_parameters", kAnyone, When::kNotInAllocation, kNotAllowed},
+    {HR_EXT_BATCH " state", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_BATCH " restart_step", kAnyone, When::kOom, kNotAllowed},
+    {HR_EXT_BATCH " set_micro_batch", kAnyone, When::kStepBoundary, kNotAllowed},
 };
 
 std::string roles_words(uint32_t roles) {
@@ -1074,6 +1133,12 @@ std::string rule_words(const Rule& r) {
       break;
     case When::kNotInAllocation:
       when = "not from ALLOC, FREE or OOM hooks or the allocator role's hooks";
+      break;
+    case When::kOom:
+      when = "from the OOM hook only";
+      break;
+    case When::kStepBoundary:
+      when = "from TRAIN_BEGIN, STEP_BEGIN or STEP_END only";
       break;
   }
   if (!when.empty()) s += (s.empty() ? "" : ", ") + when;
@@ -1125,6 +1190,15 @@ bool allowed(hr_host* h, const Rule& rule, int32_t layer) {
           why = "plugin '" + p.entry.name + "' called it from its allocator hooks";
         else if (!p.creating &&
                  (ev == int(Event::kAlloc) || ev == int(Event::kFree) || ev == int(Event::kOom)))
+          why = "plugin '" + p.entry.name + "' called it from " + from;
+        break;
+      case When::kOom:
+        if (p.creating || ev != int(Event::kOom))
+          why = "plugin '" + p.entry.name + "' called it from " + from;
+        break;
+      case When::kStepBoundary:
+        if (p.creating || (ev != int(Event::kTrainBegin) && ev != int(Event::kStepBegin) &&
+                           ev != int(Event::kStepEnd)))
           why = "plugin '" + p.entry.name + "' called it from " + from;
         break;
     }
@@ -1235,6 +1309,10 @@ const hr_ext_shard kShard = {sizeof(hr_ext_shard),
                              HR_CHECKED(kExtShardPersistBelow, shard_persist_below),
                              HR_CHECKED(kExtShardReleaseParameters, shard_release_parameters)};
 
+const hr_ext_batch kBatch = {sizeof(hr_ext_batch), 0, HR_CHECKED(kExtBatchState, batch_state),
+                             HR_CHECKED(kExtBatchRestartStep, batch_restart_step),
+                             HR_CHECKED(kExtBatchSetMicroBatch, batch_set_micro_batch)};
+
 }  // namespace
 
 const void* HostServices::get_extension(hr_host*, const char* id) {
@@ -1243,7 +1321,7 @@ const void* HostServices::get_extension(hr_host*, const char* id) {
   const std::pair<const char*, const void*> tables[] = {
       {HR_EXT_VM, &kVm},           {HR_EXT_PRECISION, &kPrecision}, {HR_EXT_RECOMPUTE, &kRecompute},
       {HR_EXT_TENSORS, &kTensors}, {HR_EXT_STEP, &kStep},           {HR_EXT_COMM, &kComm},
-      {HR_EXT_SHARD, &kShard}};
+      {HR_EXT_SHARD, &kShard},     {HR_EXT_BATCH, &kBatch}};
   for (const auto& [name, table] : tables)
     if (std::strcmp(id, name) == 0) return table;
   return nullptr;

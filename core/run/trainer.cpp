@@ -94,6 +94,7 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   }
   observing_.attach(*device_, this);
   set_phase(Phase::Kind::kSetup);
+  micro_batch_ = config_.train.micro_batch;
   comm_ = make_communicator(*device_, config_.distributed);
   data_ = options_.data_source
               ? std::move(options_.data_source)
@@ -262,6 +263,7 @@ void Trainer::run_steps() {
   fire(Event::kTrainBegin);
   set_phase(Phase::Kind::kData);
   const uint64_t batch_bytes = uint64_t(B) * T * sizeof(int32_t);
+  // The configured micro-batch's size: a smaller one (headroom.batch/1) uses the first rows.
   Buffer inputs(*device_, batch_bytes, Category::kData, "inputs (B, T)");
   Buffer targets(*device_, batch_bytes, Category::kData, "targets (B, T)");
   // The loader fills host staging buffers (page-locked on CUDA), uploaded on the copy stream.
@@ -301,26 +303,42 @@ void Trainer::run_steps() {
     cur_.loss_scale = loss_scale_;
     cur_.loss_scale_set = true;
     double data_wait_ms = 0.0, comm_wait_ms = 0.0;
-    for (micro_step_ = 1; micro_step_ <= A; ++micro_step_) {
-      set_phase(Phase::Kind::kData);
-      ops.synchronize();  // the previous micro-step is done with the staging buffers
-      data_wait_ms += loader_->next(host_inputs, host_targets);
-      ops.upload(inputs.as<void>(), host_inputs, batch_bytes);
-      ops.upload(targets.as<void>(), host_targets, batch_bytes);
-      if (sharding_) sharding_->begin_micro_step(micro_step_, A);
-      micro_step(batch);
-      // What a zero plugin started in this micro-step's backward is done before the next one
-      // touches the gradients (or GRADS_READY reads them).
-      if (sharding_) sharding_->wait();
-      // Buckets not launched from a BACKWARD_END (overlap = false) start here.
-      if (micro_step_ == A) {
-        const double c0 = now_ms();
-        launch_buckets(-1);
-        comm_wait_ms = now_ms() - c0;
+    // The step's B·A sequences in micro-batches of micro_batch_ (a plugin may have chosen it
+    // by now), read from the loader once and kept: a restart runs the same ones again.
+    if (next_batch_.micro_batch)
+      change_micro_batch(next_batch_.micro_batch, next_batch_.plugin, next_batch_.reason);
+    next_batch_ = BatchRequest{};
+    step_data_read_ = 0;
+    restarts_ = 0;
+    begin_attempt();
+    for (micro_step_ = 1; micro_step_ <= grad_accum(); ++micro_step_) {
+      try {
+        set_phase(Phase::Kind::kData);
+        ops.synchronize();  // the previous micro-step is done with the staging buffers
+        data_wait_ms += fetch_micro_batch(host_inputs, host_targets);
+        const uint64_t bytes = uint64_t(micro_batch_) * T * sizeof(int32_t);
+        ops.upload(inputs.as<void>(), host_inputs, bytes);
+        ops.upload(targets.as<void>(), host_targets, bytes);
+        batch.B = micro_batch_;
+        if (sharding_) sharding_->begin_micro_step(micro_step_, grad_accum());
+        micro_step(batch);
+        // What a zero plugin started in this micro-step's backward is done before the next one
+        // touches the gradients (or GRADS_READY reads them).
+        if (sharding_) sharding_->wait();
+        // Buckets not launched from a BACKWARD_END (overlap = false) start here.
+        if (micro_step_ == grad_accum()) {
+          const double c0 = now_ms();
+          launch_buckets(-1);
+          comm_wait_ms = now_ms() - c0;
+        }
+      } catch (const OutOfMemory& e) {
+        recover(e);  // rethrows unless this micro-step, or the step, runs again
+        continue;
       }
       cur_.add_micro_step();
       // A safe point. After the last micro-step the step is all but done: finish it instead.
-      if (const int sig = stop_signal(); sig && micro_step_ < A) stop_interrupted(sig, true);
+      if (const int sig = stop_signal(); sig && micro_step_ < grad_accum())
+        stop_interrupted(sig, true);
     }
     micro_step_ = 0;
     const double c0 = now_ms();
@@ -329,6 +347,9 @@ void Trainer::run_steps() {
     if (sharding_) sharding_->check_reduced(shard_plugin_);
     fire(Event::kGradsReady);
     r.step = step_;
+    r.micro_batch = micro_batch_;
+    r.grad_accum = grad_accum();
+    r.restarts = restarts_;
     r.loss = cur_.step_loss();
     // The metrics' loss: the mean over ranks (every rank reads as many tokens).
     if (comm_->world_size() > 1) comm_->all_reduce_host(&r.loss, 1, ReduceOp::kAverage);
@@ -413,21 +434,30 @@ void Trainer::run_steps() {
 double Trainer::evaluate(Batch batch, void* host_inputs, void* host_targets) {
   set_phase(Phase::Kind::kEval);
   Backend& ops = device_->backend();
-  const uint64_t bytes = uint64_t(batch.B) * batch.T * sizeof(int32_t);
+  // The validation data comes in configured micro-batches (the staging buffers' size); each runs
+  // in slices of the micro-batch the steps run at now (headroom.batch/1 may have lowered it), so
+  // that evaluation needs no more memory than a step.
+  const int B = config_.train.micro_batch, T = batch.T;
+  const int b = batch.B;
+  const size_t BT = size_t(B) * T, bt = size_t(b) * T;
+  std::vector<int32_t> rows(2 * BT);
   batch.dloss = 0.0;  // the head's gradient of the loss is not used
   val_data_->restore(val_start_);
   double sum = 0.0;
   uint64_t tokens = 0;
   for (int i = 0; i < config_.train.eval_batches; ++i) {
-    val_data_->next(static_cast<int32_t*>(host_inputs), static_cast<int32_t*>(host_targets),
-                    batch.B, batch.T);
-    ops.upload(const_cast<int32_t*>(batch.tokens), host_inputs, bytes);
-    ops.upload(const_cast<int32_t*>(batch.targets), host_targets, bytes);
-    const double loss = model_->evaluate(batch);
-    const uint64_t n = model_->loss_tokens();
-    sum += loss * double(n);
-    tokens += n;
-    ops.synchronize();  // the next upload overwrites the staging buffers
+    val_data_->next(rows.data(), rows.data() + BT, B, T);
+    for (size_t at = 0; at < BT; at += bt) {
+      std::memcpy(host_inputs, rows.data() + at, bt * sizeof(int32_t));
+      std::memcpy(host_targets, rows.data() + BT + at, bt * sizeof(int32_t));
+      ops.upload(const_cast<int32_t*>(batch.tokens), host_inputs, bt * sizeof(int32_t));
+      ops.upload(const_cast<int32_t*>(batch.targets), host_targets, bt * sizeof(int32_t));
+      const double loss = model_->evaluate(batch);
+      const uint64_t n = model_->loss_tokens();
+      sum += loss * double(n);
+      tokens += n;
+      ops.synchronize();  // the next upload overwrites the staging buffers
+    }
   }
   double loss = tokens ? sum / double(tokens) : 0.0;
   if (comm_->world_size() > 1) comm_->all_reduce_host(&loss, 1, ReduceOp::kAverage);
@@ -524,28 +554,156 @@ void Trainer::finish_buckets() {
 }
 
 double Trainer::micro_step(const Batch& batch) {
-  // An OOM that a plugin answers with request_retry (having freed memory, or changed what the
-  // next attempt needs) runs the micro-step again on the same batch — as long as no layer has
-  // finished its backward, so that no gradient is accumulated twice.
-  constexpr int kMaxRetries = 8;
-  for (int attempt = 0;; ++attempt) {
-    backward_layers_done_ = 0;
-    retry_requested_ = false;
-    try {
-      const double loss = model_->forward(batch, this);
-      // Known from here to the micro-step's end: BACKWARD_END carries it, headroom.step/1 counts
-      // it. On the host already (the head reads its losses back once a micro-step).
-      cur_.micro_loss = loss;
-      cur_.micro_tokens = model_->loss_tokens();
-      cur_.micro_known = true;
-      model_->backward(batch, this);
-      return loss;
-    } catch (const OutOfMemory&) {
-      cur_.micro_known = false;
-      if (!retry_requested_ || backward_layers_done_ > 0 || attempt >= kMaxRetries) throw;
-      model_->release_activations();
-    }
+  backward_begun_ = false;
+  retry_requested_ = false;
+  restart_ = BatchRequest{};
+  const double loss = model_->forward(batch, this);
+  // Known from here to the micro-step's end: BACKWARD_END carries it, headroom.step/1 counts
+  // it. On the host already (the head reads its losses back once a micro-step).
+  cur_.micro_loss = loss;
+  cur_.micro_tokens = model_->loss_tokens();
+  cur_.micro_known = true;
+  model_->backward(batch, this);
+  return loss;
+}
+
+double Trainer::fetch_micro_batch(int32_t* host_inputs, int32_t* host_targets) {
+  const int B = config_.train.micro_batch, T = config_.model.seq_len;
+  const size_t BT = size_t(B) * T;
+  // Configured micro-batch c is cut into B / b slices of b consecutive rows: micro-steps
+  // c·(B/b)+1 .. (c+1)·(B/b) read them in order, as a run configured with micro_batch b would.
+  const int slices = B / micro_batch_;
+  const int c = (micro_step_ - 1) / slices;
+  const size_t at = size_t((micro_step_ - 1) % slices) * size_t(micro_batch_) * T;
+  double wait_ms = 0.0;
+  for (; step_data_read_ <= c; ++step_data_read_) {
+    if (step_data_.size() <= size_t(step_data_read_)) step_data_.emplace_back(2 * BT);
+    int32_t* d = step_data_[size_t(step_data_read_)].data();
+    wait_ms += loader_->next(d, d + BT);
   }
+  const int32_t* d = step_data_[size_t(c)].data();
+  const size_t n = size_t(micro_batch_) * T;
+  std::memcpy(host_inputs, d + at, n * sizeof(int32_t));
+  std::memcpy(host_targets, d + BT + at, n * sizeof(int32_t));
+  return wait_ms;
+}
+
+void Trainer::begin_attempt() {
+  attempt_start_bytes_ = attempt_peak_bytes_ = device_->tracker().live_total();
+}
+
+void Trainer::recover(const OutOfMemory& e) {
+  // What the OOM hooks asked for; the next attempt starts with no request.
+  const bool retry = retry_requested_;
+  const BatchRequest restart = std::move(restart_);
+  retry_requested_ = false;
+  restart_ = BatchRequest{};
+  cur_.micro_known = false;
+  // The abandoned attempt's workspace went with the unwinding; its activations and the
+  // per-layer compute gradients of a half-done backward (amp) go now, whoever asked.
+  model_->release_micro_step();
+  constexpr int kMaxAttempts = 16;  // a plugin that asks forever does not loop forever
+  const bool asked = retry || restart.micro_batch > 0;
+  // The same micro-step again: the plugin freed memory, and no gradient was touched yet.
+  if (asked && !restart.micro_batch && !backward_begun_ && restarts_ < kMaxAttempts) {
+    ++restarts_;
+    --micro_step_;
+    return;
+  }
+  // Otherwise the whole step from its first micro-step (one rank, nothing sharded: the ranks
+  // would have to agree on it).
+  if (!asked || restarts_ >= kMaxAttempts || sharding_ || comm_->world_size() > 1) {
+    if (batch_by_.empty()) throw;
+    OomReport r = e.report();
+    r.note = "micro_batch: step " + std::to_string(step_) + " ran at micro_batch " +
+             std::to_string(micro_batch_) + " x grad_accum " + std::to_string(grad_accum()) +
+             " (configured " + std::to_string(config_.train.micro_batch) + " x " +
+             std::to_string(config_.train.grad_accum) + "), as plugin '" + batch_by_ + "' set it" +
+             (micro_batch_ == 1 ? "; it reached micro_batch 1, the smallest there is" : "") +
+             (restarts_ >= kMaxAttempts
+                  ? "; the step was restarted " + std::to_string(restarts_) + " times"
+                  : "");
+    throw OutOfMemory(std::move(r));
+  }
+  ++restarts_;
+  model_->zero_grad();  // the abandoned attempt's gradients are discarded
+  const double lr = cur_.lr, scale = cur_.loss_scale;
+  cur_ = StepProgress{};
+  cur_.lr = lr;
+  cur_.loss_scale = scale;
+  cur_.loss_scale_set = true;
+  const std::string why = restart.micro_batch ? restart.plugin + "': " + restart.reason
+                                              : "request_retry after the backward began";
+  if (options_.log && root())
+    *options_.log << "step " << step_ << ": out of memory in micro-step " << micro_step_ << " of "
+                  << grad_accum() << " (" << e.report().phase.str() << ", "
+                  << format_bytes(e.report().requested) << " requested): the step restarts"
+                  << (restart.micro_batch ? " (plugin '" : " (") << why << ")\n"
+                  << std::flush;
+  if (restart.micro_batch) change_micro_batch(restart.micro_batch, restart.plugin, restart.reason);
+  micro_step_ = 0;  // the loop goes on with micro-step 1
+  begin_attempt();
+}
+
+void Trainer::change_micro_batch(int micro_batch, const std::string& plugin,
+                                 const std::string& reason) {
+  if (micro_batch == micro_batch_) return;
+  const int before = micro_batch_, accum_before = grad_accum();
+  micro_batch_ = micro_batch;
+  batch_by_ = plugin;
+  if (options_.log && root())
+    *options_.log << "step " << step_ << ": micro_batch " << before << " x grad_accum "
+                  << accum_before << " -> " << micro_batch_ << " x " << grad_accum() << " (plugin '"
+                  << plugin << "': " << reason << ")\n"
+                  << std::flush;
+}
+
+BatchState Trainer::batch_state() const {
+  BatchState b;
+  b.configured_micro_batch = config_.train.micro_batch;
+  b.configured_grad_accum = config_.train.grad_accum;
+  b.micro_batch = next_batch_.micro_batch ? next_batch_.micro_batch : micro_batch_;
+  b.grad_accum = b.configured_micro_batch * b.configured_grad_accum / b.micro_batch;
+  b.restarts = restarts_;
+  b.memory_limit = device_->memory_limit();
+  b.attempt_start_bytes = attempt_start_bytes_;
+  b.attempt_peak_bytes = attempt_peak_bytes_;
+  return b;
+}
+
+namespace {
+
+// The micro-batches a step can run at: divisors of [train] micro_batch; one rank, nothing
+// sharded.
+void check_micro_batch(int micro_batch, int configured, bool ranked, bool sharded) {
+  if (ranked || sharded)
+    throw std::logic_error(std::string("the micro-batch changes on one rank without a zero "
+                                       "plugin so far (this run ") +
+                           (ranked ? "has more than one rank" : "is sharded") + ")");
+  if (micro_batch < 1 || configured % micro_batch != 0)
+    throw std::invalid_argument("micro_batch " + std::to_string(micro_batch) +
+                                " does not divide [train] micro_batch " +
+                                std::to_string(configured));
+}
+
+}  // namespace
+
+void Trainer::restart_step(const std::string& plugin, int micro_batch, const std::string& reason) {
+  check_micro_batch(micro_batch, config_.train.micro_batch, comm_->world_size() > 1,
+                    sharding_ != nullptr);
+  if (micro_batch_ < micro_batch)
+    throw std::invalid_argument("micro_batch " + std::to_string(micro_batch) +
+                                " is above the step's " + std::to_string(micro_batch_));
+  if (micro_step_ == 0)
+    throw std::logic_error("the allocation did not fail in a micro-step; the OOM stands");
+  restart_ = BatchRequest{micro_batch, plugin, reason};
+}
+
+void Trainer::set_micro_batch(const std::string& plugin, int micro_batch,
+                              const std::string& reason) {
+  check_micro_batch(micro_batch, config_.train.micro_batch, comm_->world_size() > 1,
+                    sharding_ != nullptr);
+  next_batch_ = BatchRequest{micro_batch, plugin, reason};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -591,6 +749,7 @@ void Trainer::forward_end(int layer) {
   fire(Event::kForwardEnd, layer);
 }
 void Trainer::backward_begin(int layer) {
+  backward_begun_ = true;
   set_phase(Phase::Kind::kBackward, layer);
   fire(Event::kBackwardBegin, layer);
   // Before a dropped layer's recomputation too: it runs inside the layer's backward.
@@ -598,13 +757,12 @@ void Trainer::backward_begin(int layer) {
     sharding_->require_parameters(layer, model_->tied_layer(layer), "backward", shard_plugin_);
 }
 void Trainer::backward_end(int layer) {
-  ++backward_layers_done_;
   if (sharding_) sharding_->backward_done(layer);
   fire(Event::kBackwardEnd, layer);
   // The step's last micro-step: the buckets this layer completes start reducing while the layers
   // below run their backward (with compute copies, the model added the layer's gradients into
   // their fp32 masters just before this event).
-  if (micro_step_ == config_.train.grad_accum && config_.distributed.overlap) {
+  if (micro_step_ == grad_accum() && config_.distributed.overlap) {
     launch_buckets(layer);
     // MPI moves a non-blocking collective forward only inside MPI calls: testing the ones in
     // flight at each layer boundary is what lets them run while the layers below compute.
@@ -614,6 +772,7 @@ void Trainer::backward_end(int layer) {
 }
 
 void Trainer::on_alloc(const void* ptr, uint64_t bytes, Category c, const std::string&) {
+  attempt_peak_bytes_ = std::max(attempt_peak_bytes_, device_->tracker().live_total());
   EventInfo info;
   info.event = Event::kAlloc;
   info.ptr = ptr;
@@ -662,7 +821,7 @@ RunState Trainer::state() const {
   RunState r;
   r.step = step_;
   r.micro_step = micro_step_;
-  r.micro_steps = config_.train.grad_accum;
+  r.micro_steps = grad_accum();
   r.lr = cur_.lr;
   r.loss_scale = cur_.loss_scale_set ? cur_.loss_scale : loss_scale_;
   // The micro-steps done, and the current one once its forward has computed its loss.
@@ -808,8 +967,8 @@ void Trainer::stop_interrupted(int signal, bool mid_step) {
                      std::to_string(stopped_in) + " of " + std::to_string(config_.train.steps);
   if (mid_step)
     what = "stopped by " + signal_name(signal) + " in step " + std::to_string(stopped_in) +
-           " (its " + std::to_string(micro_steps_done) + " of " +
-           std::to_string(config_.train.grad_accum) + " micro-steps are dropped)";
+           " (its " + std::to_string(micro_steps_done) + " of " + std::to_string(grad_accum()) +
+           " micro-steps are dropped)";
   what += "; " + std::to_string(completed) + " step" + (completed == 1 ? "" : "s") + " done";
   if (!saved.empty()) {
     what += "; " + saved + " (resume with --resume " + config_.snapshot.dir + ")";
@@ -1073,6 +1232,9 @@ void Trainer::log_step(const StepRecord& r) {
       j["val_loss"] = r.val_loss;
       j["best_val_loss"] = best_val_loss_;
     }
+    j["micro_batch"] = r.micro_batch;
+    j["grad_accum"] = r.grad_accum;
+    j["restarts"] = r.restarts;
     j["mem_live_bytes"] = mt.live_total();
     j["mem_peak_bytes"] = mt.peak_total();
     j["mem_num_allocs"] = mt.num_allocs();

@@ -58,6 +58,9 @@ struct StepRecord {
   double loss_scale = 1.0;    // the loss scale the step's backward ran with (amp fp16)
   bool evaluated = false;     // train.eval_every: the validation loss was measured after the step
   double val_loss = 0.0;
+  int micro_batch = 0;  // what the step ran at (headroom.batch/1 may change it) and
+  int grad_accum = 0;   // its micro-steps: micro_batch · grad_accum is the configured's
+  int restarts = 0;     // attempts abandoned out of memory and run again
 };
 
 // Thrown by Trainer::run when a step's loss or gradient norm is not finite and no plugin vetoed
@@ -119,8 +122,25 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   [[noreturn]] void stop_interrupted(int signal, bool mid_step);
   void fire(Event event, int layer = -1);
   void fire(EventInfo info);
-  // One micro-step, forward and backward, run again when a plugin asks for a retry after an OOM.
+  // One micro-step, forward and backward.
   double micro_step(const Batch& batch);
+  // The current micro-step's slice of the step's sequences into the host staging buffers:
+  // (micro_batch_, T) rows of the configured micro-batch it belongs to, which is read from the
+  // loader the first time the step needs it and kept for a restart. Returns the data wait (ms).
+  double fetch_micro_batch(int32_t* host_inputs, int32_t* host_targets);
+  // An allocation failed in one of the step's micro-steps and the OOM event has been fired: what
+  // the abandoned attempt holds is released, and the micro-step (a plugin asked request_retry
+  // and no backward had begun) or the whole step from its first micro-step (restart_step, or
+  // request_retry once the gradients were touched; the gradients are discarded) runs again.
+  // Rethrows the failure, with a note on the micro-batch, when nothing recovers.
+  void recover(const OutOfMemory& e);
+  // A new attempt of the step begins: its memory is measured from here (headroom.batch/1).
+  void begin_attempt();
+  // The micro-batch from the next micro-step 1 on: logged with who asked and why.
+  void change_micro_batch(int micro_batch, const std::string& plugin, const std::string& reason);
+  int grad_accum() const {
+    return config_.train.micro_batch * config_.train.grad_accum / micro_batch_;
+  }
   void set_phase(Phase::Kind kind, int layer = -1);
   // Data parallelism (world size > 1): the gradient buckets, filled from the last layer to the
   // first, each one contiguous buffer of bucket_size bytes or a little more (a parameter is never
@@ -166,6 +186,10 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   Gpt<float>* built_model() override { return model_.get(); }
   void veto_step(const std::string& plugin, const std::string& reason) override;
   void request_retry(const std::string& plugin, const std::string& reason) override;
+  BatchState batch_state() const override;
+  void restart_step(const std::string& plugin, int micro_batch, const std::string& reason) override;
+  void set_micro_batch(const std::string& plugin, int micro_batch,
+                       const std::string& reason) override;
   void set_compute_dtype(const std::string& plugin, Dtype dtype) override;
   void set_precision(const std::string& plugin, const Precision& p) override;
   void set_loss_scale(const std::string& plugin, double scale) override;
@@ -226,7 +250,7 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   std::vector<size_t> launch_order_;  // this step's launches, in order
   int64_t step_ = 0;
   int micro_step_ = 0;
-  int backward_layers_done_ = 0;  // in this micro-step: a retry is safe only while it is 0
+  bool backward_begun_ = false;  // in this micro-step: the gradients are untouched while false
   bool veto_ = false;
   std::string veto_reason_;
   // The current step as far as it has gone: headroom.step/1, and the loss and tokens the
@@ -252,6 +276,22 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   };
   StepProgress cur_;
   bool retry_requested_ = false;
+  // headroom.batch/1: the micro-batch the steps run at (a divisor of [train] micro_batch; the
+  // accumulation makes up the rest), a change asked for the next step, and a restart asked from
+  // OOM.
+  int micro_batch_ = 1;
+  struct BatchRequest {
+    int micro_batch = 0;  // 0: none
+    std::string plugin, reason;
+  };
+  BatchRequest next_batch_, restart_;
+  std::string batch_by_;  // the plugin that last changed the micro-batch, for the OOM report
+  int restarts_ = 0;      // of the current step
+  uint64_t attempt_start_bytes_ = 0, attempt_peak_bytes_ = 0;
+  // The configured micro-batches of the current step read so far, inputs then targets, each
+  // 2·B·T tokens: a restarted step reads the same sequences again.
+  std::vector<std::vector<int32_t>> step_data_;
+  int step_data_read_ = 0;
   int64_t skipped_steps_ = 0;
   // The model's compute dtype and the state layout around it (amp's dtype, grad_dtype,
   // master_weights, state_dtype), as the plugins chose them while they were created.

@@ -1,4 +1,5 @@
 /* Every extension header compiles on its own, warning-free, as C99, C11 and C++17. */
+#include <headroom/ext/batch.h>
 #include <headroom/ext/comm.h>
 #include <headroom/ext/estimate.h>
 #include <headroom/ext/precision.h>
@@ -13,5 +14,6 @@
 int main(void) {
   return (int)(sizeof(hr_ext_vm) + sizeof(hr_ext_precision) + sizeof(hr_ext_recompute) +
                sizeof(hr_ext_tensors) + sizeof(hr_ext_step) + sizeof(hr_ext_state) +
-               sizeof(hr_ext_estimate) + sizeof(hr_ext_comm) + sizeof(hr_ext_shard)) == 0;
+               sizeof(hr_ext_estimate) + sizeof(hr_ext_comm) + sizeof(hr_ext_shard) +
+               sizeof(hr_ext_batch)) == 0;
 }

@@ -28,7 +28,8 @@ typedef struct hr_step_state {
                        * it does not clip); 1 before */
   int32_t skipped;    /* 1 once a plugin vetoed this step's update */
   int32_t reserved0;
-  /* Appended (check struct_size): the micro-steps a step has, [train] grad_accum. */
+  /* Appended (check struct_size): the micro-steps the step has: [train] grad_accum, or more
+   * when the step runs at a smaller micro-batch (headroom.batch/1). */
   int32_t micro_steps;
   int32_t reserved1;
 } hr_step_state;
