@@ -1,0 +1,77 @@
+// `headroom plan --measure`: the config's own setup (device, allocator, plugins) run for two
+// optimizer steps on cheap variants of it (micro_batch 1 and 2 x blocks 1 and 2, the same
+// seq_len, vocab and width), each category's bytes at the peak fitted as
+//   v(b, L) = v11 + (b-1)·Δb + (L-1)·ΔL + (b-1)(L-1)·Δ×      (4 coefficients from the 2×2 grid)
+// and extrapolated to the config; a third point checks the fit. Whatever the plugins do, they do
+// it in the variants: the planner never needs to know one.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/device/memory.h"
+
+namespace headroom {
+
+// One dry run of a variant.
+struct VariantRun {
+  int micro_batch = 0, n_layer = 0;
+  bool ran = false;
+  std::string refused;    // why it did not run (the closed form says it would not fit, or OOM)
+  ByCategory at_peak{};   // live bytes by category at the highest total
+  uint64_t peak = 0;      // that total
+  uint64_t reserved = 0;  // the most the allocator (or backend) held: reserved bytes
+  Phase peak_phase;       // where the peak was
+  double step_ms = 0;     // the last step's wall time
+  double wall_ms = 0;     // the whole dry run (setup included)
+};
+
+// The bilinear fit of one quantity over the 2×2 grid.
+struct Fit {
+  int64_t v11 = 0, db = 0, dl = 0, dx = 0;
+  int64_t at(int micro_batch, int n_layer) const;
+};
+
+struct Measured {
+  std::vector<VariantRun> runs;  // the grid (1,1) (2,1) (1,2) (2,2), then the check point
+  int check_b = 0, check_l = 0;  // the check point (0: none, the config is on the grid)
+  ByCategory by_category{};      // predicted at the config's peak
+  uint64_t peak = 0;             // their sum
+  uint64_t reserved = 0;         // predicted reserved bytes (>= peak)
+  uint64_t fragmentation = 0;    // reserved - peak
+  std::string phase;             // of the peak, named for the full model
+  double step_ms = 0;  // the config's step time, fitted from the variants' (a rough figure:
+                       // what counts is its ratio to another candidate's, measured alike)
+  // The check point: measured peak and reserved against the fit's.
+  int64_t check_peak_error = 0, check_reserved_error = 0;
+  double wall_ms = 0;  // all dry runs together
+};
+
+// Thrown when even the smallest variant cannot run (the message says why) or when one of the
+// grid's does not fit the memory_limit.
+class PlanRefused : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The config cut to `n_layer` blocks and `micro_batch`, two steps, grad_accum at most 2,
+// nothing written (no snapshots, no metrics, no validation).
+Config variant_of(const Config& config, int micro_batch, int n_layer);
+
+// One dry run. Refused (ran = false) before it allocates when the closed form of the variant does
+// not fit memory_limit; an out-of-memory failure during it is refused too, with its report.
+VariantRun run_variant(const Config& config, int micro_batch, int n_layer);
+
+// The 2×2 grid, the fit, the check point and the prediction for `config`. Throws PlanRefused.
+Measured measure(const Config& config);
+
+// What `plan --measure` prints.
+std::string format_measured(const Config& config, const Measured& m);
+// The same as one JSON object: peak_bytes, by_category, reserved_bytes, fragmentation, phase,
+// check, dry_run_s.
+std::string measured_json(const Measured& m, bool pretty = false);
+
+}  // namespace headroom

@@ -1,0 +1,212 @@
+#include "core/plan/search.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "core/os/output_file.h"
+#include "core/report/advice.h"
+
+namespace headroom {
+
+namespace {
+
+// A closed form this far over the budget is not worth a dry run: the closed forms are exact for
+// what core knows, and a plugin that offers no estimate is rarely worth a quarter of the memory.
+constexpr double kPruneOver = 1.25;
+
+// The config with `toml` appended (after dropping the plugin table at `replaces`, when set) and
+// `sets` applied: parsed again as a file would be, so every plugin table is checked as written.
+Config with_changes(const Config& config, const std::string& replaces, const std::string& toml,
+                    const std::vector<std::string>& sets) {
+  Config base = config;
+  if (!replaces.empty())
+    base.plugins.erase(
+        std::remove_if(base.plugins.begin(), base.plugins.end(),
+                       [&](const PluginEntry& p) { return p.pos.str() == replaces; }),
+        base.plugins.end());
+  return parse_config(format_config(base) + "\n" + toml, config.file, sets);
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v)
+    s += (s.empty() ? "" : " ") + std::string("--set ") + x;
+  return s;
+}
+
+}  // namespace
+
+SearchResult search(const Config& config, uint64_t budget) {
+  SearchResult r;
+  r.budget = budget;
+  // The dry runs run under the budget: a variant that would not fit it is refused before it
+  // allocates.
+  Config base = config;
+  base.device.memory_limit = budget;
+
+  std::vector<Candidate> cands;
+  auto add = [&](std::string what, std::vector<std::string> sets, const std::string& replaces,
+                 std::string toml) {
+    Candidate c;
+    c.what = std::move(what);
+    c.sets = std::move(sets);
+    c.toml = std::move(toml);
+    try {
+      c.config = with_changes(base, replaces, c.toml, c.sets);
+    } catch (const ConfigError& e) {
+      c.skipped = std::string("not a valid config: ") + e.what();
+    }
+    cands.push_back(std::move(c));
+  };
+  add("as written", {}, "", "");
+
+  // micro_batch x grad_accum with the same sequences per step.
+  const int E = config.train.micro_batch * config.train.grad_accum;
+  for (int b = E; b >= 1; --b) {
+    if (E % b != 0 || b == config.train.micro_batch) continue;
+    add("micro_batch " + std::to_string(b) + " x grad_accum " + std::to_string(E / b),
+        {"train.micro_batch=" + std::to_string(b), "train.grad_accum=" + std::to_string(E / b)}, "",
+        "");
+  }
+
+  // The installed plugins' proposals for this budget, and pairs of those that help but do not fit
+  // alone (by the closed forms: the measurement decides).
+  const Advice a = advise(base);
+  std::vector<const Remedy*> helps;
+  for (const std::vector<Remedy>* list : {&a.remedies, &a.not_enough}) {
+    for (const Remedy& rem : *list) {
+      if (rem.toml.empty() && !rem.sets.empty() && rem.sets[0].rfind("train.micro_batch=", 0) == 0)
+        continue;  // a split: measured above
+      if (rem.ranks > 1) {
+        Candidate c;
+        c.what = rem.what;
+        c.skipped = "needs " + std::to_string(rem.ranks) + " ranks: a dry run is one process";
+        cands.push_back(std::move(c));
+        continue;
+      }
+      add(rem.what, rem.sets, rem.replaces, rem.toml);
+      if (list == &a.not_enough && rem.replaces.empty()) helps.push_back(&rem);
+    }
+  }
+  for (size_t i = 0; i < helps.size(); ++i)
+    for (size_t j = i + 1; j < helps.size(); ++j) {
+      std::vector<std::string> sets = helps[i]->sets;
+      sets.insert(sets.end(), helps[j]->sets.begin(), helps[j]->sets.end());
+      add(helps[i]->what + " + " + helps[j]->what, sets, "",
+          helps[i]->toml + "\n" + helps[j]->toml);
+    }
+
+  // Prune by the closed form, then measure.
+  for (Candidate& c : cands) {
+    if (!c.skipped.empty()) continue;
+    try {
+      c.closed_form = estimate_config(c.config, {}, 1).peak.total();
+    } catch (const ConfigError& e) {
+      c.skipped = std::string("its plugins refuse it: ") + e.what();
+      continue;
+    }
+    if (c.closed_form > budget * kPruneOver) {
+      c.skipped = "the closed form says " + format_bytes(c.closed_form) + ", far over the budget";
+      continue;
+    }
+    try {
+      c.m = measure(c.config);
+      c.measured = true;
+      c.fits = c.m.reserved <= budget - static_cast<uint64_t>(budget * r.margin);
+    } catch (const PlanRefused& e) {
+      c.skipped = e.what();
+    } catch (const ConfigError& e) {
+      c.skipped = std::string("its dry run refused: ") + e.what();
+    }
+  }
+  r.candidates = std::move(cands);
+  for (size_t i = 0; i < r.candidates.size(); ++i)
+    if (r.candidates[i].measured) {
+      r.baseline = static_cast<int>(i);
+      break;
+    }
+  if (r.baseline < 0) return r;
+  const double base_ms = r.candidates[r.baseline].m.step_ms;
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    Candidate& c = r.candidates[i];
+    if (!c.measured) continue;
+    c.step_time_ratio = c.m.step_ms / base_ms;
+    if (c.fits && (r.best < 0 || c.m.step_ms < r.candidates[r.best].m.step_ms))
+      r.best = static_cast<int>(i);
+  }
+  // The written config keeps the caller's own memory_limit.
+  for (Candidate& c : r.candidates)
+    if (c.measured) c.config.device.memory_limit = config.device.memory_limit;
+  return r;
+}
+
+std::string format_search(const Config& config, const SearchResult& r) {
+  std::string s = "search under " + format_bytes(r.budget) + " (a margin of " +
+                  std::to_string(static_cast<int>(r.margin * 100)) + "% kept free), " +
+                  std::to_string(r.candidates.size()) + " candidates:\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-3s %-58s %12s %12s %7s\n", "", "candidate", "peak",
+                "reserved", "time");
+  s += line;
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    const Candidate& c = r.candidates[i];
+    const char* mark = static_cast<int>(i) == r.best ? "=>" : (c.fits ? "ok" : "");
+    if (c.measured) {
+      std::snprintf(line, sizeof line, "  %-3s %-58.58s %12s %12s  x%.2f%s\n", mark, c.what.c_str(),
+                    format_bytes(c.m.peak).c_str(), format_bytes(c.m.reserved).c_str(),
+                    c.step_time_ratio, c.fits ? "" : "  does not fit");
+    } else {
+      std::snprintf(line, sizeof line, "  %-3s %-58.58s not measured: %.200s\n", mark,
+                    c.what.c_str(), c.skipped.c_str());
+    }
+    s += line;
+  }
+  if (r.best < 0) return s + "no candidate fits " + format_bytes(r.budget) + "\n";
+  const Candidate& b = r.candidates[r.best];
+  s += "recommended: " + b.what;
+  if (!b.sets.empty()) s += "\n  headroom train " + config.file + " " + joined(b.sets);
+  if (!b.toml.empty()) s += "\n  with these tables appended to " + config.file + ":\n" + b.toml;
+  return s + "\n";
+}
+
+std::string search_json(const SearchResult& r) {
+  nlohmann::ordered_json j;
+  j["budget_bytes"] = r.budget;
+  j["margin"] = r.margin;
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const Candidate& c : r.candidates) {
+    nlohmann::ordered_json o;
+    o["what"] = c.what;
+    o["sets"] = c.sets;
+    o["toml"] = c.toml;
+    o["measured"] = c.measured;
+    if (c.measured) {
+      o["peak_bytes"] = c.m.peak;
+      o["reserved_bytes"] = c.m.reserved;
+      o["fragmentation"] = c.m.fragmentation;
+      o["fits"] = c.fits;
+      o["step_time_ratio"] = c.step_time_ratio;
+    } else {
+      o["skipped"] = c.skipped;
+    }
+    list.push_back(o);
+  }
+  j["candidates"] = list;
+  j["recommended"] = r.best;
+  if (r.best >= 0) {
+    const Measured& m = r.candidates[r.best].m;
+    j["peak_bytes"] = m.peak;
+    j["reserved_bytes"] = m.reserved;
+    j["fragmentation"] = m.fragmentation;
+  }
+  return j.dump();
+}
+
+void write_config_file(const std::string& path, const Config& config) {
+  AtomicFile f(path, "--write");
+  f.write(format_config(config));
+  f.commit();
+}
+
+}  // namespace headroom

@@ -1,0 +1,136 @@
+// `headroom plan --measure` (core/plan/measure.h) and `--search` (core/plan/search.h): dry runs of
+// cheap variants, fitted and extrapolated, against the closed form where it is exact, against the
+// full run's tracker, and against a plugin the closed form cannot know.
+#include <gtest/gtest.h>
+
+#include "core/plan/measure.h"
+#include "core/plan/search.h"
+#include "core/report/advice.h"
+#include "core/run/trainer.h"
+#include "tests/test_util.h"
+
+namespace headroom {
+namespace {
+
+const char* kModel =
+    "[model]\nn_layer = 5\nn_head = 4\nn_embd = 32\nseq_len = 16\nvocab_size = 64\n"
+    "[train]\nsteps = 2\nmicro_batch = 6\n";
+
+// The full run's tracker at its peak, by category.
+struct FullRun {
+  ByCategory at_peak{};
+  uint64_t peak = 0;
+};
+FullRun full_run(const Config& c) {
+  Trainer t(c, TrainOptions{});
+  t.run();
+  return {t.device().tracker().live_at_peak(), t.device().tracker().peak_total()};
+}
+
+struct MeasureCase {
+  const char* name;
+  const char* plugins;
+};
+class PlanMeasureTest : public ::testing::TestWithParam<MeasureCase> {};
+
+// Where the closed form is exact, the fit is the closed form, byte for byte, category by category,
+// and both are the full run's tracker.
+TEST_P(PlanMeasureTest, TheFitIsTheClosedFormAndTheFullRun) {
+  const Config c = test::config_from(std::string(kModel) + GetParam().plugins);
+  const Measured m = measure(c);
+  const ConfigEstimate e = estimate_config(c);
+  const FullRun f = full_run(c);
+  for (int i = 0; i < kNumCategories; ++i) {
+    EXPECT_EQ(m.by_category[i], e.peak.at_peak[i]) << category_name(category_at(i));
+    EXPECT_EQ(m.by_category[i], f.at_peak[i]) << category_name(category_at(i));
+  }
+  EXPECT_EQ(m.peak, f.peak);
+  EXPECT_EQ(m.reserved, m.peak);  // no allocator plugin, no limit: nothing cached
+  EXPECT_EQ(m.fragmentation, 0u);
+  ASSERT_EQ(m.runs.size(), 5u);  // the 2x2 grid and the check point (3 x 3)
+  EXPECT_EQ(m.check_b, 3);
+  EXPECT_EQ(m.check_l, 3);
+  EXPECT_EQ(m.check_peak_error, 0);
+  EXPECT_FALSE(m.phase.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plugins, PlanMeasureTest,
+    ::testing::Values(MeasureCase{"None", ""},
+                      MeasureCase{"AmpBf16", "[[plugins]]\nname = \"amp\"\n"},
+                      MeasureCase{"CheckpointEvery", "[[plugins]]\nname = \"checkpoint\"\n"},
+                      MeasureCase{"AmpAndCheckpoint",
+                                  "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = "
+                                  "\"checkpoint\"\n"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+std::string per_block(uint64_t bytes) {
+  const std::string lib = std::string(HEADROOM_TEST_PLUGIN_DIR) + "/per_block.so";
+  return "[[plugins]]\nname = \"per_block\"\npath = \"" + lib +
+         "\"\nbytes = " + std::to_string(bytes) + "\n";
+}
+
+// A plugin that offers no estimate and takes 12345 bytes of optimizer state per block: the closed
+// form misses them, the measurement predicts them to the byte.
+TEST(PlanMeasure, AnOutOfTreePluginsBytesPerBlockArePredictedToTheByte) {
+  const uint64_t k = 12345;
+  const Config c = test::config_from(std::string(kModel) + per_block(k));
+  const Measured m = measure(c);
+  const ConfigEstimate e = estimate_config(c);
+  ASSERT_EQ(e.plugins.size(), 1u);
+  EXPECT_FALSE(e.plugins[0].offered);
+  const FullRun f = full_run(c);
+  const int opt = static_cast<int>(Category::kOptimizer);
+  EXPECT_EQ(m.by_category[opt], e.peak.at_peak[opt] + 5 * k);
+  EXPECT_EQ(m.peak, e.peak.total() + 5 * k);
+  EXPECT_EQ(m.peak, f.peak);
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(m.by_category[i], f.at_peak[i]) << category_name(category_at(i));
+}
+
+// Under a memory_limit the variants run under it too: the smallest that cannot is refused before
+// anything is allocated, saying why.
+TEST(PlanMeasure, EvenTheSmallestVariantThatDoesNotFitIsRefusedSayingWhy) {
+  const Config c = test::config_from(std::string(kModel), {"device.memory_limit=\"64KiB\""});
+  try {
+    measure(c);
+    ADD_FAILURE() << "expected PlanRefused";
+  } catch (const PlanRefused& e) {
+    EXPECT_TRUE(test::contains(e.what(), "even the smallest variant cannot run")) << e.what();
+    EXPECT_TRUE(test::contains(e.what(), "over memory_limit 64.00 KiB")) << e.what();
+  }
+}
+
+TEST(PlanMeasure, BadFlagsExit2) {
+  const std::string demo = std::string(HEADROOM_SOURCE_DIR) + "/examples/demo.toml";
+  struct Case {
+    std::string args, says;
+  } cases[] = {
+      {"plan " + demo + " --search", "--search needs --measure"},
+      {"plan " + demo + " --write x.toml", "--write needs --search"},
+      {"plan " + demo + " --json", "--json needs --measure"},
+      {"plan " + demo + " --budget 1GiB --measure", "--budget needs --search"},
+      {"plan " + demo + " --measure --search --budget lots", "--budget"},
+  };
+  for (const Case& k : cases) {
+    const test::RunResult r = test::run_headroom(k.args);
+    EXPECT_EQ(r.exit_code, 2) << k.args << "\n" << r.output;
+    EXPECT_TRUE(test::contains(r.output, k.says)) << k.args << "\n" << r.output;
+  }
+}
+
+TEST(PlanMeasure, JsonIsOneObjectWithThePrediction) {
+  const std::string dir = test::temp_dir();
+  const std::string cfg = test::write_file(dir, "p.toml", kModel);
+  const test::RunResult r = test::run_headroom("plan " + cfg + " --measure --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Measured m = measure(test::config_from(kModel));
+  EXPECT_TRUE(test::contains(r.output, "{\"peak_bytes\":" + std::to_string(m.peak) + ","))
+      << r.output;
+  EXPECT_TRUE(test::contains(r.output, "\"by_category\":{\"parameters\":")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "\"reserved_bytes\":")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "\"fragmentation\":")) << r.output;
+}
+
+}  // namespace
+}  // namespace headroom
