@@ -3,6 +3,7 @@
 // full run's tracker, and against a plugin the closed form cannot know.
 #include <gtest/gtest.h>
 
+#include "core/config/config.h"
 #include "core/plan/measure.h"
 #include "core/plan/search.h"
 #include "core/report/advice.h"
@@ -130,6 +131,41 @@ TEST(PlanMeasure, JsonIsOneObjectWithThePrediction) {
   EXPECT_TRUE(test::contains(r.output, "\"by_category\":{\"parameters\":")) << r.output;
   EXPECT_TRUE(test::contains(r.output, "\"reserved_bytes\":")) << r.output;
   EXPECT_TRUE(test::contains(r.output, "\"fragmentation\":")) << r.output;
+}
+
+// The out-of-memory report ends with the command that measures what fits.
+TEST(PlanSearch, TheOutOfMemoryReportPointsToTheSearchWithTheExactCommand) {
+  const std::string demo = std::string(HEADROOM_SOURCE_DIR) + "/examples/demo.toml";
+  const test::RunResult r = test::run_headroom("train " + demo + " --set train.steps=1 -q");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "headroom plan --measure --search " + demo + "\n"))
+      << r.output;
+}
+
+// examples/demo.toml does not fit its 80 MiB as written (micro_batch 32). The search writes a whole
+// config that trains within the limit, and it is the fastest fitting candidate by the measured
+// ratios. (seq_len 32 here, to keep the test short; bench/planner.sh records the demo's ratios.)
+TEST(PlanSearch, TheDemosRecommendedConfigIsWrittenAndRunsWithinTheLimit) {
+  const std::string demo = std::string(HEADROOM_SOURCE_DIR) + "/examples/demo.toml";
+  const Config c = load_config(demo, {"model.seq_len=32", "device.memory_limit=\"24MiB\""});
+  const SearchResult r = search(c, c.device.memory_limit);
+  ASSERT_GE(r.best, 0) << format_search(c, r);
+  const Candidate& best = r.candidates[r.best];
+  EXPECT_TRUE(best.fits);
+  EXPECT_NE(best.what, "as written");  // as written it does not fit
+  EXPECT_EQ(best.config.train.micro_batch * best.config.train.grad_accum, 32);
+  for (const Candidate& k : r.candidates)
+    if (k.fits && k.step_ms > 0) {
+      EXPECT_LE(best.step_ms, k.step_ms) << k.what;
+    }
+  const std::string dir = test::temp_dir();
+  write_config_file(dir + "/best.toml", best.config);
+  Config written = load_config(dir + "/best.toml", {"train.steps=2"});
+  EXPECT_EQ(written.device.memory_limit, c.device.memory_limit);
+  Trainer t(written, TrainOptions{});
+  t.run();  // no OutOfMemory
+  EXPECT_LE(t.device().tracker().peak_total(), c.device.memory_limit);
+  EXPECT_LE(t.device().tracker().peak_total(), best.m.reserved);
 }
 
 }  // namespace

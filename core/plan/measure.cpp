@@ -78,12 +78,12 @@ int64_t Fit::at(int b, int l) const {
   return v11 + int64_t(b - 1) * db + int64_t(l - 1) * dl + int64_t(b - 1) * (l - 1) * dx;
 }
 
-Config variant_of(const Config& config, int micro_batch, int n_layer) {
+Config variant_of(const Config& config, int micro_batch, int n_layer, int grad_accum, int steps) {
   Config v = config;
   v.model.n_layer = n_layer;
   v.train.micro_batch = micro_batch;
-  v.train.grad_accum = std::min(config.train.grad_accum, 2);
-  v.train.steps = 2;
+  v.train.grad_accum = grad_accum > 0 ? grad_accum : std::min(config.train.grad_accum, 2);
+  v.train.steps = steps;
   v.train.warmup_steps = std::min<int64_t>(v.train.warmup_steps, 1);
   v.train.eval_every = 0;
   v.train.log_every = 1;
@@ -91,11 +91,12 @@ Config variant_of(const Config& config, int micro_batch, int n_layer) {
   return v;
 }
 
-VariantRun run_variant(const Config& config, int micro_batch, int n_layer) {
+VariantRun run_variant(const Config& config, int micro_batch, int n_layer, int grad_accum,
+                       int steps) {
   VariantRun r;
   r.micro_batch = micro_batch;
   r.n_layer = n_layer;
-  const Config v = variant_of(config, micro_batch, n_layer);
+  const Config v = variant_of(config, micro_batch, n_layer, grad_accum, steps);
   const uint64_t limit = v.device.memory_limit;
   if (limit) {
     // Refused before it allocates: the closed form of the variant (its plugins' estimates
@@ -120,7 +121,9 @@ VariantRun run_variant(const Config& config, int micro_batch, int n_layer) {
     r.peak = mt.peak_total();
     r.peak_phase = mt.peak_phase();
     r.reserved = std::max(probe.max(), r.peak);
-    r.step_ms = t.history().empty() ? 0 : t.history().back().step_ms;
+    r.step_ms = 0;
+    for (const StepRecord& h : t.history())
+      if (r.step_ms == 0 || h.step_ms < r.step_ms) r.step_ms = h.step_ms;
     r.ran = true;
   } catch (const OutOfMemory& e) {
     r.refused = "micro_batch " + std::to_string(micro_batch) + " with " + std::to_string(n_layer) +
@@ -184,6 +187,22 @@ Measured measure(const Config& config) {
   }
   m.wall_ms = now_ms() - t0;
   return m;
+}
+
+double measure_step_ms(const Config& config) {
+  {
+    const int blocks = std::min(config.model.n_layer, 2);
+    const VariantRun one = run_variant(config, config.train.micro_batch, blocks, 1, 2);
+    if (!one.ran) return 0;
+    const VariantRun two = run_variant(config, config.train.micro_batch, blocks, 2, 2);
+    if (!two.ran) return 0;
+    // two = 2·micro + opt, one = micro + opt; timing noise can make micro look cheaper than it
+    // is: never below half of `one`.
+    const double micro = std::max(two.step_ms - one.step_ms, one.step_ms / 2);
+    const double opt = std::max(0.0, one.step_ms - micro);
+    return config.train.grad_accum * micro + opt;
+  }
+  return 0;
 }
 
 std::string format_measured(const Config& config, const Measured& m) {

@@ -25,7 +25,7 @@ struct VariantRun {
   uint64_t peak = 0;      // that total
   uint64_t reserved = 0;  // the most the allocator (or backend) held: reserved bytes
   Phase peak_phase;       // where the peak was
-  double step_ms = 0;     // the last step's wall time
+  double step_ms = 0;     // the fastest step's wall time
   double wall_ms = 0;     // the whole dry run (setup included)
 };
 
@@ -57,13 +57,21 @@ class PlanRefused : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The config cut to `n_layer` blocks and `micro_batch`, two steps, grad_accum at most 2,
-// nothing written (no snapshots, no metrics, no validation).
-Config variant_of(const Config& config, int micro_batch, int n_layer);
+// The config cut to `n_layer` blocks and `micro_batch`, two steps, grad_accum at most 2 (or
+// `grad_accum` when > 0), nothing written (no snapshots, no metrics, no validation).
+Config variant_of(const Config& config, int micro_batch, int n_layer, int grad_accum = 0,
+                  int steps = 2);
 
 // One dry run. Refused (ran = false) before it allocates when the closed form of the variant does
 // not fit memory_limit; an out-of-memory failure during it is refused too, with its report.
-VariantRun run_variant(const Config& config, int micro_batch, int n_layer);
+VariantRun run_variant(const Config& config, int micro_batch, int n_layer, int grad_accum = 0,
+                       int steps = 2);
+
+// The config's step time in ms at its own micro_batch, from dry runs on 2 blocks (every
+// candidate of a search alike, so that their ratios compare like with like): a micro-step's time
+// and the optimizer's, from runs of 1 and 2 micro-steps a step (the faster of 2 steps each), as
+// grad_accum · micro + optimizer. 0 when none can run.
+double measure_step_ms(const Config& config);
 
 // The 2×2 grid, the fit, the check point and the prediction for `config`. Throws PlanRefused.
 Measured measure(const Config& config);

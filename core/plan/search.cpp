@@ -28,6 +28,16 @@ Config with_changes(const Config& config, const std::string& replaces, const std
   return parse_config(format_config(base) + "\n" + toml, config.file, sets);
 }
 
+// "+ amp + checkpoint, micro_batch=8": what a remedy changes, short.
+std::string short_what(const Remedy& rem) {
+  std::string s;
+  for (const std::string& p : rem.plugins)
+    s += (s.empty() ? "+ " : " + ") + p;
+  for (const std::string& set : rem.sets)
+    s += (s.empty() ? "" : ", ") + set;
+  return s.empty() ? rem.what : s;
+}
+
 std::string joined(const std::vector<std::string>& v) {
   std::string s;
   for (const std::string& x : v)
@@ -80,12 +90,12 @@ SearchResult search(const Config& config, uint64_t budget) {
         continue;  // a split: measured above
       if (rem.ranks > 1) {
         Candidate c;
-        c.what = rem.what;
+        c.what = short_what(rem);
         c.skipped = "needs " + std::to_string(rem.ranks) + " ranks: a dry run is one process";
         cands.push_back(std::move(c));
         continue;
       }
-      add(rem.what, rem.sets, rem.replaces, rem.toml);
+      add(short_what(rem), rem.sets, rem.replaces, rem.toml);
       if (list == &a.not_enough && rem.replaces.empty()) helps.push_back(&rem);
     }
   }
@@ -93,7 +103,7 @@ SearchResult search(const Config& config, uint64_t budget) {
     for (size_t j = i + 1; j < helps.size(); ++j) {
       std::vector<std::string> sets = helps[i]->sets;
       sets.insert(sets.end(), helps[j]->sets.begin(), helps[j]->sets.end());
-      add(helps[i]->what + " + " + helps[j]->what, sets, "",
+      add(short_what(*helps[i]) + " & " + short_what(*helps[j]), sets, "",
           helps[i]->toml + "\n" + helps[j]->toml);
     }
 
@@ -112,8 +122,10 @@ SearchResult search(const Config& config, uint64_t budget) {
     }
     try {
       c.m = measure(c.config);
-      c.measured = true;
       c.fits = c.m.reserved <= budget - static_cast<uint64_t>(budget * r.margin);
+      c.measured = true;
+      // Timed only when it fits: the others cannot be recommended. 0: its 2 blocks do not fit.
+      if (c.fits) c.step_ms = measure_step_ms(c.config);
     } catch (const PlanRefused& e) {
       c.skipped = e.what();
     } catch (const ConfigError& e) {
@@ -122,17 +134,17 @@ SearchResult search(const Config& config, uint64_t budget) {
   }
   r.candidates = std::move(cands);
   for (size_t i = 0; i < r.candidates.size(); ++i)
-    if (r.candidates[i].measured) {
+    if (r.candidates[i].step_ms > 0) {
       r.baseline = static_cast<int>(i);
       break;
     }
   if (r.baseline < 0) return r;
-  const double base_ms = r.candidates[r.baseline].m.step_ms;
+  const double base_ms = r.candidates[r.baseline].step_ms;
   for (size_t i = 0; i < r.candidates.size(); ++i) {
     Candidate& c = r.candidates[i];
-    if (!c.measured) continue;
-    c.step_time_ratio = c.m.step_ms / base_ms;
-    if (c.fits && (r.best < 0 || c.m.step_ms < r.candidates[r.best].m.step_ms))
+    if (c.step_ms <= 0) continue;
+    c.step_time_ratio = c.step_ms / base_ms;
+    if (c.fits && (r.best < 0 || c.step_ms < r.candidates[r.best].step_ms))
       r.best = static_cast<int>(i);
   }
   // The written config keeps the caller's own memory_limit.
@@ -153,15 +165,20 @@ std::string format_search(const Config& config, const SearchResult& r) {
     const Candidate& c = r.candidates[i];
     const char* mark = static_cast<int>(i) == r.best ? "=>" : (c.fits ? "ok" : "");
     if (c.measured) {
-      std::snprintf(line, sizeof line, "  %-3s %-58.58s %12s %12s  x%.2f%s\n", mark, c.what.c_str(),
-                    format_bytes(c.m.peak).c_str(), format_bytes(c.m.reserved).c_str(),
-                    c.step_time_ratio, c.fits ? "" : "  does not fit");
+      char ratio[32] = "    -";
+      if (c.step_ms > 0) std::snprintf(ratio, sizeof ratio, "x%.2f", c.step_time_ratio);
+      std::snprintf(line, sizeof line, "  %-3s %-58.58s %12s %12s  %s%s\n", mark, c.what.c_str(),
+                    format_bytes(c.m.peak).c_str(), format_bytes(c.m.reserved).c_str(), ratio,
+                    c.fits ? "" : "  does not fit");
     } else {
       std::snprintf(line, sizeof line, "  %-3s %-58.58s not measured: %.200s\n", mark,
                     c.what.c_str(), c.skipped.c_str());
     }
     s += line;
   }
+  if (r.baseline >= 0)
+    s += "time: the step time against " + r.candidates[r.baseline].what +
+         "'s, measured in dry runs on 2 blocks at each one's micro-batch\n";
   if (r.best < 0) return s + "no candidate fits " + format_bytes(r.budget) + "\n";
   const Candidate& b = r.candidates[r.best];
   s += "recommended: " + b.what;

@@ -24,6 +24,7 @@ struct Candidate {
   std::string skipped;  // why it was not measured, or its dry run refused
   Measured m;
   bool fits = false;           // measured reserved <= budget less the margin
+  double step_ms = 0;          // measure_step_ms: at its own micro-batch, on 2 blocks
   double step_time_ratio = 0;  // measured step time over the baseline's
 };
 
