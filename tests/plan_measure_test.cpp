@@ -65,6 +65,21 @@ INSTANTIATE_TEST_SUITE_P(
                                   "\"checkpoint\"\n"}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// A checkpoint of every 2nd block is not affine in blocks 1 and 2: the check point misses, and the
+// grid widens to blocks 2 and 4 (whole periods), whose fit is the full run's again.
+TEST(PlanMeasure, APolicyRepeatingOverBlocksWidensTheGrid) {
+  const Config c = test::config_from(
+      std::string(kModel) + "[[plugins]]\nname = \"checkpoint\"\npolicy = \"every_n\"\nn = 2\n",
+      {"model.n_layer=6"});
+  const Measured m = measure(c);
+  EXPECT_EQ(m.grid_blocks[0], 2);
+  EXPECT_EQ(m.grid_blocks[1], 4);
+  EXPECT_EQ(m.check_peak_error, 0);
+  const FullRun f = full_run(c);
+  EXPECT_EQ(m.peak, f.peak);
+  EXPECT_EQ(m.peak, estimate_config(c).peak.total());
+}
+
 std::string per_block(uint64_t bytes) {
   const std::string lib = std::string(HEADROOM_TEST_PLUGIN_DIR) + "/per_block.so";
   return "[[plugins]]\nname = \"per_block\"\npath = \"" + lib +

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -43,22 +44,12 @@ class ReservedProbe final : public EventListener {
   uint64_t max_;
 };
 
-// The grid's value of one quantity: v[0] (1,1), v[1] (2,1), v[2] (1,2), v[3] (2,2).
-Fit fit_of(const int64_t v[4]) {
-  Fit f;
-  f.v11 = v[0];
-  f.db = v[1] - v[0];
-  f.dl = v[2] - v[0];
-  f.dx = v[3] - v[1] - v[2] + v[0];
-  return f;
-}
-
 // "block 1" of a 2-block variant is the top block of the full model: a phase named for it.
 std::string full_phase(const Phase& p, int variant_layers, int n_layer) {
   Phase q = p;
   if (q.layer_name.rfind("block ", 0) == 0) {
     const int i = std::atoi(q.layer_name.c_str() + 6);
-    const int full = i == variant_layers - 1 ? n_layer - 1 : i;
+    const int full = i == variant_layers - 1 ? n_layer - 1 : i;  // the top block is the top
     q.layer_name = "block " + std::to_string(full);
     q.layer = full + 1;
   } else if (q.layer_name == "head") {
@@ -73,10 +64,6 @@ std::string full_phase(const Phase& p, int variant_layers, int n_layer) {
 }
 
 }  // namespace
-
-int64_t Fit::at(int b, int l) const {
-  return v11 + int64_t(b - 1) * db + int64_t(l - 1) * dl + int64_t(b - 1) * (l - 1) * dx;
-}
 
 Config variant_of(const Config& config, int micro_batch, int n_layer, int grad_accum, int steps) {
   Config v = config;
@@ -133,58 +120,133 @@ VariantRun run_variant(const Config& config, int micro_batch, int n_layer, int g
   return r;
 }
 
+namespace {
+
+// The grid at blocks l1 < l2, fitted and evaluated at (b, l): bilinear, its block slope
+// (v(l2) - v(l1)) / (l2 - l1), rounded to the byte.
+struct Grid {
+  const VariantRun* r[4];  // (1, l1) (2, l1) (1, l2) (2, l2)
+  int l1, l2;
+  int64_t at(int64_t (*get)(const VariantRun&, int), int c, int b, int l) const {
+    const int64_t a = get(*r[0], c) + int64_t(b - 1) * (get(*r[1], c) - get(*r[0], c));
+    const int64_t z = get(*r[2], c) + int64_t(b - 1) * (get(*r[3], c) - get(*r[2], c));
+    const int64_t num = int64_t(l - l1) * (z - a), den = l2 - l1;
+    const int64_t q = num >= 0 ? (num + den / 2) / den : -((-num + den / 2) / den);
+    return a + q;
+  }
+};
+int64_t cat_of(const VariantRun& r, int c) {
+  return static_cast<int64_t>(r.at_peak[c]);
+}
+int64_t frag_of(const VariantRun& r, int) {
+  return static_cast<int64_t>(r.reserved - r.peak);
+}
+int64_t time_of(const VariantRun& r, int) {
+  return static_cast<int64_t>(r.step_ms * 1000);
+}
+
+// The sum over categories, each at least 0.
+int64_t peak_at(const Grid& g, int b, int l) {
+  int64_t p = 0;
+  for (int c = 0; c < kNumCategories; ++c)
+    p += std::max<int64_t>(0, g.at(cat_of, c, b, l));
+  return p;
+}
+
+}  // namespace
+
 Measured measure(const Config& config) {
   Measured m;
   const int B = config.train.micro_batch, N = config.model.n_layer;
   const double t0 = now_ms();
-  const int grid[4][2] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}};
-  for (const auto& g : grid) {
-    VariantRun r = run_variant(config, g[0], g[1]);
-    if (!r.ran) {
-      if (g[0] == 1 && g[1] == 1)
-        throw PlanRefused("even the smallest variant cannot run: " + r.refused);
-      throw PlanRefused("the dry run needs micro_batch 1 and 2 with 1 and 2 blocks; " + r.refused);
+  // Every dry run made, by (micro_batch, blocks): a wider grid reuses what it can.
+  std::vector<VariantRun> runs;
+  runs.reserve(16);
+  auto run = [&](int b, int l) -> const VariantRun& {
+    for (const VariantRun& r : runs)
+      if (r.micro_batch == b && r.n_layer == l) return r;
+    runs.push_back(run_variant(config, b, l));
+    return runs.back();
+  };
+  // Blocks 1 and 2 first. A plugin whose policy repeats over blocks (a checkpoint of every n-th)
+  // is not affine there: when the check point misses, the grid widens to blocks k and 2k, which
+  // hold whole periods, as long as 2k <= n_layer.
+  Grid best{};
+  int64_t best_err = -1, best_res_err = 0;
+  int best_cb = 0, best_cl = 0;
+  double best_rel = 0;
+  for (int k = 1; k == 1 || (2 * k <= N && k <= 4); ++k) {
+    Grid g{};
+    g.l1 = k;
+    g.l2 = 2 * k;
+    const int grid[4][2] = {{1, k}, {2, k}, {1, 2 * k}, {2, 2 * k}};
+    bool ok = true;
+    for (int i = 0; i < 4; ++i) {
+      const VariantRun& r = run(grid[i][0], grid[i][1]);
+      if (!r.ran) {
+        if (k > 1) {
+          ok = false;
+          break;
+        }
+        if (i == 0) throw PlanRefused("even the smallest variant cannot run: " + r.refused);
+        throw PlanRefused("the dry run needs micro_batch 1 and 2 with 1 and 2 blocks; " +
+                          r.refused);
+      }
     }
-    m.runs.push_back(std::move(r));
-  }
-  int64_t v[4];
-  for (int c = 0; c < kNumCategories; ++c) {
+    if (!ok) break;
     for (int i = 0; i < 4; ++i)
-      v[i] = static_cast<int64_t>(m.runs[i].at_peak[c]);
-    m.by_category[c] = static_cast<uint64_t>(std::max<int64_t>(0, fit_of(v).at(B, N)));
+      g.r[i] = &run(grid[i][0], grid[i][1]);
+    // The check: a point off the grid, as near the config as is cheap.
+    const int cb = std::min(B, 3), cl = std::min(N, 3 * k);
+    int64_t err = 0, res_err = 0;
+    double rel = 0;
+    const bool on_grid = (cb <= 2) && (cl == k || cl == 2 * k);
+    if (!on_grid && (B > 2 || N > 2 * k)) {
+      const VariantRun& c = run(cb, cl);
+      if (c.ran) {
+        const int64_t pred = peak_at(g, cb, cl);
+        err = static_cast<int64_t>(c.peak) - pred;
+        res_err = static_cast<int64_t>(c.reserved) -
+                  (pred + std::max<int64_t>(0, g.at(frag_of, 0, cb, cl)));
+        rel = std::abs(double(err)) / double(c.peak);
+      } else {
+        rel = 0;  // cannot check: take this grid
+      }
+    } else {
+      m.check_b = 0;
+    }
+    if (best_err < 0 || rel < best_rel) {
+      best = g;
+      best_err = std::abs(err);
+      best_res_err = res_err;
+      best_rel = rel;
+      best_cb = on_grid ? 0 : cb;
+      best_cl = on_grid ? 0 : cl;
+      m.check_peak_error = err;
+      m.check_reserved_error = res_err;
+    }
+    if (rel <= 0.001) break;  // within 0.1%: this grid holds
+  }
+  (void)best_res_err;
+  m.check_b = (B > 2 || N > 2 * best.l1) ? best_cb : 0;
+  m.check_l = m.check_b ? best_cl : 0;
+  m.grid_blocks = {best.l1, best.l2};
+  for (int c = 0; c < kNumCategories; ++c) {
+    m.by_category[c] = static_cast<uint64_t>(std::max<int64_t>(0, best.at(cat_of, c, B, N)));
     m.peak += m.by_category[c];
   }
-  for (int i = 0; i < 4; ++i)
-    v[i] = static_cast<int64_t>(m.runs[i].reserved - m.runs[i].peak);
-  const Fit frag = fit_of(v);
-  m.fragmentation = static_cast<uint64_t>(std::max<int64_t>(0, frag.at(B, N)));
+  m.fragmentation = static_cast<uint64_t>(std::max<int64_t>(0, best.at(frag_of, 0, B, N)));
   m.reserved = m.peak + m.fragmentation;
   // Step time, fitted the same way (microseconds) and scaled to the config's accumulation.
-  for (int i = 0; i < 4; ++i)
-    v[i] = static_cast<int64_t>(m.runs[i].step_ms * 1000);
   const int accum_v = variant_of(config, 1, 1).train.grad_accum;
-  m.step_ms = std::max<int64_t>(1, fit_of(v).at(B, N)) / 1000.0 * config.train.grad_accum / accum_v;
-  m.phase = full_phase(m.runs[3].peak_phase, 2, N);
-
-  // The check: a point off the grid, as near the config as is cheap.
-  if (B > 2 || N > 2) {
-    m.check_b = std::min(B, 3);
-    m.check_l = std::min(N, 3);
-    VariantRun r = run_variant(config, m.check_b, m.check_l);
-    if (r.ran) {
-      int64_t pred = 0;
-      int64_t vv[4];
-      for (int c = 0; c < kNumCategories; ++c) {
-        for (int i = 0; i < 4; ++i)
-          vv[i] = static_cast<int64_t>(m.runs[i].at_peak[c]);
-        pred += std::max<int64_t>(0, fit_of(vv).at(m.check_b, m.check_l));
-      }
-      m.check_peak_error = static_cast<int64_t>(r.peak) - pred;
-      const int64_t pred_res = pred + std::max<int64_t>(0, frag.at(m.check_b, m.check_l));
-      m.check_reserved_error = static_cast<int64_t>(r.reserved) - pred_res;
-    }
-    m.runs.push_back(std::move(r));
+  m.step_ms =
+      std::max<int64_t>(1, best.at(time_of, 0, B, N)) / 1000.0 * config.train.grad_accum / accum_v;
+  m.phase = full_phase(best.r[3]->peak_phase, best.l2, N);
+  if (m.check_b) {
+    for (const VariantRun& r : runs)
+      if (r.micro_batch == m.check_b && r.n_layer == m.check_l) m.check_run = r;
   }
+  m.runs = std::move(runs);
   m.wall_ms = now_ms() - t0;
   return m;
 }
@@ -229,7 +291,7 @@ std::string format_measured(const Config& config, const Measured& m) {
   s += "  reserved " + format_bytes(m.reserved) + ", fragmentation " +
        format_bytes(m.fragmentation) + "\n";
   if (m.check_b) {
-    const VariantRun& c = m.runs.back();
+    const VariantRun& c = m.check_run;
     if (c.ran) {
       std::snprintf(line, sizeof line,
                     "fit checked at micro_batch %d x %d blocks: measured peak %s, off the fit by "
@@ -256,10 +318,10 @@ std::string measured_json(const Measured& m, bool pretty) {
   j["fragmentation"] = m.fragmentation;
   j["phase"] = m.phase;
   j["step_ms"] = m.step_ms;
-  if (m.check_b && m.runs.back().ran) {
+  if (m.check_b && m.check_run.ran) {
     j["check"] = {{"micro_batch", m.check_b},
                   {"n_layer", m.check_l},
-                  {"measured_peak_bytes", m.runs.back().peak},
+                  {"measured_peak_bytes", m.check_run.peak},
                   {"peak_error_bytes", m.check_peak_error},
                   {"reserved_error_bytes", m.check_reserved_error}};
   }

@@ -2,10 +2,12 @@
 // optimizer steps on cheap variants of it (micro_batch 1 and 2 x blocks 1 and 2, the same
 // seq_len, vocab and width), each category's bytes at the peak fitted as
 //   v(b, L) = v11 + (b-1)·Δb + (L-1)·ΔL + (b-1)(L-1)·Δ×      (4 coefficients from the 2×2 grid)
+// (blocks k and 2k instead of 1 and 2 when the check point shows a policy repeating over blocks)
 // and extrapolated to the config; a third point checks the fit. Whatever the plugins do, they do
 // it in the variants: the planner never needs to know one.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -29,15 +31,13 @@ struct VariantRun {
   double wall_ms = 0;     // the whole dry run (setup included)
 };
 
-// The bilinear fit of one quantity over the 2×2 grid.
-struct Fit {
-  int64_t v11 = 0, db = 0, dl = 0, dx = 0;
-  int64_t at(int micro_batch, int n_layer) const;
-};
-
 struct Measured {
-  std::vector<VariantRun> runs;  // the grid (1,1) (2,1) (1,2) (2,2), then the check point
+  std::vector<VariantRun> runs;  // every dry run, in the order made
+  // The blocks of the grid the prediction comes from: 1 and 2, or k and 2k when the check point
+  // showed a policy that repeats over blocks (the first k whose check holds within 0.1%).
+  std::array<int, 2> grid_blocks{1, 2};
   int check_b = 0, check_l = 0;  // the check point (0: none, the config is on the grid)
+  VariantRun check_run;          // its dry run
   ByCategory by_category{};      // predicted at the config's peak
   uint64_t peak = 0;             // their sum
   uint64_t reserved = 0;         // predicted reserved bytes (>= peak)
