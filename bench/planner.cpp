@@ -68,9 +68,9 @@ int main(int argc, char** argv) {
        model(6, 4, 128, 128, 256, 32) +
            "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"checkpoint\"\n"},
       {"gpt2-124m shape, B=4, T=256", model(12, 12, 768, 256, 50257, 4)},
-      {"gpt2-350m shape, B=2, T=256", model(24, 16, 1024, 256, 50257, 2)},
-      {"gpt2-350m shape, B=2, T=256, amp + checkpoint",
-       model(24, 16, 1024, 256, 50257, 2) +
+      {"gpt2-350m shape, B=2, T=128", model(24, 16, 1024, 128, 50257, 2)},
+      {"gpt2-350m shape, B=2, T=128, amp + checkpoint",
+       model(24, 16, 1024, 128, 50257, 2) +
            "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"checkpoint\"\n"},
       {"gpt2-1558m, B=4, T=1024 (dry run only)", model(48, 25, 1600, 1024, 50257, 4), false},
   };

@@ -27,12 +27,14 @@ struct VariantRun {
   uint64_t peak = 0;      // that total
   uint64_t reserved = 0;  // the most the allocator (or backend) held: reserved bytes
   Phase peak_phase;       // where the peak was
-  double step_ms = 0;     // the fastest step's wall time
-  double wall_ms = 0;     // the whole dry run (setup included)
+  uint64_t step1_peak = 0, step1_reserved = 0;  // the same at the end of step 1
+  double step_ms = 0;                           // the fastest step's wall time
+  double wall_ms = 0;                           // the whole dry run (setup included)
 };
 
 struct Measured {
   std::vector<VariantRun> runs;  // every dry run, in the order made
+  int steps = 2;  // of each variant but the first: 1 when the first's second step added nothing
   // The blocks of the grid the prediction comes from: 1 and 2, or k and 2k when the check point
   // showed a policy that repeats over blocks (the first k whose check holds within 0.1%).
   std::array<int, 2> grid_blocks{1, 2};
