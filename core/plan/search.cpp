@@ -108,8 +108,15 @@ SearchResult search(const Config& config, uint64_t budget) {
     }
 
   // Prune by the closed form, then measure.
+  std::vector<std::string> seen;  // each config once (a pair may be a proposal already listed)
   for (Candidate& c : cands) {
     if (!c.skipped.empty()) continue;
+    const std::string text = format_config(c.config);
+    if (std::find(seen.begin(), seen.end(), text) != seen.end()) {
+      c.skipped = "the same config as a candidate above";
+      continue;
+    }
+    seen.push_back(text);
     try {
       c.closed_form = estimate_config(c.config, {}, 1).peak.total();
     } catch (const ConfigError& e) {
