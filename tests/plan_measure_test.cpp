@@ -148,6 +148,20 @@ TEST(PlanMeasure, JsonIsOneObjectWithThePrediction) {
   EXPECT_TRUE(test::contains(r.output, "\"fragmentation\":")) << r.output;
 }
 
+// --search --json: one object with every candidate, its predicted peak and step-time ratio.
+TEST(PlanSearch, JsonListsTheCandidatesWithPeakAndRatio) {
+  const std::string dir = test::temp_dir();
+  const std::string cfg = test::write_file(dir, "p.toml", kModel);
+  const test::RunResult r =
+      test::run_headroom("plan " + cfg + " --measure --search --budget 64MiB --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(test::starts_with(r.output, "{\"budget_bytes\":67108864,")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "\"candidates\":[{\"what\":\"as written\"")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "\"step_time_ratio\":1.0}")) << r.output;  // the baseline
+  EXPECT_TRUE(test::contains(r.output, "\"peak_bytes\":")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "\"recommended\":")) << r.output;
+}
+
 // The out-of-memory report ends with the command that measures what fits.
 TEST(PlanSearch, TheOutOfMemoryReportPointsToTheSearchWithTheExactCommand) {
   const std::string demo = std::string(HEADROOM_SOURCE_DIR) + "/examples/demo.toml";
