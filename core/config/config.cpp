@@ -29,8 +29,8 @@ const std::vector<std::string> kTrainKeys = {
     "steps",        "micro_batch", "grad_accum", "optimizer", "lr",       "min_lr",
     "weight_decay", "beta1",       "beta2",      "eps",       "momentum", "warmup_steps",
     "lr_schedule",  "grad_clip",   "seed",       "log_every", "init_from"};
-const std::vector<std::string> kDataKeys = {"kind",      "path",    "pattern", "seed",
-                                            "branching", "shuffle", "workers", "prefetch"};
+const std::vector<std::string> kDataKeys = {
+    "kind", "path", "pattern", "seed", "branching", "shuffle", "workers", "prefetch", "tokenizer"};
 const std::vector<std::string> kSnapshotKeys = {"every", "dir", "keep", "save_weights"};
 const std::vector<std::string> kDeviceKeys = {"kind", "index", "memory_limit"};
 const std::vector<std::string> kDistributedKeys = {"bucket_size", "timeout_s", "overlap"};
@@ -546,6 +546,11 @@ class Validator {
     get_bool(t, s, "shuffle", c.shuffle);
     get_int_as(t, s, "workers", 0, 64, c.workers);
     get_int_as(t, s, "prefetch", 1, 1024, c.prefetch);
+    if (get_path(t, s, "tokenizer", c.tokenizer, &c.tokenizer_pos) && c.kind != "shards")
+      throw ConfigError(where(s, "tokenizer", *t.get("tokenizer")) +
+                        ": data.tokenizer names the tokenizer that wrote llm.c shards (data.kind = "
+                        "\"shards\"); for text, write shards with `headroom shard TEXT OUTDIR "
+                        "--tokenizer FILE` and train on those");
   }
 
   // Text data is bytes: every token 0..255 must be in the vocabulary. (Shards hold token ids of
@@ -984,6 +989,7 @@ std::string format_config(const Config& c) {
   kv("shuffle", c.data.shuffle ? "true" : "false");
   kv("workers", num(c.data.workers));
   kv("prefetch", num(c.data.prefetch));
+  if (!c.data.tokenizer.empty()) kv("tokenizer", toml_string(c.data.tokenizer));
 
   os << "\n[device]\n";
   kv("kind", toml_string(c.device.kind));

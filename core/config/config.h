@@ -67,7 +67,12 @@ struct DataConfig {
   int prefetch = 2;                // batches the queue holds (with workers > 0)
   uint64_t seed = 1;               // synthetic: the Markov chain and the sampling
   int branching = 4;               // synthetic: successors per token (entropy <= ln(branching))
-  SourcePos path_pos;              // where path was set, for errors about the file itself
+  // shards: the tokenizer that wrote them (a tokenizer.json, or a vocab.json with merges.txt
+  // beside it), resolved relative to the config file; `headroom sample` decodes with it. "" =
+  // bytes.
+  std::string tokenizer;
+  SourcePos tokenizer_pos;
+  SourcePos path_pos;  // where path was set, for errors about the file itself
 };
 
 // Training snapshots (weights, optimizer state, step, data position, plugin state) for resuming.

@@ -150,6 +150,10 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     } catch (const ConfigError& e) {
       throw ConfigError(config_.train.init_from_pos.str() + ": train.init_from: " + e.what());
     }
+    if (options_.log && root())
+      *options_.log << "init_from: loaded " << model_->params().size() << " tensors ("
+                    << model_->num_params() << " parameters) from " << config_.train.init_from
+                    << "\n";
   }
 }
 
