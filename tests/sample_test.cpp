@@ -180,7 +180,14 @@ TEST(Sample, CliSamplesTheSameTextTwiceFromOneSeed) {
   EXPECT_TRUE(contains(said.output, "sampling from weights " + dir + "/w.safetensors"))
       << said.output;
   EXPECT_TRUE(contains(said.output, "tokens: bytes (vocab 256)")) << said.output;
-  // A prompt the model's vocabulary cannot hold, a source of no known kind: exit 2, saying so.
+  // A run that starts from these weights says what it loaded, and from where.
+  const test::RunResult init = test::run_headroom("train " + cfg + " --set train.steps=1 --set " +
+                                                  "train.init_from=" + dir + "/w.safetensors");
+  EXPECT_EQ(init.exit_code, 0) << init.output;
+  EXPECT_TRUE(contains(init.output, "init_from: loaded 16 tensors (")) << init.output;
+  EXPECT_TRUE(contains(init.output, " parameters) from " + dir + "/w.safetensors\n"))
+      << init.output;
+  // A source of no known kind: exit 2, saying so.
   const test::RunResult bad =
       test::run_headroom("sample " + dir + "/corpus.txt --prompt x --tokens 1");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
