@@ -236,6 +236,7 @@ void Trainer::write_memory_timeline(const OomReport* oom) {
   o.title = config_.file;
   o.memory_limit = device_->memory_limit();
   o.oom = oom;
+  o.detail_step = options_.memory_timeline_step;
   write_timeline_html(options_.memory_timeline_path, device_->tracker().timeline(), o);
 }
 

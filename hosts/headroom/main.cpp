@@ -139,6 +139,7 @@ int cmd_shard(const std::string& text, const std::string& out_dir, uint64_t toke
 
 struct TrainFlags {
   std::string metrics, resume, save_weights, record_allocs, memory_timeline;
+  int64_t timeline_step = 0;
   bool quiet = false;
 };
 
@@ -165,6 +166,7 @@ int cmd_train(const std::string& file, const std::vector<std::string>& sets,
   options.save_weights_path = flags.save_weights;
   options.record_allocs_path = flags.record_allocs;
   options.memory_timeline_path = flags.memory_timeline;
+  options.memory_timeline_step = flags.timeline_step;
   options.log = quiet ? nullptr : &std::cout;
   options.live_progress = !quiet && isatty(STDOUT_FILENO);
 
@@ -323,6 +325,11 @@ int main(int argc, char** argv) {
   train->add_option("--memory-timeline", flags.memory_timeline,
                     "write the memory timeline to FILE.html (one self-contained file), also when "
                     "the run stops out of memory");
+  train
+      ->add_option("--timeline-step", flags.timeline_step,
+                   "the step --memory-timeline draws phase by phase (default: the step of the "
+                   "peak)")
+      ->check(CLI::Range(int64_t(1), INT64_MAX));
   train->add_flag("-q,--quiet", flags.quiet, "print nothing but errors");
 
   CLI::App* plan = app.add_subcommand(
