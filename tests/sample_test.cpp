@@ -65,6 +65,25 @@ TEST(Sample, KvCacheLogitsEqualTheFullRecompute) {
   EXPECT_THROW(decoder.step(0), std::logic_error);  // the context is full
 }
 
+// The op behind the cache: one query over T cached rows is attention_forward's row T-1.
+TEST(Sample, AttentionDecodeIsTheForwardsLastRow) {
+  auto device = Device::create(DeviceConfig{});
+  Backend& ops = device->backend();
+  const int C = 16, NH = 4;
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const int T : {1, 2, 7, 33}) {
+    std::vector<float> qkv(size_t(T) * 3 * C), out(size_t(T) * C), att(size_t(NH) * T * T), one(C);
+    for (float& x : qkv)
+      x = normal(rng);
+    ops.attention_forward(Dtype::kF32, out.data(), att.data(), qkv.data(), 1, T, C, NH);
+    ops.attention_decode(Dtype::kF32, one.data(), qkv.data(), T, C, NH);
+    for (int c = 0; c < C; ++c)
+      EXPECT_NEAR(one[size_t(c)], out[size_t(T - 1) * C + c], 1e-5)
+          << "T " << T << ", column " << c;
+  }
+}
+
 // The full recompute is the model's own forward: its cross-entropy is the loss Gpt::forward
 // reports on the same tokens.
 TEST(Sample, FullRecomputeIsTheModelsForward) {

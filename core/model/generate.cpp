@@ -72,8 +72,7 @@ KvDecoder::KvDecoder(const Gpt<float>& model)
   ln_ = Buffer(device_, C * f, act, "sample ln (1, C)");
   mean_ = Buffer(device_, f, act, "sample mean");
   rstd_ = Buffer(device_, f, act, "sample rstd");
-  atty_ = Buffer(device_, T * C * f, act, "sample attention out (T, C)");
-  att_ = Buffer(device_, uint64_t(NH_) * T * T * f, act, "sample att (NH, T, T)");
+  atty_ = Buffer(device_, C * f, act, "sample attention out (1, C)");
   res_ = Buffer(device_, C * f, act, "sample residual (1, C)");
   fch_ = Buffer(device_, uint64_t(fc_max) * f, act, "sample fc (1, F)");
   fcg_ = Buffer(device_, uint64_t(fc_max) * f, act, "sample gelu (1, F)");
@@ -104,10 +103,9 @@ std::vector<float> KvDecoder::step(int32_t token) {
                           b.ln1w, b.ln1b, 1, C);
     ops.matmul_forward(dt, qkv + uint64_t(t) * 3 * row, ln_.as<void>(), b.qkvw, b.qkvb, 1, C,
                        3 * C);
-    // (1, t+1, 3C) -> (1, t+1, C): row t is this token's attention over positions 0..t.
-    ops.attention_forward(dt, atty_.as<void>(), att_.as<void>(), qkv, 1, t + 1, C, NH_);
-    ops.matmul_forward(dt, res_.as<void>(), at(atty_.as<void>(), uint64_t(t) * row), b.projw,
-                       b.projb, 1, C, C);
+    // This token's query over the cached rows 0..t: (t+1, 3C) -> (1, C).
+    ops.attention_decode(dt, atty_.as<void>(), qkv, t + 1, C, NH_);
+    ops.matmul_forward(dt, res_.as<void>(), atty_.as<void>(), b.projw, b.projb, 1, C, C);
     ops.add_inplace(dt, res_.as<void>(), x_.as<void>(), C);
     ops.layernorm_forward(dt, ln_.as<void>(), mean_.as<void>(), rstd_.as<void>(), res_.as<void>(),
                           b.ln2w, b.ln2b, 1, C);

@@ -2,12 +2,10 @@
 // (core/device/backend.h), so it runs wherever the model trains (CPU, CUDA).
 //
 // The cache holds, for every block, the qkv rows (T, 3C) of the positions fed so far: a new token
-// runs every layer on its one row (embedding at its position, LayerNorms, GEMMs, MLP) and appends
-// its qkv row; only attention reads the cached rows. The attention is the training op
-// (attention_forward) over the cached rows (1, t+1, 3C), whose last row is the new token's: it
-// also recomputes the earlier rows' outputs, O(t^2 C) per token rather than O(t C); a
-// single-query attention op is the next step. forward_logits() is the full recompute every step
-// would otherwise be, and the test holds the two equal.
+// runs every layer on its one row (embedding at its position, LayerNorms, GEMMs, MLP), appends
+// its qkv row, and attends over the cached rows with the op table's attention_decode: O(t C) per
+// token. forward_logits() is the full recompute every step would otherwise be, and the test holds
+// the two equal.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +41,7 @@ class KvDecoder {
   const void *wte_, *wpe_, *lnfw_, *lnfb_;
   std::vector<BlockParams> blocks_;
   std::vector<Buffer> cache_;  // per block: qkv (T, 3C)
-  Buffer token_, x_, ln_, mean_, rstd_, atty_, att_, res_, fch_, fcg_, logits_;
+  Buffer token_, x_, ln_, mean_, rstd_, atty_, res_, fch_, fcg_, logits_;
   int pos_ = 0;
 };
 
