@@ -376,6 +376,21 @@ TEST_F(CudaBackendOps, AttentionForward) {
   }
 }
 
+// Generation's one-query attention over a KV cache: the CPU's attention_forward row T-1.
+TEST_F(CudaBackendOps, AttentionDecode) {
+  const int T = 37, C = 48, NH = 4;
+  for (const Dtype dt : kF32AndBF16) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto qkv = normal(size_t(T) * 3 * C, dt);
+    std::vector<float> out(size_t(T) * C), att(size_t(NH) * T * T);
+    cpu::attention_forward(out.data(), att.data(), qkv.data(), 1, T, C, NH);
+    const std::vector<float> last(out.end() - C, out.end());
+    void* d_out = poisoned(size_t(C), dt);
+    ops_->attention_decode(dt, d_out, to_device(qkv, dt), T, C, NH);
+    expect_close("out", from_device(d_out, size_t(C), dt), rounded(last, dt), tol(dt));
+  }
+}
+
 TEST_F(CudaBackendOps, AttentionBackward) {
   const int B = 2, T = 19, C = 48, NH = 4;
   EXPECT_EQ(ops_->attention_scratch_numel(B, T, NH), uint64_t(NH) * T * T);

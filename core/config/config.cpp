@@ -30,9 +30,9 @@ const std::vector<std::string> kTrainKeys = {
     "min_lr",    "weight_decay", "beta1",       "beta2",       "eps",
     "momentum",  "warmup_steps", "lr_schedule", "grad_clip",   "seed",
     "log_every", "init_from",    "eval_every",  "eval_batches"};
-const std::vector<std::string> kDataKeys = {"kind",      "path",        "pattern",     "seed",
-                                            "branching", "shuffle",     "workers",     "prefetch",
-                                            "val_path",  "val_pattern", "val_fraction"};
+const std::vector<std::string> kDataKeys = {
+    "kind",    "path",     "pattern",  "seed",        "branching",    "shuffle",
+    "workers", "prefetch", "val_path", "val_pattern", "val_fraction", "tokenizer"};
 const std::vector<std::string> kSnapshotKeys = {"every", "dir", "keep", "save_weights"};
 const std::vector<std::string> kDeviceKeys = {"kind", "index", "memory_limit"};
 const std::vector<std::string> kDistributedKeys = {"bucket_size", "timeout_s", "overlap"};
@@ -558,6 +558,11 @@ class Validator {
     get_bool(t, s, "shuffle", c.shuffle);
     get_int_as(t, s, "workers", 0, 64, c.workers);
     get_int_as(t, s, "prefetch", 1, 1024, c.prefetch);
+    if (get_path(t, s, "tokenizer", c.tokenizer, &c.tokenizer_pos) && c.kind != "shards")
+      throw ConfigError(where(s, "tokenizer", *t.get("tokenizer")) +
+                        ": data.tokenizer names the tokenizer that wrote llm.c shards (data.kind = "
+                        "\"shards\"); for text, write shards with `headroom shard TEXT OUTDIR "
+                        "--tokenizer FILE` and train on those");
     validation_data(t, c);
   }
 
@@ -1043,6 +1048,7 @@ std::string format_config(const Config& c) {
   if (!c.data.val_path.empty()) kv("val_path", toml_string(c.data.val_path));
   if (!c.data.val_pattern.empty()) kv("val_pattern", toml_string(c.data.val_pattern));
   if (c.data.val_fraction > 0) kv("val_fraction", format_double(c.data.val_fraction));
+  if (!c.data.tokenizer.empty()) kv("tokenizer", toml_string(c.data.tokenizer));
 
   os << "\n[device]\n";
   kv("kind", toml_string(c.device.kind));

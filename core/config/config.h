@@ -72,7 +72,6 @@ struct DataConfig {
   int prefetch = 2;                // batches the queue holds (with workers > 0)
   uint64_t seed = 1;               // synthetic: the Markov chain and the sampling
   int branching = 4;               // synthetic: successors per token (entropy <= ln(branching))
-  SourcePos path_pos;              // where path was set, for errors about the file itself
   // Validation data (train.eval_every), at most one of: a text file (kind "text"), a glob of
   // shards (kind "shards"), or the tail of the training data held out (text and shards: that
   // fraction of its bytes or tokens is not trained on). Synthetic data validates on a stream of
@@ -81,6 +80,12 @@ struct DataConfig {
   std::string val_pattern;
   double val_fraction = 0.0;
   SourcePos val_pos;  // where the one that is set was set
+  // shards: the tokenizer that wrote them (a tokenizer.json, or a vocab.json with merges.txt
+  // beside it), resolved relative to the config file; `headroom sample` decodes with it. "" =
+  // bytes.
+  std::string tokenizer;
+  SourcePos tokenizer_pos;
+  SourcePos path_pos;  // where path was set, for errors about the file itself
 };
 
 // Training snapshots (weights, optimizer state, step, data position, plugin state) for resuming.

@@ -68,6 +68,9 @@ class Backend {
                                   const void* qkv, const void* att, int B, int T, int C,
                                   int NH) = 0;
   virtual uint64_t attention_scratch_numel(int B, int T, int NH) const = 0;
+  // Generation with a KV cache: qkv (T,3C) holds one sequence's positions 0..T-1; out (C) is the
+  // attention of row T-1's query over all of them (attention_forward's row T-1), in O(T C).
+  virtual void attention_decode(Dtype dt, void* out, const void* qkv, int T, int C, int NH) = 0;
   // out (n) = gelu(inp), GPT-2's tanh approximation; dinp (n) += gelu'(inp) * dout
   virtual void gelu_forward(Dtype dt, void* out, const void* inp, uint64_t n) = 0;
   virtual void gelu_backward(Dtype dt, void* dinp, const void* inp, const void* dout,

@@ -230,6 +230,12 @@ class CpuBackend final : public Backend {
     });
   }
   uint64_t attention_scratch_numel(int, int T, int) const override { return uint64_t(T) * T; }
+  void attention_decode(Dtype dt, void* out, const void* qkv, int T, int C, int NH) override {
+    dispatch(dt, "attention_decode", [&](auto&& a) {
+      cpu::attention_decode(a.out(out, uint64_t(C), false), a.in(qkv, uint64_t(T) * 3 * C), T, C,
+                            NH);
+    });
+  }
   void gelu_forward(Dtype dt, void* out, const void* inp, uint64_t n) override {
     dispatch(dt, "gelu_forward",
              [&](auto&& a) { cpu::gelu_forward(a.out(out, n, false), a.in(inp, n), n); });

@@ -403,6 +403,28 @@ void save_safetensors(const std::string& path, const Gpt<float>& model,
   out.commit();
 }
 
+std::vector<SafetensorsEntry> read_safetensors_header(const std::string& path) {
+  const std::string where = path + ": ";
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw ConfigError(where + "cannot open: " + errno_str());
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw ConfigError(where + "cannot stat: " + errno_str());
+  if (!S_ISREG(st.st_mode)) throw ConfigError(where + "is not a regular file");
+  const uint64_t file_size = uint64_t(st.st_size);
+  std::vector<uint8_t> head(std::min<uint64_t>(file_size, 8));
+  if (!pread_all(fd.get(), head.data(), head.size(), 0, path))
+    throw ConfigError(where + "the file got shorter while it was being read");
+  if (head.size() == 8) {
+    const uint64_t n = read_le64(head.data());
+    if (n <= kMaxHeaderBytes && n <= file_size - 8) {
+      head.resize(8 + n);
+      if (!pread_all(fd.get(), head.data() + 8, n, 8, path))
+        throw ConfigError(where + "the file got shorter while it was being read");
+    }
+  }
+  return parse_safetensors_header(head.data(), head.size(), file_size, path);
+}
+
 void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAccess& access) {
   const std::string where = path + ": ";
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));

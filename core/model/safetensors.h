@@ -31,6 +31,10 @@ struct SafetensorsEntry {
 std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* data, size_t size,
                                                        uint64_t file_size, const std::string& file);
 
+// The header of the safetensors file `path`, parsed and validated as above (the data is not
+// read). ConfigError naming the file when it cannot be read or is not valid.
+std::vector<SafetensorsEntry> read_safetensors_header(const std::string& path);
+
 // Writes every parameter as F32 under its Hugging Face GPT-2 name and layout: the Conv1D weights
 // (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are stored (in, out), ours are (out, in).
 // Written through an AtomicFile: a crash leaves the old file or the new one. OutputError when it

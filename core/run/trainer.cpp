@@ -167,6 +167,10 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     } catch (const ConfigError& e) {
       throw ConfigError(config_.train.init_from_pos.str() + ": train.init_from: " + e.what());
     }
+    if (options_.log && root())
+      *options_.log << "init_from: loaded " << model_->params().size() << " tensors ("
+                    << model_->num_params() << " parameters) from " << config_.train.init_from
+                    << "\n";
   }
 }
 
@@ -249,6 +253,7 @@ void Trainer::write_memory_timeline(const OomReport* oom) {
   o.title = config_.file;
   o.memory_limit = device_->memory_limit();
   o.oom = oom;
+  o.detail_step = options_.memory_timeline_step;
   write_timeline_html(options_.memory_timeline_path, device_->tracker().timeline(), o);
 }
 

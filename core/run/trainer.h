@@ -40,6 +40,7 @@ struct TrainOptions {
   // With more than one rank, each rank writes its own: FILE.rankN.html (rank_output_path), and
   // likewise the allocation trace (FILE.rankN). The metrics and the weights are rank 0's alone.
   std::string memory_timeline_path;
+  int64_t memory_timeline_step = 0;  // the step the timeline draws phase by phase; 0: the peak's
   // The data, when not the one [data] describes (embedding hosts, benchmarks, tests).
   std::unique_ptr<DataSource> data_source;
 };

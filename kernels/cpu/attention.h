@@ -7,6 +7,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstddef>
+#include <vector>
 
 #include "kernels/common/elementwise.h"
 #include "kernels/cpu/gemm.h"
@@ -108,6 +109,41 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const 
       // dq (T,hs) += scale * dpreatt (T,T) · k (T,hs);  dk (T,hs) += scale * dpreatt^T · q
       gemm(false, false, Tn, hs, Tn, scale, d, Tn, k, C3, T(1), dq, C3);
       gemm(true, false, Tn, hs, Tn, scale, d, Tn, q, C3, T(1), dk, C3);
+    }
+  }
+}
+
+// One new query against a KV cache (generation): qkv (T,3C) holds positions 0..T-1 of one
+// sequence, and the last row's q attends over every row's k and v (all at or before it).
+// out (C): the heads side by side, as attention_forward's row T-1. O(T C) where attention_forward
+// over the cache is O(T^2 C). The same softmax as the forward's row.
+template <class T>
+void attention_decode(T* out, const T* qkv, int Tn, int C, int NH) {
+  assert(C % NH == 0 && Tn > 0);
+  const int hs = C / NH;
+  const size_t C3 = static_cast<size_t>(3) * C;
+  const T scale = T(1.0 / std::sqrt(static_cast<double>(hs)));
+  std::vector<T> p(static_cast<size_t>(Tn));
+  const T* q_row = qkv + static_cast<size_t>(Tn - 1) * C3;
+  for (int h = 0; h < NH; h++) {
+    const T* q = q_row + static_cast<size_t>(h) * hs;
+    for (int j = 0; j < Tn; j++) {
+      const T* k = qkv + static_cast<size_t>(j) * C3 + C + static_cast<size_t>(h) * hs;
+      T dot = T(0);
+      for (int d = 0; d < hs; d++)
+        dot += q[d] * k[d];
+      p[static_cast<size_t>(j)] = scale * dot;
+    }
+    detail::causal_softmax_row(p.data(), Tn, Tn);
+    T* o = out + static_cast<size_t>(h) * hs;
+    for (int d = 0; d < hs; d++)
+      o[d] = T(0);
+    for (int j = 0; j < Tn; j++) {
+      const T* v = qkv + static_cast<size_t>(j) * C3 + 2 * static_cast<size_t>(C) +
+                   static_cast<size_t>(h) * hs;
+      const T pj = p[static_cast<size_t>(j)];
+      for (int d = 0; d < hs; d++)
+        o[d] += pj * v[d];
     }
   }
 }

@@ -103,6 +103,11 @@ void matmul_backward(CudaContext& ctx, T* dinp, T* dweight, T* dbias, const T* d
 template <class T>
 void attention_forward(CudaContext& ctx, T* out, T* att, const T* qkv, int B, int Tn, int C, int NH,
                        cudaStream_t stream);
+// Generation: qkv (T,3C) one sequence's cached rows; out (C) = row T-1's query attending over
+// rows 0..T-1. One block per head, the scores in dynamic shared memory (T floats: T <= 12288).
+template <class T>
+void attention_decode(CudaContext& ctx, T* out, const T* qkv, int Tn, int C, int NH,
+                      cudaStream_t stream);
 // Elements of T the backward's scratch needs: one batch row's heads at a time, (NH,T,T).
 inline uint64_t attention_scratch_numel(int B, int Tn, int NH) {
   (void)B;

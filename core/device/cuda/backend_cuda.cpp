@@ -180,6 +180,13 @@ class CudaBackend final : public Backend {
       cuda::attention_forward(*ctx_, as<S>(out), as<S>(att), as<S>(qkv), B, T, C, NH, stream());
     });
   }
+  void attention_decode(Dtype dt, void* out, const void* qkv, int T, int C, int NH) override {
+    on_device();
+    dispatch(dt, "attention_decode", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::attention_decode(*ctx_, as<S>(out), as<S>(qkv), T, C, NH, stream());
+    });
+  }
   void attention_backward(Dtype dt, void* dqkv, void* scratch, const void* dout, const void* qkv,
                           const void* att, int B, int T, int C, int NH) override {
     on_device();
