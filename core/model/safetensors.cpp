@@ -359,6 +359,10 @@ void save_safetensors(const std::string& path, const Gpt<float>& model,
   nlohmann::ordered_json header;
   header["__metadata__"]["format"] = "pt";
   header["__metadata__"]["producer"] = "headroom";
+  // A pruned model's widths (headroom.resize/1), for readers that build the model first: the
+  // shapes say the same.
+  if (model.config().pruned())
+    header["__metadata__"]["mlp_hidden"] = mlp_hidden_str(model.config());
   uint64_t offset = 0;
   for (const Param<float>* p : params) {
     nlohmann::ordered_json& t = header[p->name];
@@ -521,6 +525,59 @@ void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAc
     }
   }
   model.sync_compute_params();
+}
+
+std::vector<int> safetensors_mlp_widths(const std::string& path, const ModelConfig& m) {
+  const std::string where = path + ": ";
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw ConfigError(where + "cannot open: " + errno_str());
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw ConfigError(where + "cannot stat: " + errno_str());
+  if (!S_ISREG(st.st_mode)) throw ConfigError(where + "is not a regular file");
+  const uint64_t file_size = uint64_t(st.st_size);
+  std::vector<uint8_t> head(std::min<uint64_t>(file_size, 8));
+  if (!pread_all(fd.get(), head.data(), head.size(), 0, path))
+    throw ConfigError(where + "the file got shorter while it was being read");
+  if (head.size() == 8) {
+    const uint64_t n = read_le64(head.data());
+    if (n <= kMaxHeaderBytes && n <= file_size - 8) {
+      head.resize(8 + n);
+      if (!pread_all(fd.get(), head.data() + 8, n, 8, path))
+        throw ConfigError(where + "the file got shorter while it was being read");
+    }
+  }
+  const std::vector<SafetensorsEntry> entries =
+      parse_safetensors_header(head.data(), head.size(), file_size, path);
+  // Block b's c_fc weight is (C, H) in the Hugging Face layout: H is its width.
+  std::vector<int> widths(size_t(std::max(0, m.n_layer)), 4 * m.n_embd);
+  bool pruned = false;
+  for (const SafetensorsEntry& e : entries) {
+    const std::string prefix = "transformer.";
+    const std::string name =
+        e.name.compare(0, prefix.size(), prefix) == 0 ? e.name.substr(prefix.size()) : e.name;
+    const std::string tail = ".mlp.c_fc.weight";
+    if (name.size() <= 2 + tail.size() || name.compare(0, 2, "h.") != 0 ||
+        name.compare(name.size() - tail.size(), tail.size(), tail) != 0)
+      continue;
+    const std::string num = name.substr(2, name.size() - 2 - tail.size());
+    if (num.empty() || num.size() > 6 || num.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    const int b = std::stoi(num);
+    // Anything else is for load_safetensors to refuse, naming the tensor.
+    if (b >= m.n_layer || e.shape.size() != 2 || e.shape[0] != m.n_embd || e.shape[1] < 1 ||
+        e.shape[1] > int64_t(4) * m.n_embd)
+      continue;
+    widths[size_t(b)] = int(e.shape[1]);
+    pruned |= e.shape[1] != int64_t(4) * m.n_embd;
+  }
+  return pruned ? widths : std::vector<int>{};
+}
+
+std::string mlp_hidden_str(const ModelConfig& m) {
+  std::string s;
+  for (int b = 0; b < m.n_layer; ++b)
+    s += (b ? "," : "") + std::to_string(m.mlp_width(b));
+  return s;
 }
 
 }  // namespace headroom
