@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The pruning plugin on a text corpus, every variant against the unpruned run side by side in one
+# The pruning plugin on a text corpus (modes mlp, heads, unstructured), every variant against the unpruned run side by side in one
 # run of this script (docs/results/pruning.md): a small model (4 layers, n_embd 128, seq_len 128,
 # bytes as tokens) trained STEPS (default 400) steps from the same init and data, pruned on the
 # cubic schedule from step STEPS/5 to STEPS/2 every STEPS/20 steps. For each variant:
@@ -59,6 +59,7 @@ variants=(
   "mlp, magnitude|0.5|$(prune mlp 0.5 magnitude)"
   "mlp, taylor|0.5|$(prune mlp 0.5 taylor)"
   "mlp, magnitude|0.75|$(prune mlp 0.75 magnitude)"
+  "heads, magnitude|0.5|$(prune heads 0.5 magnitude)"
   "unstructured|0.5|$(prune unstructured 0.5 magnitude)"
 )
 echo "text corpus ($(wc -c < "$work/corpus.txt") bytes), 4 layers, n_embd 128, seq_len 128,"

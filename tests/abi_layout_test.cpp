@@ -373,11 +373,16 @@ PIN(hr_ext_recompute, struct_size, 0, 4);
 PIN(hr_ext_recompute, reserved0, 4, 4);
 PIN(hr_ext_recompute, drop_activations, 8, 8);
 PIN(hr_ext_recompute, layer_activation_bytes, 16, 8);
-static_assert(sizeof(hr_ext_resize) == 24 && alignof(hr_ext_resize) == 8);
+static_assert(sizeof(hr_ext_resize) == 40 && alignof(hr_ext_resize) == 8);
 PIN(hr_ext_resize, struct_size, 0, 4);
 PIN(hr_ext_resize, reserved0, 4, 4);
 PIN(hr_ext_resize, mlp_width, 8, 8);
 PIN(hr_ext_resize, keep_mlp_units, 16, 8);
+PIN(hr_ext_resize, attn_heads, 24, 8);
+PIN(hr_ext_resize, keep_attn_heads, 32, 8);
+PIN_TYPE(hr_ext_resize, attn_heads, int32_t (*)(hr_host*, int32_t));
+PIN_TYPE(hr_ext_resize, keep_attn_heads,
+         hr_status (*)(hr_host*, int32_t, const uint32_t*, uint32_t));
 PIN_TYPE(hr_ext_resize, mlp_width, int32_t (*)(hr_host*, int32_t));
 PIN_TYPE(hr_ext_resize, keep_mlp_units,
          hr_status (*)(hr_host*, int32_t, const uint32_t*, uint32_t));

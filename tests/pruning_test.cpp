@@ -3,12 +3,14 @@
 //  - mode "mlp", final_sparsity 0.5 on a 12-layer toy: parameters, gradients, optimizer state and
 //    activations each drop by their closed form for the removed units, in the tracker and in its
 //    timeline, and the peak after pruning is the closed form's for the pruned widths;
+//  - mode "heads" the same for attention heads;
 //  - the losses before the first pruning step are bitwise those without the plugin, and the loss
 //    recovers to within a stated margin of the unpruned run's on the synthetic source;
 //  - mode "unstructured": the masked weights are zero after every update, the sparsity follows
 //    the cubic schedule, and the masks cost bytes;
-//  - snapshot + resume across pruning steps is bitwise (built-in AdamW, taylor, adafactor,
-//    adam8bit); --save-weights + init_from round-trips the pruned model;
+//  - snapshot + resume across pruning steps is bitwise (built-in AdamW, taylor, heads, amp's
+//    layouts, checkpoint, adafactor, adam8bit); --save-weights + init_from round-trips the pruned
+//    model (MLP widths and heads), and `plan` of such a config estimates the pruned model;
 //  - bad keys exit 2 naming the key; a sharded run is refused.
 #include <gtest/gtest.h>
 
@@ -129,10 +131,49 @@ TEST(PruningBytes, MlpHalfDropsEachCategoryByItsClosedForm) {
   EXPECT_EQ(gpt_num_params(pruned.model), t.model().num_params());
 }
 
+// Heads: 4 blocks of 4 heads (head size 4) keep 2 each. Removed per block: 2 heads' q, k and v
+// rows of c_attn (3·8 rows of C, and their bias) and their 8 columns of c_proj.
+TEST(PruningBytes, HeadsHalfDropEachCategoryByItsClosedForm) {
+  const int L = 4, NH = 4, hs = kC / NH, B = 2, T = 16;
+  const std::string toml =
+      "[model]\nn_layer = 4\nn_head = 4\nn_embd = 16\nseq_len = 16\nvocab_size = 64\n" +
+      train_toml(3, B) +
+      pruning_toml("mode = \"heads\"\nfinal_sparsity = 0.5\nstart_step = 2\nend_step = 2\n");
+  Trainer t(test::config_from(toml), TrainOptions{});
+  LiveAtStepEnd probe;
+  probe.trainer = &t;
+  probe.reset_peaks_after = 2;
+  t.add_listener(&probe);
+  t.run();
+  for (int b = 0; b < L; ++b)
+    EXPECT_EQ(t.model().config().heads(b), NH / 2) << "block " << b;
+  const uint64_t a = uint64_t(NH / 2) * hs;  // attention width removed per block
+  const uint64_t removed = uint64_t(L) * (3 * a * kC + 3 * a + kC * a);
+  EXPECT_EQ(at(probe.live[0], Category::kParameters) - at(probe.live[1], Category::kParameters),
+            4 * removed);
+  EXPECT_EQ(at(probe.live[0], Category::kGradients) - at(probe.live[1], Category::kGradients),
+            4 * removed);
+  EXPECT_EQ(at(probe.live[0], Category::kOptimizer) - at(probe.live[1], Category::kOptimizer),
+            2 * 4 * removed);
+  // qkv (B, T, 3A) and the attention output (B, T, A) lose 4·a a token, the probabilities
+  // (B, NH, T, T) two heads' worth.
+  const std::vector<TimelineSample> tl = t.device().tracker().timeline();
+  EXPECT_EQ(activations_peak_of_step(tl, 1) - activations_peak_of_step(tl, 3),
+            uint64_t(L) * 4 * (uint64_t(B) * T * 4 * a + uint64_t(B) * (NH / 2) * T * T));
+  Config pruned = test::config_from(toml);
+  pruned.model.attn_heads.assign(L, NH / 2);
+  const PeakEstimate e = estimate_peak(pruned, B);
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(e.at_peak[i], t.device().tracker().live_at_peak()[i])
+        << category_name(category_at(i));
+  EXPECT_EQ(gpt_num_params(pruned.model), t.model().num_params());
+}
+
 TEST(PruningBytes, ClosedFormMatchesAModelBuiltWithPerBlockWidths) {
   // Widths that differ per block, one below 3C (the backward's dgelu buffer then holds dqkv).
   Config c = test::config_from(model_toml(3) + train_toml(2));
   c.model.mlp_hidden = {64, 40, 8};
+  c.model.attn_heads = {2, 1, 1};
   Trainer t(c, TrainOptions{});
   t.run();
   const MemoryTracker& mt = t.device().tracker();
@@ -285,7 +326,9 @@ TEST(PruningResume, SnapshotAndResumeAcrossPruningStepsAreBitwise) {
         std::string("initial_sparsity = 0.25\nfinal_sparsity = 0.5\nstart_step = 2\n"
                     "end_step = 4\nevery = 2\nimportance = \"taylor\"\n"),
         std::string("mode = \"unstructured\"\ninitial_sparsity = 0.25\nfinal_sparsity = 0.5\n"
-                    "start_step = 2\nend_step = 4\nevery = 2\n")}) {
+                    "start_step = 2\nend_step = 4\nevery = 2\n"),
+        std::string("mode = \"heads\"\ninitial_sparsity = 0.25\nfinal_sparsity = 0.5\n"
+                    "start_step = 2\nend_step = 4\nevery = 2\nimportance = \"taylor\"\n")}) {
     SCOPED_TRACE(keys);
     const std::string toml = base + pruning_toml(keys);
     Trainer whole(test::config_from(toml), TrainOptions{});
@@ -349,6 +392,28 @@ TEST(PruningResume, OptimizerPluginsResizeTheirState) {
   }
 }
 
+// Heads with the optimizer plugins: their state follows the kept heads' rows and columns, and
+// a resume across the pruning step is bitwise.
+TEST(PruningResume, HeadsWithOptimizerPlugins) {
+  for (const char* optimizer : {"", "adafactor", "adam8bit"}) {
+    SCOPED_TRACE(optimizer);
+    const std::string opt =
+        *optimizer ? std::string("[[plugins]]\nname = \"") + optimizer + "\"\n" : std::string();
+    const std::string toml =
+        "[model]\nn_layer = 2\nn_head = 4\nn_embd = 16\nseq_len = 16\nvocab_size = 64\n" +
+        train_toml(6) + opt +
+        pruning_toml(
+            "mode = \"heads\"\ninitial_sparsity = 0.25\nfinal_sparsity = 0.5\n"
+            "start_step = 2\nend_step = 4\nevery = 2\n");
+    Trainer whole(test::config_from(toml), TrainOptions{});
+    whole.run();
+    EXPECT_EQ(whole.model().config().attn_heads, std::vector<int>({2, 2}));
+    for (double l : losses(whole))
+      EXPECT_TRUE(std::isfinite(l));
+    test::expect_resume_is_bitwise(toml, whole);
+  }
+}
+
 TEST(PruningWeights, SaveWeightsAndInitFromRoundTripThePrunedModel) {
   const std::string dir = test::temp_dir();
   const std::string file = dir + "/pruned.safetensors";
@@ -379,12 +444,35 @@ TEST(PruningWeights, SaveWeightsAndInitFromRoundTripThePrunedModel) {
   EXPECT_NE(plan(given).text, plan(test::config_from(base)).text);
 }
 
+TEST(PruningWeights, PrunedHeadsRoundTripThroughTheWeightsFile) {
+  const std::string dir = test::temp_dir();
+  const std::string file = dir + "/heads.safetensors";
+  const std::string base =
+      "[model]\nn_layer = 2\nn_head = 4\nn_embd = 16\nseq_len = 16\nvocab_size = 64\n" +
+      train_toml(3);
+  TrainOptions o;
+  o.save_weights_path = file;
+  Trainer first(test::config_from(base + pruning_toml("mode = \"heads\"\nfinal_sparsity = 0.75\n"
+                                                      "start_step = 2\n")),
+                std::move(o));
+  first.run();
+  EXPECT_TRUE(test::contains(test::read_file(file), "\"attn_heads\":\"1,1\""));
+  Trainer second(test::config_from(base + "init_from = \"" + file + "\"\n"), TrainOptions{});
+  EXPECT_EQ(second.model().config().attn_heads, std::vector<int>({1, 1}));
+  const auto a = first.model().params(), b = second.model().params();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i]->shape, b[i]->shape) << a[i]->name;
+    EXPECT_EQ(std::memcmp(a[i]->data(), b[i]->data(), a[i]->numel * sizeof(float)), 0)
+        << a[i]->name;
+  }
+  second.run();
+}
+
 TEST(PruningConfig, BadKeysExit2NamingTheKey) {
   const std::string base = model_toml(2) + train_toml(2);
   const std::pair<std::string, std::string> cases[] = {
-      {"mode = \"heads\"\n",
-       "plugins.pruning.mode: \"heads\" (pruning attention heads) is not built"},
-      {"mode = \"rows\"\n", "plugins.pruning.mode: must be \"mlp\" or \"unstructured\""},
+      {"mode = \"rows\"\n", "plugins.pruning.mode: must be \"mlp\", \"heads\" or \"unstructured\""},
       {"final_sparsity = 1.0\n", "plugins.pruning.final_sparsity: must be in [0, 1)"},
       {"initial_sparsity = 0.6\nfinal_sparsity = 0.5\n", "plugins.pruning.initial_sparsity"},
       {"start_step = 0\n", "plugins.pruning.start_step: must be >= 1"},
@@ -392,7 +480,8 @@ TEST(PruningConfig, BadKeysExit2NamingTheKey) {
       {"start_step = 2\nend_step = 7\nevery = 2\n", "must be a multiple of every = 2"},
       {"every = 0\n", "plugins.pruning.every: must be >= 1"},
       {"importance = \"l2\"\n", "plugins.pruning.importance: must be \"magnitude\" or \"taylor\""},
-      {"mode = \"unstructured\"\nimportance = \"taylor\"\n", "applies to mode = \"mlp\" only"},
+      {"mode = \"unstructured\"\nimportance = \"taylor\"\n",
+       "applies to modes \"mlp\" and \"heads\" only"},
       {"sparsity = 0.5\n", "sparsity"},
   };
   for (const auto& [keys, want] : cases) {

@@ -93,21 +93,26 @@ class Embedding final : public Layer<T> {
 // Transformer block, pre-LayerNorm:
 //   res1 = x + attn_proj(attention(qkv(ln_1(x))))
 //   out  = res1 + mlp_proj(gelu(fc(ln_2(res1))))
-// The MLP's hidden width H is GPT-2's 4C unless the block was pruned (ModelConfig::mlp_width,
-// Gpt::resize_mlp); the comments say 4C for it.
+// The MLP's hidden width H is GPT-2's 4C, and the attention's width A = NH·hs its C, unless the
+// block was pruned (ModelConfig::mlp_width and heads, Gpt::resize_mlp and resize_heads); the
+// comments say 4C and C for them.
 
 template <class T>
 class Block final : public Layer<T> {
  public:
   Block(int index, const ModelConfig& m, Device& device, const Precision& dt)
-      : Layer<T>("block " + std::to_string(index), device, dt), m_(m), H_(m.mlp_width(index)) {
-    const int64_t C = m.n_embd, H = H_;
+      : Layer<T>("block " + std::to_string(index), device, dt),
+        m_(m),
+        H_(m.mlp_width(index)),
+        NH_(m.heads(index)),
+        A_(m.attn_width(index)) {
+    const int64_t C = m.n_embd, H = H_, A = A_;
     const std::string h = "h." + std::to_string(index) + ".";
     ln1w_ = &this->add_param(h + "ln_1.weight", {C}, false);
     ln1b_ = &this->add_param(h + "ln_1.bias", {C}, false);
-    qkvw_ = &this->add_param(h + "attn.c_attn.weight", {3 * C, C}, true);
-    qkvb_ = &this->add_param(h + "attn.c_attn.bias", {3 * C}, false);
-    projw_ = &this->add_param(h + "attn.c_proj.weight", {C, C}, true);
+    qkvw_ = &this->add_param(h + "attn.c_attn.weight", {3 * A, C}, true);
+    qkvb_ = &this->add_param(h + "attn.c_attn.bias", {3 * A}, false);
+    projw_ = &this->add_param(h + "attn.c_proj.weight", {C, A}, true);
     projb_ = &this->add_param(h + "attn.c_proj.bias", {C}, false);
     ln2w_ = &this->add_param(h + "ln_2.weight", {C}, false);
     ln2b_ = &this->add_param(h + "ln_2.bias", {C}, false);
@@ -135,9 +140,14 @@ class Block final : public Layer<T> {
 
   int hidden() const { return H_; }
   void set_hidden(int H) { H_ = H; }
+  int heads() const { return NH_; }
+  void set_heads(int NH) {
+    NH_ = NH;
+    A_ = NH * (m_.n_embd / m_.n_head);
+  }
 
   void forward(const void* x, const Batch& b) override {
-    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = m_.n_head, H = H_;
+    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = NH_, H = H_, A = A_;
     const uint64_t N = uint64_t(B) * Tn;
     const Dtype st = stat_dtype(this->dt_);
     Backend& ops = this->ops();
@@ -147,9 +157,9 @@ class Block final : public Layer<T> {
     ln1_ = this->save(N * C, "ln_1 (B, T, C)", true);
     ln1_mean_ = this->save(N, "ln_1 mean (B, T)", true, st);
     ln1_rstd_ = this->save(N, "ln_1 rstd (B, T)", true, st);
-    qkv_ = this->save(N * 3 * C, "qkv (B, T, 3C)");
+    qkv_ = this->save(N * 3 * A, "qkv (B, T, 3C)");
     att_ = this->save(uint64_t(B) * NH * Tn * Tn, "att (B, NH, T, T)", true);
-    atty_ = this->save(N * C, "attention out (B, T, C)", true);
+    atty_ = this->save(N * A, "attention out (B, T, C)", true);
     res1_ = this->save(N * C, "residual (B, T, C)");
     ln2_ = this->save(N * C, "ln_2 (B, T, C)", true);
     ln2_mean_ = this->save(N, "ln_2 mean (B, T)", true, st);
@@ -159,11 +169,11 @@ class Block final : public Layer<T> {
     out_ = this->save(N * C, "out (B, T, C)");
 
     ln1_forward(x, N, C);
-    ops.matmul_forward(dt, qkv_, ln1_, qkvw_->cdata(), qkvb_->cdata(), N, C, 3 * C);
-    ops.attention_forward(dt, atty_, att_, qkv_, B, Tn, C, NH);
+    ops.matmul_forward(dt, qkv_, ln1_, qkvw_->cdata(), qkvb_->cdata(), N, C, 3 * A);
+    ops.attention_forward(dt, atty_, att_, qkv_, B, Tn, A, NH);
     // The projection is written straight into res1 and the residual added in place: no separate
     // (B, T, C) buffer for the projection, which backward does not need.
-    ops.matmul_forward(dt, res1_, atty_, projw_->cdata(), projb_->cdata(), N, C, C);
+    ops.matmul_forward(dt, res1_, atty_, projw_->cdata(), projb_->cdata(), N, A, C);
     ops.add_inplace(dt, res1_, x, N * C);
     ln2_forward(N, C);
     ops.matmul_forward(dt, fch_, ln2_, fcw_->cdata(), fcb_->cdata(), N, C, H);
@@ -176,14 +186,14 @@ class Block final : public Layer<T> {
   // forward() makes — the same kernels on the same inputs, so on the CPU bitwise the originals.
   // The GEMMs (qkv, the projections, fc) are not run again: that is the point.
   void recompute_cheap(const void* x, const Batch& b) override {
-    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = m_.n_head, H = H_;
+    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = NH_, H = H_, A = A_;
     const uint64_t N = uint64_t(B) * Tn;
     const Dtype st = stat_dtype(this->dt_);
     ln1_ = this->save(N * C, "ln_1 (B, T, C)", true);
     ln1_mean_ = this->save(N, "ln_1 mean (B, T)", true, st);
     ln1_rstd_ = this->save(N, "ln_1 rstd (B, T)", true, st);
     att_ = this->save(uint64_t(B) * NH * Tn * Tn, "att (B, NH, T, T)", true);
-    atty_ = this->save(N * C, "attention out (B, T, C)", true);
+    atty_ = this->save(N * A, "attention out (B, T, C)", true);
     ln2_ = this->save(N * C, "ln_2 (B, T, C)", true);
     ln2_mean_ = this->save(N, "ln_2 mean (B, T)", true, st);
     ln2_rstd_ = this->save(N, "ln_2 rstd (B, T)", true, st);
@@ -191,19 +201,19 @@ class Block final : public Layer<T> {
     out_ = nullptr;  // freed by Layer::recompute; backward does not read it
 
     ln1_forward(x, N, C);
-    this->ops().attention_forward(this->dt_, atty_, att_, qkv_, B, Tn, C, NH);
+    this->ops().attention_forward(this->dt_, atty_, att_, qkv_, B, Tn, A, NH);
     ln2_forward(N, C);
     this->ops().gelu_forward(this->dt_, fch_gelu_, fch_, N * H);
   }
 
   void backward(void* dx, const void* dout, const void* x, const Batch& b) override {
-    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = m_.n_head, H = H_;
+    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = NH_, H = H_, A = A_;
     const uint64_t N = uint64_t(B) * Tn;
     Backend& ops = this->ops();
     const Dtype dt = this->dt_;
     const uint64_t es = dtype_size(dt);
     // dgelu's buffer holds dqkv (B, T, 3C) later: a block pruned below 3C gets 3C.
-    Buffer d4c_a = this->workspace(N * std::max(H, 3 * C), "dgelu (B, T, 4C)");
+    Buffer d4c_a = this->workspace(N * std::max(H, 3 * A), "dgelu (B, T, 4C)");
     Buffer d4c_b = this->workspace(N * H, "dfc (B, T, 4C)");
     Buffer dres1_buf = this->workspace(N * C, "dresidual (B, T, C)");
     Buffer dtmp_buf = this->workspace(N * C, "dtmp (B, T, C)");
@@ -227,14 +237,15 @@ class Block final : public Layer<T> {
 
     // Attention: res1 = x + proj(attention(qkv(ln_1(x))))
     ops.fill(dt, dtmp, N * C, 0.0);
+    // dtmp (B, T, C) holds the attention output's gradient (B, T, A), A <= C.
     ops.matmul_backward(dt, dtmp, projw_->cgrad(), projb_->cgrad(), dres1, atty_, projw_->cdata(),
-                        N, C, C);
+                        N, A, C);
     void* dqkv = dgelu;  // (B, T, 3C) fits in the (B, T, max(4C, 3C)) buffer, free again by now
-    ops.fill(dt, dqkv, N * 3 * C, 0.0);
-    ops.attention_backward(dt, dqkv, scratch.as<void>(), dtmp, qkv_, att_, B, Tn, C, NH);
+    ops.fill(dt, dqkv, N * 3 * A, 0.0);
+    ops.attention_backward(dt, dqkv, scratch.as<void>(), dtmp, qkv_, att_, B, Tn, A, NH);
     ops.fill(dt, dtmp, N * C, 0.0);
     ops.matmul_backward(dt, dtmp, qkvw_->cgrad(), qkvb_->cgrad(), dqkv, ln1_, qkvw_->cdata(), N, C,
-                        3 * C);
+                        3 * A);
     ops.copy(dx, dres1, N * C * es);
     ops.layernorm_backward(dt, dx, ln1w_->cgrad(), ln1b_->cgrad(), dtmp, x, ln1w_->cdata(),
                            ln1_mean_, ln1_rstd_, N, C);
@@ -254,7 +265,9 @@ class Block final : public Layer<T> {
   }
 
   ModelConfig m_;
-  int H_;  // the MLP's hidden width
+  int H_;   // the MLP's hidden width
+  int NH_;  // the attention's heads
+  int A_;   // and its width, NH_ · (C / n_head)
   Param<T>*ln1w_, *ln1b_, *qkvw_, *qkvb_, *projw_, *projb_, *ln2w_, *ln2b_, *fcw_, *fcb_, *fcprojw_,
       *fcprojb_;
   void *ln1_ = nullptr, *ln1_mean_ = nullptr, *ln1_rstd_ = nullptr, *qkv_ = nullptr,
@@ -855,6 +868,78 @@ std::vector<ParamResize> Gpt<T>::resize_mlp(int layer, const std::vector<uint32_
 }
 
 template <class T>
+std::vector<ParamResize> Gpt<T>::resize_heads(int layer, const std::vector<uint32_t>& keep) {
+  if (layer < 1 || layer > config_.n_layer)
+    throw std::invalid_argument("layer " + std::to_string(layer) +
+                                " is no transformer block (blocks are layers 1 .. " +
+                                std::to_string(config_.n_layer) + ")");
+  auto& block = static_cast<Block<T>&>(*layers_[size_t(layer)]);
+  const int NH = block.heads();
+  if (keep.empty())
+    throw std::invalid_argument(block.name() +
+                                ": keeps no attention head (at least one must stay)");
+  for (size_t i = 0; i < keep.size(); ++i)
+    if (keep[i] >= uint32_t(NH) || (i > 0 && keep[i] <= keep[i - 1]))
+      throw std::invalid_argument(block.name() +
+                                  ": the kept heads must be ascending, distinct and "
+                                  "below its " +
+                                  std::to_string(NH) + " heads (head " + std::to_string(keep[i]) +
+                                  " at position " + std::to_string(i) + ")");
+  size_t first = 0;
+  for (int l = 0; l < layer; ++l)
+    first += layers_[size_t(l)]->params().size();
+  const int64_t C = config_.n_embd, hs = C / config_.n_head, A = int64_t(NH) * hs;
+  const int64_t A2 = int64_t(keep.size()) * hs;
+  // The kept heads' elements of one (A)-wide section: hs of them a head.
+  std::vector<uint32_t> section;
+  for (uint32_t h : keep)
+    for (int64_t e = 0; e < hs; ++e)
+      section.push_back(uint32_t(int64_t(h) * hs + e));
+  // qkv's rows are q, k, v sections of A each (the attention kernels' layout).
+  std::vector<uint32_t> qkv;
+  for (int64_t part = 0; part < 3; ++part)
+    for (uint32_t e : section)
+      qkv.push_back(uint32_t(part * A + e));
+  std::vector<ParamResize> out;
+  const auto& ps = block.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const std::string& name = ps[i]->name;
+    ParamResize r;
+    auto ends = [&](const char* tail) {
+      const size_t n = std::strlen(tail);
+      return name.size() >= n && name.compare(name.size() - n, n, tail) == 0;
+    };
+    if (ends("attn.c_attn.weight")) {
+      r.new_shape = {3 * A2, C};
+      r.axis = 0;
+      r.keep = qkv;
+    } else if (ends("attn.c_attn.bias")) {
+      r.new_shape = {3 * A2};
+      r.axis = 0;
+      r.keep = qkv;
+    } else if (ends("attn.c_proj.weight")) {
+      r.new_shape = {C, A2};
+      r.axis = 1;
+      r.keep = section;
+    } else {
+      continue;
+    }
+    r.param = first + i;
+    r.layer = layer;
+    r.index = int(i);
+    r.name = name;
+    r.old_shape = ps[i]->shape;
+    out.push_back(std::move(r));
+  }
+  block.shrink_params(out);
+  block.set_heads(int(keep.size()));
+  if (config_.attn_heads.empty())
+    config_.attn_heads.assign(size_t(config_.n_layer), config_.n_head);
+  config_.attn_heads[size_t(layer - 1)] = int(keep.size());
+  return out;
+}
+
+template <class T>
 std::vector<Param<T>*> Gpt<T>::params() const {
   std::vector<Param<T>*> out;
   for (const auto& layer : layers_)
@@ -877,9 +962,10 @@ template class Gpt<float>;
 template class Gpt<double>;
 
 uint64_t gpt_block_params(const ModelConfig& m, int block) {
-  const uint64_t C = m.n_embd, H = uint64_t(m.mlp_width(block));
-  // ln_1, c_attn, attn c_proj, ln_2, c_fc (H, C) and its bias, mlp c_proj (C, H) and its bias
-  return 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (H * C + H) + (C * H + C);
+  const uint64_t C = m.n_embd, H = uint64_t(m.mlp_width(block)), A = uint64_t(m.attn_width(block));
+  // ln_1, c_attn (3A, C) and its bias, attn c_proj (C, A) and its bias, ln_2, c_fc (H, C) and its
+  // bias, mlp c_proj (C, H) and its bias
+  return 2 * C + (3 * A * C + 3 * A) + (C * A + C) + 2 * C + (H * C + H) + (C * H + C);
 }
 
 uint64_t gpt_num_params(const ModelConfig& m) {
@@ -898,14 +984,14 @@ std::vector<ParamShape> gpt_param_shapes(const ModelConfig& m) {
   for (int l = 0; l < m.n_layer; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
     const int layer = l + 1;
-    const int64_t H = m.mlp_width(l);
+    const int64_t H = m.mlp_width(l), A = m.attn_width(l);
     for (const auto& [name, shape, decay] :
          std::vector<std::tuple<const char*, std::vector<int64_t>, bool>>{
              {"ln_1.weight", {C}, false},
              {"ln_1.bias", {C}, false},
-             {"attn.c_attn.weight", {3 * C, C}, true},
-             {"attn.c_attn.bias", {3 * C}, false},
-             {"attn.c_proj.weight", {C, C}, true},
+             {"attn.c_attn.weight", {3 * A, C}, true},
+             {"attn.c_attn.bias", {3 * A}, false},
+             {"attn.c_proj.weight", {C, A}, true},
              {"attn.c_proj.bias", {C}, false},
              {"ln_2.weight", {C}, false},
              {"ln_2.bias", {C}, false},
@@ -922,10 +1008,12 @@ std::vector<ParamShape> gpt_param_shapes(const ModelConfig& m) {
 
 uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt, int block) {
   const uint64_t N = uint64_t(B) * T, C = m.n_embd, H = uint64_t(m.mlp_width(block));
-  // ln_1, qkv (3), attention out, residual, ln_2, out: 8·N·C; fc and gelu: 2·N·H (16·N·C
-  // unpruned); the (B, NH, T, T) attention probabilities in the compute dtype; four (B, T)
-  // LayerNorm statistics in the statistics' dtype.
-  return dtype_size(dt) * (8 * N * C + 2 * N * H + uint64_t(B) * m.n_head * T * T) +
+  const uint64_t A = uint64_t(m.attn_width(block));
+  // ln_1, residual, ln_2, out: 4·N·C; qkv (3) and attention out: 4·N·A; fc and gelu: 2·N·H
+  // (16·N·C unpruned); the (B, NH, T, T) attention probabilities of its heads in the compute
+  // dtype; four (B, T) LayerNorm statistics in the statistics' dtype.
+  return dtype_size(dt) *
+             (4 * N * C + 4 * N * A + 2 * N * H + uint64_t(B) * m.heads(block) * T * T) +
          dtype_size(stat_dtype(dt)) * 4 * N;
 }
 

@@ -335,6 +335,10 @@ class Gpt {
   // state. std::invalid_argument for a bad layer or `keep`; std::logic_error for a sharded layer
   // or one that holds activations.
   std::vector<ParamResize> resize_mlp(int layer, const std::vector<uint32_t>& keep);
+  // The same for block `layer`'s attention heads: keeps the heads `keep` names — their q, k and v
+  // rows of attn.c_attn.weight and its bias, their columns of attn.c_proj.weight — so the block's
+  // attention width becomes count · (n_embd / n_head); config().attn_heads says it.
+  std::vector<ParamResize> resize_heads(int layer, const std::vector<uint32_t>& keep);
 
   const ModelConfig& config() const { return config_; }
   Device& device() const { return device_; }

@@ -61,5 +61,9 @@ void load_safetensors(const std::string& path, Gpt<float>& model,
 std::vector<int> safetensors_mlp_widths(const std::string& path, const ModelConfig& m);
 // "3072,1536,..": every block's MLP width, as the weights' metadata and snapshots record it.
 std::string mlp_hidden_str(const ModelConfig& m);
+// The same for the attention heads (a pruned model's, from the attn.c_attn.weight shapes), and
+// "12,6,..": every block's heads.
+std::vector<int> safetensors_attn_heads(const std::string& path, const ModelConfig& m);
+std::string attn_heads_str(const ModelConfig& m);
 
 }  // namespace headroom

@@ -13,6 +13,7 @@ PlanResult plan(const Config& given) {
   if (!config.train.init_from.empty() && config.model.mlp_hidden.empty()) {
     try {
       config.model.mlp_hidden = safetensors_mlp_widths(config.train.init_from, config.model);
+      config.model.attn_heads = safetensors_attn_heads(config.train.init_from, config.model);
     } catch (const ConfigError&) {
     }
   }

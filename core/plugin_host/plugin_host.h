@@ -102,6 +102,13 @@ class PluginRun {
     (void)keep;
     throw ResizeRefused(plugin + ": this run has no model to resize");
   }
+  // The same for the block's attention heads (Gpt::resize_heads).
+  virtual void resize_heads(const std::string& plugin, int layer,
+                            const std::vector<uint32_t>& keep) {
+    (void)layer;
+    (void)keep;
+    throw ResizeRefused(plugin + ": this run has no model to resize");
+  }
   // The plugins are created only to be checked or asked for estimates (validate_plugins,
   // `headroom plan`, the advice), often many times and at one rank whatever the run's: their
   // debug and info lines are not the run's and are not printed.

@@ -870,6 +870,38 @@ struct HostServices {
     }
   }
 
+  static int32_t attn_heads(hr_host* h, int32_t layer) {
+    Gpt<float>* m = run(h).built_model();
+    if (!m || layer < 1 || layer > m->config().n_layer) return -1;
+    return m->config().heads(layer - 1);
+  }
+  static hr_status keep_attn_heads(hr_host* h, int32_t layer, const uint32_t* keep,
+                                   uint32_t count) {
+    LoadedPlugin& p = plugin(h);
+    const std::string fn = HR_EXT_RESIZE " keep_attn_heads: ";
+    if (!keep || count == 0) {
+      p.error = fn + "keep must name at least one head";
+      return HR_ERROR_INVALID;
+    }
+    try {
+      run(h).resize_heads(p.entry.name, layer, std::vector<uint32_t>(keep, keep + count));
+      return HR_OK;
+    } catch (const std::invalid_argument& e) {
+      p.error = fn + e.what();
+      return HR_ERROR_INVALID;
+    } catch (const ResizeRefused& e) {
+      p.error = fn + e.what();
+      return HR_ERROR_UNSUPPORTED;
+    } catch (const OutOfMemory& e) {
+      p.out_of_memory = std::current_exception();
+      p.error = fn + e.what();
+      return HR_ERROR_OUT_OF_MEMORY;
+    } catch (const std::exception& e) {
+      p.error = fn + e.what();
+      return HR_ERROR;
+    }
+  }
+
   static const void* get_extension(hr_host* h, const char* id);
 };
 
@@ -995,6 +1027,8 @@ enum Fn : int {
   // headroom.resize/1
   kExtResizeMlpWidth,
   kExtResizeKeepMlpUnits,
+  kExtResizeAttnHeads,
+  kExtResizeKeepAttnHeads,
   kNumFns
 };
 
@@ -1091,6 +1125,8 @@ constexpr Rule kRules[kNumFns] = {
     {HR_EXT_SHARD " release_parameters", kAnyone, When::kNotInAllocation, kNotAllowed},
     {HR_EXT_RESIZE " mlp_width", kAnyone, When::kAnyTime, kNotAllowed},
     {HR_EXT_RESIZE " keep_mlp_units", kAnyone, When::kBetweenSteps, kNotAllowed},
+    {HR_EXT_RESIZE " attn_heads", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_RESIZE " keep_attn_heads", kAnyone, When::kBetweenSteps, kNotAllowed},
 };
 
 std::string roles_words(uint32_t roles) {
@@ -1284,9 +1320,14 @@ const hr_ext_shard kShard = {sizeof(hr_ext_shard),
 }  // namespace
 
 // mlp_width answers an int32_t: its rule never refuses.
-static_assert(kRules[kExtResizeMlpWidth].when == When::kAnyTime);
-const hr_ext_resize kResize = {sizeof(hr_ext_resize), 0, HR_CHECKED(kExtResizeMlpWidth, mlp_width),
-                               HR_CHECKED(kExtResizeKeepMlpUnits, keep_mlp_units)};
+static_assert(kRules[kExtResizeMlpWidth].when == When::kAnyTime &&
+              kRules[kExtResizeAttnHeads].when == When::kAnyTime);
+const hr_ext_resize kResize = {sizeof(hr_ext_resize),
+                               0,
+                               HR_CHECKED(kExtResizeMlpWidth, mlp_width),
+                               HR_CHECKED(kExtResizeKeepMlpUnits, keep_mlp_units),
+                               HR_CHECKED(kExtResizeAttnHeads, attn_heads),
+                               HR_CHECKED(kExtResizeKeepAttnHeads, keep_attn_heads)};
 
 const void* HostServices::get_extension(hr_host*, const char* id) {
   if (!id) return nullptr;

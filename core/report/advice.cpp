@@ -310,7 +310,6 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   const ModelConfig& m = config.model;
   const uint64_t B = uint64_t(s.micro_batch), T = uint64_t(m.seq_len), C = uint64_t(m.n_embd);
   const uint64_t V = uint64_t(m.vocab_size), L = uint64_t(std::max(0, m.n_layer)), N = B * T;
-  const uint64_t NH = uint64_t(m.n_head);
   const uint64_t params = gpt_num_params(m);
   // es: the compute dtype's element size (activations, compute copies); statistics and masters
   // are fp32.
@@ -384,12 +383,16 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   // the head dln_f (B, T, C); a block of MLP width Hd (4C unpruned) dgelu (B, T, max(Hd, 3C):
   // it holds dqkv later) and dfc (B, T, Hd), two (B, T, C) and the attention scratch — (T, T)
   // on the CPU, (NH, T, T) on CUDA (Backend::attention_scratch_numel); the embedding none.
-  const uint64_t scratch = config.device.kind == "cuda" ? NH * T * T : T * T;
+  // A block with fewer heads (a pruned model's: attention width Ad = its heads · C / NH) holds
+  // dqkv (B, T, 3·Ad) in dgelu's buffer and its own heads' attention scratch.
   const uint64_t dres = 2 * es * N * C;
   const uint64_t head_ws = dres + es * N * C;
   for (size_t l = 1; l < H; ++l) {
     const uint64_t Hd = uint64_t(m.mlp_width(int(l) - 1));
-    block_ws[l] = dres + es * (N * std::max(Hd, 3 * C) + N * Hd + 2 * N * C + scratch);
+    const uint64_t Ad = uint64_t(m.attn_width(int(l) - 1));
+    const uint64_t heads = uint64_t(m.heads(int(l) - 1));
+    const uint64_t scratch = config.device.kind == "cuda" ? heads * T * T : T * T;
+    block_ws[l] = dres + es * (N * std::max(Hd, 3 * Ad) + N * Hd + 2 * N * C + scratch);
   }
   // A block that drops everything (HR_DROP_ALL) holds only its output between its forward and
   // its backward; any other (kept, or HR_DROP_CHEAP, counted as kept: an upper bound) its full

@@ -728,17 +728,19 @@ std::string model_signature(const ModelConfig& m) {
   return "n_layer=" + std::to_string(m.n_layer) + " n_head=" + std::to_string(m.n_head) +
          " n_embd=" + std::to_string(m.n_embd) + " seq_len=" + std::to_string(m.seq_len) +
          " vocab_size=" + std::to_string(m.vocab_size) +
-         (m.pruned() ? " mlp_hidden=" + mlp_hidden_str(m) : "");
+         (m.pruned() ? " mlp_hidden=" + mlp_hidden_str(m) : "") +
+         (m.heads_pruned() ? " attn_heads=" + attn_heads_str(m) : "");
 }
 
 // The widths a signature records ("... mlp_hidden=3072,1536"); empty when it records none or
 // they do not parse as `n` positive integers.
-std::vector<int> signature_widths(const std::string& sig, int n) {
-  const std::string key = " mlp_hidden=";
+std::vector<int> signature_widths(const std::string& sig, int n,
+                                  const std::string& key = " mlp_hidden=") {
   const size_t at = sig.find(key);
   if (at == std::string::npos) return {};
   std::vector<int> out;
   std::string rest = sig.substr(at + key.size());
+  rest = rest.substr(0, rest.find(' '));
   size_t pos = 0;
   while (pos <= rest.size()) {
     const size_t comma = std::min(rest.find(',', pos), rest.size());
@@ -773,14 +775,19 @@ void Trainer::adopt_mlp_widths() {
     }
     ModelConfig pruned = config_.model;
     pruned.mlp_hidden = signature_widths(resume_data_->model, config_.model.n_layer);
+    pruned.attn_heads =
+        signature_widths(resume_data_->model, config_.model.n_layer, " attn_heads=");
     // Only the widths are taken: a snapshot of another model is refused by resume().
-    if (!pruned.mlp_hidden.empty() && model_signature(pruned) == resume_data_->model)
+    if (model_signature(pruned) == resume_data_->model) {
       config_.model.mlp_hidden = pruned.mlp_hidden;
+      config_.model.attn_heads = pruned.attn_heads;
+    }
     return;
   }
   if (!config_.train.init_from.empty()) {
     try {
       config_.model.mlp_hidden = safetensors_mlp_widths(config_.train.init_from, config_.model);
+      config_.model.attn_heads = safetensors_attn_heads(config_.train.init_from, config_.model);
     } catch (const ConfigError& e) {
       throw ConfigError(config_.train.init_from_pos.str() + ": train.init_from: " + e.what());
     }
@@ -788,6 +795,16 @@ void Trainer::adopt_mlp_widths() {
 }
 
 void Trainer::resize_mlp(const std::string& plugin, int layer, const std::vector<uint32_t>& keep) {
+  resize(plugin, [&] { return model_->resize_mlp(layer, keep); });
+}
+
+void Trainer::resize_heads(const std::string& plugin, int layer,
+                           const std::vector<uint32_t>& keep) {
+  resize(plugin, [&] { return model_->resize_heads(layer, keep); });
+}
+
+void Trainer::resize(const std::string& plugin,
+                     const std::function<std::vector<ParamResize>()>& resize) {
   if (!model_) throw ResizeRefused(plugin + ": the model is not built yet");
   // The shards, the gradient buckets and the resharding of snapshots cut every layer at fixed
   // sizes: resizing runs on one rank without a zero plugin so far.
@@ -801,10 +818,11 @@ void Trainer::resize_mlp(const std::string& plugin, int layer, const std::vector
     throw ResizeRefused(
         "the optimizer-role plugin cannot resize its state (its "
         "hr_optimizer_hooks has no resize)");
-  const std::vector<ParamResize> changes = model_->resize_mlp(layer, keep);
+  const std::vector<ParamResize> changes = resize();
   segments_ = whole_params(model_->params());
   optimizer_->resize(segments_, changes);
   config_.model.mlp_hidden = model_->config().mlp_hidden;
+  config_.model.attn_heads = model_->config().attn_heads;
 }
 
 void Trainer::stop_interrupted(int signal, bool mid_step) {

@@ -172,6 +172,11 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   void set_persist_below(const std::string& plugin, uint64_t elements) override;
   Sharding* sharding() override { return sharding_.get(); }
   void resize_mlp(const std::string& plugin, int layer, const std::vector<uint32_t>& keep) override;
+  void resize_heads(const std::string& plugin, int layer,
+                    const std::vector<uint32_t>& keep) override;
+  // What resize_mlp and resize_heads share: the checks, then `resize` (the model's), then the
+  // optimizer's segments and state.
+  void resize(const std::string& plugin, const std::function<std::vector<ParamResize>()>& resize);
   // Every layer's masters made whole one at a time for what reads or writes the model whole
   // (zero3 and amp keep shards; core/shard/sharding.h with_masters): gathered first (`gather`, a
   // collective: every rank calls it) and/or scattered back into the shards after (`scatter`).

@@ -8,13 +8,13 @@
 //
 //   [[plugins]]
 //   name = "pruning"
-//   mode = "mlp"               # "mlp" (the default) | "unstructured"  ("heads": not built)
+//   mode = "mlp"               # "mlp" (the default) | "heads" | "unstructured"
 //   initial_sparsity = 0.0     # s_i, in [0, final_sparsity]
 //   final_sparsity = 0.5       # s_f, in [0, 1)
 //   start_step = 100           # t0 >= 1
 //   end_step = 400             # >= start_step; end_step − start_step a multiple of every
 //   every = 50                 # Δt >= 1
-//   importance = "magnitude"   # "magnitude" | "taylor" (mode "mlp" only)
+//   importance = "magnitude"   # "magnitude" | "taylor" (modes "mlp" and "heads")
 //
 // mode = "mlp" — structured: it saves memory. Each block's MLP hidden units are ranked and the
 // least important removed through headroom.resize/1 (core's mechanism: the rows of c_fc and its
@@ -36,7 +36,11 @@
 // byte per weight, device memory of category parameters) add to it. The log says so. Needs f32
 // weights (no compute copy: amp's bf16 copies would keep the unmasked values).
 //
-// mode = "heads" (attention heads) is not built: a config error says so.
+// mode = "heads" — structured, the same for attention heads: every block keeps
+// round((1 − s_t)·NH0) of its NH0 heads (at least one), ranked by the same sums over a head's
+// q, k and v rows of attn.c_attn (weight and bias: 3·hs rows, hs = n_embd / n_head) and its hs
+// columns of attn.c_proj.weight; core removes the rest (headroom.resize/1 keep_attn_heads), and
+// the block's qkv (B, T, 3A), attention (B, NH, T, T) and output (B, T, A) shrink with them.
 //
 // State in snapshots: the widths H0, the Taylor sums, the masks, so a resume is bitwise.
 // Training thread only; no locking. Only hr_plugin_entry is exported; no C++ exception crosses
@@ -62,7 +66,7 @@
 
 namespace {
 
-enum class Mode { kMlp, kUnstructured };
+enum class Mode { kMlp, kUnstructured, kHeads };
 
 struct Settings {
   Mode mode = Mode::kMlp;
@@ -121,13 +125,13 @@ class Pruning {
         return train_begin();
       case HR_EVENT_OPTIMIZER_STEP:
         // The window of Δt steps before a pruning step.
-        if (c_.mode == Mode::kMlp && c_.taylor && in_taylor_window(info->step))
+        if (c_.mode != Mode::kUnstructured && c_.taylor && in_taylor_window(info->step))
           return accumulate_taylor();
         return HR_OK;
       case HR_EVENT_STEP_END:
         if (is_pruning_step(c_, info->step)) {
-          const hr_status st =
-              c_.mode == Mode::kMlp ? prune_mlp(info->step) : prune_unstructured(info->step);
+          const hr_status st = c_.mode == Mode::kUnstructured ? prune_unstructured(info->step)
+                                                              : prune_mlp(info->step);
           if (st != HR_OK) return st;
         }
         return c_.mode == Mode::kUnstructured ? apply_masks() : HR_OK;
@@ -227,10 +231,10 @@ class Pruning {
 
   hr_status train_begin() {
     const int32_t L = blocks();
-    if (c_.mode == Mode::kMlp) {
+    if (c_.mode != Mode::kUnstructured) {
       if (h0_.empty())  // a fresh run: the widths it began with (a resume loaded them)
         for (int32_t b = 0; b < L; ++b)
-          h0_.push_back(resize_->mlp_width(s_->host, b + 1));
+          h0_.push_back(width(b + 1));
       if (int32_t(h0_.size()) != L) return damaged("it is of a model with other blocks");
       return HR_OK;
     }
@@ -318,24 +322,80 @@ class Pruning {
     return m;
   }
 
-  // Per unit j of the block: Σ over its elements of f(w) (magnitude) or f(w·g) (taylor).
+  // What the mode prunes: MLP units or heads. How many block layer `layer` has now.
+  int32_t width(int32_t layer) const {
+    return c_.mode == Mode::kHeads ? resize_->attn_heads(s_->host, layer)
+                                   : resize_->mlp_width(s_->host, layer);
+  }
+  hr_status keep(int32_t layer, const std::vector<uint32_t>& units) const {
+    return c_.mode == Mode::kHeads
+               ? resize_->keep_attn_heads(s_->host, layer, units.data(), uint32_t(units.size()))
+               : resize_->keep_mlp_units(s_->host, layer, units.data(), uint32_t(units.size()));
+  }
+  const char* unit_name() const { return c_.mode == Mode::kHeads ? "heads" : "MLP units"; }
+
+  // |w|, or |w·g| (taylor), of every element of a parameter, on the host.
+  std::vector<float> values(const hr_tensor& t, bool with_grad) const {
+    std::vector<float> w = floats(t.data, t.dtype, t.numel);
+    if (!with_grad) return w;
+    if (!t.grad) throw std::runtime_error("no gradient for the Taylor importance");
+    const uint32_t gd = HR_HAS_FIELD(&t, hr_tensor, grad_dtype) ? t.grad_dtype : t.dtype;
+    const std::vector<float> g = floats(t.grad, gd, t.numel);
+    for (uint64_t i = 0; i < w.size(); ++i)
+      w[i] *= g[i];
+    return w;
+  }
+
+  // Per unit of the block (what the mode prunes): the sum over its elements.
   std::vector<double> unit_sums(int32_t layer, bool with_grad) const {
+    return c_.mode == Mode::kHeads ? head_sums(layer, with_grad) : mlp_sums(layer, with_grad);
+  }
+
+  // Per head h: its q, k, v rows of c_attn (3A, C) and its bias, its columns of c_proj (C, A).
+  std::vector<double> head_sums(int32_t layer, bool with_grad) const {
+    int32_t qkvw = -1, qkvb = -1, projw = -1;
+    const int32_t n = s_->layer_num_params(s_->host, layer);
+    for (int32_t i = 0; i < n; ++i) {
+      const hr_tensor t = param(layer, i);
+      const std::string name = t.name ? t.name : "";
+      if (ends_with(name, "attn.c_attn.weight")) qkvw = i;
+      if (ends_with(name, "attn.c_attn.bias")) qkvb = i;
+      if (ends_with(name, "attn.c_proj.weight")) projw = i;
+    }
+    if (qkvw < 0 || qkvb < 0 || projw < 0)
+      throw std::runtime_error("layer " + std::to_string(layer) + " has no attention to prune");
+    const hr_tensor w = param(layer, qkvw), b = param(layer, qkvb), p = param(layer, projw);
+    const uint64_t A = uint64_t(w.shape[0]) / 3, C = uint64_t(w.shape[1]);
+    const uint64_t NH = uint64_t(width(layer)), hs = A / NH;
+    const std::vector<float> a = values(w, with_grad), bb = values(b, with_grad),
+                             pp = values(p, with_grad);
+    std::vector<double> score(NH, 0.0);
+    for (uint64_t h = 0; h < NH; ++h) {
+      double s = 0.0;
+      for (uint64_t part = 0; part < 3; ++part)
+        for (uint64_t e = 0; e < hs; ++e) {
+          const uint64_t row = part * A + h * hs + e;
+          s += std::fabs(double(bb[row]));
+          for (uint64_t k = 0; k < C; ++k)
+            s += std::fabs(double(a[row * C + k]));
+        }
+      for (uint64_t r = 0; r < C; ++r)
+        for (uint64_t e = 0; e < hs; ++e)
+          s += std::fabs(double(pp[r * A + h * hs + e]));
+      score[h] = s;
+    }
+    return score;
+  }
+
+  // Per MLP unit j: its row of c_fc (H, C) and its bias, its column of c_proj (C, H).
+  std::vector<double> mlp_sums(int32_t layer, bool with_grad) const {
     const Mlp m = mlp_of(layer);
     const hr_tensor fcw = param(layer, m.fcw), fcb = param(layer, m.fcb),
                     pw = param(layer, m.projw);
     const uint64_t H = uint64_t(fcw.shape[0]), C = uint64_t(fcw.shape[1]);
     std::vector<double> score(H, 0.0);
-    auto values = [&](const hr_tensor& t) {
-      std::vector<float> w = floats(t.data, t.dtype, t.numel);
-      if (!with_grad) return w;
-      if (!t.grad) throw std::runtime_error("no gradient for the Taylor importance");
-      const uint32_t gd = HR_HAS_FIELD(&t, hr_tensor, grad_dtype) ? t.grad_dtype : t.dtype;
-      const std::vector<float> g = floats(t.grad, gd, t.numel);
-      for (uint64_t i = 0; i < w.size(); ++i)
-        w[i] *= g[i];
-      return w;
-    };
-    const std::vector<float> a = values(fcw), b = values(fcb), p = values(pw);
+    const std::vector<float> a = values(fcw, with_grad), b = values(fcb, with_grad),
+                             p = values(pw, with_grad);
     for (uint64_t j = 0; j < H; ++j) {
       double s = std::fabs(double(b[j]));
       for (uint64_t k = 0; k < C; ++k)
@@ -378,7 +438,7 @@ class Pruning {
     std::string widths;
     for (int32_t b = 0; b < L; ++b) {
       const int32_t layer = b + 1;
-      const int32_t H = resize_->mlp_width(s_->host, layer);
+      const int32_t H = width(layer);
       const int32_t H0 = h0_[size_t(b)];
       const int32_t keep_n = std::max<int32_t>(1, H0 - int32_t(std::lround(target * double(H0))));
       widths += (b ? "," : "") + std::to_string(std::min(H, keep_n));
@@ -396,7 +456,7 @@ class Pruning {
                        [&](uint32_t x, uint32_t y) { return score[x] > score[y]; });
       order.resize(size_t(keep_n));
       std::sort(order.begin(), order.end());
-      const hr_status st = resize_->keep_mlp_units(s_->host, layer, order.data(), uint32_t(keep_n));
+      const hr_status st = keep(layer, order);
       if (st != HR_OK) return st;  // the host's message stands
       removed += uint64_t(H - keep_n);
     }
@@ -407,7 +467,7 @@ class Pruning {
       return std::to_string(before.live_by_category[c] - after.live_by_category[c]);
     };
     log(HR_LOG_INFO, "step " + std::to_string(step) + ": sparsity " + fmt("%.4f", target) + ", " +
-                         std::to_string(removed) + " MLP units removed; widths now " + widths +
+                         std::to_string(removed) + " " + unit_name() + " removed; now " + widths +
                          "; live bytes down by: parameters " + down(HR_MEM_PARAMETERS) +
                          ", gradients " + down(HR_MEM_GRADIENTS) + ", optimizer " +
                          down(HR_MEM_OPTIMIZER) + " (activations from the next forward on)");
@@ -507,7 +567,7 @@ class Pruning {
   const hr_ext_tensors* tensors_;
   const hr_ext_resize* resize_;
   const hr_ext_precision* precision_;
-  std::vector<int32_t> h0_;                         // mlp: each block's width when the run began
+  std::vector<int32_t> h0_;  // mlp, heads: each block's width (heads) when the run began
   std::vector<std::vector<double>> taylor_;         // mlp, taylor: per block, per unit
   std::vector<Mask> masks_;                         // unstructured
   std::vector<std::vector<uint8_t>> loaded_masks_;  // from a snapshot, until TRAIN_BEGIN
@@ -531,7 +591,7 @@ hr_status create(const hr_host_services* s, void** instance) {
   }
   Settings c;
   char mode[32] = "mlp", importance[32] = "magnitude";
-  const char* modes = "must be \"mlp\" or \"unstructured\"";
+  const char* modes = "must be \"mlp\", \"heads\" or \"unstructured\"";
   hr_status st = s->config_string(s->host, "mode", mode, sizeof mode);
   if (st == HR_ERROR_INVALID) return s->config_error(s->host, "mode", modes);
   if (st == HR_OK) st = s->config_string(s->host, "importance", importance, sizeof importance);
@@ -551,10 +611,7 @@ hr_status create(const hr_host_services* s, void** instance) {
   } else if (m == "unstructured") {
     c.mode = Mode::kUnstructured;
   } else if (m == "heads") {
-    return s->config_error(s->host, "mode",
-                           "\"heads\" (pruning attention heads) is not built yet; use \"mlp\" "
-                           "(structured: removes MLP units and saves memory) or "
-                           "\"unstructured\"");
+    c.mode = Mode::kHeads;
   } else {
     return s->config_error(s->host, "mode", (std::string(modes) + "; got \"" + m + "\"").c_str());
   }
@@ -565,8 +622,9 @@ hr_status create(const hr_host_services* s, void** instance) {
     return s->config_error(s->host, "importance",
                            ("must be \"magnitude\" or \"taylor\"; got \"" + imp + "\"").c_str());
   }
-  if (c.taylor && c.mode != Mode::kMlp)
-    return s->config_error(s->host, "importance", "\"taylor\" applies to mode = \"mlp\" only");
+  if (c.taylor && c.mode == Mode::kUnstructured)
+    return s->config_error(s->host, "importance",
+                           "\"taylor\" applies to modes \"mlp\" and \"heads\" only");
   if (!(c.final_ >= 0.0 && c.final_ < 1.0))
     return s->config_error(s->host, "final_sparsity",
                            ("must be in [0, 1); got " + fmt("%g", c.final_)).c_str());
@@ -639,7 +697,8 @@ const hr_plugin_descriptor kDescriptor = {
     HR_ABI_VERSION,
     "pruning",
     "1.0.0",
-    "gradual magnitude pruning on Zhu & Gupta's cubic schedule: MLP units removed (saves memory) "
+    "gradual magnitude pruning on Zhu & Gupta's cubic schedule: MLP units or attention heads "
+    "removed (saves memory) "
     "or unstructured masks (saves none)",
     HR_EVENT_BIT(HR_EVENT_TRAIN_BEGIN) | HR_EVENT_BIT(HR_EVENT_OPTIMIZER_STEP) |
         HR_EVENT_BIT(HR_EVENT_STEP_END),

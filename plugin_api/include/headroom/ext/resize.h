@@ -2,7 +2,10 @@
  *
  * The mechanism the pruning plugin drives. keep_mlp_units removes hidden units of one transformer
  * block's MLP: the rows of mlp.c_fc.weight and mlp.c_fc.bias and the columns of
- * mlp.c_proj.weight (ours are (out, in), as llm.c) of every unit not kept. Everything attached to
+ * mlp.c_proj.weight (ours are (out, in), as llm.c) of every unit not kept. keep_attn_heads
+ * removes attention heads the same way: a head's q, k and v rows of attn.c_attn.weight and its
+ * bias (hs = n_embd / n_head rows in each of the three sections) and its hs columns of
+ * attn.c_proj.weight; the block's attention then runs its remaining heads. Everything attached to
  * them shrinks with them, in place of the old: the f32 masters, the compute copies (amp), the
  * gradients of either dtype, the optimizer's state (the built-in AdamW's m and v, SGD's momentum;
  * an optimizer-role plugin's through its hr_optimizer_hooks.resize) and, from the block's next
@@ -49,6 +52,11 @@ typedef struct hr_ext_resize {
    * a bad layer or list, HR_ERROR_UNSUPPORTED for a run that cannot resize (above),
    * HR_ERROR_OUT_OF_MEMORY when the smaller buffers cannot be made; each with a message. */
   hr_status (*keep_mlp_units)(hr_host* host, int32_t layer, const uint32_t* keep, uint32_t count);
+  /* Any time: block layer's attention heads now; -1 for another layer. */
+  int32_t (*attn_heads)(hr_host* host, int32_t layer);
+  /* STEP_END or TRAIN_BEGIN: keeps the `count` heads `keep` names (ascending, distinct, below
+   * its heads, count >= 1) of block `layer`; errors as keep_mlp_units'. */
+  hr_status (*keep_attn_heads)(hr_host* host, int32_t layer, const uint32_t* keep, uint32_t count);
 } hr_ext_resize;
 
 #ifdef __cplusplus
