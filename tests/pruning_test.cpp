@@ -503,6 +503,23 @@ TEST(PruningConfig, UnstructuredWithAComputeCopyIsRefused) {
   }
 }
 
+// tests/abi/plugins/plain_sgd.c takes the optimizer role with a 1.5 hr_optimizer_hooks without
+// resize: the host refuses the resize before anything changes, and says why.
+TEST(PruningConfig, AnOptimizerPluginWithoutResizeIsRefused) {
+  const std::string toml = model_toml(2) + train_toml(3) + "[[plugins]]\nname = \"plain_sgd\"\n" +
+                           "path = \"" + std::string(HEADROOM_TEST_PLUGIN_DIR) +
+                           "/plain_sgd.so\"\n" +
+                           pruning_toml("final_sparsity = 0.5\nstart_step = 2\n");
+  Trainer t(test::config_from(toml), TrainOptions{});
+  try {
+    t.run();
+    ADD_FAILURE() << "the run was expected to stop";
+  } catch (const PluginFailure& e) {
+    EXPECT_TRUE(test::contains(e.what(), "cannot resize its state")) << e.what();
+  }
+  EXPECT_EQ(t.model().config().mlp_width(0), 4 * kC);  // nothing changed
+}
+
 TEST(PruningConfig, AShardedRunIsRefusedNamingWhy) {
   const std::string toml = model_toml(2) + train_toml(3) + "[[plugins]]\nname = \"zero1\"\n" +
                            pruning_toml("final_sparsity = 0.5\nstart_step = 1\n");
