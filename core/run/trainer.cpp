@@ -723,7 +723,8 @@ void Trainer::set_loss_scale(const std::string& plugin, double scale) {
 
 namespace {
 
-// A pruned model's adds its blocks' MLP widths (an unpruned one's reads as it always did).
+// A pruned model's adds its blocks' MLP widths and heads (an unpruned one's reads as it always
+// did).
 std::string model_signature(const ModelConfig& m) {
   return "n_layer=" + std::to_string(m.n_layer) + " n_head=" + std::to_string(m.n_head) +
          " n_embd=" + std::to_string(m.n_embd) + " seq_len=" + std::to_string(m.seq_len) +

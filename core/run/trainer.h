@@ -134,8 +134,9 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   // are now, with the data position and plugin states of that moment. Returns the file.
   std::string write_snapshot(int64_t step, const std::string& data_state,
                              const std::map<std::string, std::vector<uint8_t>>& plugin_states);
-  // Before the model is built: the per-block MLP widths of a pruned model to resume (the newest
-  // snapshot's, read now and kept for resume()) or to start from ([train] init_from's file).
+  // Before the model is built: the per-block MLP widths and attention heads of a pruned model to
+  // resume (the newest snapshot's, read now and kept for resume()) or to start from ([train]
+  // init_from's file).
   void adopt_mlp_widths();
   // Loads the newest snapshot of options_.resume_dir; returns its step. At the world size and
   // sharding it was written at, each rank reads its own part, bitwise; else it is resharded.
