@@ -35,6 +35,34 @@ struct ModelConfig {
   int n_embd = 0;
   int seq_len = 0;
   int vocab_size = 0;
+  // Each block's MLP hidden width (c_fc's rows, c_proj's columns), block 0 first; empty when every
+  // block has GPT-2's 4·n_embd. Not a TOML key: a pruned model's (headroom.resize/1), carried by
+  // snapshots and weights files (`[train] init_from`), which build the model with these widths.
+  std::vector<int> mlp_hidden;
+  // Block b's MLP width: mlp_hidden[b], or 4·n_embd.
+  int mlp_width(int block) const {
+    return block >= 0 && size_t(block) < mlp_hidden.size() ? mlp_hidden[size_t(block)] : 4 * n_embd;
+  }
+  // Each block's attention heads, block 0 first; empty when every block has n_head (a pruned
+  // model's, as mlp_hidden). A block of h heads has attention width h·(n_embd / n_head).
+  std::vector<int> attn_heads;
+  int heads(int block) const {
+    return block >= 0 && size_t(block) < attn_heads.size() ? attn_heads[size_t(block)] : n_head;
+  }
+  // Block b's attention width: its heads times the head size n_embd / n_head.
+  int attn_width(int block) const { return n_head > 0 ? heads(block) * (n_embd / n_head) : 0; }
+  // Some block's MLP width is not 4·n_embd.
+  bool pruned() const {
+    for (int b = 0; b < n_layer; ++b)
+      if (mlp_width(b) != 4 * n_embd) return true;
+    return false;
+  }
+  // Some block has fewer heads than n_head.
+  bool heads_pruned() const {
+    for (int b = 0; b < n_layer; ++b)
+      if (heads(b) != n_head) return true;
+    return false;
+  }
 };
 
 struct TrainConfig {

@@ -20,6 +20,26 @@ std::vector<Buffer> make_state(Device& device, const std::vector<OptSegment>& se
   return state;
 }
 
+// Each state tensor of a shrunk parameter (ParamResize::param, a segment's index) keeps the
+// parameter's kept elements: read to the host, freed, made again at the new size.
+void resize_state(Device& device, std::vector<Buffer>& state,
+                  const std::vector<OptSegment>& segments, const std::vector<ParamResize>& changes,
+                  const char* what, Dtype dt) {
+  if (state.empty()) return;  // no step yet: allocated at the new sizes
+  Backend& ops = device.backend();
+  const size_t elem = dtype_size(dt);
+  for (const ParamResize& r : changes) {
+    Buffer& b = state.at(r.param);
+    std::vector<unsigned char> old(b.bytes()), next(segments.at(r.param).numel * elem);
+    ops.download(old.data(), b.as<void>(), old.size());
+    gather_kept(r, old.data(), next.data(), elem);
+    b.reset();
+    b = Buffer(device, next.size(), Category::kOptimizer, segments[r.param].name + " " + what);
+    ops.upload(b.as<void>(), next.data(), next.size());
+    ops.synchronize();
+  }
+}
+
 // The operands of segment k's update at `step`: its dtypes, the state's, and its rounding stream.
 Backend::Stored stored(const OptSegment& s, Dtype state, uint32_t seed, int64_t step, size_t k) {
   Backend::Stored o;
@@ -45,6 +65,13 @@ class AdamW final : public Optimizer {
           static_cast<float>(t_.beta2), static_cast<float>(t_.eps),
           p.decay ? static_cast<float>(t_.weight_decay) : 0.0f, step);
     }
+  }
+
+  bool can_resize() const override { return true; }
+  void resize(const std::vector<OptSegment>& segments,
+              const std::vector<ParamResize>& changes) override {
+    resize_state(device_, m_, segments, changes, "adamw m", state_);
+    resize_state(device_, v_, segments, changes, "adamw v", state_);
   }
 
   std::vector<StateTensor> state(const std::vector<OptSegment>& segments) override {
@@ -84,6 +111,12 @@ class Sgd final : public Optimizer {
           buf_.empty() ? nullptr : buf_[i].as<void>(), p.numel, static_cast<float>(lr),
           static_cast<float>(t_.momentum), p.decay ? static_cast<float>(t_.weight_decay) : 0.0f);
     }
+  }
+
+  bool can_resize() const override { return true; }
+  void resize(const std::vector<OptSegment>& segments,
+              const std::vector<ParamResize>& changes) override {
+    resize_state(device_, buf_, segments, changes, "sgd momentum", state_);
   }
 
   std::vector<StateTensor> state(const std::vector<OptSegment>& segments) override {

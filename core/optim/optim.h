@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,17 @@ class Optimizer {
   // Its state tensors, for snapshots; allocates them first (zeroed) if no step has yet, so that a
   // snapshot can be loaded into them. Empty for an optimizer that keeps state elsewhere.
   virtual std::vector<StateTensor> state(const std::vector<OptSegment>& segments) = 0;
+
+  // Structured pruning shrank parameters (Gpt::resize_mlp, headroom.resize/1): the state of each
+  // keeps the elements the parameter kept. `segments` are the new whole_params. Nothing to do
+  // before the state exists. std::logic_error from an optimizer that cannot (can_resize false).
+  virtual bool can_resize() const { return false; }
+  virtual void resize(const std::vector<OptSegment>& segments,
+                      const std::vector<ParamResize>& changes) {
+    (void)segments;
+    (void)changes;
+    throw std::logic_error("this optimizer cannot resize its state");
+  }
 
   // Where the stochastic rounding of bf16 weights and state starts (kernels/common/
   // elementwise.h): [train] seed's, or a snapshot's on resume. Segment k at step t draws its

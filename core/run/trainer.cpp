@@ -142,6 +142,9 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     // Sharded (a zero plugin partitioned while it was created): every layer's buffers padded to
     // a multiple of the ranks.
     // Sharded parameters (zero3): each layer is cut to its shard as soon as it is initialised.
+    // A pruned model (headroom.resize/1) is built at its widths before anything loads into it:
+    // the snapshot's it resumes from, or the weights file it starts from.
+    adopt_mlp_widths();
     std::function<void(Layer<float>&)> placed;
     if (shard_what_) {
       sharding_ = std::make_unique<Sharding>(*device_, *comm_, shard_what_, shard_persist_below_);
@@ -933,10 +936,36 @@ void Trainer::set_loss_scale(const std::string& plugin, double scale) {
 
 namespace {
 
+// A pruned model's adds its blocks' MLP widths and heads (an unpruned one's reads as it always
+// did).
 std::string model_signature(const ModelConfig& m) {
   return "n_layer=" + std::to_string(m.n_layer) + " n_head=" + std::to_string(m.n_head) +
          " n_embd=" + std::to_string(m.n_embd) + " seq_len=" + std::to_string(m.seq_len) +
-         " vocab_size=" + std::to_string(m.vocab_size);
+         " vocab_size=" + std::to_string(m.vocab_size) +
+         (m.pruned() ? " mlp_hidden=" + mlp_hidden_str(m) : "") +
+         (m.heads_pruned() ? " attn_heads=" + attn_heads_str(m) : "");
+}
+
+// The widths a signature records ("... mlp_hidden=3072,1536"); empty when it records none or
+// they do not parse as `n` positive integers.
+std::vector<int> signature_widths(const std::string& sig, int n,
+                                  const std::string& key = " mlp_hidden=") {
+  const size_t at = sig.find(key);
+  if (at == std::string::npos) return {};
+  std::vector<int> out;
+  std::string rest = sig.substr(at + key.size());
+  rest = rest.substr(0, rest.find(' '));
+  size_t pos = 0;
+  while (pos <= rest.size()) {
+    const size_t comma = std::min(rest.find(',', pos), rest.size());
+    const std::string num = rest.substr(pos, comma - pos);
+    if (num.empty() || num.size() > 9 || num.find_first_not_of("0123456789") != std::string::npos)
+      return {};
+    out.push_back(std::stoi(num));
+    if (out.back() < 1) return {};
+    pos = comma + 1;
+  }
+  return int(out.size()) == n ? out : std::vector<int>{};
 }
 
 std::vector<uint8_t> bytes_of(Backend& ops, const void* data, uint64_t bytes) {
@@ -946,6 +975,69 @@ std::vector<uint8_t> bytes_of(Backend& ops, const void* data, uint64_t bytes) {
 }
 
 }  // namespace
+
+void Trainer::adopt_mlp_widths() {
+  if (!options_.resume_dir.empty()) {
+    // Read once, here; resume() loads it. A folder without a readable snapshot is resume()'s to
+    // refuse, where it always was.
+    try {
+      resume_data_ =
+          std::make_unique<SnapshotData>(read_newest_snapshot(options_.resume_dir, &resume_path_));
+    } catch (const ConfigError&) {
+      resume_data_.reset();
+      return;
+    }
+    ModelConfig pruned = config_.model;
+    pruned.mlp_hidden = signature_widths(resume_data_->model, config_.model.n_layer);
+    pruned.attn_heads =
+        signature_widths(resume_data_->model, config_.model.n_layer, " attn_heads=");
+    // Only the widths are taken: a snapshot of another model is refused by resume().
+    if (model_signature(pruned) == resume_data_->model) {
+      config_.model.mlp_hidden = pruned.mlp_hidden;
+      config_.model.attn_heads = pruned.attn_heads;
+    }
+    return;
+  }
+  if (!config_.train.init_from.empty()) {
+    try {
+      config_.model.mlp_hidden = safetensors_mlp_widths(config_.train.init_from, config_.model);
+      config_.model.attn_heads = safetensors_attn_heads(config_.train.init_from, config_.model);
+    } catch (const ConfigError& e) {
+      throw ConfigError(config_.train.init_from_pos.str() + ": train.init_from: " + e.what());
+    }
+  }
+}
+
+void Trainer::resize_mlp(const std::string& plugin, int layer, const std::vector<uint32_t>& keep) {
+  resize(plugin, [&] { return model_->resize_mlp(layer, keep); });
+}
+
+void Trainer::resize_heads(const std::string& plugin, int layer,
+                           const std::vector<uint32_t>& keep) {
+  resize(plugin, [&] { return model_->resize_heads(layer, keep); });
+}
+
+void Trainer::resize(const std::string& plugin,
+                     const std::function<std::vector<ParamResize>()>& resize) {
+  if (!model_) throw ResizeRefused(plugin + ": the model is not built yet");
+  // The shards, the gradient buckets and the resharding of snapshots cut every layer at fixed
+  // sizes: resizing runs on one rank without a zero plugin so far.
+  if (sharding_ || comm_->world_size() > 1)
+    throw ResizeRefused(
+        "the model can be resized only on one rank without a zero plugin so far "
+        "(this run has " +
+        std::to_string(comm_->world_size()) + " rank(s)" +
+        (sharding_ ? " and shards with '" + shard_plugin_ + "'" : "") + ")");
+  if (!optimizer_->can_resize())
+    throw ResizeRefused(
+        "the optimizer-role plugin cannot resize its state (its "
+        "hr_optimizer_hooks has no resize)");
+  const std::vector<ParamResize> changes = resize();
+  segments_ = whole_params(model_->params());
+  optimizer_->resize(segments_, changes);
+  config_.model.mlp_hidden = model_->config().mlp_hidden;
+  config_.model.attn_heads = model_->config().attn_heads;
+}
 
 void Trainer::stop_interrupted(int signal, bool mid_step) {
   const int64_t stopped_in = step_;
@@ -1038,8 +1130,10 @@ std::string Trainer::write_snapshot(
 }
 
 int64_t Trainer::resume() {
-  std::string path;
-  SnapshotData d = read_newest_snapshot(options_.resume_dir, &path);
+  std::string path = resume_path_;
+  SnapshotData d =
+      resume_data_ ? std::move(*resume_data_) : read_newest_snapshot(options_.resume_dir, &path);
+  resume_data_.reset();
   auto refuse = [&](const std::string& why) {
     return ConfigError("--resume: snapshot " + path + " " + why);
   };

@@ -161,6 +161,10 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   // are now, with the data position and plugin states of that moment. Returns the file.
   std::string write_snapshot(int64_t step, const std::string& data_state,
                              const std::map<std::string, std::vector<uint8_t>>& plugin_states);
+  // Before the model is built: the per-block MLP widths and attention heads of a pruned model to
+  // resume (the newest snapshot's, read now and kept for resume()) or to start from ([train]
+  // init_from's file).
+  void adopt_mlp_widths();
   // Loads the newest snapshot of options_.resume_dir; returns its step. At the world size and
   // sharding it was written at, each rank reads its own part, bitwise; else it is resharded.
   int64_t resume();
@@ -199,6 +203,12 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   void set_partition(const std::string& plugin, uint32_t what) override;
   void set_persist_below(const std::string& plugin, uint64_t elements) override;
   Sharding* sharding() override { return sharding_.get(); }
+  void resize_mlp(const std::string& plugin, int layer, const std::vector<uint32_t>& keep) override;
+  void resize_heads(const std::string& plugin, int layer,
+                    const std::vector<uint32_t>& keep) override;
+  // What resize_mlp and resize_heads share: the checks, then `resize` (the model's), then the
+  // optimizer's segments and state.
+  void resize(const std::string& plugin, const std::function<std::vector<ParamResize>()>& resize);
   // Every layer's masters made whole one at a time for what reads or writes the model whole
   // (zero3 and amp keep shards; core/shard/sharding.h with_masters): gathered first (`gather`, a
   // collective: every rank calls it) and/or scattered back into the shards after (`scatter`).
@@ -301,6 +311,10 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   double loss_scale_ = 1.0;
   double run_start_ms_ = 0.0;
   int64_t first_step_ = 1;  // > 1 after a resume
+  // --resume: the snapshot read before the model was built (its MLP widths are the model's),
+  // which resume() then loads; its path.
+  std::unique_ptr<SnapshotData> resume_data_;
+  std::string resume_path_;
   // The newest snapshot of this run (or the one it resumed from) and its step.
   std::string snapshot_path_;
   int64_t snapshot_step_ = 0;
