@@ -834,36 +834,61 @@ void Gpt<T>::release_micro_step() {
   }
 }
 
+namespace {
+
+bool ends_with(const std::string& s, const char* tail) {
+  const size_t n = std::strlen(tail);
+  return s.size() >= n && s.compare(s.size() - n, n, tail) == 0;
+}
+
+// What a resize keeps of `count` units (MLP units, heads): ascending, distinct, below `count`, at
+// least one. std::invalid_argument naming the block and the first that is not.
+void check_kept(const std::string& block, const std::vector<uint32_t>& keep, uint32_t count,
+                const char* unit, const std::string& bound, const char* short_unit) {
+  if (keep.empty())
+    throw std::invalid_argument(block + ": keeps no " + unit + " (at least one must stay)");
+  for (size_t i = 0; i < keep.size(); ++i)
+    if (keep[i] >= count || (i > 0 && keep[i] <= keep[i - 1]))
+      throw std::invalid_argument(
+          block + ": the kept " + unit + "s must be ascending, distinct and below " + bound + " (" +
+          short_unit + " " + std::to_string(keep[i]) + " at position " + std::to_string(i) + ")");
+}
+
+// resize_mlp / resize_heads: block `layer` of `layers` (std::invalid_argument for another layer).
 template <class T>
-std::vector<ParamResize> Gpt<T>::resize_mlp(int layer, const std::vector<uint32_t>& keep) {
-  if (layer < 1 || layer > config_.n_layer)
+Block<T>& block_to_resize(const std::vector<std::unique_ptr<Layer<T>>>& layers, int n_layer,
+                          int layer) {
+  if (layer < 1 || layer > n_layer)
     throw std::invalid_argument("layer " + std::to_string(layer) +
                                 " is no transformer block (blocks are layers 1 .. " +
-                                std::to_string(config_.n_layer) + ")");
-  auto& block = static_cast<Block<T>&>(*layers_[size_t(layer)]);
-  const int H = block.hidden();
-  if (keep.empty())
-    throw std::invalid_argument(block.name() + ": keeps no MLP unit (at least one must stay)");
-  for (size_t i = 0; i < keep.size(); ++i)
-    if (keep[i] >= uint32_t(H) || (i > 0 && keep[i] <= keep[i - 1]))
-      throw std::invalid_argument(block.name() +
-                                  ": the kept MLP units must be ascending, distinct "
-                                  "and below its width " +
-                                  std::to_string(H) + " (unit " + std::to_string(keep[i]) +
-                                  " at position " + std::to_string(i) + ")");
-  size_t first = 0;  // the block's first parameter in params()
+                                std::to_string(n_layer) + ")");
+  return static_cast<Block<T>&>(*layers[size_t(layer)]);
+}
+
+// The index of layer `layer`'s first parameter in Gpt::params().
+template <class T>
+size_t first_param(const std::vector<std::unique_ptr<Layer<T>>>& layers, int layer) {
+  size_t first = 0;
   for (int l = 0; l < layer; ++l)
-    first += layers_[size_t(l)]->params().size();
+    first += layers[size_t(l)]->params().size();
+  return first;
+}
+
+}  // namespace
+
+template <class T>
+std::vector<ParamResize> Gpt<T>::resize_mlp(int layer, const std::vector<uint32_t>& keep) {
+  Block<T>& block = block_to_resize(layers_, config_.n_layer, layer);
+  const int H = block.hidden();
+  check_kept(block.name(), keep, uint32_t(H), "MLP unit", "its width " + std::to_string(H), "unit");
+  const size_t first = first_param(layers_, layer);
   const int64_t C = config_.n_embd, K = int64_t(keep.size());
   std::vector<ParamResize> out;
   const auto& ps = block.params();
   for (size_t i = 0; i < ps.size(); ++i) {
     const std::string& name = ps[i]->name;
     ParamResize r;
-    auto ends = [&](const char* tail) {
-      const size_t n = std::strlen(tail);
-      return name.size() >= n && name.compare(name.size() - n, n, tail) == 0;
-    };
+    auto ends = [&](const char* tail) { return ends_with(name, tail); };
     if (ends("mlp.c_fc.weight")) {
       r.new_shape = {K, C};
       r.axis = 0;
@@ -893,25 +918,11 @@ std::vector<ParamResize> Gpt<T>::resize_mlp(int layer, const std::vector<uint32_
 
 template <class T>
 std::vector<ParamResize> Gpt<T>::resize_heads(int layer, const std::vector<uint32_t>& keep) {
-  if (layer < 1 || layer > config_.n_layer)
-    throw std::invalid_argument("layer " + std::to_string(layer) +
-                                " is no transformer block (blocks are layers 1 .. " +
-                                std::to_string(config_.n_layer) + ")");
-  auto& block = static_cast<Block<T>&>(*layers_[size_t(layer)]);
+  Block<T>& block = block_to_resize(layers_, config_.n_layer, layer);
   const int NH = block.heads();
-  if (keep.empty())
-    throw std::invalid_argument(block.name() +
-                                ": keeps no attention head (at least one must stay)");
-  for (size_t i = 0; i < keep.size(); ++i)
-    if (keep[i] >= uint32_t(NH) || (i > 0 && keep[i] <= keep[i - 1]))
-      throw std::invalid_argument(block.name() +
-                                  ": the kept heads must be ascending, distinct and "
-                                  "below its " +
-                                  std::to_string(NH) + " heads (head " + std::to_string(keep[i]) +
-                                  " at position " + std::to_string(i) + ")");
-  size_t first = 0;
-  for (int l = 0; l < layer; ++l)
-    first += layers_[size_t(l)]->params().size();
+  check_kept(block.name(), keep, uint32_t(NH), "attention head",
+             "its " + std::to_string(NH) + " heads", "head");
+  const size_t first = first_param(layers_, layer);
   const int64_t C = config_.n_embd, hs = C / config_.n_head, A = int64_t(NH) * hs;
   const int64_t A2 = int64_t(keep.size()) * hs;
   // The kept heads' elements of one (A)-wide section: hs of them a head.
@@ -929,10 +940,7 @@ std::vector<ParamResize> Gpt<T>::resize_heads(int layer, const std::vector<uint3
   for (size_t i = 0; i < ps.size(); ++i) {
     const std::string& name = ps[i]->name;
     ParamResize r;
-    auto ends = [&](const char* tail) {
-      const size_t n = std::strlen(tail);
-      return name.size() >= n && name.compare(name.size() - n, n, tail) == 0;
-    };
+    auto ends = [&](const char* tail) { return ends_with(name, tail); };
     if (ends("attn.c_attn.weight")) {
       r.new_shape = {3 * A2, C};
       r.axis = 0;

@@ -553,29 +553,6 @@ void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAc
 
 namespace {
 
-// The entries of the header of the file at `path` (ConfigError when it cannot be read).
-std::vector<SafetensorsEntry> header_entries(const std::string& path) {
-  const std::string where = path + ": ";
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) throw ConfigError(where + "cannot open: " + errno_str());
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) throw ConfigError(where + "cannot stat: " + errno_str());
-  if (!S_ISREG(st.st_mode)) throw ConfigError(where + "is not a regular file");
-  const uint64_t file_size = uint64_t(st.st_size);
-  std::vector<uint8_t> head(std::min<uint64_t>(file_size, 8));
-  if (!pread_all(fd.get(), head.data(), head.size(), 0, path))
-    throw ConfigError(where + "the file got shorter while it was being read");
-  if (head.size() == 8) {
-    const uint64_t n = read_le64(head.data());
-    if (n <= kMaxHeaderBytes && n <= file_size - 8) {
-      head.resize(8 + n);
-      if (!pread_all(fd.get(), head.data() + 8, n, 8, path))
-        throw ConfigError(where + "the file got shorter while it was being read");
-    }
-  }
-  return parse_safetensors_header(head.data(), head.size(), file_size, path);
-}
-
 // Each block's tensor "h.<b>.<tail>" (a "transformer." prefix allowed), by block.
 std::map<int, const SafetensorsEntry*> block_tensors(const std::vector<SafetensorsEntry>& entries,
                                                      const std::string& tail, int n_layer) {
@@ -603,7 +580,7 @@ std::vector<int> safetensors_mlp_widths(const std::string& path, const ModelConf
   // for load_safetensors to refuse, naming the tensor.
   std::vector<int> widths(size_t(std::max(0, m.n_layer)), 4 * m.n_embd);
   bool pruned = false;
-  const std::vector<SafetensorsEntry> entries = header_entries(path);
+  const std::vector<SafetensorsEntry> entries = read_safetensors_header(path);
   for (const auto& [b, e] : block_tensors(entries, ".mlp.c_fc.weight", m.n_layer)) {
     if (e->shape.size() != 2 || e->shape[0] != m.n_embd || e->shape[1] < 1 ||
         e->shape[1] > int64_t(4) * m.n_embd)
@@ -620,7 +597,7 @@ std::vector<int> safetensors_attn_heads(const std::string& path, const ModelConf
   const int64_t hs = m.n_embd / m.n_head;
   std::vector<int> heads(size_t(std::max(0, m.n_layer)), m.n_head);
   bool pruned = false;
-  const std::vector<SafetensorsEntry> entries = header_entries(path);
+  const std::vector<SafetensorsEntry> entries = read_safetensors_header(path);
   for (const auto& [b, e] : block_tensors(entries, ".attn.c_attn.weight", m.n_layer)) {
     if (e->shape.size() != 2 || e->shape[0] != m.n_embd || e->shape[1] % (3 * hs) != 0 ||
         e->shape[1] < 3 * hs || e->shape[1] > 3 * int64_t(m.n_embd))

@@ -894,30 +894,40 @@ struct HostServices {
     if (!m || layer < 1 || layer > m->config().n_layer) return -1;
     return m->config().mlp_width(layer - 1);
   }
-  static hr_status keep_mlp_units(hr_host* h, int32_t layer, const uint32_t* keep, uint32_t count) {
+  // keep_mlp_units and keep_attn_heads: `resize` shrinks the block; its failures become the
+  // status the header names, with the message.
+  template <class Resize>
+  static hr_status keep_some(hr_host* h, const char* fn, const char* what, const uint32_t* keep,
+                             uint32_t count, Resize&& resize) {
     LoadedPlugin& p = plugin(h);
-    const std::string fn = HR_EXT_RESIZE " keep_mlp_units: ";
+    const std::string prefix = std::string(HR_EXT_RESIZE " ") + fn + ": ";
     if (!keep || count == 0) {
-      p.error = fn + "keep must name at least one unit";
+      p.error = prefix + "keep must name at least one " + what;
       return HR_ERROR_INVALID;
     }
     try {
-      run(h).resize_mlp(p.entry.name, layer, std::vector<uint32_t>(keep, keep + count));
+      resize(p.entry.name, std::vector<uint32_t>(keep, keep + count));
       return HR_OK;
     } catch (const std::invalid_argument& e) {
-      p.error = fn + e.what();
+      p.error = prefix + e.what();
       return HR_ERROR_INVALID;
     } catch (const ResizeRefused& e) {
-      p.error = fn + e.what();
+      p.error = prefix + e.what();
       return HR_ERROR_UNSUPPORTED;
     } catch (const OutOfMemory& e) {
       p.out_of_memory = std::current_exception();
-      p.error = fn + e.what();
+      p.error = prefix + e.what();
       return HR_ERROR_OUT_OF_MEMORY;
     } catch (const std::exception& e) {
-      p.error = fn + e.what();
+      p.error = prefix + e.what();
       return HR_ERROR;
     }
+  }
+  static hr_status keep_mlp_units(hr_host* h, int32_t layer, const uint32_t* keep, uint32_t count) {
+    return keep_some(h, "keep_mlp_units", "unit", keep, count,
+                     [&](const std::string& plugin, const std::vector<uint32_t>& k) {
+                       run(h).resize_mlp(plugin, layer, k);
+                     });
   }
 
   static int32_t attn_heads(hr_host* h, int32_t layer) {
@@ -927,29 +937,10 @@ struct HostServices {
   }
   static hr_status keep_attn_heads(hr_host* h, int32_t layer, const uint32_t* keep,
                                    uint32_t count) {
-    LoadedPlugin& p = plugin(h);
-    const std::string fn = HR_EXT_RESIZE " keep_attn_heads: ";
-    if (!keep || count == 0) {
-      p.error = fn + "keep must name at least one head";
-      return HR_ERROR_INVALID;
-    }
-    try {
-      run(h).resize_heads(p.entry.name, layer, std::vector<uint32_t>(keep, keep + count));
-      return HR_OK;
-    } catch (const std::invalid_argument& e) {
-      p.error = fn + e.what();
-      return HR_ERROR_INVALID;
-    } catch (const ResizeRefused& e) {
-      p.error = fn + e.what();
-      return HR_ERROR_UNSUPPORTED;
-    } catch (const OutOfMemory& e) {
-      p.out_of_memory = std::current_exception();
-      p.error = fn + e.what();
-      return HR_ERROR_OUT_OF_MEMORY;
-    } catch (const std::exception& e) {
-      p.error = fn + e.what();
-      return HR_ERROR;
-    }
+    return keep_some(h, "keep_attn_heads", "head", keep, count,
+                     [&](const std::string& plugin, const std::vector<uint32_t>& k) {
+                       run(h).resize_heads(plugin, layer, k);
+                     });
   }
 
   static const void* get_extension(hr_host* h, const char* id);
