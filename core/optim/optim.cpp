@@ -136,10 +136,12 @@ std::vector<OptSegment> whole_params(const std::vector<Param<float>*>& params) {
 }
 
 double grad_sum_squares(Backend& ops, const std::vector<OptSegment>& segments) {
-  double sum = 0.0;
+  // One fused reduction, one wait for the host (not one per parameter).
+  std::vector<Backend::Span> spans;
+  spans.reserve(segments.size());
   for (const OptSegment& s : segments)
-    sum += ops.sum_squares(s.grad_dtype, s.grad, s.numel);
-  return sum;
+    spans.push_back({s.grad_dtype, s.grad, s.numel});
+  return ops.sum_squares_many(spans);
 }
 
 double global_grad_norm(Backend& ops, const std::vector<Param<float>*>& params) {

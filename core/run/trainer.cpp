@@ -286,6 +286,7 @@ void Trainer::run_steps() {
       step_start_plugins_ = plugins_->save_states();
     }
     const double t0 = now_ms();
+    const uint64_t syncs0 = ops.host_syncs();
     StepRecord r;
     micro_step_ = 0;
     veto_ = false;
@@ -380,6 +381,7 @@ void Trainer::run_steps() {
       sharding_->wait();
       sharding_->check_step_end(shard_plugin_);
     }
+    r.host_syncs = ops.host_syncs() - syncs0;  // the validation below not counted
     if (val_data_ && (step_ % t.eval_every == 0 || step_ == t.steps)) {
       ops.synchronize();  // the last micro-step is done with the batch buffers
       r.evaluated = true;
@@ -1058,6 +1060,11 @@ void Trainer::log_step(const StepRecord& r) {
   if (metrics_) {
     nlohmann::json j;
     j["step"] = r.step;
+    // The first record a run writes says what computed it (the GEMM library and its kernel).
+    if (!metrics_header_written_) {
+      j["backend"] = device_->kind() + ": " + device_->backend().describe();
+      metrics_header_written_ = true;
+    }
     j["loss"] = r.loss;
     j["lr"] = r.lr;
     j["grad_norm"] = r.grad_norm;
@@ -1065,6 +1072,7 @@ void Trainer::log_step(const StepRecord& r) {
     j["tokens_per_s"] = r.tokens_per_s;
     j["data_wait_ms"] = r.data_wait_ms;
     j["comm_wait_ms"] = r.comm_wait_ms;
+    j["host_syncs"] = r.host_syncs;
     j["skipped"] = r.skipped;
     if (r.skipped) j["skip_reason"] = veto_reason_;
     j["skipped_steps"] = skipped_steps_;
