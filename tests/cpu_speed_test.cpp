@@ -3,6 +3,7 @@
 // count.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -86,6 +87,59 @@ TEST(FusedNorm, EqualsTheSumOfPerTensorSumsWithOneWait) {
   EXPECT_NEAR(fused, separate, 1e-6 * separate);
   EXPECT_EQ(fused, separate);  // the same sums, added in the same order
   EXPECT_EQ(ops.sum_squares_many({}), 0.0);
+}
+
+// Clipping folded into the update (Backend::Stored::grad_scale) against the separate pass that
+// scales the gradients first: within 1e-6, and in fact bitwise (the same f32 products).
+TEST(ClipFolded, EqualsTheSeparatePassForAdamWAndSgd) {
+  auto device = Device::create(DeviceConfig{});
+  Backend& ops = device->backend();
+  const size_t n = 50000;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> p0(n), g0(n);
+  for (size_t i = 0; i < n; ++i)
+    p0[i] = nd(rng), g0[i] = 5.0f * nd(rng);
+  const float factor = clip_factor(1234.5, 1.0);  // what the trainer passes
+  ASSERT_LT(factor, 1.0f);
+  for (const bool adamw : {true, false}) {
+    SCOPED_TRACE(adamw ? "adamw" : "sgd");
+    std::vector<float> pa = p0, ga = g0, ma(n, 0.1f), va(n, 0.2f);  // separate pass
+    std::vector<float> pb = p0, gb = g0, mb(n, 0.1f), vb(n, 0.2f);  // folded
+    Backend::Stored plain, folded;
+    folded.grad_scale = factor;
+    for (int64_t step = 1; step <= 3; ++step) {
+      ops.scale(Dtype::kF32, ga.data(), n, factor);
+      if (adamw) {
+        ops.adamw_update_stored(plain, pa.data(), ga.data(), ma.data(), va.data(), n, 1e-2f, 0.9f,
+                                0.95f, 1e-8f, 0.1f, step);
+        ops.adamw_update_stored(folded, pb.data(), gb.data(), mb.data(), vb.data(), n, 1e-2f, 0.9f,
+                                0.95f, 1e-8f, 0.1f, step);
+      } else {
+        ops.sgd_update_stored(plain, pa.data(), ga.data(), ma.data(), n, 1e-2f, 0.9f, 0.1f);
+        ops.sgd_update_stored(folded, pb.data(), gb.data(), mb.data(), n, 1e-2f, 0.9f, 0.1f);
+      }
+      ga = g0;
+    }
+    EXPECT_EQ(gb, g0);  // folded: the gradients are not touched
+    double worst = 0.0;
+    for (size_t i = 0; i < n; ++i)
+      worst = std::max(worst,
+                       std::abs(double(pa[i]) - pb[i]) / std::max(1e-30, std::abs(double(pa[i]))));
+    EXPECT_LT(worst, 1e-6);
+    EXPECT_EQ(pa, pb);
+    EXPECT_EQ(ma, mb);
+  }
+}
+
+// The built-in optimizers take the clipping factor into their update (the trainer then scales no
+// gradient); an optimizer that does not say so gets the gradients clipped in place.
+TEST(ClipFolded, BuiltInOptimizersFoldPluginsDoNot) {
+  auto device = Device::create(DeviceConfig{});
+  TrainConfig t;
+  EXPECT_TRUE(make_optimizer(t, *device)->fold_grad_scale(0.5f));
+  t.optimizer = "sgd";
+  EXPECT_TRUE(make_optimizer(t, *device)->fold_grad_scale(0.5f));
 }
 
 TEST(DeviceThreads, KeyIsReadAndChecked) {

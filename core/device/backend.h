@@ -98,6 +98,10 @@ class Backend {
     Dtype grad = Dtype::kF32;   // f32 or bf16
     Dtype state = Dtype::kF32;  // f32 or bf16
     uint32_t seed = 0;          // the step's and segment's rounding stream
+    // Gradient clipping folded into the update: the update reads grad * grad_scale (f32, one
+    // rounding: what a separate scale pass would have written), so clipping costs no pass of its
+    // own. With bf16 gradients the backends scale them in place first (bf16 rounds the product).
+    float grad_scale = 1.0f;
     // The plain f32 update: the backends hand it to adamw_update / sgd_update, bitwise theirs.
     bool all_f32() const {
       return param == Dtype::kF32 && grad == Dtype::kF32 && state == Dtype::kF32;

@@ -270,9 +270,10 @@ class CpuBackend final : public Backend {
                            uint64_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, int64_t t) override {
     if (o.all_f32())
-      return adamw_update(static_cast<float*>(param), static_cast<const float*>(grad),
-                          static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1, beta2, eps,
-                          weight_decay, t);
+      return cpu::adamw_update(static_cast<float*>(param), static_cast<const float*>(grad),
+                               static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1, beta2,
+                               eps, weight_decay, t, o.grad_scale);
+    if (o.grad_scale != 1.0f) scale(o.grad, const_cast<void*>(grad), n, o.grad_scale);
     with_stored_types(o, [&](auto w, auto g, auto st) {
       using W = decltype(w);
       using G = decltype(g);
@@ -285,8 +286,10 @@ class CpuBackend final : public Backend {
   void sgd_update_stored(const Stored& o, void* param, const void* grad, void* momentum_buf,
                          uint64_t n, float lr, float momentum, float weight_decay) override {
     if (o.all_f32())
-      return sgd_update(static_cast<float*>(param), static_cast<const float*>(grad),
-                        static_cast<float*>(momentum_buf), n, lr, momentum, weight_decay);
+      return cpu::sgd_update(static_cast<float*>(param), static_cast<const float*>(grad),
+                             static_cast<float*>(momentum_buf), n, lr, momentum, weight_decay,
+                             o.grad_scale);
+    if (o.grad_scale != 1.0f) scale(o.grad, const_cast<void*>(grad), n, o.grad_scale);
     with_stored_types(o, [&](auto w, auto g, auto st) {
       using W = decltype(w);
       using G = decltype(g);

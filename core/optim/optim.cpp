@@ -21,8 +21,11 @@ std::vector<Buffer> make_state(Device& device, const std::vector<OptSegment>& se
 }
 
 // The operands of segment k's update at `step`: its dtypes, the state's, and its rounding stream.
-Backend::Stored stored(const OptSegment& s, Dtype state, uint32_t seed, int64_t step, size_t k) {
+// grad_scale: the clipping factor folded into the update.
+Backend::Stored stored(const OptSegment& s, Dtype state, uint32_t seed, int64_t step, size_t k,
+                       float grad_scale) {
   Backend::Stored o;
+  o.grad_scale = grad_scale;
   o.param = s.value_dtype;
   o.grad = s.grad_dtype;
   o.state = state;
@@ -35,14 +38,18 @@ class AdamW final : public Optimizer {
   AdamW(const TrainConfig& t, Device& device, Dtype state) : t_(t), device_(device), state_(state) {
     rounding_seed_ = uint32_t(t.seed);
   }
+  bool fold_grad_scale(float scale) override {
+    grad_scale_ = scale;
+    return true;
+  }
   void step(const std::vector<OptSegment>& segments, double lr, int64_t step) override {
     allocate(segments);
     for (size_t i = 0; i < segments.size(); ++i) {
       const OptSegment& p = segments[i];
       device_.backend().adamw_update_stored(
-          stored(p, state_, rounding_seed_, step, i), p.value, p.grad, m_[i].as<void>(),
-          v_[i].as<void>(), p.numel, static_cast<float>(lr), static_cast<float>(t_.beta1),
-          static_cast<float>(t_.beta2), static_cast<float>(t_.eps),
+          stored(p, state_, rounding_seed_, step, i, grad_scale_), p.value, p.grad,
+          m_[i].as<void>(), v_[i].as<void>(), p.numel, static_cast<float>(lr),
+          static_cast<float>(t_.beta1), static_cast<float>(t_.beta2), static_cast<float>(t_.eps),
           p.decay ? static_cast<float>(t_.weight_decay) : 0.0f, step);
     }
   }
@@ -67,6 +74,7 @@ class AdamW final : public Optimizer {
   TrainConfig t_;
   Device& device_;
   Dtype state_;
+  float grad_scale_ = 1.0f;  // fold_grad_scale's, for the next step
   std::vector<Buffer> m_, v_;
 };
 
@@ -75,12 +83,16 @@ class Sgd final : public Optimizer {
   Sgd(const TrainConfig& t, Device& device, Dtype state) : t_(t), device_(device), state_(state) {
     rounding_seed_ = uint32_t(t.seed);
   }
+  bool fold_grad_scale(float scale) override {
+    grad_scale_ = scale;
+    return true;
+  }
   void step(const std::vector<OptSegment>& segments, double lr, int64_t step) override {
     allocate(segments);
     for (size_t i = 0; i < segments.size(); ++i) {
       const OptSegment& p = segments[i];
       device_.backend().sgd_update_stored(
-          stored(p, state_, rounding_seed_, step, i), p.value, p.grad,
+          stored(p, state_, rounding_seed_, step, i, grad_scale_), p.value, p.grad,
           buf_.empty() ? nullptr : buf_[i].as<void>(), p.numel, static_cast<float>(lr),
           static_cast<float>(t_.momentum), p.decay ? static_cast<float>(t_.weight_decay) : 0.0f);
     }
@@ -105,6 +117,7 @@ class Sgd final : public Optimizer {
   TrainConfig t_;
   Device& device_;
   Dtype state_;
+  float grad_scale_ = 1.0f;  // fold_grad_scale's, for the next step
   std::vector<Buffer> buf_;
 };
 

@@ -337,7 +337,13 @@ void Trainer::run_steps() {
     // ranks.
     r.grad_norm =
         std::sqrt(sharding_ ? sharding_->grad_sum_squares() : grad_sum_squares(ops, segments_));
-    clip_grads(ops, segments_, r.grad_norm, t.grad_clip);
+    // With nothing that could read the gradients before the update (no plugin, no listener),
+    // the built-in optimizers fold clipping into it as a scale: no pass of its own. Otherwise
+    // the gradients are clipped in place, as whatever reads them at OPTIMIZER_STEP expects.
+    const float clip = clip_factor(r.grad_norm, t.grad_clip);
+    const bool observed = plugins_->size() > 0 || !listeners_.empty();
+    if (observed || !optimizer_->fold_grad_scale(clip))
+      clip_grads(ops, segments_, r.grad_norm, t.grad_clip);
     r.lr = cur_.lr;
     cur_.grad_norm = r.grad_norm;
     // What clip_grad_norm multiplied the gradients by (optim.h), for headroom.step/1.

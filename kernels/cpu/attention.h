@@ -88,7 +88,7 @@ HEADROOM_CPU_CLONES void attention_backward(T* dqkv, T* scratch, const T* dout, 
   std::vector<std::vector<T>> extra(nt > 1 ? nt - 1 : 0);
 #pragma omp parallel num_threads(nt)
   {
-    const int tid = omp_get_thread_num();
+    const int tid = thread_num();
     T* my_scratch = scratch;
     if (tid > 0) {
       extra[tid - 1].resize(static_cast<size_t>(Tn) * Tn);

@@ -41,14 +41,14 @@ inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
   GemmTimer timer(M, N, K);  // one branch unless benchmarks turn profiling on
 #if defined(HEADROOM_GEMM_ONEDNN)
   // oneDNN runs on the calling thread's OpenMP team (single-threaded inside a parallel region).
-  if (!omp_in_parallel() && omp_get_max_threads() != threads()) omp_set_num_threads(threads());
+  if (!in_parallel() && max_threads() != threads()) omp_set_num_threads(threads());
   if (dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C,
                  ldc) != dnnl_success)
     throw std::runtime_error("dnnl_sgemm failed (M " + std::to_string(M) + ", N " +
                              std::to_string(N) + ", K " + std::to_string(K) + ")");
 #elif defined(HEADROOM_GEMM_BLIS)
   static int blis_threads = 0;
-  if (!omp_in_parallel() && blis_threads != threads())
+  if (!in_parallel() && blis_threads != threads())
     bli_thread_set_num_threads(blis_threads = threads());
   // Row-major: row stride ld, column stride 1. BLIS takes its operands non-const.
   bli_sgemm(trans_a ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE,
@@ -56,7 +56,7 @@ inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
             lda, 1, const_cast<float*>(B), ldb, 1, &beta, C, ldc, 1);
 #else
   static int openblas_threads = 0;
-  if (!omp_in_parallel() && openblas_threads != threads())
+  if (!in_parallel() && openblas_threads != threads())
     openblas_set_num_threads(openblas_threads = threads());
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

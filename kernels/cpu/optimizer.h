@@ -19,14 +19,16 @@ namespace headroom::cpu {
 template <class T>
 HEADROOM_CPU_CLONES void adamw_update(T* param, const T* grad, T* m, T* v, size_t n, float lr,
                                       float beta1, float beta2, float eps, float weight_decay,
-                                      int64_t t) {
+                                      int64_t t, T grad_scale = T(1)) {
   const double td = static_cast<double>(t);
   const T bc1 = T(1.0 - std::pow(static_cast<double>(beta1), td));
   const T bc2 = T(1.0 - std::pow(static_cast<double>(beta2), td));
   const T lrT = T(lr), b1 = T(beta1), b2 = T(beta2), epsT = T(eps), wd = T(weight_decay);
 #pragma omp parallel for schedule(static) num_threads(threads_for(n))
   for (size_t i = 0; i < n; i++) {
-    param[i] = adamw_element(param[i], grad[i], m[i], v[i], lrT, b1, b2, epsT, wd, bc1, bc2);
+    // grad_scale: clipping folded in (x 1 is exact: unclipped steps are unchanged).
+    param[i] =
+        adamw_element(param[i], grad[i] * grad_scale, m[i], v[i], lrT, b1, b2, epsT, wd, bc1, bc2);
   }
 }
 
@@ -36,17 +38,17 @@ HEADROOM_CPU_CLONES void adamw_update(T* param, const T* grad, T* m, T* v, size_
 // there is no state: param -= lr * g.
 template <class T>
 HEADROOM_CPU_CLONES void sgd_update(T* param, const T* grad, T* momentum_buf, size_t n, float lr,
-                                    float momentum, float weight_decay) {
+                                    float momentum, float weight_decay, T grad_scale = T(1)) {
   const T lrT = T(lr), mu = T(momentum), wd = T(weight_decay);
   if (momentum_buf != nullptr && momentum != 0.0f) {
 #pragma omp parallel for schedule(static) num_threads(threads_for(n))
     for (size_t i = 0; i < n; i++) {
-      param[i] = sgd_momentum_element(param[i], grad[i], momentum_buf[i], lrT, mu, wd);
+      param[i] = sgd_momentum_element(param[i], grad[i] * grad_scale, momentum_buf[i], lrT, mu, wd);
     }
   } else {
 #pragma omp parallel for schedule(static) num_threads(threads_for(n))
     for (size_t i = 0; i < n; i++) {
-      param[i] = sgd_element(param[i], grad[i], lrT, wd);
+      param[i] = sgd_element(param[i], grad[i] * grad_scale, lrT, wd);
     }
   }
 }

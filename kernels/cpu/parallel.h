@@ -9,11 +9,37 @@
 // for any thread count; only a GEMM library's own blocking may depend on it.
 #pragma once
 
+#if defined(_OPENMP)
 #include <omp.h>
+#endif
 
 #include <cstddef>
 
 namespace headroom::cpu {
+
+// OpenMP's queries, and what they are in a build without it (one thread; the pragmas are then
+// ignored): the fuzz targets compile the CPU backend without -fopenmp.
+#if defined(_OPENMP)
+inline int max_threads() {
+  return omp_get_max_threads();
+}
+inline bool in_parallel() {
+  return omp_in_parallel() != 0;
+}
+inline int thread_num() {
+  return omp_get_thread_num();
+}
+#else
+inline int max_threads() {
+  return 1;
+}
+inline bool in_parallel() {
+  return false;
+}
+inline int thread_num() {
+  return 0;
+}
+#endif
 
 // 0 until set: OpenMP's default then, OMP_NUM_THREADS or the cores available.
 inline int& threads_setting() {
@@ -24,7 +50,7 @@ inline int& threads_setting() {
 // The threads the kernels and the GEMM library use.
 inline int threads() {
   const int n = threads_setting();
-  return n > 0 ? n : omp_get_max_threads();
+  return n > 0 ? n : max_threads();
 }
 
 inline void set_threads(int n) {

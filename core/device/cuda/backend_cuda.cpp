@@ -227,21 +227,23 @@ class CudaBackend final : public Backend {
   void adamw_update(float* param, const float* grad, float* m, float* v, uint64_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int64_t t) override {
     on_device();
-    cuda::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, stream());
+    cuda::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, 1.0f,
+                       stream());
   }
   void sgd_update(float* param, const float* grad, float* momentum_buf, uint64_t n, float lr,
                   float momentum, float weight_decay) override {
     on_device();
-    cuda::sgd_update(param, grad, momentum_buf, n, lr, momentum, weight_decay, stream());
+    cuda::sgd_update(param, grad, momentum_buf, n, lr, momentum, weight_decay, 1.0f, stream());
   }
   void adamw_update_stored(const Stored& o, void* param, const void* grad, void* m, void* v,
                            uint64_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, int64_t t) override {
-    if (o.all_f32())
-      return adamw_update(static_cast<float*>(param), static_cast<const float*>(grad),
-                          static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1, beta2, eps,
-                          weight_decay, t);
     on_device();
+    if (o.all_f32())
+      return cuda::adamw_update(static_cast<float*>(param), static_cast<const float*>(grad),
+                                static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1, beta2,
+                                eps, weight_decay, t, o.grad_scale, stream());
+    if (o.grad_scale != 1.0f) scale(o.grad, const_cast<void*>(grad), n, o.grad_scale);
     with_stored_types(o, [&](auto w, auto g, auto st) {
       using W = decltype(w);
       using G = decltype(g);
@@ -253,10 +255,12 @@ class CudaBackend final : public Backend {
   }
   void sgd_update_stored(const Stored& o, void* param, const void* grad, void* momentum_buf,
                          uint64_t n, float lr, float momentum, float weight_decay) override {
-    if (o.all_f32())
-      return sgd_update(static_cast<float*>(param), static_cast<const float*>(grad),
-                        static_cast<float*>(momentum_buf), n, lr, momentum, weight_decay);
     on_device();
+    if (o.all_f32())
+      return cuda::sgd_update(static_cast<float*>(param), static_cast<const float*>(grad),
+                              static_cast<float*>(momentum_buf), n, lr, momentum, weight_decay,
+                              o.grad_scale, stream());
+    if (o.grad_scale != 1.0f) scale(o.grad, const_cast<void*>(grad), n, o.grad_scale);
     with_stored_types(o, [&](auto w, auto g, auto st) {
       using W = decltype(w);
       using G = decltype(g);
