@@ -639,6 +639,22 @@ TEST_F(CudaBackendOps, SumSquaresEveryDtype) {
   }
 }
 
+// The fused gradient norm: each span's sum as sum_squares computes it, added in order, with one
+// wait (Backend::host_syncs) for all of them.
+TEST_F(CudaBackendOps, SumSquaresManyIsThePerSpanSumsWithOneWait) {
+  std::vector<Backend::Span> spans;
+  for (const Dtype dt : kAllDtypes)
+    for (const size_t n : {size_t(70001), size_t(1), size_t(0), size_t(4096)})
+      spans.push_back({dt, to_device(normal(n, dt), dt), n});
+  double separate = 0.0;
+  for (const Backend::Span& s : spans)
+    separate += ops_->sum_squares(s.dtype, s.data, s.numel);
+  const uint64_t before = ops_->host_syncs();
+  EXPECT_EQ(ops_->sum_squares_many(spans), separate);
+  EXPECT_EQ(ops_->host_syncs() - before, 1u);
+  EXPECT_EQ(ops_->sum_squares_many({}), 0.0);
+}
+
 TEST_F(CudaBackendOps, AnyNonfiniteEveryDtype) {
   const size_t n = 100003;
   for (const Dtype dt : kAllDtypes) {

@@ -34,7 +34,7 @@ const std::vector<std::string> kDataKeys = {
     "kind",    "path",     "pattern",  "seed",        "branching",    "shuffle",
     "workers", "prefetch", "val_path", "val_pattern", "val_fraction", "tokenizer"};
 const std::vector<std::string> kSnapshotKeys = {"every", "dir", "keep", "save_weights"};
-const std::vector<std::string> kDeviceKeys = {"kind", "index", "memory_limit"};
+const std::vector<std::string> kDeviceKeys = {"kind", "index", "memory_limit", "threads"};
 const std::vector<std::string> kDistributedKeys = {"bucket_size", "timeout_s", "overlap"};
 // The host's keys of a [[plugins]] entry; every other key is the plugin's own.
 const std::vector<std::string> kPluginHostKeys = {"name", "path"};
@@ -640,6 +640,7 @@ class Validator {
       c.kind = kind;
     }
     c.index_set = get_int_as(t, s, "index", 0, kIntMax, c.index);
+    get_int_as(t, s, "threads", 0, 4096, c.threads);
     if (const toml::node* n = t.get("memory_limit")) {
       const std::string w = where(s, "memory_limit", *n);
       if (n->is_integer()) {
@@ -1064,6 +1065,7 @@ std::string format_config(const Config& c) {
   };
   const uint64_t ml = c.device.memory_limit;
   kv("memory_limit", ml == 0 ? std::string("\"none\"") : size_value(ml));
+  if (c.device.threads != 0) kv("threads", num(c.device.threads));
 
   os << "\n[snapshot]\n";
   kv("every", num(c.snapshot.every));

@@ -136,6 +136,9 @@ struct DeviceConfig {
   // its local rank.
   bool index_set = false;
   uint64_t memory_limit = 0;  // bytes; 0 = no limit
+  // The CPU backend's threads (element-wise kernels and GEMMs); 0 = OpenMP's default, which is
+  // OMP_NUM_THREADS when set, else the cores available.
+  int threads = 0;
 };
 
 // [distributed]: data parallelism across ranks (mpirun / srun). Read at every world size; used

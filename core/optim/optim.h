@@ -66,6 +66,15 @@ class Optimizer {
   uint32_t rounding_seed() const { return rounding_seed_; }
   void set_rounding_seed(uint32_t seed) { rounding_seed_ = seed; }
 
+  // Gradient clipping folded into the next step's update: it reads every gradient times `scale`
+  // (Backend::Stored::grad_scale) instead of a pass scaling them in place first. True when this
+  // optimizer does so (the built-in ones); false, and the caller scales the gradients itself,
+  // otherwise (an optimizer plugin reads the gradients as they are).
+  virtual bool fold_grad_scale(float scale) {
+    (void)scale;
+    return false;
+  }
+
  protected:
   uint32_t rounding_seed_ = 0;
 };

@@ -296,6 +296,7 @@ void Trainer::run_steps() {
       step_start_plugins_ = plugins_->save_states();
     }
     const double t0 = now_ms();
+    const uint64_t syncs0 = ops.host_syncs();
     StepRecord r;
     micro_step_ = 0;
     veto_ = false;
@@ -365,7 +366,13 @@ void Trainer::run_steps() {
     // ranks.
     r.grad_norm =
         std::sqrt(sharding_ ? sharding_->grad_sum_squares() : grad_sum_squares(ops, segments_));
-    clip_grads(ops, segments_, r.grad_norm, t.grad_clip);
+    // With nothing that could read the gradients before the update (no plugin, no listener),
+    // the built-in optimizers fold clipping into it as a scale: no pass of its own. Otherwise
+    // the gradients are clipped in place, as whatever reads them at OPTIMIZER_STEP expects.
+    const float clip = clip_factor(r.grad_norm, t.grad_clip);
+    const bool observed = plugins_->size() > 0 || !listeners_.empty();
+    if (observed || !optimizer_->fold_grad_scale(clip))
+      clip_grads(ops, segments_, r.grad_norm, t.grad_clip);
     r.lr = cur_.lr;
     cur_.grad_norm = r.grad_norm;
     // What clip_grad_norm multiplied the gradients by (optim.h), for headroom.step/1.
@@ -409,6 +416,7 @@ void Trainer::run_steps() {
       sharding_->wait();
       sharding_->check_step_end(shard_plugin_);
     }
+    r.host_syncs = ops.host_syncs() - syncs0;  // the validation below not counted
     if (val_data_ && (step_ % t.eval_every == 0 || step_ == t.steps)) {
       ops.synchronize();  // the last micro-step is done with the batch buffers
       r.evaluated = true;
@@ -1316,6 +1324,11 @@ void Trainer::log_step(const StepRecord& r) {
   if (metrics_) {
     nlohmann::json j;
     j["step"] = r.step;
+    // The first record a run writes says what computed it (the GEMM library and its kernel).
+    if (!metrics_header_written_) {
+      j["backend"] = device_->kind() + ": " + device_->backend().describe();
+      metrics_header_written_ = true;
+    }
     j["loss"] = r.loss;
     j["lr"] = r.lr;
     j["grad_norm"] = r.grad_norm;
@@ -1323,6 +1336,7 @@ void Trainer::log_step(const StepRecord& r) {
     j["tokens_per_s"] = r.tokens_per_s;
     j["data_wait_ms"] = r.data_wait_ms;
     j["comm_wait_ms"] = r.comm_wait_ms;
+    j["host_syncs"] = r.host_syncs;
     j["skipped"] = r.skipped;
     if (r.skipped) j["skip_reason"] = veto_reason_;
     j["skipped_steps"] = skipped_steps_;

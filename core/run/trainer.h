@@ -55,9 +55,12 @@ struct StepRecord {
   double data_wait_ms = 0.0;  // waiting for batches, summed over the step's micro-steps
   double comm_wait_ms = 0.0;  // world size > 1: launching what was left and waiting for the
                               // gradient buckets after the backward (what overlap did not hide)
-  bool skipped = false;       // a plugin vetoed the optimizer step
-  double loss_scale = 1.0;    // the loss scale the step's backward ran with (amp fp16)
-  bool evaluated = false;     // train.eval_every: the validation loss was measured after the step
+  // Times the host waited for the device in the step (Backend::host_syncs; the validation
+  // evaluation and snapshots after it not counted).
+  uint64_t host_syncs = 0;
+  bool skipped = false;     // a plugin vetoed the optimizer step
+  double loss_scale = 1.0;  // the loss scale the step's backward ran with (amp fp16)
+  bool evaluated = false;   // train.eval_every: the validation loss was measured after the step
   double val_loss = 0.0;
   int micro_batch = 0;  // what the step ran at (headroom.batch/1 may change it) and
   int grad_accum = 0;   // its micro-steps: micro_batch · grad_accum is the configured's
@@ -248,6 +251,7 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   int64_t best_val_step_ = 0;
   std::vector<EventListener*> listeners_;
   std::unique_ptr<AppendFile> metrics_;
+  bool metrics_header_written_ = false;  // the first record carries the backend's description
   std::vector<StepRecord> history_;
   struct Bucket {
     Buffer buffer;  // Category::kCommunication

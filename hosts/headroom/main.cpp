@@ -141,6 +141,7 @@ struct TrainFlags {
   std::string metrics, resume, save_weights, record_allocs, memory_timeline;
   int64_t timeline_step = 0;
   bool quiet = false;
+  bool verbose = false;
 };
 
 // "; wrote metrics m.jsonl, memory timeline t.html": what a run that stopped early still wrote.
@@ -201,6 +202,9 @@ int cmd_train(const std::string& file, const std::vector<std::string>& sets,
                       ? headroom::format_bytes(config.device.memory_limit).c_str()
                       : "none",
                   config.train.micro_batch, config.train.grad_accum);
+      const std::string compute = trainer->device().backend().describe();
+      if (flags.verbose && !compute.empty())
+        std::printf("headroom: %s backend: %s\n", config.device.kind.c_str(), compute.c_str());
       std::fflush(stdout);
     }
     trainer->run();
@@ -331,6 +335,8 @@ int main(int argc, char** argv) {
                    "peak)")
       ->check(CLI::Range(int64_t(1), INT64_MAX));
   train->add_flag("-q,--quiet", flags.quiet, "print nothing but errors");
+  train->add_flag("-v,--verbose", flags.verbose,
+                  "also say what computes: the backend's GEMM library, its kernel, its threads");
 
   CLI::App* plan = app.add_subcommand(
       "plan", "estimate the run's peak memory by category and what would make it fit");
