@@ -14,6 +14,7 @@
 #include "headroom/ext/estimate.h"
 #include "headroom/ext/precision.h"
 #include "headroom/ext/recompute.h"
+#include "headroom/ext/resize.h"
 #include "headroom/ext/roles.h"
 #include "headroom/ext/shard.h"
 #include "headroom/ext/state.h"
@@ -257,11 +258,14 @@ PIN(hr_allocator_stats, device_allocs, 32, 8);
 PIN(hr_allocator_stats, retries, 40, 8);
 PIN(hr_allocator_stats, ooms, 48, 8);
 
-static_assert(sizeof(hr_optimizer_hooks) == 16 && alignof(hr_optimizer_hooks) == 8);
+// resize appended (ABI 1.5, pruning): a plugin's older 16-byte struct has none.
+static_assert(sizeof(hr_optimizer_hooks) == 24 && alignof(hr_optimizer_hooks) == 8);
 PIN(hr_optimizer_hooks, struct_size, 0, 4);
 PIN(hr_optimizer_hooks, reserved0, 4, 4);
 PIN(hr_optimizer_hooks, step, 8, 8);
 PIN_TYPE(hr_optimizer_hooks, step, hr_status (*)(void*, const hr_optimizer_step_info*));
+PIN(hr_optimizer_hooks, resize, 16, 8);
+PIN_TYPE(hr_optimizer_hooks, resize, hr_status (*)(void*, const hr_resize_info*));
 
 // --- hr_plugin_descriptor ---------------------------------------------------------------------
 static_assert(alignof(hr_plugin_descriptor) == 8);
@@ -329,6 +333,7 @@ static_assert(std::is_same_v<decltype(&hr_plugin_entry), hr_plugin_entry_fn>);
 PIN_ID(HR_EXT_VM, "headroom.vm/1");
 PIN_ID(HR_EXT_PRECISION, "headroom.precision/1");
 PIN_ID(HR_EXT_RECOMPUTE, "headroom.recompute/1");
+PIN_ID(HR_EXT_RESIZE, "headroom.resize/1");
 PIN_ID(HR_EXT_TENSORS, "headroom.tensors/1");
 PIN_ID(HR_EXT_STEP, "headroom.step/1");
 PIN_ID(HR_EXT_COMM, "headroom.comm/1");
@@ -369,6 +374,30 @@ PIN(hr_ext_recompute, struct_size, 0, 4);
 PIN(hr_ext_recompute, reserved0, 4, 4);
 PIN(hr_ext_recompute, drop_activations, 8, 8);
 PIN(hr_ext_recompute, layer_activation_bytes, 16, 8);
+static_assert(sizeof(hr_ext_resize) == 40 && alignof(hr_ext_resize) == 8);
+PIN(hr_ext_resize, struct_size, 0, 4);
+PIN(hr_ext_resize, reserved0, 4, 4);
+PIN(hr_ext_resize, mlp_width, 8, 8);
+PIN(hr_ext_resize, keep_mlp_units, 16, 8);
+PIN(hr_ext_resize, attn_heads, 24, 8);
+PIN(hr_ext_resize, keep_attn_heads, 32, 8);
+PIN_TYPE(hr_ext_resize, attn_heads, int32_t (*)(hr_host*, int32_t));
+PIN_TYPE(hr_ext_resize, keep_attn_heads,
+         hr_status (*)(hr_host*, int32_t, const uint32_t*, uint32_t));
+PIN_TYPE(hr_ext_resize, mlp_width, int32_t (*)(hr_host*, int32_t));
+PIN_TYPE(hr_ext_resize, keep_mlp_units,
+         hr_status (*)(hr_host*, int32_t, const uint32_t*, uint32_t));
+static_assert(sizeof(hr_resize_info) == 168 && alignof(hr_resize_info) == 8);
+PIN(hr_resize_info, struct_size, 0, 4);
+PIN(hr_resize_info, layer, 4, 4);
+PIN(hr_resize_info, index, 8, 4);
+PIN(hr_resize_info, axis, 12, 4);
+PIN(hr_resize_info, ndim, 16, 4);
+PIN(hr_resize_info, num_keep, 20, 4);
+PIN(hr_resize_info, name, 24, 8);
+PIN(hr_resize_info, old_shape, 32, 64);
+PIN(hr_resize_info, new_shape, 96, 64);
+PIN(hr_resize_info, keep, 160, 8);
 static_assert(sizeof(hr_ext_tensors) == 40 && alignof(hr_ext_tensors) == 8);
 PIN(hr_ext_tensors, struct_size, 0, 4);
 PIN(hr_ext_tensors, reserved0, 4, 4);

@@ -376,6 +376,21 @@ TEST_F(CudaBackendOps, AttentionForward) {
   }
 }
 
+// Generation's one-query attention over a KV cache: the CPU's attention_forward row T-1.
+TEST_F(CudaBackendOps, AttentionDecode) {
+  const int T = 37, C = 48, NH = 4;
+  for (const Dtype dt : kF32AndBF16) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto qkv = normal(size_t(T) * 3 * C, dt);
+    std::vector<float> out(size_t(T) * C), att(size_t(NH) * T * T);
+    cpu::attention_forward(out.data(), att.data(), qkv.data(), 1, T, C, NH);
+    const std::vector<float> last(out.end() - C, out.end());
+    void* d_out = poisoned(size_t(C), dt);
+    ops_->attention_decode(dt, d_out, to_device(qkv, dt), T, C, NH);
+    expect_close("out", from_device(d_out, size_t(C), dt), rounded(last, dt), tol(dt));
+  }
+}
+
 TEST_F(CudaBackendOps, AttentionBackward) {
   const int B = 2, T = 19, C = 48, NH = 4;
   EXPECT_EQ(ops_->attention_scratch_numel(B, T, NH), uint64_t(NH) * T * T);
@@ -622,6 +637,22 @@ TEST_F(CudaBackendOps, SumSquaresEveryDtype) {
       }
     }
   }
+}
+
+// The fused gradient norm: each span's sum as sum_squares computes it, added in order, with one
+// wait (Backend::host_syncs) for all of them.
+TEST_F(CudaBackendOps, SumSquaresManyIsThePerSpanSumsWithOneWait) {
+  std::vector<Backend::Span> spans;
+  for (const Dtype dt : kAllDtypes)
+    for (const size_t n : {size_t(70001), size_t(1), size_t(0), size_t(4096)})
+      spans.push_back({dt, to_device(normal(n, dt), dt), n});
+  double separate = 0.0;
+  for (const Backend::Span& s : spans)
+    separate += ops_->sum_squares(s.dtype, s.data, s.numel);
+  const uint64_t before = ops_->host_syncs();
+  EXPECT_EQ(ops_->sum_squares_many(spans), separate);
+  EXPECT_EQ(ops_->host_syncs() - before, 1u);
+  EXPECT_EQ(ops_->sum_squares_many({}), 0.0);
 }
 
 TEST_F(CudaBackendOps, AnyNonfiniteEveryDtype) {

@@ -96,9 +96,15 @@ TEST(Timeline, HtmlOfARealRunIsSelfContainedWithASeriesPerCategory) {
   EXPECT_TRUE(test::contains(r.html, "memory_limit 16.00 MiB"));
   EXPECT_TRUE(test::contains(r.html, "id=\"peak-line\""));
   EXPECT_TRUE(test::contains(r.html, "class=\"step-label\""));
+  for (int i = 0; i < kNumCategories; ++i) {
+    const std::string name = category_name(category_at(i));
+    EXPECT_EQ(test::contains(r.html, "class=\"overview-series overview-" + name + "\""),
+              r.peak[i] > 0)
+        << name;
+  }
   EXPECT_TRUE(test::contains(r.html, "data-rendered=\"0\""));  // the script sets 1
   // The pointer's readout names every phase as the tracker does.
-  EXPECT_TRUE(test::contains(r.html, "\"backward of layer 2 (block 1), step 3, micro-step 2\""));
+  EXPECT_TRUE(test::contains(r.html, "backward of layer 2 (block 1), step "));
   EXPECT_FALSE(test::contains(r.html, "id=\"bucket-low\""));  // short runs are drawn point by point
 }
 
@@ -122,10 +128,20 @@ TEST(Timeline, ALongRunIsDownsampledWithoutLosingItsPeak) {
   o.memory_limit = uint64_t(128) << 20;
   const std::string html = render_timeline_html(s, o);
   EXPECT_LT(html.size(), 2000000u);
-  EXPECT_TRUE(test::contains(html, "id=\"bucket-low\""));
-  EXPECT_TRUE(test::contains(html, "peak 101.00 MiB at backward"));
+  // The overview: one column per step (each step's lowest total dashed), x in steps.
+  EXPECT_TRUE(test::contains(html, "id=\"overview-min\""));
+  EXPECT_TRUE(test::contains(html, "viewBox=\"0 0 1000.0 "));  // 1000 steps in the plot
   EXPECT_TRUE(test::contains(html, ">step 500<"));
-  EXPECT_TRUE(test::contains(html, "drawn as"));
+  // The peak's step (650: sample 12345 of 19 a step) drawn phase by phase, its peak named.
+  EXPECT_TRUE(test::contains(html, "peak 101.00 MiB at backward"));
+  EXPECT_TRUE(test::contains(html, "Step 650 at full detail (the step of the peak): 19 phases"));
+  EXPECT_FALSE(test::contains(html, "id=\"bucket-low\""));  // one step needs no downsampling
+  // Another step, asked for; one not in the run says so.
+  o.detail_step = 3;
+  EXPECT_TRUE(
+      test::contains(render_timeline_html(s, o), "Step 3 at full detail (--timeline-step)"));
+  o.detail_step = 5000;
+  EXPECT_TRUE(test::contains(render_timeline_html(s, o), "(step 5000 is not in this run)"));
 }
 
 TEST(Timeline, WrittenUpToTheFailureWhenTheRunStopsOutOfMemory) {
@@ -190,7 +206,17 @@ TEST(Timeline, RendersInHeadlessChromium) {
     }
   }
   EXPECT_TRUE(test::contains(dom, "class=\"phase-name\""));
+  // The overview's script ran: the whole run in view, its ticks drawn, the peak's step described.
+  EXPECT_TRUE(test::contains(dom, "data-overview-view=\"0.00 ")) << "the overview's script";
+  EXPECT_TRUE(test::contains(dom, "highest ")) << "the overview's readout";
   EXPECT_TRUE(test::contains(dom, "visibility=\"visible\""));  // the cursor at the peak
+
+  // Zoomed (the page's own zoom, opened through its #view=A,B link): the plot shows those columns.
+  const test::RunResult zoomed = test::run_command(
+      "(timeout 120 " + exe + flags + "--dump-dom 'file://" + r.path + "#view=1,3' 2>/dev/null)");
+  ASSERT_EQ(zoomed.exit_code, 0);
+  EXPECT_TRUE(test::contains(zoomed.output, "data-overview-view=\"1.00 3.00\""));
+  EXPECT_TRUE(test::contains(zoomed.output, "viewBox=\"1 0 2 ")) << "the plot's viewBox";
 
   const std::string png = dir + "/timeline.png";
   const test::RunResult shot =

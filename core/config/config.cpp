@@ -30,11 +30,11 @@ const std::vector<std::string> kTrainKeys = {
     "min_lr",    "weight_decay", "beta1",       "beta2",       "eps",
     "momentum",  "warmup_steps", "lr_schedule", "grad_clip",   "seed",
     "log_every", "init_from",    "eval_every",  "eval_batches"};
-const std::vector<std::string> kDataKeys = {"kind",      "path",        "pattern",     "seed",
-                                            "branching", "shuffle",     "workers",     "prefetch",
-                                            "val_path",  "val_pattern", "val_fraction"};
+const std::vector<std::string> kDataKeys = {
+    "kind",    "path",     "pattern",  "seed",        "branching",    "shuffle",
+    "workers", "prefetch", "val_path", "val_pattern", "val_fraction", "tokenizer"};
 const std::vector<std::string> kSnapshotKeys = {"every", "dir", "keep", "save_weights"};
-const std::vector<std::string> kDeviceKeys = {"kind", "index", "memory_limit"};
+const std::vector<std::string> kDeviceKeys = {"kind", "index", "memory_limit", "threads"};
 const std::vector<std::string> kDistributedKeys = {"bucket_size", "timeout_s", "overlap"};
 // The host's keys of a [[plugins]] entry; every other key is the plugin's own.
 const std::vector<std::string> kPluginHostKeys = {"name", "path"};
@@ -72,11 +72,11 @@ struct Preset {
 
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> p = {
-      {"tiny", {"tiny", 2, 4, 64, 64, 256}},
-      {"gpt2-124m", {"gpt2-124m", 12, 12, 768, 1024, 50257}},
-      {"gpt2-350m", {"gpt2-350m", 24, 16, 1024, 1024, 50257}},
-      {"gpt2-774m", {"gpt2-774m", 36, 20, 1280, 1024, 50257}},
-      {"gpt2-1558m", {"gpt2-1558m", 48, 25, 1600, 1024, 50257}},
+      {"tiny", {"tiny", 2, 4, 64, 64, 256, {}, {}}},
+      {"gpt2-124m", {"gpt2-124m", 12, 12, 768, 1024, 50257, {}, {}}},
+      {"gpt2-350m", {"gpt2-350m", 24, 16, 1024, 1024, 50257, {}, {}}},
+      {"gpt2-774m", {"gpt2-774m", 36, 20, 1280, 1024, 50257, {}, {}}},
+      {"gpt2-1558m", {"gpt2-1558m", 48, 25, 1600, 1024, 50257, {}, {}}},
   };
   return p;
 }
@@ -558,6 +558,11 @@ class Validator {
     get_bool(t, s, "shuffle", c.shuffle);
     get_int_as(t, s, "workers", 0, 64, c.workers);
     get_int_as(t, s, "prefetch", 1, 1024, c.prefetch);
+    if (get_path(t, s, "tokenizer", c.tokenizer, &c.tokenizer_pos) && c.kind != "shards")
+      throw ConfigError(where(s, "tokenizer", *t.get("tokenizer")) +
+                        ": data.tokenizer names the tokenizer that wrote llm.c shards (data.kind = "
+                        "\"shards\"); for text, write shards with `headroom shard TEXT OUTDIR "
+                        "--tokenizer FILE` and train on those");
     validation_data(t, c);
   }
 
@@ -635,6 +640,7 @@ class Validator {
       c.kind = kind;
     }
     c.index_set = get_int_as(t, s, "index", 0, kIntMax, c.index);
+    get_int_as(t, s, "threads", 0, 4096, c.threads);
     if (const toml::node* n = t.get("memory_limit")) {
       const std::string w = where(s, "memory_limit", *n);
       if (n->is_integer()) {
@@ -1043,6 +1049,7 @@ std::string format_config(const Config& c) {
   if (!c.data.val_path.empty()) kv("val_path", toml_string(c.data.val_path));
   if (!c.data.val_pattern.empty()) kv("val_pattern", toml_string(c.data.val_pattern));
   if (c.data.val_fraction > 0) kv("val_fraction", format_double(c.data.val_fraction));
+  if (!c.data.tokenizer.empty()) kv("tokenizer", toml_string(c.data.tokenizer));
 
   os << "\n[device]\n";
   kv("kind", toml_string(c.device.kind));
@@ -1058,6 +1065,7 @@ std::string format_config(const Config& c) {
   };
   const uint64_t ml = c.device.memory_limit;
   kv("memory_limit", ml == 0 ? std::string("\"none\"") : size_value(ml));
+  if (c.device.threads != 0) kv("threads", num(c.device.threads));
 
   os << "\n[snapshot]\n";
   kv("every", num(c.snapshot.every));

@@ -35,6 +35,34 @@ struct ModelConfig {
   int n_embd = 0;
   int seq_len = 0;
   int vocab_size = 0;
+  // Each block's MLP hidden width (c_fc's rows, c_proj's columns), block 0 first; empty when every
+  // block has GPT-2's 4·n_embd. Not a TOML key: a pruned model's (headroom.resize/1), carried by
+  // snapshots and weights files (`[train] init_from`), which build the model with these widths.
+  std::vector<int> mlp_hidden;
+  // Block b's MLP width: mlp_hidden[b], or 4·n_embd.
+  int mlp_width(int block) const {
+    return block >= 0 && size_t(block) < mlp_hidden.size() ? mlp_hidden[size_t(block)] : 4 * n_embd;
+  }
+  // Each block's attention heads, block 0 first; empty when every block has n_head (a pruned
+  // model's, as mlp_hidden). A block of h heads has attention width h·(n_embd / n_head).
+  std::vector<int> attn_heads;
+  int heads(int block) const {
+    return block >= 0 && size_t(block) < attn_heads.size() ? attn_heads[size_t(block)] : n_head;
+  }
+  // Block b's attention width: its heads times the head size n_embd / n_head.
+  int attn_width(int block) const { return n_head > 0 ? heads(block) * (n_embd / n_head) : 0; }
+  // Some block's MLP width is not 4·n_embd.
+  bool pruned() const {
+    for (int b = 0; b < n_layer; ++b)
+      if (mlp_width(b) != 4 * n_embd) return true;
+    return false;
+  }
+  // Some block has fewer heads than n_head.
+  bool heads_pruned() const {
+    for (int b = 0; b < n_layer; ++b)
+      if (heads(b) != n_head) return true;
+    return false;
+  }
 };
 
 struct TrainConfig {
@@ -72,7 +100,6 @@ struct DataConfig {
   int prefetch = 2;                // batches the queue holds (with workers > 0)
   uint64_t seed = 1;               // synthetic: the Markov chain and the sampling
   int branching = 4;               // synthetic: successors per token (entropy <= ln(branching))
-  SourcePos path_pos;              // where path was set, for errors about the file itself
   // Validation data (train.eval_every), at most one of: a text file (kind "text"), a glob of
   // shards (kind "shards"), or the tail of the training data held out (text and shards: that
   // fraction of its bytes or tokens is not trained on). Synthetic data validates on a stream of
@@ -81,6 +108,12 @@ struct DataConfig {
   std::string val_pattern;
   double val_fraction = 0.0;
   SourcePos val_pos;  // where the one that is set was set
+  // shards: the tokenizer that wrote them (a tokenizer.json, or a vocab.json with merges.txt
+  // beside it), resolved relative to the config file; `headroom sample` decodes with it. "" =
+  // bytes.
+  std::string tokenizer;
+  SourcePos tokenizer_pos;
+  SourcePos path_pos;  // where path was set, for errors about the file itself
 };
 
 // Training snapshots (weights, optimizer state, step, data position, plugin state) for resuming.
@@ -103,6 +136,9 @@ struct DeviceConfig {
   // its local rank.
   bool index_set = false;
   uint64_t memory_limit = 0;  // bytes; 0 = no limit
+  // The CPU backend's threads (element-wise kernels and GEMMs); 0 = OpenMP's default, which is
+  // OMP_NUM_THREADS when set, else the cores available.
+  int threads = 0;
 };
 
 // [distributed]: data parallelism across ranks (mpirun / srun). Read at every world size; used

@@ -398,12 +398,13 @@ class ShardSource final : public DataSource {
   size_t batch_order_file_ = kNone;
 };
 
-// Writes a shard header for `tokens` tokens.
-void header_bytes(uint64_t tokens, uint8_t out[kShardHeaderBytes]) {
+// Writes a shard header for `tokens` tokens of a tokenizer of `vocab` ids.
+void header_bytes(uint64_t tokens, uint32_t vocab, uint8_t out[kShardHeaderBytes]) {
   int32_t header[256] = {};
   header[0] = kShardMagic;
   header[1] = kShardVersion;
   header[2] = int32_t(tokens);
+  header[kShardVocabInt] = int32_t(vocab);
   std::memcpy(out, header, kShardHeaderBytes);
 }
 
@@ -445,6 +446,9 @@ ShardInfo validate_shard(const std::string& path, uint64_t min_tokens) {
   info.path = path;
   info.tokens = parse_shard_header(header, got, size, path);
   info.count = info.tokens;
+  int32_t vocab = 0;
+  std::memcpy(&vocab, header + 4 * kShardVocabInt, 4);
+  info.vocab_size = vocab > 0 ? uint32_t(vocab) : 0;
   if (info.tokens < min_tokens)
     throw ConfigError(path + ": holds " + std::to_string(info.tokens) +
                       " tokens, fewer than one micro-batch needs (micro_batch * seq_len + 1 = " +
@@ -473,8 +477,10 @@ std::string percent(double fraction) {
 }
 
 // The validated shards of `pattern`, sorted. `key` names the config key in messages.
+// The tokenizer data.tokenizer names is checked against the model and the shards' headers.
 std::vector<ShardInfo> find_shards(const std::string& pattern, const SourcePos& at, const char* key,
-                                   int B, int T, int world) {
+                                   const DataConfig& data, int B, int T, int vocab_size,
+                                   int world) {
   const std::string pos = at.str();
   const std::string where = (pos.empty() ? "" : pos + ": ") + key + " '" + pattern + "'";
   glob_t g;
@@ -489,10 +495,37 @@ std::vector<ShardInfo> find_shards(const std::string& pattern, const SourcePos& 
                       "data/train_*.bin)");
   if (rc != 0) throw ConfigError(where + ": glob failed (a directory could not be read)");
 
+  // The tokenizer the config says wrote the shards: its ids must fit the model, and the shards
+  // that record a vocab size must have been written by a tokenizer of that size.
+  int tokenizer_vocab = 0;
+  const std::string tokenizer_at = data.tokenizer_pos.str() + ": data.tokenizer";
+  if (!data.tokenizer.empty()) {
+    try {
+      tokenizer_vocab = load_tokenizer(data.tokenizer)->vocab_size();
+    } catch (const ConfigError& e) {
+      throw ConfigError(tokenizer_at + ": " + e.what());
+    }
+    if (tokenizer_vocab > vocab_size)
+      throw ConfigError(tokenizer_at + " has vocab_size " + std::to_string(tokenizer_vocab) +
+                        ", but model.vocab_size is " + std::to_string(vocab_size) +
+                        ": set model.vocab_size >= " + std::to_string(tokenizer_vocab));
+  }
   const uint64_t bt = uint64_t(B) * uint64_t(T);
   std::vector<ShardInfo> shards;
   for (const std::string& p : paths) {
     shards.push_back(validate_shard(p, bt + 1));
+    if (tokenizer_vocab > 0 && shards.back().vocab_size != 0 &&
+        shards.back().vocab_size != uint32_t(tokenizer_vocab))
+      throw ConfigError(tokenizer_at + " has vocab_size " + std::to_string(tokenizer_vocab) +
+                        ", but " + p + " was written by a tokenizer of vocab_size " +
+                        std::to_string(shards.back().vocab_size) +
+                        " (its header): not the same tokenizer");
+    if (shards.back().vocab_size > uint32_t(vocab_size))
+      throw ConfigError(where + ": " + p + " was written by a tokenizer of vocab_size " +
+                        std::to_string(shards.back().vocab_size) +
+                        " (its header), but model.vocab_size is " + std::to_string(vocab_size) +
+                        ": its tokens would fall outside the embedding; set model.vocab_size >= " +
+                        std::to_string(shards.back().vocab_size));
     const uint64_t need = uint64_t(world) * bt + 1;
     if (world > 1 && shards.back().tokens < need)
       throw ConfigError(
@@ -546,7 +579,7 @@ std::unique_ptr<DataSource> make_shard_source(const DataConfig& data, int B, int
   if (B < 1 || T < 1 || vocab_size < 1 || world < 1 || rank < 0 || rank >= world)
     throw std::invalid_argument("make_shard_source: bad B, T, vocab_size, rank or world");
   std::vector<ShardInfo> shards =
-      find_shards(data.pattern, data.path_pos, "data.pattern", B, T, world);
+      find_shards(data.pattern, data.path_pos, "data.pattern", data, B, T, vocab_size, world);
   if (data.val_fraction > 0) shards = split_shards(shards, data, false, B, T, world);
   return std::make_unique<ShardSource>(data.pattern, std::move(shards), B, T, vocab_size, rank,
                                        world, data.shuffle, data.seed);
@@ -560,11 +593,13 @@ std::unique_ptr<DataSource> make_shard_validation_source(const DataConfig& data,
   std::vector<ShardInfo> shards;
   std::string name;
   if (!data.val_pattern.empty()) {
-    shards = find_shards(data.val_pattern, data.val_pos, "data.val_pattern", B, T, world);
+    shards = find_shards(data.val_pattern, data.val_pos, "data.val_pattern", data, B, T, vocab_size,
+                         world);
     name = data.val_pattern;
   } else {
-    shards = split_shards(find_shards(data.pattern, data.path_pos, "data.pattern", B, T, world),
-                          data, true, B, T, world);
+    shards = split_shards(
+        find_shards(data.pattern, data.path_pos, "data.pattern", data, B, T, vocab_size, world),
+        data, true, B, T, world);
     name = data.pattern + " (the last " + percent(data.val_fraction) + ")";
   }
   return std::make_unique<ShardSource>(name, std::move(shards), B, T, vocab_size, rank, world,
@@ -572,10 +607,14 @@ std::unique_ptr<DataSource> make_shard_validation_source(const DataConfig& data,
 }
 
 std::vector<std::string> write_text_shards(const std::string& text_file, const std::string& out_dir,
-                                           uint64_t tokens_per_shard) {
+                                           uint64_t tokens_per_shard, const Tokenizer* tokenizer) {
   if (tokens_per_shard < 1 || tokens_per_shard > uint64_t(INT32_MAX))
     throw ConfigError("tokens per shard must be 1.." + std::to_string(INT32_MAX) + ", not " +
                       std::to_string(tokens_per_shard));
+  const uint32_t vocab = tokenizer ? uint32_t(tokenizer->vocab_size()) : 256;
+  if (vocab > 65536)
+    throw ConfigError(tokenizer->describe() + ": " + std::to_string(vocab) +
+                      " tokens do not fit llm.c's uint16 shards (at most 65536)");
   std::FILE* in = std::fopen(text_file.c_str(), "rb");
   if (!in) throw ConfigError(text_file + ": cannot open: " + errno_str());
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> in_guard(in, &std::fclose);
@@ -592,47 +631,66 @@ std::vector<std::string> write_text_shards(const std::string& text_file, const s
   }
 
   std::vector<std::string> paths;
-  std::vector<uint8_t> bytes(1 << 20);
-  std::vector<uint16_t> tokens(bytes.size());
   // The shard being written: complete under its name once its header holds the count, or gone.
   std::unique_ptr<AtomicFile> out;
   uint64_t in_shard = 0;
   auto finish = [&]() {
     uint8_t header[kShardHeaderBytes];
-    header_bytes(in_shard, header);
+    header_bytes(in_shard, vocab, header);
     out->write_at(0, header, sizeof header);
     out->commit();
     paths.push_back(out->path());
     out.reset();
   };
+  // Appends n tokens, starting a new shard whenever one is full.
+  auto put = [&](const uint16_t* tokens, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      if (!out) {
+        // A safe point: a stop request (interrupt.h) drops the whole set, as a failure does.
+        if (const int sig = stop_signal())
+          throw Interrupted(sig, "shard: stopped by " + signal_name(sig) +
+                                     "; the shards it had written are removed");
+        char name[32];
+        std::snprintf(name, sizeof name, "shard_%06zu.bin", paths.size());
+        out = std::make_unique<AtomicFile>(out_dir + "/" + name, "shard");
+        uint8_t header[kShardHeaderBytes];
+        header_bytes(0, vocab, header);  // the count is filled in by finish()
+        out->write(header, sizeof header);
+        in_shard = 0;
+      }
+      const size_t take = size_t(std::min<uint64_t>(n - done, tokens_per_shard - in_shard));
+      out->write(tokens + done, 2 * take);
+      done += take;
+      in_shard += take;
+      if (in_shard == tokens_per_shard) finish();
+    }
+  };
 
   try {
+    std::vector<uint8_t> bytes(1 << 20);
+    std::vector<uint16_t> tokens(bytes.size());
+    std::string text;  // with a tokenizer: the whole file, which it encodes at once
     for (;;) {
       const size_t n = std::fread(bytes.data(), 1, bytes.size(), in);
       if (n == 0 && std::ferror(in)) throw ConfigError(text_file + ": read failed: " + errno_str());
       if (n == 0) break;
-      size_t done = 0;
-      while (done < n) {
-        if (!out) {
-          // A safe point: a stop request (interrupt.h) drops the whole set, as a failure does.
-          if (const int sig = stop_signal())
-            throw Interrupted(sig, "shard: stopped by " + signal_name(sig) +
-                                       "; the shards it had written are removed");
-          char name[32];
-          std::snprintf(name, sizeof name, "shard_%06zu.bin", paths.size());
-          out = std::make_unique<AtomicFile>(out_dir + "/" + name, "shard");
-          uint8_t header[kShardHeaderBytes];
-          header_bytes(0, header);  // the count is filled in by finish()
-          out->write(header, sizeof header);
-          in_shard = 0;
-        }
-        const size_t take = size_t(std::min<uint64_t>(n - done, tokens_per_shard - in_shard));
-        for (size_t i = 0; i < take; ++i)
-          tokens[i] = bytes[done + i];
-        out->write(tokens.data(), 2 * take);
-        done += take;
-        in_shard += take;
-        if (in_shard == tokens_per_shard) finish();
+      if (tokenizer) {
+        text.append(reinterpret_cast<const char*>(bytes.data()), n);
+        continue;
+      }
+      for (size_t i = 0; i < n; ++i)
+        tokens[i] = bytes[i];
+      put(tokens.data(), n);
+    }
+    if (tokenizer) {
+      const std::vector<int32_t> ids = tokenizer->encode(text);
+      text.clear();
+      for (size_t at = 0; at < ids.size(); at += tokens.size()) {
+        const size_t n = std::min(tokens.size(), ids.size() - at);
+        for (size_t i = 0; i < n; ++i)
+          tokens[i] = uint16_t(ids[at + i]);  // < vocab <= 65536
+        put(tokens.data(), n);
       }
     }
     if (out) finish();

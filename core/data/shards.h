@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/data/bpe_tokenizer.h"
 #include "core/data/data.h"
 
 namespace headroom {
@@ -19,11 +20,16 @@ namespace headroom {
 constexpr int32_t kShardMagic = 20240520;
 constexpr int32_t kShardVersion = 1;
 constexpr size_t kShardHeaderBytes = 256 * sizeof(int32_t);
+// headroom's addition, in an int llm.c leaves 0: header int 3 holds the vocab size of the
+// tokenizer that wrote the shard (256 for bytes); 0 (llm.c's, tiktoken's shards) means unknown.
+// A run whose model.vocab_size is smaller is refused before its first step.
+constexpr int kShardVocabInt = 3;
 
 // One validated shard: path and token count.
 struct ShardInfo {
   std::string path;
   uint64_t tokens = 0;  // the file's
+  uint32_t vocab_size = 0;  // header int 3: the writing tokenizer's vocab size; 0 = unknown
   // The part a source reads: tokens first .. first + count - 1 (all of them unless
   // data.val_fraction holds out the tail of the shards).
   uint64_t first = 0;
@@ -72,12 +78,14 @@ std::unique_ptr<DataSource> make_shard_validation_source(const DataConfig& data,
                                                          int vocab_size, int rank = 0,
                                                          int world = 1);
 
-// `headroom shard TEXTFILE OUTDIR`: writes the bytes of a text file as tokens (vocab 256) into
+// `headroom shard TEXTFILE OUTDIR [--tokenizer FILE]`: writes the bytes of a text file as tokens
+// (vocab 256), or with a tokenizer its ids (the whole file read and encoded at once), into
 // OUTDIR/shard_000000.bin, shard_000001.bin, ... of at most tokens_per_shard tokens each, each
 // written to a temporary name and then renamed. Returns the paths. Bad input (unreadable or empty
 // input, cannot create OUTDIR, tokens_per_shard outside 1..2^31-1) is a ConfigError; a failed
 // write is an OutputError, and removes the shards this call wrote.
 std::vector<std::string> write_text_shards(const std::string& text_file, const std::string& out_dir,
-                                           uint64_t tokens_per_shard = 100000000);
+                                           uint64_t tokens_per_shard = 100000000,
+                                           const Tokenizer* tokenizer = nullptr);
 
 }  // namespace headroom

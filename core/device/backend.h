@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 namespace headroom {
 
@@ -68,6 +70,9 @@ class Backend {
                                   const void* qkv, const void* att, int B, int T, int C,
                                   int NH) = 0;
   virtual uint64_t attention_scratch_numel(int B, int T, int NH) const = 0;
+  // Generation with a KV cache: qkv (T,3C) holds one sequence's positions 0..T-1; out (C) is the
+  // attention of row T-1's query over all of them (attention_forward's row T-1), in O(T C).
+  virtual void attention_decode(Dtype dt, void* out, const void* qkv, int T, int C, int NH) = 0;
   // out (n) = gelu(inp), GPT-2's tanh approximation; dinp (n) += gelu'(inp) * dout
   virtual void gelu_forward(Dtype dt, void* out, const void* inp, uint64_t n) = 0;
   virtual void gelu_backward(Dtype dt, void* dinp, const void* inp, const void* dout,
@@ -96,6 +101,10 @@ class Backend {
     Dtype grad = Dtype::kF32;   // f32 or bf16
     Dtype state = Dtype::kF32;  // f32 or bf16
     uint32_t seed = 0;          // the step's and segment's rounding stream
+    // Gradient clipping folded into the update: the update reads grad * grad_scale (f32, one
+    // rounding: what a separate scale pass would have written), so clipping costs no pass of its
+    // own. With bf16 gradients the backends scale them in place first (bf16 rounds the product).
+    float grad_scale = 1.0f;
     // The plain f32 update: the backends hand it to adamw_update / sgd_update, bitwise theirs.
     bool all_f32() const {
       return param == Dtype::kF32 && grad == Dtype::kF32 && state == Dtype::kF32;
@@ -147,6 +156,16 @@ class Backend {
   virtual double sum_squares(Dtype dt, const void* x, uint64_t n) = 0;
   // Any NaN or infinity in x; waits for the result.
   virtual bool any_nonfinite(Dtype dt, const void* x, uint64_t n) = 0;
+  // One tensor of a fused reduction.
+  struct Span {
+    Dtype dtype;
+    const void* data;
+    uint64_t numel;
+  };
+  // The sum over the spans of sum_squares(span), each span's sum as sum_squares computes it and
+  // the sums added in span order (so exactly what one sum_squares call per span added up would
+  // give), with one wait for the host: the gradient norm over all gradients.
+  virtual double sum_squares_many(const std::vector<Span>& spans) = 0;
 
   // --- memory ---------------------------------------------------------------------------------
   // Device to device; the two ranges must not overlap (cudaMemcpyAsync's rule).
@@ -166,6 +185,20 @@ class Backend {
   virtual void host_free(void* ptr) = 0;
   // The compute stream as the platform knows it (cudaStream_t); nullptr on the CPU.
   virtual void* native_stream() { return nullptr; }
+  // Host synchronisations so far: every call that makes the host wait for the device (the
+  // reductions, download, synchronize), one each. The CPU backend counts the calls the CUDA
+  // backend would wait in, so a test can hold the loop to its waits without a GPU.
+  uint64_t host_syncs() const { return host_syncs_; }
+
+  // What computes: the GEMM library and its kernel, the threads ("" when there is nothing to
+  // say). `headroom train -v` prints it, the metrics' first record carries it.
+  virtual std::string describe() const { return ""; }
+
+ protected:
+  void count_host_sync() { ++host_syncs_; }
+
+ private:
+  uint64_t host_syncs_ = 0;
 };
 
 // Host staging memory from Backend::host_alloc, freed on scope exit.
@@ -182,7 +215,9 @@ class HostStaging {
   void* ptr_;
 };
 
-// The CPU reference backend (core/device/backend_cpu.cpp).
-std::unique_ptr<Backend> make_cpu_backend();
+// The CPU reference backend (core/device/backend_cpu.cpp), on `threads` threads (0: OpenMP's
+// default, OMP_NUM_THREADS or the cores available). The thread count is the process's: the
+// kernels and the GEMM library read it (kernels/cpu/parallel.h).
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
 
 }  // namespace headroom

@@ -160,6 +160,12 @@ void require_float(Dtype d, const char* op) {
 
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(int threads) { cpu::set_threads(threads); }
+  std::string describe() const override {
+    const int n = cpu::threads();
+    return "GEMM " + cpu::gemm_library() + "; " + std::to_string(n) + " thread" +
+           (n == 1 ? "" : "s") + " (OpenMP)";
+  }
   void embedding_forward(Dtype dt, void* out, const int32_t* tokens, const void* wte,
                          const void* wpe, int B, int T, int C) override {
     const uint64_t N = uint64_t(B) * T;
@@ -230,6 +236,12 @@ class CpuBackend final : public Backend {
     });
   }
   uint64_t attention_scratch_numel(int, int T, int) const override { return uint64_t(T) * T; }
+  void attention_decode(Dtype dt, void* out, const void* qkv, int T, int C, int NH) override {
+    dispatch(dt, "attention_decode", [&](auto&& a) {
+      cpu::attention_decode(a.out(out, uint64_t(C), false), a.in(qkv, uint64_t(T) * 3 * C), T, C,
+                            NH);
+    });
+  }
   void gelu_forward(Dtype dt, void* out, const void* inp, uint64_t n) override {
     dispatch(dt, "gelu_forward",
              [&](auto&& a) { cpu::gelu_forward(a.out(out, n, false), a.in(inp, n), n); });
@@ -264,9 +276,10 @@ class CpuBackend final : public Backend {
                            uint64_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, int64_t t) override {
     if (o.all_f32())
-      return adamw_update(static_cast<float*>(param), static_cast<const float*>(grad),
-                          static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1, beta2, eps,
-                          weight_decay, t);
+      return cpu::adamw_update(static_cast<float*>(param), static_cast<const float*>(grad),
+                               static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1, beta2,
+                               eps, weight_decay, t, o.grad_scale);
+    if (o.grad_scale != 1.0f) scale(o.grad, const_cast<void*>(grad), n, o.grad_scale);
     with_stored_types(o, [&](auto w, auto g, auto st) {
       using W = decltype(w);
       using G = decltype(g);
@@ -279,8 +292,10 @@ class CpuBackend final : public Backend {
   void sgd_update_stored(const Stored& o, void* param, const void* grad, void* momentum_buf,
                          uint64_t n, float lr, float momentum, float weight_decay) override {
     if (o.all_f32())
-      return sgd_update(static_cast<float*>(param), static_cast<const float*>(grad),
-                        static_cast<float*>(momentum_buf), n, lr, momentum, weight_decay);
+      return cpu::sgd_update(static_cast<float*>(param), static_cast<const float*>(grad),
+                             static_cast<float*>(momentum_buf), n, lr, momentum, weight_decay,
+                             o.grad_scale);
+    if (o.grad_scale != 1.0f) scale(o.grad, const_cast<void*>(grad), n, o.grad_scale);
     with_stored_types(o, [&](auto w, auto g, auto st) {
       using W = decltype(w);
       using G = decltype(g);
@@ -337,6 +352,26 @@ class CpuBackend final : public Backend {
       y[i] += static_cast<float>(load(x, x_dt, i));
   }
   double sum_squares(Dtype dt, const void* x, uint64_t n) override {
+    count_host_sync();
+    return sum_squares_one(dt, x, n);
+  }
+  double sum_squares_many(const std::vector<Span>& spans) override {
+    count_host_sync();
+    for (const Span& s : spans)
+      require_float(s.dtype, "sum_squares");
+    // Spans over the threads (each span's sum is one thread's, in its order), added in order.
+    std::vector<double> sums(spans.size(), 0.0);
+    const int64_t count = int64_t(spans.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(cpu::threads())
+    for (int64_t i = 0; i < count; ++i)
+      sums[size_t(i)] =
+          sum_squares_one(spans[size_t(i)].dtype, spans[size_t(i)].data, spans[size_t(i)].numel);
+    double total = 0.0;
+    for (const double s : sums)
+      total += s;
+    return total;
+  }
+  double sum_squares_one(Dtype dt, const void* x, uint64_t n) {
     require_float(dt, "sum_squares");
     if (dt == Dtype::kF32) return cpu::sum_squares(static_cast<const float*>(x), n);
     if (dt == Dtype::kF64) return cpu::sum_squares(static_cast<const double*>(x), n);
@@ -348,20 +383,32 @@ class CpuBackend final : public Backend {
     return s;
   }
   bool any_nonfinite(Dtype dt, const void* x, uint64_t n) override {
+    count_host_sync();
     require_float(dt, "nonfinite");
     for (uint64_t i = 0; i < n; ++i)
       if (!std::isfinite(load(x, dt, i))) return true;
     return false;
   }
 
-  void copy(void* dst, const void* src, uint64_t bytes) override { std::memmove(dst, src, bytes); }
-  void upload(void* dst, const void* src, uint64_t bytes) override { std::memcpy(dst, src, bytes); }
-  void download(void* dst, const void* src, uint64_t bytes) override {
+  void copy(void* dst, const void* src, uint64_t bytes) override {
+    std::memmove(dst, src, bytes);
+  }
+  void upload(void* dst, const void* src, uint64_t bytes) override {
     std::memcpy(dst, src, bytes);
   }
-  void synchronize() override {}
-  void* host_alloc(uint64_t bytes) override { return std::malloc(bytes ? bytes : 1); }
-  void host_free(void* ptr) override { std::free(ptr); }
+  void download(void* dst, const void* src, uint64_t bytes) override {
+    if (bytes > 0) count_host_sync();  // as the CUDA backend, which returns at once for 0 bytes
+    std::memcpy(dst, src, bytes);
+  }
+  void synchronize() override {
+    count_host_sync();
+  }
+  void* host_alloc(uint64_t bytes) override {
+    return std::malloc(bytes ? bytes : 1);
+  }
+  void host_free(void* ptr) override {
+    std::free(ptr);
+  }
 
  private:
   // Rows of the token table the batch can touch: up to the largest token (the kernels index
@@ -376,8 +423,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() {
-  return std::make_unique<CpuBackend>();
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
 }
 
 }  // namespace headroom

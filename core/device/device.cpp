@@ -157,7 +157,7 @@ namespace {
 // stop a run that has enough bytes free (see core/device/arena.h).
 class CpuDevice final : public Device {
  public:
-  explicit CpuDevice(uint64_t limit) : Device(limit) {
+  CpuDevice(uint64_t limit, int threads) : Device(limit), backend_(make_cpu_backend(threads)) {
     if (limit > 0) arena_ = std::make_unique<Arena>(limit);
     // Activations are allocated and freed every micro-step. Keep large blocks in the heap instead
     // of mmap/munmap-ing them each time, which would zero fresh pages on every step.
@@ -219,7 +219,7 @@ class CpuDevice final : public Device {
 
  private:
   std::unique_ptr<Arena> arena_;
-  std::unique_ptr<Backend> backend_ = make_cpu_backend();
+  std::unique_ptr<Backend> backend_;
 };
 
 }  // namespace
@@ -229,7 +229,7 @@ std::unique_ptr<Device> Device::create(const DeviceConfig& config) {
     if (config.index != 0)
       throw ConfigError("device.index = " + std::to_string(config.index) +
                         ": the cpu device has only index 0");
-    return std::make_unique<CpuDevice>(config.memory_limit);
+    return std::make_unique<CpuDevice>(config.memory_limit, config.threads);
   }
   if (config.kind == "cuda") {
     // The message names where kind was set: the config is right, the machine or build is not.

@@ -93,25 +93,32 @@ class Embedding final : public Layer<T> {
 // Transformer block, pre-LayerNorm:
 //   res1 = x + attn_proj(attention(qkv(ln_1(x))))
 //   out  = res1 + mlp_proj(gelu(fc(ln_2(res1))))
+// The MLP's hidden width H is GPT-2's 4C, and the attention's width A = NH·hs its C, unless the
+// block was pruned (ModelConfig::mlp_width and heads, Gpt::resize_mlp and resize_heads); the
+// comments say 4C and C for them.
 
 template <class T>
 class Block final : public Layer<T> {
  public:
   Block(int index, const ModelConfig& m, Device& device, const Precision& dt)
-      : Layer<T>("block " + std::to_string(index), device, dt), m_(m) {
-    const int64_t C = m.n_embd;
+      : Layer<T>("block " + std::to_string(index), device, dt),
+        m_(m),
+        H_(m.mlp_width(index)),
+        NH_(m.heads(index)),
+        A_(m.attn_width(index)) {
+    const int64_t C = m.n_embd, H = H_, A = A_;
     const std::string h = "h." + std::to_string(index) + ".";
     ln1w_ = &this->add_param(h + "ln_1.weight", {C}, false);
     ln1b_ = &this->add_param(h + "ln_1.bias", {C}, false);
-    qkvw_ = &this->add_param(h + "attn.c_attn.weight", {3 * C, C}, true);
-    qkvb_ = &this->add_param(h + "attn.c_attn.bias", {3 * C}, false);
-    projw_ = &this->add_param(h + "attn.c_proj.weight", {C, C}, true);
+    qkvw_ = &this->add_param(h + "attn.c_attn.weight", {3 * A, C}, true);
+    qkvb_ = &this->add_param(h + "attn.c_attn.bias", {3 * A}, false);
+    projw_ = &this->add_param(h + "attn.c_proj.weight", {C, A}, true);
     projb_ = &this->add_param(h + "attn.c_proj.bias", {C}, false);
     ln2w_ = &this->add_param(h + "ln_2.weight", {C}, false);
     ln2b_ = &this->add_param(h + "ln_2.bias", {C}, false);
-    fcw_ = &this->add_param(h + "mlp.c_fc.weight", {4 * C, C}, true);
-    fcb_ = &this->add_param(h + "mlp.c_fc.bias", {4 * C}, false);
-    fcprojw_ = &this->add_param(h + "mlp.c_proj.weight", {C, 4 * C}, true);
+    fcw_ = &this->add_param(h + "mlp.c_fc.weight", {H, C}, true);
+    fcb_ = &this->add_param(h + "mlp.c_fc.bias", {H}, false);
+    fcprojw_ = &this->add_param(h + "mlp.c_proj.weight", {C, H}, true);
     fcprojb_ = &this->add_param(h + "mlp.c_proj.bias", {C}, false);
   }
 
@@ -131,8 +138,16 @@ class Block final : public Layer<T> {
     fill_value<T>(d, *fcprojb_, 0);
   }
 
+  int hidden() const { return H_; }
+  void set_hidden(int H) { H_ = H; }
+  int heads() const { return NH_; }
+  void set_heads(int NH) {
+    NH_ = NH;
+    A_ = NH * (m_.n_embd / m_.n_head);
+  }
+
   void forward(const void* x, const Batch& b) override {
-    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = m_.n_head;
+    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = NH_, H = H_, A = A_;
     const uint64_t N = uint64_t(B) * Tn;
     const Dtype st = stat_dtype(this->dt_);
     Backend& ops = this->ops();
@@ -142,28 +157,28 @@ class Block final : public Layer<T> {
     ln1_ = this->save(N * C, "ln_1 (B, T, C)", true);
     ln1_mean_ = this->save(N, "ln_1 mean (B, T)", true, st);
     ln1_rstd_ = this->save(N, "ln_1 rstd (B, T)", true, st);
-    qkv_ = this->save(N * 3 * C, "qkv (B, T, 3C)");
+    qkv_ = this->save(N * 3 * A, "qkv (B, T, 3C)");
     att_ = this->save(uint64_t(B) * NH * Tn * Tn, "att (B, NH, T, T)", true);
-    atty_ = this->save(N * C, "attention out (B, T, C)", true);
+    atty_ = this->save(N * A, "attention out (B, T, C)", true);
     res1_ = this->save(N * C, "residual (B, T, C)");
     ln2_ = this->save(N * C, "ln_2 (B, T, C)", true);
     ln2_mean_ = this->save(N, "ln_2 mean (B, T)", true, st);
     ln2_rstd_ = this->save(N, "ln_2 rstd (B, T)", true, st);
-    fch_ = this->save(N * 4 * C, "fc (B, T, 4C)");
-    fch_gelu_ = this->save(N * 4 * C, "gelu (B, T, 4C)", true);
+    fch_ = this->save(N * H, "fc (B, T, 4C)");
+    fch_gelu_ = this->save(N * H, "gelu (B, T, 4C)", true);
     out_ = this->save(N * C, "out (B, T, C)");
 
     ln1_forward(x, N, C);
-    ops.matmul_forward(dt, qkv_, ln1_, qkvw_->cdata(), qkvb_->cdata(), N, C, 3 * C);
-    ops.attention_forward(dt, atty_, att_, qkv_, B, Tn, C, NH);
+    ops.matmul_forward(dt, qkv_, ln1_, qkvw_->cdata(), qkvb_->cdata(), N, C, 3 * A);
+    ops.attention_forward(dt, atty_, att_, qkv_, B, Tn, A, NH);
     // The projection is written straight into res1 and the residual added in place: no separate
     // (B, T, C) buffer for the projection, which backward does not need.
-    ops.matmul_forward(dt, res1_, atty_, projw_->cdata(), projb_->cdata(), N, C, C);
+    ops.matmul_forward(dt, res1_, atty_, projw_->cdata(), projb_->cdata(), N, A, C);
     ops.add_inplace(dt, res1_, x, N * C);
     ln2_forward(N, C);
-    ops.matmul_forward(dt, fch_, ln2_, fcw_->cdata(), fcb_->cdata(), N, C, 4 * C);
-    ops.gelu_forward(dt, fch_gelu_, fch_, N * 4 * C);
-    ops.matmul_forward(dt, out_, fch_gelu_, fcprojw_->cdata(), fcprojb_->cdata(), N, 4 * C, C);
+    ops.matmul_forward(dt, fch_, ln2_, fcw_->cdata(), fcb_->cdata(), N, C, H);
+    ops.gelu_forward(dt, fch_gelu_, fch_, N * H);
+    ops.matmul_forward(dt, out_, fch_gelu_, fcprojw_->cdata(), fcprojb_->cdata(), N, H, C);
     ops.add_inplace(dt, out_, res1_, N * C);
   }
 
@@ -171,34 +186,35 @@ class Block final : public Layer<T> {
   // forward() makes — the same kernels on the same inputs, so on the CPU bitwise the originals.
   // The GEMMs (qkv, the projections, fc) are not run again: that is the point.
   void recompute_cheap(const void* x, const Batch& b) override {
-    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = m_.n_head;
+    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = NH_, H = H_, A = A_;
     const uint64_t N = uint64_t(B) * Tn;
     const Dtype st = stat_dtype(this->dt_);
     ln1_ = this->save(N * C, "ln_1 (B, T, C)", true);
     ln1_mean_ = this->save(N, "ln_1 mean (B, T)", true, st);
     ln1_rstd_ = this->save(N, "ln_1 rstd (B, T)", true, st);
     att_ = this->save(uint64_t(B) * NH * Tn * Tn, "att (B, NH, T, T)", true);
-    atty_ = this->save(N * C, "attention out (B, T, C)", true);
+    atty_ = this->save(N * A, "attention out (B, T, C)", true);
     ln2_ = this->save(N * C, "ln_2 (B, T, C)", true);
     ln2_mean_ = this->save(N, "ln_2 mean (B, T)", true, st);
     ln2_rstd_ = this->save(N, "ln_2 rstd (B, T)", true, st);
-    fch_gelu_ = this->save(N * 4 * C, "gelu (B, T, 4C)", true);
+    fch_gelu_ = this->save(N * H, "gelu (B, T, 4C)", true);
     out_ = nullptr;  // freed by Layer::recompute; backward does not read it
 
     ln1_forward(x, N, C);
-    this->ops().attention_forward(this->dt_, atty_, att_, qkv_, B, Tn, C, NH);
+    this->ops().attention_forward(this->dt_, atty_, att_, qkv_, B, Tn, A, NH);
     ln2_forward(N, C);
-    this->ops().gelu_forward(this->dt_, fch_gelu_, fch_, N * 4 * C);
+    this->ops().gelu_forward(this->dt_, fch_gelu_, fch_, N * H);
   }
 
   void backward(void* dx, const void* dout, const void* x, const Batch& b) override {
-    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = m_.n_head;
+    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = NH_, H = H_, A = A_;
     const uint64_t N = uint64_t(B) * Tn;
     Backend& ops = this->ops();
     const Dtype dt = this->dt_;
     const uint64_t es = dtype_size(dt);
-    Buffer d4c_a = this->workspace(N * 4 * C, "dgelu (B, T, 4C)");
-    Buffer d4c_b = this->workspace(N * 4 * C, "dfc (B, T, 4C)");
+    // dgelu's buffer holds dqkv (B, T, 3C) later: a block pruned below 3C gets 3C.
+    Buffer d4c_a = this->workspace(N * std::max(H, 3 * A), "dgelu (B, T, 4C)");
+    Buffer d4c_b = this->workspace(N * H, "dfc (B, T, 4C)");
     Buffer dres1_buf = this->workspace(N * C, "dresidual (B, T, C)");
     Buffer dtmp_buf = this->workspace(N * C, "dtmp (B, T, C)");
     Buffer scratch = this->workspace(ops.attention_scratch_numel(B, Tn, NH), "attention scratch");
@@ -208,28 +224,28 @@ class Block final : public Layer<T> {
     void* dtmp = dtmp_buf.as<void>();
 
     // MLP: out = res1 + fcproj(gelu(fc(ln_2(res1))))
-    ops.fill(dt, dgelu, N * 4 * C, 0.0);
+    ops.fill(dt, dgelu, N * H, 0.0);
     ops.matmul_backward(dt, dgelu, fcprojw_->cgrad(), fcprojb_->cgrad(), dout, fch_gelu_,
-                        fcprojw_->cdata(), N, 4 * C, C);
-    ops.fill(dt, dfch, N * 4 * C, 0.0);
-    ops.gelu_backward(dt, dfch, fch_, dgelu, N * 4 * C);
+                        fcprojw_->cdata(), N, H, C);
+    ops.fill(dt, dfch, N * H, 0.0);
+    ops.gelu_backward(dt, dfch, fch_, dgelu, N * H);
     ops.fill(dt, dtmp, N * C, 0.0);
-    ops.matmul_backward(dt, dtmp, fcw_->cgrad(), fcb_->cgrad(), dfch, ln2_, fcw_->cdata(), N, C,
-                        4 * C);
+    ops.matmul_backward(dt, dtmp, fcw_->cgrad(), fcb_->cgrad(), dfch, ln2_, fcw_->cdata(), N, C, H);
     ops.copy(dres1, dout, N * C * es);  // the residual path
     ops.layernorm_backward(dt, dres1, ln2w_->cgrad(), ln2b_->cgrad(), dtmp, res1_, ln2w_->cdata(),
                            ln2_mean_, ln2_rstd_, N, C);
 
     // Attention: res1 = x + proj(attention(qkv(ln_1(x))))
     ops.fill(dt, dtmp, N * C, 0.0);
+    // dtmp (B, T, C) holds the attention output's gradient (B, T, A), A <= C.
     ops.matmul_backward(dt, dtmp, projw_->cgrad(), projb_->cgrad(), dres1, atty_, projw_->cdata(),
-                        N, C, C);
-    void* dqkv = dgelu;  // (B, T, 3C) fits in the (B, T, 4C) buffer, free again by now
-    ops.fill(dt, dqkv, N * 3 * C, 0.0);
-    ops.attention_backward(dt, dqkv, scratch.as<void>(), dtmp, qkv_, att_, B, Tn, C, NH);
+                        N, A, C);
+    void* dqkv = dgelu;  // (B, T, 3C) fits in the (B, T, max(4C, 3C)) buffer, free again by now
+    ops.fill(dt, dqkv, N * 3 * A, 0.0);
+    ops.attention_backward(dt, dqkv, scratch.as<void>(), dtmp, qkv_, att_, B, Tn, A, NH);
     ops.fill(dt, dtmp, N * C, 0.0);
     ops.matmul_backward(dt, dtmp, qkvw_->cgrad(), qkvb_->cgrad(), dqkv, ln1_, qkvw_->cdata(), N, C,
-                        3 * C);
+                        3 * A);
     ops.copy(dx, dres1, N * C * es);
     ops.layernorm_backward(dt, dx, ln1w_->cgrad(), ln1b_->cgrad(), dtmp, x, ln1w_->cdata(),
                            ln1_mean_, ln1_rstd_, N, C);
@@ -249,6 +265,9 @@ class Block final : public Layer<T> {
   }
 
   ModelConfig m_;
+  int H_;   // the MLP's hidden width
+  int NH_;  // the attention's heads
+  int A_;   // and its width, NH_ · (C / n_head)
   Param<T>*ln1w_, *ln1b_, *qkvw_, *qkvb_, *projw_, *projb_, *ln2w_, *ln2b_, *fcw_, *fcb_, *fcprojw_,
       *fcprojb_;
   void *ln1_ = nullptr, *ln1_mean_ = nullptr, *ln1_rstd_ = nullptr, *qkv_ = nullptr,
@@ -422,6 +441,108 @@ void Layer<T>::allocate_params(uint64_t ranks, bool grads) {
     ops().fill(dt_, flat_.compute.as<void>(), flat_.padded, 0.0);
   }
   if (grads) ensure_grads();
+}
+
+void gather_kept(const ParamResize& r, const void* src, void* dst, size_t elem) {
+  const auto* in = static_cast<const unsigned char*>(src);
+  auto* out = static_cast<unsigned char*>(dst);
+  if (r.old_shape.size() == 1 || r.axis == 0) {
+    // Whole rows (or elements of a vector): each kept index is one contiguous run.
+    uint64_t row = elem;
+    for (size_t d = 1; d < r.old_shape.size(); ++d)
+      row *= uint64_t(r.old_shape[d]);
+    for (size_t i = 0; i < r.keep.size(); ++i)
+      std::memcpy(out + i * row, in + uint64_t(r.keep[i]) * row, row);
+    return;
+  }
+  // Columns of a (rows, cols) matrix: the kept ones of every row.
+  const uint64_t rows = uint64_t(r.old_shape[0]), cols = uint64_t(r.old_shape[1]);
+  const uint64_t kept = r.keep.size();
+  for (uint64_t i = 0; i < rows; ++i)
+    for (uint64_t j = 0; j < kept; ++j)
+      std::memcpy(out + (i * kept + j) * elem, in + (i * cols + r.keep[j]) * elem, elem);
+}
+
+template <class T>
+void Layer<T>::shrink_params(const std::vector<ParamResize>& changes) {
+  if (flat_.padded != flat_.numel)
+    throw std::logic_error(name_ + ": a layer padded for sharding cannot be resized");
+  if (!saved_.empty())
+    throw std::logic_error(name_ + ": cannot be resized while it holds activations");
+  // The new layout: every parameter at its new size, in the same order.
+  std::vector<const ParamResize*> change(params_.size(), nullptr);
+  for (const ParamResize& r : changes) {
+    if (r.index < 0 || size_t(r.index) >= params_.size())
+      throw std::logic_error(name_ + ": no parameter " + std::to_string(r.index));
+    change[size_t(r.index)] = &r;
+  }
+  std::vector<uint64_t> new_offset(params_.size()), new_numel(params_.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    uint64_t n = params_[i]->numel;
+    if (change[i]) {
+      n = 1;
+      for (int64_t d : change[i]->new_shape)
+        n *= uint64_t(d);
+    }
+    new_offset[i] = total;
+    new_numel[i] = n;
+    total += n;
+  }
+  // Each slot the layer has now: read whole, gathered on the host into the new layout.
+  struct Slot {
+    Buffer* buffer;
+    Category category;
+    std::string what;
+    size_t elem;
+    std::vector<unsigned char> next;
+  };
+  const std::string cd = dtype_name(dt_);
+  std::vector<Slot> slots;
+  if (flat_.value)
+    slots.push_back({&flat_.value, Category::kParameters, name_ + " parameters", sizeof(T), {}});
+  if (flat_.compute)
+    slots.push_back({&flat_.compute,
+                     Category::kParameters,
+                     name_ + " parameters (" + cd + ")",
+                     dtype_size(dt_),
+                     {}});
+  if (flat_.grad)
+    slots.push_back({&flat_.grad, Category::kGradients, name_ + " gradients", sizeof(T), {}});
+  if (flat_.compute_grad)
+    slots.push_back({&flat_.compute_grad,
+                     Category::kGradients,
+                     name_ + " gradients (" + cd + ")",
+                     dtype_size(dt_),
+                     {}});
+  Backend& o = ops();
+  for (Slot& slot : slots) {
+    std::vector<unsigned char> old(flat_.numel * slot.elem);
+    o.download(old.data(), slot.buffer->template as<void>(), old.size());
+    slot.next.assign(total * slot.elem, 0);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const unsigned char* from = old.data() + params_[i]->offset * slot.elem;
+      unsigned char* to = slot.next.data() + new_offset[i] * slot.elem;
+      if (change[i]) {
+        gather_kept(*change[i], from, to, slot.elem);
+      } else {
+        std::memcpy(to, from, params_[i]->numel * slot.elem);
+      }
+    }
+    slot.buffer->reset();  // before the next is made: never both sizes at once
+  }
+  for (Slot& slot : slots) {
+    *slot.buffer = Buffer(device_, total * slot.elem, slot.category, slot.what);
+    o.upload(slot.buffer->template as<void>(), slot.next.data(), slot.next.size());
+  }
+  o.synchronize();  // the host copies go out of scope
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param<T>& p = *params_[i];
+    if (change[i]) p.shape = change[i]->new_shape;
+    p.numel = new_numel[i];
+    p.offset = new_offset[i];
+  }
+  flat_.numel = flat_.padded = total;
 }
 
 template <class T>
@@ -713,6 +834,143 @@ void Gpt<T>::release_micro_step() {
   }
 }
 
+namespace {
+
+bool ends_with(const std::string& s, const char* tail) {
+  const size_t n = std::strlen(tail);
+  return s.size() >= n && s.compare(s.size() - n, n, tail) == 0;
+}
+
+// What a resize keeps of `count` units (MLP units, heads): ascending, distinct, below `count`, at
+// least one. std::invalid_argument naming the block and the first that is not.
+void check_kept(const std::string& block, const std::vector<uint32_t>& keep, uint32_t count,
+                const char* unit, const std::string& bound, const char* short_unit) {
+  if (keep.empty())
+    throw std::invalid_argument(block + ": keeps no " + unit + " (at least one must stay)");
+  for (size_t i = 0; i < keep.size(); ++i)
+    if (keep[i] >= count || (i > 0 && keep[i] <= keep[i - 1]))
+      throw std::invalid_argument(
+          block + ": the kept " + unit + "s must be ascending, distinct and below " + bound + " (" +
+          short_unit + " " + std::to_string(keep[i]) + " at position " + std::to_string(i) + ")");
+}
+
+// resize_mlp / resize_heads: block `layer` of `layers` (std::invalid_argument for another layer).
+template <class T>
+Block<T>& block_to_resize(const std::vector<std::unique_ptr<Layer<T>>>& layers, int n_layer,
+                          int layer) {
+  if (layer < 1 || layer > n_layer)
+    throw std::invalid_argument("layer " + std::to_string(layer) +
+                                " is no transformer block (blocks are layers 1 .. " +
+                                std::to_string(n_layer) + ")");
+  return static_cast<Block<T>&>(*layers[size_t(layer)]);
+}
+
+// The index of layer `layer`'s first parameter in Gpt::params().
+template <class T>
+size_t first_param(const std::vector<std::unique_ptr<Layer<T>>>& layers, int layer) {
+  size_t first = 0;
+  for (int l = 0; l < layer; ++l)
+    first += layers[size_t(l)]->params().size();
+  return first;
+}
+
+}  // namespace
+
+template <class T>
+std::vector<ParamResize> Gpt<T>::resize_mlp(int layer, const std::vector<uint32_t>& keep) {
+  Block<T>& block = block_to_resize(layers_, config_.n_layer, layer);
+  const int H = block.hidden();
+  check_kept(block.name(), keep, uint32_t(H), "MLP unit", "its width " + std::to_string(H), "unit");
+  const size_t first = first_param(layers_, layer);
+  const int64_t C = config_.n_embd, K = int64_t(keep.size());
+  std::vector<ParamResize> out;
+  const auto& ps = block.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const std::string& name = ps[i]->name;
+    ParamResize r;
+    auto ends = [&](const char* tail) { return ends_with(name, tail); };
+    if (ends("mlp.c_fc.weight")) {
+      r.new_shape = {K, C};
+      r.axis = 0;
+    } else if (ends("mlp.c_fc.bias")) {
+      r.new_shape = {K};
+      r.axis = 0;
+    } else if (ends("mlp.c_proj.weight")) {
+      r.new_shape = {C, K};
+      r.axis = 1;
+    } else {
+      continue;
+    }
+    r.param = first + i;
+    r.layer = layer;
+    r.index = int(i);
+    r.name = name;
+    r.old_shape = ps[i]->shape;
+    r.keep = keep;
+    out.push_back(std::move(r));
+  }
+  block.shrink_params(out);
+  block.set_hidden(int(K));
+  if (config_.mlp_hidden.empty()) config_.mlp_hidden.assign(size_t(config_.n_layer), int(4 * C));
+  config_.mlp_hidden[size_t(layer - 1)] = int(K);
+  return out;
+}
+
+template <class T>
+std::vector<ParamResize> Gpt<T>::resize_heads(int layer, const std::vector<uint32_t>& keep) {
+  Block<T>& block = block_to_resize(layers_, config_.n_layer, layer);
+  const int NH = block.heads();
+  check_kept(block.name(), keep, uint32_t(NH), "attention head",
+             "its " + std::to_string(NH) + " heads", "head");
+  const size_t first = first_param(layers_, layer);
+  const int64_t C = config_.n_embd, hs = C / config_.n_head, A = int64_t(NH) * hs;
+  const int64_t A2 = int64_t(keep.size()) * hs;
+  // The kept heads' elements of one (A)-wide section: hs of them a head.
+  std::vector<uint32_t> section;
+  for (uint32_t h : keep)
+    for (int64_t e = 0; e < hs; ++e)
+      section.push_back(uint32_t(int64_t(h) * hs + e));
+  // qkv's rows are q, k, v sections of A each (the attention kernels' layout).
+  std::vector<uint32_t> qkv;
+  for (int64_t part = 0; part < 3; ++part)
+    for (uint32_t e : section)
+      qkv.push_back(uint32_t(part * A + e));
+  std::vector<ParamResize> out;
+  const auto& ps = block.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const std::string& name = ps[i]->name;
+    ParamResize r;
+    auto ends = [&](const char* tail) { return ends_with(name, tail); };
+    if (ends("attn.c_attn.weight")) {
+      r.new_shape = {3 * A2, C};
+      r.axis = 0;
+      r.keep = qkv;
+    } else if (ends("attn.c_attn.bias")) {
+      r.new_shape = {3 * A2};
+      r.axis = 0;
+      r.keep = qkv;
+    } else if (ends("attn.c_proj.weight")) {
+      r.new_shape = {C, A2};
+      r.axis = 1;
+      r.keep = section;
+    } else {
+      continue;
+    }
+    r.param = first + i;
+    r.layer = layer;
+    r.index = int(i);
+    r.name = name;
+    r.old_shape = ps[i]->shape;
+    out.push_back(std::move(r));
+  }
+  block.shrink_params(out);
+  block.set_heads(int(keep.size()));
+  if (config_.attn_heads.empty())
+    config_.attn_heads.assign(size_t(config_.n_layer), config_.n_head);
+  config_.attn_heads[size_t(layer - 1)] = int(keep.size());
+  return out;
+}
+
 template <class T>
 std::vector<Param<T>*> Gpt<T>::params() const {
   std::vector<Param<T>*> out;
@@ -735,12 +993,20 @@ template class Layer<double>;
 template class Gpt<float>;
 template class Gpt<double>;
 
+uint64_t gpt_block_params(const ModelConfig& m, int block) {
+  const uint64_t C = m.n_embd, H = uint64_t(m.mlp_width(block)), A = uint64_t(m.attn_width(block));
+  // ln_1, c_attn (3A, C) and its bias, attn c_proj (C, A) and its bias, ln_2, c_fc (H, C) and its
+  // bias, mlp c_proj (C, H) and its bias
+  return 2 * C + (3 * A * C + 3 * A) + (C * A + C) + 2 * C + (H * C + H) + (C * H + C);
+}
+
 uint64_t gpt_num_params(const ModelConfig& m) {
-  const uint64_t C = m.n_embd, L = m.n_layer;
-  // wte + wpe + per block (ln_1, c_attn, c_proj, ln_2, c_fc, mlp c_proj) + ln_f
-  const uint64_t per_block =
-      2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (4 * C * C + 4 * C) + (4 * C * C + C);
-  return uint64_t(m.vocab_size) * C + uint64_t(m.seq_len) * C + L * per_block + 2 * C;
+  const uint64_t C = m.n_embd;
+  // wte + wpe + the blocks + ln_f
+  uint64_t blocks = 0;
+  for (int b = 0; b < m.n_layer; ++b)
+    blocks += gpt_block_params(m, b);
+  return uint64_t(m.vocab_size) * C + uint64_t(m.seq_len) * C + blocks + 2 * C;
 }
 
 std::vector<ParamShape> gpt_param_shapes(const ModelConfig& m) {
@@ -750,19 +1016,20 @@ std::vector<ParamShape> gpt_param_shapes(const ModelConfig& m) {
   for (int l = 0; l < m.n_layer; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
     const int layer = l + 1;
+    const int64_t H = m.mlp_width(l), A = m.attn_width(l);
     for (const auto& [name, shape, decay] :
          std::vector<std::tuple<const char*, std::vector<int64_t>, bool>>{
              {"ln_1.weight", {C}, false},
              {"ln_1.bias", {C}, false},
-             {"attn.c_attn.weight", {3 * C, C}, true},
-             {"attn.c_attn.bias", {3 * C}, false},
-             {"attn.c_proj.weight", {C, C}, true},
+             {"attn.c_attn.weight", {3 * A, C}, true},
+             {"attn.c_attn.bias", {3 * A}, false},
+             {"attn.c_proj.weight", {C, A}, true},
              {"attn.c_proj.bias", {C}, false},
              {"ln_2.weight", {C}, false},
              {"ln_2.bias", {C}, false},
-             {"mlp.c_fc.weight", {4 * C, C}, true},
-             {"mlp.c_fc.bias", {4 * C}, false},
-             {"mlp.c_proj.weight", {C, 4 * C}, true},
+             {"mlp.c_fc.weight", {H, C}, true},
+             {"mlp.c_fc.bias", {H}, false},
+             {"mlp.c_proj.weight", {C, H}, true},
              {"mlp.c_proj.bias", {C}, false}})
       out.push_back({layer, h + name, shape, decay});
   }
@@ -771,12 +1038,14 @@ std::vector<ParamShape> gpt_param_shapes(const ModelConfig& m) {
   return out;
 }
 
-uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt) {
-  const uint64_t N = uint64_t(B) * T, C = m.n_embd;
-  // ln_1, qkv (3), attention out, residual, ln_2, fc (4), gelu (4), out: 16·N·C and the
-  // (B, NH, T, T) attention probabilities in the compute dtype; four (B, T) LayerNorm statistics
-  // in the statistics' dtype.
-  return dtype_size(dt) * (16 * N * C + uint64_t(B) * m.n_head * T * T) +
+uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt, int block) {
+  const uint64_t N = uint64_t(B) * T, C = m.n_embd, H = uint64_t(m.mlp_width(block));
+  const uint64_t A = uint64_t(m.attn_width(block));
+  // ln_1, residual, ln_2, out: 4·N·C; qkv (3) and attention out: 4·N·A; fc and gelu: 2·N·H
+  // (16·N·C unpruned); the (B, NH, T, T) attention probabilities of its heads in the compute
+  // dtype; four (B, T) LayerNorm statistics in the statistics' dtype.
+  return dtype_size(dt) *
+             (4 * N * C + 4 * N * A + 2 * N * H + uint64_t(B) * m.heads(block) * T * T) +
          dtype_size(stat_dtype(dt)) * 4 * N;
 }
 

@@ -111,6 +111,21 @@ struct Param {
   Dtype weights_dtype() const { return flat->value ? dtype_of<T>() : compute_dtype; }
 };
 
+// One parameter shrunk along one axis (structured pruning, headroom.resize/1): the elements
+// `keep` names along `axis` stay, in order; everything else of it goes.
+struct ParamResize {
+  size_t param = 0;  // its index in Gpt::params() (and in whole_params' segments)
+  int layer = 0;     // its layer, and its index there (layer_param's)
+  int index = 0;
+  std::string name;
+  std::vector<int64_t> old_shape, new_shape;
+  int axis = 0;                // 0: rows (the first dimension); 1: columns (the last, of a matrix)
+  std::vector<uint32_t> keep;  // ascending, within old_shape[axis]
+};
+// Copies the kept part of a row-major tensor of `old_shape` (1 or 2 dimensions) with elements of
+// `elem` bytes from `src` to `dst` (new_shape's elements).
+void gather_kept(const ParamResize& r, const void* src, void* dst, size_t elem);
+
 // One tensor a layer keeps from forward for backward.
 struct SavedActivation {
   Buffer buffer;
@@ -168,6 +183,13 @@ class Layer {
   void allocate_compute();
   Dtype compute_dtype() const { return dt_; }
   const Precision& precision() const { return precision_; }
+  // Shrinks the parameters `changes` names (their `index`) to their new_shape, keeping the
+  // elements each names; the others move to their new offsets. Every slot the layer has (masters,
+  // compute copy, gradients of either dtype) is read to the host, freed, and made again at the
+  // new size in its category — so the device never holds both sizes — with the kept elements.
+  // Whole layers only: std::logic_error for one padded for sharding, or while it holds
+  // activations.
+  void shrink_params(const std::vector<ParamResize>& changes);
 
   // Tensors are device memory of the compute dtype.
   // input (B, T, C) is the previous layer's output (unused by the embedding). Saves what backward
@@ -313,6 +335,18 @@ class Gpt {
   // An abandoned micro-step (out of memory): its activations, and the compute-dtype gradients a
   // half-done backward made (amp's fp32 accumulation; the step's own bf16 gradients stay).
   void release_micro_step();
+  // Structured pruning of block `layer`'s MLP (layers 1 .. n_layer): keeps the hidden units
+  // `keep` names (ascending, distinct, within its width, at least one) — their rows of
+  // mlp.c_fc.weight and mlp.c_fc.bias, their columns of mlp.c_proj.weight — and removes the
+  // rest from every slot (Layer::shrink_params). The block computes with the new width from its
+  // next forward on; config().mlp_hidden says it. Returns what changed, for the optimizer's
+  // state. std::invalid_argument for a bad layer or `keep`; std::logic_error for a sharded layer
+  // or one that holds activations.
+  std::vector<ParamResize> resize_mlp(int layer, const std::vector<uint32_t>& keep);
+  // The same for block `layer`'s attention heads: keeps the heads `keep` names — their q, k and v
+  // rows of attn.c_attn.weight and its bias, their columns of attn.c_proj.weight — so the block's
+  // attention width becomes count · (n_embd / n_head); config().attn_heads says it.
+  std::vector<ParamResize> resize_heads(int layer, const std::vector<uint32_t>& keep);
 
   const ModelConfig& config() const { return config_; }
   Device& device() const { return device_; }
@@ -353,6 +387,9 @@ struct ParamShape {
 std::vector<ParamShape> gpt_param_shapes(const ModelConfig& m);
 // Bytes of activations one transformer block saves for a (B, T) micro-batch in compute dtype `dt`
 // (its LayerNorm statistics in stat_dtype(dt)).
-uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt);
+// Block `block`'s, at its MLP width (ModelConfig::mlp_width); block 0 when not given.
+uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt, int block = 0);
+// Elements of block `block`'s parameters at its MLP width.
+uint64_t gpt_block_params(const ModelConfig& m, int block);
 
 }  // namespace headroom

@@ -359,6 +359,12 @@ void save_safetensors(const std::string& path, const Gpt<float>& model,
   nlohmann::ordered_json header;
   header["__metadata__"]["format"] = "pt";
   header["__metadata__"]["producer"] = "headroom";
+  // A pruned model's widths (headroom.resize/1), for readers that build the model first: the
+  // shapes say the same.
+  if (model.config().pruned())
+    header["__metadata__"]["mlp_hidden"] = mlp_hidden_str(model.config());
+  if (model.config().heads_pruned())
+    header["__metadata__"]["attn_heads"] = attn_heads_str(model.config());
   uint64_t offset = 0;
   for (const Param<float>* p : params) {
     nlohmann::ordered_json& t = header[p->name];
@@ -401,6 +407,28 @@ void save_safetensors(const std::string& path, const Gpt<float>& model,
     out.write(src, 4 * p->numel);
   }
   out.commit();
+}
+
+std::vector<SafetensorsEntry> read_safetensors_header(const std::string& path) {
+  const std::string where = path + ": ";
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw ConfigError(where + "cannot open: " + errno_str());
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw ConfigError(where + "cannot stat: " + errno_str());
+  if (!S_ISREG(st.st_mode)) throw ConfigError(where + "is not a regular file");
+  const uint64_t file_size = uint64_t(st.st_size);
+  std::vector<uint8_t> head(std::min<uint64_t>(file_size, 8));
+  if (!pread_all(fd.get(), head.data(), head.size(), 0, path))
+    throw ConfigError(where + "the file got shorter while it was being read");
+  if (head.size() == 8) {
+    const uint64_t n = read_le64(head.data());
+    if (n <= kMaxHeaderBytes && n <= file_size - 8) {
+      head.resize(8 + n);
+      if (!pread_all(fd.get(), head.data() + 8, n, 8, path))
+        throw ConfigError(where + "the file got shorter while it was being read");
+    }
+  }
+  return parse_safetensors_header(head.data(), head.size(), file_size, path);
 }
 
 void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAccess& access) {
@@ -521,6 +549,77 @@ void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAc
     }
   }
   model.sync_compute_params();
+}
+
+namespace {
+
+// Each block's tensor "h.<b>.<tail>" (a "transformer." prefix allowed), by block.
+std::map<int, const SafetensorsEntry*> block_tensors(const std::vector<SafetensorsEntry>& entries,
+                                                     const std::string& tail, int n_layer) {
+  std::map<int, const SafetensorsEntry*> out;
+  for (const SafetensorsEntry& e : entries) {
+    const std::string prefix = "transformer.";
+    const std::string name =
+        e.name.compare(0, prefix.size(), prefix) == 0 ? e.name.substr(prefix.size()) : e.name;
+    if (name.size() <= 2 + tail.size() || name.compare(0, 2, "h.") != 0 ||
+        name.compare(name.size() - tail.size(), tail.size(), tail) != 0)
+      continue;
+    const std::string num = name.substr(2, name.size() - 2 - tail.size());
+    if (num.empty() || num.size() > 6 || num.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    const int b = std::stoi(num);
+    if (b < n_layer) out[b] = &e;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<int> safetensors_mlp_widths(const std::string& path, const ModelConfig& m) {
+  // Block b's c_fc weight is (C, H) in the Hugging Face layout: H is its width. Anything else is
+  // for load_safetensors to refuse, naming the tensor.
+  std::vector<int> widths(size_t(std::max(0, m.n_layer)), 4 * m.n_embd);
+  bool pruned = false;
+  const std::vector<SafetensorsEntry> entries = read_safetensors_header(path);
+  for (const auto& [b, e] : block_tensors(entries, ".mlp.c_fc.weight", m.n_layer)) {
+    if (e->shape.size() != 2 || e->shape[0] != m.n_embd || e->shape[1] < 1 ||
+        e->shape[1] > int64_t(4) * m.n_embd)
+      continue;
+    widths[size_t(b)] = int(e->shape[1]);
+    pruned |= e->shape[1] != int64_t(4) * m.n_embd;
+  }
+  return pruned ? widths : std::vector<int>{};
+}
+
+std::vector<int> safetensors_attn_heads(const std::string& path, const ModelConfig& m) {
+  // Block b's c_attn weight is (C, 3·A) in the Hugging Face layout, A = heads · (C / n_head).
+  if (m.n_head < 1 || m.n_embd % m.n_head != 0) return {};
+  const int64_t hs = m.n_embd / m.n_head;
+  std::vector<int> heads(size_t(std::max(0, m.n_layer)), m.n_head);
+  bool pruned = false;
+  const std::vector<SafetensorsEntry> entries = read_safetensors_header(path);
+  for (const auto& [b, e] : block_tensors(entries, ".attn.c_attn.weight", m.n_layer)) {
+    if (e->shape.size() != 2 || e->shape[0] != m.n_embd || e->shape[1] % (3 * hs) != 0 ||
+        e->shape[1] < 3 * hs || e->shape[1] > 3 * int64_t(m.n_embd))
+      continue;
+    heads[size_t(b)] = int(e->shape[1] / (3 * hs));
+    pruned |= heads[size_t(b)] != m.n_head;
+  }
+  return pruned ? heads : std::vector<int>{};
+}
+
+std::string attn_heads_str(const ModelConfig& m) {
+  std::string s;
+  for (int b = 0; b < m.n_layer; ++b)
+    s += (b ? "," : "") + std::to_string(m.heads(b));
+  return s;
+}
+
+std::string mlp_hidden_str(const ModelConfig& m) {
+  std::string s;
+  for (int b = 0; b < m.n_layer; ++b)
+    s += (b ? "," : "") + std::to_string(m.mlp_width(b));
+  return s;
 }
 
 }  // namespace headroom

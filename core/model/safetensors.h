@@ -31,6 +31,10 @@ struct SafetensorsEntry {
 std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* data, size_t size,
                                                        uint64_t file_size, const std::string& file);
 
+// The header of the safetensors file `path`, parsed and validated as above (the data is not
+// read). ConfigError naming the file when it cannot be read or is not valid.
+std::vector<SafetensorsEntry> read_safetensors_header(const std::string& path);
+
 // Writes every parameter as F32 under its Hugging Face GPT-2 name and layout: the Conv1D weights
 // (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are stored (in, out), ours are (out, in).
 // Written through an AtomicFile: a crash leaves the old file or the new one. OutputError when it
@@ -53,5 +57,17 @@ std::vector<std::vector<float>> download_params(const Gpt<float>& model,
 // Each layer's uploads run inside `access` (empty: directly), layer by layer.
 void load_safetensors(const std::string& path, Gpt<float>& model,
                       const MasterAccess& access = nullptr);
+
+// The per-block MLP widths of the GPT-2 model of `m`'s shape that the file at `path` holds, read
+// from its header's mlp.c_fc.weight shapes (a pruned model's, headroom.resize/1): what
+// ModelConfig::mlp_hidden must be to load it; empty when every block has 4·n_embd. Throws
+// ConfigError("FILE: ...") for a file whose header cannot be read.
+std::vector<int> safetensors_mlp_widths(const std::string& path, const ModelConfig& m);
+// "3072,1536,..": every block's MLP width, as the weights' metadata and snapshots record it.
+std::string mlp_hidden_str(const ModelConfig& m);
+// The same for the attention heads (a pruned model's, from the attn.c_attn.weight shapes), and
+// "12,6,..": every block's heads.
+std::vector<int> safetensors_attn_heads(const std::string& path, const ModelConfig& m);
+std::string attn_heads_str(const ModelConfig& m);
 
 }  // namespace headroom

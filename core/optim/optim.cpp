@@ -20,9 +20,32 @@ std::vector<Buffer> make_state(Device& device, const std::vector<OptSegment>& se
   return state;
 }
 
+// Each state tensor of a shrunk parameter (ParamResize::param, a segment's index) keeps the
+// parameter's kept elements: read to the host, freed, made again at the new size.
+void resize_state(Device& device, std::vector<Buffer>& state,
+                  const std::vector<OptSegment>& segments, const std::vector<ParamResize>& changes,
+                  const char* what, Dtype dt) {
+  if (state.empty()) return;  // no step yet: allocated at the new sizes
+  Backend& ops = device.backend();
+  const size_t elem = dtype_size(dt);
+  for (const ParamResize& r : changes) {
+    Buffer& b = state.at(r.param);
+    std::vector<unsigned char> old(b.bytes()), next(segments.at(r.param).numel * elem);
+    ops.download(old.data(), b.as<void>(), old.size());
+    gather_kept(r, old.data(), next.data(), elem);
+    b.reset();
+    b = Buffer(device, next.size(), Category::kOptimizer, segments[r.param].name + " " + what);
+    ops.upload(b.as<void>(), next.data(), next.size());
+    ops.synchronize();
+  }
+}
+
 // The operands of segment k's update at `step`: its dtypes, the state's, and its rounding stream.
-Backend::Stored stored(const OptSegment& s, Dtype state, uint32_t seed, int64_t step, size_t k) {
+// grad_scale: the clipping factor folded into the update.
+Backend::Stored stored(const OptSegment& s, Dtype state, uint32_t seed, int64_t step, size_t k,
+                       float grad_scale) {
   Backend::Stored o;
+  o.grad_scale = grad_scale;
   o.param = s.value_dtype;
   o.grad = s.grad_dtype;
   o.state = state;
@@ -35,16 +58,27 @@ class AdamW final : public Optimizer {
   AdamW(const TrainConfig& t, Device& device, Dtype state) : t_(t), device_(device), state_(state) {
     rounding_seed_ = uint32_t(t.seed);
   }
+  bool fold_grad_scale(float scale) override {
+    grad_scale_ = scale;
+    return true;
+  }
   void step(const std::vector<OptSegment>& segments, double lr, int64_t step) override {
     allocate(segments);
     for (size_t i = 0; i < segments.size(); ++i) {
       const OptSegment& p = segments[i];
       device_.backend().adamw_update_stored(
-          stored(p, state_, rounding_seed_, step, i), p.value, p.grad, m_[i].as<void>(),
-          v_[i].as<void>(), p.numel, static_cast<float>(lr), static_cast<float>(t_.beta1),
-          static_cast<float>(t_.beta2), static_cast<float>(t_.eps),
+          stored(p, state_, rounding_seed_, step, i, grad_scale_), p.value, p.grad,
+          m_[i].as<void>(), v_[i].as<void>(), p.numel, static_cast<float>(lr),
+          static_cast<float>(t_.beta1), static_cast<float>(t_.beta2), static_cast<float>(t_.eps),
           p.decay ? static_cast<float>(t_.weight_decay) : 0.0f, step);
     }
+  }
+
+  bool can_resize() const override { return true; }
+  void resize(const std::vector<OptSegment>& segments,
+              const std::vector<ParamResize>& changes) override {
+    resize_state(device_, m_, segments, changes, "adamw m", state_);
+    resize_state(device_, v_, segments, changes, "adamw v", state_);
   }
 
   std::vector<StateTensor> state(const std::vector<OptSegment>& segments) override {
@@ -67,6 +101,7 @@ class AdamW final : public Optimizer {
   TrainConfig t_;
   Device& device_;
   Dtype state_;
+  float grad_scale_ = 1.0f;  // fold_grad_scale's, for the next step
   std::vector<Buffer> m_, v_;
 };
 
@@ -75,15 +110,25 @@ class Sgd final : public Optimizer {
   Sgd(const TrainConfig& t, Device& device, Dtype state) : t_(t), device_(device), state_(state) {
     rounding_seed_ = uint32_t(t.seed);
   }
+  bool fold_grad_scale(float scale) override {
+    grad_scale_ = scale;
+    return true;
+  }
   void step(const std::vector<OptSegment>& segments, double lr, int64_t step) override {
     allocate(segments);
     for (size_t i = 0; i < segments.size(); ++i) {
       const OptSegment& p = segments[i];
       device_.backend().sgd_update_stored(
-          stored(p, state_, rounding_seed_, step, i), p.value, p.grad,
+          stored(p, state_, rounding_seed_, step, i, grad_scale_), p.value, p.grad,
           buf_.empty() ? nullptr : buf_[i].as<void>(), p.numel, static_cast<float>(lr),
           static_cast<float>(t_.momentum), p.decay ? static_cast<float>(t_.weight_decay) : 0.0f);
     }
+  }
+
+  bool can_resize() const override { return true; }
+  void resize(const std::vector<OptSegment>& segments,
+              const std::vector<ParamResize>& changes) override {
+    resize_state(device_, buf_, segments, changes, "sgd momentum", state_);
   }
 
   std::vector<StateTensor> state(const std::vector<OptSegment>& segments) override {
@@ -105,6 +150,7 @@ class Sgd final : public Optimizer {
   TrainConfig t_;
   Device& device_;
   Dtype state_;
+  float grad_scale_ = 1.0f;  // fold_grad_scale's, for the next step
   std::vector<Buffer> buf_;
 };
 
@@ -136,10 +182,12 @@ std::vector<OptSegment> whole_params(const std::vector<Param<float>*>& params) {
 }
 
 double grad_sum_squares(Backend& ops, const std::vector<OptSegment>& segments) {
-  double sum = 0.0;
+  // One fused reduction, one wait for the host (not one per parameter).
+  std::vector<Backend::Span> spans;
+  spans.reserve(segments.size());
   for (const OptSegment& s : segments)
-    sum += ops.sum_squares(s.grad_dtype, s.grad, s.numel);
-  return sum;
+    spans.push_back({s.grad_dtype, s.grad, s.numel});
+  return ops.sum_squares_many(spans);
 }
 
 double global_grad_norm(Backend& ops, const std::vector<Param<float>*>& params) {

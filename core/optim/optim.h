@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -48,11 +49,31 @@ class Optimizer {
   // snapshot can be loaded into them. Empty for an optimizer that keeps state elsewhere.
   virtual std::vector<StateTensor> state(const std::vector<OptSegment>& segments) = 0;
 
+  // Structured pruning shrank parameters (Gpt::resize_mlp, headroom.resize/1): the state of each
+  // keeps the elements the parameter kept. `segments` are the new whole_params. Nothing to do
+  // before the state exists. std::logic_error from an optimizer that cannot (can_resize false).
+  virtual bool can_resize() const { return false; }
+  virtual void resize(const std::vector<OptSegment>& segments,
+                      const std::vector<ParamResize>& changes) {
+    (void)segments;
+    (void)changes;
+    throw std::logic_error("this optimizer cannot resize its state");
+  }
+
   // Where the stochastic rounding of bf16 weights and state starts (kernels/common/
   // elementwise.h): [train] seed's, or a snapshot's on resume. Segment k at step t draws its
   // noise from rounding_noise(seed ^ t, k), so a resumed run rounds as the run it continues.
   uint32_t rounding_seed() const { return rounding_seed_; }
   void set_rounding_seed(uint32_t seed) { rounding_seed_ = seed; }
+
+  // Gradient clipping folded into the next step's update: it reads every gradient times `scale`
+  // (Backend::Stored::grad_scale) instead of a pass scaling them in place first. True when this
+  // optimizer does so (the built-in ones); false, and the caller scales the gradients itself,
+  // otherwise (an optimizer plugin reads the gradients as they are).
+  virtual bool fold_grad_scale(float scale) {
+    (void)scale;
+    return false;
+  }
 
  protected:
   uint32_t rounding_seed_ = 0;

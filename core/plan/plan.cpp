@@ -1,10 +1,22 @@
 #include "core/plan/plan.h"
 
+#include "core/model/safetensors.h"
 #include "core/report/advice.h"
 
 namespace headroom {
 
-PlanResult plan(const Config& config) {
+PlanResult plan(const Config& given) {
+  // A run that starts from a pruned model's weights ([train] init_from) builds the model at
+  // their per-block MLP widths: so does its estimate. A file that cannot be read is train's to
+  // report; the estimate is then of the config's shape.
+  Config config = given;
+  if (!config.train.init_from.empty() && config.model.mlp_hidden.empty()) {
+    try {
+      config.model.mlp_hidden = safetensors_mlp_widths(config.train.init_from, config.model);
+      config.model.attn_heads = safetensors_attn_heads(config.train.init_from, config.model);
+    } catch (const ConfigError&) {
+    }
+  }
   PlanResult r;
   const uint64_t limit = config.device.memory_limit;
   const ConfigEstimate e = estimate_config(config);

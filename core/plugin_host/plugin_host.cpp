@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/plugin_host/plugin_internal.h"
+#include "headroom/ext/resize.h"
 #include "headroom/ext/state.h"
 
 namespace headroom {
@@ -65,6 +66,31 @@ class PluginOptimizer final : public Optimizer {
   explicit PluginOptimizer(LoadedPlugin& p) : p_(p) {}
   // The plugin keeps its state itself and saves it through save_state.
   std::vector<StateTensor> state(const std::vector<OptSegment>&) override { return {}; }
+  bool can_resize() const override { return p_.optimizer.resize != nullptr; }
+  void resize(const std::vector<OptSegment>&, const std::vector<ParamResize>& changes) override {
+    if (!p_.optimizer.resize)
+      throw std::logic_error("plugin '" + p_.entry.name + "' cannot resize its optimizer state");
+    for (const ParamResize& r : changes) {
+      hr_resize_info info;
+      std::memset(&info, 0, sizeof info);
+      info.struct_size = sizeof info;
+      info.layer = r.layer;
+      info.index = r.index;
+      info.axis = uint32_t(r.axis);
+      info.ndim = int32_t(r.old_shape.size());
+      info.num_keep = uint32_t(r.keep.size());
+      info.name = r.name.c_str();
+      for (size_t d = 0; d < r.old_shape.size() && d < HR_MAX_DIMS; ++d) {
+        info.old_shape[d] = r.old_shape[d];
+        info.new_shape[d] = r.new_shape[d];
+      }
+      info.keep = r.keep.data();
+      const hr_status s = p_.optimizer.resize(p_.instance, &info);
+      if (s != HR_OK)
+        throw PluginFailure("plugin '" + p_.entry.name + "' failed to resize its state of '" +
+                            r.name + "': " + p_.take_error(s));
+    }
+  }
   void step(const std::vector<OptSegment>&, double lr, int64_t step) override {
     hr_optimizer_step_info info;
     std::memset(&info, 0, sizeof info);

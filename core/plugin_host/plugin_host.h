@@ -28,6 +28,13 @@ class PluginFailure : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A resize (headroom.resize/1) this run cannot do: sharded, on several ranks, or an optimizer
+// that cannot resize its state. Nothing was changed.
+class ResizeRefused : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // Where the current optimizer step stands, for headroom.step/1 and headroom.precision/1 (the
 // fields are hr_step_state's, headroom/ext/step.h, which says when each is defined).
 struct RunState {
@@ -115,6 +122,21 @@ class PluginRun {
     (void)micro_batch;
     (void)reason;
     throw std::logic_error(plugin + ": this run has no steps to size");
+  }
+  // headroom.resize/1: keeps the hidden units `keep` of block `layer`'s MLP (Gpt::resize_mlp)
+  // with every slot and the optimizer's state. std::invalid_argument for a bad layer or list,
+  // ResizeRefused for a run that cannot resize, OutOfMemory.
+  virtual void resize_mlp(const std::string& plugin, int layer, const std::vector<uint32_t>& keep) {
+    (void)layer;
+    (void)keep;
+    throw ResizeRefused(plugin + ": this run has no model to resize");
+  }
+  // The same for the block's attention heads (Gpt::resize_heads).
+  virtual void resize_heads(const std::string& plugin, int layer,
+                            const std::vector<uint32_t>& keep) {
+    (void)layer;
+    (void)keep;
+    throw ResizeRefused(plugin + ": this run has no model to resize");
   }
   // The plugins are created only to be checked or asked for estimates (validate_plugins,
   // `headroom plan`, the advice), often many times and at one rank whatever the run's: their

@@ -14,6 +14,7 @@
 #include "headroom/ext/comm.h"
 #include "headroom/ext/precision.h"
 #include "headroom/ext/recompute.h"
+#include "headroom/ext/resize.h"
 #include "headroom/ext/shard.h"
 #include "headroom/ext/step.h"
 #include "headroom/ext/tensors.h"
@@ -887,6 +888,61 @@ struct HostServices {
     return HR_OK;
   }
 
+  // --- headroom.resize/1 ---
+  static int32_t mlp_width(hr_host* h, int32_t layer) {
+    Gpt<float>* m = run(h).built_model();
+    if (!m || layer < 1 || layer > m->config().n_layer) return -1;
+    return m->config().mlp_width(layer - 1);
+  }
+  // keep_mlp_units and keep_attn_heads: `resize` shrinks the block; its failures become the
+  // status the header names, with the message.
+  template <class Resize>
+  static hr_status keep_some(hr_host* h, const char* fn, const char* what, const uint32_t* keep,
+                             uint32_t count, Resize&& resize) {
+    LoadedPlugin& p = plugin(h);
+    const std::string prefix = std::string(HR_EXT_RESIZE " ") + fn + ": ";
+    if (!keep || count == 0) {
+      p.error = prefix + "keep must name at least one " + what;
+      return HR_ERROR_INVALID;
+    }
+    try {
+      resize(p.entry.name, std::vector<uint32_t>(keep, keep + count));
+      return HR_OK;
+    } catch (const std::invalid_argument& e) {
+      p.error = prefix + e.what();
+      return HR_ERROR_INVALID;
+    } catch (const ResizeRefused& e) {
+      p.error = prefix + e.what();
+      return HR_ERROR_UNSUPPORTED;
+    } catch (const OutOfMemory& e) {
+      p.out_of_memory = std::current_exception();
+      p.error = prefix + e.what();
+      return HR_ERROR_OUT_OF_MEMORY;
+    } catch (const std::exception& e) {
+      p.error = prefix + e.what();
+      return HR_ERROR;
+    }
+  }
+  static hr_status keep_mlp_units(hr_host* h, int32_t layer, const uint32_t* keep, uint32_t count) {
+    return keep_some(h, "keep_mlp_units", "unit", keep, count,
+                     [&](const std::string& plugin, const std::vector<uint32_t>& k) {
+                       run(h).resize_mlp(plugin, layer, k);
+                     });
+  }
+
+  static int32_t attn_heads(hr_host* h, int32_t layer) {
+    Gpt<float>* m = run(h).built_model();
+    if (!m || layer < 1 || layer > m->config().n_layer) return -1;
+    return m->config().heads(layer - 1);
+  }
+  static hr_status keep_attn_heads(hr_host* h, int32_t layer, const uint32_t* keep,
+                                   uint32_t count) {
+    return keep_some(h, "keep_attn_heads", "head", keep, count,
+                     [&](const std::string& plugin, const std::vector<uint32_t>& k) {
+                       run(h).resize_heads(plugin, layer, k);
+                     });
+  }
+
   static const void* get_extension(hr_host* h, const char* id);
 };
 
@@ -906,6 +962,7 @@ enum class When {
                        // inside an allocation)
   kOom,                // from the OOM hook only
   kStepBoundary,       // from TRAIN_BEGIN, STEP_BEGIN or STEP_END only
+  kBetweenSteps,       // from STEP_END or TRAIN_BEGIN only (no activations, the update done)
 };
 
 struct Rule {
@@ -1014,6 +1071,11 @@ enum Fn : int {
   kExtBatchState,
   kExtBatchRestartStep,
   kExtBatchSetMicroBatch,
+  // headroom.resize/1
+  kExtResizeMlpWidth,
+  kExtResizeKeepMlpUnits,
+  kExtResizeAttnHeads,
+  kExtResizeKeepAttnHeads,
   kNumFns
 };
 
@@ -1111,6 +1173,10 @@ constexpr Rule kRules[kNumFns] = {
     {HR_EXT_BATCH " state", kAnyone, When::kAnyTime, kNotAllowed},
     {HR_EXT_BATCH " restart_step", kAnyone, When::kOom, kNotAllowed},
     {HR_EXT_BATCH " set_micro_batch", kAnyone, When::kStepBoundary, kNotAllowed},
+    {HR_EXT_RESIZE " mlp_width", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_RESIZE " keep_mlp_units", kAnyone, When::kBetweenSteps, kNotAllowed},
+    {HR_EXT_RESIZE " attn_heads", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_RESIZE " keep_attn_heads", kAnyone, When::kBetweenSteps, kNotAllowed},
 };
 
 std::string roles_words(uint32_t roles) {
@@ -1139,6 +1205,9 @@ std::string rule_words(const Rule& r) {
       break;
     case When::kStepBoundary:
       when = "from TRAIN_BEGIN, STEP_BEGIN or STEP_END only";
+      break;
+    case When::kBetweenSteps:
+      when = "from STEP_END or TRAIN_BEGIN only";
       break;
   }
   if (!when.empty()) s += (s.empty() ? "" : ", ") + when;
@@ -1199,6 +1268,10 @@ bool allowed(hr_host* h, const Rule& rule, int32_t layer) {
       case When::kStepBoundary:
         if (p.creating || (ev != int(Event::kTrainBegin) && ev != int(Event::kStepBegin) &&
                            ev != int(Event::kStepEnd)))
+          why = "plugin '" + p.entry.name + "' called it from " + from;
+        break;
+      case When::kBetweenSteps:
+        if (p.creating || (ev != int(Event::kStepEnd) && ev != int(Event::kTrainBegin)))
           why = "plugin '" + p.entry.name + "' called it from " + from;
         break;
     }
@@ -1315,13 +1388,23 @@ const hr_ext_batch kBatch = {sizeof(hr_ext_batch), 0, HR_CHECKED(kExtBatchState,
 
 }  // namespace
 
+// mlp_width answers an int32_t: its rule never refuses.
+static_assert(kRules[kExtResizeMlpWidth].when == When::kAnyTime &&
+              kRules[kExtResizeAttnHeads].when == When::kAnyTime);
+const hr_ext_resize kResize = {sizeof(hr_ext_resize),
+                               0,
+                               HR_CHECKED(kExtResizeMlpWidth, mlp_width),
+                               HR_CHECKED(kExtResizeKeepMlpUnits, keep_mlp_units),
+                               HR_CHECKED(kExtResizeAttnHeads, attn_heads),
+                               HR_CHECKED(kExtResizeKeepAttnHeads, keep_attn_heads)};
+
 const void* HostServices::get_extension(hr_host*, const char* id) {
   if (!id) return nullptr;
   // Exact ids only: another version of one ("headroom.vm/2") is another extension.
   const std::pair<const char*, const void*> tables[] = {
       {HR_EXT_VM, &kVm},           {HR_EXT_PRECISION, &kPrecision}, {HR_EXT_RECOMPUTE, &kRecompute},
       {HR_EXT_TENSORS, &kTensors}, {HR_EXT_STEP, &kStep},           {HR_EXT_COMM, &kComm},
-      {HR_EXT_SHARD, &kShard},     {HR_EXT_BATCH, &kBatch}};
+      {HR_EXT_SHARD, &kShard},     {HR_EXT_BATCH, &kBatch},         {HR_EXT_RESIZE, &kResize}};
   for (const auto& [name, table] : tables)
     if (std::strcmp(id, name) == 0) return table;
   return nullptr;

@@ -310,7 +310,6 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   const ModelConfig& m = config.model;
   const uint64_t B = uint64_t(s.micro_batch), T = uint64_t(m.seq_len), C = uint64_t(m.n_embd);
   const uint64_t V = uint64_t(m.vocab_size), L = uint64_t(std::max(0, m.n_layer)), N = B * T;
-  const uint64_t NH = uint64_t(m.n_head);
   const uint64_t params = gpt_num_params(m);
   // es: the compute dtype's element size (activations, compute copies); statistics and masters
   // are fp32.
@@ -325,14 +324,15 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   const uint64_t grads_el = copies && s.grad_in_compute ? es : kF32;
   const bool micro_grads = copies && !s.grad_in_compute;
 
-  // The layers' parameter elements (model.cpp): the embedding (wte, wpe), the blocks, the head
-  // (ln_f; its LM head is the tied wte). Sharded, each layer's flat buffers are padded to a
-  // multiple of the W ranks, and rank r owns [r·S, (r+1)·S) of them, S = padded / W.
+  // The layers' parameter elements (model.cpp): the embedding (wte, wpe), the blocks (each at
+  // its MLP width: a pruned model's differ), the head (ln_f; its LM head is the tied wte).
+  // Sharded, each layer's flat buffers are padded to a multiple of the W ranks, and rank r owns
+  // [r·S, (r+1)·S) of them, S = padded / W.
   const size_t H = size_t(L) + 1;  // the head's index
   std::vector<uint64_t> numel(H + 1, 0);
   numel[0] = V * C + T * C;
   for (size_t l = 1; l < H; ++l)
-    numel[l] = (params - numel[0] - 2 * C) / std::max<uint64_t>(L, 1);
+    numel[l] = gpt_block_params(m, int(l) - 1);
   numel[H] = 2 * C;
   const uint64_t W = uint64_t(std::max(1, s.world_size)), r = uint64_t(std::max(0, rank));
   const bool sh_opt = (s.shard & kShardOpt) != 0;
@@ -373,20 +373,33 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
 
   // What the layers save in forward (model.cpp): the embedding's output, each block's tensors,
   // the head's ln_f, its statistics, the logits and the per-token losses.
-  const uint64_t full = gpt_block_activation_bytes(m, s.micro_batch, m.seq_len, s.compute);
+  // Block l's (layer l's) at its MLP width.
+  std::vector<uint64_t> full(H + 1, 0), block_ws(H + 1, 0);
+  for (size_t l = 1; l < H; ++l)
+    full[l] = gpt_block_activation_bytes(m, s.micro_batch, m.seq_len, s.compute, int(l) - 1);
   const uint64_t out = es * N * C;  // a block's output; the embedding's
   const uint64_t head = es * (N * C + N * V) + kF32 * (2 * N + N);
   // Backward holds two (B, T, C) gradient buffers throughout, and each layer its own scratch:
-  // the head dln_f (B, T, C); a block two (B, T, 4C), two (B, T, C) and the attention scratch —
-  // (T, T) on the CPU, (NH, T, T) on CUDA (Backend::attention_scratch_numel); the embedding none.
-  const uint64_t scratch = config.device.kind == "cuda" ? NH * T * T : T * T;
+  // the head dln_f (B, T, C); a block of MLP width Hd (4C unpruned) dgelu (B, T, max(Hd, 3C):
+  // it holds dqkv later) and dfc (B, T, Hd), two (B, T, C) and the attention scratch — (T, T)
+  // on the CPU, (NH, T, T) on CUDA (Backend::attention_scratch_numel); the embedding none.
+  // A block with fewer heads (a pruned model's: attention width Ad = its heads · C / NH) holds
+  // dqkv (B, T, 3·Ad) in dgelu's buffer and its own heads' attention scratch.
   const uint64_t dres = 2 * es * N * C;
   const uint64_t head_ws = dres + es * N * C;
-  const uint64_t block_ws = dres + es * (8 * N * C + 2 * N * C + scratch);
+  for (size_t l = 1; l < H; ++l) {
+    const uint64_t Hd = uint64_t(m.mlp_width(int(l) - 1));
+    const uint64_t Ad = uint64_t(m.attn_width(int(l) - 1));
+    const uint64_t heads = uint64_t(m.heads(int(l) - 1));
+    const uint64_t scratch = config.device.kind == "cuda" ? heads * T * T : T * T;
+    block_ws[l] = dres + es * (N * std::max(Hd, 3 * Ad) + N * Hd + 2 * N * C + scratch);
+  }
   // A block that drops everything (HR_DROP_ALL) holds only its output between its forward and
   // its backward; any other (kept, or HR_DROP_CHEAP, counted as kept: an upper bound) its full
   // activations. In its own backward a block holds them all (recomputed when dropped).
-  auto held = [&](size_t l) { return l < s.drop.size() && s.drop[l] == HR_DROP_ALL ? out : full; };
+  auto held = [&](size_t l) {
+    return l < s.drop.size() && s.drop[l] == HR_DROP_ALL ? out : full[l];
+  };
 
   // Sharded gradients (zero2, zero3): a layer's full gradients (fp32 and the compute dtype's)
   // exist from just before its backward until its reduction is finished. Layer 0's are made
@@ -441,8 +454,8 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
       act = out + below + head;
       ws = head_ws;
     } else if (l >= 1) {  // the blocks below, its own full activations
-      act = out + below + full;
-      ws = block_ws;
+      act = out + below + full[l];
+      ws = block_ws[l];
     } else {  // the embedding holds its output
       act = out;
       ws = dres;

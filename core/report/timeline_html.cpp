@@ -176,6 +176,110 @@ const char* kScript = R"JS(
     // Until the pointer moves: the peak, the phase a reader wants first.
     show(D.peak_bucket);
   }
+  // The overview: zoom and pan change the nested plot's viewBox (x in steps); the ticks follow.
+  var O = D.overview;
+  if (O && O.step.length) {
+    var plot = document.getElementById('overview-plot');
+    var osvg = document.getElementById('overview-chart');
+    var ox = document.getElementById('overview-x');
+    var ocur = document.getElementById('overview-cursor');
+    var ostatus = document.getElementById('overview-status');
+    var ohit = document.getElementById('overview-hit');
+    var S = O.step.length, view = [0, S], NS = osvg.namespaceURI;
+    function pageX(col) { return O.x0 + (O.x1 - O.x0) * (col - view[0]) / (view[1] - view[0]); }
+    function colAt(evt) {
+      var pt = osvg.createSVGPoint();
+      pt.x = evt.clientX;
+      pt.y = evt.clientY;
+      var p = pt.matrixTransform(osvg.getScreenCTM().inverse());
+      return view[0] + (p.x - O.x0) / (O.x1 - O.x0) * (view[1] - view[0]);
+    }
+    function niceStep(range) {
+      var raw = range / 10, p = Math.pow(10, Math.floor(Math.log10(Math.max(raw, 1e-9))));
+      var ms = [1, 2, 5, 10];
+      for (var k = 0; k < ms.length; ++k) if (ms[k] * p >= raw) return Math.max(1, ms[k] * p);
+      return Math.max(1, 10 * p);
+    }
+    function ticks() {
+      while (ox.firstChild) ox.removeChild(ox.firstChild);
+      var a = Math.max(0, Math.floor(view[0])), b = Math.min(S - 1, Math.ceil(view[1]) - 1);
+      var st = niceStep(O.step[b] - O.step[a] + 1);
+      for (var i = a; i <= b; ++i) {
+        if (O.step[i] % st !== 0) continue;
+        var x = pageX(i + 0.5);
+        if (x < O.x0 || x > O.x1) continue;
+        var t = document.createElementNS(NS, 'line');
+        t.setAttribute('class', 'tick');
+        t.setAttribute('x1', x); t.setAttribute('x2', x);
+        t.setAttribute('y1', O.h + 46); t.setAttribute('y2', O.h + 51);
+        ox.appendChild(t);
+        var l = document.createElementNS(NS, 'text');
+        l.setAttribute('x', x); l.setAttribute('y', O.h + 65);
+        l.setAttribute('text-anchor', 'middle');
+        l.textContent = 'step ' + O.step[i];
+        ox.appendChild(l);
+      }
+    }
+    function apply() {
+      plot.setAttribute('viewBox', view[0] + ' 0 ' + (view[1] - view[0]) + ' ' + O.h);
+      ticks();
+      root.setAttribute('data-overview-view', view[0].toFixed(2) + ' ' + view[1].toFixed(2));
+    }
+    function zoom(f, at) {
+      var w = Math.min(S, Math.max(Math.min(S, 4), (view[1] - view[0]) * f));
+      var a = at - (at - view[0]) * w / (view[1] - view[0]);
+      a = Math.max(0, Math.min(S - w, a));
+      view = [a, a + w];
+      apply();
+    }
+    function showStep(i) {
+      var x = pageX(i + 0.5);
+      ocur.setAttribute('x1', x); ocur.setAttribute('x2', x);
+      ocur.setAttribute('visibility', 'visible');
+      var parts = ['step ' + O.step[i] + ': highest ' + fmt(O.top[i]) + ' (' + O.phase[i] +
+                   '), lowest ' + fmt(O.low[i])];
+      for (var c = D.cats.length - 1; c >= 0; --c)
+        if (O.peak[i][c] > 0)
+          parts.push(D.cats[c] + ' ' + fmt(O.least[i][c]) + '\u2013' + fmt(O.peak[i][c]));
+      ostatus.textContent = parts.join('; ');
+    }
+    var drag = null;
+    ohit.addEventListener('wheel', function (evt) {
+      evt.preventDefault();
+      zoom(evt.deltaY < 0 ? 0.8 : 1.25, colAt(evt));
+    }, {passive: false});
+    ohit.addEventListener('mousedown', function (evt) { drag = {x: colAt(evt), view: view.slice()}; });
+    window.addEventListener('mouseup', function () { drag = null; });
+    ohit.addEventListener('mousemove', function (evt) {
+      var col = colAt(evt);
+      if (drag) {
+        var w = drag.view[1] - drag.view[0];
+        var a = Math.max(0, Math.min(S - w, drag.view[0] - (col - drag.x)));
+        view = [a, a + w];
+        apply();
+        return;
+      }
+      showStep(Math.max(0, Math.min(S - 1, Math.floor(col))));
+    });
+    ohit.addEventListener('click', function (evt) {
+      showStep(Math.max(0, Math.min(S - 1, Math.floor(colAt(evt)))));
+    });
+    document.getElementById('zoom-in').addEventListener('click', function () {
+      zoom(0.5, (view[0] + view[1]) / 2);
+    });
+    document.getElementById('zoom-out').addEventListener('click', function () {
+      zoom(2, (view[0] + view[1]) / 2);
+    });
+    document.getElementById('zoom-reset').addEventListener('click', function () {
+      view = [0, S];
+      apply();
+    });
+    // A link can open the overview zoomed: FILE.html#view=A,B shows columns A to B.
+    var m = /view=([0-9.]+),([0-9.]+)/.exec(window.location.hash);
+    if (m && +m[2] > +m[1]) view = [Math.max(0, +m[1]), Math.min(S, +m[2])];
+    apply();
+    showStep(O.detail);
+  }
   root.setAttribute('data-rendered', '1');
 })();
 )JS";
@@ -210,19 +314,14 @@ std::vector<TimelineBucket> downsample_timeline(const std::vector<TimelineSample
   return out;
 }
 
-std::string render_timeline_html(const std::vector<TimelineSample>& samples,
-                                 const TimelineHtmlOptions& options) {
+// The detail chart: every phase of `samples` (one step's), a stacked area by category on a
+// phase axis, the peak, the limit and an out-of-memory request marked; `ymax` shared with the
+// overview so the two read on one scale. Fills the pointer readout's data into `j`.
+static std::string detail_svg(const std::vector<TimelineSample>& samples,
+                              const TimelineHtmlOptions& options, const std::vector<Category>& cats,
+                              double ymax, nlohmann::json& j) {
   const size_t n = samples.size();
   const std::vector<TimelineBucket> buckets = downsample_timeline(samples, options.max_points);
-
-  // The categories that ever held a byte, in stack order.
-  std::vector<Category> cats;
-  for (Category c : kStackOrder)
-    for (const TimelineSample& s : samples)
-      if (s.live[static_cast<int>(c)] > 0) {
-        cats.push_back(c);
-        break;
-      }
 
   size_t peak_index = 0;
   uint64_t peak = 0;
@@ -236,8 +335,6 @@ std::string render_timeline_html(const std::vector<TimelineSample>& samples,
     if (buckets[b].first <= peak_index && peak_index <= buckets[b].last) peak_bucket = b;
   const uint64_t last_total = n ? samples.back().total() : 0;
   const uint64_t oom_top = options.oom ? last_total + options.oom->requested : 0;
-  const double ymax =
-      std::max({1.0, double(peak), double(options.memory_limit), double(oom_top)}) * 1.08;
   auto X = [&](double phase_index) {
     return kX0 + (kX1 - kX0) * (n ? phase_index / double(n) : 0.0);
   };
@@ -246,8 +343,8 @@ std::string render_timeline_html(const std::vector<TimelineSample>& samples,
   std::string svg;
   svg.reserve(64 * 1024 + buckets.size() * cats.size() * 32);
   // Inline SVG in HTML needs no xmlns: the file names no URL at all.
-  svg += "<svg viewBox=\"0 0 " + num(kWidth) + " " + num(kHeight) +
-         "\" role=\"img\" aria-label=\"live memory by category over the run\">\n";
+  svg += "<svg id=\"detail-chart\" viewBox=\"0 0 " + num(kWidth) + " " + num(kHeight) +
+         "\" role=\"img\" aria-label=\"live memory by category over one step\">\n";
   // The hatching of a failed request.
   svg +=
       "<defs><pattern id=\"oom-hatch\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
@@ -297,35 +394,27 @@ std::string render_timeline_html(const std::vector<TimelineSample>& samples,
     }
   }
   svg += "<text class=\"axis-title\" x=\"" + num((kX0 + kX1) / 2) + "\" y=\"" + num(kY1 + 44) +
-         "\" text-anchor=\"middle\">phase index (data, each layer's forward and backward, "
-         "optimizer); optimizer steps marked above</text></g>\n";
+         "\" text-anchor=\"middle\">phase of the step (data, each layer's forward and backward, "
+         "optimizer); micro-steps marked above</text></g>\n";
 
-  std::vector<std::pair<size_t, int64_t>> steps;  // (first phase index, step)
+  // The micro-steps of the step, and its optimizer update, marked and labelled.
+  svg += "<g id=\"steps\">";
   for (size_t i = 0; i < n; ++i) {
-    const int64_t s = samples[i].phase.step;
-    if (s > 0 && (i == 0 || samples[i - 1].phase.step != s)) steps.push_back({i, s});
+    const Phase& ph = samples[i].phase;
+    const bool micro =
+        ph.micro_step > 0 && (i == 0 || samples[i - 1].phase.micro_step != ph.micro_step);
+    const bool opt = ph.kind == Phase::Kind::kOptimizer &&
+                     (i == 0 || samples[i - 1].phase.kind != Phase::Kind::kOptimizer);
+    if (!micro && !opt) continue;
+    const std::string label =
+        opt ? "optimizer"
+            : "step " + std::to_string(ph.step) + ", micro-step " + std::to_string(ph.micro_step);
+    svg += "<line class=\"step-line labelled\" x1=\"" + num(X(double(i))) + "\" x2=\"" +
+           num(X(double(i))) + "\" y1=\"" + num(kY0 - 4) + "\" y2=\"" + num(kY1) +
+           "\"/><text class=\"step-label\" x=\"" + num(X(double(i)) + 3) + "\" y=\"" +
+           num(kY0 - 7) + "\">" + html_escape(label) + "</text>";
   }
-  if (!steps.empty()) {
-    // Label every m-th step so labels stay at least ~60 units apart; draw every step's line
-    // while they are at least a few units apart.
-    const double px_per_step =
-        (kX1 - kX0) * double(n - steps.front().first) / double(n) / double(steps.size());
-    int64_t m = 1;
-    for (int k = 0; px_per_step * double(m) < 60; ++k)
-      m = m * (k % 3 == 1 ? 5 : 2) / (k % 3 == 1 ? 2 : 1);  // 1, 2, 5, 10, 20, 50, ...
-    svg += "<g id=\"steps\">";
-    for (const auto& [i, s] : steps) {
-      const bool labelled = s % m == 0 || (m > 1 && s == 1);
-      if (!labelled && px_per_step < 5) continue;
-      svg += "<line class=\"step-line" + std::string(labelled ? " labelled" : "") + "\" x1=\"" +
-             num(X(double(i))) + "\" x2=\"" + num(X(double(i))) + "\" y1=\"" + num(kY0 - 4) +
-             "\" y2=\"" + num(kY1) + "\"/>";
-      if (labelled && X(double(i)) < kX1 - 60)
-        svg += "<text class=\"step-label\" x=\"" + num(X(double(i)) + 3) + "\" y=\"" +
-               num(kY0 - 7) + "\">step " + std::to_string(s) + "</text>";
-    }
-    svg += "</g>\n";
-  }
+  svg += "</g>\n";
 
   // The stacked areas: each category from the top of the ones below it to its own top, a step
   // per bucket, since a phase's bytes hold for the whole phase.
@@ -406,7 +495,6 @@ std::string render_timeline_html(const std::vector<TimelineSample>& samples,
   svg += "</svg>\n";
 
   // The data behind the pointer readout: one entry per bucket.
-  nlohmann::json j;
   j["n"] = n;
   j["x0"] = kX0;
   j["x1"] = kX1;
@@ -438,21 +526,243 @@ std::string render_timeline_html(const std::vector<TimelineSample>& samples,
   j["low"] = low;
   j["phase"] = phase;
   j["bytes"] = bytes;
+  return svg;
+}
+
+namespace {
+
+// The steps of a run: consecutive samples of one phase.step (0: the setup before step 1).
+struct StepSpan {
+  int64_t step = 0;
+  size_t first = 0, last = 0;  // samples [first, last]
+  size_t top = 0, low = 0;     // the samples of the highest and the lowest total
+  ByCategory peak{}, least{};  // each category's highest and lowest bytes within the step
+};
+
+std::vector<StepSpan> step_spans(const std::vector<TimelineSample>& samples) {
+  std::vector<StepSpan> spans;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const TimelineSample& s = samples[i];
+    if (spans.empty() || spans.back().step != s.phase.step) {
+      StepSpan sp;
+      sp.step = s.phase.step;
+      sp.first = sp.last = sp.top = sp.low = i;
+      sp.peak = sp.least = s.live;
+      spans.push_back(sp);
+      continue;
+    }
+    StepSpan& sp = spans.back();
+    sp.last = i;
+    if (s.total() > samples[sp.top].total()) sp.top = i;
+    if (s.total() < samples[sp.low].total()) sp.low = i;
+    for (int c = 0; c < kNumCategories; ++c) {
+      sp.peak[size_t(c)] = std::max(sp.peak[size_t(c)], s.live[size_t(c)]);
+      sp.least[size_t(c)] = std::min(sp.least[size_t(c)], s.live[size_t(c)]);
+    }
+  }
+  return spans;
+}
+
+// The overview's geometry: the plot area in the page's units; inside it a nested <svg> whose
+// x unit is one step (column i: [i, i+1)) and whose y unit is the page's, so zooming and panning
+// change only its viewBox.
+constexpr double kOHeight = 330, kOY0 = 46, kOY1 = 262;
+
+std::string overview_svg(const std::vector<TimelineSample>& samples,
+                         const std::vector<StepSpan>& spans, const std::vector<Category>& cats,
+                         double ymax, uint64_t memory_limit, size_t detail, nlohmann::json& j) {
+  const double S = double(spans.size());
+  const double H = kOY1 - kOY0;
+  auto Yp = [&](double bytes) { return H - H * bytes / ymax; };  // inside the plot
+  auto Y = [&](double bytes) { return kOY0 + Yp(bytes); };       // on the page
+  std::string svg;
+  svg += "<svg id=\"overview-chart\" viewBox=\"0 0 " + num(kWidth) + " " + num(kOHeight) +
+         "\" role=\"img\" aria-label=\"each step's highest and lowest memory, over the run\">\n";
+  // Legend.
+  {
+    double x = kX0;
+    svg += "<g id=\"overview-legend\">";
+    for (Category c : cats) {
+      const std::string name = category_name(c);
+      svg += "<g class=\"legend-item legend-" + name + "\"><rect x=\"" + num(x) +
+             "\" y=\"12\" width=\"14\" height=\"14\" fill=\"" + colour(c) + "\"/><text x=\"" +
+             num(x + 19) + "\" y=\"24\">" + name + "</text></g>";
+      x += 19 + 8.0 * double(name.size()) + 22;
+    }
+    svg += "<g class=\"legend-item legend-low\"><line x1=\"" + num(x) + "\" x2=\"" + num(x + 22) +
+           "\" y1=\"19\" y2=\"19\" class=\"low-swatch\"/><text x=\"" + num(x + 27) +
+           "\" y=\"24\">the step's lowest total</text></g></g>\n";
+  }
+  const Unit unit = axis_unit(ymax);
+  const double ystep = nice_step(ymax / unit.bytes, 5);
+  svg += "<g class=\"axis\">";
+  for (double v = 0; v * unit.bytes <= ymax; v += ystep) {
+    const double y = Y(v * unit.bytes);
+    svg += "<line class=\"grid\" x1=\"" + num(kX0) + "\" x2=\"" + num(kX1) + "\" y1=\"" + num(y) +
+           "\" y2=\"" + num(y) + "\"/><text x=\"" + num(kX0 - 6) + "\" y=\"" + num(y + 4) +
+           "\" text-anchor=\"end\">" + tick_label(v) + " " + unit.name + "</text>";
+  }
+  svg += "</g>\n";
+  // The plot: per step, the sample of its highest total stacked by category, and its lowest
+  // total as a dashed line.
+  svg += "<svg id=\"overview-plot\" x=\"" + num(kX0) + "\" y=\"" + num(kOY0) + "\" width=\"" +
+         num(kX1 - kX0) + "\" height=\"" + num(H) + "\" viewBox=\"0 0 " + num(S) + " " + num(H) +
+         "\" preserveAspectRatio=\"none\">";
+  svg += "<rect id=\"overview-selected\" x=\"" + num(double(detail)) +
+         "\" y=\"0\" width=\"1\" height=\"" + num(H) + "\"/>";
+  std::vector<uint64_t> below(spans.size(), 0);
+  for (Category c : cats) {
+    const std::string name = category_name(c);
+    std::string d;
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const uint64_t top = below[i] + samples[spans[i].top].live[static_cast<int>(c)];
+      d += (i ? "V" : "M0 ") + num(Yp(double(top))) + "H" + std::to_string(i + 1);
+    }
+    for (size_t i = spans.size(); i-- > 0;)
+      d += "V" + num(Yp(double(below[i]))) + "H" + std::to_string(i);
+    d += "Z";
+    svg += "<path class=\"overview-series overview-" + name + "\" fill=\"" + colour(c) + "\" d=\"" +
+           d + "\"/>";
+    for (size_t i = 0; i < spans.size(); ++i)
+      below[i] += samples[spans[i].top].live[static_cast<int>(c)];
+  }
+  std::string low;
+  for (size_t i = 0; i < spans.size(); ++i)
+    low += (i ? "V" : "M0 ") + num(Yp(double(samples[spans[i].low].total()))) + "H" +
+           std::to_string(i + 1);
+  svg += "<path id=\"overview-min\" vector-effect=\"non-scaling-stroke\" d=\"" + low + "\"/>";
+  svg += "</svg>\n";
+  svg += "<rect class=\"frame\" x=\"" + num(kX0) + "\" y=\"" + num(kOY0) + "\" width=\"" +
+         num(kX1 - kX0) + "\" height=\"" + num(H) + "\"/>\n";
+  if (memory_limit) {
+    const double y = Y(double(memory_limit));
+    svg += "<line id=\"overview-limit\" x1=\"" + num(kX0) + "\" x2=\"" + num(kX1) + "\" y1=\"" +
+           num(y) + "\" y2=\"" + num(y) + "\"/>";
+  }
+  // The x axis in steps: ticks the script redraws for the part in view (these are the whole
+  // run's, for a page read without scripts).
+  svg += "<g id=\"overview-x\" class=\"axis\">";
+  const int64_t s0 = spans.front().step, s1 = spans.back().step;
+  const double xstep = std::max(1.0, nice_step(double(s1 - s0 + 1), 10));
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (std::fmod(double(spans[i].step), xstep) != 0) continue;
+    const double x = kX0 + (kX1 - kX0) * (double(i) + 0.5) / S;
+    svg += "<line class=\"tick\" x1=\"" + num(x) + "\" x2=\"" + num(x) + "\" y1=\"" + num(kOY1) +
+           "\" y2=\"" + num(kOY1 + 5) + "\"/><text x=\"" + num(x) + "\" y=\"" + num(kOY1 + 19) +
+           "\" text-anchor=\"middle\">step " + std::to_string(spans[i].step) + "</text>";
+  }
+  svg += "</g><text class=\"axis-title\" x=\"" + num((kX0 + kX1) / 2) + "\" y=\"" + num(kOY1 + 44) +
+         "\" text-anchor=\"middle\">optimizer step (step 0: setup) \xe2\x80\x94 wheel or "
+         "+/\xe2\x88\x92 "
+         "to zoom, drag to pan, click a step for its numbers</text>\n";
+  svg += "<line id=\"overview-cursor\" x1=\"0\" x2=\"0\" y1=\"" + num(kOY0) + "\" y2=\"" +
+         num(kOY1) + "\" visibility=\"hidden\"/>\n";
+  svg += "<rect id=\"overview-hit\" x=\"" + num(kX0) + "\" y=\"" + num(kOY0) + "\" width=\"" +
+         num(kX1 - kX0) + "\" height=\"" + num(H) + "\" fill=\"transparent\"/>\n";
+  svg += "</svg>\n";
+
+  j["x0"] = kX0;
+  j["x1"] = kX1;
+  j["h"] = H;
+  j["detail"] = detail;
+  nlohmann::json step = nlohmann::json::array(), top = nlohmann::json::array(),
+                 lo = nlohmann::json::array(), peak = nlohmann::json::array(),
+                 least = nlohmann::json::array(), phase = nlohmann::json::array();
+  for (const StepSpan& sp : spans) {
+    step.push_back(sp.step);
+    top.push_back(samples[sp.top].total());
+    lo.push_back(samples[sp.low].total());
+    phase.push_back(samples[sp.top].phase.str());
+    nlohmann::json p = nlohmann::json::array(), l = nlohmann::json::array();
+    for (Category c : cats) {
+      p.push_back(sp.peak[static_cast<size_t>(c)]);
+      l.push_back(sp.least[static_cast<size_t>(c)]);
+    }
+    peak.push_back(p);
+    least.push_back(l);
+  }
+  j["step"] = step;
+  j["top"] = top;
+  j["low"] = lo;
+  j["phase"] = phase;
+  j["peak"] = peak;
+  j["least"] = least;
+  return svg;
+}
+
+}  // namespace
+
+std::string render_timeline_html(const std::vector<TimelineSample>& samples,
+                                 const TimelineHtmlOptions& options) {
+  const size_t n = samples.size();
+  // The categories that ever held a byte, in stack order.
+  std::vector<Category> cats;
+  for (Category c : kStackOrder)
+    for (const TimelineSample& s : samples)
+      if (s.live[static_cast<int>(c)] > 0) {
+        cats.push_back(c);
+        break;
+      }
+  uint64_t peak = 0;
+  size_t peak_index = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (samples[i].total() > peak) {
+      peak = samples[i].total();
+      peak_index = i;
+    }
+  const uint64_t oom_top = options.oom && n ? samples.back().total() + options.oom->requested : 0;
+  const double ymax =
+      std::max({1.0, double(peak), double(options.memory_limit), double(oom_top)}) * 1.08;
+
+  // The step drawn in full: the one asked for, else the failed one (out of memory), else the
+  // peak's.
+  const std::vector<StepSpan> spans = step_spans(samples);
+  size_t detail = 0;
+  std::string detail_note;
+  for (size_t i = 0; i < spans.size(); ++i)
+    if (spans[i].first <= peak_index && peak_index <= spans[i].last) detail = i;
+  if (options.oom && !spans.empty()) detail = spans.size() - 1;
+  if (options.detail_step > 0) {
+    bool found = false;
+    for (size_t i = 0; i < spans.size(); ++i)
+      if (spans[i].step == options.detail_step) detail = i, found = true;
+    if (!found)
+      detail_note = " (step " + std::to_string(options.detail_step) + " is not in this run)";
+  }
+  std::vector<TimelineSample> step_samples;
+  if (!spans.empty())
+    step_samples.assign(samples.begin() + std::ptrdiff_t(spans[detail].first),
+                        samples.begin() + std::ptrdiff_t(spans[detail].last) + 1);
+  TimelineHtmlOptions detail_options = options;
+  if (detail + 1 != spans.size()) detail_options.oom = nullptr;  // the failure is the last step's
+
+  nlohmann::json j, jo;
+  const std::string overview =
+      spans.empty() ? std::string()
+                    : overview_svg(samples, spans, cats, ymax, options.memory_limit, detail, jo);
+  const std::string svg = detail_svg(step_samples, detail_options, cats, ymax, j);
+  j["overview"] = jo;
   std::string data = j.dump();
   // Inside <script>, "</" could end the element early.
   for (size_t p = 0; (p = data.find("</", p)) != std::string::npos; p += 3)
     data.replace(p, 2, "<\\/");
 
-  int64_t num_steps = steps.empty() ? 0 : steps.back().second;
+  const int64_t num_steps = spans.empty() ? 0 : spans.back().step;
   std::string summary = std::to_string(n) + " phases, " + std::to_string(num_steps) +
                         " optimizer steps; peak " + format_bytes(peak);
+  if (n) summary += " at " + samples[peak_index].phase.str();
   if (options.memory_limit) summary += " of memory_limit " + format_bytes(options.memory_limit);
-  if (buckets.size() < n)
-    summary +=
-        "; drawn as " + std::to_string(buckets.size()) + " points, each the highest of its phases";
   if (options.oom)
     summary += "; stopped: out of memory requesting " + format_bytes(options.oom->requested) +
                " of " + category_name(options.oom->category) + " in " + options.oom->phase.str();
+  const std::string detail_title =
+      spans.empty() ? std::string("no phases recorded")
+                    : "Step " + std::to_string(spans[detail].step) + " at full detail" +
+                          (options.detail_step > 0 && detail_note.empty() ? " (--timeline-step)"
+                           : options.oom ? " (the step that ran out of memory)"
+                                         : " (the step of the peak)") +
+                          detail_note + ": " + std::to_string(step_samples.size()) +
+                          " phases; another step: train --timeline-step N";
 
   std::string html;
   html.reserve(svg.size() + data.size() + 8192);
@@ -465,6 +775,16 @@ std::string render_timeline_html(const std::vector<TimelineSample>& samples,
       "body { font-family: sans-serif; margin: 16px 24px; color: #222; background: #fff; }\n"
       "h1 { font-size: 20px; margin: 0 0 4px; }\n"
       ".summary { font-size: 14px; color: #555; margin: 0 0 6px; }\n"
+      "h2 { font-size: 16px; margin: 10px 0 4px; }\n"
+      "#overview-controls { font-size: 13px; margin: 2px 0; display: flex; gap: 6px; "
+      "align-items: center; max-width: 1200px; }\n"
+      "#overview-controls button { font-size: 13px; min-width: 28px; }\n"
+      "#overview-status { margin-left: 10px; color: #333; }\n"
+      "#overview-min { fill: none; stroke: #222; stroke-width: 1.3; stroke-dasharray: 5 3; }\n"
+      "#overview-selected { fill: #000; fill-opacity: 0.08; }\n"
+      "#overview-limit { stroke: #d62728; stroke-width: 2; stroke-dasharray: 8 5; }\n"
+      "#overview-cursor { stroke: #000; stroke-width: 1; pointer-events: none; }\n"
+      "#overview-hit { cursor: grab; }\n"
       "svg { width: 100%; max-width: 1200px; height: auto; display: block; }\n"
       "svg text { font-family: sans-serif; font-size: 13px; fill: #333; }\n"
       ".grid { stroke: #e4e4e4; stroke-width: 1; }\n"
@@ -496,6 +816,12 @@ std::string render_timeline_html(const std::vector<TimelineSample>& samples,
       (options.title.empty() ? "" : ": " + html_escape(options.title)) +
       "</h1>\n<p class=\"summary\">" + html_escape(summary) + "</p>\n" +
       // Above the chart: it stays in view while the pointer moves over it.
+      "<h2>All steps</h2>\n<div id=\"overview-controls\"><button id=\"zoom-in\" "
+      "type=\"button\">+</button><button id=\"zoom-out\" type=\"button\">\xe2\x88\x92</button>"
+      "<button id=\"zoom-reset\" type=\"button\">whole run</button>"
+      "<span id=\"overview-status\">Point at a step to see its highest and lowest bytes by "
+      "category.</span></div>\n" +
+      overview + "<h2 id=\"detail-title\">" + html_escape(detail_title) + "</h2>\n" +
       "<div id=\"status\">Point at the chart to see the phase and its bytes by category.</div>\n" +
       svg + "</div>\n<script type=\"application/json\" id=\"timeline-data\">" + data +
       "</script>\n<script>" + kScript + "</script>\n</body>\n</html>\n";

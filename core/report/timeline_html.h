@@ -1,7 +1,11 @@
-// The memory timeline as one self-contained HTML file: a stacked area of live bytes by category
-// over the run (one point per loop phase), the memory limit and the peak marked, and the phase
-// under the pointer. Inline SVG and a little inline JavaScript; nothing is fetched, so the file
-// can be mailed, attached to an issue or opened offline.
+// The memory timeline as one self-contained HTML file, readable at any length: an overview of every
+// step (x in steps: each step's highest total stacked by category, its lowest as a dashed line;
+// zoom with the wheel or the buttons, pan by dragging, the step under the pointer's bytes by
+// category, lowest to highest) above one step drawn phase by phase (the step asked for, else the
+// peak's, else for a run stopped out of memory the last), a stacked area of live bytes by
+// category with the memory limit, the step's peak and the phase under the pointer. Inline SVG and
+// a little inline JavaScript; nothing is fetched, so the file can be mailed, attached to an issue
+// or opened offline.
 //
 // Stable hooks for tests and for anyone styling the file:
 //   <div id="headroom-timeline" data-rendered="1">   set by the script once it has run
@@ -11,9 +15,14 @@
 //   <path id="bucket-low">                            when downsampled: each point's lowest total
 //   <g id="oom-marker">                               the failed request, for a run stopped by OOM
 //   <div id="status">                                 the phase and bytes under the pointer
+//   <svg id="overview-chart">, <svg id="overview-plot"> the overview and its zoomed plot
+//   <path class="overview-series overview-<category>"> the overview's stacked steps
+//   <path id="overview-min">                           each step's lowest total
+//   data-overview-view="A B" on #headroom-timeline     the columns in view, set by the script
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -28,6 +37,7 @@ struct TimelineHtmlOptions {
   const OomReport* oom =
       nullptr;               // a run stopped by OOM: the request that failed, drawn at the end
   size_t max_points = 2000;  // more samples than this are merged, keeping each bucket's highest
+  int64_t detail_step = 0;  // the step drawn phase by phase; 0: the peak's (a failed run: the last)
 };
 
 // Consecutive samples merged into one point: [first, last], drawn as the sample `top` of them

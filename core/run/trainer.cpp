@@ -142,6 +142,9 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     // Sharded (a zero plugin partitioned while it was created): every layer's buffers padded to
     // a multiple of the ranks.
     // Sharded parameters (zero3): each layer is cut to its shard as soon as it is initialised.
+    // A pruned model (headroom.resize/1) is built at its widths before anything loads into it:
+    // the snapshot's it resumes from, or the weights file it starts from.
+    adopt_mlp_widths();
     std::function<void(Layer<float>&)> placed;
     if (shard_what_) {
       sharding_ = std::make_unique<Sharding>(*device_, *comm_, shard_what_, shard_persist_below_);
@@ -167,6 +170,10 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     } catch (const ConfigError& e) {
       throw ConfigError(config_.train.init_from_pos.str() + ": train.init_from: " + e.what());
     }
+    if (options_.log && root())
+      *options_.log << "init_from: loaded " << model_->params().size() << " tensors ("
+                    << model_->num_params() << " parameters) from " << config_.train.init_from
+                    << "\n";
   }
 }
 
@@ -249,6 +256,7 @@ void Trainer::write_memory_timeline(const OomReport* oom) {
   o.title = config_.file;
   o.memory_limit = device_->memory_limit();
   o.oom = oom;
+  o.detail_step = options_.memory_timeline_step;
   write_timeline_html(options_.memory_timeline_path, device_->tracker().timeline(), o);
 }
 
@@ -288,6 +296,7 @@ void Trainer::run_steps() {
       step_start_plugins_ = plugins_->save_states();
     }
     const double t0 = now_ms();
+    const uint64_t syncs0 = ops.host_syncs();
     StepRecord r;
     micro_step_ = 0;
     veto_ = false;
@@ -357,7 +366,13 @@ void Trainer::run_steps() {
     // ranks.
     r.grad_norm =
         std::sqrt(sharding_ ? sharding_->grad_sum_squares() : grad_sum_squares(ops, segments_));
-    clip_grads(ops, segments_, r.grad_norm, t.grad_clip);
+    // With nothing that could read the gradients before the update (no plugin, no listener),
+    // the built-in optimizers fold clipping into it as a scale: no pass of its own. Otherwise
+    // the gradients are clipped in place, as whatever reads them at OPTIMIZER_STEP expects.
+    const float clip = clip_factor(r.grad_norm, t.grad_clip);
+    const bool observed = plugins_->size() > 0 || !listeners_.empty();
+    if (observed || !optimizer_->fold_grad_scale(clip))
+      clip_grads(ops, segments_, r.grad_norm, t.grad_clip);
     r.lr = cur_.lr;
     cur_.grad_norm = r.grad_norm;
     // What clip_grad_norm multiplied the gradients by (optim.h), for headroom.step/1.
@@ -401,6 +416,7 @@ void Trainer::run_steps() {
       sharding_->wait();
       sharding_->check_step_end(shard_plugin_);
     }
+    r.host_syncs = ops.host_syncs() - syncs0;  // the validation below not counted
     if (val_data_ && (step_ % t.eval_every == 0 || step_ == t.steps)) {
       ops.synchronize();  // the last micro-step is done with the batch buffers
       r.evaluated = true;
@@ -928,10 +944,36 @@ void Trainer::set_loss_scale(const std::string& plugin, double scale) {
 
 namespace {
 
+// A pruned model's adds its blocks' MLP widths and heads (an unpruned one's reads as it always
+// did).
 std::string model_signature(const ModelConfig& m) {
   return "n_layer=" + std::to_string(m.n_layer) + " n_head=" + std::to_string(m.n_head) +
          " n_embd=" + std::to_string(m.n_embd) + " seq_len=" + std::to_string(m.seq_len) +
-         " vocab_size=" + std::to_string(m.vocab_size);
+         " vocab_size=" + std::to_string(m.vocab_size) +
+         (m.pruned() ? " mlp_hidden=" + mlp_hidden_str(m) : "") +
+         (m.heads_pruned() ? " attn_heads=" + attn_heads_str(m) : "");
+}
+
+// The widths a signature records ("... mlp_hidden=3072,1536"); empty when it records none or
+// they do not parse as `n` positive integers.
+std::vector<int> signature_widths(const std::string& sig, int n,
+                                  const std::string& key = " mlp_hidden=") {
+  const size_t at = sig.find(key);
+  if (at == std::string::npos) return {};
+  std::vector<int> out;
+  std::string rest = sig.substr(at + key.size());
+  rest = rest.substr(0, rest.find(' '));
+  size_t pos = 0;
+  while (pos <= rest.size()) {
+    const size_t comma = std::min(rest.find(',', pos), rest.size());
+    const std::string num = rest.substr(pos, comma - pos);
+    if (num.empty() || num.size() > 9 || num.find_first_not_of("0123456789") != std::string::npos)
+      return {};
+    out.push_back(std::stoi(num));
+    if (out.back() < 1) return {};
+    pos = comma + 1;
+  }
+  return int(out.size()) == n ? out : std::vector<int>{};
 }
 
 std::vector<uint8_t> bytes_of(Backend& ops, const void* data, uint64_t bytes) {
@@ -941,6 +983,69 @@ std::vector<uint8_t> bytes_of(Backend& ops, const void* data, uint64_t bytes) {
 }
 
 }  // namespace
+
+void Trainer::adopt_mlp_widths() {
+  if (!options_.resume_dir.empty()) {
+    // Read once, here; resume() loads it. A folder without a readable snapshot is resume()'s to
+    // refuse, where it always was.
+    try {
+      resume_data_ =
+          std::make_unique<SnapshotData>(read_newest_snapshot(options_.resume_dir, &resume_path_));
+    } catch (const ConfigError&) {
+      resume_data_.reset();
+      return;
+    }
+    ModelConfig pruned = config_.model;
+    pruned.mlp_hidden = signature_widths(resume_data_->model, config_.model.n_layer);
+    pruned.attn_heads =
+        signature_widths(resume_data_->model, config_.model.n_layer, " attn_heads=");
+    // Only the widths are taken: a snapshot of another model is refused by resume().
+    if (model_signature(pruned) == resume_data_->model) {
+      config_.model.mlp_hidden = pruned.mlp_hidden;
+      config_.model.attn_heads = pruned.attn_heads;
+    }
+    return;
+  }
+  if (!config_.train.init_from.empty()) {
+    try {
+      config_.model.mlp_hidden = safetensors_mlp_widths(config_.train.init_from, config_.model);
+      config_.model.attn_heads = safetensors_attn_heads(config_.train.init_from, config_.model);
+    } catch (const ConfigError& e) {
+      throw ConfigError(config_.train.init_from_pos.str() + ": train.init_from: " + e.what());
+    }
+  }
+}
+
+void Trainer::resize_mlp(const std::string& plugin, int layer, const std::vector<uint32_t>& keep) {
+  resize(plugin, [&] { return model_->resize_mlp(layer, keep); });
+}
+
+void Trainer::resize_heads(const std::string& plugin, int layer,
+                           const std::vector<uint32_t>& keep) {
+  resize(plugin, [&] { return model_->resize_heads(layer, keep); });
+}
+
+void Trainer::resize(const std::string& plugin,
+                     const std::function<std::vector<ParamResize>()>& resize) {
+  if (!model_) throw ResizeRefused(plugin + ": the model is not built yet");
+  // The shards, the gradient buckets and the resharding of snapshots cut every layer at fixed
+  // sizes: resizing runs on one rank without a zero plugin so far.
+  if (sharding_ || comm_->world_size() > 1)
+    throw ResizeRefused(
+        "the model can be resized only on one rank without a zero plugin so far "
+        "(this run has " +
+        std::to_string(comm_->world_size()) + " rank(s)" +
+        (sharding_ ? " and shards with '" + shard_plugin_ + "'" : "") + ")");
+  if (!optimizer_->can_resize())
+    throw ResizeRefused(
+        "the optimizer-role plugin cannot resize its state (its "
+        "hr_optimizer_hooks has no resize)");
+  const std::vector<ParamResize> changes = resize();
+  segments_ = whole_params(model_->params());
+  optimizer_->resize(segments_, changes);
+  config_.model.mlp_hidden = model_->config().mlp_hidden;
+  config_.model.attn_heads = model_->config().attn_heads;
+}
 
 void Trainer::stop_interrupted(int signal, bool mid_step) {
   const int64_t stopped_in = step_;
@@ -1033,8 +1138,10 @@ std::string Trainer::write_snapshot(
 }
 
 int64_t Trainer::resume() {
-  std::string path;
-  SnapshotData d = read_newest_snapshot(options_.resume_dir, &path);
+  std::string path = resume_path_;
+  SnapshotData d =
+      resume_data_ ? std::move(*resume_data_) : read_newest_snapshot(options_.resume_dir, &path);
+  resume_data_.reset();
   auto refuse = [&](const std::string& why) {
     return ConfigError("--resume: snapshot " + path + " " + why);
   };
@@ -1217,6 +1324,11 @@ void Trainer::log_step(const StepRecord& r) {
   if (metrics_) {
     nlohmann::json j;
     j["step"] = r.step;
+    // The first record a run writes says what computed it (the GEMM library and its kernel).
+    if (!metrics_header_written_) {
+      j["backend"] = device_->kind() + ": " + device_->backend().describe();
+      metrics_header_written_ = true;
+    }
     j["loss"] = r.loss;
     j["lr"] = r.lr;
     j["grad_norm"] = r.grad_norm;
@@ -1224,6 +1336,7 @@ void Trainer::log_step(const StepRecord& r) {
     j["tokens_per_s"] = r.tokens_per_s;
     j["data_wait_ms"] = r.data_wait_ms;
     j["comm_wait_ms"] = r.comm_wait_ms;
+    j["host_syncs"] = r.host_syncs;
     j["skipped"] = r.skipped;
     if (r.skipped) j["skip_reason"] = veto_reason_;
     j["skipped_steps"] = skipped_steps_;

@@ -40,6 +40,7 @@ struct TrainOptions {
   // With more than one rank, each rank writes its own: FILE.rankN.html (rank_output_path), and
   // likewise the allocation trace (FILE.rankN). The metrics and the weights are rank 0's alone.
   std::string memory_timeline_path;
+  int64_t memory_timeline_step = 0;  // the step the timeline draws phase by phase; 0: the peak's
   // The data, when not the one [data] describes (embedding hosts, benchmarks, tests).
   std::unique_ptr<DataSource> data_source;
 };
@@ -54,9 +55,12 @@ struct StepRecord {
   double data_wait_ms = 0.0;  // waiting for batches, summed over the step's micro-steps
   double comm_wait_ms = 0.0;  // world size > 1: launching what was left and waiting for the
                               // gradient buckets after the backward (what overlap did not hide)
-  bool skipped = false;       // a plugin vetoed the optimizer step
-  double loss_scale = 1.0;    // the loss scale the step's backward ran with (amp fp16)
-  bool evaluated = false;     // train.eval_every: the validation loss was measured after the step
+  // Times the host waited for the device in the step (Backend::host_syncs; the validation
+  // evaluation and snapshots after it not counted).
+  uint64_t host_syncs = 0;
+  bool skipped = false;     // a plugin vetoed the optimizer step
+  double loss_scale = 1.0;  // the loss scale the step's backward ran with (amp fp16)
+  bool evaluated = false;   // train.eval_every: the validation loss was measured after the step
   double val_loss = 0.0;
   int micro_batch = 0;  // what the step ran at (headroom.batch/1 may change it) and
   int grad_accum = 0;   // its micro-steps: micro_batch · grad_accum is the configured's
@@ -160,6 +164,10 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   // are now, with the data position and plugin states of that moment. Returns the file.
   std::string write_snapshot(int64_t step, const std::string& data_state,
                              const std::map<std::string, std::vector<uint8_t>>& plugin_states);
+  // Before the model is built: the per-block MLP widths and attention heads of a pruned model to
+  // resume (the newest snapshot's, read now and kept for resume()) or to start from ([train]
+  // init_from's file).
+  void adopt_mlp_widths();
   // Loads the newest snapshot of options_.resume_dir; returns its step. At the world size and
   // sharding it was written at, each rank reads its own part, bitwise; else it is resharded.
   int64_t resume();
@@ -198,6 +206,12 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   void set_partition(const std::string& plugin, uint32_t what) override;
   void set_persist_below(const std::string& plugin, uint64_t elements) override;
   Sharding* sharding() override { return sharding_.get(); }
+  void resize_mlp(const std::string& plugin, int layer, const std::vector<uint32_t>& keep) override;
+  void resize_heads(const std::string& plugin, int layer,
+                    const std::vector<uint32_t>& keep) override;
+  // What resize_mlp and resize_heads share: the checks, then `resize` (the model's), then the
+  // optimizer's segments and state.
+  void resize(const std::string& plugin, const std::function<std::vector<ParamResize>()>& resize);
   // Every layer's masters made whole one at a time for what reads or writes the model whole
   // (zero3 and amp keep shards; core/shard/sharding.h with_masters): gathered first (`gather`, a
   // collective: every rank calls it) and/or scattered back into the shards after (`scatter`).
@@ -237,6 +251,7 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   int64_t best_val_step_ = 0;
   std::vector<EventListener*> listeners_;
   std::unique_ptr<AppendFile> metrics_;
+  bool metrics_header_written_ = false;  // the first record carries the backend's description
   std::vector<StepRecord> history_;
   struct Bucket {
     Buffer buffer;  // Category::kCommunication
@@ -300,6 +315,10 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   double loss_scale_ = 1.0;
   double run_start_ms_ = 0.0;
   int64_t first_step_ = 1;  // > 1 after a resume
+  // --resume: the snapshot read before the model was built (its MLP widths are the model's),
+  // which resume() then loads; its path.
+  std::unique_ptr<SnapshotData> resume_data_;
+  std::string resume_path_;
   // The newest snapshot of this run (or the one it resumed from) and its step.
   std::string snapshot_path_;
   int64_t snapshot_step_ = 0;

@@ -15,13 +15,16 @@
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "core/comm/comm.h"
 #include "core/config/config.h"
+#include "core/data/bpe_tokenizer.h"
 #include "core/data/shards.h"
 #include "core/device/device.h"
+#include "core/model/safetensors.h"
 #include "core/os/interrupt.h"
 #include "core/os/output_file.h"
 #include "core/plan/measure.h"
@@ -29,6 +32,7 @@
 #include "core/plan/search.h"
 #include "core/plugin_host/plugin_host.h"
 #include "core/report/alloc_trace.h"
+#include "core/run/sample.h"
 #include "core/run/trainer.h"
 
 namespace {
@@ -41,9 +45,45 @@ constexpr int kExitOutput = 4;
 constexpr int kExitDiverged = 5;
 constexpr int kExitPeerFailed = 6;
 
+// train.init_from's tensors, by name and shape, against the config's model (what the trainer's
+// load checks), from the file's header alone.
+void check_init_from(const headroom::Config& config) {
+  const std::string& path = config.train.init_from;
+  const std::string at = config.train.init_from_pos.str() + ": train.init_from: " + path + ": ";
+  std::vector<headroom::SafetensorsEntry> entries;
+  try {
+    entries = headroom::read_safetensors_header(path);
+  } catch (const headroom::ConfigError& e) {
+    throw headroom::ConfigError(config.train.init_from_pos.str() +
+                                ": train.init_from: " + e.what());
+  }
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const headroom::SafetensorsEntry& e : entries)
+    shapes[e.name.rfind("transformer.", 0) == 0 ? e.name.substr(12) : e.name] = e.shape;
+  for (const headroom::ParamShape& p : headroom::gpt_param_shapes(config.model)) {
+    std::vector<int64_t> want = p.shape;
+    const bool conv1d =
+        p.name.find(".attn.c_") != std::string::npos || p.name.find(".mlp.c_") != std::string::npos;
+    if (conv1d && want.size() == 2 && p.name.find(".weight") != std::string::npos)
+      std::swap(want[0], want[1]);  // Hugging Face's Conv1D stores (in, out)
+    const auto it = shapes.find(p.name);
+    if (it == shapes.end()) throw headroom::ConfigError(at + "missing tensor " + p.name);
+    if (it->second != want)
+      throw headroom::ConfigError(at + "tensor " + p.name + " does not have the shape of " +
+                                  "the config's model");
+  }
+}
+
 int cmd_check(const std::string& file, const std::vector<std::string>& sets) {
   const headroom::Config config = headroom::load_config(file, sets);
   headroom::validate_plugins(config);  // each plugin checks its own keys, as in `train`
+  // What `train` opens before its first step is opened here too, so that a config `check` accepts
+  // is one `train` starts: the data (files, shards, their tokenizer) and the init_from weights.
+  headroom::make_data_source(config.data, config.model, config.train.micro_batch,
+                             config.model.seq_len);
+  if (!config.train.init_from.empty()) check_init_from(config);
+  // A CUDA device: that this build and machine have one (train refuses otherwise, exit 2).
+  if (config.device.kind != "cpu") headroom::Device::create(config.device);
   std::cout << headroom::format_config(config);
   return kExitOk;
 }
@@ -137,17 +177,27 @@ int cmd_plugins() {
   return kExitOk;
 }
 
-// `headroom shard TEXTFILE OUTDIR`: llm.c token shards of a file's bytes.
-int cmd_shard(const std::string& text, const std::string& out_dir, uint64_t tokens_per_shard) {
+// `headroom shard TEXTFILE OUTDIR [--tokenizer FILE]`: llm.c token shards of a file's bytes, or
+// of its ids under a byte-level BPE tokenizer. The shard paths on stdout, one a line; what the
+// tokens are on stderr.
+int cmd_shard(const std::string& text, const std::string& out_dir, uint64_t tokens_per_shard,
+              const std::string& tokenizer_file) {
+  std::unique_ptr<headroom::Tokenizer> tokenizer = tokenizer_file.empty()
+                                                       ? headroom::make_byte_tokenizer()
+                                                       : headroom::load_tokenizer(tokenizer_file);
   headroom::install_stop_handlers();  // a stop leaves no half set of shards behind
-  for (const std::string& path : headroom::write_text_shards(text, out_dir, tokens_per_shard))
+  std::fprintf(stderr, "headroom: tokens: %s\n", tokenizer->describe().c_str());
+  for (const std::string& path : headroom::write_text_shards(
+           text, out_dir, tokens_per_shard, tokenizer_file.empty() ? nullptr : tokenizer.get()))
     std::printf("%s\n", path.c_str());
   return kExitOk;
 }
 
 struct TrainFlags {
   std::string metrics, resume, save_weights, record_allocs, memory_timeline;
+  int64_t timeline_step = 0;
   bool quiet = false;
+  bool verbose = false;
 };
 
 // "; wrote metrics m.jsonl, memory timeline t.html": what a run that stopped early still wrote.
@@ -173,6 +223,7 @@ int cmd_train(const std::string& file, const std::vector<std::string>& sets,
   options.save_weights_path = flags.save_weights;
   options.record_allocs_path = flags.record_allocs;
   options.memory_timeline_path = flags.memory_timeline;
+  options.memory_timeline_step = flags.timeline_step;
   options.log = quiet ? nullptr : &std::cout;
   options.live_progress = !quiet && isatty(STDOUT_FILENO);
 
@@ -207,6 +258,9 @@ int cmd_train(const std::string& file, const std::vector<std::string>& sets,
                       ? headroom::format_bytes(config.device.memory_limit).c_str()
                       : "none",
                   config.train.micro_batch, config.train.grad_accum);
+      const std::string compute = trainer->device().backend().describe();
+      if (flags.verbose && !compute.empty())
+        std::printf("headroom: %s backend: %s\n", config.device.kind.c_str(), compute.c_str());
       std::fflush(stdout);
     }
     trainer->run();
@@ -331,7 +385,14 @@ int main(int argc, char** argv) {
   train->add_option("--memory-timeline", flags.memory_timeline,
                     "write the memory timeline to FILE.html (one self-contained file), also when "
                     "the run stops out of memory");
+  train
+      ->add_option("--timeline-step", flags.timeline_step,
+                   "the step --memory-timeline draws phase by phase (default: the step of the "
+                   "peak)")
+      ->check(CLI::Range(int64_t(1), INT64_MAX));
   train->add_flag("-q,--quiet", flags.quiet, "print nothing but errors");
+  train->add_flag("-v,--verbose", flags.verbose,
+                  "also say what computes: the backend's GEMM library, its kernel, its threads");
 
   CLI::App* plan = app.add_subcommand(
       "plan", "estimate the run's peak memory by category and what would make it fit");
@@ -359,11 +420,12 @@ int main(int argc, char** argv) {
                     "override a config key: --set section.key=value, or plugins.NAME.key=value for "
                     "a listed plugin (repeatable)");
 
-  std::string shard_text, shard_dir;
+  std::string shard_text, shard_dir, shard_tokenizer;
   uint64_t tokens_per_shard = 100000000;
   CLI::App* shard = app.add_subcommand(
       "shard",
-      "write a text file's bytes as llm.c token shards (vocab 256) for [data] kind = shards");
+      "write a text file as llm.c token shards for [data] kind = shards: its bytes (vocab 256), "
+      "or its ids under a byte-level BPE tokenizer (--tokenizer)");
   shard->add_option("text", shard_text, "the text file")->required();
   shard->add_option("outdir", shard_dir, "the folder to write shard_000000.bin, ... into")
       ->required();
@@ -372,6 +434,9 @@ int main(int argc, char** argv) {
                    "at most this many tokens per shard (1 to 2147483647)")
       ->check(CLI::Range(uint64_t(1), uint64_t(INT32_MAX),
                          "a whole number of tokens from 1 to 2147483647"));
+  shard->add_option("--tokenizer", shard_tokenizer,
+                    "a Hugging Face tokenizer.json (byte-level BPE, as GPT-2's), or GPT-2's "
+                    "vocab.json with merges.txt beside it; the shards record its vocab size");
 
   std::string replay_file, replay_config, replay_limit;
   std::vector<std::string> replay_sets;
@@ -387,6 +452,37 @@ int main(int argc, char** argv) {
   replay->add_option("--set", replay_sets, "override a key of --config (repeatable)");
   replay->add_option("--memory-limit", replay_limit,
                      "replay under SIZE (\"96MiB\") instead of the config's or the trace's limit");
+
+  headroom::SampleRequest sample_req;
+  CLI::App* sample = app.add_subcommand(
+      "sample",
+      "generate text from a trained model (a config, a snapshot or a weights file) with a KV "
+      "cache, decoded by the data's tokenizer");
+  sample
+      ->add_option("source", sample_req.source,
+                   "a config (.toml: its newest snapshot, else train.init_from), a snapshot "
+                   "(.hrsnap, or a folder of them: the newest) or a weights file (.safetensors)")
+      ->required();
+  sample->add_option("--prompt", sample_req.prompt, "the text to continue")->required();
+  sample->add_option("--tokens", sample_req.tokens, "how many tokens to generate")
+      ->required()
+      ->check(CLI::Range(0, 1000000));
+  sample
+      ->add_option("--temperature", sample_req.params.temperature,
+                   "divides the logits; 0 always takes the most likely token (default 1)")
+      ->check(CLI::Range(0.0, 100.0));
+  sample
+      ->add_option("--top-k", sample_req.params.top_k,
+                   "draw among the K most likely tokens; 0: among all (default)")
+      ->check(CLI::Range(0, INT32_MAX));
+  sample->add_option("--seed", sample_req.params.seed, "the draws' seed (default 1)");
+  sample->add_option("--config", sample_req.config_file,
+                     "the config whose [model] and [data] tokenizer a snapshot or weights file "
+                     "was trained with");
+  sample->add_option("--tokenizer", sample_req.tokenizer,
+                     "decode with this tokenizer.json (or vocab.json) instead of the config's");
+  sample->add_option("--set", sample_req.sets, "override a key of the config (repeatable)");
+  sample->add_flag("--ids", sample_req.ids, "print token ids instead of text");
 
   CLI::App* plugins = app.add_subcommand(
       "plugins", "list every plugin on the plugin path: name, version, ABI, events, roles, file");
@@ -406,11 +502,15 @@ int main(int argc, char** argv) {
 
   try {
     if (*train) return cmd_train(config_file, sets, flags);
-    if (*shard) return cmd_shard(shard_text, shard_dir, tokens_per_shard);
+    if (*shard) return cmd_shard(shard_text, shard_dir, tokens_per_shard, shard_tokenizer);
     if (*check) return cmd_check(config_file, sets);
     if (*plan) return cmd_plan(config_file, sets, plan_flags);
     if (*replay) return cmd_replay(replay_file, replay_config, replay_sets, replay_limit);
     if (*plugins) return cmd_plugins();
+    if (*sample) {
+      headroom::run_sample(sample_req, std::cout, std::cerr);
+      return kExitOk;
+    }
   } catch (const headroom::ConfigError& e) {
     std::cerr << "headroom: error: " << e.what() << "\n";
     return kExitUsage;

@@ -7,9 +7,11 @@
 #include <cassert>
 #include <cmath>
 #include <cstddef>
+#include <vector>
 
 #include "kernels/common/elementwise.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/reduce.h"
 
 namespace headroom::cpu {
@@ -40,11 +42,16 @@ inline void causal_softmax_row(T* row, int n, int Tn) {
 // att (B,NH,T,T): softmax probabilities, saved for backward (zero above the diagonal).
 // out (B,T,C): heads side by side in the same column order.
 template <class T>
-void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int NH) {
+HEADROOM_CPU_CLONES void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C,
+                                           int NH) {
   assert(C % NH == 0);
   const int hs = C / NH;
   const int C3 = 3 * C;
   const T scale = T(1.0 / std::sqrt(static_cast<double>(hs)));
+  // (batch, head) pairs in parallel where the GEMM library runs inside a parallel region
+  // (gemm.h): each pair writes its own att and out columns.
+  const int nt = kGemmInParallel ? threads_for(size_t(B) * NH * Tn * Tn) : 1;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < NH; h++) {
       const T* q = qkv + static_cast<size_t>(b) * Tn * C3 + static_cast<size_t>(h) * hs;  // (T,hs)
@@ -68,46 +75,96 @@ void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int N
 // scratch: caller-provided workspace of T*T elements (contents undefined on entry and exit); it
 // holds datt and then dpreatt for one (b,h) at a time.
 template <class T>
-void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, int B,
-                        int Tn, int C, int NH) {
+HEADROOM_CPU_CLONES void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv,
+                                            const T* att, int B, int Tn, int C, int NH) {
   assert(C % NH == 0);
   const int hs = C / NH;
   const int C3 = 3 * C;
   const T scale = T(1.0 / std::sqrt(static_cast<double>(hs)));
-  for (int b = 0; b < B; b++) {
-    for (int h = 0; h < NH; h++) {
-      const size_t qkv_off = static_cast<size_t>(b) * Tn * C3 + static_cast<size_t>(h) * hs;
-      const T* q = qkv + qkv_off;  // (T,hs), row stride 3C; likewise k, v, dq, dk, dv
-      const T* k = q + C;
-      const T* v = q + 2 * C;
-      T* dq = dqkv + qkv_off;
-      T* dk = dq + C;
-      T* dv = dq + 2 * C;
-      const T* att_bh = att + (static_cast<size_t>(b) * NH + h) * Tn * Tn;  // (T,T)
-      const T* dout_bh = dout + static_cast<size_t>(b) * Tn * C + static_cast<size_t>(h) * hs;
-      // dv (T,hs) += att^T (T,T) · dout (T,hs)
-      gemm(true, false, Tn, hs, Tn, T(1), att_bh, Tn, dout_bh, C, T(1), dv, C3);
-      // datt (T,T) = dout (T,hs) · v^T
-      T* d = scratch;
-      gemm(false, true, Tn, Tn, hs, T(1), dout_bh, C, v, C3, T(0), d, Tn);
-      // Softmax backward, row by row, in place: dpreatt = att * (datt - sum_j att_j datt_j).
-      // Masked entries have att = 0, so their gradient is exactly 0 (written, not computed, since
-      // datt there is whatever the GEMM produced).
-      for (int t = 0; t < Tn; t++) {
-        const T* a = att_bh + static_cast<size_t>(t) * Tn;
-        T* dr = d + static_cast<size_t>(t) * Tn;
-        const T dotT = T(detail::dot_of(a, dr, t + 1));
-        for (int j = 0; j <= t; j++) {
-          dr[j] = a[j] * (dr[j] - dotT);
+  // (batch, head) pairs in parallel, as forward. Thread 0 uses the caller's scratch, the others
+  // a (T,T) buffer of their own: host memory standing for what a GPU keeps in shared memory, as
+  // the CPU backend's widened copies stand for registers.
+  const int nt = kGemmInParallel ? threads_for(size_t(B) * NH * Tn * Tn) : 1;
+  std::vector<std::vector<T>> extra(nt > 1 ? nt - 1 : 0);
+#pragma omp parallel num_threads(nt)
+  {
+    const int tid = thread_num();
+    T* my_scratch = scratch;
+    if (tid > 0) {
+      extra[tid - 1].resize(static_cast<size_t>(Tn) * Tn);
+      my_scratch = extra[tid - 1].data();
+    }
+#pragma omp for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++) {
+      for (int h = 0; h < NH; h++) {
+        const size_t qkv_off = static_cast<size_t>(b) * Tn * C3 + static_cast<size_t>(h) * hs;
+        const T* q = qkv + qkv_off;  // (T,hs), row stride 3C; likewise k, v, dq, dk, dv
+        const T* k = q + C;
+        const T* v = q + 2 * C;
+        T* dq = dqkv + qkv_off;
+        T* dk = dq + C;
+        T* dv = dq + 2 * C;
+        const T* att_bh = att + (static_cast<size_t>(b) * NH + h) * Tn * Tn;  // (T,T)
+        const T* dout_bh = dout + static_cast<size_t>(b) * Tn * C + static_cast<size_t>(h) * hs;
+        // dv (T,hs) += att^T (T,T) · dout (T,hs)
+        gemm(true, false, Tn, hs, Tn, T(1), att_bh, Tn, dout_bh, C, T(1), dv, C3);
+        // datt (T,T) = dout (T,hs) · v^T
+        T* d = my_scratch;
+        gemm(false, true, Tn, Tn, hs, T(1), dout_bh, C, v, C3, T(0), d, Tn);
+        // Softmax backward, row by row, in place: dpreatt = att * (datt - sum_j att_j datt_j).
+        // Masked entries have att = 0, so their gradient is exactly 0 (written, not computed, since
+        // datt there is whatever the GEMM produced).
+        for (int t = 0; t < Tn; t++) {
+          const T* a = att_bh + static_cast<size_t>(t) * Tn;
+          T* dr = d + static_cast<size_t>(t) * Tn;
+          const T dotT = T(detail::dot_of(a, dr, t + 1));
+          for (int j = 0; j <= t; j++) {
+            dr[j] = a[j] * (dr[j] - dotT);
+          }
+          for (int j = t + 1; j < Tn; j++) {
+            dr[j] = T(0);
+          }
         }
-        for (int j = t + 1; j < Tn; j++) {
-          dr[j] = T(0);
-        }
+        // preatt = scale * q · k^T, so with the scale folded into alpha:
+        // dq (T,hs) += scale * dpreatt (T,T) · k (T,hs);  dk (T,hs) += scale * dpreatt^T · q
+        gemm(false, false, Tn, hs, Tn, scale, d, Tn, k, C3, T(1), dq, C3);
+        gemm(true, false, Tn, hs, Tn, scale, d, Tn, q, C3, T(1), dk, C3);
       }
-      // preatt = scale * q · k^T, so with the scale folded into alpha:
-      // dq (T,hs) += scale * dpreatt (T,T) · k (T,hs);  dk (T,hs) += scale * dpreatt^T · q
-      gemm(false, false, Tn, hs, Tn, scale, d, Tn, k, C3, T(1), dq, C3);
-      gemm(true, false, Tn, hs, Tn, scale, d, Tn, q, C3, T(1), dk, C3);
+    }
+  }
+}
+
+// One new query against a KV cache (generation): qkv (T,3C) holds positions 0..T-1 of one
+// sequence, and the last row's q attends over every row's k and v (all at or before it).
+// out (C): the heads side by side, as attention_forward's row T-1. O(T C) where attention_forward
+// over the cache is O(T^2 C). The same softmax as the forward's row.
+template <class T>
+void attention_decode(T* out, const T* qkv, int Tn, int C, int NH) {
+  assert(C % NH == 0 && Tn > 0);
+  const int hs = C / NH;
+  const size_t C3 = static_cast<size_t>(3) * C;
+  const T scale = T(1.0 / std::sqrt(static_cast<double>(hs)));
+  std::vector<T> p(static_cast<size_t>(Tn));
+  const T* q_row = qkv + static_cast<size_t>(Tn - 1) * C3;
+  for (int h = 0; h < NH; h++) {
+    const T* q = q_row + static_cast<size_t>(h) * hs;
+    for (int j = 0; j < Tn; j++) {
+      const T* k = qkv + static_cast<size_t>(j) * C3 + C + static_cast<size_t>(h) * hs;
+      T dot = T(0);
+      for (int d = 0; d < hs; d++)
+        dot += q[d] * k[d];
+      p[static_cast<size_t>(j)] = scale * dot;
+    }
+    detail::causal_softmax_row(p.data(), Tn, Tn);
+    T* o = out + static_cast<size_t>(h) * hs;
+    for (int d = 0; d < hs; d++)
+      o[d] = T(0);
+    for (int j = 0; j < Tn; j++) {
+      const T* v = qkv + static_cast<size_t>(j) * C3 + 2 * static_cast<size_t>(C) +
+                   static_cast<size_t>(h) * hs;
+      const T pj = p[static_cast<size_t>(j)];
+      for (int d = 0; d < hs; d++)
+        o[d] += pj * v[d];
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/common/elementwise.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/reduce.h"
 
 namespace headroom::cpu {
@@ -20,8 +21,10 @@ namespace headroom::cpu {
 // dloss is the upstream gradient of each row's loss (1/N for a mean over N rows).
 // Numerically stable: the row max is subtracted before exp, and the sums are in double.
 template <class T>
-void crossentropy_forward_backward(T* logits, T* losses, const int32_t* targets, int N, int V,
-                                   T dloss) {
+HEADROOM_CPU_CLONES void crossentropy_forward_backward(T* logits, T* losses, const int32_t* targets,
+                                                       int N, int V, T dloss) {
+  // Rows in parallel: each row's sums stay on one thread, in its order.
+#pragma omp parallel for schedule(static) num_threads(threads_for(size_t(N) * V))
   for (int n = 0; n < N; n++) {
     T* row = logits + static_cast<size_t>(n) * V;
     const int32_t target = targets[n];

@@ -6,12 +6,14 @@
 #include <cstddef>
 
 #include "kernels/common/elementwise.h"
+#include "kernels/cpu/parallel.h"
 
 namespace headroom::cpu {
 
 // out (N) = gelu(inp (N))
 template <class T>
-void gelu_forward(T* out, const T* inp, size_t N) {
+HEADROOM_CPU_CLONES void gelu_forward(T* out, const T* inp, size_t N) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(N))
   for (size_t i = 0; i < N; i++) {
     out[i] = gelu_tanh(inp[i]);
   }
@@ -19,7 +21,8 @@ void gelu_forward(T* out, const T* inp, size_t N) {
 
 // dinp (N) += gelu'(inp) * dout
 template <class T>
-void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N) {
+HEADROOM_CPU_CLONES void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(N))
   for (size_t i = 0; i < N; i++) {
     dinp[i] += gelu_tanh_grad(inp[i]) * dout[i];
   }

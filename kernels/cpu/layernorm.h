@@ -5,14 +5,17 @@
 #include <cmath>
 #include <cstddef>
 
+#include "kernels/cpu/parallel.h"
+
 namespace headroom::cpu {
 
 // out (N,C) = (inp - mean) * rstd * weight (C) + bias (C); mean, rstd (N) are saved for backward
 // (either may be null when no backward follows).
 template <class T>
-void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
-                       int N, int C) {
+HEADROOM_CPU_CLONES void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight,
+                                           const T* bias, int N, int C) {
   const double eps = 1e-5;
+#pragma omp parallel for schedule(static) num_threads(threads_for(size_t(N) * C))
   for (int n = 0; n < N; n++) {
     const T* x = inp + static_cast<size_t>(n) * C;
     T* y = out + static_cast<size_t>(n) * C;
@@ -43,8 +46,12 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
 //   dbias (C) += sum_n dout,  dweight (C) += sum_n dout * norm
 //   dinp (N,C) += rstd * (dnorm - mean_i(dnorm) - norm * mean_i(dnorm * norm))
 template <class T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                        const T* mean, const T* rstd, int N, int C) {
+HEADROOM_CPU_CLONES void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout,
+                                            const T* inp, const T* weight, const T* mean,
+                                            const T* rstd, int N, int C) {
+  // Rows in parallel for the input gradient; then the parameter gradients, sums over the rows,
+  // split over columns so that each column is summed over its rows in order (parallel.h).
+#pragma omp parallel for schedule(static) num_threads(threads_for(size_t(N) * C))
   for (int n = 0; n < N; n++) {
     const T* x = inp + static_cast<size_t>(n) * C;
     const T* dy = dout + static_cast<size_t>(n) * C;
@@ -62,13 +69,28 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
     }
     const T mean_dnorm = T(sum_dnorm / C);
     const T mean_dnorm_norm = T(sum_dnorm_norm / C);
-    // Then one contiguous, reduction-free pass for all three outputs.
+    // Then one contiguous, reduction-free pass.
     for (int i = 0; i < C; i++) {
       const T norm = (x[i] - m) * s;
       const T dnorm = weight[i] * dy[i];
-      dbias[i] += dy[i];
-      dweight[i] += norm * dy[i];
       dx[i] += (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s;
+    }
+  }
+  constexpr int kCols = 64;  // a block of columns: contiguous, vectorizes over i
+  const int blocks = (C + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static) num_threads(threads_for(size_t(N) * C))
+  for (int blk = 0; blk < blocks; blk++) {
+    const int i0 = blk * kCols, i1 = i0 + kCols < C ? i0 + kCols : C;
+    for (int n = 0; n < N; n++) {
+      const T* x = inp + static_cast<size_t>(n) * C;
+      const T* dy = dout + static_cast<size_t>(n) * C;
+      const T m = mean[n];
+      const T s = rstd[n];
+      for (int i = i0; i < i1; i++) {
+        const T norm = (x[i] - m) * s;
+        dbias[i] += dy[i];
+        dweight[i] += norm * dy[i];
+      }
     }
   }
 }

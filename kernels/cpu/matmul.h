@@ -14,6 +14,7 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N,
   T beta = T(0);
   if (bias != nullptr) {
     // Broadcast the bias into out first and let the GEMM accumulate onto it: no second pass.
+#pragma omp parallel for schedule(static) num_threads(threads_for(size_t(N) * OC))
     for (int n = 0; n < N; n++) {
       T* out_n = out + static_cast<size_t>(n) * OC;
       for (int o = 0; o < OC; o++) {
@@ -35,12 +36,18 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
   if (dinp != nullptr) gemm(false, false, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);
   if (dweight != nullptr) gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
   if (dbias != nullptr) {
-    // Row by row so the inner loop is contiguous over OC (vectorizes); column sums by column
-    // would stride through dout by OC.
-    for (int n = 0; n < N; n++) {
-      const T* dout_n = dout + static_cast<size_t>(n) * OC;
-      for (int o = 0; o < OC; o++) {
-        dbias[o] += dout_n[o];
+    // Row by row within a block of columns so the inner loop is contiguous (vectorizes); the
+    // blocks split over the threads, each column summed over the rows in order (parallel.h).
+    constexpr int kCols = 64;
+    const int blocks = (OC + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static) num_threads(threads_for(size_t(N) * OC))
+    for (int blk = 0; blk < blocks; blk++) {
+      const int o0 = blk * kCols, o1 = o0 + kCols < OC ? o0 + kCols : OC;
+      for (int n = 0; n < N; n++) {
+        const T* dout_n = dout + static_cast<size_t>(n) * OC;
+        for (int o = o0; o < o1; o++) {
+          dbias[o] += dout_n[o];
+        }
       }
     }
   }

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/common/elementwise.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/reduce.h"
 
 namespace headroom::cpu {
@@ -16,14 +17,18 @@ namespace headroom::cpu {
 //   m = beta1 m + (1-beta1) g;  v = beta2 v + (1-beta2) g^2
 //   param -= lr * (m/(1-beta1^t) / (sqrt(v/(1-beta2^t)) + eps) + weight_decay * param)
 template <class T>
-void adamw_update(T* param, const T* grad, T* m, T* v, size_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, int64_t t) {
+HEADROOM_CPU_CLONES void adamw_update(T* param, const T* grad, T* m, T* v, size_t n, float lr,
+                                      float beta1, float beta2, float eps, float weight_decay,
+                                      int64_t t, T grad_scale = T(1)) {
   const double td = static_cast<double>(t);
   const T bc1 = T(1.0 - std::pow(static_cast<double>(beta1), td));
   const T bc2 = T(1.0 - std::pow(static_cast<double>(beta2), td));
   const T lrT = T(lr), b1 = T(beta1), b2 = T(beta2), epsT = T(eps), wd = T(weight_decay);
+#pragma omp parallel for schedule(static) num_threads(threads_for(n))
   for (size_t i = 0; i < n; i++) {
-    param[i] = adamw_element(param[i], grad[i], m[i], v[i], lrT, b1, b2, epsT, wd, bc1, bc2);
+    // grad_scale: clipping folded in (x 1 is exact: unclipped steps are unchanged).
+    param[i] =
+        adamw_element(param[i], grad[i] * grad_scale, m[i], v[i], lrT, b1, b2, epsT, wd, bc1, bc2);
   }
 }
 
@@ -32,16 +37,18 @@ void adamw_update(T* param, const T* grad, T* m, T* v, size_t n, float lr, float
 // momentum_buf (n) is zero-initialized by the caller; it is null when momentum == 0, and then
 // there is no state: param -= lr * g.
 template <class T>
-void sgd_update(T* param, const T* grad, T* momentum_buf, size_t n, float lr, float momentum,
-                float weight_decay) {
+HEADROOM_CPU_CLONES void sgd_update(T* param, const T* grad, T* momentum_buf, size_t n, float lr,
+                                    float momentum, float weight_decay, T grad_scale = T(1)) {
   const T lrT = T(lr), mu = T(momentum), wd = T(weight_decay);
   if (momentum_buf != nullptr && momentum != 0.0f) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n))
     for (size_t i = 0; i < n; i++) {
-      param[i] = sgd_momentum_element(param[i], grad[i], momentum_buf[i], lrT, mu, wd);
+      param[i] = sgd_momentum_element(param[i], grad[i] * grad_scale, momentum_buf[i], lrT, mu, wd);
     }
   } else {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n))
     for (size_t i = 0; i < n; i++) {
-      param[i] = sgd_element(param[i], grad[i], lrT, wd);
+      param[i] = sgd_element(param[i], grad[i] * grad_scale, lrT, wd);
     }
   }
 }
@@ -49,11 +56,13 @@ void sgd_update(T* param, const T* grad, T* momentum_buf, size_t n, float lr, fl
 // AdamW over stored operands (weights W, gradients G, state S: float, or uint16_t bf16 bits that
 // are rounded stochastically from `seed`, kernels/common/elementwise.h adamw_stored).
 template <class W, class G, class S>
-void adamw_update_stored(W* param, const G* grad, S* m, S* v, size_t n, float lr, float beta1,
-                         float beta2, float eps, float weight_decay, int64_t t, uint32_t seed) {
+HEADROOM_CPU_CLONES void adamw_update_stored(W* param, const G* grad, S* m, S* v, size_t n,
+                                             float lr, float beta1, float beta2, float eps,
+                                             float weight_decay, int64_t t, uint32_t seed) {
   const double td = static_cast<double>(t);
   const float bc1 = float(1.0 - std::pow(static_cast<double>(beta1), td));
   const float bc2 = float(1.0 - std::pow(static_cast<double>(beta2), td));
+#pragma omp parallel for schedule(static) num_threads(threads_for(n))
   for (size_t i = 0; i < n; i++) {
     adamw_stored(param[i], grad[i], m[i], v[i], i, seed, lr, beta1, beta2, eps, weight_decay, bc1,
                  bc2);
@@ -62,9 +71,11 @@ void adamw_update_stored(W* param, const G* grad, S* m, S* v, size_t n, float lr
 
 // SGD over stored operands, as adamw_update_stored; momentum_buf null (or momentum 0): no state.
 template <class W, class G, class S>
-void sgd_update_stored(W* param, const G* grad, S* momentum_buf, size_t n, float lr, float momentum,
-                       float weight_decay, uint32_t seed) {
+HEADROOM_CPU_CLONES void sgd_update_stored(W* param, const G* grad, S* momentum_buf, size_t n,
+                                           float lr, float momentum, float weight_decay,
+                                           uint32_t seed) {
   const bool with_buf = momentum_buf != nullptr && momentum != 0.0f;
+#pragma omp parallel for schedule(static) num_threads(threads_for(n))
   for (size_t i = 0; i < n; i++) {
     sgd_stored(param[i], grad[i], with_buf ? momentum_buf + i : static_cast<S*>(nullptr), i, seed,
                lr, momentum, weight_decay);
@@ -79,7 +90,8 @@ double sum_squares(const T* x, size_t n) {
 
 // x (n) *= s
 template <class T>
-void scale_inplace(T* x, size_t n, T s) {
+HEADROOM_CPU_CLONES void scale_inplace(T* x, size_t n, T s) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n))
   for (size_t i = 0; i < n; i++) {
     x[i] *= s;
   }

@@ -4,11 +4,14 @@
 
 #include <cstddef>
 
+#include "kernels/cpu/parallel.h"
+
 namespace headroom::cpu {
 
 // out (N) = a (N) + b (N)
 template <class T>
-void residual_forward(T* out, const T* a, const T* b, size_t N) {
+HEADROOM_CPU_CLONES void residual_forward(T* out, const T* a, const T* b, size_t N) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(N))
   for (size_t i = 0; i < N; i++) {
     out[i] = a[i] + b[i];
   }
@@ -16,7 +19,8 @@ void residual_forward(T* out, const T* a, const T* b, size_t N) {
 
 // dst (N) += src (N)
 template <class T>
-void add_inplace(T* dst, const T* src, size_t N) {
+HEADROOM_CPU_CLONES void add_inplace(T* dst, const T* src, size_t N) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(N))
   for (size_t i = 0; i < N; i++) {
     dst[i] += src[i];
   }

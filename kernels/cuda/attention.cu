@@ -159,7 +159,56 @@ void attention_backward(CudaContext& ctx, T* dqkv, T* scratch, const T* dout, co
   }
 }
 
+// One block per head h: scores s_j = scale * q · k_j for j in 0..T-1 (q from row T-1) into shared
+// memory, their softmax (the forward's exp), then out[h*hs + d] = sum_j p_j v_j[d]. fp32 inside.
+template <class T>
+__global__ void attention_decode_kernel(T* out, const T* qkv, int Tn, int C, int hs, float scale) {
+  extern __shared__ float scores[];  // (T)
+  const int h = blockIdx.x;
+  const size_t C3 = static_cast<size_t>(3) * C;
+  const T* q = qkv + static_cast<size_t>(Tn - 1) * C3 + static_cast<size_t>(h) * hs;
+  float maxv = -INFINITY;
+  for (int j = threadIdx.x; j < Tn; j += blockDim.x) {
+    const T* k = qkv + static_cast<size_t>(j) * C3 + C + static_cast<size_t>(h) * hs;
+    float dot = 0.0f;
+    for (int d = 0; d < hs; d++)
+      dot += to_float(q[d]) * to_float(k[d]);
+    scores[j] = scale * dot;
+    maxv = fmaxf(maxv, scores[j]);
+  }
+  maxv = block_max(maxv);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < Tn; j += blockDim.x) {
+    scores[j] = exp_minus_abs(scores[j] - maxv);
+    sum += scores[j];
+  }
+  const float inv = 1.0f / block_sum(sum);  // its __syncthreads make every score visible
+  for (int d = threadIdx.x; d < hs; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j < Tn; j++)
+      acc += scores[j] * to_float(qkv[static_cast<size_t>(j) * C3 + 2 * static_cast<size_t>(C) +
+                                      static_cast<size_t>(h) * hs + d]);
+    out[static_cast<size_t>(h) * hs + d] = from_float<T>(acc * inv);
+  }
+}
+
+template <class T>
+void attention_decode(CudaContext& ctx, T* out, const T* qkv, int Tn, int C, int NH,
+                      cudaStream_t stream) {
+  (void)ctx;
+  if (NH <= 0 || C % NH != 0)
+    throw std::invalid_argument("attention_decode: C must be a positive multiple of NH");
+  if (Tn <= 0 || Tn > 12288)
+    throw std::invalid_argument("attention_decode: 1 to 12288 cached positions");
+  const int hs = C / NH;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
+  attention_decode_kernel<<<NH, 256, static_cast<size_t>(Tn) * sizeof(float), stream>>>(
+      out, qkv, Tn, C, hs, scale);
+  CUDA_CHECK_LAUNCH();
+}
+
 #define HR_INSTANTIATE(T)                                                                      \
+  template void attention_decode<T>(CudaContext&, T*, const T*, int, int, int, cudaStream_t);  \
   template void attention_forward<T>(CudaContext&, T*, T*, const T*, int, int, int, int,       \
                                      cudaStream_t);                                            \
   template void attention_backward<T>(CudaContext&, T*, T*, const T*, const T*, const T*, int, \

@@ -103,6 +103,11 @@ void matmul_backward(CudaContext& ctx, T* dinp, T* dweight, T* dbias, const T* d
 template <class T>
 void attention_forward(CudaContext& ctx, T* out, T* att, const T* qkv, int B, int Tn, int C, int NH,
                        cudaStream_t stream);
+// Generation: qkv (T,3C) one sequence's cached rows; out (C) = row T-1's query attending over
+// rows 0..T-1. One block per head, the scores in dynamic shared memory (T floats: T <= 12288).
+template <class T>
+void attention_decode(CudaContext& ctx, T* out, const T* qkv, int Tn, int C, int NH,
+                      cudaStream_t stream);
 // Elements of T the backward's scratch needs: one batch row's heads at a time, (NH,T,T).
 inline uint64_t attention_scratch_numel(int B, int Tn, int NH) {
   (void)B;
@@ -170,13 +175,14 @@ void any_nonfinite(int* flag, const T* x, size_t n, cudaStream_t stream);
 
 // --- optimizer.cu (float parameters, gradients and state) --------------------------------------
 // AdamW, torch.optim.AdamW semantics, t the 1-based step (bias corrections computed on the host in
-// double, as on the CPU); m, v (n) zero-initialized before step 1.
+// double, as on the CPU); m, v (n) zero-initialized before step 1. The update reads
+// grad * grad_scale (clipping folded in; 1 for none).
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t t,
-                  cudaStream_t stream);
+                  float grad_scale, cudaStream_t stream);
 // SGD, torch.optim.SGD semantics; momentum_buf (n) null (or momentum 0) means no state.
 void sgd_update(float* param, const float* grad, float* momentum_buf, size_t n, float lr,
-                float momentum, float weight_decay, cudaStream_t stream);
+                float momentum, float weight_decay, float grad_scale, cudaStream_t stream);
 // The same on stored operands: W, G, S each float or uint16_t (bf16 bits, weights and state
 // rounded stochastically from seed); instantiated for every combination in optimizer.cu.
 template <class W, class G, class S>

@@ -198,6 +198,84 @@ class Adafactor {
     return st;
   }
 
+  // Pruning shrank a parameter (headroom/ext/resize.h): its state keeps the kept rows or columns.
+  // A matrix's factored second moments: the kept rows' row statistics (rows kept) or the kept
+  // columns' column statistics (columns kept), the other vector as it was (its entries average
+  // over the removed elements too: an approximation, as the paper's factoring itself is); a
+  // vector's v and any m keep the kept elements. New memory first is not needed: the old buffer
+  // is read to the host and freed before the new one is made.
+  hr_status resize(const hr_resize_info* info) {
+    if (!info || info->struct_size < sizeof(hr_resize_info) || !info->keep) {
+      s_->set_error(s_->host, "adafactor: malformed hr_resize_info");
+      return HR_ERROR_INVALID;
+    }
+    if (!allocated_) return HR_OK;  // allocated at the new sizes by the first step
+    Slot* slot = nullptr;
+    for (Slot& k : slots_)
+      if (k.layer == info->layer && k.index == info->index) slot = &k;
+    if (!slot) {
+      s_->set_error(s_->host, "adafactor: no state for the resized parameter");
+      return HR_ERROR_INVALID;
+    }
+    std::vector<float> old(slot->floats);
+    hr_status st = read(old.data(), slot->buf, old.size() * sizeof(float));
+    if (st != HR_OK) return st;
+    const uint64_t K = info->num_keep;
+    const uint64_t old_rows = info->ndim == 2 ? uint64_t(info->old_shape[0]) : 0;
+    const uint64_t old_cols = info->ndim == 2 ? uint64_t(info->old_shape[1]) : 0;
+    // The kept elements of a (rows, cols) tensor (a vector: rows = 0) at src, into dst.
+    auto gather = [&](const float* src, float* dst) {
+      if (info->ndim == 1) {
+        for (uint64_t i = 0; i < K; ++i)
+          dst[i] = src[info->keep[i]];
+      } else if (info->axis == 0) {
+        for (uint64_t i = 0; i < K; ++i)
+          std::memcpy(dst + i * old_cols, src + uint64_t(info->keep[i]) * old_cols,
+                      old_cols * sizeof(float));
+      } else {
+        for (uint64_t r = 0; r < old_rows; ++r)
+          for (uint64_t j = 0; j < K; ++j)
+            dst[r * K + j] = src[r * old_cols + info->keep[j]];
+      }
+    };
+    Slot next = *slot;
+    next.numel = 1;
+    for (int32_t d = 0; d < info->ndim; ++d)
+      next.numel *= uint64_t(info->new_shape[d]);
+    next.floats = state_floats(info->ndim, info->new_shape, next.numel, c_.first_moment, &next.rows,
+                               &next.cols);
+    std::vector<float> now(next.floats, 0.0f);
+    if (slot->rows) {
+      if (info->axis == 0) {  // rows kept: their statistics; the columns' as they were
+        for (uint64_t i = 0; i < K; ++i)
+          now[i] = old[info->keep[i]];
+        std::memcpy(now.data() + next.rows, old.data() + slot->rows, slot->cols * sizeof(float));
+      } else {  // columns kept
+        std::memcpy(now.data(), old.data(), slot->rows * sizeof(float));
+        for (uint64_t j = 0; j < K; ++j)
+          now[next.rows + j] = old[slot->rows + info->keep[j]];
+      }
+    } else {
+      gather(old.data(), now.data());
+    }
+    if (c_.first_moment)
+      gather(old.data() + (slot->rows ? slot->rows + slot->cols : slot->numel),
+             now.data() + (next.rows ? next.rows + next.cols : next.numel));
+    s_->free(s_->host, slot->buf);
+    slot->buf = nullptr;
+    next.buf = static_cast<float*>(s_->alloc(s_->host, next.floats * sizeof(float),
+                                             HR_MEM_OPTIMIZER, ("adafactor " + next.name).c_str()));
+    if (!next.buf) {
+      s_->set_error(
+          s_->host,
+          ("no device memory for the resized adafactor state of '" + next.name + "'").c_str());
+      return HR_ERROR_OUT_OF_MEMORY;
+    }
+    st = write(next.buf, now.data(), now.size() * sizeof(float));
+    *slot = next;
+    return st;
+  }
+
   hr_status load(const void* data, uint64_t size) {
     const uint8_t* p = static_cast<const uint8_t*>(data);
     const uint8_t* end = p + size;

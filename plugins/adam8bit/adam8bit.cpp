@@ -288,6 +288,100 @@ class Adam8bit {
 
   std::vector<Tensor> tensors;
 
+  // Pruning shrank a parameter (headroom/ext/resize.h): its moments keep the kept elements. They
+  // are dequantized, gathered and quantized again block by block at the new size (each block's
+  // absmax is its new elements', so a kept value may move by its quantization step: the 8-bit
+  // state is approximate to begin with); fp32 moments are copied exactly.
+  hr_status resize(const hr_resize_info* info) {
+    if (!info || info->struct_size < sizeof(hr_resize_info) || !info->keep) {
+      s_->set_error(s_->host, "adam8bit: malformed hr_resize_info");
+      return HR_ERROR_INVALID;
+    }
+    if (!maps_) return HR_OK;  // no step yet: allocated at the new sizes
+    Tensor* t = nullptr;
+    for (Tensor& k : tensors)
+      if (k.layer == info->layer && k.index == info->index) t = &k;
+    if (!t) {
+      s_->set_error(s_->host, "adam8bit: no state for the resized parameter");
+      return HR_ERROR_INVALID;
+    }
+    std::vector<unsigned char> old(t->bytes);
+    for (uint64_t off = 0; off < old.size(); off += HR_READ_MAX_BYTES) {
+      const uint64_t n = std::min<uint64_t>(HR_READ_MAX_BYTES, old.size() - off);
+      const hr_status r =
+          read(old.data() + off, static_cast<const unsigned char*>(t->buf) + off, n);
+      if (r != HR_OK) return r;
+    }
+    const float* map_m = host_maps_.data();
+    const float* map_v = map_m + kMapEntries;
+    const float* th_m = map_m + 2 * kMapEntries;
+    const float* th_v = th_m + (kMapEntries - 1);
+    // The moments in f32.
+    std::vector<float> m(t->numel), v(t->numel);
+    if (t->q8) {
+      const uint64_t nb = adam8bit::num_blocks(t->numel);
+      const float* am = reinterpret_cast<const float*>(old.data());
+      const float* av = am + nb;
+      const uint8_t* qm = old.data() + 8 * nb;
+      const uint8_t* qv = qm + t->numel;
+      for (uint64_t b = 0; b < nb; ++b) {
+        const uint64_t lo = b * adam8bit::kBlock,
+                       n = std::min<uint64_t>(adam8bit::kBlock, t->numel - lo);
+        adam8bit::dequantize_block(map_m, qm + lo, am[b], n, m.data() + lo);
+        adam8bit::dequantize_block(map_v, qv + lo, av[b], n, v.data() + lo);
+      }
+    } else {
+      std::memcpy(m.data(), old.data(), t->numel * sizeof(float));
+      std::memcpy(v.data(), old.data() + t->numel * sizeof(float), t->numel * sizeof(float));
+    }
+    // The kept elements.
+    const uint64_t K = info->num_keep;
+    const uint64_t cols = info->ndim == 2 ? uint64_t(info->old_shape[1]) : 1;
+    const uint64_t rows = info->ndim == 2 ? uint64_t(info->old_shape[0]) : t->numel;
+    std::vector<uint64_t> from;
+    if (info->ndim == 1 || info->axis == 0) {
+      for (uint64_t i = 0; i < K; ++i)
+        for (uint64_t j = 0; j < cols; ++j)
+          from.push_back(uint64_t(info->keep[i]) * cols + j);
+    } else {
+      for (uint64_t r = 0; r < rows; ++r)
+        for (uint64_t j = 0; j < K; ++j)
+          from.push_back(r * cols + info->keep[j]);
+    }
+    Tensor next = *t;
+    next.numel = from.size();
+    next.q8 = next.numel >= uint64_t(c_.min_8bit_size);
+    next.bytes = adam8bit::state_bytes(next.numel, uint64_t(c_.min_8bit_size));
+    std::vector<float> m2(next.numel), v2(next.numel);
+    for (uint64_t i = 0; i < next.numel; ++i) {
+      m2[i] = m[from[i]];
+      v2[i] = v[from[i]];
+    }
+    std::vector<unsigned char> now(next.bytes);
+    if (next.q8) {
+      const uint64_t nb = adam8bit::num_blocks(next.numel);
+      float* am = reinterpret_cast<float*>(now.data());
+      float* av = am + nb;
+      uint8_t* qm = now.data() + 8 * nb;
+      uint8_t* qv = qm + next.numel;
+      for (uint64_t b = 0; b < nb; ++b) {
+        const uint64_t lo = b * adam8bit::kBlock,
+                       n = std::min<uint64_t>(adam8bit::kBlock, next.numel - lo);
+        am[b] = adam8bit::quantize_block(map_m, th_m, m2.data() + lo, n, qm + lo);
+        av[b] = adam8bit::quantize_block(map_v, th_v, v2.data() + lo, n, qv + lo);
+      }
+    } else {
+      std::memcpy(now.data(), m2.data(), next.numel * sizeof(float));
+      std::memcpy(now.data() + next.numel * sizeof(float), v2.data(), next.numel * sizeof(float));
+    }
+    s_->free(s_->host, t->buf);
+    t->buf = nullptr;
+    next.buf = s_->alloc(s_->host, next.bytes, HR_MEM_OPTIMIZER, ("adam8bit " + next.name).c_str());
+    if (!next.buf) return no_memory(next.name, next.bytes);
+    *t = next;
+    return upload(t->buf, now.data(), now.size());
+  }
+
  private:
   hr_status bad(const std::string& what) {
     s_->set_error(s_->host, ("adam8bit: the snapshot's optimizer state " + what).c_str());

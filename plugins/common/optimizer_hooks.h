@@ -4,12 +4,14 @@
 //   hr_status step(const hr_optimizer_step_info* info);   // the optimizer role's update
 //   hr_status save(const hr_state_writer* writer);        // its state, for snapshots
 //   hr_status load(const void* data, uint64_t size);      // and back
+//   hr_status resize(const hr_resize_info* info);         // a parameter shrank (pruning)
 // and the plugin's create() makes it with new. Training thread, as the hooks are.
 #pragma once
 
 #include <cstdint>
 
 #include "common/hook_guard.h"
+#include "headroom/ext/resize.h"
 #include "headroom/plugin.h"
 
 namespace headroom_plugin {
@@ -31,7 +33,11 @@ struct OptimizerHooks {
     T* t = static_cast<T*>(instance);
     return guarded(t->services(), "loading its state", [&] { return t->load(data, size); });
   }
-  static constexpr hr_optimizer_hooks kHooks = {sizeof(hr_optimizer_hooks), 0, step};
+  static hr_status resize(void* instance, const hr_resize_info* info) {
+    T* t = static_cast<T*>(instance);
+    return guarded(t->services(), "resizing its state", [&] { return t->resize(info); });
+  }
+  static constexpr hr_optimizer_hooks kHooks = {sizeof(hr_optimizer_hooks), 0, step, resize};
 };
 
 }  // namespace headroom_plugin

@@ -180,6 +180,13 @@ class CudaBackend final : public Backend {
       cuda::attention_forward(*ctx_, as<S>(out), as<S>(att), as<S>(qkv), B, T, C, NH, stream());
     });
   }
+  void attention_decode(Dtype dt, void* out, const void* qkv, int T, int C, int NH) override {
+    on_device();
+    dispatch(dt, "attention_decode", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::attention_decode(*ctx_, as<S>(out), as<S>(qkv), T, C, NH, stream());
+    });
+  }
   void attention_backward(Dtype dt, void* dqkv, void* scratch, const void* dout, const void* qkv,
                           const void* att, int B, int T, int C, int NH) override {
     on_device();
@@ -227,21 +234,23 @@ class CudaBackend final : public Backend {
   void adamw_update(float* param, const float* grad, float* m, float* v, uint64_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int64_t t) override {
     on_device();
-    cuda::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, stream());
+    cuda::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, 1.0f,
+                       stream());
   }
   void sgd_update(float* param, const float* grad, float* momentum_buf, uint64_t n, float lr,
                   float momentum, float weight_decay) override {
     on_device();
-    cuda::sgd_update(param, grad, momentum_buf, n, lr, momentum, weight_decay, stream());
+    cuda::sgd_update(param, grad, momentum_buf, n, lr, momentum, weight_decay, 1.0f, stream());
   }
   void adamw_update_stored(const Stored& o, void* param, const void* grad, void* m, void* v,
                            uint64_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, int64_t t) override {
-    if (o.all_f32())
-      return adamw_update(static_cast<float*>(param), static_cast<const float*>(grad),
-                          static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1, beta2, eps,
-                          weight_decay, t);
     on_device();
+    if (o.all_f32())
+      return cuda::adamw_update(static_cast<float*>(param), static_cast<const float*>(grad),
+                                static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1, beta2,
+                                eps, weight_decay, t, o.grad_scale, stream());
+    if (o.grad_scale != 1.0f) scale(o.grad, const_cast<void*>(grad), n, o.grad_scale);
     with_stored_types(o, [&](auto w, auto g, auto st) {
       using W = decltype(w);
       using G = decltype(g);
@@ -253,10 +262,12 @@ class CudaBackend final : public Backend {
   }
   void sgd_update_stored(const Stored& o, void* param, const void* grad, void* momentum_buf,
                          uint64_t n, float lr, float momentum, float weight_decay) override {
-    if (o.all_f32())
-      return sgd_update(static_cast<float*>(param), static_cast<const float*>(grad),
-                        static_cast<float*>(momentum_buf), n, lr, momentum, weight_decay);
     on_device();
+    if (o.all_f32())
+      return cuda::sgd_update(static_cast<float*>(param), static_cast<const float*>(grad),
+                              static_cast<float*>(momentum_buf), n, lr, momentum, weight_decay,
+                              o.grad_scale, stream());
+    if (o.grad_scale != 1.0f) scale(o.grad, const_cast<void*>(grad), n, o.grad_scale);
     with_stored_types(o, [&](auto w, auto g, auto st) {
       using W = decltype(w);
       using G = decltype(g);
@@ -307,6 +318,7 @@ class CudaBackend final : public Backend {
     });
   }
   double sum_squares(Dtype dt, const void* x, uint64_t n) override {
+    count_host_sync();
     on_device();
     double* d = static_cast<double*>(reduce_.get());
     dispatch(dt, "sum_squares", [&](auto tag) {
@@ -318,7 +330,39 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(stream()));
     return r->sum;
   }
+  double sum_squares_many(const std::vector<Span>& spans) override {
+    count_host_sync();
+    on_device();
+    if (spans.empty()) return 0.0;
+    // Each span's sum into its own device double, in stream order (the partials' scratch is
+    // reused: the kernels run one after the other), then one copy of all of them and one wait.
+    if (spans.size() > sums_count_) {
+      void* p = nullptr;
+      CUDA_CHECK(cudaMalloc(&p, sizeof(double) * spans.size()));
+      sums_.reset(p);
+      CUDA_CHECK(cudaMallocHost(&p, sizeof(double) * spans.size()));
+      sums_host_.reset(p);
+      sums_count_ = spans.size();
+    }
+    double* d = static_cast<double*>(sums_.get());
+    double* scratch = static_cast<double*>(reduce_.get()) + 1;
+    for (size_t i = 0; i < spans.size(); ++i) {
+      dispatch(spans[i].dtype, "sum_squares", [&](auto tag) {
+        using S = decltype(tag);
+        cuda::sum_squares(d + i, scratch, as<S>(spans[i].data), spans[i].numel, stream());
+      });
+    }
+    double* h = static_cast<double*>(sums_host_.get());
+    CUDA_CHECK(
+        cudaMemcpyAsync(h, d, sizeof(double) * spans.size(), cudaMemcpyDeviceToHost, stream()));
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+    double total = 0.0;
+    for (size_t i = 0; i < spans.size(); ++i)
+      total += h[i];
+    return total;
+  }
   bool any_nonfinite(Dtype dt, const void* x, uint64_t n) override {
+    count_host_sync();
     on_device();
     int* flag = static_cast<int*>(flag_.get());
     dispatch(dt, "any_nonfinite", [&](auto tag) {
@@ -349,6 +393,7 @@ class CudaBackend final : public Backend {
   }
   void download(void* dst, const void* src, uint64_t bytes) override {
     if (bytes == 0) return;
+    count_host_sync();
     on_device();
     // On the compute stream: after every op before it, and after every upload (the compute stream
     // waits for each).
@@ -356,6 +401,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(stream()));
   }
   void synchronize() override {
+    count_host_sync();
     on_device();
     CUDA_CHECK(cudaStreamSynchronize(copy_.get()));
     CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
@@ -390,7 +436,11 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::CudaContext> ctx_;
   std::unique_ptr<void, DeviceFree> reduce_;  // sum_squares: result + partials (doubles)
   std::unique_ptr<void, DeviceFree> flag_;    // any_nonfinite's flag (int)
-  std::unique_ptr<void, HostFree> result_;    // HostResult, pinned
+  // sum_squares_many: one double per span on the device and page-locked on the host.
+  std::unique_ptr<void, DeviceFree> sums_;
+  std::unique_ptr<void, HostFree> sums_host_;
+  size_t sums_count_ = 0;
+  std::unique_ptr<void, HostFree> result_;  // HostResult, pinned
 };
 
 }  // namespace

@@ -395,10 +395,17 @@ typedef struct hr_allocator_hooks {
 /* The optimizer role. step() runs after OPTIMIZER_STEP was dispatched, on the training thread; it
  * reads parameters and gradients through layer_param and keeps its state in memory from alloc
  * (category HR_MEM_OPTIMIZER). */
+typedef struct hr_resize_info hr_resize_info; /* headroom/ext/resize.h */
 typedef struct hr_optimizer_hooks {
   uint32_t struct_size;
   uint32_t reserved0;
   hr_status (*step)(void* instance, const hr_optimizer_step_info* info);
+  /* Appended (ABI 1.5, HR_HAS_FIELD); may be NULL. Structured pruning (headroom/ext/resize.h)
+   * shrank one parameter: keep the state of the elements it kept, drop the rest. Training thread,
+   * inside the resize call that shrank it (STEP_END or TRAIN_BEGIN), after layer_param already
+   * describes its new shape; once per shrunk parameter. A plugin without it cannot be used with
+   * pruning: the resize is refused before anything changes. */
+  hr_status (*resize)(void* instance, const hr_resize_info* info);
 } hr_optimizer_hooks;
 
 typedef struct hr_plugin_descriptor {

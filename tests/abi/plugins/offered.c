@@ -95,7 +95,7 @@ static hr_status load(void* instance, const void* data, uint64_t size) {
 
 static const hr_allocator_hooks kAllocator = {sizeof(hr_allocator_hooks), 0, allocate, deallocate,
                                               NULL};
-static const hr_optimizer_hooks kOptimizer = {sizeof(hr_optimizer_hooks), 0, step};
+static const hr_optimizer_hooks kOptimizer = {sizeof(hr_optimizer_hooks), 0, step, NULL};
 static const hr_ext_state kState = {sizeof(hr_ext_state), 0, save, load};
 
 static const void* get_extension(const char* id) {

@@ -1,0 +1,201 @@
+#include "core/run/sample.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <ostream>
+#include <sstream>
+
+#include "core/config/config.h"
+#include "core/data/bpe_tokenizer.h"
+#include "core/device/device.h"
+#include "core/model/safetensors.h"
+#include "core/run/snapshot.h"
+
+namespace headroom {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// "n_layer=1 n_head=2 n_embd=16 seq_len=16 vocab_size=64": a snapshot's model (trainer.cpp).
+ModelConfig model_of_signature(const std::string& sig, const std::string& file) {
+  ModelConfig m;
+  std::istringstream is(sig);
+  std::string word;
+  int found = 0;
+  while (is >> word) {
+    const size_t eq = word.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string k = word.substr(0, eq);
+    int v = 0;
+    try {
+      v = std::stoi(word.substr(eq + 1));
+    } catch (const std::exception&) {
+      continue;
+    }
+    int* slot = k == "n_layer"      ? &m.n_layer
+                : k == "n_head"     ? &m.n_head
+                : k == "n_embd"     ? &m.n_embd
+                : k == "seq_len"    ? &m.seq_len
+                : k == "vocab_size" ? &m.vocab_size
+                                    : nullptr;
+    if (slot) *slot = v, ++found;
+  }
+  if (found != 5 || m.n_layer < 1 || m.n_head < 1 || m.n_embd < 1 || m.seq_len < 1 ||
+      m.vocab_size < 1 || m.n_embd % m.n_head != 0)
+    throw ConfigError(file + ": its model \"" + sig +
+                      "\" is not a shape headroom can build; pass --config with the model");
+  return m;
+}
+
+// The model shape a GPT-2 safetensors file holds: wte (V, C), wpe (T, C), blocks h.0 .. h.L-1.
+// n_head is not in the tensors: GPT-2's head size of 64 is assumed.
+ModelConfig model_of_weights(const std::string& path, std::ostream& log) {
+  const std::vector<SafetensorsEntry> entries = read_safetensors_header(path);
+  ModelConfig m;
+  for (const SafetensorsEntry& e : entries) {
+    std::string name = e.name;
+    if (name.rfind("transformer.", 0) == 0) name = name.substr(12);
+    if (name == "wte.weight" && e.shape.size() == 2)
+      m.vocab_size = int(e.shape[0]), m.n_embd = int(e.shape[1]);
+    if (name == "wpe.weight" && e.shape.size() == 2) m.seq_len = int(e.shape[0]);
+    if (name.rfind("h.", 0) == 0) m.n_layer = std::max(m.n_layer, std::atoi(name.c_str() + 2) + 1);
+  }
+  if (m.vocab_size < 1 || m.seq_len < 1 || m.n_layer < 1)
+    throw ConfigError(path + ": holds no GPT-2 (wte.weight, wpe.weight and h.N.* tensors)");
+  m.n_head = m.n_embd % 64 == 0 ? m.n_embd / 64 : 1;
+  log << "headroom: " << path << " does not record n_head: assumed " << m.n_head
+      << " (head size 64, GPT-2's; pass --config to say otherwise)\n";
+  return m;
+}
+
+// The newest snapshot in `dir`, or "" when there is none.
+bool has_snapshot(const std::string& dir) {
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return false;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("step_", 0) == 0 && ends_with(n, ".hrsnap")) return true;
+  }
+  return false;
+}
+
+void load_snapshot_params(const SnapshotData& d, const std::string& file, Gpt<float>& model) {
+  Backend& ops = model.device().backend();
+  for (Param<float>* p : model.params()) {
+    const auto it = d.tensors.find(p->name);
+    if (it == d.tensors.end())
+      throw ConfigError("snapshot " + file + ": holds no parameter " + p->name);
+    if (it->second.size() != p->numel * sizeof(float))
+      throw ConfigError("snapshot " + file + ": " + p->name + " has " +
+                        std::to_string(it->second.size()) + " bytes, expected " +
+                        std::to_string(p->numel * sizeof(float)));
+    ops.upload(p->data(), it->second.data(), it->second.size());
+  }
+  model.sync_compute_params();
+}
+
+}  // namespace
+
+void run_sample(const SampleRequest& r, std::ostream& out, std::ostream& log) {
+  if (r.tokens < 0) throw ConfigError("--tokens must be >= 0");
+  const bool is_config = ends_with(r.source, ".toml");
+  if (is_config && !r.config_file.empty())
+    throw ConfigError("--config is for a snapshot or a weights file; " + r.source +
+                      " is a config itself");
+  Config config;
+  const bool have_config = is_config || !r.config_file.empty();
+  if (have_config) config = load_config(is_config ? r.source : r.config_file, r.sets);
+
+  // Where the weights come from, and the model's shape.
+  std::error_code ec;
+  std::string snapshot_file, weights_file;
+  SnapshotData snap;
+  if (is_config) {
+    if (has_snapshot(config.snapshot.dir)) {
+      snap = read_newest_snapshot(config.snapshot.dir, &snapshot_file);
+    } else if (!config.train.init_from.empty()) {
+      weights_file = config.train.init_from;
+    }
+  } else if (ends_with(r.source, ".hrsnap")) {
+    snap = read_snapshot(r.source);
+    snapshot_file = r.source;
+  } else if (fs::is_directory(r.source, ec)) {
+    snap = read_newest_snapshot(r.source, &snapshot_file);
+  } else if (ends_with(r.source, ".safetensors")) {
+    weights_file = r.source;
+  } else {
+    throw ConfigError(r.source +
+                      ": not a config (.toml), a snapshot (.hrsnap, or a folder of them) or a "
+                      "weights file (.safetensors)");
+  }
+  ModelConfig model_config = config.model;
+  if (!have_config) {
+    model_config = !snapshot_file.empty() ? model_of_signature(snap.model, snapshot_file)
+                                          : model_of_weights(weights_file, log);
+  } else if (!snapshot_file.empty() && model_config.n_layer > 0) {
+    const ModelConfig s = model_of_signature(snap.model, snapshot_file);
+    if (s.n_layer != model_config.n_layer || s.n_head != model_config.n_head ||
+        s.n_embd != model_config.n_embd || s.seq_len != model_config.seq_len ||
+        s.vocab_size != model_config.vocab_size)
+      throw ConfigError("snapshot " + snapshot_file + " holds the model \"" + snap.model +
+                        "\", not the config's");
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (!r.tokenizer.empty())
+    tokenizer = load_tokenizer(r.tokenizer);
+  else if (!config.data.tokenizer.empty())
+    tokenizer = load_tokenizer(config.data.tokenizer);
+  else
+    tokenizer = make_byte_tokenizer();
+  if (tokenizer->vocab_size() > model_config.vocab_size)
+    throw ConfigError("the tokenizer, " + tokenizer->describe() +
+                      ", has more ids than the model's " + "vocab_size " +
+                      std::to_string(model_config.vocab_size));
+
+  std::unique_ptr<Device> device = Device::create(config.device);
+  Gpt<float> model(model_config, *device, config.train.seed);
+  if (!snapshot_file.empty()) {
+    load_snapshot_params(snap, snapshot_file, model);
+    log << "headroom: sampling from snapshot " << snapshot_file << " (step " << snap.step << ")\n";
+  } else if (!weights_file.empty()) {
+    load_safetensors(weights_file, model);
+    log << "headroom: sampling from weights " << weights_file << "\n";
+  } else {
+    log << "headroom: " << r.source
+        << " names no trained weights (no snapshot in [snapshot] dir, no train.init_from): "
+           "sampling from its untrained initialisation (train.seed "
+        << config.train.seed << ")\n";
+  }
+  log << "headroom: tokens: " << tokenizer->describe() << "\n";
+
+  const std::vector<int32_t> prompt = tokenizer->encode(r.prompt);
+  if (prompt.empty()) throw ConfigError("--prompt: needs at least one token of text");
+  if (int(prompt.size()) > model_config.seq_len)
+    log << "headroom: the prompt's " << prompt.size() << " tokens are more than seq_len "
+        << model_config.seq_len << ": the model sees its last " << model_config.seq_len << "\n";
+  for (int32_t t : prompt)
+    if (t >= model_config.vocab_size)
+      throw ConfigError("--prompt: token " + std::to_string(t) + " is outside model.vocab_size " +
+                        std::to_string(model_config.vocab_size));
+  if (r.ids) {
+    for (size_t i = 0; i < prompt.size(); ++i)
+      out << (i ? " " : "") << prompt[i];
+    generate(model, prompt, r.tokens, r.params, [&](int32_t t) { out << " " << t << std::flush; });
+  } else {
+    out << r.prompt;
+    generate(model, prompt, r.tokens, r.params,
+             [&](int32_t t) { out << tokenizer->token_bytes(t) << std::flush; });
+  }
+  out << "\n";
+}
+
+}  // namespace headroom

@@ -1,0 +1,255 @@
+// The byte-level BPE tokenizer (core/data/bpe_tokenizer.h): its ids against Hugging Face's
+// `tokenizers` (the reference, tests/bpe/reference.py, run from .venv-test/ where scripts/setup
+// installs it; the tests skip saying so where it is not), its pre-tokenizer against GPT-2's
+// pattern on hand-checked cases, its errors, and `headroom shard --tokenizer`.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/data/bpe_tokenizer.h"
+#include "core/data/shards.h"
+#include "test_util.h"
+
+namespace headroom {
+namespace {
+
+using test::contains;
+using test::read_file;
+using test::run_command;
+using test::temp_dir;
+using test::write_file;
+
+// The text the reference trains on: English with contractions, numbers, code, whitespace runs,
+// other scripts and emoji, so that the merges cover them.
+std::string training_text() {
+  std::string t;
+  const char* lines[] = {
+      "The quick brown fox jumps over the lazy dog. It's 2026; we've 12,345 tokens.\n",
+      "I'm sure they'll say \"don't\" -- you'd agree? She's here, they're not.\n",
+      "def f(x):\n    return x ** 2  # squares\n\n\tindented\ttabs\n",
+      "Größe, Straße, naïve café, résumé; Ελληνικά κείμενα; русский текст.\n",
+      "日本語のテキスト、中文文本。한국어 텍스트. ٣٤٥ ١٢ ½ ⅷ\n",
+      "emoji 🙂🚀 and flags 🇫🇷, math ∑∫√ and symbols ©®™ — dashes – …\n",
+      "   leading spaces, trailing spaces   \n\n\n  multiple\n\n blank lines\r\n",
+  };
+  for (int r = 0; r < 20; ++r)
+    for (const char* l : lines)
+      t += l;
+  return t;
+}
+
+// The cases both encoders see: none of them is the training text verbatim.
+std::vector<std::string> cases() {
+  return {
+      "Hello world",
+      " Hello world",
+      "It's what we've got; they'll see, I'm sure, you'd know, he's done, we're DONE'S",
+      "'s 's' ''t '''re x'll y'LL",
+      "numbers 1 22 333 4444 12345678901 3.14159 1,000,000 ٣٤٥ ½ ⅷ",
+      "spaces:  two   three    four     end     ",
+      "tabs\tand\t\tnew\nlines\n\n\nand \n \n mixed \t\n",
+      "   leading",
+      "trailing   ",
+      "\n",
+      " ",
+      "",
+      "Größe Straße naïve café résumé ÆØÅ",
+      "Ελληνικά κείμενα, русский текст, עברית, العربية",
+      "日本語のテキスト、中文文本。한국어 텍스트",
+      "emoji 🙂🚀👍🏽 flags 🇫🇷🇩🇪 zwj 👩‍👩‍👧",
+      "math ∑∫√∞ ≤≥ ©®™ — – … «quotes» “curly” ‘single’",
+      "code: def f(x):\n    return x ** 2  # squares\n",
+      "mixed123abc 456def ghi789 a1b2c3",
+      "nbsp\u00a0here thin\u2009space ideographic\u3000space line\u2028sep",
+      "<|endoftext|>after special<|endoftext|> and <|endoftext|",
+      "The quick brown fox jumps over the lazy dog. It's 2026; we've 12,345 tokens.",
+      "!!!??? ... ---- ==== ____ \\\\ // @@ ## $$ %% ^^ && ** (( ))",
+      "\r\nwindows\r\nline endings\r\n",
+  };
+}
+
+// The venv scripts/setup makes; "" when it is not there.
+std::string reference_python() {
+  const std::string py = std::string(HEADROOM_SOURCE_DIR) + "/.venv-test/bin/python";
+  return std::filesystem::exists(py) ? py : "";
+}
+
+struct Reference {
+  std::string dir;
+  std::vector<std::vector<int32_t>> ids;
+  int vocab_size = 0;
+  std::string skip;  // why there is none
+};
+
+Reference make_reference(int vocab_size, bool add_prefix_space) {
+  Reference r;
+  const std::string py = reference_python();
+  if (py.empty()) {
+    r.skip = "Hugging Face's tokenizers is not installed: scripts/setup installs it into " +
+             std::string(HEADROOM_SOURCE_DIR) + "/.venv-test/";
+    return r;
+  }
+  r.dir = temp_dir();
+  const std::string train = write_file(r.dir, "train.txt", training_text());
+  const std::string cases_path = write_file(r.dir, "cases.json", nlohmann::json(cases()).dump());
+  const test::RunResult run = run_command(
+      py + " " + HEADROOM_SOURCE_DIR + "/tests/bpe/reference.py " + train + " " + cases_path + " " +
+      r.dir + " " + std::to_string(vocab_size) + " " + (add_prefix_space ? "1" : "0"));
+  if (run.exit_code == 77) {
+    r.skip = run.output;
+    return r;
+  }
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  const nlohmann::json j = nlohmann::json::parse(read_file(r.dir + "/ids.json"));
+  r.ids = j["ids"].get<std::vector<std::vector<int32_t>>>();
+  r.vocab_size = j["vocab_size"].get<int>();
+  return r;
+}
+
+void expect_same_ids(const Tokenizer& tok, const Reference& ref) {
+  const std::vector<std::string> cs = cases();
+  ASSERT_EQ(ref.ids.size(), cs.size());
+  for (size_t i = 0; i < cs.size(); ++i) {
+    EXPECT_EQ(tok.encode(cs[i]), ref.ids[i]) << "case " << i << ": \"" << cs[i] << "\"";
+  }
+}
+
+TEST(BpeTokenizer, TokenizerJsonIdsEqualHuggingFaces) {
+  const Reference ref = make_reference(600, false);
+  if (!ref.skip.empty()) GTEST_SKIP() << ref.skip;
+  const auto tok = load_tokenizer(ref.dir + "/tokenizer.json");
+  EXPECT_EQ(tok->vocab_size(), ref.vocab_size);
+  expect_same_ids(*tok, ref);
+  // Decoding gives the text back, byte for byte (special tokens as their text).
+  for (const std::string& c : cases())
+    EXPECT_EQ(tok->decode(tok->encode(c)), c);
+}
+
+TEST(BpeTokenizer, AddPrefixSpaceIdsEqualHuggingFaces) {
+  const Reference ref = make_reference(400, true);
+  if (!ref.skip.empty()) GTEST_SKIP() << ref.skip;
+  const auto tok = load_tokenizer(ref.dir + "/tokenizer.json");
+  EXPECT_TRUE(contains(tok->describe(), "add_prefix_space")) << tok->describe();
+  expect_same_ids(*tok, ref);
+}
+
+TEST(BpeTokenizer, VocabJsonAndMergesTxtEncodeAsTokenizerJson) {
+  const Reference ref = make_reference(600, false);
+  if (!ref.skip.empty()) GTEST_SKIP() << ref.skip;
+  const auto json = load_tokenizer(ref.dir + "/tokenizer.json");
+  const auto files = load_tokenizer(ref.dir + "/vocab.json");
+  // vocab.json holds no added tokens: where the text has none, the ids are the reference's.
+  const std::vector<std::string> cs = cases();
+  for (size_t i = 0; i < cs.size(); ++i) {
+    if (contains(cs[i], "<|endoftext|>")) continue;
+    EXPECT_EQ(files->encode(cs[i]), ref.ids[i]) << "case " << i << ": \"" << cs[i] << "\"";
+  }
+  EXPECT_EQ(files->encode(training_text()), json->encode(training_text()));
+}
+
+// GPT-2's pattern by hand, for a machine without the reference.
+TEST(BpeTokenizer, PretokenizerSplitsAsGpt2sPattern) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(gpt2_pretokenize("Hello world"), (V{"Hello", " world"}));
+  EXPECT_EQ(gpt2_pretokenize("I'm don't we'LL"), (V{"I", "'m", " don", "'t", " we", "'", "LL"}));
+  EXPECT_EQ(gpt2_pretokenize("a   b"), (V{"a", "  ", " b"}));
+  EXPECT_EQ(gpt2_pretokenize("a \n b  "), (V{"a", " \n", " b", "  "}));
+  EXPECT_EQ(gpt2_pretokenize("x\nb"), (V{"x", "\n", "b"}));
+  EXPECT_EQ(gpt2_pretokenize("abc123 456!!? ½"), (V{"abc", "123", " 456", "!!?", " ½"}));
+  EXPECT_EQ(gpt2_pretokenize("Größe 日本語🙂🚀"), (V{"Größe", " 日本語", "🙂🚀"}));
+  EXPECT_EQ(gpt2_pretokenize("\xff\xfe ab"), (V{"\xff\xfe", " ab"}));  // not UTF-8: kept as bytes
+  EXPECT_TRUE(gpt2_pretokenize("").empty());
+}
+
+TEST(BpeTokenizer, BadFilesAreConfigErrorsNamingThem) {
+  const std::string dir = temp_dir();
+  auto err = [](const std::string& path) { return test::error_of([&] { load_tokenizer(path); }); };
+  EXPECT_TRUE(contains(err(dir + "/none.json"), "no such tokenizer file"));
+  const std::string bad = write_file(dir, "bad.json", "{ not json");
+  EXPECT_TRUE(contains(err(bad), "not valid JSON")) << err(bad);
+  const std::string wp =
+      write_file(dir, "wp.json", R"({"model": {"type": "WordPiece", "vocab": {}}})");
+  EXPECT_TRUE(contains(err(wp), "model.type is \"WordPiece\"")) << err(wp);
+  const std::string norm =
+      write_file(dir, "norm.json",
+                 R"({"normalizer": {"type": "NFKC"}, "pre_tokenizer": {"type": "ByteLevel"},
+          "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");
+  EXPECT_TRUE(contains(err(norm), "normalizer (NFKC)")) << err(norm);
+  const std::string merge = write_file(dir, "merge.json",
+                                       R"({"pre_tokenizer": {"type": "ByteLevel"},
+          "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": ["a b"]}})");
+  EXPECT_TRUE(contains(err(merge), "merge 0 names \"ab\", which is not in the vocabulary"))
+      << err(merge);
+  const std::string vocab_only = write_file(dir, "vocab.json", R"({"a": 0})");
+  EXPECT_TRUE(contains(err(vocab_only), "merges.txt")) << err(vocab_only);
+}
+
+// `headroom shard --tokenizer` writes the ids of the tokenizer, records its vocab size in the
+// header (int 3 of 256), and training with a smaller model.vocab_size names both; so does a
+// config whose data.tokenizer is larger than its model.
+TEST(BpeTokenizer, ShardWithTokenizerRecordsItsVocabSize) {
+  const Reference ref = make_reference(600, false);
+  if (!ref.skip.empty()) GTEST_SKIP() << ref.skip;
+  const std::string text = write_file(ref.dir, "corpus.txt", training_text());
+  const std::string out = ref.dir + "/shards";
+  const test::RunResult r = test::run_headroom("shard " + text + " " + out + " --tokenizer " +
+                                               ref.dir + "/tokenizer.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string vocab = std::to_string(ref.vocab_size);  // what training reached, <= 600
+  EXPECT_TRUE(contains(r.output, "(vocab " + vocab)) << r.output;
+  const std::string shard = out + "/shard_000000.bin";
+  const ShardInfo info = validate_shard(shard, 1);
+  EXPECT_EQ(info.vocab_size, uint32_t(ref.vocab_size));
+  const auto tok = load_tokenizer(ref.dir + "/tokenizer.json");
+  const std::vector<int32_t> ids = tok->encode(training_text());
+  ASSERT_EQ(info.tokens, ids.size());
+  const std::vector<uint16_t> stored = read_tokens(shard, 0, ids.size());
+  EXPECT_TRUE(std::equal(ids.begin(), ids.end(), stored.begin()));
+
+  const std::string cfg = write_file(ref.dir, "small.toml",
+                                     "[model]\nn_layer = 1\nn_head = 2\nn_embd = 16\nseq_len = "
+                                     "16\nvocab_size = 512\n[train]\nsteps = 1\nmicro_batch = 1\n"
+                                     "[data]\nkind = \"shards\"\npattern = \"shards/*.bin\"\n");
+  const test::RunResult small = test::run_headroom("train -q " + cfg);
+  EXPECT_EQ(small.exit_code, 2) << small.output;
+  EXPECT_TRUE(contains(small.output, "vocab_size " + vocab)) << small.output;
+  EXPECT_TRUE(contains(small.output, "model.vocab_size is 512")) << small.output;
+
+  // The config names the tokenizer ([data] tokenizer): training checks it against the model and
+  // the shards, `sample` encodes the prompt and decodes with it.
+  const std::string fits = write_file(
+      ref.dir, "fits.toml",
+      "[model]\nn_layer = 1\nn_head = 2\nn_embd = 16\nseq_len = 16\nvocab_size = " + vocab +
+          "\n[train]\nsteps = 2\nmicro_batch = 1\n[data]\nkind = \"shards\"\npattern = "
+          "\"shards/*.bin\"\ntokenizer = \"tokenizer.json\"\n[snapshot]\nevery = 2\ndir = "
+          "\"snaps\"\n");
+  const test::RunResult trained = test::run_headroom("train -q " + fits);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const test::RunResult sampled =
+      test::run_headroom("sample " + fits + " --prompt 'The quick' --tokens 5 --seed 1");
+  EXPECT_EQ(sampled.exit_code, 0) << sampled.output;
+  EXPECT_TRUE(contains(sampled.output, "sampling from snapshot " + ref.dir + "/snaps/step_"))
+      << sampled.output;
+  EXPECT_TRUE(contains(sampled.output, "tokens: byte-level BPE")) << sampled.output;
+  EXPECT_TRUE(contains(sampled.output, "\nThe quick")) << sampled.output;
+  const test::RunResult smaller =
+      test::run_headroom("train -q " + fits + " --set model.vocab_size=300");
+  EXPECT_EQ(smaller.exit_code, 2) << smaller.output;
+  EXPECT_TRUE(contains(smaller.output,
+                       "data.tokenizer has vocab_size " + vocab + ", but model.vocab_size is 300"))
+      << smaller.output;
+  // Text is bytes: a tokenizer there is refused, saying what to do instead.
+  const std::string text_cfg = write_file(
+      ref.dir, "text.toml",
+      "[model]\nvocab_size = 600\nn_layer = 1\nn_head = 2\nn_embd = 16\nseq_len = 16\n"
+      "[data]\nkind = \"text\"\npath = \"corpus.txt\"\ntokenizer = \"tokenizer.json\"\n");
+  const test::RunResult text_run = test::run_headroom("check " + text_cfg);
+  EXPECT_TRUE(contains(text_run.output, "text.toml:10:13: data.tokenizer names the tokenizer"))
+      << text_run.output;
+  EXPECT_EQ(text_run.exit_code, 2) << text_run.output;
+}
+
+}  // namespace
+}  // namespace headroom

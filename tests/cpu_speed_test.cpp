@@ -1,0 +1,239 @@
+// The loop's waits and the CPU backend's threads (issue 20): the host-sync count per step, the
+// fused gradient norm, [device] threads, and the element-wise kernels' results for any thread
+// count.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/device/device.h"
+#include "core/optim/optim.h"
+#include "core/run/trainer.h"
+#include "kernels/cpu/crossentropy.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/optimizer.h"
+#include "kernels/cpu/parallel.h"
+#include "tests/test_util.h"
+
+namespace headroom {
+namespace {
+
+const char* kTiny =
+    "[model]\nn_layer = 2\nn_head = 2\nn_embd = 16\nseq_len = 8\nvocab_size = 32\n"
+    "[train]\nsteps = 3\nmicro_batch = 2\ngrad_clip = 1.0\n";
+
+// On the CUDA backend's accounting (the CPU backend counts the calls CUDA would wait in), an
+// optimizer step of one micro-step and no plugins waits at most 4 times: the staging buffers'
+// synchronize, the loss, the gradient norm (one fused reduction, not one per parameter).
+TEST(HostSyncs, AtMostFourPerOptimizerStepWithoutPlugins) {
+  Trainer trainer(test::config_from(kTiny), TrainOptions{});
+  trainer.run();
+  ASSERT_EQ(trainer.history().size(), 3u);
+  const size_t params = trainer.model().params().size();
+  ASSERT_GT(params, 4u);  // one wait per parameter would be well over the bound
+  for (const StepRecord& r : trainer.history()) {
+    EXPECT_GE(r.host_syncs, 1u) << "step " << r.step;
+    EXPECT_LE(r.host_syncs, 4u) << "step " << r.step;
+  }
+}
+
+// Every micro-step adds its own upload wait and loss read, nothing else.
+TEST(HostSyncs, GrowByTheMicroStepsOnly) {
+  Trainer one(test::config_from(kTiny), TrainOptions{});
+  one.run();
+  Trainer two(test::config_from(kTiny, {"train.grad_accum=2"}), TrainOptions{});
+  two.run();
+  for (size_t i = 0; i < one.history().size(); ++i)
+    EXPECT_EQ(two.history()[i].host_syncs, one.history()[i].host_syncs + 2) << "step " << i + 1;
+}
+
+// The fused norm is the per-tensor norms' sum (exactly: each span summed as sum_squares does,
+// added in order), with one wait instead of one per tensor.
+TEST(FusedNorm, EqualsTheSumOfPerTensorSumsWithOneWait) {
+  auto device = Device::create(DeviceConfig{});
+  Backend& ops = device->backend();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  const std::vector<uint64_t> sizes = {1, 7, 64, 1000, 40000, 3, 100003};
+  std::vector<std::vector<float>> f32(sizes.size());
+  std::vector<Backend::Span> spans;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    f32[i].resize(sizes[i]);
+    for (float& x : f32[i])
+      x = nd(rng);
+    spans.push_back({Dtype::kF32, f32[i].data(), sizes[i]});
+  }
+  // A bf16 tensor among them (amp's compute-dtype gradients).
+  std::vector<uint16_t> bf(513);
+  for (size_t i = 0; i < bf.size(); ++i)
+    bf[i] = uint16_t(0x3F80 + (i % 97));  // 1.0 .. about 1.7
+  spans.push_back({Dtype::kBF16, bf.data(), bf.size()});
+
+  double separate = 0.0;
+  const uint64_t s0 = ops.host_syncs();
+  for (const Backend::Span& s : spans)
+    separate += ops.sum_squares(s.dtype, s.data, s.numel);
+  const uint64_t s1 = ops.host_syncs();
+  const double fused = ops.sum_squares_many(spans);
+  const uint64_t s2 = ops.host_syncs();
+  EXPECT_EQ(s1 - s0, spans.size());
+  EXPECT_EQ(s2 - s1, 1u);
+  EXPECT_NEAR(fused, separate, 1e-6 * separate);
+  EXPECT_EQ(fused, separate);  // the same sums, added in the same order
+  EXPECT_EQ(ops.sum_squares_many({}), 0.0);
+}
+
+// Clipping folded into the update (Backend::Stored::grad_scale) against the separate pass that
+// scales the gradients first: within 1e-6, and in fact bitwise (the same f32 products).
+TEST(ClipFolded, EqualsTheSeparatePassForAdamWAndSgd) {
+  auto device = Device::create(DeviceConfig{});
+  Backend& ops = device->backend();
+  const size_t n = 50000;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> p0(n), g0(n);
+  for (size_t i = 0; i < n; ++i)
+    p0[i] = nd(rng), g0[i] = 5.0f * nd(rng);
+  const float factor = clip_factor(1234.5, 1.0);  // what the trainer passes
+  ASSERT_LT(factor, 1.0f);
+  for (const bool adamw : {true, false}) {
+    SCOPED_TRACE(adamw ? "adamw" : "sgd");
+    std::vector<float> pa = p0, ga = g0, ma(n, 0.1f), va(n, 0.2f);  // separate pass
+    std::vector<float> pb = p0, gb = g0, mb(n, 0.1f), vb(n, 0.2f);  // folded
+    Backend::Stored plain, folded;
+    folded.grad_scale = factor;
+    for (int64_t step = 1; step <= 3; ++step) {
+      ops.scale(Dtype::kF32, ga.data(), n, factor);
+      if (adamw) {
+        ops.adamw_update_stored(plain, pa.data(), ga.data(), ma.data(), va.data(), n, 1e-2f, 0.9f,
+                                0.95f, 1e-8f, 0.1f, step);
+        ops.adamw_update_stored(folded, pb.data(), gb.data(), mb.data(), vb.data(), n, 1e-2f, 0.9f,
+                                0.95f, 1e-8f, 0.1f, step);
+      } else {
+        ops.sgd_update_stored(plain, pa.data(), ga.data(), ma.data(), n, 1e-2f, 0.9f, 0.1f);
+        ops.sgd_update_stored(folded, pb.data(), gb.data(), mb.data(), n, 1e-2f, 0.9f, 0.1f);
+      }
+      ga = g0;
+    }
+    EXPECT_EQ(gb, g0);  // folded: the gradients are not touched
+    double worst = 0.0;
+    for (size_t i = 0; i < n; ++i)
+      worst = std::max(worst,
+                       std::abs(double(pa[i]) - pb[i]) / std::max(1e-30, std::abs(double(pa[i]))));
+    EXPECT_LT(worst, 1e-6);
+    EXPECT_EQ(pa, pb);
+    EXPECT_EQ(ma, mb);
+  }
+}
+
+// The built-in optimizers take the clipping factor into their update (the trainer then scales no
+// gradient); an optimizer that does not say so gets the gradients clipped in place.
+TEST(ClipFolded, BuiltInOptimizersFoldPluginsDoNot) {
+  auto device = Device::create(DeviceConfig{});
+  TrainConfig t;
+  EXPECT_TRUE(make_optimizer(t, *device)->fold_grad_scale(0.5f));
+  t.optimizer = "sgd";
+  EXPECT_TRUE(make_optimizer(t, *device)->fold_grad_scale(0.5f));
+}
+
+TEST(DeviceThreads, KeyIsReadAndChecked) {
+  EXPECT_EQ(test::config_from("[device]\nthreads = 3\n").device.threads, 3);
+  EXPECT_EQ(test::config_from("").device.threads, 0);
+  const std::string e = test::error_of([] { test::config_from("[device]\nthreads = -1\n"); });
+  EXPECT_TRUE(test::contains(e, "threads")) << e;
+}
+
+// The element-wise kernels give bitwise the same results on 1 and on 3 threads (static
+// partitions, sums over rows split over columns: kernels/cpu/parallel.h).
+TEST(CpuThreads, ElementWiseKernelsAreBitwiseTheSameForAnyThreadCount) {
+  const int N = 96, C = 200, V = 300;  // above kParallelMin, so the loops do split
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto randn = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v)
+      x = nd(rng);
+    return v;
+  };
+  const std::vector<float> x = randn(size_t(N) * C), w = randn(C), b = randn(C),
+                           dy = randn(size_t(N) * C), logits0 = randn(size_t(N) * V),
+                           p0 = randn(size_t(N) * C), g = randn(size_t(N) * C);
+  std::vector<int32_t> tokens(N), targets(N);
+  for (int i = 0; i < N; ++i) {
+    tokens[i] = (i * 7) % 13;  // repeated tokens: the embedding's scatter adds into shared rows
+    targets[i] = (i * 5) % V;
+  }
+  struct Out {
+    std::vector<float> ln, mean, rstd, dx, dw, db, gelu, dgelu, logits, losses, dwte, dwpe, bias,
+        param, m, v;
+  };
+  auto run = [&](int threads) {
+    cpu::set_threads(threads);
+    Out o;
+    o.ln.resize(size_t(N) * C), o.mean.resize(N), o.rstd.resize(N);
+    cpu::layernorm_forward(o.ln.data(), o.mean.data(), o.rstd.data(), x.data(), w.data(), b.data(),
+                           N, C);
+    o.dx.assign(size_t(N) * C, 0.0f), o.dw.assign(C, 0.0f), o.db.assign(C, 0.0f);
+    cpu::layernorm_backward(o.dx.data(), o.dw.data(), o.db.data(), dy.data(), x.data(), w.data(),
+                            o.mean.data(), o.rstd.data(), N, C);
+    o.gelu.resize(size_t(N) * C), o.dgelu.assign(size_t(N) * C, 0.0f);
+    cpu::gelu_forward(o.gelu.data(), x.data(), size_t(N) * C);
+    cpu::gelu_backward(o.dgelu.data(), x.data(), dy.data(), size_t(N) * C);
+    o.logits = logits0, o.losses.resize(N);
+    cpu::crossentropy_forward_backward(o.logits.data(), o.losses.data(), targets.data(), N, V,
+                                       1.0f / N);
+    o.dwte.assign(size_t(13) * C, 0.0f), o.dwpe.assign(size_t(N) * C, 0.0f);
+    cpu::embedding_backward(o.dwte.data(), o.dwpe.data(), dy.data(), tokens.data(), 1, N, C);
+    o.bias.assign(C, 0.0f);
+    cpu::matmul_backward<float>(nullptr, nullptr, o.bias.data(), dy.data(), x.data(), w.data(), N,
+                                C, C);
+    o.param = p0, o.m.assign(p0.size(), 0.0f), o.v.assign(p0.size(), 0.0f);
+    cpu::adamw_update(o.param.data(), g.data(), o.m.data(), o.v.data(), p0.size(), 1e-3f, 0.9f,
+                      0.95f, 1e-8f, 0.1f, 1);
+    cpu::set_threads(0);
+    return o;
+  };
+  const Out a = run(1), c = run(3);
+  EXPECT_EQ(a.ln, c.ln);
+  EXPECT_EQ(a.mean, c.mean);
+  EXPECT_EQ(a.rstd, c.rstd);
+  EXPECT_EQ(a.dx, c.dx);
+  EXPECT_EQ(a.dw, c.dw);
+  EXPECT_EQ(a.db, c.db);
+  EXPECT_EQ(a.gelu, c.gelu);
+  EXPECT_EQ(a.dgelu, c.dgelu);
+  EXPECT_EQ(a.logits, c.logits);
+  EXPECT_EQ(a.losses, c.losses);
+  EXPECT_EQ(a.dwte, c.dwte);
+  EXPECT_EQ(a.dwpe, c.dwpe);
+  EXPECT_EQ(a.bias, c.bias);
+  EXPECT_EQ(a.param, c.param);
+  EXPECT_EQ(a.m, c.m);
+  EXPECT_EQ(a.v, c.v);
+}
+
+// A run on 2 threads is bitwise the run on 2 threads again (fixed partitions, no reduction whose
+// order depends on scheduling), and within 1e-6 of the run on 1 thread (only the GEMM library's
+// blocking may differ between thread counts).
+TEST(CpuThreads, RunsAreDeterministicForAThreadCount) {
+  auto losses = [](const std::string& threads) {
+    Trainer t(test::config_from(kTiny, {"device.threads=" + threads}), TrainOptions{});
+    t.run();
+    std::vector<double> l;
+    for (const StepRecord& r : t.history())
+      l.push_back(r.loss);
+    return l;
+  };
+  const std::vector<double> two = losses("2"), again = losses("2"), one = losses("1");
+  EXPECT_EQ(two, again);
+  EXPECT_LT(test::relative_error(two, one), 1e-6);
+}
+
+}  // namespace
+}  // namespace headroom

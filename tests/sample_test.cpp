@@ -1,0 +1,217 @@
+// Generation (core/model/generate.h) and `headroom sample` (core/run/sample.h): the KV cache
+// against a full recompute, the recompute against the model's own loss, a trained model's samples
+// against the synthetic source's transitions, and the same text twice from one seed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "core/data/data.h"
+#include "core/device/device.h"
+#include "core/model/generate.h"
+#include "core/run/trainer.h"
+#include "tests/test_util.h"
+
+namespace headroom {
+namespace {
+
+using test::contains;
+
+ModelConfig tiny_model() {
+  ModelConfig m;
+  m.n_layer = 2;
+  m.n_head = 2;
+  m.n_embd = 16;
+  m.seq_len = 12;
+  m.vocab_size = 40;
+  return m;
+}
+
+std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int32_t& x : t)
+    x = int32_t(rng() % uint64_t(vocab));
+  return t;
+}
+
+// Every position's next-token logits from the KV cache, one token at a time, equal those of the
+// full forward over all the tokens (to float rounding: the GEMMs see 1 row instead of T).
+TEST(Sample, KvCacheLogitsEqualTheFullRecompute) {
+  auto device = Device::create(DeviceConfig{});
+  const ModelConfig m = tiny_model();
+  Gpt<float> model(m, *device, 7);
+  const std::vector<int32_t> tokens = random_tokens(m.seq_len, m.vocab_size, 3);
+  const std::vector<float> full = forward_logits(model, tokens);  // (T, V)
+  KvDecoder decoder(model);
+  double worst = 0.0;
+  for (int t = 0; t < m.seq_len; ++t) {
+    const std::vector<float> step = decoder.step(tokens[size_t(t)]);
+    ASSERT_EQ(step.size(), size_t(m.vocab_size));
+    for (int v = 0; v < m.vocab_size; ++v) {
+      const double want = full[size_t(t) * m.vocab_size + v];
+      worst = std::max(worst, std::fabs(step[size_t(v)] - want) / (1e-3 + std::fabs(want)));
+    }
+    // The last position alone, recomputed from the prefix, is the same again.
+    const std::vector<int32_t> prefix(tokens.begin(), tokens.begin() + t + 1);
+    const std::vector<float> again = forward_logits(model, prefix);
+    for (int v = 0; v < m.vocab_size; ++v)
+      EXPECT_NEAR(again[size_t(t) * m.vocab_size + v], step[size_t(v)], 1e-4);
+  }
+  EXPECT_LT(worst, 1e-4);
+  EXPECT_EQ(decoder.position(), m.seq_len);
+  EXPECT_THROW(decoder.step(0), std::logic_error);  // the context is full
+}
+
+// The op behind the cache: one query over T cached rows is attention_forward's row T-1.
+TEST(Sample, AttentionDecodeIsTheForwardsLastRow) {
+  auto device = Device::create(DeviceConfig{});
+  Backend& ops = device->backend();
+  const int C = 16, NH = 4;
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const int T : {1, 2, 7, 33}) {
+    std::vector<float> qkv(size_t(T) * 3 * C), out(size_t(T) * C), att(size_t(NH) * T * T), one(C);
+    for (float& x : qkv)
+      x = normal(rng);
+    ops.attention_forward(Dtype::kF32, out.data(), att.data(), qkv.data(), 1, T, C, NH);
+    ops.attention_decode(Dtype::kF32, one.data(), qkv.data(), T, C, NH);
+    for (int c = 0; c < C; ++c)
+      EXPECT_NEAR(one[size_t(c)], out[size_t(T - 1) * C + c], 1e-5)
+          << "T " << T << ", column " << c;
+  }
+}
+
+// The full recompute is the model's own forward: its cross-entropy is the loss Gpt::forward
+// reports on the same tokens.
+TEST(Sample, FullRecomputeIsTheModelsForward) {
+  auto device = Device::create(DeviceConfig{});
+  const ModelConfig m = tiny_model();
+  Gpt<float> model(m, *device, 11);
+  const std::vector<int32_t> seq = random_tokens(m.seq_len + 1, m.vocab_size, 5);
+  const std::vector<int32_t> in(seq.begin(), seq.end() - 1), target(seq.begin() + 1, seq.end());
+  const std::vector<float> logits = forward_logits(model, in);
+  double ce = 0.0;
+  for (int t = 0; t < m.seq_len; ++t) {
+    const float* row = &logits[size_t(t) * m.vocab_size];
+    double mx = row[0], sum = 0.0;
+    for (int v = 0; v < m.vocab_size; ++v)
+      mx = std::max(mx, double(row[v]));
+    for (int v = 0; v < m.vocab_size; ++v)
+      sum += std::exp(row[v] - mx);
+    ce += std::log(sum) + mx - row[target[size_t(t)]];
+  }
+  ce /= m.seq_len;
+  Batch b;
+  b.tokens = in.data();
+  b.targets = target.data();
+  b.B = 1;
+  b.T = m.seq_len;
+  b.dloss = 1.0 / m.seq_len;
+  const double loss = model.forward(b);
+  model.release_activations();
+  EXPECT_NEAR(ce, loss, 1e-5 * loss);
+}
+
+TEST(Sample, TopKAndTemperatureZero) {
+  const std::vector<float> logits = {0.0f, 3.0f, 1.0f, 2.9f, -5.0f};
+  std::mt19937_64 rng(1);
+  SampleParams greedy;
+  greedy.temperature = 0.0;
+  EXPECT_EQ(sample_token(logits, greedy, rng), 1);
+  SampleParams top2;
+  top2.top_k = 2;
+  std::map<int32_t, int> seen;
+  for (int i = 0; i < 400; ++i)
+    ++seen[sample_token(logits, top2, rng)];
+  EXPECT_EQ(seen.size(), 2u);  // only 1 and 3
+  EXPECT_GT(seen[1], 100);
+  EXPECT_GT(seen[3], 100);
+}
+
+// A tiny model trained on the synthetic Markov source: 50 sampled tokens from a fixed seed are the
+// same twice, and every step of them is one of the chain's transitions.
+TEST(Sample, TrainedModelFollowsTheSyntheticTransitions) {
+  const Config c = test::config_from(
+      "[model]\nn_layer = 1\nn_head = 2\nn_embd = 32\nseq_len = 16\nvocab_size = 16\n"
+      "[train]\nsteps = 120\nmicro_batch = 8\nlr = 1e-2\nwarmup_steps = 5\nweight_decay = 0.0\n"
+      "[data]\nkind = \"synthetic\"\nbranching = 2\nseed = 9\n");
+  Trainer trainer(c, TrainOptions{});
+  trainer.run();
+  const MarkovChain chain(c.model.vocab_size, c.data.branching, c.data.seed);
+  SampleParams p;
+  p.seed = 42;
+  p.top_k = c.data.branching;  // the model's top-2 must be the chain's 2 successors
+  const std::vector<int32_t> prompt = {chain.start()};
+  const std::vector<int32_t> a = generate(trainer.model(), prompt, 50, p);
+  const std::vector<int32_t> b = generate(trainer.model(), prompt, 50, p);
+  ASSERT_EQ(a.size(), 50u);
+  EXPECT_EQ(a, b);
+  int32_t prev = prompt[0];
+  int followed = 0;
+  for (int32_t t : a) {
+    const int32_t* next = chain.successors(prev);
+    followed += std::find(next, next + c.data.branching, t) != next + c.data.branching;
+    prev = t;
+  }
+  EXPECT_EQ(followed, 50) << "transitions the chain has, of 50";
+  // Another seed draws another path through the same transitions (50 draws between 2 successors
+  // agree by chance with probability ~2^-50 for a model near the chain's probabilities).
+  p.seed = 43;
+  EXPECT_NE(generate(trainer.model(), prompt, 50, p), a);
+  // Past the context (seq_len 16) the cache restarts from the last half and goes on.
+  EXPECT_EQ(generate(trainer.model(), prompt, 40, p).size(), 40u);
+}
+
+// `headroom sample` from a trained text model's weights: the same text twice from one seed,
+// starting with the prompt; another seed, other text.
+TEST(Sample, CliSamplesTheSameTextTwiceFromOneSeed) {
+  const std::string dir = test::temp_dir();
+  std::string corpus;
+  for (int i = 0; i < 40; ++i)
+    corpus += "the cat sat on the mat. the dog sat on the log. ";
+  test::write_file(dir, "corpus.txt", corpus);
+  const std::string cfg = test::write_file(
+      dir, "text.toml",
+      "[model]\nn_layer = 1\nn_head = 2\nn_embd = 32\nseq_len = 32\nvocab_size = 256\n"
+      "[train]\nsteps = 30\nmicro_batch = 4\nlr = 1e-2\n[data]\nkind = \"text\"\npath = "
+      "\"corpus.txt\"\n");
+  const test::RunResult train =
+      test::run_headroom("train -q " + cfg + " --save-weights " + dir + "/w.safetensors");
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  const std::string args = "sample " + dir + "/w.safetensors --config " + cfg +
+                           " --prompt 'the ' --tokens 50 --top-k 5 --seed ";
+  // stdout alone: the text.
+  auto text = [&](const std::string& seed) {
+    return test::run_command("(" + std::string(HEADROOM_BINARY) + " " + args + seed +
+                             " 2>/dev/null)");
+  };
+  const test::RunResult a = text("3"), b = text("3"), other = text("4");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(a.output, b.output);
+  EXPECT_NE(a.output, other.output);
+  EXPECT_TRUE(test::starts_with(a.output, "the ")) << a.output;
+  EXPECT_EQ(a.output.size(), 4 + 50 + 1u) << a.output;  // prompt, 50 byte tokens, newline
+  // What it loaded, and from where, on stderr.
+  const test::RunResult said = test::run_headroom(args + "3");
+  EXPECT_TRUE(contains(said.output, "sampling from weights " + dir + "/w.safetensors"))
+      << said.output;
+  EXPECT_TRUE(contains(said.output, "tokens: bytes (vocab 256)")) << said.output;
+  // A run that starts from these weights says what it loaded, and from where.
+  const test::RunResult init = test::run_headroom("train " + cfg + " --set train.steps=1 --set " +
+                                                  "train.init_from=" + dir + "/w.safetensors");
+  EXPECT_EQ(init.exit_code, 0) << init.output;
+  EXPECT_TRUE(contains(init.output, "init_from: loaded 16 tensors (")) << init.output;
+  EXPECT_TRUE(contains(init.output, " parameters) from " + dir + "/w.safetensors\n"))
+      << init.output;
+  // A source of no known kind: exit 2, saying so.
+  const test::RunResult bad =
+      test::run_headroom("sample " + dir + "/corpus.txt --prompt x --tokens 1");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_TRUE(contains(bad.output, "not a config (.toml)")) << bad.output;
+}
+
+}  // namespace
+}  // namespace headroom
