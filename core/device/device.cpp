@@ -8,8 +8,13 @@
 #include <cstdlib>
 
 #include "core/device/arena.h"
+#include "core/device/dry_backend.h"
 
 namespace headroom {
+
+void Device::set_dry(bool dry) {
+  dry_ = dry ? make_dry_backend(own_backend()) : nullptr;
+}
 
 std::string OomReport::str() const {
   std::string s;
@@ -165,7 +170,7 @@ class CpuDevice final : public Device {
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
   }
   std::string kind() const override { return "cpu"; }
-  Backend& backend() override { return *backend_; }
+  Backend& own_backend() override { return *backend_; }
 
   void* backend_allocate(uint64_t bytes) override {
     if (arena_) return arena_->allocate(bytes);

@@ -95,8 +95,12 @@ class Device {
 
   virtual std::string kind() const = 0;
   uint64_t memory_limit() const { return limit_; }
-  // The op table that computes on this device's memory.
-  virtual Backend& backend() = 0;
+  // The op table that computes on this device's memory: the device's own, or the dry one that
+  // wraps it after set_dry(true) (core/device/dry_backend.h: same memory, no arithmetic).
+  Backend& backend() { return dry_ ? *dry_ : own_backend(); }
+  // Runs every later op dry (plan --measure). Set before the first op.
+  void set_dry(bool dry);
+  bool dry() const { return dry_ != nullptr; }
 
   // Every device buffer comes from here. Past the memory limit (or when the backend has no memory
   // left) it notifies the observers and throws OutOfMemory; nothing is allocated then.
@@ -143,6 +147,7 @@ class Device {
 
  protected:
   explicit Device(uint64_t limit) : limit_(limit) {}
+  virtual Backend& own_backend() = 0;
   // True when the backend's own memory is the wall (the CPU arena): an allocation fails when the
   // backend has no place for it. Otherwise the limit is checked against the tracker's live bytes.
   virtual bool backend_enforces_limit() const { return false; }
@@ -157,6 +162,7 @@ class Device {
     Category category;
   };
   uint64_t limit_;
+  std::unique_ptr<Backend> dry_;
   DeviceAllocator* allocator_ = nullptr;
   MemoryTracker tracker_;
   std::unordered_map<const void*, Block> blocks_;

@@ -51,7 +51,12 @@ std::string oom_advice(const Config& config, const OomReport& report) {
   if (a.fits)
     s += " (the estimate fits: what failed is outside it — free memory in pieces, or bytes the "
          "estimate does not count)";
-  return s + "\n" + format_remedies(a);
+  s += "\n" + format_remedies(a);
+  // The estimate above is closed form; a dry run of this setup measures it, whatever the plugins.
+  if (!config.file.empty())
+    s += "to measure what fits and pick the fastest setup: headroom plan --measure --search " +
+         config.file + "\n";
+  return s;
 }
 
 }  // namespace headroom

@@ -138,7 +138,7 @@ PluginEstimate ask(const Config& config, const OfferedExtension& ext, void* inst
   pe.after = before;
   pe.peak = baseline;
   const auto* table = static_cast<const hr_ext_estimate*>(ext.table);
-  if (!table || table->struct_size < sizeof(hr_ext_estimate) || !table->estimate) return pe;
+  if (!table || !HR_HAS_FIELD(table, hr_ext_estimate, estimate) || !table->estimate) return pe;
   pe.offered = true;
 
   hr_estimate_model model;
@@ -679,6 +679,29 @@ Advice advise(const Config& config, const std::vector<OfferedExtension>& install
     }
   }
   return a;
+}
+
+std::vector<PluginMode> plugin_modes() {
+  std::vector<PluginMode> modes;
+  const PluginCatalog catalog;
+  for (const OfferedExtension& ext : catalog.offered(HR_EXT_ESTIMATE)) {
+    const auto* table = static_cast<const hr_ext_estimate*>(ext.table);
+    if (!table || !HR_HAS_FIELD(table, hr_ext_estimate, modes) || !table->modes) continue;
+    for (uint32_t i = 0; i < table->num_modes; ++i) {
+      // Each entry is struct_size apart: a newer plugin's longer struct is stepped over whole.
+      const uint32_t stride = table->modes[0].struct_size;
+      const auto* m = reinterpret_cast<const hr_estimate_mode*>(
+          reinterpret_cast<const char*>(table->modes) + uint64_t(i) * stride);
+      if (stride < sizeof(hr_estimate_mode) || !m->what || !m->toml) break;  // not a mode table
+      PluginMode pm;
+      pm.plugin = ext.plugin;
+      pm.what = ext.plugin + " (" + std::string(m->what) + ")";
+      pm.toml = "[[plugins]]\nname = \"" + ext.plugin + "\"" + (*m->toml ? "\n" : "") + m->toml;
+      pm.roles = ext.roles;
+      modes.push_back(std::move(pm));
+    }
+  }
+  return modes;
 }
 
 Advice advise(const Config& config, const OomNumbers& oom) {

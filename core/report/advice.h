@@ -134,6 +134,18 @@ Advice advise(const Config& config, const std::vector<OfferedExtension>& install
 // The same with the plugins installed on the search path.
 Advice advise(const Config& config, const OomNumbers& oom = {});
 
+// One documented mode of an installed plugin (hr_ext_estimate.modes): what `plan --measure
+// --search` tries besides the plugin's own proposal.
+struct PluginMode {
+  std::string plugin;  // its name
+  std::string what;    // "checkpoint (policy selective)"
+  std::string toml;    // its whole [[plugins]] table
+  uint32_t roles = 0;  // the HR_ROLE_*s the plugin takes
+};
+// Every mode of every plugin on the search path that offers headroom.estimate/1 with modes, in
+// the order of the catalog and of each plugin's list.
+std::vector<PluginMode> plugin_modes();
+
 // "  NAME: what it does; step time about x1.15" for each configured plugin, then the peak by
 // category and its total.
 std::string format_estimate(const ConfigEstimate& e);

@@ -87,6 +87,7 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   // Members are torn down in reverse order if any step below throws: the registration (the last
   // member) first, so the device stops calling back before the model's buffers are freed.
   device_ = Device::create(config_.device);
+  if (options_.dry) device_->set_dry(true);  // before any op: everything holds the dry table
   if (!options_.record_allocs_path.empty()) {
     recorder_ = std::make_unique<AllocTraceRecorder>(options_.record_allocs_path, *device_,
                                                      device_->memory_limit());

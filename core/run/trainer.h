@@ -43,6 +43,9 @@ struct TrainOptions {
   int64_t memory_timeline_step = 0;  // the step the timeline draws phase by phase; 0: the peak's
   // The data, when not the one [data] describes (embedding hosts, benchmarks, tests).
   std::unique_ptr<DataSource> data_source;
+  // Allocate, free and move memory as the run would, compute nothing (core/device/dry_backend.h):
+  // plan --measure's dry runs. The losses are 0 and the step times say nothing.
+  bool dry = false;
 };
 
 struct StepRecord {

@@ -27,7 +27,9 @@
 #include "core/model/safetensors.h"
 #include "core/os/interrupt.h"
 #include "core/os/output_file.h"
+#include "core/plan/measure.h"
 #include "core/plan/plan.h"
+#include "core/plan/search.h"
 #include "core/plugin_host/plugin_host.h"
 #include "core/report/alloc_trace.h"
 #include "core/run/sample.h"
@@ -86,14 +88,68 @@ int cmd_check(const std::string& file, const std::vector<std::string>& sets) {
   return kExitOk;
 }
 
+struct PlanFlags {
+  bool measure = false, search = false, json = false;
+  std::string budget, write;
+};
+
 // `headroom plan CONFIG`: the run's peak by category as the config is written, its [[plugins]]
 // included, against its memory_limit; when it does not fit, what would. Exit 0 when the estimate
-// fits, 3 when it does not.
-int cmd_plan(const std::string& file, const std::vector<std::string>& sets) {
+// fits, 3 when it does not. --measure: the peak from dry runs of cheap variants
+// (core/plan/measure.h); --search: the fastest setup that fits, by the same dry runs
+// (core/plan/search.h).
+int cmd_plan(const std::string& file, const std::vector<std::string>& sets,
+             const PlanFlags& flags) {
+  if (flags.search && !flags.measure)
+    throw headroom::ConfigError("--search needs --measure: the search decides by dry runs");
+  if (!flags.write.empty() && !flags.search)
+    throw headroom::ConfigError("--write needs --search: it writes the setup the search picks");
+  if (!flags.budget.empty() && !flags.search)
+    throw headroom::ConfigError("--budget needs --search: it is the memory the search fits");
+  if (flags.json && !flags.measure) throw headroom::ConfigError("--json needs --measure");
   const headroom::Config config = headroom::load_config(file, sets);
-  const headroom::PlanResult r = headroom::plan(config);  // creates the plugins, as check does
-  std::printf("%s", r.text.c_str());
-  return r.fits ? kExitOk : kExitOutOfMemory;
+  if (!flags.measure) {
+    const headroom::PlanResult r = headroom::plan(config);  // creates the plugins, as check does
+    std::printf("%s", r.text.c_str());
+    return r.fits ? kExitOk : kExitOutOfMemory;
+  }
+  uint64_t budget = config.device.memory_limit;
+  if (!flags.budget.empty()) budget = headroom::parse_size(flags.budget, "--budget");
+  try {
+    if (flags.search) {
+      if (!budget)
+        throw headroom::ConfigError(
+            "--search needs a budget: --budget SIZE, or [device] memory_limit in " + file);
+      const headroom::SearchResult r = headroom::search(config, budget);
+      if (flags.json) {
+        std::printf("%s\n", headroom::search_json(r).c_str());
+      } else {
+        std::printf("%s", headroom::format_search(config, r).c_str());
+      }
+      if (r.best < 0) return kExitOutOfMemory;
+      if (!flags.write.empty()) {
+        headroom::write_config_file(flags.write, r.candidates[r.best].config);
+        if (!flags.json) std::printf("wrote %s\n", flags.write.c_str());
+      }
+      return kExitOk;
+    }
+    const headroom::Measured m = headroom::measure(config);
+    if (flags.json) {
+      std::printf("%s\n", headroom::measured_json(m).c_str());
+    } else {
+      std::printf("%s", headroom::format_measured(config, m).c_str());
+      if (config.device.memory_limit)
+        std::printf("%s memory_limit %s\n",
+                    m.reserved <= config.device.memory_limit ? "fits" : "does not fit",
+                    headroom::format_bytes(config.device.memory_limit).c_str());
+    }
+    return !config.device.memory_limit || m.reserved <= config.device.memory_limit
+               ? kExitOk
+               : kExitOutOfMemory;
+  } catch (const headroom::PlanRefused& e) {
+    std::cerr << "headroom: plan --measure: " << e.what() << "\n";
+    return kExitOutOfMemory;
+  }
 }
 
 // Every plugin on the search path, loaded and asked for its descriptor.
@@ -344,6 +400,18 @@ int main(int argc, char** argv) {
   plan->add_option("--set", sets,
                    "override a config key: --set section.key=value, or plugins.NAME.key=value for "
                    "a listed plugin (repeatable)");
+  PlanFlags plan_flags;
+  plan->add_flag("--measure", plan_flags.measure,
+                 "predict the peak from two-step dry runs of the config's own setup at "
+                 "micro_batch 1-2 with 1-2 blocks, fitted and extrapolated");
+  plan->add_flag("--search", plan_flags.search,
+                 "with --measure: measure micro_batch x grad_accum splits and the installed "
+                 "plugins' proposals, and pick the fastest that fits");
+  plan->add_option("--budget", plan_flags.budget,
+                   "with --search: the memory to fit (\"8GiB\"; default: memory_limit)");
+  plan->add_option("--write", plan_flags.write,
+                   "with --search: write the recommended config, whole, to FILE");
+  plan->add_flag("--json", plan_flags.json, "with --measure: print one JSON object");
 
   CLI::App* check = app.add_subcommand(
       "check", "validate a config and print it resolved, with every default filled in");
@@ -436,7 +504,7 @@ int main(int argc, char** argv) {
     if (*train) return cmd_train(config_file, sets, flags);
     if (*shard) return cmd_shard(shard_text, shard_dir, tokens_per_shard, shard_tokenizer);
     if (*check) return cmd_check(config_file, sets);
-    if (*plan) return cmd_plan(config_file, sets);
+    if (*plan) return cmd_plan(config_file, sets, plan_flags);
     if (*replay) return cmd_replay(replay_file, replay_config, replay_sets, replay_limit);
     if (*plugins) return cmd_plugins();
     if (*sample) {

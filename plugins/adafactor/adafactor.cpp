@@ -670,7 +670,7 @@ hr_status estimate_noexcept(void* instance, const hr_estimate_query* q,
   }
 }
 
-const hr_ext_estimate kEstimate = {sizeof(hr_ext_estimate), 0, estimate_noexcept};
+const hr_ext_estimate kEstimate = {sizeof(hr_ext_estimate), 0, estimate_noexcept, 0, 0, nullptr};
 
 const void* get_extension(const char* id) {
   if (!id) return nullptr;

@@ -493,6 +493,15 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
 }
 
 // Constant-initialized: loading the library runs no code before hr_plugin_entry.
+// The precisions `plan --measure --search` tries.
+constexpr hr_estimate_mode kModes[] = {
+    headroom_plugin::mode("bf16, fp32 masters", "dtype = \"bf16\""),
+    headroom_plugin::mode("fp16, fp32 masters", "dtype = \"fp16\""),
+    headroom_plugin::mode("bf16 weights, no masters", "dtype = \"bf16\"\nmaster_weights = false"),
+    headroom_plugin::mode("bf16 weights and state, no masters",
+                          "dtype = \"bf16\"\nmaster_weights = false\nstate_dtype = \"bf16\""),
+};
+
 const hr_plugin_descriptor kDescriptor = {
     sizeof(hr_plugin_descriptor),
     HR_ABI_VERSION,
@@ -510,7 +519,7 @@ const hr_plugin_descriptor kDescriptor = {
     nullptr,  // optimizer
     save_state,
     load_state,
-    headroom_plugin::offer_estimate<estimate>,
+    headroom_plugin::offer_estimate_modes<estimate, kModes>,
 };
 
 }  // namespace

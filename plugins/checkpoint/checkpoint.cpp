@@ -419,6 +419,14 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
 }
 
 // Constant-initialized: loading the library runs no code before hr_plugin_entry.
+// The policies `plan --measure --search` tries (budget's needs a size: its proposal has one).
+constexpr hr_estimate_mode kModes[] = {
+    headroom_plugin::mode("policy every", "policy = \"every\""),
+    headroom_plugin::mode("policy selective", "policy = \"selective\""),
+    headroom_plugin::mode("policy every_n, n = 2", "policy = \"every_n\"\nn = 2"),
+    headroom_plugin::mode("policy sqrt", "policy = \"sqrt\""),
+};
+
 const hr_plugin_descriptor kDescriptor = {
     sizeof(hr_plugin_descriptor),
     HR_ABI_VERSION,
@@ -436,7 +444,7 @@ const hr_plugin_descriptor kDescriptor = {
     nullptr,  // optimizer
     nullptr,  // save_state: the plan is rebuilt from the config and the first micro-step
     nullptr,  // load_state
-    headroom_plugin::offer_estimate<estimate>,
+    headroom_plugin::offer_estimate_modes<estimate, kModes>,
 };
 
 }  // namespace

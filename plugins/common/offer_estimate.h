@@ -25,13 +25,26 @@ hr_status estimate_noexcept(void* instance, const hr_estimate_query* query,
   }
 }
 
-template <EstimateFn F>
-inline constexpr hr_ext_estimate kEstimateExtension = {sizeof(hr_ext_estimate), 0,
-                                                       estimate_noexcept<F>};
+// A plugin's documented modes (hr_ext_estimate.modes): `static constexpr hr_estimate_mode
+// kModes[] = {mode("policy every", ""), ...};` and offer_estimate<f, kModes>.
+constexpr hr_estimate_mode mode(const char* what, const char* toml) {
+  return {sizeof(hr_estimate_mode), 0, what, toml};
+}
+
+template <EstimateFn F, const hr_estimate_mode* Modes = nullptr, uint32_t N = 0>
+inline constexpr hr_ext_estimate kEstimateExtension = {
+    sizeof(hr_ext_estimate), 0, estimate_noexcept<F>, N, 0, Modes};
 
 template <EstimateFn F>
 const void* offer_estimate(const char* id) {
   return id && std::strcmp(id, HR_EXT_ESTIMATE) == 0 ? &kEstimateExtension<F> : nullptr;
+}
+
+// The same with its modes.
+template <EstimateFn F, const auto& Modes>
+const void* offer_estimate_modes(const char* id) {
+  constexpr uint32_t n = sizeof(Modes) / sizeof(Modes[0]);
+  return id && std::strcmp(id, HR_EXT_ESTIMATE) == 0 ? &kEstimateExtension<F, Modes, n> : nullptr;
 }
 
 }  // namespace headroom_plugin

@@ -659,6 +659,12 @@ const hr_allocator_hooks kAllocator = {
     sizeof(hr_allocator_hooks), 0, hook_allocate, hook_deallocate, hook_stats,
 };
 
+// The segment kinds `plan --measure --search` tries.
+constexpr hr_estimate_mode kModes[] = {
+    headroom_plugin::mode("expandable segments", ""),
+    headroom_plugin::mode("fixed segments", "expandable = false"),
+};
+
 const hr_plugin_descriptor kDescriptor = {
     sizeof(hr_plugin_descriptor),
     HR_ABI_VERSION,
@@ -675,7 +681,7 @@ const hr_plugin_descriptor kDescriptor = {
     nullptr,  // optimizer
     nullptr,  // save_state: the cache is rebuilt by the run, nothing to carry over
     nullptr,  // load_state
-    headroom_plugin::offer_estimate<estimate>,
+    headroom_plugin::offer_estimate_modes<estimate, kModes>,
 };
 
 }  // namespace

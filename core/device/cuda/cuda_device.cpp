@@ -135,7 +135,7 @@ class CudaDevice final : public Device {
   }
 
   std::string kind() const override { return "cuda"; }
-  Backend& backend() override { return *backend_; }
+  Backend& own_backend() override { return *backend_; }
 
   void* backend_allocate(uint64_t bytes) override {
     if (over_limit(bytes)) return nullptr;

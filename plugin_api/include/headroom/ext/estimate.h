@@ -142,6 +142,16 @@ typedef struct hr_estimate_result {
                    * `key = value` a line, without the [[plugins]] header and the name */
 } hr_estimate_result;
 
+/* One documented mode of a plugin (a checkpoint policy, an amp dtype): what `headroom plan
+ * --measure --search` tries besides the plugin's proposal. Plugin-owned static strings. */
+typedef struct hr_estimate_mode {
+  uint32_t struct_size;
+  uint32_t reserved0;
+  const char* what; /* one line: "policy selective" */
+  const char* toml; /* the keys of its [[plugins]] table, as hr_estimate_result.toml ("" for the
+                     * defaults) */
+} hr_estimate_mode;
+
 typedef struct hr_ext_estimate {
   uint32_t struct_size;
   uint32_t reserved0;
@@ -152,6 +162,12 @@ typedef struct hr_ext_estimate {
    * Training thread, any time after the entry point (also when the plugin was never created);
    * no device work. */
   hr_status (*estimate)(void* instance, const hr_estimate_query* query, hr_estimate_result* result);
+  /* Appended (read when struct_size covers them): the plugin's documented modes, which the search
+   * measures one by one and in pairs with other plugins' — the planner knows no plugin by name.
+   * num_modes 0 (or a shorter struct): the search tries what estimate proposes alone. */
+  uint32_t num_modes;
+  uint32_t reserved1;
+  const hr_estimate_mode* modes; /* num_modes of them, each struct_size-sized */
 } hr_ext_estimate;
 
 #ifdef __cplusplus

@@ -1,0 +1,93 @@
+#include "core/device/dry_backend.h"
+
+namespace headroom {
+
+namespace {
+
+class DryBackend final : public Backend {
+ public:
+  explicit DryBackend(Backend& real) : real_(real) {}
+
+  // --- computing ops: nothing -------------------------------------------------------------------
+  void embedding_forward(Dtype, void*, const int32_t*, const void*, const void*, int, int,
+                         int) override {}
+  void embedding_backward(Dtype, void*, void*, const void*, const int32_t*, int, int,
+                          int) override {}
+  void layernorm_forward(Dtype, void*, void*, void*, const void*, const void*, const void*, int,
+                         int) override {}
+  void layernorm_backward(Dtype, void*, void*, void*, const void*, const void*, const void*,
+                          const void*, const void*, int, int) override {}
+  void matmul_forward(Dtype, void*, const void*, const void*, const void*, int, int, int) override {
+  }
+  void matmul_backward(Dtype, void*, void*, void*, const void*, const void*, const void*, int, int,
+                       int) override {}
+  void attention_forward(Dtype, void*, void*, const void*, int, int, int, int) override {}
+  void attention_backward(Dtype, void*, void*, const void*, const void*, const void*, int, int, int,
+                          int) override {}
+  uint64_t attention_scratch_numel(int B, int T, int NH) const override {
+    return real_.attention_scratch_numel(B, T, NH);  // a size: the workspace is allocated alike
+  }
+  void attention_decode(Dtype, void*, const void*, int, int, int) override {}
+  void gelu_forward(Dtype, void*, const void*, uint64_t) override {}
+  void gelu_backward(Dtype, void*, const void*, const void*, uint64_t) override {}
+  void add_inplace(Dtype, void*, const void*, uint64_t) override {}
+  void crossentropy_forward_backward(Dtype dt, void*, void* losses, const int32_t*, int N, int,
+                                     double) override {
+    real_.fill(stat_dtype(dt), losses, uint64_t(N), 0.0);  // a finite loss: the normal path
+  }
+  void adamw_update(float*, const float*, float*, float*, uint64_t, float, float, float, float,
+                    float, int64_t) override {}
+  void sgd_update(float*, const float*, float*, uint64_t, float, float, float) override {}
+  void adamw_update_stored(const Stored&, void*, const void*, void*, void*, uint64_t, float, float,
+                           float, float, float, int64_t) override {}
+  void sgd_update_stored(const Stored&, void*, const void*, void*, uint64_t, float, float,
+                         float) override {}
+  void scale(Dtype, void*, uint64_t, double) override {}
+  void axpy(Dtype, void*, const void*, uint64_t, double) override {}
+  void accumulate(float*, const void*, Dtype, uint64_t) override {}
+  double sum_squares(Dtype, const void*, uint64_t) override {
+    count_host_sync();
+    return 0.0;
+  }
+  bool any_nonfinite(Dtype, const void*, uint64_t) override {
+    count_host_sync();
+    return false;
+  }
+  double sum_squares_many(const std::vector<Span>&) override {
+    count_host_sync();
+    return 0.0;
+  }
+
+  // --- memory: the real backend's ---------------------------------------------------------------
+  void fill(Dtype dt, void* x, uint64_t n, double value) override { real_.fill(dt, x, n, value); }
+  void cast(void* dst, Dtype dst_dt, const void* src, Dtype src_dt, uint64_t n) override {
+    real_.cast(dst, dst_dt, src, src_dt, n);
+  }
+  void copy(void* dst, const void* src, uint64_t bytes) override { real_.copy(dst, src, bytes); }
+  void upload(void* dst, const void* src, uint64_t bytes) override {
+    real_.upload(dst, src, bytes);
+  }
+  void download(void* dst, const void* src, uint64_t bytes) override {
+    count_host_sync();
+    real_.download(dst, src, bytes);
+  }
+  void synchronize() override {
+    count_host_sync();
+    real_.synchronize();
+  }
+  void* host_alloc(uint64_t bytes) override { return real_.host_alloc(bytes); }
+  void host_free(void* ptr) override { real_.host_free(ptr); }
+  void* native_stream() override { return real_.native_stream(); }
+  std::string describe() const override { return real_.describe() + " (dry: no arithmetic)"; }
+
+ private:
+  Backend& real_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_dry_backend(Backend& real) {
+  return std::make_unique<DryBackend>(real);
+}
+
+}  // namespace headroom

@@ -1,0 +1,349 @@
+#include "core/plan/measure.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "core/device/device.h"
+#include "core/report/advice.h"
+#include "core/run/trainer.h"
+
+namespace headroom {
+
+namespace {
+
+double now_ms() {
+  using namespace std::chrono;
+  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+// What the device holds at this moment: the allocator role's reserved bytes when it keeps
+// statistics, else the backend's used bytes (the CPU arena under a memory_limit: padding
+// included), else the live bytes (nothing is cached).
+uint64_t reserved_now(const Device& d) {
+  AllocatorStats s;
+  if (d.allocator_stats(&s)) return s.reserved;
+  const Device::BackendStats b = d.backend_stats();
+  return std::max(b.used, d.tracker().live_total());
+}
+
+// Samples the reserved bytes at every allocation: their highest over the run.
+class ReservedProbe final : public EventListener {
+ public:
+  explicit ReservedProbe(Device& d) : device_(d), max_(reserved_now(d)) {}
+  void on_event(const EventInfo& info) override {
+    if (info.event == Event::kAlloc) max_ = std::max(max_, reserved_now(device_));
+    if (info.event == Event::kStepEnd && info.step == 1) {
+      step1_peak_ = device_.tracker().peak_total();
+      step1_reserved_ = max();
+    }
+  }
+  uint64_t max() const { return std::max(max_, reserved_now(device_)); }
+  uint64_t step1_peak() const { return step1_peak_; }
+  uint64_t step1_reserved() const { return step1_reserved_; }
+
+ private:
+  Device& device_;
+  uint64_t max_;
+  uint64_t step1_peak_ = 0, step1_reserved_ = 0;
+};
+
+// "block 1" of a 2-block variant is the top block of the full model: a phase named for it.
+std::string full_phase(const Phase& p, int variant_layers, int n_layer) {
+  Phase q = p;
+  if (q.layer_name.rfind("block ", 0) == 0) {
+    const int i = std::atoi(q.layer_name.c_str() + 6);
+    const int full = i == variant_layers - 1 ? n_layer - 1 : i;  // the top block is the top
+    q.layer_name = "block " + std::to_string(full);
+    q.layer = full + 1;
+  } else if (q.layer_name == "head") {
+    q.layer = n_layer + 1;
+  }
+  q.step = 0;
+  q.micro_step = 0;
+  std::string s = q.str();
+  // The step of a dry run says nothing about the full run.
+  const size_t cut = s.find(", step");
+  return cut == std::string::npos ? s : s.substr(0, cut);
+}
+
+}  // namespace
+
+Config variant_of(const Config& config, int micro_batch, int n_layer, int grad_accum, int steps) {
+  Config v = config;
+  v.model.n_layer = n_layer;
+  v.train.micro_batch = micro_batch;
+  v.train.grad_accum = grad_accum > 0 ? grad_accum : std::min(config.train.grad_accum, 2);
+  v.train.steps = steps;
+  v.train.warmup_steps = std::min<int64_t>(v.train.warmup_steps, 1);
+  v.train.eval_every = 0;
+  v.train.log_every = 1;
+  v.snapshot.every = 0;
+  return v;
+}
+
+VariantRun run_variant(const Config& config, int micro_batch, int n_layer, int grad_accum,
+                       int steps, Arithmetic arithmetic) {
+  VariantRun r;
+  r.micro_batch = micro_batch;
+  r.n_layer = n_layer;
+  const Config v = variant_of(config, micro_batch, n_layer, grad_accum, steps);
+  const uint64_t limit = v.device.memory_limit;
+  if (limit) {
+    // Refused before it allocates: the closed form of the variant (its plugins' estimates
+    // included) over the wall.
+    const uint64_t need = estimate_config(v, {}, 1).peak.total();
+    if (need > limit) {
+      r.refused = "micro_batch " + std::to_string(micro_batch) + " with " +
+                  std::to_string(n_layer) + " block(s) needs about " + format_bytes(need) +
+                  " by the closed form, over memory_limit " + format_bytes(limit);
+      return r;
+    }
+  }
+  const double t0 = now_ms();
+  try {
+    TrainOptions options;  // silent, writes nothing
+    options.dry = arithmetic == Arithmetic::kDry;
+    Trainer t(v, std::move(options));
+    ReservedProbe probe(t.device());
+    t.add_listener(&probe);
+    t.run();
+    const MemoryTracker& mt = t.device().tracker();
+    r.at_peak = mt.live_at_peak();
+    r.peak = mt.peak_total();
+    r.peak_phase = mt.peak_phase();
+    r.reserved = std::max(probe.max(), r.peak);
+    r.step1_peak = probe.step1_peak();
+    r.step1_reserved = std::max(probe.step1_reserved(), r.step1_peak);
+    r.step_ms = 0;
+    if (arithmetic == Arithmetic::kCompute) {
+      for (const StepRecord& h : t.history())
+        if (r.step_ms == 0 || h.step_ms < r.step_ms) r.step_ms = h.step_ms;
+    }
+    r.ran = true;
+  } catch (const OutOfMemory& e) {
+    r.refused = "micro_batch " + std::to_string(micro_batch) + " with " + std::to_string(n_layer) +
+                " block(s) ran out of memory: " + e.report().str();
+  }
+  r.wall_ms = now_ms() - t0;
+  return r;
+}
+
+namespace {
+
+// The grid at blocks l1 < l2, fitted and evaluated at (b, l): bilinear, its block slope
+// (v(l2) - v(l1)) / (l2 - l1), rounded to the byte.
+struct Grid {
+  const VariantRun* r[4];  // (1, l1) (2, l1) (1, l2) (2, l2)
+  int l1, l2;
+  int64_t at(int64_t (*get)(const VariantRun&, int), int c, int b, int l) const {
+    const int64_t a = get(*r[0], c) + int64_t(b - 1) * (get(*r[1], c) - get(*r[0], c));
+    const int64_t z = get(*r[2], c) + int64_t(b - 1) * (get(*r[3], c) - get(*r[2], c));
+    const int64_t num = int64_t(l - l1) * (z - a), den = l2 - l1;
+    const int64_t q = num >= 0 ? (num + den / 2) / den : -((-num + den / 2) / den);
+    return a + q;
+  }
+};
+int64_t cat_of(const VariantRun& r, int c) {
+  return static_cast<int64_t>(r.at_peak[c]);
+}
+int64_t frag_of(const VariantRun& r, int) {
+  return static_cast<int64_t>(r.reserved - r.peak);
+}
+
+// The sum over categories, each at least 0.
+int64_t peak_at(const Grid& g, int b, int l) {
+  int64_t p = 0;
+  for (int c = 0; c < kNumCategories; ++c)
+    p += std::max<int64_t>(0, g.at(cat_of, c, b, l));
+  return p;
+}
+
+}  // namespace
+
+Measured measure(const Config& config, Arithmetic arithmetic) {
+  Measured m;
+  const int B = config.train.micro_batch, N = config.model.n_layer;
+  const double t0 = now_ms();
+  // Every dry run made, by (micro_batch, blocks): a wider grid reuses what it can.
+  std::vector<VariantRun> runs;
+  runs.reserve(16);
+  auto run = [&](int b, int l) -> const VariantRun& {
+    for (const VariantRun& r : runs)
+      if (r.micro_batch == b && r.n_layer == l) return r;
+    runs.push_back(run_variant(config, b, l, 0, m.steps, arithmetic));
+    return runs.back();
+  };
+  // The smallest variant runs two steps. When the second raised neither the peak nor the reserved
+  // bytes (the optimizer state and every plugin's lazy allocations exist from step 1), one step is
+  // the same measurement at half the cost, and every other variant runs one.
+  {
+    const VariantRun& first = run(1, 1);
+    if (first.ran && first.peak == first.step1_peak && first.reserved == first.step1_reserved)
+      m.steps = 1;
+  }
+  // Blocks 1 and 2 first. A plugin whose policy repeats over blocks (a checkpoint of every n-th)
+  // is not affine there: when the check point misses, the grid widens to blocks k and 2k, which
+  // hold whole periods, as long as 2k <= n_layer.
+  Grid best{};
+  int64_t best_err = -1, best_res_err = 0;
+  int best_cb = 0, best_cl = 0;
+  double best_rel = 0;
+  for (int k = 1; k == 1 || (2 * k <= N && k <= 4); ++k) {
+    Grid g{};
+    g.l1 = k;
+    g.l2 = 2 * k;
+    const int grid[4][2] = {{1, k}, {2, k}, {1, 2 * k}, {2, 2 * k}};
+    bool ok = true;
+    for (int i = 0; i < 4; ++i) {
+      const VariantRun& r = run(grid[i][0], grid[i][1]);
+      if (!r.ran) {
+        if (k > 1) {
+          ok = false;
+          break;
+        }
+        if (i == 0) throw PlanRefused("even the smallest variant cannot run: " + r.refused);
+        throw PlanRefused("the dry run needs micro_batch 1 and 2 with 1 and 2 blocks; " +
+                          r.refused);
+      }
+    }
+    if (!ok) break;
+    for (int i = 0; i < 4; ++i)
+      g.r[i] = &run(grid[i][0], grid[i][1]);
+    // The check: a point off the grid, as near the config as is cheap.
+    const int cb = std::min(B, 3), cl = std::min(N, 3 * k);
+    int64_t err = 0, res_err = 0;
+    double rel = 0;
+    const bool on_grid = (cb <= 2) && (cl == k || cl == 2 * k);
+    if (!on_grid && (B > 2 || N > 2 * k)) {
+      const VariantRun& c = run(cb, cl);
+      if (c.ran) {
+        const int64_t pred = peak_at(g, cb, cl);
+        err = static_cast<int64_t>(c.peak) - pred;
+        res_err = static_cast<int64_t>(c.reserved) -
+                  (pred + std::max<int64_t>(0, g.at(frag_of, 0, cb, cl)));
+        rel = std::abs(double(err)) / double(c.peak);
+      } else {
+        rel = 0;  // cannot check: take this grid
+      }
+    } else {
+      m.check_b = 0;
+    }
+    if (best_err < 0 || rel < best_rel) {
+      best = g;
+      best_err = std::abs(err);
+      best_res_err = res_err;
+      best_rel = rel;
+      best_cb = on_grid ? 0 : cb;
+      best_cl = on_grid ? 0 : cl;
+      m.check_peak_error = err;
+      m.check_reserved_error = res_err;
+    }
+    if (rel <= 0.001) break;  // within 0.1%: this grid holds
+  }
+  (void)best_res_err;
+  m.check_b = (B > 2 || N > 2 * best.l1) ? best_cb : 0;
+  m.check_l = m.check_b ? best_cl : 0;
+  m.grid_blocks = {best.l1, best.l2};
+  for (int c = 0; c < kNumCategories; ++c) {
+    m.by_category[c] = static_cast<uint64_t>(std::max<int64_t>(0, best.at(cat_of, c, B, N)));
+    m.peak += m.by_category[c];
+  }
+  m.fragmentation = static_cast<uint64_t>(std::max<int64_t>(0, best.at(frag_of, 0, B, N)));
+  m.reserved = m.peak + m.fragmentation;
+  m.phase = full_phase(best.r[3]->peak_phase, best.l2, N);
+  if (m.check_b) {
+    for (const VariantRun& r : runs)
+      if (r.micro_batch == m.check_b && r.n_layer == m.check_l) m.check_run = r;
+  }
+  m.runs = std::move(runs);
+  m.wall_ms = now_ms() - t0;
+  return m;
+}
+
+double measure_step_ms(const Config& config) {
+  {
+    const int blocks = std::min(config.model.n_layer, 2);
+    // 3 steps each, the fastest taken: the first step allocates, the others say what a step costs.
+    const VariantRun one =
+        run_variant(config, config.train.micro_batch, blocks, 1, 3, Arithmetic::kCompute);
+    if (!one.ran) return 0;
+    const VariantRun two =
+        run_variant(config, config.train.micro_batch, blocks, 2, 3, Arithmetic::kCompute);
+    if (!two.ran) return 0;
+    // two = 2·micro + opt, one = micro + opt; timing noise can make micro look cheaper than it
+    // is: never below half of `one`.
+    const double micro = std::max(two.step_ms - one.step_ms, one.step_ms / 2);
+    const double opt = std::max(0.0, one.step_ms - micro);
+    return config.train.grad_accum * micro + opt;
+  }
+  return 0;
+}
+
+std::string format_measured(const Config& config, const Measured& m) {
+  std::string s;
+  char line[256];
+  s += "measured: " + std::to_string(m.runs.size()) + " dry runs of " + std::to_string(m.steps) +
+       (m.steps == 1 ? " step (the first of 2;" : " steps (") + " micro_batch x blocks:";
+  for (const VariantRun& r : m.runs) {
+    std::snprintf(line, sizeof line, " %dx%d%s", r.micro_batch, r.n_layer, r.ran ? "" : " refused");
+    s += line;
+  }
+  std::snprintf(line, sizeof line, ") in %.2f s\n", m.wall_ms / 1000);
+  s += line;
+  s += "predicted peak at micro_batch " + std::to_string(config.train.micro_batch) + " with " +
+       std::to_string(config.model.n_layer) + " blocks, at " + m.phase + ":\n";
+  for (int i = 0; i < kNumCategories; ++i) {
+    if (!m.by_category[i]) continue;
+    std::snprintf(line, sizeof line, "  %-16s %14s\n", category_name(category_at(i)),
+                  format_bytes(m.by_category[i]).c_str());
+    s += line;
+  }
+  std::snprintf(line, sizeof line, "  %-16s %14s (%llu bytes)\n", "total",
+                format_bytes(m.peak).c_str(), static_cast<unsigned long long>(m.peak));
+  s += line;
+  s += "  reserved " + format_bytes(m.reserved) + ", fragmentation " +
+       format_bytes(m.fragmentation) + "\n";
+  if (m.check_b) {
+    const VariantRun& c = m.check_run;
+    if (c.ran) {
+      std::snprintf(line, sizeof line,
+                    "fit checked at micro_batch %d x %d blocks: measured peak %s, off the fit by "
+                    "%lld bytes (reserved: %lld)\n",
+                    m.check_b, m.check_l, format_bytes(c.peak).c_str(),
+                    static_cast<long long>(m.check_peak_error),
+                    static_cast<long long>(m.check_reserved_error));
+    } else {
+      std::snprintf(line, sizeof line, "fit not checked: %s\n", c.refused.c_str());
+    }
+    s += line;
+  }
+  return s;
+}
+
+std::string measured_json(const Measured& m, bool pretty) {
+  nlohmann::ordered_json j;
+  j["peak_bytes"] = m.peak;
+  nlohmann::ordered_json cats = nlohmann::ordered_json::object();
+  for (int i = 0; i < kNumCategories; ++i)
+    cats[category_name(category_at(i))] = m.by_category[i];
+  j["by_category"] = cats;
+  j["reserved_bytes"] = m.reserved;
+  j["fragmentation"] = m.fragmentation;
+  j["phase"] = m.phase;
+  if (m.check_b && m.check_run.ran) {
+    j["check"] = {{"micro_batch", m.check_b},
+                  {"n_layer", m.check_l},
+                  {"measured_peak_bytes", m.check_run.peak},
+                  {"peak_error_bytes", m.check_peak_error},
+                  {"reserved_error_bytes", m.check_reserved_error}};
+  }
+  j["dry_run_s"] = m.wall_ms / 1000;
+  j["dry_run_steps"] = m.steps;
+  return j.dump(pretty ? 2 : -1);
+}
+
+}  // namespace headroom

@@ -1,0 +1,268 @@
+#include "core/plan/search.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "core/os/output_file.h"
+#include "core/report/advice.h"
+
+namespace headroom {
+
+namespace {
+
+// A closed form this far over the budget is not worth a dry run: the closed forms are exact for
+// what core knows, and a plugin that offers no estimate is rarely worth a quarter of the memory.
+constexpr double kPruneOver = 1.25;
+
+// The config with `toml` appended (after dropping the plugin table at `replaces`, when set) and
+// `sets` applied: parsed again as a file would be, so every plugin table is checked as written.
+Config with_changes(const Config& config, const std::string& replaces, const std::string& toml,
+                    const std::vector<std::string>& sets) {
+  Config base = config;
+  if (!replaces.empty())
+    base.plugins.erase(
+        std::remove_if(base.plugins.begin(), base.plugins.end(),
+                       [&](const PluginEntry& p) { return p.pos.str() == replaces; }),
+        base.plugins.end());
+  return parse_config(format_config(base) + "\n" + toml, config.file, sets);
+}
+
+// "+ amp + checkpoint, micro_batch=8": what a remedy changes, short.
+std::string short_what(const Remedy& rem) {
+  std::string s;
+  for (const std::string& p : rem.plugins)
+    s += (s.empty() ? "+ " : " + ") + p;
+  for (const std::string& set : rem.sets)
+    s += (s.empty() ? "" : ", ") + set;
+  return s.empty() ? rem.what : s;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v)
+    s += (s.empty() ? "" : " ") + std::string("--set ") + x;
+  return s;
+}
+
+}  // namespace
+
+SearchResult search(const Config& config, uint64_t budget) {
+  SearchResult r;
+  r.budget = budget;
+  // The dry runs run under the budget: a variant that would not fit it is refused before it
+  // allocates.
+  Config base = config;
+  base.device.memory_limit = budget;
+
+  std::vector<Candidate> cands;
+  auto add = [&](std::string what, std::vector<std::string> sets, const std::string& replaces,
+                 std::string toml) {
+    Candidate c;
+    c.what = std::move(what);
+    c.sets = std::move(sets);
+    c.toml = std::move(toml);
+    try {
+      c.config = with_changes(base, replaces, c.toml, c.sets);
+    } catch (const ConfigError& e) {
+      c.skipped = std::string("not a valid config: ") + e.what();
+    }
+    cands.push_back(std::move(c));
+  };
+  add("as written", {}, "", "");
+
+  // micro_batch x grad_accum with the same sequences per step.
+  const int E = config.train.micro_batch * config.train.grad_accum;
+  for (int b = E; b >= 1; --b) {
+    if (E % b != 0 || b == config.train.micro_batch) continue;
+    add("micro_batch " + std::to_string(b) + " x grad_accum " + std::to_string(E / b),
+        {"train.micro_batch=" + std::to_string(b), "train.grad_accum=" + std::to_string(E / b)}, "",
+        "");
+  }
+
+  // The installed plugins' proposals for this budget, and pairs of those that help but do not fit
+  // alone (by the closed forms: the measurement decides).
+  const Advice a = advise(base);
+  std::vector<const Remedy*> helps;
+  for (const std::vector<Remedy>* list : {&a.remedies, &a.not_enough}) {
+    for (const Remedy& rem : *list) {
+      if (rem.toml.empty() && !rem.sets.empty() && rem.sets[0].rfind("train.micro_batch=", 0) == 0)
+        continue;  // a split: measured above
+      if (rem.ranks > 1) {
+        Candidate c;
+        c.what = short_what(rem);
+        c.skipped = "needs " + std::to_string(rem.ranks) + " ranks: a dry run is one process";
+        cands.push_back(std::move(c));
+        continue;
+      }
+      add(short_what(rem), rem.sets, rem.replaces, rem.toml);
+      if (list == &a.not_enough && rem.replaces.empty()) helps.push_back(&rem);
+    }
+  }
+  for (size_t i = 0; i < helps.size(); ++i)
+    for (size_t j = i + 1; j < helps.size(); ++j) {
+      std::vector<std::string> sets = helps[i]->sets;
+      sets.insert(sets.end(), helps[j]->sets.begin(), helps[j]->sets.end());
+      add(short_what(*helps[i]) + " & " + short_what(*helps[j]), sets, "",
+          helps[i]->toml + "\n" + helps[j]->toml);
+    }
+
+  // The plugins' documented modes (checkpoint policies, amp precisions, ...), each alone, and in
+  // pairs across plugins where neither alone fits by the closed form (otherwise the pair only adds
+  // the second one's time). The plugins name their modes; the search knows none of them.
+  auto listed = [&](const std::string& name) {
+    return std::any_of(config.plugins.begin(), config.plugins.end(),
+                       [&](const PluginEntry& p) { return p.name == name; });
+  };
+  const std::vector<PluginMode> modes = plugin_modes();
+  std::vector<const PluginMode*> usable;
+  std::vector<bool> fits_alone;
+  for (const PluginMode& m : modes) {
+    if (listed(m.plugin) || (m.roles & a.config.roles)) continue;
+    add("+ " + m.what, {}, "", m.toml);
+    bool alone = false;
+    if (cands.back().skipped.empty()) {
+      try {
+        alone = estimate_config(cands.back().config, {}, 1).peak.total() <= budget;
+      } catch (const ConfigError&) {
+        // refused alone: the pruning below says so for this candidate
+      }
+    }
+    usable.push_back(&m);
+    fits_alone.push_back(alone);
+  }
+  for (size_t i = 0; i < usable.size(); ++i)
+    for (size_t j = i + 1; j < usable.size(); ++j) {
+      if (usable[i]->plugin == usable[j]->plugin || (usable[i]->roles & usable[j]->roles)) continue;
+      if (fits_alone[i] || fits_alone[j]) continue;
+      add("+ " + usable[i]->what + " + " + usable[j]->what, {}, "",
+          usable[i]->toml + "\n" + usable[j]->toml);
+    }
+
+  // Prune by the closed form, then measure.
+  std::vector<std::string> seen;  // each config once (a pair may be a proposal already listed)
+  for (Candidate& c : cands) {
+    if (!c.skipped.empty()) continue;
+    const std::string text = format_config(c.config);
+    if (std::find(seen.begin(), seen.end(), text) != seen.end()) {
+      c.skipped = "the same config as a candidate above";
+      continue;
+    }
+    seen.push_back(text);
+    try {
+      c.closed_form = estimate_config(c.config, {}, 1).peak.total();
+    } catch (const ConfigError& e) {
+      c.skipped = std::string("its plugins refuse it: ") + e.what();
+      continue;
+    }
+    if (c.closed_form > budget * kPruneOver) {
+      c.skipped = "the closed form says " + format_bytes(c.closed_form) + ", far over the budget";
+      continue;
+    }
+    try {
+      c.m = measure(c.config);
+      c.fits = c.m.reserved <= budget - static_cast<uint64_t>(budget * r.margin);
+      c.measured = true;
+      // Timed only when it fits: the others cannot be recommended. 0: its 2 blocks do not fit.
+      if (c.fits) c.step_ms = measure_step_ms(c.config);
+    } catch (const PlanRefused& e) {
+      c.skipped = e.what();
+    } catch (const ConfigError& e) {
+      c.skipped = std::string("its dry run refused: ") + e.what();
+    }
+  }
+  r.candidates = std::move(cands);
+  for (size_t i = 0; i < r.candidates.size(); ++i)
+    if (r.candidates[i].step_ms > 0) {
+      r.baseline = static_cast<int>(i);
+      break;
+    }
+  if (r.baseline < 0) return r;
+  const double base_ms = r.candidates[r.baseline].step_ms;
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    Candidate& c = r.candidates[i];
+    if (c.step_ms <= 0) continue;
+    c.step_time_ratio = c.step_ms / base_ms;
+    if (c.fits && (r.best < 0 || c.step_ms < r.candidates[r.best].step_ms))
+      r.best = static_cast<int>(i);
+  }
+  // The written config keeps the caller's own memory_limit.
+  for (Candidate& c : r.candidates)
+    if (c.measured) c.config.device.memory_limit = config.device.memory_limit;
+  return r;
+}
+
+std::string format_search(const Config& config, const SearchResult& r) {
+  std::string s = "search under " + format_bytes(r.budget) + " (a margin of " +
+                  std::to_string(static_cast<int>(r.margin * 100)) + "% kept free), " +
+                  std::to_string(r.candidates.size()) + " candidates:\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-3s %-80s %12s %12s %7s\n", "", "candidate", "peak",
+                "reserved", "time");
+  s += line;
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    const Candidate& c = r.candidates[i];
+    const char* mark = static_cast<int>(i) == r.best ? "=>" : (c.fits ? "ok" : "");
+    if (c.measured) {
+      char ratio[32] = "    -";
+      if (c.step_ms > 0) std::snprintf(ratio, sizeof ratio, "x%.2f", c.step_time_ratio);
+      std::snprintf(line, sizeof line, "  %-3s %-80.80s %12s %12s  %s%s\n", mark, c.what.c_str(),
+                    format_bytes(c.m.peak).c_str(), format_bytes(c.m.reserved).c_str(), ratio,
+                    c.fits ? "" : "  does not fit");
+    } else {
+      std::snprintf(line, sizeof line, "  %-3s %-80.80s not measured: %.200s\n", mark,
+                    c.what.c_str(), c.skipped.c_str());
+    }
+    s += line;
+  }
+  if (r.baseline >= 0)
+    s += "time: the step time against " + r.candidates[r.baseline].what +
+         "'s, measured side by side in short runs on 2 blocks at each one's micro-batch\n";
+  if (r.best < 0) return s + "no candidate fits " + format_bytes(r.budget) + "\n";
+  const Candidate& b = r.candidates[r.best];
+  s += "recommended: " + b.what;
+  if (!b.sets.empty()) s += "\n  headroom train " + config.file + " " + joined(b.sets);
+  if (!b.toml.empty()) s += "\n  with these tables appended to " + config.file + ":\n" + b.toml;
+  return s + "\n";
+}
+
+std::string search_json(const SearchResult& r) {
+  nlohmann::ordered_json j;
+  j["budget_bytes"] = r.budget;
+  j["margin"] = r.margin;
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const Candidate& c : r.candidates) {
+    nlohmann::ordered_json o;
+    o["what"] = c.what;
+    o["sets"] = c.sets;
+    o["toml"] = c.toml;
+    o["measured"] = c.measured;
+    if (c.measured) {
+      o["peak_bytes"] = c.m.peak;
+      o["reserved_bytes"] = c.m.reserved;
+      o["fragmentation"] = c.m.fragmentation;
+      o["fits"] = c.fits;
+      o["step_time_ratio"] = c.step_time_ratio;
+    } else {
+      o["skipped"] = c.skipped;
+    }
+    list.push_back(o);
+  }
+  j["candidates"] = list;
+  j["recommended"] = r.best;
+  if (r.best >= 0) {
+    const Measured& m = r.candidates[r.best].m;
+    j["peak_bytes"] = m.peak;
+    j["reserved_bytes"] = m.reserved;
+    j["fragmentation"] = m.fragmentation;
+  }
+  return j.dump();
+}
+
+void write_config_file(const std::string& path, const Config& config) {
+  AtomicFile f(path, "--write");
+  f.write(format_config(config));
+  f.commit();
+}
+
+}  // namespace headroom

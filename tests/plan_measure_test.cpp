@@ -1,0 +1,247 @@
+// `headroom plan --measure` (core/plan/measure.h) and `--search` (core/plan/search.h): dry runs of
+// cheap variants, fitted and extrapolated, against the closed form where it is exact, against the
+// full run's tracker, and against a plugin the closed form cannot know.
+#include <gtest/gtest.h>
+
+#include "core/config/config.h"
+#include "core/plan/measure.h"
+#include "core/plan/search.h"
+#include "core/report/advice.h"
+#include "core/run/trainer.h"
+#include "tests/test_util.h"
+
+namespace headroom {
+namespace {
+
+const char* kModel =
+    "[model]\nn_layer = 5\nn_head = 4\nn_embd = 32\nseq_len = 16\nvocab_size = 64\n"
+    "[train]\nsteps = 2\nmicro_batch = 6\n";
+
+// The full run's tracker at its peak, by category.
+struct FullRun {
+  ByCategory at_peak{};
+  uint64_t peak = 0;
+};
+FullRun full_run(const Config& c) {
+  Trainer t(c, TrainOptions{});
+  t.run();
+  return {t.device().tracker().live_at_peak(), t.device().tracker().peak_total()};
+}
+
+struct MeasureCase {
+  const char* name;
+  const char* plugins;
+};
+class PlanMeasureTest : public ::testing::TestWithParam<MeasureCase> {};
+
+// Where the closed form is exact, the fit is the closed form, byte for byte, category by category,
+// and both are the full run's tracker.
+TEST_P(PlanMeasureTest, TheFitIsTheClosedFormAndTheFullRun) {
+  const Config c = test::config_from(std::string(kModel) + GetParam().plugins);
+  const Measured m = measure(c);
+  const ConfigEstimate e = estimate_config(c);
+  const FullRun f = full_run(c);
+  for (int i = 0; i < kNumCategories; ++i) {
+    EXPECT_EQ(m.by_category[i], e.peak.at_peak[i]) << category_name(category_at(i));
+    EXPECT_EQ(m.by_category[i], f.at_peak[i]) << category_name(category_at(i));
+  }
+  EXPECT_EQ(m.peak, f.peak);
+  EXPECT_EQ(m.reserved, m.peak);  // no allocator plugin, no limit: nothing cached
+  EXPECT_EQ(m.fragmentation, 0u);
+  ASSERT_EQ(m.runs.size(), 5u);  // the 2x2 grid and the check point (3 x 3)
+  EXPECT_EQ(m.check_b, 3);
+  EXPECT_EQ(m.check_l, 3);
+  EXPECT_EQ(m.check_peak_error, 0);
+  EXPECT_FALSE(m.phase.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plugins, PlanMeasureTest,
+    ::testing::Values(MeasureCase{"None", ""},
+                      MeasureCase{"AmpBf16", "[[plugins]]\nname = \"amp\"\n"},
+                      MeasureCase{"CheckpointEvery", "[[plugins]]\nname = \"checkpoint\"\n"},
+                      MeasureCase{"AmpAndCheckpoint",
+                                  "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = "
+                                  "\"checkpoint\"\n"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// A checkpoint of every 2nd block is not affine in blocks 1 and 2: the check point misses, and the
+// grid widens to blocks 2 and 4 (whole periods), whose fit is the full run's again.
+TEST(PlanMeasure, APolicyRepeatingOverBlocksWidensTheGrid) {
+  const Config c = test::config_from(
+      std::string(kModel) + "[[plugins]]\nname = \"checkpoint\"\npolicy = \"every_n\"\nn = 2\n",
+      {"model.n_layer=6"});
+  const Measured m = measure(c);
+  EXPECT_EQ(m.grid_blocks[0], 2);
+  EXPECT_EQ(m.grid_blocks[1], 4);
+  EXPECT_EQ(m.check_peak_error, 0);
+  const FullRun f = full_run(c);
+  EXPECT_EQ(m.peak, f.peak);
+  EXPECT_EQ(m.peak, estimate_config(c).peak.total());
+}
+
+std::string per_block(uint64_t bytes) {
+  const std::string lib = std::string(HEADROOM_TEST_PLUGIN_DIR) + "/per_block.so";
+  return "[[plugins]]\nname = \"per_block\"\npath = \"" + lib +
+         "\"\nbytes = " + std::to_string(bytes) + "\n";
+}
+
+// A plugin that offers no estimate and takes 12345 bytes of optimizer state per block: the closed
+// form misses them, the measurement predicts them to the byte.
+TEST(PlanMeasure, AnOutOfTreePluginsBytesPerBlockArePredictedToTheByte) {
+  const uint64_t k = 12345;
+  const Config c = test::config_from(std::string(kModel) + per_block(k));
+  const Measured m = measure(c);
+  const ConfigEstimate e = estimate_config(c);
+  ASSERT_EQ(e.plugins.size(), 1u);
+  EXPECT_FALSE(e.plugins[0].offered);
+  const FullRun f = full_run(c);
+  const int opt = static_cast<int>(Category::kOptimizer);
+  EXPECT_EQ(m.by_category[opt], e.peak.at_peak[opt] + 5 * k);
+  EXPECT_EQ(m.peak, e.peak.total() + 5 * k);
+  EXPECT_EQ(m.peak, f.peak);
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(m.by_category[i], f.at_peak[i]) << category_name(category_at(i));
+}
+
+// The dry runs compute nothing (core/device/dry_backend.h): a variant's bytes by category, its
+// peak, its reserved bytes and its phase are those of the same variant computing, with every kind
+// of plugin — an allocator, precision, recomputation, a batch policy, pruning, an optimizer, and
+// one the planner knows nothing of.
+struct DryCase {
+  const char* name;
+  std::string extra;
+};
+class PlanDryRun : public ::testing::TestWithParam<DryCase> {};
+
+TEST_P(PlanDryRun, HoldsTheBytesOfTheRunThatComputes) {
+  const Config c = test::config_from(std::string(kModel) + GetParam().extra);
+  for (const int b : {1, 3}) {
+    const VariantRun dry = run_variant(c, b, 2, 2, 3, Arithmetic::kDry);
+    const VariantRun real = run_variant(c, b, 2, 2, 3, Arithmetic::kCompute);
+    ASSERT_TRUE(dry.ran) << dry.refused;
+    ASSERT_TRUE(real.ran) << real.refused;
+    for (int i = 0; i < kNumCategories; ++i)
+      EXPECT_EQ(dry.at_peak[i], real.at_peak[i]) << category_name(category_at(i)) << " b=" << b;
+    EXPECT_EQ(dry.peak, real.peak) << "b=" << b;
+    EXPECT_EQ(dry.reserved, real.reserved) << "b=" << b;
+    EXPECT_EQ(dry.step1_peak, real.step1_peak) << "b=" << b;
+    EXPECT_EQ(dry.peak_phase.str(), real.peak_phase.str()) << "b=" << b;
+    EXPECT_EQ(dry.step_ms, 0.0);  // a dry step's time says nothing
+    EXPECT_GT(real.step_ms, 0.0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plugins, PlanDryRun,
+    ::testing::Values(
+        DryCase{"None", ""}, DryCase{"ArenaLimit", "[device]\nmemory_limit = \"8MiB\"\n"},
+        DryCase{"DefragAllocator",
+                "[device]\nmemory_limit = \"8MiB\"\n[[plugins]]\nname = \"defrag_allocator\"\n"},
+        DryCase{"AmpF16AndCheckpoint",
+                "[[plugins]]\nname = \"amp\"\ndtype = \"fp16\"\n[[plugins]]\nname = "
+                "\"checkpoint\"\npolicy = \"selective\"\n"},
+        DryCase{"Adam8bit", "[[plugins]]\nname = \"adam8bit\"\n"},
+        DryCase{"Pruning",
+                "[[plugins]]\nname = \"pruning\"\nfinal_sparsity = 0.5\nstart_step = 1\n"
+                "end_step = 2\nevery = 1\n"},
+        DryCase{"DynamicBatch", "[[plugins]]\nname = \"dynamic_batch\"\n"},
+        DryCase{"OutOfTreePerBlock", per_block(12345)}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// Under a memory_limit the variants run under it too: the smallest that cannot is refused before
+// anything is allocated, saying why.
+TEST(PlanMeasure, EvenTheSmallestVariantThatDoesNotFitIsRefusedSayingWhy) {
+  const Config c = test::config_from(std::string(kModel), {"device.memory_limit=\"64KiB\""});
+  try {
+    measure(c);
+    ADD_FAILURE() << "expected PlanRefused";
+  } catch (const PlanRefused& e) {
+    EXPECT_TRUE(test::contains(e.what(), "even the smallest variant cannot run")) << e.what();
+    EXPECT_TRUE(test::contains(e.what(), "over memory_limit 64.00 KiB")) << e.what();
+  }
+}
+
+TEST(PlanMeasure, BadFlagsExit2) {
+  const std::string demo = std::string(HEADROOM_SOURCE_DIR) + "/examples/demo.toml";
+  struct Case {
+    std::string args, says;
+  } cases[] = {
+      {"plan " + demo + " --search", "--search needs --measure"},
+      {"plan " + demo + " --write x.toml", "--write needs --search"},
+      {"plan " + demo + " --json", "--json needs --measure"},
+      {"plan " + demo + " --budget 1GiB --measure", "--budget needs --search"},
+      {"plan " + demo + " --measure --search --budget lots", "--budget"},
+  };
+  for (const Case& k : cases) {
+    const test::RunResult r = test::run_headroom(k.args);
+    EXPECT_EQ(r.exit_code, 2) << k.args << "\n" << r.output;
+    EXPECT_TRUE(test::contains(r.output, k.says)) << k.args << "\n" << r.output;
+  }
+}
+
+TEST(PlanMeasure, JsonIsOneObjectWithThePrediction) {
+  const std::string dir = test::temp_dir();
+  const std::string cfg = test::write_file(dir, "p.toml", kModel);
+  const test::RunResult r = test::run_headroom("plan " + cfg + " --measure --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Measured m = measure(test::config_from(kModel));
+  EXPECT_TRUE(test::contains(r.output, "{\"peak_bytes\":" + std::to_string(m.peak) + ","))
+      << r.output;
+  EXPECT_TRUE(test::contains(r.output, "\"by_category\":{\"parameters\":")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "\"reserved_bytes\":")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "\"fragmentation\":")) << r.output;
+}
+
+// --search --json: one object with every candidate, its predicted peak and step-time ratio.
+TEST(PlanSearch, JsonListsTheCandidatesWithPeakAndRatio) {
+  const std::string dir = test::temp_dir();
+  const std::string cfg = test::write_file(dir, "p.toml", kModel);
+  const test::RunResult r =
+      test::run_headroom("plan " + cfg + " --measure --search --budget 64MiB --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(test::starts_with(r.output, "{\"budget_bytes\":67108864,")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "\"candidates\":[{\"what\":\"as written\"")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "\"step_time_ratio\":1.0}")) << r.output;  // the baseline
+  EXPECT_TRUE(test::contains(r.output, "\"peak_bytes\":")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "\"recommended\":")) << r.output;
+}
+
+// The out-of-memory report ends with the command that measures what fits.
+TEST(PlanSearch, TheOutOfMemoryReportPointsToTheSearchWithTheExactCommand) {
+  const std::string demo = std::string(HEADROOM_SOURCE_DIR) + "/examples/demo.toml";
+  const test::RunResult r = test::run_headroom("train " + demo + " --set train.steps=1 -q");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "headroom plan --measure --search " + demo + "\n"))
+      << r.output;
+}
+
+// examples/demo.toml does not fit its 80 MiB as written (micro_batch 32). The search writes a whole
+// config that trains within the limit, and it is the fastest fitting candidate by the measured
+// ratios. (seq_len 16 under 16 MiB here, to keep the test short; bench/planner.sh records the
+// demo's ratios.)
+TEST(PlanSearch, TheDemosRecommendedConfigIsWrittenAndRunsWithinTheLimit) {
+  const std::string demo = std::string(HEADROOM_SOURCE_DIR) + "/examples/demo.toml";
+  const Config c = load_config(demo, {"model.seq_len=16", "device.memory_limit=\"16MiB\""});
+  const SearchResult r = search(c, c.device.memory_limit);
+  ASSERT_GE(r.best, 0) << format_search(c, r);
+  const Candidate& best = r.candidates[r.best];
+  EXPECT_TRUE(best.fits);
+  EXPECT_NE(best.what, "as written");  // as written it does not fit
+  EXPECT_EQ(best.config.train.micro_batch * best.config.train.grad_accum, 32);
+  for (const Candidate& k : r.candidates)
+    if (k.fits && k.step_ms > 0) {
+      EXPECT_LE(best.step_ms, k.step_ms) << k.what;
+    }
+  const std::string dir = test::temp_dir();
+  write_config_file(dir + "/best.toml", best.config);
+  Config written = load_config(dir + "/best.toml", {"train.steps=2"});
+  EXPECT_EQ(written.device.memory_limit, c.device.memory_limit);
+  Trainer t(written, TrainOptions{});
+  t.run();  // no OutOfMemory
+  EXPECT_LE(t.device().tracker().peak_total(), c.device.memory_limit);
+  EXPECT_LE(t.device().tracker().peak_total(), best.m.reserved);
+}
+
+}  // namespace
+}  // namespace headroom
