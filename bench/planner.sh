@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 # One thread: on a machine shared with other work, idle OpenMP threads spinning against the load
 # make step times erratic (a tiny step 0.03 s one run, 1.8 s the next); one thread times steadily.
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-echo "date: $(date -u +%Y-%m-%d), machine: $(lscpu | grep 'Model name' | sed 's/ *Model name: *//'), $(nproc) cores"
+echo "date: $(date -u +%Y-%m-%d), machine: $(lscpu | grep 'Model name' | sed 's/ *Model name: *//'), $(nproc --all) cores"
 echo "command: bench/planner.sh $*"
 echo
 build/bin/bench_planner --test-plugins "$PWD/build/tests/plugins" "$@"
