@@ -160,6 +160,91 @@ TEST(HostSyncs, AmpFp16AddsOneWaitForItsOverflowCheck) {
   }
 }
 
+// Grad::kWrite gives the bits of a zero fill (or a copy of dres) followed by the accumulating op,
+// whatever the buffer held: matmul, GELU and LayerNorm backward, in f32 and bf16.
+TEST(GradWrite, EqualsFillThenAccumulateBitwise) {
+  auto device = Device::create(DeviceConfig{});
+  Backend& ops = device->backend();
+  const int N = 37, C = 48, OC = 80;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto f32 = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v)
+      x = nd(rng);
+    return v;
+  };
+  for (const Dtype dt : {Dtype::kF32, Dtype::kBF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    // Tensors in dt (bf16: rounded from the f32 values).
+    auto in_dt = [&](const std::vector<float>& v) {
+      std::vector<uint8_t> b(v.size() * dtype_size(dt));
+      ops.cast(b.data(), dt, v.data(), Dtype::kF32, v.size());
+      return b;
+    };
+    const auto dout = in_dt(f32(size_t(N) * OC)), inp = in_dt(f32(size_t(N) * C));
+    const auto w = in_dt(f32(size_t(OC) * C)), dres = in_dt(f32(size_t(N) * C));
+    const auto x = in_dt(f32(size_t(N) * C)), lnw = in_dt(f32(C)), lnb = in_dt(f32(C));
+    const auto garbage = in_dt(f32(size_t(N) * OC));  // what a workspace may hold
+    std::vector<float> mean(N), rstd(N);
+    std::vector<uint8_t> lnout(size_t(N) * C * dtype_size(dt));
+    ops.layernorm_forward(dt, lnout.data(), mean.data(), rstd.data(), x.data(), lnw.data(),
+                          lnb.data(), N, C);
+    const size_t nc = size_t(N) * C * dtype_size(dt);
+
+    // matmul_backward's dinp (dweight accumulates either way: its own buffers)
+    std::vector<uint8_t> acc(nc), wr(garbage.begin(), garbage.begin() + nc);
+    std::vector<uint8_t> dw1(size_t(OC) * C * dtype_size(dt)), dw2 = dw1;
+    ops.fill(dt, acc.data(), size_t(N) * C, 0.0);
+    ops.fill(dt, dw1.data(), size_t(OC) * C, 0.0);
+    ops.fill(dt, dw2.data(), size_t(OC) * C, 0.0);
+    ops.matmul_backward(dt, acc.data(), dw1.data(), nullptr, dout.data(), inp.data(), w.data(), N,
+                        C, OC);
+    ops.matmul_backward(dt, wr.data(), dw2.data(), nullptr, dout.data(), inp.data(), w.data(), N, C,
+                        OC, Grad::kWrite);
+    EXPECT_EQ(acc, wr) << "matmul_backward";
+    EXPECT_EQ(dw1, dw2);
+
+    // gelu_backward over (N, C)
+    acc.assign(nc, 0);
+    ops.fill(dt, acc.data(), size_t(N) * C, 0.0);
+    wr.assign(garbage.begin(), garbage.begin() + nc);
+    ops.gelu_backward(dt, acc.data(), inp.data(), dres.data(), size_t(N) * C);
+    ops.gelu_backward(dt, wr.data(), inp.data(), dres.data(), size_t(N) * C, Grad::kWrite);
+    EXPECT_EQ(acc, wr) << "gelu_backward";
+
+    // layernorm_backward: written from 0, and from the residual path's gradient
+    for (const bool residual : {false, true}) {
+      SCOPED_TRACE(residual ? "dres" : "no dres");
+      std::vector<uint8_t> pw1(C * dtype_size(dt)), pb1(pw1.size());
+      ops.fill(dt, pw1.data(), C, 0.0);
+      ops.fill(dt, pb1.data(), C, 0.0);
+      std::vector<uint8_t> pw2 = pw1, pb2 = pb1;
+      if (residual) {
+        acc = dres;
+      } else {
+        ops.fill(dt, acc.data(), size_t(N) * C, 0.0);
+      }
+      wr.assign(garbage.begin(), garbage.begin() + nc);
+      const auto dy = in_dt(f32(size_t(N) * C));
+      ops.layernorm_backward(dt, acc.data(), pw1.data(), pb1.data(), dy.data(), x.data(),
+                             lnw.data(), mean.data(), rstd.data(), N, C);
+      ops.layernorm_backward(dt, wr.data(), pw2.data(), pb2.data(), dy.data(), x.data(), lnw.data(),
+                             mean.data(), rstd.data(), N, C, Grad::kWrite,
+                             residual ? dres.data() : nullptr);
+      EXPECT_EQ(acc, wr) << "layernorm_backward";
+      EXPECT_EQ(pw1, pw2);
+      EXPECT_EQ(pb1, pb2);
+    }
+  }
+  // dres goes with kWrite only.
+  std::vector<float> a(size_t(N) * C), m(N), r(N), c(C);
+  EXPECT_THROW(
+      ops.layernorm_backward(Dtype::kF32, a.data(), c.data(), c.data(), a.data(), a.data(),
+                             c.data(), m.data(), r.data(), N, C, Grad::kAccumulate, a.data()),
+      OpError);
+}
+
 // Clipping folded into the update (Backend::Stored::grad_scale) against the separate pass that
 // scales the gradients first: within 1e-6, and in fact bitwise (the same f32 products).
 TEST(ClipFolded, EqualsTheSeparatePassForAdamWAndSgd) {
