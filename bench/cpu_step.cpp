@@ -3,11 +3,15 @@
 //   build/bin/bench_cpu_step CONFIG [--set section.key=value]... [--steps N] [--warmup W]
 //
 // Runs W + N optimizer steps of the config through the real trainer and measures the last N:
-// tokens/s, the share of step time inside BLAS GEMM calls (timed around each call), and, for the
-// rest, each non-GEMM kernel timed on its own at the same shapes, times the number of calls a step
-// makes. Everything is measured in this one run, side by side.
+// tokens/s, the share of step time inside the GEMM library's calls (timed around each call made
+// outside a parallel region: the linear layers' and the head's), and, for the rest, each
+// non-GEMM kernel timed on its own at the same shapes, times the number of calls a step makes.
+// Then every GEMM shape the step called is timed alone through the same library (best of 3 after
+// a warm-up call): the library's own sgemm rate on the step's shapes, against what the step got
+// from it. Everything is measured in this one run, side by side.
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -19,6 +23,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/crossentropy.h"
 #include "kernels/cpu/gelu.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/cpu/profile.h"
@@ -110,7 +115,8 @@ std::vector<Row> non_gemm_kernels(const Config& c, uint64_t num_params) {
     });
     rows.push_back({"gelu fwd+bwd", s * L * A});
   }
-  {  // Attention outside its GEMMs: the causal softmax and its backward
+  {  // Attention, less the GEMMs the profile records (none where they run inside its parallel
+     // region, as with oneDNN and BLIS: then its per-head GEMMs are in this row)
     auto qkv = random_vector(N * 3 * C, rng), dout = random_vector(N * C, rng);
     std::vector<float> out(N * C), att(size_t(B) * NH * T * T), dqkv(N * 3 * C),
         scratch(size_t(T) * T);
@@ -126,7 +132,8 @@ std::vector<Row> non_gemm_kernels(const Config& c, uint64_t num_params) {
     }
     const double total = seconds_since(t0);
     p.enabled = false;
-    rows.push_back({"attention softmax fwd+bwd", (total - p.seconds) / reps * L * A});
+    rows.push_back({cpu::kGemmInParallel ? "attention fwd+bwd" : "attention softmax fwd+bwd",
+                    (total - p.seconds) / reps * L * A});
   }
   {  // Fused softmax + cross-entropy over (B, T, V)
     auto logits = random_vector(N * V, rng);
@@ -159,6 +166,63 @@ std::vector<Row> non_gemm_kernels(const Config& c, uint64_t num_params) {
   return rows;
 }
 
+// One GEMM shape alone through the library, as the step calls it: seconds per call. After a
+// warm-up call, 5 batches of back-to-back calls (each batch at least 20 ms, so that a thread's
+// wake-up or a time slice lost to another process weighs little); the best batch's mean.
+double gemm_alone(const cpu::GemmShape& g, std::mt19937& rng) {
+  const size_t a = size_t(g.trans_a ? g.K : g.M) * g.lda;
+  const size_t b = size_t(g.trans_b ? g.N : g.K) * g.ldb;
+  auto A = random_vector(a, rng), B = random_vector(b, rng);
+  auto C = random_vector(size_t(g.M) * g.ldc, rng);
+  auto call = [&] {
+    cpu::gemm(g.trans_a, g.trans_b, g.M, g.N, g.K, 1.0f, A.data(), g.lda, B.data(), g.ldb,
+              g.accumulate ? 1.0f : 0.0f, C.data(), g.ldc);
+  };
+  const double once = time_call(call, 1);
+  const int reps = std::max(1, int(0.02 / std::max(once, 1e-7)));
+  double best = 1e300;
+  for (int batch = 0; batch < 5; ++batch) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < reps; ++i)
+      call();
+    best = std::min(best, seconds_since(t0) / reps);
+  }
+  return best;
+}
+
+// The step's GEMMs shape by shape: in the step, and alone.
+void gemm_shapes(const cpu::GemmProfile& profile, int steps) {
+  struct Line {
+    cpu::GemmShape g;
+    cpu::GemmShapeStats st;
+    double alone_s;
+  };
+  std::vector<Line> lines;
+  std::mt19937 rng(2);
+  for (const auto& [g, st] : profile.shapes)
+    lines.push_back({g, st, gemm_alone(g, rng)});
+  std::sort(lines.begin(), lines.end(),
+            [](const Line& x, const Line& y) { return x.st.seconds > y.st.seconds; });
+  std::printf("\nGEMM shapes (row-major C (M,N) = op(A) op(B); +C accumulates), per step:\n");
+  std::printf("%-3s %-3s %6s %6s %6s %3s %7s %10s %12s %12s %7s\n", "opA", "opB", "M", "N", "K",
+              "+C", "calls", "ms", "GFLOP/s step", "GFLOP/s alone", "step/alone");
+  double in_step = 0.0, at_alone = 0.0, flops = 0.0;
+  for (const Line& l : lines) {
+    const double f = 2.0 * l.g.M * l.g.N * l.g.K;
+    const double calls = double(l.st.calls) / steps, s = l.st.seconds / steps;
+    in_step += s;
+    at_alone += calls * l.alone_s;
+    flops += calls * f;
+    std::printf("%-3s %-3s %6d %6d %6d %3s %7.0f %10.1f %12.1f %12.1f %6.0f%%\n",
+                l.g.trans_a ? "T" : "N", l.g.trans_b ? "T" : "N", l.g.M, l.g.N, l.g.K,
+                l.g.accumulate ? "+C" : "", calls, s * 1e3, calls * f / s / 1e9,
+                f / l.alone_s / 1e9, 100 * (calls * f / s) / (f / l.alone_s));
+  }
+  std::printf("%-36s %10.1f %12.1f %12.1f %6.0f%%\n", "all shapes, as the step weighs them",
+              in_step * 1e3, flops / in_step / 1e9, flops / at_alone / 1e9,
+              100 * at_alone / in_step);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -176,33 +240,41 @@ int main(int argc, char** argv) {
     sets.push_back("train.steps=" + std::to_string(warmup + steps));
     sets.push_back("train.warmup_steps=0");
     const Config c = load_config(file, sets);
-    Trainer trainer(c, TrainOptions{});
-    MeasureWindow window(warmup + 1);
-    trainer.add_listener(&window);
-    trainer.run();
+    // The trainer is gone before the kernels are timed alone: its data loader's threads would
+    // compete with the OpenMP team for the cores.
+    double elapsed = 0.0;
+    uint64_t num_params = 0, peak = 0;
+    {
+      Trainer trainer(c, TrainOptions{});
+      MeasureWindow window(warmup + 1);
+      trainer.add_listener(&window);
+      trainer.run();
+      elapsed = window.elapsed();
+      num_params = trainer.model().num_params();
+      peak = trainer.device().tracker().peak_total();
+    }
 
-    const double step_s = window.elapsed() / steps;
+    const double step_s = elapsed / steps;
     const double tokens = double(c.train.micro_batch) * c.model.seq_len * c.train.grad_accum;
     const cpu::GemmProfile gemm = cpu::gemm_profile();
     const double gemm_s = gemm.seconds / steps;
     std::printf("config: %s  n_layer=%d n_head=%d n_embd=%d seq_len=%d vocab=%d  %llu params\n",
                 file.c_str(), c.model.n_layer, c.model.n_head, c.model.n_embd, c.model.seq_len,
-                c.model.vocab_size, (unsigned long long)trainer.model().num_params());
+                c.model.vocab_size, (unsigned long long)num_params);
     std::printf(
         "batch: micro_batch %d x grad_accum %d = %.0f tokens/step; %d measured steps "
         "after %d warm-up\n",
         c.train.micro_batch, c.train.grad_accum, tokens, steps, warmup);
     std::printf("%-26s %8.1f ms\n", "step time", step_s * 1e3);
     std::printf("%-26s %8.1f\n", "tokens/s", tokens / step_s);
-    std::printf("%-26s %11s\n", "peak memory",
-                format_bytes(trainer.device().tracker().peak_total()).c_str());
-    std::printf("%-26s %8.1f ms  %5.1f%%  (%llu calls/step, %.1f GFLOP/s)\n", "GEMM (BLAS)",
+    std::printf("%-26s %11s\n", "peak memory", format_bytes(peak).c_str());
+    std::printf("%-26s %8.1f ms  %5.1f%%  (%llu calls/step, %.1f GFLOP/s)\n", "GEMM (library)",
                 gemm_s * 1e3, 100 * gemm_s / step_s,
                 (unsigned long long)(gemm.calls / uint64_t(steps)),
                 gemm.flops / gemm.seconds / 1e9);
 
     double accounted = gemm_s;
-    for (const Row& r : non_gemm_kernels(c, trainer.model().num_params())) {
+    for (const Row& r : non_gemm_kernels(c, num_params)) {
       std::printf("%-26s %8.1f ms  %5.1f%%\n", r.what.c_str(), r.seconds_per_step * 1e3,
                   100 * r.seconds_per_step / step_s);
       accounted += r.seconds_per_step;
@@ -212,6 +284,7 @@ int main(int argc, char** argv) {
         "%-26s %8.1f ms  %5.1f%%  (step time minus all of the above: embedding, "
         "residual adds, zeroing and copying gradients, allocation, data)\n",
         "other", other * 1e3, 100 * other / step_s);
+    gemm_shapes(gemm, steps);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cpu_step: %s\n", e.what());
     return 2;

@@ -54,6 +54,14 @@ def build_parser():
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true",
                    help="a 2-layer, 64-wide model with seq_len 64: for checking the script")
+    p.add_argument("--preset", choices=["tiny", "gpt2-124m", "gpt2-350m"],
+                   help="headroom's model preset's shape (n_layer, n_head, n_embd, vocab_size); "
+                        "--seq-len and --micro-batch stay as given")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (inductor; forward and backward), the optimizer "
+                        "step eager")
+    p.add_argument("--threads", type=int,
+                   help="torch.set_num_threads (CPU): the threads headroom's run is given")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", help="write the results to FILE")
     return p
@@ -64,6 +72,10 @@ def main(argv=None):
     if args.tiny:
         args.n_layer, args.n_head, args.n_embd = 2, 4, 64
         args.vocab_size, args.seq_len, args.micro_batch = 256, 64, 4
+    presets = {"tiny": (2, 4, 64, 256), "gpt2-124m": (12, 12, 768, 50257),
+               "gpt2-350m": (24, 16, 1024, 50257)}
+    if args.preset:
+        args.n_layer, args.n_head, args.n_embd, args.vocab_size = presets[args.preset]
     if args.warmup >= args.steps:
         sys.exit("torch_gpt2: --warmup must be less than --steps")
     if args.n_embd % args.n_head:
@@ -82,6 +94,8 @@ def main(argv=None):
         torch.backends.cuda.matmul.fp32_precision = "ieee"
     except (AttributeError, RuntimeError):  # before torch 2.9
         torch.backends.cuda.matmul.allow_tf32 = False
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
     L, NH, C, V, T, B = (args.n_layer, args.n_head, args.n_embd, args.vocab_size, args.seq_len,
@@ -147,6 +161,8 @@ def main(argv=None):
     if args.dtype == "bf16-params":
         model = model.to(torch.bfloat16)
     n_params = sum(p.numel() for p in model.parameters())
+    # The optimizer holds the parameters of `model`; the compiled module shares them.
+    step_model = torch.compile(model) if args.compile else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt_kwargs = dict(lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
@@ -171,9 +187,9 @@ def main(argv=None):
         t0 = time.perf_counter()
         if args.dtype == "bf16-autocast":
             with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
-                loss = model(idx, targets)
+                loss = step_model(idx, targets)
         else:
-            loss = model(idx, targets)
+            loss = step_model(idx, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -194,6 +210,8 @@ def main(argv=None):
         "dtype": args.dtype,
         "attention": args.attention,
         "adamw": "fused" if args.fused_adamw else "default (foreach)",
+        "compile": bool(args.compile),
+        "threads": torch.get_num_threads(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "n_layer": L, "n_head": NH, "n_embd": C, "vocab_size": V, "seq_len": T,
         "micro_batch": B, "grad_accum": 1, "steps": args.steps, "warmup": args.warmup,
@@ -209,7 +227,8 @@ def main(argv=None):
     mem = (f"peak allocated {res['mem_peak_allocated_bytes'] / gib:.2f} GiB, reserved "
            f"{res['mem_peak_reserved_bytes'] / gib:.2f} GiB" if cuda else "no memory figures on cpu")
     print(f"torch {torch.__version__} on {res['device']}: gpt2 L{L} C{C} T{T} B{B}, {args.dtype}, "
-          f"{args.attention} attention, {n_params / 1e6:.1f} M params")
+          f"{args.attention} attention, {'compiled' if args.compile else 'eager'}, "
+          f"{torch.get_num_threads()} threads, {n_params / 1e6:.1f} M params")
     print(f"  {tokens_per_s:,.0f} tokens/s (median step {res['step_ms_median']:.1f} ms, "
           f"{len(timed)} steps after {args.warmup} warmup), {mem}, "
           f"loss {losses[0]:.3f} -> {losses[-1]:.3f}")

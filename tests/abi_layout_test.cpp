@@ -356,7 +356,7 @@ PIN(hr_ext_vm, reserve, 32, 8);
 PIN(hr_ext_vm, map, 40, 8);
 PIN(hr_ext_vm, unmap, 48, 8);
 PIN(hr_ext_vm, release, 56, 8);
-static_assert(sizeof(hr_ext_precision) == 88 && alignof(hr_ext_precision) == 8);
+static_assert(sizeof(hr_ext_precision) == 96 && alignof(hr_ext_precision) == 8);
 PIN(hr_ext_precision, struct_size, 0, 4);
 PIN(hr_ext_precision, reserved0, 4, 4);
 PIN(hr_ext_precision, set_compute_dtype, 8, 8);
@@ -369,6 +369,7 @@ PIN(hr_ext_precision, set_state_dtype, 56, 8);
 PIN(hr_ext_precision, grad_dtype, 64, 8);
 PIN(hr_ext_precision, master_weights, 72, 8);
 PIN(hr_ext_precision, state_dtype, 80, 8);
+PIN(hr_ext_precision, nonfinite_many, 88, 8);
 static_assert(sizeof(hr_ext_recompute) == 24 && alignof(hr_ext_recompute) == 8);
 PIN(hr_ext_recompute, struct_size, 0, 4);
 PIN(hr_ext_recompute, reserved0, 4, 4);
@@ -571,6 +572,9 @@ PIN_TYPE(hr_ext_precision, set_state_dtype, hr_status (*)(hr_host*, uint32_t));
 PIN_TYPE(hr_ext_precision, grad_dtype, uint32_t (*)(hr_host*));
 PIN_TYPE(hr_ext_precision, master_weights, int32_t (*)(hr_host*));
 PIN_TYPE(hr_ext_precision, state_dtype, uint32_t (*)(hr_host*));
+PIN_TYPE(hr_ext_precision, nonfinite_many,
+         hr_status (*)(hr_host*, uint64_t, const void* const*, const uint32_t*, const uint64_t*,
+                       int32_t*));
 PIN_TYPE(hr_ext_recompute, drop_activations, hr_status (*)(hr_host*, int32_t, uint32_t));
 PIN_TYPE(hr_ext_recompute, layer_activation_bytes, uint64_t (*)(hr_host*, int32_t));
 PIN_TYPE(hr_ext_tensors, find_param,

@@ -29,8 +29,9 @@ const char* kTiny =
     "[train]\nsteps = 3\nmicro_batch = 2\ngrad_clip = 1.0\n";
 
 // On the CUDA backend's accounting (the CPU backend counts the calls CUDA would wait in), an
-// optimizer step of one micro-step and no plugins waits at most 4 times: the staging buffers'
-// synchronize, the loss, the gradient norm (one fused reduction, not one per parameter).
+// optimizer step of one micro-step and no plugins waits at most 4 times; in fact twice: the loss
+// and the gradient norm (one fused reduction, not one per parameter). The staging buffers are
+// double-buffered behind upload events, not a synchronize (the CPU's uploads never wait).
 TEST(HostSyncs, AtMostFourPerOptimizerStepWithoutPlugins) {
   Trainer trainer(test::config_from(kTiny), TrainOptions{});
   trainer.run();
@@ -40,17 +41,18 @@ TEST(HostSyncs, AtMostFourPerOptimizerStepWithoutPlugins) {
   for (const StepRecord& r : trainer.history()) {
     EXPECT_GE(r.host_syncs, 1u) << "step " << r.step;
     EXPECT_LE(r.host_syncs, 4u) << "step " << r.step;
+    EXPECT_EQ(r.host_syncs, 2u) << "step " << r.step << ": the loss and the gradient norm";
   }
 }
 
-// Every micro-step adds its own upload wait and loss read, nothing else.
+// Every micro-step adds its loss read, nothing else (no synchronize before its upload).
 TEST(HostSyncs, GrowByTheMicroStepsOnly) {
   Trainer one(test::config_from(kTiny), TrainOptions{});
   one.run();
   Trainer two(test::config_from(kTiny, {"train.grad_accum=2"}), TrainOptions{});
   two.run();
   for (size_t i = 0; i < one.history().size(); ++i)
-    EXPECT_EQ(two.history()[i].host_syncs, one.history()[i].host_syncs + 2) << "step " << i + 1;
+    EXPECT_EQ(two.history()[i].host_syncs, one.history()[i].host_syncs + 1) << "step " << i + 1;
 }
 
 // The fused norm is the per-tensor norms' sum (exactly: each span summed as sum_squares does,
@@ -87,6 +89,160 @@ TEST(FusedNorm, EqualsTheSumOfPerTensorSumsWithOneWait) {
   EXPECT_NEAR(fused, separate, 1e-6 * separate);
   EXPECT_EQ(fused, separate);  // the same sums, added in the same order
   EXPECT_EQ(ops.sum_squares_many({}), 0.0);
+}
+
+// amp's fused overflow check is the or of the per-tensor checks, with one wait instead of one a
+// tensor: no NaN or infinity anywhere, then one in each span in turn, in each dtype.
+TEST(FusedNonfinite, EqualsThePerTensorChecksWithOneWait) {
+  auto device = Device::create(DeviceConfig{});
+  Backend& ops = device->backend();
+  const std::vector<uint64_t> sizes = {1, 7, 1000, 40000, 100003};
+  std::vector<std::vector<float>> f32(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i)
+    f32[i].assign(sizes[i], 0.5f + float(i));
+  std::vector<uint16_t> bf(513, 0x3F80);  // bf16 1.0
+  std::vector<uint16_t> hf(257, 0x3C00);  // fp16 1.0
+  auto spans_now = [&] {
+    std::vector<Backend::Span> spans;
+    for (size_t i = 0; i < sizes.size(); ++i)
+      spans.push_back({Dtype::kF32, f32[i].data(), sizes[i]});
+    spans.push_back({Dtype::kBF16, bf.data(), bf.size()});
+    spans.push_back({Dtype::kF16, hf.data(), hf.size()});
+    return spans;
+  };
+  auto separate = [&](const std::vector<Backend::Span>& spans) {
+    bool any = false;
+    for (const Backend::Span& s : spans)
+      any = ops.any_nonfinite(s.dtype, s.data, s.numel) || any;
+    return any;
+  };
+  const std::vector<Backend::Span> clean = spans_now();
+  const uint64_t s0 = ops.host_syncs();
+  EXPECT_FALSE(ops.any_nonfinite_many(clean));
+  EXPECT_EQ(ops.host_syncs() - s0, 1u);
+  EXPECT_FALSE(separate(clean));
+  EXPECT_FALSE(ops.any_nonfinite_many({}));
+  // One bad value at a time: in the last element of each f32 span, then in the bf16 and fp16 ones.
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    for (const float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+      f32[i].back() = bad;
+      const std::vector<Backend::Span> spans = spans_now();
+      EXPECT_TRUE(ops.any_nonfinite_many(spans)) << "span " << i;
+      EXPECT_EQ(ops.any_nonfinite_many(spans), separate(spans));
+      f32[i].back() = 0.5f + float(i);
+    }
+  }
+  bf[100] = 0x7F80;  // bf16 +inf
+  EXPECT_TRUE(ops.any_nonfinite_many(spans_now()));
+  bf[100] = 0x3F80;
+  hf[200] = 0x7E00;  // fp16 NaN
+  EXPECT_TRUE(ops.any_nonfinite_many(spans_now()));
+  hf[200] = 0x3C00;
+  EXPECT_FALSE(ops.any_nonfinite_many(spans_now()));
+}
+
+// amp fp16 checks every gradient for an overflow each step: one fused wait on top of a plain
+// run's, where one op_nonfinite a gradient was one wait a parameter.
+TEST(HostSyncs, AmpFp16AddsOneWaitForItsOverflowCheck) {
+  Trainer plain(test::config_from(kTiny), TrainOptions{});
+  plain.run();
+  // A scale small enough that no step overflows (an overflow skips the step, and its waits).
+  Trainer amp(
+      test::config_from(std::string(kTiny) + "[[plugins]]\nname = \"amp\"\ndtype = \"fp16\"\n"
+                                             "init_scale = 1024.0\n"),
+      TrainOptions{});
+  amp.run();
+  ASSERT_EQ(amp.history().size(), plain.history().size());
+  ASSERT_GT(amp.model().params().size(), 4u);
+  for (size_t i = 0; i < amp.history().size(); ++i) {
+    EXPECT_FALSE(amp.history()[i].skipped) << "step " << i + 1;
+    EXPECT_EQ(amp.history()[i].host_syncs, plain.history()[i].host_syncs + 1) << "step " << i + 1;
+  }
+}
+
+// Grad::kWrite gives the bits of a zero fill (or a copy of dres) followed by the accumulating op,
+// whatever the buffer held: matmul, GELU and LayerNorm backward, in f32 and bf16.
+TEST(GradWrite, EqualsFillThenAccumulateBitwise) {
+  auto device = Device::create(DeviceConfig{});
+  Backend& ops = device->backend();
+  const int N = 37, C = 48, OC = 80;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto f32 = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v)
+      x = nd(rng);
+    return v;
+  };
+  for (const Dtype dt : {Dtype::kF32, Dtype::kBF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    // Tensors in dt (bf16: rounded from the f32 values).
+    auto in_dt = [&](const std::vector<float>& v) {
+      std::vector<uint8_t> b(v.size() * dtype_size(dt));
+      ops.cast(b.data(), dt, v.data(), Dtype::kF32, v.size());
+      return b;
+    };
+    const auto dout = in_dt(f32(size_t(N) * OC)), inp = in_dt(f32(size_t(N) * C));
+    const auto w = in_dt(f32(size_t(OC) * C)), dres = in_dt(f32(size_t(N) * C));
+    const auto x = in_dt(f32(size_t(N) * C)), lnw = in_dt(f32(C)), lnb = in_dt(f32(C));
+    const auto garbage = in_dt(f32(size_t(N) * OC));  // what a workspace may hold
+    std::vector<float> mean(N), rstd(N);
+    std::vector<uint8_t> lnout(size_t(N) * C * dtype_size(dt));
+    ops.layernorm_forward(dt, lnout.data(), mean.data(), rstd.data(), x.data(), lnw.data(),
+                          lnb.data(), N, C);
+    const size_t nc = size_t(N) * C * dtype_size(dt);
+
+    // matmul_backward's dinp (dweight accumulates either way: its own buffers)
+    std::vector<uint8_t> acc(nc), wr(garbage.begin(), garbage.begin() + nc);
+    std::vector<uint8_t> dw1(size_t(OC) * C * dtype_size(dt)), dw2 = dw1;
+    ops.fill(dt, acc.data(), size_t(N) * C, 0.0);
+    ops.fill(dt, dw1.data(), size_t(OC) * C, 0.0);
+    ops.fill(dt, dw2.data(), size_t(OC) * C, 0.0);
+    ops.matmul_backward(dt, acc.data(), dw1.data(), nullptr, dout.data(), inp.data(), w.data(), N,
+                        C, OC);
+    ops.matmul_backward(dt, wr.data(), dw2.data(), nullptr, dout.data(), inp.data(), w.data(), N, C,
+                        OC, Grad::kWrite);
+    EXPECT_EQ(acc, wr) << "matmul_backward";
+    EXPECT_EQ(dw1, dw2);
+
+    // gelu_backward over (N, C)
+    acc.assign(nc, 0);
+    ops.fill(dt, acc.data(), size_t(N) * C, 0.0);
+    wr.assign(garbage.begin(), garbage.begin() + nc);
+    ops.gelu_backward(dt, acc.data(), inp.data(), dres.data(), size_t(N) * C);
+    ops.gelu_backward(dt, wr.data(), inp.data(), dres.data(), size_t(N) * C, Grad::kWrite);
+    EXPECT_EQ(acc, wr) << "gelu_backward";
+
+    // layernorm_backward: written from 0, and from the residual path's gradient
+    for (const bool residual : {false, true}) {
+      SCOPED_TRACE(residual ? "dres" : "no dres");
+      std::vector<uint8_t> pw1(C * dtype_size(dt)), pb1(pw1.size());
+      ops.fill(dt, pw1.data(), C, 0.0);
+      ops.fill(dt, pb1.data(), C, 0.0);
+      std::vector<uint8_t> pw2 = pw1, pb2 = pb1;
+      if (residual) {
+        acc = dres;
+      } else {
+        ops.fill(dt, acc.data(), size_t(N) * C, 0.0);
+      }
+      wr.assign(garbage.begin(), garbage.begin() + nc);
+      const auto dy = in_dt(f32(size_t(N) * C));
+      ops.layernorm_backward(dt, acc.data(), pw1.data(), pb1.data(), dy.data(), x.data(),
+                             lnw.data(), mean.data(), rstd.data(), N, C);
+      ops.layernorm_backward(dt, wr.data(), pw2.data(), pb2.data(), dy.data(), x.data(), lnw.data(),
+                             mean.data(), rstd.data(), N, C, Grad::kWrite,
+                             residual ? dres.data() : nullptr);
+      EXPECT_EQ(acc, wr) << "layernorm_backward";
+      EXPECT_EQ(pw1, pw2);
+      EXPECT_EQ(pb1, pb2);
+    }
+  }
+  // dres goes with kWrite only.
+  std::vector<float> a(size_t(N) * C), m(N), r(N), c(C);
+  EXPECT_THROW(
+      ops.layernorm_backward(Dtype::kF32, a.data(), c.data(), c.data(), a.data(), a.data(),
+                             c.data(), m.data(), r.data(), N, C, Grad::kAccumulate, a.data()),
+      OpError);
 }
 
 // Clipping folded into the update (Backend::Stored::grad_scale) against the separate pass that

@@ -10,9 +10,11 @@
 //   - Statistics — LayerNorm mean and rstd, per-token losses — are in stat_dtype(dt): f32, or f64
 //     for an f64 model. Tokens and targets are int32.
 //   - Backward ACCUMULATES (+=) into its gradient outputs; a null gradient output is skipped where
-//     the comment says it may be null.
+//     the comment says it may be null. Where an op takes a Grad argument, Grad::kWrite writes its
+//     input gradient instead (no zero fill first): for a buffer the op is the only producer of.
+//     The bits are those of a zero fill (or a copy of dres) and then +=.
 //   - Ops run in order on the backend's compute stream and return without waiting. Only the ops
-//     that hand a value to the host (sum_squares, any_nonfinite, download) wait for the work
+//     that hand a value to the host (the reductions, download) wait for the work
 //     before them.
 //   - A dtype an op does not have on this backend throws OpError.
 #pragma once
@@ -38,6 +40,9 @@ class OpError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// How a backward op produces an input gradient: added into the buffer, or written over it.
+enum class Grad { kAccumulate, kWrite };
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -52,16 +57,22 @@ class Backend {
   // out (N,C) = LayerNorm(inp (N,C)) * weight (C) + bias (C); mean, rstd (N) in stat_dtype(dt)
   virtual void layernorm_forward(Dtype dt, void* out, void* mean, void* rstd, const void* inp,
                                  const void* weight, const void* bias, int N, int C) = 0;
+  // Grad::kWrite: dinp's contents are ignored and dinp = dres + the gradient (dres (N,C), a
+  // residual path's gradient, may be null: then 0 + the gradient). dres only with kWrite; it may
+  // not overlap dinp.
   virtual void layernorm_backward(Dtype dt, void* dinp, void* dweight, void* dbias,
                                   const void* dout, const void* inp, const void* weight,
-                                  const void* mean, const void* rstd, int N, int C) = 0;
+                                  const void* mean, const void* rstd, int N, int C,
+                                  Grad dinp_mode = Grad::kAccumulate,
+                                  const void* dres = nullptr) = 0;
   // out (N,OC) = inp (N,C) · weight (OC,C)^T + bias (OC); bias may be null
   virtual void matmul_forward(Dtype dt, void* out, const void* inp, const void* weight,
                               const void* bias, int N, int C, int OC) = 0;
   // dinp (N,C) += dout · weight; dweight (OC,C) += dout^T · inp; dbias (OC) += column sums.
-  // dinp and dbias may be null.
+  // dinp and dbias may be null. Grad::kWrite: dinp = dout · weight, its contents ignored.
   virtual void matmul_backward(Dtype dt, void* dinp, void* dweight, void* dbias, const void* dout,
-                               const void* inp, const void* weight, int N, int C, int OC) = 0;
+                               const void* inp, const void* weight, int N, int C, int OC,
+                               Grad dinp_mode = Grad::kAccumulate) = 0;
   // qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) the causal softmax probabilities, for backward
   virtual void attention_forward(Dtype dt, void* out, void* att, const void* qkv, int B, int T,
                                  int C, int NH) = 0;
@@ -73,10 +84,11 @@ class Backend {
   // Generation with a KV cache: qkv (T,3C) holds one sequence's positions 0..T-1; out (C) is the
   // attention of row T-1's query over all of them (attention_forward's row T-1), in O(T C).
   virtual void attention_decode(Dtype dt, void* out, const void* qkv, int T, int C, int NH) = 0;
-  // out (n) = gelu(inp), GPT-2's tanh approximation; dinp (n) += gelu'(inp) * dout
+  // out (n) = gelu(inp), GPT-2's tanh approximation; dinp (n) += gelu'(inp) * dout (Grad::kWrite:
+  // =, its contents ignored)
   virtual void gelu_forward(Dtype dt, void* out, const void* inp, uint64_t n) = 0;
-  virtual void gelu_backward(Dtype dt, void* dinp, const void* inp, const void* dout,
-                             uint64_t n) = 0;
+  virtual void gelu_backward(Dtype dt, void* dinp, const void* inp, const void* dout, uint64_t n,
+                             Grad dinp_mode = Grad::kAccumulate) = 0;
   // dst (n) += src (n)
   virtual void add_inplace(Dtype dt, void* dst, const void* src, uint64_t n) = 0;
   // logits (N,V) -> losses (N, stat_dtype) = -log softmax[target] (0 where target < 0); logits
@@ -166,6 +178,9 @@ class Backend {
   // the sums added in span order (so exactly what one sum_squares call per span added up would
   // give), with one wait for the host: the gradient norm over all gradients.
   virtual double sum_squares_many(const std::vector<Span>& spans) = 0;
+  // Any NaN or infinity in any of the spans (what any_nonfinite over each would say, or-ed), with
+  // one wait for the host: amp's overflow check over all gradients.
+  virtual bool any_nonfinite_many(const std::vector<Span>& spans) = 0;
 
   // --- memory ---------------------------------------------------------------------------------
   // Device to device; the two ranges must not overlap (cudaMemcpyAsync's rule).
@@ -179,6 +194,16 @@ class Backend {
   virtual void download(void* dst, const void* src, uint64_t bytes) = 0;
   // Waits until every op and copy enqueued so far is done.
   virtual void synchronize() = 0;
+  // Double-buffered host staging, without a full synchronize: after enqueuing the uploads from
+  // staging slot `slot` (0 .. kUploadSlots-1) the caller marks them (mark_uploads); before it
+  // writes that slot again it calls wait_uploads(slot), which returns once those copies have read
+  // their host sources. The compute stream is not waited for: with two slots the host fills the
+  // next micro-step's batch while the device may still run the one before. A host sync (counted)
+  // only when the copies are not done yet: on CUDA an event on the copy stream; the CPU backend's
+  // uploads are done when upload() returns, so it never waits.
+  static constexpr int kUploadSlots = 2;
+  virtual void mark_uploads(int slot) = 0;
+  virtual void wait_uploads(int slot) = 0;
   // Host staging memory for uploads (page-locked on CUDA, so a copy can overlap compute); not
   // device memory, not tracked.
   virtual void* host_alloc(uint64_t bytes) = 0;

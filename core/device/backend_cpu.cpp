@@ -194,12 +194,14 @@ class CpuBackend final : public Backend {
   }
   void layernorm_backward(Dtype dt, void* dinp, void* dweight, void* dbias, const void* dout,
                           const void* inp, const void* weight, const void* mean, const void* rstd,
-                          int N, int C) override {
+                          int N, int C, Grad dinp_mode, const void* dres) override {
     const uint64_t n = uint64_t(N) * C;
+    const bool acc = dinp_mode == Grad::kAccumulate;
+    if (acc && dres) throw OpError("layernorm_backward: dres is for Grad::kWrite only");
     dispatch(dt, "layernorm_backward", [&](auto&& a) {
-      cpu::layernorm_backward(a.out(dinp, n, true), a.out(dweight, C, true), a.out(dbias, C, true),
+      cpu::layernorm_backward(a.out(dinp, n, acc), a.out(dweight, C, true), a.out(dbias, C, true),
                               a.in(dout, n), a.in(inp, n), a.in(weight, C), a.stat(mean),
-                              a.stat(rstd), N, C);
+                              a.stat(rstd), N, C, acc, a.in(dres, n));
     });
   }
   void matmul_forward(Dtype dt, void* out, const void* inp, const void* weight, const void* bias,
@@ -210,12 +212,14 @@ class CpuBackend final : public Backend {
     });
   }
   void matmul_backward(Dtype dt, void* dinp, void* dweight, void* dbias, const void* dout,
-                       const void* inp, const void* weight, int N, int C, int OC) override {
+                       const void* inp, const void* weight, int N, int C, int OC,
+                       Grad dinp_mode) override {
+    const bool acc = dinp_mode == Grad::kAccumulate;
     dispatch(dt, "matmul_backward", [&](auto&& a) {
-      cpu::matmul_backward(a.out(dinp, uint64_t(N) * C, true),
+      cpu::matmul_backward(a.out(dinp, uint64_t(N) * C, acc),
                            a.out(dweight, uint64_t(OC) * C, true), a.out(dbias, OC, true),
                            a.in(dout, uint64_t(N) * OC), a.in(inp, uint64_t(N) * C),
-                           a.in(weight, uint64_t(OC) * C), N, C, OC);
+                           a.in(weight, uint64_t(OC) * C), N, C, OC, acc);
     });
   }
   void attention_forward(Dtype dt, void* out, void* att, const void* qkv, int B, int T, int C,
@@ -246,9 +250,11 @@ class CpuBackend final : public Backend {
     dispatch(dt, "gelu_forward",
              [&](auto&& a) { cpu::gelu_forward(a.out(out, n, false), a.in(inp, n), n); });
   }
-  void gelu_backward(Dtype dt, void* dinp, const void* inp, const void* dout, uint64_t n) override {
+  void gelu_backward(Dtype dt, void* dinp, const void* inp, const void* dout, uint64_t n,
+                     Grad dinp_mode) override {
+    const bool acc = dinp_mode == Grad::kAccumulate;
     dispatch(dt, "gelu_backward", [&](auto&& a) {
-      cpu::gelu_backward(a.out(dinp, n, true), a.in(inp, n), a.in(dout, n), n);
+      cpu::gelu_backward(a.out(dinp, n, acc), a.in(inp, n), a.in(dout, n), n, acc);
     });
   }
   void add_inplace(Dtype dt, void* dst, const void* src, uint64_t n) override {
@@ -384,6 +390,23 @@ class CpuBackend final : public Backend {
   }
   bool any_nonfinite(Dtype dt, const void* x, uint64_t n) override {
     count_host_sync();
+    return any_nonfinite_one(dt, x, n);
+  }
+  bool any_nonfinite_many(const std::vector<Span>& spans) override {
+    count_host_sync();
+    for (const Span& s : spans)
+      require_float(s.dtype, "nonfinite");
+    // Spans over the threads; an or of flags is the same in any order.
+    int found = 0;
+    const int64_t count = int64_t(spans.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(cpu::threads()) reduction(| : found)
+    for (int64_t i = 0; i < count; ++i) {
+      const Span& s = spans[size_t(i)];
+      found |= any_nonfinite_one(s.dtype, s.data, s.numel) ? 1 : 0;
+    }
+    return found != 0;
+  }
+  bool any_nonfinite_one(Dtype dt, const void* x, uint64_t n) {
     require_float(dt, "nonfinite");
     for (uint64_t i = 0; i < n; ++i)
       if (!std::isfinite(load(x, dt, i))) return true;
@@ -402,6 +425,18 @@ class CpuBackend final : public Backend {
   }
   void synchronize() override {
     count_host_sync();
+  }
+  // upload() copies at once: a slot's sources are free when it returns, nothing to wait for.
+  void mark_uploads(int slot) override {
+    check_slot(slot);
+  }
+  void wait_uploads(int slot) override {
+    check_slot(slot);
+  }
+  static void check_slot(int slot) {
+    if (slot < 0 || slot >= kUploadSlots)
+      throw OpError("upload slot " + std::to_string(slot) + " (valid: 0 to " +
+                    std::to_string(kUploadSlots - 1) + ")");
   }
   void* host_alloc(uint64_t bytes) override {
     return std::malloc(bytes ? bytes : 1);

@@ -16,11 +16,11 @@ class DryBackend final : public Backend {
   void layernorm_forward(Dtype, void*, void*, void*, const void*, const void*, const void*, int,
                          int) override {}
   void layernorm_backward(Dtype, void*, void*, void*, const void*, const void*, const void*,
-                          const void*, const void*, int, int) override {}
+                          const void*, const void*, int, int, Grad, const void*) override {}
   void matmul_forward(Dtype, void*, const void*, const void*, const void*, int, int, int) override {
   }
   void matmul_backward(Dtype, void*, void*, void*, const void*, const void*, const void*, int, int,
-                       int) override {}
+                       int, Grad) override {}
   void attention_forward(Dtype, void*, void*, const void*, int, int, int, int) override {}
   void attention_backward(Dtype, void*, void*, const void*, const void*, const void*, int, int, int,
                           int) override {}
@@ -29,7 +29,7 @@ class DryBackend final : public Backend {
   }
   void attention_decode(Dtype, void*, const void*, int, int, int) override {}
   void gelu_forward(Dtype, void*, const void*, uint64_t) override {}
-  void gelu_backward(Dtype, void*, const void*, const void*, uint64_t) override {}
+  void gelu_backward(Dtype, void*, const void*, const void*, uint64_t, Grad) override {}
   void add_inplace(Dtype, void*, const void*, uint64_t) override {}
   void crossentropy_forward_backward(Dtype dt, void*, void* losses, const int32_t*, int N, int,
                                      double) override {
@@ -57,6 +57,10 @@ class DryBackend final : public Backend {
     count_host_sync();
     return 0.0;
   }
+  bool any_nonfinite_many(const std::vector<Span>&) override {
+    count_host_sync();
+    return false;
+  }
 
   // --- memory: the real backend's ---------------------------------------------------------------
   void fill(Dtype dt, void* x, uint64_t n, double value) override { real_.fill(dt, x, n, value); }
@@ -68,12 +72,19 @@ class DryBackend final : public Backend {
     real_.upload(dst, src, bytes);
   }
   void download(void* dst, const void* src, uint64_t bytes) override {
-    count_host_sync();
+    if (bytes > 0) count_host_sync();  // as the backends count it
     real_.download(dst, src, bytes);
   }
   void synchronize() override {
     count_host_sync();
     real_.synchronize();
+  }
+  void mark_uploads(int slot) override { real_.mark_uploads(slot); }
+  void wait_uploads(int slot) override {
+    // The wrapped backend counts its own waits; the run reads this table's count.
+    const uint64_t before = real_.host_syncs();
+    real_.wait_uploads(slot);
+    if (real_.host_syncs() != before) count_host_sync();
   }
   void* host_alloc(uint64_t bytes) override { return real_.host_alloc(bytes); }
   void host_free(void* ptr) override { real_.host_free(ptr); }

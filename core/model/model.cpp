@@ -214,7 +214,6 @@ class Block final : public Layer<T> {
     const uint64_t N = uint64_t(B) * Tn;
     Backend& ops = this->ops();
     const Dtype dt = this->dt_;
-    const uint64_t es = dtype_size(dt);
     // dgelu's buffer holds dqkv (B, T, 3C) later: a block pruned below 3C gets 3C.
     Buffer d4c_a = this->workspace(N * std::max(H, 3 * A), "dgelu (B, T, 4C)");
     Buffer d4c_b = this->workspace(N * H, "dfc (B, T, 4C)");
@@ -226,32 +225,29 @@ class Block final : public Layer<T> {
     void* dres1 = dres1_buf.as<void>();
     void* dtmp = dtmp_buf.as<void>();
 
-    // MLP: out = res1 + fcproj(gelu(fc(ln_2(res1))))
-    ops.fill(dt, dgelu, N * H, 0.0);
+    // MLP: out = res1 + fcproj(gelu(fc(ln_2(res1)))). Each activation gradient below has one
+    // producer, which writes it (Grad::kWrite): no zero fill, no copy of the residual path.
     ops.matmul_backward(dt, dgelu, fcprojw_->cgrad(), fcprojb_->cgrad(), dout, fch_gelu_,
-                        fcprojw_->cdata(), N, H, C);
-    ops.fill(dt, dfch, N * H, 0.0);
-    ops.gelu_backward(dt, dfch, fch_, dgelu, N * H);
-    ops.fill(dt, dtmp, N * C, 0.0);
-    ops.matmul_backward(dt, dtmp, fcw_->cgrad(), fcb_->cgrad(), dfch, ln2_, fcw_->cdata(), N, C, H);
-    ops.copy(dres1, dout, N * C * es);  // the residual path
+                        fcprojw_->cdata(), N, H, C, Grad::kWrite);
+    ops.gelu_backward(dt, dfch, fch_, dgelu, N * H, Grad::kWrite);
+    ops.matmul_backward(dt, dtmp, fcw_->cgrad(), fcb_->cgrad(), dfch, ln2_, fcw_->cdata(), N, C, H,
+                        Grad::kWrite);
+    // dres1 = dout (the residual path) + ln_2's input gradient
     ops.layernorm_backward(dt, dres1, ln2w_->cgrad(), ln2b_->cgrad(), dtmp, res1_, ln2w_->cdata(),
-                           ln2_mean_, ln2_rstd_, N, C);
+                           ln2_mean_, ln2_rstd_, N, C, Grad::kWrite, dout);
 
     // Attention: res1 = x + proj(attention(qkv(ln_1(x))))
-    ops.fill(dt, dtmp, N * C, 0.0);
     // dtmp (B, T, C) holds the attention output's gradient (B, T, A), A <= C.
     ops.matmul_backward(dt, dtmp, projw_->cgrad(), projb_->cgrad(), dres1, atty_, projw_->cdata(),
-                        N, A, C);
+                        N, A, C, Grad::kWrite);
     void* dqkv = dgelu;  // (B, T, 3C) fits in the (B, T, max(4C, 3C)) buffer, free again by now
     ops.fill(dt, dqkv, N * 3 * A, 0.0);
     ops.attention_backward(dt, dqkv, scratch.as<void>(), dtmp, qkv_, att_, B, Tn, A, NH);
-    ops.fill(dt, dtmp, N * C, 0.0);
     ops.matmul_backward(dt, dtmp, qkvw_->cgrad(), qkvb_->cgrad(), dqkv, ln1_, qkvw_->cdata(), N, C,
-                        3 * A);
-    ops.copy(dx, dres1, N * C * es);
+                        3 * A, Grad::kWrite);
+    // dx = dres1 (the residual path) + ln_1's input gradient
     ops.layernorm_backward(dt, dx, ln1w_->cgrad(), ln1b_->cgrad(), dtmp, x, ln1w_->cdata(),
-                           ln1_mean_, ln1_rstd_, N, C);
+                           ln1_mean_, ln1_rstd_, N, C, Grad::kWrite, dres1);
   }
   const void* output() const override { return out_; }
   bool recomputable() const override { return true; }
@@ -339,11 +335,11 @@ class Head final : public Layer<T> {
     Backend& ops = this->ops();
     Buffer dlnf_buf = this->workspace(N * C, "dln_f (B, T, C)");
     void* dlnf = dlnf_buf.as<void>();
-    ops.fill(dt, dlnf, N * C, 0.0);
-    ops.matmul_backward(dt, dlnf, wte_.cgrad(), nullptr, logits_, lnf_, wte_.cdata(), N, C, V);
-    ops.fill(dt, dx, N * C, 0.0);
+    // Written, not accumulated: each is its only producer's.
+    ops.matmul_backward(dt, dlnf, wte_.cgrad(), nullptr, logits_, lnf_, wte_.cdata(), N, C, V,
+                        Grad::kWrite);
     ops.layernorm_backward(dt, dx, lnfw_->cgrad(), lnfb_->cgrad(), dlnf, x, lnfw_->cdata(),
-                           lnf_mean_, lnf_rstd_, N, C);
+                           lnf_mean_, lnf_rstd_, N, C, Grad::kWrite);
   }
 
  private:

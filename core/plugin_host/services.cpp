@@ -453,6 +453,16 @@ struct HostServices {
   }
   static int32_t master_weights(hr_host* h) { return run(h).state().precision.masters ? 1 : 0; }
   static uint32_t state_dtype(hr_host* h) { return uint32_t(run(h).state().precision.state); }
+  static hr_status nonfinite_many(hr_host* h, uint64_t count, const void* const* data,
+                                  const uint32_t* dtypes, const uint64_t* numels, int32_t* out) {
+    if (!out || (count > 0 && (!data || !dtypes || !numels))) return HR_ERROR_INVALID;
+    return guarded(h, [&] {
+      std::vector<Backend::Span> spans(count);
+      for (uint64_t i = 0; i < count; ++i)
+        spans[i] = {Dtype(dtypes[i]), data[i], numels[i]};
+      *out = run(h).device().backend().any_nonfinite_many(spans) ? 1 : 0;
+    });
+  }
 
   // --- headroom.recompute/1 ---
   static uint64_t layer_activation_bytes(hr_host* h, int32_t index) {
@@ -1037,6 +1047,7 @@ enum Fn : int {
   kExtGradDtype,
   kExtMasterWeights,
   kExtStateDtype,
+  kExtNonfiniteMany,
   // headroom.recompute/1
   kExtDropActivations,
   kExtLayerActivationBytes,
@@ -1143,6 +1154,7 @@ constexpr Rule kRules[kNumFns] = {
     {HR_EXT_PRECISION " grad_dtype", kAnyone, When::kAnyTime, kNotAllowed},
     {HR_EXT_PRECISION " master_weights", kAnyone, When::kAnyTime, kNotAllowed},
     {HR_EXT_PRECISION " state_dtype", kAnyone, When::kAnyTime, kNotAllowed},
+    {HR_EXT_PRECISION " nonfinite_many", kAnyone, When::kAnyTime, kNotAllowed},
     {HR_EXT_RECOMPUTE " drop_activations", kAnyone, When::kForwardEndOfLayer, kNotAllowed},
     {HR_EXT_RECOMPUTE " layer_activation_bytes", kAnyone, When::kAnyTime, kNotAllowed},
     {HR_EXT_TENSORS " find_param", kAnyone, When::kAnyTime, kNotAllowed},
@@ -1339,7 +1351,8 @@ const hr_ext_precision kPrecision = {sizeof(hr_ext_precision),
                                      HR_CHECKED(kExtSetStateDtype, set_state_dtype),
                                      HR_CHECKED(kExtGradDtype, grad_dtype),
                                      HR_CHECKED(kExtMasterWeights, master_weights),
-                                     HR_CHECKED(kExtStateDtype, state_dtype)};
+                                     HR_CHECKED(kExtStateDtype, state_dtype),
+                                     HR_CHECKED(kExtNonfiniteMany, nonfinite_many)};
 
 const hr_ext_recompute kRecompute = {sizeof(hr_ext_recompute), 0,
                                      HR_CHECKED(kExtDropActivations, drop_activations),

@@ -276,10 +276,19 @@ void Trainer::run_steps() {
   Buffer inputs(*device_, batch_bytes, Category::kData, "inputs (B, T)");
   Buffer targets(*device_, batch_bytes, Category::kData, "targets (B, T)");
   // The loader fills host staging buffers (page-locked on CUDA), uploaded on the copy stream.
+  // Double-buffered: micro-steps take the slots in turn, and a slot is refilled once its last
+  // uploads have read it (Backend::wait_uploads), not after a synchronize of all the work.
   Backend& ops = device_->backend();
-  HostStaging staging(ops, 2 * batch_bytes);
-  int32_t* host_inputs = static_cast<int32_t*>(staging.get());
-  int32_t* host_targets = host_inputs + uint64_t(B) * T;
+  constexpr int kSlots = Backend::kUploadSlots;
+  HostStaging staging(ops, kSlots * 2 * batch_bytes);
+  auto slot_inputs = [&](int slot) {
+    return static_cast<int32_t*>(staging.get()) + uint64_t(slot) * 2 * uint64_t(B) * T;
+  };
+  auto slot_targets = [&](int slot) { return slot_inputs(slot) + uint64_t(B) * T; };
+  int slot = 0;
+  // Slot 0 serves the validation too (evaluate() synchronizes around it).
+  int32_t* host_inputs = slot_inputs(0);
+  int32_t* host_targets = slot_targets(0);
   Batch batch;
   batch.tokens = inputs.as<int32_t>();
   batch.targets = targets.as<int32_t>();
@@ -324,11 +333,16 @@ void Trainer::run_steps() {
     for (micro_step_ = 1; micro_step_ <= grad_accum(); ++micro_step_) {
       try {
         set_phase(Phase::Kind::kData);
-        ops.synchronize();  // the previous micro-step is done with the staging buffers
-        data_wait_ms += fetch_micro_batch(host_inputs, host_targets);
+        // This slot's uploads of two micro-steps ago have read it (the one before may still be
+        // running on the device: its slot is the other one).
+        slot = (slot + 1) % kSlots;
+        ops.wait_uploads(slot);
+        data_wait_ms += fetch_micro_batch(slot_inputs(slot), slot_targets(slot));
         const uint64_t bytes = uint64_t(micro_batch_) * T * sizeof(int32_t);
-        ops.upload(inputs.as<void>(), host_inputs, bytes);
-        ops.upload(targets.as<void>(), host_targets, bytes);
+        ops.upload(inputs.as<void>(), slot_inputs(slot), bytes);
+        ops.upload(targets.as<void>(), slot_targets(slot), bytes);
+        ops.mark_uploads(slot);
+        batch.host_targets = slot_targets(slot);  // the model reads the targets on the host too
         batch.B = micro_batch_;
         if (sharding_) sharding_->begin_micro_step(micro_step_, grad_accum());
         micro_step(batch);
@@ -421,6 +435,7 @@ void Trainer::run_steps() {
     if (val_data_ && (step_ % t.eval_every == 0 || step_ == t.steps)) {
       ops.synchronize();  // the last micro-step is done with the batch buffers
       r.evaluated = true;
+      batch.host_targets = host_targets;
       r.val_loss = evaluate(batch, host_inputs, host_targets);
       if (best_val_step_ == 0 || r.val_loss < best_val_loss_) {
         best_val_loss_ = r.val_loss;

@@ -38,7 +38,8 @@ namespace headroom::cpu {
 // beta = 0 ignores C's contents on entry; beta = 1 accumulates (how backward kernels do +=).
 inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                  int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  GemmTimer timer(M, N, K);  // one branch unless benchmarks turn profiling on
+  // One branch unless benchmarks turn profiling on.
+  GemmTimer timer({trans_a, trans_b, M, N, K, lda, ldb, ldc, beta != 0.0f}, !in_parallel());
 #if defined(HEADROOM_GEMM_ONEDNN)
   // oneDNN runs on the calling thread's OpenMP team (single-threaded inside a parallel region).
   if (!in_parallel() && max_threads() != threads()) omp_set_num_threads(threads());
@@ -66,7 +67,7 @@ inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
 // Same in double, for gradient checks.
 inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A,
                  int lda, const double* B, int ldb, double beta, double* C, int ldc) {
-  GemmTimer timer(M, N, K);
+  GemmTimer timer({trans_a, trans_b, M, N, K, lda, ldb, ldc, beta != 0.0}, !in_parallel());
 #if defined(HEADROOM_GEMM_BLIS)
   bli_dgemm(trans_a ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE,
             trans_b ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, M, N, K, &alpha, const_cast<double*>(A),

@@ -1,5 +1,6 @@
 // LayerNorm over the last dimension, eps = 1e-5 and biased variance, like PyTorch.
-// Convention (all CPU kernels): backward ACCUMULATES (+=) into its gradient outputs.
+// Convention (all CPU kernels): backward ACCUMULATES (+=) into its gradient outputs, unless a
+// flag says the input gradient is written.
 #pragma once
 
 #include <cmath>
@@ -45,10 +46,13 @@ HEADROOM_CPU_CLONES void layernorm_forward(T* out, T* mean, T* rstd, const T* in
 // With norm = (inp - mean) * rstd and dnorm = dout * weight:
 //   dbias (C) += sum_n dout,  dweight (C) += sum_n dout * norm
 //   dinp (N,C) += rstd * (dnorm - mean_i(dnorm) - norm * mean_i(dnorm * norm))
+// With !accumulate, dinp's contents are ignored: dinp = dres + that (dres (N,C) a residual
+// path's gradient, the bits a copy of it and then += would give), or 0 + that when dres is null.
 template <class T>
 HEADROOM_CPU_CLONES void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout,
                                             const T* inp, const T* weight, const T* mean,
-                                            const T* rstd, int N, int C) {
+                                            const T* rstd, int N, int C, bool accumulate = true,
+                                            const T* dres = nullptr) {
   // Rows in parallel for the input gradient; then the parameter gradients, sums over the rows,
   // split over columns so that each column is summed over its rows in order (parallel.h).
 #pragma omp parallel for schedule(static) num_threads(threads_for(size_t(N) * C))
@@ -70,10 +74,19 @@ HEADROOM_CPU_CLONES void layernorm_backward(T* dinp, T* dweight, T* dbias, const
     const T mean_dnorm = T(sum_dnorm / C);
     const T mean_dnorm_norm = T(sum_dnorm_norm / C);
     // Then one contiguous, reduction-free pass.
-    for (int i = 0; i < C; i++) {
-      const T norm = (x[i] - m) * s;
-      const T dnorm = weight[i] * dy[i];
-      dx[i] += (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s;
+    if (accumulate) {
+      for (int i = 0; i < C; i++) {
+        const T norm = (x[i] - m) * s;
+        const T dnorm = weight[i] * dy[i];
+        dx[i] += (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s;
+      }
+    } else {
+      const T* dr = dres ? dres + static_cast<size_t>(n) * C : nullptr;
+      for (int i = 0; i < C; i++) {
+        const T norm = (x[i] - m) * s;
+        const T dnorm = weight[i] * dy[i];
+        dx[i] = (dr ? dr[i] : T(0)) + (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s;
+      }
     }
   }
   constexpr int kCols = 64;  // a block of columns: contiguous, vectorizes over i

@@ -1,5 +1,6 @@
 // Fully connected layer, weight stored (OC, C) as in PyTorch's nn.Linear / llm.c.
-// Convention (all CPU kernels): backward ACCUMULATES (+=) into its gradient outputs.
+// Convention (all CPU kernels): backward ACCUMULATES (+=) into its gradient outputs, unless a
+// flag says the input gradient is written.
 #pragma once
 
 #include <cstddef>
@@ -26,14 +27,15 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N,
   gemm(false, true, N, OC, C, T(1), inp, C, weight, C, beta, out, OC);
 }
 
-// dinp (N,C) += dout (N,OC) · weight (OC,C)
+// dinp (N,C) += dout (N,OC) · weight (OC,C)   (= when !accumulate_dinp: its contents ignored)
 // dweight (OC,C) += dout^T (OC,N) · inp (N,C)
 // dbias (OC) += sum over rows of dout
 // dinp and dbias may be null (first layer's input needs no gradient; layer without bias).
 template <class T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                     int N, int C, int OC) {
-  if (dinp != nullptr) gemm(false, false, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);
+                     int N, int C, int OC, bool accumulate_dinp = true) {
+  if (dinp != nullptr)
+    gemm(false, false, N, C, OC, T(1), dout, OC, weight, C, T(accumulate_dinp ? 1 : 0), dinp, C);
   if (dweight != nullptr) gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
   if (dbias != nullptr) {
     // Row by row within a block of columns so the inner loop is contiguous (vectorizes); the

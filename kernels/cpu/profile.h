@@ -1,18 +1,37 @@
 // Opt-in timing of the CPU kernels, for benchmarks only: off, it costs one branch per GEMM call.
-// Not thread-safe; the CPU backend calls kernels from the training thread only.
+// Not thread-safe: only GEMMs called outside a parallel region are recorded (the linear layers'
+// and the head's; attention's per-head GEMMs run inside one and are not).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <tuple>
 
 namespace headroom::cpu {
+
+// One GEMM shape as the kernels issue it: row-major C (M,N) = op(A) · op(B) (+ C when
+// accumulate), with the strides it was called with.
+struct GemmShape {
+  bool trans_a = false, trans_b = false;
+  int M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0;
+  bool accumulate = false;  // beta != 0
+  auto key() const { return std::tie(trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate); }
+  bool operator<(const GemmShape& o) const { return key() < o.key(); }
+};
+
+struct GemmShapeStats {
+  uint64_t calls = 0;
+  double seconds = 0.0;
+};
 
 struct GemmProfile {
   bool enabled = false;
   double seconds = 0.0;  // wall time inside BLAS GEMM calls
   double flops = 0.0;    // 2·M·N·K per call
   uint64_t calls = 0;
-  void reset() { seconds = flops = 0.0, calls = 0; }
+  std::map<GemmShape, GemmShapeStats> shapes;  // the same, shape by shape
+  void reset() { seconds = flops = 0.0, calls = 0, shapes.clear(); }
 };
 
 inline GemmProfile& gemm_profile() {
@@ -20,27 +39,32 @@ inline GemmProfile& gemm_profile() {
   return profile;
 }
 
-// Times one GEMM when profiling is on.
+// Times one GEMM when profiling is on and `record` (the caller is not inside a parallel region).
 class GemmTimer {
  public:
-  GemmTimer(int M, int N, int K) : on_(gemm_profile().enabled) {
+  GemmTimer(const GemmShape& shape, bool record) : on_(gemm_profile().enabled && record) {
     if (!on_) return;
-    flops_ = 2.0 * M * N * K;
+    shape_ = shape;
     start_ = std::chrono::steady_clock::now();
   }
   ~GemmTimer() {
     if (!on_) return;
     GemmProfile& p = gemm_profile();
-    p.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    p.flops += flops_;
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    p.seconds += s;
+    p.flops += 2.0 * shape_.M * shape_.N * shape_.K;
     ++p.calls;
+    GemmShapeStats& st = p.shapes[shape_];
+    ++st.calls;
+    st.seconds += s;
   }
   GemmTimer(const GemmTimer&) = delete;
   GemmTimer& operator=(const GemmTimer&) = delete;
 
  private:
   bool on_;
-  double flops_ = 0.0;
+  GemmShape shape_;
   std::chrono::steady_clock::time_point start_;
 };
 

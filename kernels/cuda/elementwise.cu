@@ -167,8 +167,8 @@ __global__ void any_nonfinite_kernel(int* flag, const T* x, size_t n) {
 }
 
 template <class T>
-void any_nonfinite(int* flag, const T* x, size_t n, cudaStream_t stream) {
-  CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream));
+void any_nonfinite(int* flag, const T* x, size_t n, cudaStream_t stream, bool clear) {
+  if (clear) CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream));
   if (n == 0) return;
   any_nonfinite_kernel<<<grid_for(n, kBlock), kBlock, 0, stream>>>(flag, x, n);
   CUDA_CHECK_LAUNCH();
@@ -180,7 +180,7 @@ void any_nonfinite(int* flag, const T* x, size_t n, cudaStream_t stream) {
   template void axpy<T>(T*, const T*, size_t, double, cudaStream_t);              \
   template void accumulate<T>(float*, const T*, size_t, cudaStream_t);            \
   template void sum_squares<T>(double*, double*, const T*, size_t, cudaStream_t); \
-  template void any_nonfinite<T>(int*, const T*, size_t, cudaStream_t);           \
+  template void any_nonfinite<T>(int*, const T*, size_t, cudaStream_t, bool);     \
   template void cast<T, float>(T*, const float*, size_t, cudaStream_t);           \
   template void cast<T, bf16>(T*, const bf16*, size_t, cudaStream_t);             \
   template void cast<T, f16>(T*, const f16*, size_t, cudaStream_t);

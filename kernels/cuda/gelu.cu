@@ -25,25 +25,27 @@ void gelu_forward(T* out, const T* inp, size_t N, cudaStream_t stream) {
 
 // dinp (N) += gelu'(inp) * dout
 template <class T>
-__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, size_t N) {
+__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, size_t N,
+                                     bool accumulate) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < N;
        i += size_t(gridDim.x) * blockDim.x) {
-    dinp[i] =
-        from_float<T>(to_float(dinp[i]) + gelu_tanh_grad(to_float(inp[i])) * to_float(dout[i]));
+    const float old = accumulate ? to_float(dinp[i]) : 0.0f;
+    dinp[i] = from_float<T>(old + gelu_tanh_grad(to_float(inp[i])) * to_float(dout[i]));
   }
 }
 
 template <class T>
-void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N, cudaStream_t stream) {
+void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N, cudaStream_t stream,
+                   bool accumulate) {
   if (N == 0) return;
   const int block = 256;
-  gelu_backward_kernel<<<grid_for(N, block), block, 0, stream>>>(dinp, inp, dout, N);
+  gelu_backward_kernel<<<grid_for(N, block), block, 0, stream>>>(dinp, inp, dout, N, accumulate);
   CUDA_CHECK_LAUNCH();
 }
 
 #define HR_INSTANTIATE(T)                                            \
   template void gelu_forward<T>(T*, const T*, size_t, cudaStream_t); \
-  template void gelu_backward<T>(T*, const T*, const T*, size_t, cudaStream_t);
+  template void gelu_backward<T>(T*, const T*, const T*, size_t, cudaStream_t, bool);
 HR_INSTANTIATE_FLOAT_TYPES(HR_INSTANTIATE)
 #undef HR_INSTANTIATE
 

@@ -46,11 +46,13 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* 
   CUDA_CHECK_LAUNCH();
 }
 
-// dinp (N,C): one warp per row; the two row reductions, then one pass adding into dinp.
+// dinp (N,C): one warp per row; the two row reductions, then one pass adding into dinp (or into
+// dres, or 0, written to dinp: !accumulate).
 template <class T>
 __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* inp,
                                                const T* weight, const float* mean,
-                                               const float* rstd, int N, int C) {
+                                               const float* rstd, int N, int C, bool accumulate,
+                                               const T* dres) {
   const int lane = threadIdx.x % kWarpSize;
   const int n = blockIdx.x * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
   if (n >= N) return;
@@ -73,7 +75,8 @@ __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* 
   for (int i = lane; i < C; i += kWarpSize) {
     const float norm = (to_float(x[i]) - m) * s;
     const float dnorm = to_float(weight[i]) * to_float(dy[i]);
-    dx[i] = from_float<T>(to_float(dx[i]) + (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s);
+    const float base = accumulate ? to_float(dx[i]) : dres ? to_float(dres[off + i]) : 0.0f;
+    dx[i] = from_float<T>(base + (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s);
   }
 }
 
@@ -114,13 +117,15 @@ __global__ void layernorm_backward_params_kernel(T* dweight, T* dbias, const T* 
 
 template <class T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                        const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
+                        const float* mean, const float* rstd, int N, int C, cudaStream_t stream,
+                        bool accumulate, const T* dres) {
   if (N <= 0 || C <= 0) return;
   const int block = 256;
   const int rows_per_block = block / kWarpSize;
   if (dinp != nullptr) {
     layernorm_backward_dinp_kernel<<<static_cast<unsigned>(ceil_div(N, rows_per_block)), block, 0,
-                                     stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+                                     stream>>>(dinp, dout, inp, weight, mean, rstd, N, C,
+                                               accumulate, dres);
     CUDA_CHECK_LAUNCH();
   }
   if (dweight != nullptr || dbias != nullptr) {
@@ -135,7 +140,7 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
   template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, \
                                      cudaStream_t);                                              \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const float*,    \
-                                      const float*, int, int, cudaStream_t);
+                                      const float*, int, int, cudaStream_t, bool, const T*);
 HR_INSTANTIATE_FLOAT_TYPES(HR_INSTANTIATE)
 #undef HR_INSTANTIATE
 

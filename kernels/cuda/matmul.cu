@@ -178,11 +178,14 @@ __global__ void bias_backward_kernel(T* dbias, const T* dout, int N, int OC) {
 
 template <class T>
 void matmul_backward(CudaContext& ctx, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                     const T* weight, int N, int C, int OC, cudaStream_t stream) {
+                     const T* weight, int N, int C, int OC, cudaStream_t stream,
+                     bool accumulate_dinp) {
   if (N <= 0 || C <= 0 || OC <= 0) return;
   if (dinp != nullptr) {
-    // dinp^T (C,N) += weight^T (C,OC) · dout^T (OC,N); both stored that way -> op N, op N.
-    lt_matmul<T>(ctx, false, false, C, N, OC, weight, C, dout, OC, 1.0f, dinp, C, nullptr, stream);
+    // dinp^T (C,N) += weight^T (C,OC) · dout^T (OC,N); both stored that way -> op N, op N. Beta 0
+    // (written): dinp is not read.
+    lt_matmul<T>(ctx, false, false, C, N, OC, weight, C, dout, OC, accumulate_dinp ? 1.0f : 0.0f,
+                 dinp, C, nullptr, stream);
   }
   if (dweight != nullptr) {
     // dweight^T (C,OC) += inp^T (C,N) · dout (N,OC); inp stored (C,N) -> op N, dout stored
@@ -201,7 +204,7 @@ void matmul_backward(CudaContext& ctx, T* dinp, T* dweight, T* dbias, const T* d
   template void matmul_forward<T>(CudaContext&, T*, const T*, const T*, const T*, int, int, int, \
                                   cudaStream_t);                                                 \
   template void matmul_backward<T>(CudaContext&, T*, T*, T*, const T*, const T*, const T*, int,  \
-                                   int, int, cudaStream_t);
+                                   int, int, cudaStream_t, bool);
 HR_INSTANTIATE_FLOAT_TYPES(HR_INSTANTIATE)
 #undef HR_INSTANTIATE
 

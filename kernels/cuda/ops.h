@@ -78,10 +78,12 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* 
                        const T* bias, int N, int C, cudaStream_t stream);
 // dbias (C) += sum_n dout,  dweight (C) += sum_n dout * norm,
 // dinp (N,C) += rstd * (dnorm - mean_i(dnorm) - norm * mean_i(dnorm * norm)), dnorm = dout *
-// weight. Any of dinp, dweight, dbias may be null (skipped).
+// weight. Any of dinp, dweight, dbias may be null (skipped). !accumulate: dinp's contents are
+// ignored, dinp = dres + that (dres (N,C) may be null: 0 + that).
 template <class T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                        const float* mean, const float* rstd, int N, int C, cudaStream_t stream);
+                        const float* mean, const float* rstd, int N, int C, cudaStream_t stream,
+                        bool accumulate = true, const T* dres = nullptr);
 
 // --- matmul.cu (cuBLASLt) ----------------------------------------------------------------------
 // out (N,OC) = inp (N,C) · weight (OC,C)^T + bias (OC); bias may be null. The bias is the GEMM's
@@ -91,10 +93,12 @@ template <class T>
 void matmul_forward(CudaContext& ctx, T* out, const T* inp, const T* weight, const T* bias, int N,
                     int C, int OC, cudaStream_t stream);
 // dinp (N,C) += dout (N,OC) · weight (OC,C);  dweight (OC,C) += dout^T · inp (N,C);
-// dbias (OC) += column sums of dout. dinp and dbias may be null.
+// dbias (OC) += column sums of dout. dinp and dbias may be null. !accumulate_dinp: dinp =, its
+// contents ignored (beta 0).
 template <class T>
 void matmul_backward(CudaContext& ctx, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                     const T* weight, int N, int C, int OC, cudaStream_t stream);
+                     const T* weight, int N, int C, int OC, cudaStream_t stream,
+                     bool accumulate_dinp = true);
 
 // --- attention.cu (cuBLAS strided-batched GEMMs over the heads + causal softmax kernels) -------
 // qkv (B,T,3C) laid out [q | k | v]; head h uses columns h*hs..(h+1)*hs, hs = C/NH.
@@ -123,9 +127,10 @@ void attention_backward(CudaContext& ctx, T* dqkv, T* scratch, const T* dout, co
 // out (N) = gelu(inp (N)), GPT-2's tanh approximation (kernels/common/elementwise.h).
 template <class T>
 void gelu_forward(T* out, const T* inp, size_t N, cudaStream_t stream);
-// dinp (N) += gelu'(inp) * dout
+// dinp (N) += gelu'(inp) * dout (!accumulate: dinp = 0 + that, its contents ignored)
 template <class T>
-void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N, cudaStream_t stream);
+void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N, cudaStream_t stream,
+                   bool accumulate = true);
 
 // --- residual.cu -------------------------------------------------------------------------------
 // out (N) = a (N) + b (N)
@@ -169,9 +174,10 @@ constexpr int kSumSquaresBlocks = 512;
 template <class T>
 void sum_squares(double* out, double* scratch, const T* x, size_t n, cudaStream_t stream);
 // flag[0] (device) = 1 if any x[i] is NaN or infinite, else 0 (tested on the bits: immune to
-// fast-math). x may be empty.
+// fast-math). x may be empty. clear = false leaves flag[0] alone unless x has one (an or into
+// it: one flag over many tensors).
 template <class T>
-void any_nonfinite(int* flag, const T* x, size_t n, cudaStream_t stream);
+void any_nonfinite(int* flag, const T* x, size_t n, cudaStream_t stream, bool clear = true);
 
 // --- optimizer.cu (float parameters, gradients and state) --------------------------------------
 // AdamW, torch.optim.AdamW semantics, t the 1-based step (bias corrections computed on the host in

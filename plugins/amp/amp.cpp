@@ -50,7 +50,10 @@
 // With a zero plugin (headroom.shard/1) each rank checks and unscales only its ranges of the
 // gradients, and the ranks agree on an overflow over headroom.comm/1 before vetoing.
 //
-// Training thread only (create, TRAIN_BEGIN, GRADS_READY); no locking. Device work (op_nonfinite,
+// The overflow check is one fused reduction over all gradients (headroom.precision/1's
+// nonfinite_many: one wait for the device a step), op_nonfinite a tensor on an older host.
+//
+// Training thread only (create, TRAIN_BEGIN, GRADS_READY); no locking. Device work (the checks,
 // op_scale) goes on the compute stream. Only hr_plugin_entry is exported; no C++ exception crosses
 // the C ABI.
 #include <headroom/ext/comm.h>
@@ -116,15 +119,8 @@ class Amp {
     if (!fp16_) return HR_OK;  // bf16 has fp32's exponent range: nothing to scale
     std::vector<hr_tensor> grads = gradients();
     bool overflow = false;
-    for (const hr_tensor& g : grads) {
-      int32_t bad = 0;
-      const hr_status st = s_->op_nonfinite(s_->host, g.grad, g.grad_dtype, g.numel, &bad);
-      if (st != HR_OK) return st;
-      if (bad) {
-        overflow = true;
-        break;
-      }
-    }
+    const hr_status checked = any_nonfinite(grads, &overflow);
+    if (checked != HR_OK) return checked;
     // Sharded gradients (a zero plugin): each rank sees only its ranges, so the ranks agree: any
     // rank's overflow skips the step everywhere.
     if (sharded_) {
@@ -250,8 +246,11 @@ class Amp {
 
  public:
   // From TRAIN_BEGIN on (a zero plugin partitions in its create(), which may come after amp's).
-  void find_shards() {
+  void find_extensions() {
     if (!HR_HAS_FIELD(s_, hr_host_services, get_extension)) return;
+    const auto* prec =
+        static_cast<const hr_ext_precision*>(s_->get_extension(s_->host, HR_EXT_PRECISION));
+    if (prec && HR_HAS_FIELD(prec, hr_ext_precision, nonfinite_many)) nonfinite_many_ = prec;
     shard_ = static_cast<const hr_ext_shard*>(s_->get_extension(s_->host, HR_EXT_SHARD));
     comm_ = static_cast<const hr_ext_comm*>(s_->get_extension(s_->host, HR_EXT_COMM));
     if (!shard_ || !comm_) return;
@@ -262,6 +261,38 @@ class Amp {
   }
 
  private:
+  // Any NaN or infinity in the gradients: one fused check (one wait for the device) where the
+  // host has headroom.precision/1's nonfinite_many, else one op_nonfinite a tensor.
+  hr_status any_nonfinite(const std::vector<hr_tensor>& grads, bool* overflow) const {
+    *overflow = false;
+    if (nonfinite_many_) {
+      std::vector<const void*> data;
+      std::vector<uint32_t> dtypes;
+      std::vector<uint64_t> numels;
+      for (const hr_tensor& g : grads) {
+        data.push_back(g.grad);
+        dtypes.push_back(g.grad_dtype);
+        numels.push_back(g.numel);
+      }
+      int32_t bad = 0;
+      const hr_status st = nonfinite_many_->nonfinite_many(s_->host, grads.size(), data.data(),
+                                                           dtypes.data(), numels.data(), &bad);
+      *overflow = bad != 0;
+      return st;
+    }
+    for (const hr_tensor& g : grads) {
+      int32_t bad = 0;
+      const hr_status st = s_->op_nonfinite(s_->host, g.grad, g.grad_dtype, g.numel, &bad);
+      if (st != HR_OK) return st;
+      if (bad) {
+        *overflow = true;
+        break;
+      }
+    }
+    return HR_OK;
+  }
+
+  const hr_ext_precision* nonfinite_many_ = nullptr;
   const hr_ext_shard* shard_ = nullptr;
   const hr_ext_comm* comm_ = nullptr;
   bool sharded_ = false;
@@ -398,7 +429,7 @@ void destroy(void* instance) {
 hr_status on_event(void* instance, const hr_event_info* info) {
   Amp* a = static_cast<Amp*>(instance);
   if (info->event == HR_EVENT_TRAIN_BEGIN) {
-    a->find_shards();
+    a->find_extensions();
     return HR_OK;
   }
   if (info->event != HR_EVENT_GRADS_READY) return HR_OK;

@@ -6,9 +6,9 @@
 // for the compute work enqueued before it (its destination may still be read there: a batch
 // buffer reused by the next micro-step) and every op enqueued after it waits for the copy; so the
 // ops see the memory exactly as on the CPU backend, where upload is an immediate memcpy. The
-// copy still leaves the host thread at once, so the host can keep preparing work.
-// (Once every caller uploads into a buffer no pending op reads, e.g. double-buffered batches, the
-// wait on compute can go and the copy overlaps the step before it.)
+// copy still leaves the host thread at once, so the host can keep preparing work. The host's
+// staging slots are reused after an event on the copy stream (mark_uploads / wait_uploads), not
+// after a synchronize of everything.
 //
 // Every method makes the backend's device current first, so the backend may be driven from any
 // host thread (one at a time).
@@ -98,6 +98,10 @@ class CudaBackend final : public Backend {
     computed_.reset(e);
     CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     uploaded_.reset(e);
+    for (auto& slot : slots_) {
+      CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      slot.reset(e);
+    }
     ctx_ = std::make_unique<cuda::CudaContext>();
     void* p = nullptr;
     // [0] the result, [1..] the per-block partial sums of sum_squares.
@@ -146,12 +150,15 @@ class CudaBackend final : public Backend {
   }
   void layernorm_backward(Dtype dt, void* dinp, void* dweight, void* dbias, const void* dout,
                           const void* inp, const void* weight, const void* mean, const void* rstd,
-                          int N, int C) override {
+                          int N, int C, Grad dinp_mode, const void* dres) override {
     on_device();
+    const bool acc = dinp_mode == Grad::kAccumulate;
+    if (acc && dres) throw OpError("layernorm_backward: dres is for Grad::kWrite only");
     dispatch(dt, "layernorm_backward", [&](auto tag) {
       using S = decltype(tag);
       cuda::layernorm_backward(as<S>(dinp), as<S>(dweight), as<S>(dbias), as<S>(dout), as<S>(inp),
-                               as<S>(weight), as<float>(mean), as<float>(rstd), N, C, stream());
+                               as<S>(weight), as<float>(mean), as<float>(rstd), N, C, stream(), acc,
+                               as<S>(dres));
     });
   }
   void matmul_forward(Dtype dt, void* out, const void* inp, const void* weight, const void* bias,
@@ -164,12 +171,14 @@ class CudaBackend final : public Backend {
     });
   }
   void matmul_backward(Dtype dt, void* dinp, void* dweight, void* dbias, const void* dout,
-                       const void* inp, const void* weight, int N, int C, int OC) override {
+                       const void* inp, const void* weight, int N, int C, int OC,
+                       Grad dinp_mode) override {
     on_device();
     dispatch(dt, "matmul_backward", [&](auto tag) {
       using S = decltype(tag);
       cuda::matmul_backward(*ctx_, as<S>(dinp), as<S>(dweight), as<S>(dbias), as<S>(dout),
-                            as<S>(inp), as<S>(weight), N, C, OC, stream());
+                            as<S>(inp), as<S>(weight), N, C, OC, stream(),
+                            dinp_mode == Grad::kAccumulate);
     });
   }
   void attention_forward(Dtype dt, void* out, void* att, const void* qkv, int B, int T, int C,
@@ -206,11 +215,13 @@ class CudaBackend final : public Backend {
       cuda::gelu_forward(as<S>(out), as<S>(inp), n, stream());
     });
   }
-  void gelu_backward(Dtype dt, void* dinp, const void* inp, const void* dout, uint64_t n) override {
+  void gelu_backward(Dtype dt, void* dinp, const void* inp, const void* dout, uint64_t n,
+                     Grad dinp_mode) override {
     on_device();
     dispatch(dt, "gelu_backward", [&](auto tag) {
       using S = decltype(tag);
-      cuda::gelu_backward(as<S>(dinp), as<S>(inp), as<S>(dout), n, stream());
+      cuda::gelu_backward(as<S>(dinp), as<S>(inp), as<S>(dout), n, stream(),
+                          dinp_mode == Grad::kAccumulate);
     });
   }
   void add_inplace(Dtype dt, void* dst, const void* src, uint64_t n) override {
@@ -374,6 +385,23 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(stream()));
     return r->flag != 0;
   }
+  bool any_nonfinite_many(const std::vector<Span>& spans) override {
+    count_host_sync();
+    on_device();
+    // One flag: cleared once, each span's kernel only sets it, then one copy and one wait.
+    int* flag = static_cast<int*>(flag_.get());
+    CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream()));
+    for (const Span& s : spans) {
+      dispatch(s.dtype, "any_nonfinite", [&](auto tag) {
+        using S = decltype(tag);
+        cuda::any_nonfinite(flag, as<S>(s.data), s.numel, stream(), /*clear=*/false);
+      });
+    }
+    HostResult* r = result();
+    CUDA_CHECK(cudaMemcpyAsync(&r->flag, flag, sizeof(int), cudaMemcpyDeviceToHost, stream()));
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+    return r->flag != 0;
+  }
 
   // --- memory ------------------------------------------------------------------------------------
   void copy(void* dst, const void* src, uint64_t bytes) override {
@@ -390,6 +418,26 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_.get()));
     CUDA_CHECK(cudaEventRecord(uploaded_.get(), copy_.get()));
     CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), uploaded_.get(), 0));
+  }
+  // A slot's event on the copy stream, after its uploads: waiting for it waits for those copies
+  // (and the compute work each was ordered after), not for what the compute stream does since.
+  void mark_uploads(int slot) override {
+    on_device();
+    CUDA_CHECK(cudaEventRecord(slots_[check_slot(slot)].get(), copy_.get()));
+  }
+  void wait_uploads(int slot) override {
+    cudaEvent_t e = slots_[check_slot(slot)].get();
+    const cudaError_t done = cudaEventQuery(e);  // cudaSuccess also for a slot never marked
+    if (done == cudaSuccess) return;
+    if (done != cudaErrorNotReady) CUDA_CHECK(done);
+    count_host_sync();
+    CUDA_CHECK(cudaEventSynchronize(e));
+  }
+  static size_t check_slot(int slot) {
+    if (slot < 0 || slot >= kUploadSlots)
+      throw OpError("upload slot " + std::to_string(slot) + " (valid: 0 to " +
+                    std::to_string(kUploadSlots - 1) + ")");
+    return size_t(slot);
   }
   void download(void* dst, const void* src, uint64_t bytes) override {
     if (bytes == 0) return;
@@ -431,8 +479,9 @@ class CudaBackend final : public Backend {
   int device_;
   std::unique_ptr<CUstream_st, StreamDestroy> compute_;
   std::unique_ptr<CUstream_st, StreamDestroy> copy_;
-  std::unique_ptr<CUevent_st, EventDestroy> computed_;  // compute work before an upload
-  std::unique_ptr<CUevent_st, EventDestroy> uploaded_;  // the last upload
+  std::unique_ptr<CUevent_st, EventDestroy> computed_;             // compute work before an upload
+  std::unique_ptr<CUevent_st, EventDestroy> uploaded_;             // the last upload
+  std::unique_ptr<CUevent_st, EventDestroy> slots_[kUploadSlots];  // mark_uploads' events
   std::unique_ptr<cuda::CudaContext> ctx_;
   std::unique_ptr<void, DeviceFree> reduce_;  // sum_squares: result + partials (doubles)
   std::unique_ptr<void, DeviceFree> flag_;    // any_nonfinite's flag (int)

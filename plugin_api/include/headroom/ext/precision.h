@@ -46,6 +46,14 @@ typedef struct hr_ext_precision {
   uint32_t (*grad_dtype)(hr_host* host);
   int32_t (*master_weights)(hr_host* host);
   uint32_t (*state_dtype)(hr_host* host);
+
+  /* Appended (HR_HAS_FIELD). Any time: *out = 1 when any of the `count` tensors (data[i], of
+   * dtypes[i] (a float hr_dtype), numels[i] elements, device memory) holds a NaN or an
+   * infinity, else 0; one wait for the device for all of them, where op_nonfinite waits once a
+   * tensor. amp's overflow check over every gradient. HR_ERROR_INVALID for a NULL array or out,
+   * HR_ERROR_UNSUPPORTED for a dtype that is not a float. */
+  hr_status (*nonfinite_many)(hr_host* host, uint64_t count, const void* const* data,
+                              const uint32_t* dtypes, const uint64_t* numels, int32_t* out);
 } hr_ext_precision;
 
 #ifdef __cplusplus
