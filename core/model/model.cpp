@@ -348,7 +348,8 @@ class Head final : public Layer<T> {
       // The cross-entropy kernel also writes dlogits over them, which nothing reads: backward
       // makes them again, when wte's gradient exists.
       const uint64_t chunk = gpt_loss_chunk_tokens(m_, N, dt);
-      Buffer logits = this->workspace(chunk * V, "logits (chunk, V)");
+      Buffer logits(this->device_, chunk * V * dtype_size(dt), Category::kWorkspace,
+                    this->name_ + " forward: logits (chunk, V)");
       for (uint64_t n0 = 0; n0 < N; n0 += chunk) {
         const int rows = int(std::min(chunk, N - n0));
         chunk_logits(logits.as<void>(), n0, rows);
