@@ -347,7 +347,7 @@ TEST(Activations, TrackerBytesEqualTheClosedForms) {
                                          (tiled ? 4 * N * NH : 4 * N * NH * T)));
         EXPECT_EQ(gpt_head_activation_bytes(m, B, T, Dtype::kF32),
                   4 * N * C + 4 * 3 * N + (chunked ? 0 : 4 * N * V));
-        const uint64_t rows = chunk ? uint64_t(chunk) : N;  // V·4 B · N fits the 32 MiB budget
+        const uint64_t rows = chunk ? uint64_t(chunk) : N;  // V·4 B · N fits the 64 MiB budget
         EXPECT_EQ(gpt_loss_chunk_tokens(m, N, Dtype::kF32), rows);
         EXPECT_EQ(mt.peak(Category::kWorkspace), chunked ? 4 * rows * V : 0u);
         // Backward's head holds d(ln_f) and one chunk, and the blocks (B, T)-sized buffers.

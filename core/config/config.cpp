@@ -487,7 +487,7 @@ class Validator {
     get_choice(*t, "model", "attention", {"tiled", "naive"}, m.attention);
     get_choice(*t, "model", "loss", {"chunked", "full"}, m.loss);
     get_int_as(*t, "model", "chunk_tokens", 0, kIntMax, m.chunk_tokens,
-               "tokens per chunk of the chunked loss, or 0 for as many as fit 32 MiB of logits");
+               "tokens per chunk of the chunked loss, or 0 for as many as fit 64 MiB of logits");
     if (m.n_embd % m.n_head != 0) {
       const int64_t lower = int64_t{m.n_embd} / m.n_head * m.n_head;
       const int64_t upper = lower + m.n_head;

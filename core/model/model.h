@@ -385,8 +385,10 @@ struct ParamShape {
   bool decay;
 };
 std::vector<ParamShape> gpt_param_shapes(const ModelConfig& m);
-// The chunked loss's default chunk: as many tokens as have this many bytes of logits.
-constexpr uint64_t kLossChunkBytes = uint64_t(32) << 20;
+// The chunked loss's default chunk: as many tokens as have this many bytes of logits (gpt2's V in
+// fp32: 333 tokens). Smaller chunks cost step time on the CPU: each chunk's d(wte) GEMM reads and
+// writes all of d(wte) (V, C) (docs/results/activations.md).
+constexpr uint64_t kLossChunkBytes = uint64_t(64) << 20;
 // Tokens per chunk of the chunked loss over N tokens: [model] chunk_tokens, or as many as fit
 // kLossChunkBytes of (chunk, V) logits in `dt`; at least 1, at most N.
 uint64_t gpt_loss_chunk_tokens(const ModelConfig& m, uint64_t N, Dtype dt);
