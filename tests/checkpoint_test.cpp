@@ -48,16 +48,15 @@ std::string plugin_toml(const std::string& keys) {
 // Closed forms, from model.cpp's save() calls (es = 4 bytes, N = B·T):
 //   embedding: out (B, T, C)                                          emb   = es·N·C
 //   block:     ln_1, attention out, residual, ln_2, out (B, T, C) ×5; qkv (B, T, 3C);
-//              fc, gelu (B, T, 4C) ×2; four (B, T) LayerNorm statistics; att (B, NH, T, T)
-//                                                                     full  = es·(16·N·C + 4·N
-//                                                                              + B·NH·T·T)
+//              fc, gelu (B, T, 4C) ×2; four (B, T) LayerNorm statistics; the tiled attention's
+//              row log-sum-exp (B, NH, T)                             full  = es·16·N·C
+//                                                                             + ss·(4·N + N·NH)
 //   a dropped block keeps its output (B, T, C)                        out   = es·N·C
-//   head:      ln_f (B, T, C), its mean and rstd (B, T), logits (B, T, V), losses (B, T)
-//                                                                     head  = es·(N·C + 2·N + N·V
-//                                                                              + N)
+//   head:      ln_f (B, T, C), its mean and rstd (B, T), losses (B, T) (the chunked loss keeps no
+//              logits)                                                head  = es·N·C + ss·3·N
 // (core/report/advice.cpp's estimate uses the same terms.)
 // With amp (bf16 or fp16 compute) the tensors have es = 2 bytes and the statistics — LayerNorm
-// mean and rstd, the per-token losses — stay fp32 (ss = 4 bytes): the same terms, split.
+// mean and rstd, the attention's log-sum-exp, the per-token losses — stay fp32 (ss = 4 bytes).
 struct Forms {
   uint64_t emb, full, out, head, sel;  // as above; sel: see selective below
   uint64_t none, every, sqrt, selective;
@@ -67,11 +66,11 @@ constexpr int kSqrtN = 4, kSqrtKept = kLayers / kSqrtN;  // n = ceil(sqrt(12)) =
 constexpr Forms forms(uint64_t es, uint64_t ss) {
   Forms f{};
   f.emb = es * kN * kC;
-  f.full = es * (16 * kN * kC + uint64_t(kB) * kNH * kT * kT) + ss * 4 * kN;
+  f.full = es * 16 * kN * kC + ss * (4 * kN + kN * kNH);
   f.out = es * kN * kC;
-  f.head = es * (kN * kC + kN * kV) + ss * (2 * kN + kN);
+  f.head = es * kN * kC + ss * 3 * kN;
   // selective: every block drops its cheap tensors (ln_1, attention out, ln_2 (B, T, C) ×3; the
-  // four (B, T) LayerNorm statistics; att (B, NH, T, T); gelu (B, T, 4C)) at its FORWARD_END and
+  // four (B, T) LayerNorm statistics; the lse (B, NH, T); gelu (B, T, 4C)) at its FORWARD_END and
   // keeps its GEMM outputs and its output: qkv 3·N·C + res1 N·C + fc 4·N·C + out N·C.
   f.sel = es * 9 * kN * kC;
   // No plugin: everything is live at the head's forward.
@@ -98,8 +97,8 @@ constexpr uint64_t kEmb = kF32.emb, kFull = kF32.full, kOut = kF32.out, kHead = 
                    kSel = kF32.sel;
 constexpr uint64_t kPeakNone = kF32.none, kPeakEvery = kF32.every, kPeakSqrt = kF32.sqrt,
                    kPeakSelective = kF32.selective;
-// For this config the selective peak is the last block's forward: 11·sel + full = 475648 >
-// 12·sel + head = 455040.
+// For this config the selective peak is the last block's forward: 11·sel + full = 471808 >
+// 12·sel + head = 446848.
 static_assert(kPeakSelective == kEmb + (kLayers - 1) * kSel + kFull, "the last block's forward");
 
 TEST(CheckpointClosedForm, MatchesTheModel) {

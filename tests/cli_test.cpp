@@ -125,7 +125,7 @@ TEST_F(Cli, OutOfMemoryExits3WithTheFullReport) {
   const auto r = run_headroom("train " + path);
   EXPECT_EQ(r.exit_code, 3) << r.output;
   for (const char* field :
-       {"out of memory: head activations: logits (B, T, V)", "requested", "256.00 KiB",
+       {"out of memory: head forward: logits (chunk, V)", "requested", "256.00 KiB",
         "memory_limit", "1.50 MiB", "live", "phase", "forward of layer", "step 1, micro-step 1",
         "parameters", "gradients", "optimizer", "activations", "workspace", "data", "communication",
         "peak"})

@@ -44,6 +44,7 @@ TEST(CudaOps, SkippedNoCudaBuild) {
 #include "core/device/memory.h"
 #include "kernels/common/dtype.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_tiled.h"
 #include "kernels/cpu/crossentropy.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gelu.h"
@@ -411,6 +412,47 @@ TEST_F(CudaBackendOps, AttentionBackward) {
     ops_->attention_backward(dt, d_dqkv, d_scratch, to_device(dout, dt), to_device(qkv, dt),
                              to_device(att, dt), B, T, C, NH);
     expect_close("dqkv", from_device(d_dqkv, dqkv.size(), dt), rounded(dqkv, dt), tol(dt));
+  }
+}
+
+// The tiled (FlashAttention) kernels against the CPU's tiled kernels: out and lse forward, dqkv
+// backward from the same out and lse. T = 100 crosses the CUDA kernels' 64-row blocks and 32-row
+// tiles with partial last ones; T = 1 is a single row. Unverified on a GPU so far.
+TEST_F(CudaBackendOps, AttentionTiledForward) {
+  for (const int T : {1, 100}) {
+    const int B = 2, C = 48, NH = 4;
+    for (const Dtype dt : kAllDtypes) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " T " + std::to_string(T));
+      const auto qkv = normal(size_t(B) * T * 3 * C, dt);
+      std::vector<float> out(size_t(B) * T * C), lse(size_t(B) * NH * T);
+      cpu::attention_tiled_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+      void* d_out = poisoned(out.size(), dt);
+      void* d_lse = poisoned(lse.size(), Dtype::kF32);
+      ops_->attention_tiled_forward(dt, d_out, d_lse, to_device(qkv, dt), B, T, C, NH);
+      expect_close("out", from_device(d_out, out.size(), dt), rounded(out, dt), tol(dt));
+      expect_close("lse", from_device(d_lse, lse.size(), Dtype::kF32), lse, kTolFp32);
+    }
+  }
+}
+
+TEST_F(CudaBackendOps, AttentionTiledBackward) {
+  for (const int T : {1, 100}) {
+    const int B = 2, C = 48, NH = 4;
+    for (const Dtype dt : kAllDtypes) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " T " + std::to_string(T));
+      const auto qkv = normal(size_t(B) * T * 3 * C, dt);
+      const auto dout = normal(size_t(B) * T * C, dt);
+      std::vector<float> out(size_t(B) * T * C), lse(size_t(B) * NH * T);
+      cpu::attention_tiled_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+      out = rounded(out, dt);  // what the forward stored in dt: the input of both backwards
+      auto dqkv = normal(qkv.size(), dt);
+      void* d_dqkv = to_device(dqkv, dt);
+      cpu::attention_tiled_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                                    B, T, C, NH);
+      ops_->attention_tiled_backward(dt, d_dqkv, to_device(dout, dt), to_device(qkv, dt),
+                                     to_device(out, dt), to_device(lse, Dtype::kF32), B, T, C, NH);
+      expect_close("dqkv", from_device(d_dqkv, dqkv.size(), dt), rounded(dqkv, dt), tol(dt));
+    }
   }
 }
 

@@ -155,11 +155,11 @@ TEST(PruningBytes, HeadsHalfDropEachCategoryByItsClosedForm) {
             4 * removed);
   EXPECT_EQ(at(probe.live[0], Category::kOptimizer) - at(probe.live[1], Category::kOptimizer),
             2 * 4 * removed);
-  // qkv (B, T, 3A) and the attention output (B, T, A) lose 4·a a token, the probabilities
-  // (B, NH, T, T) two heads' worth.
+  // qkv (B, T, 3A) and the attention output (B, T, A) lose 4·a a token, the tiled attention's
+  // row log-sum-exp (B, NH, T) two heads' worth.
   const std::vector<TimelineSample> tl = t.device().tracker().timeline();
   EXPECT_EQ(activations_peak_of_step(tl, 1) - activations_peak_of_step(tl, 3),
-            uint64_t(L) * 4 * (uint64_t(B) * T * 4 * a + uint64_t(B) * (NH / 2) * T * T));
+            uint64_t(L) * 4 * (uint64_t(B) * T * 4 * a + uint64_t(B) * (NH / 2) * T));
   Config pruned = test::config_from(toml);
   pruned.model.attn_heads.assign(L, NH / 2);
   const PeakEstimate e = estimate_peak(pruned, B);

@@ -23,8 +23,9 @@ namespace {
 constexpr int64_t kIntMax = INT_MAX;
 constexpr int64_t kInt64Max = INT64_MAX;
 
-const std::vector<std::string> kModelKeys = {"preset", "n_layer", "n_head",
-                                             "n_embd", "seq_len", "vocab_size"};
+const std::vector<std::string> kModelKeys = {"preset",    "n_layer", "n_head",
+                                             "n_embd",    "seq_len", "vocab_size",
+                                             "attention", "loss",    "chunk_tokens"};
 const std::vector<std::string> kTrainKeys = {
     "steps",     "micro_batch",  "grad_accum",  "optimizer",   "lr",
     "min_lr",    "weight_decay", "beta1",       "beta2",       "eps",
@@ -72,11 +73,11 @@ struct Preset {
 
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> p = {
-      {"tiny", {"tiny", 2, 4, 64, 64, 256, {}, {}}},
-      {"gpt2-124m", {"gpt2-124m", 12, 12, 768, 1024, 50257, {}, {}}},
-      {"gpt2-350m", {"gpt2-350m", 24, 16, 1024, 1024, 50257, {}, {}}},
-      {"gpt2-774m", {"gpt2-774m", 36, 20, 1280, 1024, 50257, {}, {}}},
-      {"gpt2-1558m", {"gpt2-1558m", 48, 25, 1600, 1024, 50257, {}, {}}},
+      {"tiny", {"tiny", 2, 4, 64, 64, 256, {}, {}, "tiled", "chunked", 0}},
+      {"gpt2-124m", {"gpt2-124m", 12, 12, 768, 1024, 50257, {}, {}, "tiled", "chunked", 0}},
+      {"gpt2-350m", {"gpt2-350m", 24, 16, 1024, 1024, 50257, {}, {}, "tiled", "chunked", 0}},
+      {"gpt2-774m", {"gpt2-774m", 36, 20, 1280, 1024, 50257, {}, {}, "tiled", "chunked", 0}},
+      {"gpt2-1558m", {"gpt2-1558m", 48, 25, 1600, 1024, 50257, {}, {}, "tiled", "chunked", 0}},
   };
   return p;
 }
@@ -483,6 +484,10 @@ class Validator {
                         "n_embd, seq_len and vocab_size are all required; missing: " +
                         join(missing, ", ") + "; or set preset = one of " + quoted_list(names));
     }
+    get_choice(*t, "model", "attention", {"tiled", "naive"}, m.attention);
+    get_choice(*t, "model", "loss", {"chunked", "full"}, m.loss);
+    get_int_as(*t, "model", "chunk_tokens", 0, kIntMax, m.chunk_tokens,
+               "tokens per chunk of the chunked loss, or 0 for as many as fit 64 MiB of logits");
     if (m.n_embd % m.n_head != 0) {
       const int64_t lower = int64_t{m.n_embd} / m.n_head * m.n_head;
       const int64_t upper = lower + m.n_head;
@@ -1014,6 +1019,9 @@ std::string format_config(const Config& c) {
   kv("n_embd", num(c.model.n_embd));
   kv("seq_len", num(c.model.seq_len));
   kv("vocab_size", num(c.model.vocab_size));
+  kv("attention", toml_string(c.model.attention));
+  kv("loss", toml_string(c.model.loss));
+  kv("chunk_tokens", num(c.model.chunk_tokens));
 
   const TrainConfig& t = c.train;
   os << "\n[train]\n";

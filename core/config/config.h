@@ -63,6 +63,14 @@ struct ModelConfig {
       if (heads(b) != n_head) return true;
     return false;
   }
+  // The attention kernels: "tiled" (FlashAttention: keeps each head's output and row log-sum-exp,
+  // no (B, NH, T, T) tensor) or "naive" (keeps the (B, NH, T, T) probabilities; for comparison).
+  std::string attention = "tiled";
+  // The head's loss: "chunked" (the logits of chunk_tokens tokens at a time, recomputed in
+  // backward: no (B, T, V) tensor) or "full" (the (B, T, V) logits kept for backward).
+  std::string loss = "chunked";
+  // Tokens per chunk of the chunked loss; 0: as many as fit kLossChunkBytes of logits.
+  int chunk_tokens = 0;
 };
 
 struct TrainConfig {

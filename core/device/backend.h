@@ -81,6 +81,16 @@ class Backend {
                                   const void* qkv, const void* att, int B, int T, int C,
                                   int NH) = 0;
   virtual uint64_t attention_scratch_numel(int B, int T, int NH) const = 0;
+  // Tiled attention (FlashAttention): the same output as attention_forward, but what it keeps
+  // for backward is lse (B,NH,T) in stat_dtype(dt), each query row's log-sum-exp of its scaled
+  // scores, instead of the (B,NH,T,T) probabilities. No (T,T) tensor exists, not even as scratch.
+  virtual void attention_tiled_forward(Dtype dt, void* out, void* lse, const void* qkv, int B,
+                                       int T, int C, int NH) = 0;
+  // dqkv (B,T,3C) += gradient, from dout and the forward's qkv, out and lse: the scores are
+  // recomputed tile by tile. Needs no workspace.
+  virtual void attention_tiled_backward(Dtype dt, void* dqkv, const void* dout, const void* qkv,
+                                        const void* out, const void* lse, int B, int T, int C,
+                                        int NH) = 0;
   // Generation with a KV cache: qkv (T,3C) holds one sequence's positions 0..T-1; out (C) is the
   // attention of row T-1's query over all of them (attention_forward's row T-1), in O(T C).
   virtual void attention_decode(Dtype dt, void* out, const void* qkv, int T, int C, int NH) = 0;

@@ -17,6 +17,7 @@
 #include "core/device/backend.h"
 #include "kernels/common/dtype.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_tiled.h"
 #include "kernels/cpu/crossentropy.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gelu.h"
@@ -237,6 +238,24 @@ class CpuBackend final : public Backend {
       cpu::attention_backward(
           a.out(dqkv, N * 3 * C, true), a.out(scratch, attention_scratch_numel(B, T, NH), false),
           a.in(dout, N * C), a.in(qkv, N * 3 * C), a.in(att, N * NH * T), B, T, C, NH);
+    });
+  }
+  void attention_tiled_forward(Dtype dt, void* out, void* lse, const void* qkv, int B, int T, int C,
+                               int NH) override {
+    const uint64_t N = uint64_t(B) * T;
+    dispatch(dt, "attention_tiled_forward", [&](auto&& a) {
+      cpu::attention_tiled_forward(a.out(out, N * C, false), a.stat(lse), a.in(qkv, N * 3 * C), B,
+                                   T, C, NH);
+    });
+  }
+  void attention_tiled_backward(Dtype dt, void* dqkv, const void* dout, const void* qkv,
+                                const void* out, const void* lse, int B, int T, int C,
+                                int NH) override {
+    const uint64_t N = uint64_t(B) * T;
+    dispatch(dt, "attention_tiled_backward", [&](auto&& a) {
+      cpu::attention_tiled_backward(a.out(dqkv, N * 3 * C, true), a.in(dout, N * C),
+                                    a.in(qkv, N * 3 * C), a.in(out, N * C), a.stat(lse), B, T, C,
+                                    NH);
     });
   }
   uint64_t attention_scratch_numel(int, int T, int) const override { return uint64_t(T) * T; }

@@ -27,6 +27,9 @@ class DryBackend final : public Backend {
   uint64_t attention_scratch_numel(int B, int T, int NH) const override {
     return real_.attention_scratch_numel(B, T, NH);  // a size: the workspace is allocated alike
   }
+  void attention_tiled_forward(Dtype, void*, void*, const void*, int, int, int, int) override {}
+  void attention_tiled_backward(Dtype, void*, const void*, const void*, const void*, const void*,
+                                int, int, int, int) override {}
   void attention_decode(Dtype, void*, const void*, int, int, int) override {}
   void gelu_forward(Dtype, void*, const void*, uint64_t) override {}
   void gelu_backward(Dtype, void*, const void*, const void*, uint64_t, Grad) override {}

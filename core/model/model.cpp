@@ -155,13 +155,14 @@ class Block final : public Layer<T> {
     const Dtype st = stat_dtype(this->dt_);
     Backend& ops = this->ops();
     const Dtype dt = this->dt_;
-    // Cheap (a selective drop frees them): the LayerNorm outputs and statistics, the attention
-    // probabilities and output, the GELU output. Kept: the GEMM outputs qkv, res1, fc and out.
+    // Cheap (a selective drop frees them): the LayerNorm outputs and statistics, what the
+    // attention keeps (its output, and its row log-sum-exp when tiled or its (B, NH, T, T)
+    // probabilities when naive), the GELU output. Kept: the GEMM outputs qkv, res1, fc and out.
     ln1_ = this->save(N * C, "ln_1 (B, T, C)", true);
     ln1_mean_ = this->save(N, "ln_1 mean (B, T)", true, st);
     ln1_rstd_ = this->save(N, "ln_1 rstd (B, T)", true, st);
     qkv_ = this->save(N * 3 * A, "qkv (B, T, 3C)");
-    att_ = this->save(uint64_t(B) * NH * Tn * Tn, "att (B, NH, T, T)", true);
+    save_attention(B, Tn, NH);
     atty_ = this->save(N * A, "attention out (B, T, C)", true);
     res1_ = this->save(N * C, "residual (B, T, C)");
     ln2_ = this->save(N * C, "ln_2 (B, T, C)", true);
@@ -173,7 +174,7 @@ class Block final : public Layer<T> {
 
     ln1_forward(x, N, C);
     ops.matmul_forward(dt, qkv_, ln1_, qkvw_->cdata(), qkvb_->cdata(), N, C, 3 * A);
-    ops.attention_forward(dt, atty_, att_, qkv_, B, Tn, A, NH);
+    attention_forward(B, Tn, A, NH);
     // The projection is written straight into res1 and the residual added in place: no separate
     // (B, T, C) buffer for the projection, which backward does not need.
     ops.matmul_forward(dt, res1_, atty_, projw_->cdata(), projb_->cdata(), N, A, C);
@@ -195,7 +196,7 @@ class Block final : public Layer<T> {
     ln1_ = this->save(N * C, "ln_1 (B, T, C)", true);
     ln1_mean_ = this->save(N, "ln_1 mean (B, T)", true, st);
     ln1_rstd_ = this->save(N, "ln_1 rstd (B, T)", true, st);
-    att_ = this->save(uint64_t(B) * NH * Tn * Tn, "att (B, NH, T, T)", true);
+    save_attention(B, Tn, NH);
     atty_ = this->save(N * A, "attention out (B, T, C)", true);
     ln2_ = this->save(N * C, "ln_2 (B, T, C)", true);
     ln2_mean_ = this->save(N, "ln_2 mean (B, T)", true, st);
@@ -204,7 +205,7 @@ class Block final : public Layer<T> {
     out_ = nullptr;  // freed by Layer::recompute; backward does not read it
 
     ln1_forward(x, N, C);
-    this->ops().attention_forward(this->dt_, atty_, att_, qkv_, B, Tn, A, NH);
+    attention_forward(B, Tn, A, NH);
     ln2_forward(N, C);
     this->ops().gelu_forward(this->dt_, fch_gelu_, fch_, N * H);
   }
@@ -219,7 +220,10 @@ class Block final : public Layer<T> {
     Buffer d4c_b = this->workspace(N * H, "dfc (B, T, 4C)");
     Buffer dres1_buf = this->workspace(N * C, "dresidual (B, T, C)");
     Buffer dtmp_buf = this->workspace(N * C, "dtmp (B, T, C)");
-    Buffer scratch = this->workspace(ops.attention_scratch_numel(B, Tn, NH), "attention scratch");
+    // The naive attention's (T, T) backward scratch; the tiled attention needs none.
+    Buffer scratch;
+    if (!tiled_)
+      scratch = this->workspace(ops.attention_scratch_numel(B, Tn, NH), "attention scratch");
     void* dgelu = d4c_a.as<void>();
     void* dfch = d4c_b.as<void>();
     void* dres1 = dres1_buf.as<void>();
@@ -242,7 +246,11 @@ class Block final : public Layer<T> {
                         N, A, C, Grad::kWrite);
     void* dqkv = dgelu;  // (B, T, 3C) fits in the (B, T, max(4C, 3C)) buffer, free again by now
     ops.fill(dt, dqkv, N * 3 * A, 0.0);
-    ops.attention_backward(dt, dqkv, scratch.as<void>(), dtmp, qkv_, att_, B, Tn, A, NH);
+    if (tiled_) {
+      ops.attention_tiled_backward(dt, dqkv, dtmp, qkv_, atty_, lse_, B, Tn, A, NH);
+    } else {
+      ops.attention_backward(dt, dqkv, scratch.as<void>(), dtmp, qkv_, att_, B, Tn, A, NH);
+    }
     ops.matmul_backward(dt, dtmp, qkvw_->cgrad(), qkvb_->cgrad(), dqkv, ln1_, qkvw_->cdata(), N, C,
                         3 * A, Grad::kWrite);
     // dx = dres1 (the residual path) + ln_1's input gradient
@@ -254,6 +262,23 @@ class Block final : public Layer<T> {
 
  private:
   // Shared by forward() and recompute_cheap(), so the two cannot drift apart.
+  // What the attention keeps for backward besides its output: the tiled kernels' row
+  // log-sum-exp (B, NH, T) in the statistics' dtype, or the naive ones' probabilities.
+  void save_attention(int B, int Tn, int NH) {
+    if (tiled_) {
+      lse_ = this->save(uint64_t(B) * NH * Tn, "attention lse (B, NH, T)", true,
+                        stat_dtype(this->dt_));
+    } else {
+      att_ = this->save(uint64_t(B) * NH * Tn * Tn, "att (B, NH, T, T)", true);
+    }
+  }
+  void attention_forward(int B, int Tn, int A, int NH) {
+    if (tiled_) {
+      this->ops().attention_tiled_forward(this->dt_, atty_, lse_, qkv_, B, Tn, A, NH);
+    } else {
+      this->ops().attention_forward(this->dt_, atty_, att_, qkv_, B, Tn, A, NH);
+    }
+  }
   void ln1_forward(const void* x, uint64_t N, int C) {
     this->ops().layernorm_forward(this->dt_, ln1_, ln1_mean_, ln1_rstd_, x, ln1w_->cdata(),
                                   ln1b_->cdata(), N, C);
@@ -264,18 +289,30 @@ class Block final : public Layer<T> {
   }
 
   ModelConfig m_;
-  int H_;   // the MLP's hidden width
-  int NH_;  // the attention's heads
-  int A_;   // and its width, NH_ · (C / n_head)
+  int H_;                                 // the MLP's hidden width
+  int NH_;                                // the attention's heads
+  int A_;                                 // and its width, NH_ · (C / n_head)
+  bool tiled_ = m_.attention != "naive";  // [model] attention
   Param<T>*ln1w_, *ln1b_, *qkvw_, *qkvb_, *projw_, *projb_, *ln2w_, *ln2b_, *fcw_, *fcb_, *fcprojw_,
       *fcprojb_;
   void *ln1_ = nullptr, *ln1_mean_ = nullptr, *ln1_rstd_ = nullptr, *qkv_ = nullptr,
        *att_ = nullptr, *atty_ = nullptr, *res1_ = nullptr, *ln2_ = nullptr, *ln2_mean_ = nullptr,
-       *ln2_rstd_ = nullptr, *fch_ = nullptr, *fch_gelu_ = nullptr, *out_ = nullptr;
+       *ln2_rstd_ = nullptr, *fch_ = nullptr, *fch_gelu_ = nullptr, *out_ = nullptr,
+       *lse_ = nullptr;
 };
 
 // ---------------------------------------------------------------------------------------------
 // Head: final LayerNorm, logits through the tied token embedding, fused softmax + cross-entropy.
+//
+// [model] loss = "chunked" (the default) never holds more than one chunk of logits, (chunk, V):
+// forward computes each chunk's logits and losses and drops them; backward computes the chunk's
+// logits again, turns them into dlogits in place and takes their contributions to d(ln_f) and
+// d(wte) before the next chunk. That recomputation costs one more (N, C, V) GEMM than "full".
+// The alternative, taking the gradients in forward as Liger Kernel's FusedLinearCrossEntropy
+// does, needs no second GEMM but has to keep d(wte) (V, C) from forward to backward — as large as
+// the embedding, more than everything else checkpointing leaves of gpt2-124m — because wte's
+// gradient buffers are the embedding's (made by Gpt::backward, zeroed and cast by plugins at its
+// events) and exist only in backward; and evaluate() would pay for gradients it never uses.
 
 template <class T>
 class Head final : public Layer<T> {
@@ -300,13 +337,29 @@ class Head final : public Layer<T> {
     lnf_ = this->save(N * C, "ln_f (B, T, C)");
     lnf_mean_ = this->save(N, "ln_f mean (B, T)", false, st);
     lnf_rstd_ = this->save(N, "ln_f rstd (B, T)", false, st);
-    logits_ = this->save(N * V, "logits (B, T, V)");
-    void* losses = this->save(N, "losses (B, T)", false, st);
+    if (!chunked_) logits_ = this->save(N * V, "logits (B, T, V)");
+    losses_ = this->save(N, "losses (B, T)", false, st);
+    void* losses = losses_;
 
     ops.layernorm_forward(dt, lnf_, lnf_mean_, lnf_rstd_, x, lnfw_->cdata(), lnfb_->cdata(), N, C);
-    ops.matmul_forward(dt, logits_, lnf_, wte_.cdata(), nullptr, N, C, V);
-    // logits (B, T, V) become dlogits in place: no second (B, T, V) buffer.
-    ops.crossentropy_forward_backward(dt, logits_, losses, b.targets, N, V, b.dloss);
+    if (chunked_) {
+      // Each chunk's logits (chunk, V), its losses, then the next chunk over the same buffer.
+      // The cross-entropy kernel also writes dlogits over them, which nothing reads: backward
+      // makes them again, when wte's gradient exists.
+      const uint64_t chunk = gpt_loss_chunk_tokens(m_, N, dt);
+      Buffer logits(this->device_, chunk * V * dtype_size(dt), Category::kWorkspace,
+                    this->name_ + " forward: logits (chunk, V)");
+      for (uint64_t n0 = 0; n0 < N; n0 += chunk) {
+        const int rows = int(std::min(chunk, N - n0));
+        chunk_logits(logits.as<void>(), n0, rows);
+        ops.crossentropy_forward_backward(dt, logits.as<void>(), stat_at(n0), b.targets + n0, rows,
+                                          V, b.dloss);
+      }
+    } else {
+      ops.matmul_forward(dt, logits_, lnf_, wte_.cdata(), nullptr, N, C, V);
+      // logits (B, T, V) become dlogits in place: no second (B, T, V) buffer.
+      ops.crossentropy_forward_backward(dt, logits_, losses, b.targets, N, V, b.dloss);
+    }
     // The mean loss, on the host: (B, T) values, one small copy per micro-step.
     std::vector<double> host(N);
     if (st == Dtype::kF64) {
@@ -335,18 +388,49 @@ class Head final : public Layer<T> {
     Backend& ops = this->ops();
     Buffer dlnf_buf = this->workspace(N * C, "dln_f (B, T, C)");
     void* dlnf = dlnf_buf.as<void>();
-    // Written, not accumulated: each is its only producer's.
-    ops.matmul_backward(dt, dlnf, wte_.cgrad(), nullptr, logits_, lnf_, wte_.cdata(), N, C, V,
-                        Grad::kWrite);
+    // d(ln_f) is written, not accumulated: each row has one producer, its chunk's GEMM.
+    if (chunked_) {
+      // Per chunk: the logits again, dlogits over them, their part of d(ln_f) and d(wte). The
+      // kernel rewrites the chunk's losses with what forward wrote (same kernels, same inputs).
+      const uint64_t chunk = gpt_loss_chunk_tokens(m_, N, dt);
+      const uint64_t es = dtype_size(dt);
+      Buffer logits_buf = this->workspace(chunk * V, "dlogits (chunk, V)");
+      void* logits = logits_buf.as<void>();
+      for (uint64_t n0 = 0; n0 < N; n0 += chunk) {
+        const int rows = int(std::min(chunk, N - n0));
+        chunk_logits(logits, n0, rows);
+        ops.crossentropy_forward_backward(dt, logits, stat_at(n0), b.targets + n0, rows, V,
+                                          b.dloss);
+        ops.matmul_backward(dt, static_cast<char*>(dlnf) + n0 * C * es, wte_.cgrad(), nullptr,
+                            logits, static_cast<const char*>(lnf_) + n0 * C * es, wte_.cdata(),
+                            rows, C, V, Grad::kWrite);
+      }
+    } else {
+      ops.matmul_backward(dt, dlnf, wte_.cgrad(), nullptr, logits_, lnf_, wte_.cdata(), N, C, V,
+                          Grad::kWrite);
+    }
     ops.layernorm_backward(dt, dx, lnfw_->cgrad(), lnfb_->cgrad(), dlnf, x, lnfw_->cdata(),
                            lnf_mean_, lnf_rstd_, N, C, Grad::kWrite);
   }
 
  private:
+  // logits (rows, V) = ln_f rows n0 .. n0 + rows through the tied embedding
+  void chunk_logits(void* logits, uint64_t n0, int rows) {
+    const uint64_t C = uint64_t(m_.n_embd);
+    this->ops().matmul_forward(this->dt_, logits,
+                               static_cast<const char*>(lnf_) + n0 * C * dtype_size(this->dt_),
+                               wte_.cdata(), nullptr, rows, int(C), m_.vocab_size);
+  }
+  void* stat_at(uint64_t n0) const {
+    return static_cast<char*>(losses_) + n0 * dtype_size(stat_dtype(this->dt_));
+  }
+
   ModelConfig m_;
-  Param<T>& wte_;  // tied: owned by the embedding
+  bool chunked_ = m_.loss != "full";  // [model] loss
+  Param<T>& wte_;                     // tied: owned by the embedding
   Param<T>*lnfw_, *lnfb_;
-  void *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr;
+  void *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
+       *losses_ = nullptr;
   double loss_ = 0.0;
   uint64_t tokens_ = 0;  // the (non-ignored) tokens of loss_
 };
@@ -1037,15 +1121,35 @@ std::vector<ParamShape> gpt_param_shapes(const ModelConfig& m) {
   return out;
 }
 
+uint64_t gpt_loss_chunk_tokens(const ModelConfig& m, uint64_t N, Dtype dt) {
+  uint64_t chunk = uint64_t(m.chunk_tokens);
+  if (chunk == 0) chunk = kLossChunkBytes / (uint64_t(m.vocab_size) * dtype_size(dt));
+  return std::max<uint64_t>(1, std::min(chunk, N));
+}
+
+uint64_t gpt_head_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt) {
+  const uint64_t N = uint64_t(B) * T, C = m.n_embd, V = uint64_t(m.vocab_size);
+  const bool full = m.loss == "full";
+  return dtype_size(dt) * (N * C + (full ? N * V : 0)) + dtype_size(stat_dtype(dt)) * 3 * N;
+}
+
+uint64_t gpt_head_workspace_bytes(const ModelConfig& m, int B, int T, Dtype dt) {
+  const uint64_t N = uint64_t(B) * T, C = m.n_embd, V = uint64_t(m.vocab_size);
+  const bool full = m.loss == "full";
+  return dtype_size(dt) * (N * C + (full ? 0 : gpt_loss_chunk_tokens(m, N, dt) * V));
+}
+
 uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt, int block) {
   const uint64_t N = uint64_t(B) * T, C = m.n_embd, H = uint64_t(m.mlp_width(block));
   const uint64_t A = uint64_t(m.attn_width(block));
   // ln_1, residual, ln_2, out: 4·N·C; qkv (3) and attention out: 4·N·A; fc and gelu: 2·N·H
-  // (16·N·C unpruned); the (B, NH, T, T) attention probabilities of its heads in the compute
-  // dtype; four (B, T) LayerNorm statistics in the statistics' dtype.
-  return dtype_size(dt) *
-             (4 * N * C + 4 * N * A + 2 * N * H + uint64_t(B) * m.heads(block) * T * T) +
-         dtype_size(stat_dtype(dt)) * 4 * N;
+  // (16·N·C unpruned); four (B, T) LayerNorm statistics in the statistics' dtype; and what the
+  // attention keeps for its heads: the (B, NH, T) row log-sum-exp in the statistics' dtype when
+  // tiled, the (B, NH, T, T) probabilities in the compute dtype when naive.
+  const uint64_t NH = uint64_t(m.heads(block));
+  const bool tiled = m.attention != "naive";
+  return dtype_size(dt) * (4 * N * C + 4 * N * A + 2 * N * H + (tiled ? 0 : N * NH * T)) +
+         dtype_size(stat_dtype(dt)) * (4 * N + (tiled ? N * NH : 0));
 }
 
 }  // namespace headroom

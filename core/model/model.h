@@ -385,10 +385,25 @@ struct ParamShape {
   bool decay;
 };
 std::vector<ParamShape> gpt_param_shapes(const ModelConfig& m);
+// The chunked loss's default chunk: as many tokens as have this many bytes of logits (gpt2's V in
+// fp32: 333 tokens). Smaller chunks cost step time on the CPU: each chunk's d(wte) GEMM reads and
+// writes all of d(wte) (V, C) (docs/results/activations.md).
+constexpr uint64_t kLossChunkBytes = uint64_t(64) << 20;
+// Tokens per chunk of the chunked loss over N tokens: [model] chunk_tokens, or as many as fit
+// kLossChunkBytes of (chunk, V) logits in `dt`; at least 1, at most N.
+uint64_t gpt_loss_chunk_tokens(const ModelConfig& m, uint64_t N, Dtype dt);
 // Bytes of activations one transformer block saves for a (B, T) micro-batch in compute dtype `dt`
-// (its LayerNorm statistics in stat_dtype(dt)).
+// (its LayerNorm statistics and, with the tiled attention, its (B, NH, T) row log-sum-exp in
+// stat_dtype(dt); with the naive attention its (B, NH, T, T) probabilities in `dt`).
 // Block `block`'s, at its MLP width (ModelConfig::mlp_width); block 0 when not given.
 uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt, int block = 0);
+// Bytes of activations the head saves for a (B, T) micro-batch in compute dtype `dt`: ln_f (B, T,
+// C) and, with [model] loss = "full", the logits (B, T, V), in `dt`; ln_f's two statistics and
+// the per-token losses (B, T) in stat_dtype(dt). The chunked loss keeps no logits.
+uint64_t gpt_head_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt);
+// Bytes of the head's largest workspace: backward's d(ln_f) (B, T, C) and, chunked, one chunk's
+// logits (chunk, V), in `dt` (forward holds only the chunk).
+uint64_t gpt_head_workspace_bytes(const ModelConfig& m, int B, int T, Dtype dt);
 // Elements of block `block`'s parameters at its MLP width.
 uint64_t gpt_block_params(const ModelConfig& m, int block);
 

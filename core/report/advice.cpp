@@ -372,26 +372,29 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   if (W > 1 && !sh_opt) at(base.at_peak, Category::kCommunication) = kF32 * params;
 
   // What the layers save in forward (model.cpp): the embedding's output, each block's tensors,
-  // the head's ln_f, its statistics, the logits and the per-token losses.
+  // the head's ln_f, its statistics and the per-token losses, and with [model] loss = "full"
+  // the (B, T, V) logits (the chunked loss keeps none: backward computes them again).
   // Block l's (layer l's) at its MLP width.
   std::vector<uint64_t> full(H + 1, 0), block_ws(H + 1, 0);
   for (size_t l = 1; l < H; ++l)
     full[l] = gpt_block_activation_bytes(m, s.micro_batch, m.seq_len, s.compute, int(l) - 1);
   const uint64_t out = es * N * C;  // a block's output; the embedding's
-  const uint64_t head = es * (N * C + N * V) + kF32 * (2 * N + N);
+  const uint64_t head = gpt_head_activation_bytes(m, s.micro_batch, m.seq_len, s.compute);
   // Backward holds two (B, T, C) gradient buffers throughout, and each layer its own scratch:
-  // the head dln_f (B, T, C); a block of MLP width Hd (4C unpruned) dgelu (B, T, max(Hd, 3C):
-  // it holds dqkv later) and dfc (B, T, Hd), two (B, T, C) and the attention scratch — (T, T)
-  // on the CPU, (NH, T, T) on CUDA (Backend::attention_scratch_numel); the embedding none.
+  // the head dln_f (B, T, C) and, chunked, one chunk's logits (chunk, V); a block of MLP width
+  // Hd (4C unpruned) dgelu (B, T, max(Hd, 3C): it holds dqkv later) and dfc (B, T, Hd), two
+  // (B, T, C) and, with the naive attention, its scratch — (T, T) on the CPU, (NH, T, T) on CUDA
+  // (Backend::attention_scratch_numel; the tiled attention needs none); the embedding none.
   // A block with fewer heads (a pruned model's: attention width Ad = its heads · C / NH) holds
   // dqkv (B, T, 3·Ad) in dgelu's buffer and its own heads' attention scratch.
   const uint64_t dres = 2 * es * N * C;
-  const uint64_t head_ws = dres + es * N * C;
+  const uint64_t head_ws = dres + gpt_head_workspace_bytes(m, s.micro_batch, m.seq_len, s.compute);
+  const bool tiled = m.attention != "naive";
   for (size_t l = 1; l < H; ++l) {
     const uint64_t Hd = uint64_t(m.mlp_width(int(l) - 1));
     const uint64_t Ad = uint64_t(m.attn_width(int(l) - 1));
     const uint64_t heads = uint64_t(m.heads(int(l) - 1));
-    const uint64_t scratch = config.device.kind == "cuda" ? heads * T * T : T * T;
+    const uint64_t scratch = tiled ? 0 : config.device.kind == "cuda" ? heads * T * T : T * T;
     block_ws[l] = dres + es * (N * std::max(Hd, 3 * Ad) + N * Hd + 2 * N * C + scratch);
   }
   // A block that drops everything (HR_DROP_ALL) holds only its output between its forward and

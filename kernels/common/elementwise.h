@@ -82,6 +82,14 @@ HR_HD inline T gelu_tanh(T x) {
   return T(0.5) * x * (T(1) + th);
 }
 
+// Online softmax (Milakov & Gimelshein 2018), as tiled attention folds in one tile of scores at
+// a time: what a row has summed as exp(x - m_old) times this factor is the same sum relative to
+// the new running max m_new >= m_old.
+template <class T>
+HR_HD inline T online_softmax_rescale(T m_old, T m_new) {
+  return detail::hr_exp_minus_abs(m_old - m_new);
+}
+
 // d/dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) du/dx,  du/dx = sqrt(2/pi) (1 + 3c x^2),
 // with 1 - tanh^2 u = 4e / (1 + e)^2 formed directly rather than by cancellation.
 template <class T>

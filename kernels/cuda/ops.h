@@ -123,6 +123,17 @@ template <class T>
 void attention_backward(CudaContext& ctx, T* dqkv, T* scratch, const T* dout, const T* qkv,
                         const T* att, int B, int Tn, int C, int NH, cudaStream_t stream);
 
+// --- attention_tiled.cu (FlashAttention-style: no (T,T) tensor, shared-memory tiles) ---------
+// out (B,T,C) as attention_forward's; lse (B,NH,T) in fp32: each query row's log-sum-exp of its
+// scaled scores, all that backward needs besides qkv and out. Head size at most 128.
+template <class T>
+void attention_tiled_forward(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH,
+                             cudaStream_t stream);
+// dqkv (B,T,3C) += gradient, the scores recomputed tile by tile from qkv, out and lse.
+template <class T>
+void attention_tiled_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                              int B, int Tn, int C, int NH, cudaStream_t stream);
+
 // --- gelu.cu -----------------------------------------------------------------------------------
 // out (N) = gelu(inp (N)), GPT-2's tanh approximation (kernels/common/elementwise.h).
 template <class T>

@@ -205,6 +205,25 @@ class CudaBackend final : public Backend {
                                as<S>(att), B, T, C, NH, stream());
     });
   }
+  void attention_tiled_forward(Dtype dt, void* out, void* lse, const void* qkv, int B, int T, int C,
+                               int NH) override {
+    on_device();
+    dispatch(dt, "attention_tiled_forward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::attention_tiled_forward(as<S>(out), static_cast<float*>(lse), as<S>(qkv), B, T, C, NH,
+                                    stream());
+    });
+  }
+  void attention_tiled_backward(Dtype dt, void* dqkv, const void* dout, const void* qkv,
+                                const void* out, const void* lse, int B, int T, int C,
+                                int NH) override {
+    on_device();
+    dispatch(dt, "attention_tiled_backward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::attention_tiled_backward(as<S>(dqkv), as<S>(dout), as<S>(qkv), as<S>(out),
+                                     static_cast<const float*>(lse), B, T, C, NH, stream());
+    });
+  }
   uint64_t attention_scratch_numel(int B, int T, int NH) const override {
     return cuda::attention_scratch_numel(B, T, NH);
   }
