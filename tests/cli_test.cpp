@@ -125,10 +125,9 @@ TEST_F(Cli, OutOfMemoryExits3WithTheFullReport) {
   const auto r = run_headroom("train " + path);
   EXPECT_EQ(r.exit_code, 3) << r.output;
   for (const char* field :
-       {"out of memory: head forward: logits (chunk, V)", "requested", "256.00 KiB",
-        "memory_limit", "1.50 MiB", "live", "phase", "forward of layer", "step 1, micro-step 1",
-        "parameters", "gradients", "optimizer", "activations", "workspace", "data", "communication",
-        "peak"})
+       {"out of memory: head forward: logits (chunk, V)", "requested", "256.00 KiB", "memory_limit",
+        "1.50 MiB", "live", "phase", "forward of layer", "step 1, micro-step 1", "parameters",
+        "gradients", "optimizer", "activations", "workspace", "data", "communication", "peak"})
     EXPECT_NE(r.output.find(field), std::string::npos) << "missing '" << field << "'\n" << r.output;
   // The same run with a smaller micro-batch fits.
   const auto ok = run_headroom("train " + path + " --set train.micro_batch=1 -q");

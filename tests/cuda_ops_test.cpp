@@ -447,8 +447,8 @@ TEST_F(CudaBackendOps, AttentionTiledBackward) {
       out = rounded(out, dt);  // what the forward stored in dt: the input of both backwards
       auto dqkv = normal(qkv.size(), dt);
       void* d_dqkv = to_device(dqkv, dt);
-      cpu::attention_tiled_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
-                                    B, T, C, NH);
+      cpu::attention_tiled_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B,
+                                    T, C, NH);
       ops_->attention_tiled_backward(dt, d_dqkv, to_device(dout, dt), to_device(qkv, dt),
                                      to_device(out, dt), to_device(lse, Dtype::kF32), B, T, C, NH);
       expect_close("dqkv", from_device(d_dqkv, dqkv.size(), dt), rounded(dqkv, dt), tol(dt));

@@ -257,9 +257,9 @@ resume)
   ;;
 advice)
   # One rank out of memory where the model state does not fit but would on more ranks: the report
-  # names zero2 on 4 ranks (at 2 a rank needs 5.84 MiB, at 4 4.49 MiB, under 4.60) and how to
+  # names zero2 on 4 ranks (at 4 a rank needs 4.47 MiB, under 4.60) and how to
   # launch it; its table appended and launched as printed, every rank trains within the limit.
-  # (zero1 fits only on 8: 4.99 MiB at 4.)
+  # (zero1 fits only on 8.)
   cat > adv.toml <<'TOML'
 [model]
 n_layer = 4
@@ -313,7 +313,7 @@ demo)
     fail "zero-demo's advice names no zero3 on 4 ranks: $out"
   out=$(mpirun -np 4 "$headroom" train "$demo" --set train.steps=3 2>&1) ||
     fail "zero-demo on 4 ranks did not train: $out"
-  grep -q "rank 0: memory report: peak 26.61 MiB of memory_limit 32.00 MiB" <<<"$out" ||
+  grep -q "rank 0: memory report: peak 26.12 MiB of memory_limit 32.00 MiB" <<<"$out" ||
     fail "zero-demo on 4 ranks: $out"
   sed '/^\[\[plugins\]\]/,$d' "$demo" > nozero.toml
   out=$("$headroom" plan nozero.toml 2>&1) || true
