@@ -277,20 +277,7 @@ TEST(Activations, WholeModelMatchesCentralDifferencesInDouble) {
     model.backward(batch);
     std::vector<double> analytic, numeric;
     const double h = 1e-5;
-    for (Param<double>* p : model.params()) {
-      for (uint64_t i = 0; i < p->numel; ++i) {
-        const double saved = p->data()[i];
-        p->data()[i] = saved + h;
-        const double lp = model.forward(batch);
-        model.release_activations();
-        p->data()[i] = saved - h;
-        const double lm = model.forward(batch);
-        model.release_activations();
-        p->data()[i] = saved;
-        analytic.push_back(p->gdata()[i]);
-        numeric.push_back((lp - lm) / (2 * h));
-      }
-    }
+    test::finite_differences(model, batch, h, &analytic, &numeric);
     EXPECT_LT(test::relative_error(analytic, numeric), 1e-6);
     for (size_t i = 0; i < analytic.size(); ++i)
       ASSERT_NEAR(analytic[i], numeric[i], 1e-6 * std::max(std::abs(numeric[i]), 1e-3)) << i;
