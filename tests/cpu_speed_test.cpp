@@ -298,6 +298,38 @@ TEST(ClipFolded, BuiltInOptimizersFoldPluginsDoNot) {
   EXPECT_TRUE(make_optimizer(t, *device)->fold_grad_scale(0.5f));
 }
 
+// Clipping is folded wherever nothing can read the clipped gradients: also with amp (its hook is
+// GRADS_READY, before clipping). The last step's gradients stay in place after the run: folded,
+// they are the unclipped ones (their norm is the step's grad_norm); with a listener, which may
+// read them at OPTIMIZER_STEP, they are clipped in place (norm grad_clip).
+TEST(ClipFolded, AlsoWithAmpNotWithAListener) {
+  const std::string toml = std::string(kTiny) + "[[plugins]]\nname = \"amp\"\n";
+  auto last_grad_norm = [](Trainer& t) {
+    double ss = 0.0;
+    for (Param<float>* p : t.model().params())
+      for (uint64_t i = 0; i < p->numel; ++i)
+        ss += double(p->gdata()[i]) * p->gdata()[i];
+    return std::sqrt(ss);
+  };
+  Trainer folded(test::config_from(toml, {"train.grad_clip=0.05"}), TrainOptions{});
+  folded.run();
+  const double norm = folded.history().back().grad_norm;
+  ASSERT_GT(norm, 0.1) << "the step must clip for the test to say anything";
+  EXPECT_NEAR(last_grad_norm(folded), norm, 1e-6 * norm);
+
+  struct Quiet final : EventListener {
+    void on_event(const EventInfo&) override {}
+  } quiet;
+  Trainer clipped(test::config_from(toml, {"train.grad_clip=0.05"}), TrainOptions{});
+  clipped.add_listener(&quiet);
+  clipped.run();
+  EXPECT_NEAR(last_grad_norm(clipped), 0.05, 1e-4);
+  // The same update either way.
+  ASSERT_EQ(folded.history().size(), clipped.history().size());
+  for (size_t i = 0; i < folded.history().size(); ++i)
+    EXPECT_EQ(folded.history()[i].loss, clipped.history()[i].loss) << "step " << i + 1;
+}
+
 TEST(DeviceThreads, KeyIsReadAndChecked) {
   EXPECT_EQ(test::config_from("[device]\nthreads = 3\n").device.threads, 3);
   EXPECT_EQ(test::config_from("").device.threads, 0);

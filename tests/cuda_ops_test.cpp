@@ -32,6 +32,7 @@ TEST(CudaOps, SkippedNoCudaBuild) {
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <random>
@@ -715,6 +716,98 @@ TEST_F(CudaBackendOps, AnyNonfiniteEveryDtype) {
     z[3] = 70000.0f;
     EXPECT_EQ(ops_->any_nonfinite(dt, to_device(z, dt), n), dt == Dtype::kF16);
   }
+}
+
+// amp's fused overflow check: the or of the per-tensor checks, with one wait.
+TEST_F(CudaBackendOps, AnyNonfiniteManyIsTheOrOfThePerSpanChecksWithOneWait) {
+  std::vector<std::vector<float> > host;
+  std::vector<Backend::Span> spans;
+  for (const Dtype dt : kAllDtypes)
+    for (const size_t n : {size_t(70001), size_t(1), size_t(0), size_t(4096)}) {
+      host.push_back(normal(n, dt));
+      spans.push_back({dt, to_device(host.back(), dt), n});
+    }
+  uint64_t before = ops_->host_syncs();
+  EXPECT_FALSE(ops_->any_nonfinite_many(spans));
+  EXPECT_EQ(ops_->host_syncs() - before, 1u);
+  EXPECT_FALSE(ops_->any_nonfinite_many({}));
+  // A NaN in each non-empty span in turn (the others clean): the flag is cleared once, set by any.
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (spans[i].numel == 0) continue;
+    std::vector<float> bad = host[i];
+    bad.back() = std::nanf("");
+    std::vector<Backend::Span> with = spans;
+    with[i].data = to_device(bad, spans[i].dtype);
+    EXPECT_TRUE(ops_->any_nonfinite_many(with)) << "span " << i;
+  }
+  EXPECT_FALSE(ops_->any_nonfinite_many(spans)) << "the flag of the last call does not stick";
+}
+
+// Grad::kWrite over a poisoned buffer gives what a zero fill and the accumulating op give.
+TEST_F(CudaBackendOps, GradWriteEqualsFillThenAccumulate) {
+  const int N = 67, C = 96, OC = 160;
+  for (const Dtype dt : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    void* dout = to_device(normal(size_t(N) * OC, dt), dt);
+    void* inp = to_device(normal(size_t(N) * C, dt), dt);
+    void* w = to_device(normal(size_t(OC) * C, dt), dt);
+    void* dres = to_device(normal(size_t(N) * C, dt), dt);
+    const size_t nc = size_t(N) * C;
+    auto compare = [&](const char* what, const std::function<void(void*, Grad)>& op) {
+      void* acc = alloc(nc * dtype_size(dt));
+      ops_->fill(dt, acc, nc, 0.0);
+      op(acc, Grad::kAccumulate);
+      void* wr = poisoned(nc, dt);
+      op(wr, Grad::kWrite);
+      EXPECT_EQ(bytes_of(acc, nc * dtype_size(dt)), bytes_of(wr, nc * dtype_size(dt))) << what;
+    };
+    compare("matmul_backward", [&](void* d, Grad g) {
+      ops_->matmul_backward(dt, d, alloc(size_t(OC) * C * dtype_size(dt)), nullptr, dout, inp, w, N,
+                            C, OC, g);
+    });
+    compare("gelu_backward",
+            [&](void* d, Grad g) { ops_->gelu_backward(dt, d, inp, dres, nc, g); });
+    void* lnw = to_device(normal(C, dt), dt);
+    void* lnb = to_device(normal(C, dt), dt);
+    void* mean = alloc(N * sizeof(float));
+    void* rstd = alloc(N * sizeof(float));
+    ops_->layernorm_forward(dt, alloc(nc * dtype_size(dt)), mean, rstd, inp, lnw, lnb, N, C);
+    void* dy = to_device(normal(nc, dt), dt);
+    compare("layernorm_backward", [&](void* d, Grad g) {
+      ops_->layernorm_backward(dt, d, nullptr, nullptr, dy, inp, lnw, mean, rstd, N, C, g);
+    });
+    // With the residual path: accumulate onto a copy of dres, or write dres + the gradient.
+    void* acc = alloc(nc * dtype_size(dt));
+    ops_->copy(acc, dres, nc * dtype_size(dt));
+    ops_->layernorm_backward(dt, acc, nullptr, nullptr, dy, inp, lnw, mean, rstd, N, C);
+    void* wr = poisoned(nc, dt);
+    ops_->layernorm_backward(dt, wr, nullptr, nullptr, dy, inp, lnw, mean, rstd, N, C, Grad::kWrite,
+                             dres);
+    EXPECT_EQ(bytes_of(acc, nc * dtype_size(dt)), bytes_of(wr, nc * dtype_size(dt))) << "dres";
+  }
+}
+
+// Double-buffered staging: a slot's uploads are done once wait_uploads returns, whatever the
+// compute stream is doing; refilling the slot then does not change what was uploaded.
+TEST_F(CudaBackendOps, UploadSlotsAreReusableAfterTheirEvent) {
+  const size_t n = size_t(1) << 22;
+  void* staging = ops_->host_alloc(n * sizeof(float));
+  float* h = static_cast<float*>(staging);
+  void* x = alloc(n * sizeof(float));
+  for (int round = 0; round < 3; ++round) {
+    const int slot = round % Backend::kUploadSlots;
+    ops_->wait_uploads(slot);
+    std::fill(h, h + n, float(round + 1));
+    ops_->upload(x, h, n * sizeof(float));
+    ops_->mark_uploads(slot);
+    ops_->wait_uploads(slot);
+    std::fill(h, h + n, -1.0f);  // the copy has read the slot: this must not reach x
+    const std::vector<float> got = from_device(x, n, Dtype::kF32);
+    EXPECT_EQ(std::count(got.begin(), got.end(), float(round + 1)), std::ptrdiff_t(n))
+        << "round " << round;
+  }
+  EXPECT_THROW(ops_->wait_uploads(Backend::kUploadSlots), OpError);
+  ops_->host_free(staging);
 }
 
 // --- memory and streams

@@ -220,6 +220,13 @@ bool PluginHost::provides_gradient_reduction() const {
   return false;
 }
 
+uint64_t PluginHost::subscribed_events() const {
+  uint64_t events = 0;
+  for (const auto& p : plugins_)
+    events |= p->desc.events;
+  return events;
+}
+
 bool PluginHost::provides_optimizer() const {
   for (const auto& p : plugins_)
     if (p->desc.roles & HR_ROLE_OPTIMIZER) return true;

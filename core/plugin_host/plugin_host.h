@@ -262,6 +262,8 @@ class PluginHost final : public EventListener {
   void create(PluginRun& run);
 
   bool provides_optimizer() const;
+  // The HR_EVENT_BIT()s of the events any plugin subscribes to.
+  uint64_t subscribed_events() const;
   // A plugin reduces the gradients across ranks itself: core's data-parallel all-reduce is off.
   bool provides_gradient_reduction() const;
   // The allocator-role plugin's statistics; false when there is none or it keeps none.

@@ -1,5 +1,6 @@
 #include "core/run/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -381,11 +382,21 @@ void Trainer::run_steps() {
     // ranks.
     r.grad_norm =
         std::sqrt(sharding_ ? sharding_->grad_sum_squares() : grad_sum_squares(ops, segments_));
-    // With nothing that could read the gradients before the update (no plugin, no listener),
-    // the built-in optimizers fold clipping into it as a scale: no pass of its own. Otherwise
-    // the gradients are clipped in place, as whatever reads them at OPTIMIZER_STEP expects.
+    // With nothing that could read the clipped gradients (no listener, no plugin hook from
+    // OPTIMIZER_STEP until the next step zeroes them, no optimizer role, no sharding), the
+    // built-in optimizers fold clipping into the update as a scale: no pass of its own. amp
+    // (GRADS_READY: before clipping) and checkpoint leave it folded. Otherwise the gradients are
+    // clipped in place, as whatever reads them at OPTIMIZER_STEP or later expects.
     const float clip = clip_factor(r.grad_norm, t.grad_clip);
-    const bool observed = plugins_->size() > 0 || !listeners_.empty();
+    constexpr uint64_t kSeesClippedGrads =
+        HR_EVENT_BIT(HR_EVENT_OPTIMIZER_STEP) | HR_EVENT_BIT(HR_EVENT_STEP_END) |
+        HR_EVENT_BIT(HR_EVENT_STEP_BEGIN) | HR_EVENT_BIT(HR_EVENT_TRAIN_END) |
+        HR_EVENT_BIT(HR_EVENT_ALLOC) | HR_EVENT_BIT(HR_EVENT_FREE) | HR_EVENT_BIT(HR_EVENT_OOM);
+    // (The plugin host is always a listener: the others are what an embedder added.)
+    const bool listened = std::any_of(listeners_.begin(), listeners_.end(),
+                                      [&](EventListener* l) { return l != plugins_.get(); });
+    const bool observed = listened || sharding_ || plugins_->provides_optimizer() ||
+                          (plugins_->subscribed_events() & kSeesClippedGrads) != 0;
     if (observed || !optimizer_->fold_grad_scale(clip))
       clip_grads(ops, segments_, r.grad_norm, t.grad_clip);
     r.lr = cur_.lr;
