@@ -276,10 +276,10 @@ void PluginHost::on_event(const EventInfo& e) {
     if (!p->created || !(p->desc.events & HR_EVENT_BIT(info.event))) continue;
     const hr_status s = p->desc.on_event(p->instance, &info);
     if (s == HR_OK) continue;
-    if (p->out_of_memory) {  // a service ran out of memory for it: the run's out-of-memory path
-      std::exception_ptr oom = std::exchange(p->out_of_memory, nullptr);
+    if (p->run_failure) {  // a service met the run's own failure for it: the run's path for it
+      std::exception_ptr failure = std::exchange(p->run_failure, nullptr);
       p->error.clear();
-      std::rethrow_exception(oom);
+      std::rethrow_exception(failure);
     }
     std::string m = "plugin '" + p->entry.name + "' failed in " + event_name(e.event);
     if (e.layer >= 0) m += " (layer " + std::to_string(e.layer) + ")";

@@ -108,10 +108,11 @@ struct LoadedPlugin {
   toml::table table;            // the plugin's own keys
   std::set<std::string> asked;  // keys a config getter asked for
   std::string error;            // the last set_error message
-  // A service's allocation on the plugin's behalf that ran out of memory (a zero3 gather): the
-  // host rethrows it when the plugin returns its error, so the run ends as out of memory (the
-  // report, the advice, exit 3) rather than as a plugin failure.
-  std::exception_ptr out_of_memory;
+  // The run's own failure a service met on the plugin's behalf: an allocation that ran out of
+  // memory (a zero3 gather), or a collective a failing peer abandoned. The host rethrows it when
+  // the plugin returns its error, so the run ends as that failure (out of memory: the report, the
+  // advice, exit 3; a peer's: exit 6) rather than as a plugin failure.
+  std::exception_ptr run_failure;
   std::set<void*> allocations;  // what services->alloc handed out and free may take back
 
   std::string where() const { return entry.pos.str() + ": plugin '" + entry.name + "'"; }

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "core/comm/comm.h"
 #include "core/device/backend.h"
 #include "core/plugin_host/plugin_internal.h"
 #include "headroom/ext/batch.h"
@@ -839,9 +840,13 @@ struct HostServices {
       f(*sh);
       return HR_OK;
     } catch (const OutOfMemory& e) {
-      p.out_of_memory = std::current_exception();
+      p.run_failure = std::current_exception();
       p.error = std::string(HR_EXT_SHARD " ") + fn + ": " + e.what();
       return HR_ERROR_OUT_OF_MEMORY;
+    } catch (const PeerFailed& e) {
+      p.run_failure = std::current_exception();
+      p.error = std::string(HR_EXT_SHARD " ") + fn + ": " + e.what();
+      return HR_ERROR;
     } catch (const std::exception& e) {
       p.error = std::string(HR_EXT_SHARD " ") + fn + ": " + e.what();
       return HR_ERROR;
@@ -925,7 +930,7 @@ struct HostServices {
       p.error = prefix + e.what();
       return HR_ERROR_UNSUPPORTED;
     } catch (const OutOfMemory& e) {
-      p.out_of_memory = std::current_exception();
+      p.run_failure = std::current_exception();
       p.error = prefix + e.what();
       return HR_ERROR_OUT_OF_MEMORY;
     } catch (const std::exception& e) {
