@@ -63,7 +63,7 @@ double relative_error(const std::vector<double>& a, const std::vector<double>& b
 
 // Every parameter's gradient as the model's last backward left it (analytic) beside the central
 // difference of the loss with step h (numeric), parameter by parameter, element by element: what
-// the double-precision gradient checks compare. Each forward's activations are released.
+// the double-precision gradient checks compare. The losses are evaluate()'s (forward only).
 template <class Model, class BatchT>
 void finite_differences(Model& model, const BatchT& batch, double h, std::vector<double>* analytic,
                         std::vector<double>* numeric) {
@@ -71,11 +71,9 @@ void finite_differences(Model& model, const BatchT& batch, double h, std::vector
     for (uint64_t i = 0; i < p->numel; ++i) {
       const double saved = p->data()[i];
       p->data()[i] = saved + h;
-      const double lp = model.forward(batch);
-      model.release_activations();
+      const double lp = model.evaluate(batch);
       p->data()[i] = saved - h;
-      const double lm = model.forward(batch);
-      model.release_activations();
+      const double lm = model.evaluate(batch);
       p->data()[i] = saved;
       analytic->push_back(p->gdata()[i]);
       numeric->push_back((lp - lm) / (2 * h));

@@ -304,15 +304,17 @@ class Block final : public Layer<T> {
 // ---------------------------------------------------------------------------------------------
 // Head: final LayerNorm, logits through the tied token embedding, fused softmax + cross-entropy.
 //
-// [model] loss = "chunked" (the default) never holds more than one chunk of logits, (chunk, V):
-// forward computes each chunk's logits and losses and drops them; backward computes the chunk's
-// logits again, turns them into dlogits in place and takes their contributions to d(ln_f) and
-// d(wte) before the next chunk. That recomputation costs one more (N, C, V) GEMM than "full".
+// [model] loss = "chunked" (the default) never holds more than one chunk of logits, (chunk, V),
+// and computes them once a micro-step: a training forward keeps ln_f and stops there; backward
+// takes each chunk's logits, its losses and dlogits over them in place (one fused kernel), and
+// their contributions to d(ln_f) and d(wte) before the next chunk. The loss is so known from the
+// head's backward on, not after forward (the ABI gives it at BACKWARD_END); evaluate(), which has
+// no backward, computes the chunks' losses in forward. Three (N, C, V) GEMMs, as "full" runs.
 // The alternative, taking the gradients in forward as Liger Kernel's FusedLinearCrossEntropy
-// does, needs no second GEMM but has to keep d(wte) (V, C) from forward to backward — as large as
-// the embedding, more than everything else checkpointing leaves of gpt2-124m — because wte's
-// gradient buffers are the embedding's (made by Gpt::backward, zeroed and cast by plugins at its
-// events) and exist only in backward; and evaluate() would pay for gradients it never uses.
+// does, has to keep d(wte) (V, C) from forward to backward — as large as the embedding, more than
+// everything else checkpointing leaves of gpt2-124m — because wte's gradient buffers are the
+// embedding's (made by Gpt::backward, zeroed and cast by plugins at its events) and exist only in
+// backward. Putting the whole loss in backward needs neither.
 
 template <class T>
 class Head final : public Layer<T> {
@@ -326,8 +328,15 @@ class Head final : public Layer<T> {
     fill_value<T>(this->device_, *lnfw_, 1);
     fill_value<T>(this->device_, *lnfb_, 0);
   }
+  // The mean loss over the last micro-batch's (non-ignored) tokens, and their count: from the
+  // head's backward on (or its forward, with loss_in_forward).
   double loss() const { return loss_; }
   uint64_t tokens() const { return tokens_; }
+  // Whether forward computes the losses. evaluate() needs them there, having no backward; a
+  // training forward of the chunked loss leaves them to backward, which has to compute the
+  // logits anyway (only then does wte's gradient exist). The full loss computes them in forward
+  // either way: its logits are saved for backward.
+  void set_loss_in_forward(bool in_forward) { loss_in_forward_ = in_forward; }
 
   void forward(const void* x, const Batch& b) override {
     const int C = m_.n_embd, V = m_.vocab_size;
@@ -339,13 +348,12 @@ class Head final : public Layer<T> {
     lnf_rstd_ = this->save(N, "ln_f rstd (B, T)", false, st);
     if (!chunked_) logits_ = this->save(N * V, "logits (B, T, V)");
     losses_ = this->save(N, "losses (B, T)", false, st);
-    void* losses = losses_;
 
     ops.layernorm_forward(dt, lnf_, lnf_mean_, lnf_rstd_, x, lnfw_->cdata(), lnfb_->cdata(), N, C);
     if (chunked_) {
+      if (!loss_in_forward_) return;  // backward computes the logits, their losses and gradients
       // Each chunk's logits (chunk, V), its losses, then the next chunk over the same buffer.
-      // The cross-entropy kernel also writes dlogits over them, which nothing reads: backward
-      // makes them again, when wte's gradient exists.
+      // The cross-entropy kernel also writes dlogits over them, which nothing reads.
       const uint64_t chunk = gpt_loss_chunk_tokens(m_, N, dt);
       Buffer logits(this->device_, chunk * V * dtype_size(dt), Category::kWorkspace,
                     this->name_ + " forward: logits (chunk, V)");
@@ -358,27 +366,9 @@ class Head final : public Layer<T> {
     } else {
       ops.matmul_forward(dt, logits_, lnf_, wte_.cdata(), nullptr, N, C, V);
       // logits (B, T, V) become dlogits in place: no second (B, T, V) buffer.
-      ops.crossentropy_forward_backward(dt, logits_, losses, b.targets, N, V, b.dloss);
+      ops.crossentropy_forward_backward(dt, logits_, losses_, b.targets, N, V, b.dloss);
     }
-    // The mean loss, on the host: (B, T) values, one small copy per micro-step.
-    std::vector<double> host(N);
-    if (st == Dtype::kF64) {
-      ops.download(host.data(), losses, N * sizeof(double));
-    } else {
-      std::vector<float> f(N);
-      ops.download(f.data(), losses, N * sizeof(float));
-      std::copy(f.begin(), f.end(), host.begin());
-    }
-    const int32_t* targets = b.host_targets ? b.host_targets : b.targets;
-    double sum = 0.0;
-    uint64_t counted = 0;
-    for (uint64_t i = 0; i < N; ++i) {
-      if (targets[i] < 0) continue;
-      sum += host[i];
-      ++counted;
-    }
-    loss_ = counted ? sum / counted : 0.0;
-    tokens_ = counted;
+    read_loss(b);
   }
 
   void backward(void* dx, const void*, const void* x, const Batch& b) override {
@@ -390,8 +380,8 @@ class Head final : public Layer<T> {
     void* dlnf = dlnf_buf.as<void>();
     // d(ln_f) is written, not accumulated: each row has one producer, its chunk's GEMM.
     if (chunked_) {
-      // Per chunk: the logits again, dlogits over them, their part of d(ln_f) and d(wte). The
-      // kernel rewrites the chunk's losses with what forward wrote (same kernels, same inputs).
+      // Per chunk: the logits, their losses and dlogits over them in place, then their part of
+      // d(ln_f) and d(wte).
       const uint64_t chunk = gpt_loss_chunk_tokens(m_, N, dt);
       const uint64_t es = dtype_size(dt);
       Buffer logits_buf = this->workspace(chunk * V, "dlogits (chunk, V)");
@@ -405,6 +395,7 @@ class Head final : public Layer<T> {
                             logits, static_cast<const char*>(lnf_) + n0 * C * es, wte_.cdata(),
                             rows, C, V, Grad::kWrite);
       }
+      if (!loss_in_forward_) read_loss(b);
     } else {
       ops.matmul_backward(dt, dlnf, wte_.cgrad(), nullptr, logits_, lnf_, wte_.cdata(), N, C, V,
                           Grad::kWrite);
@@ -414,6 +405,29 @@ class Head final : public Layer<T> {
   }
 
  private:
+  // The mean of the per-token losses over the batch's non-ignored targets, on the host: (B, T)
+  // values, one small copy per micro-step.
+  void read_loss(const Batch& b) {
+    const uint64_t N = uint64_t(b.B) * b.T;
+    std::vector<double> host(N);
+    if (stat_dtype(this->dt_) == Dtype::kF64) {
+      this->ops().download(host.data(), losses_, N * sizeof(double));
+    } else {
+      std::vector<float> f(N);
+      this->ops().download(f.data(), losses_, N * sizeof(float));
+      std::copy(f.begin(), f.end(), host.begin());
+    }
+    const int32_t* targets = b.host_targets ? b.host_targets : b.targets;
+    double sum = 0.0;
+    uint64_t counted = 0;
+    for (uint64_t i = 0; i < N; ++i) {
+      if (targets[i] < 0) continue;
+      sum += host[i];
+      ++counted;
+    }
+    loss_ = counted ? sum / counted : 0.0;
+    tokens_ = counted;
+  }
   // logits (rows, V) = ln_f rows n0 .. n0 + rows through the tied embedding
   void chunk_logits(void* logits, uint64_t n0, int rows) {
     const uint64_t C = uint64_t(m_.n_embd);
@@ -427,7 +441,8 @@ class Head final : public Layer<T> {
 
   ModelConfig m_;
   bool chunked_ = m_.loss != "full";  // [model] loss
-  Param<T>& wte_;                     // tied: owned by the embedding
+  bool loss_in_forward_ = false;
+  Param<T>& wte_;  // tied: owned by the embedding
   Param<T>*lnfw_, *lnfb_;
   void *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
        *losses_ = nullptr;
@@ -782,20 +797,21 @@ template <class T>
 Gpt<T>::~Gpt() = default;
 
 template <class T>
-double Gpt<T>::forward(const Batch& batch, LayerEvents* events) {
+void Gpt<T>::forward(const Batch& batch, LayerEvents* events) {
   const void* x = nullptr;
+  static_cast<Head<T>&>(*layers_.back()).set_loss_in_forward(false);  // backward follows
   for (size_t l = 0; l < layers_.size(); ++l) {
     if (events) events->forward_begin(static_cast<int>(l));
     layers_[l]->forward(x, batch);
     x = layers_[l]->output();
     if (events) events->forward_end(static_cast<int>(l));
   }
-  return static_cast<const Head<T>&>(*layers_.back()).loss();
 }
 
 template <class T>
 double Gpt<T>::evaluate(const Batch& batch) {
   const void* x = nullptr;
+  static_cast<Head<T>&>(*layers_.back()).set_loss_in_forward(true);  // no backward comes
   for (size_t l = 0; l < layers_.size(); ++l) {
     layers_[l]->forward(x, batch);
     // No backward comes: a block keeps only its output, the next layer's input, and the layer
@@ -804,9 +820,14 @@ double Gpt<T>::evaluate(const Batch& batch) {
     if (l > 0) layers_[l - 1]->release_activations();
     x = layers_[l]->output();
   }
-  const double loss = static_cast<const Head<T>&>(*layers_.back()).loss();
+  const double mean = loss();
   layers_.back()->release_activations();
-  return loss;
+  return mean;
+}
+
+template <class T>
+double Gpt<T>::loss() const {
+  return static_cast<const Head<T>&>(*layers_.back()).loss();
 }
 
 template <class T>

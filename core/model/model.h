@@ -285,15 +285,17 @@ class Gpt {
       bool grads_on_demand = false, const std::function<void(Layer<T>&)>& placed = nullptr);
   ~Gpt();
 
-  // Every layer's forward: returns the mean loss over the batch's (non-ignored) tokens. The head
-  // also writes the gradient of batch.dloss·sum(losses) w.r.t. the logits, ready for backward.
-  double forward(const Batch& batch, LayerEvents* events = nullptr);
+  // Every layer's forward, for training: backward follows, and the loss is known once the head's
+  // backward has run (the chunked loss computes the logits once, there; loss()).
+  void forward(const Batch& batch, LayerEvents* events = nullptr);
   // Forward only, for evaluation: the mean loss over the batch's tokens, touching no gradient.
   // A block keeps only its output once its forward is done, and that goes once the next layer
   // has read it: one layer's activations and the output before it live at once, never more than
   // a training forward holds at that layer. No events fire.
   double evaluate(const Batch& batch);
-  // The tokens the last forward's loss is the mean over (the batch's non-ignored targets).
+  // The last micro-batch's mean loss over its (non-ignored) tokens, and those tokens: from the
+  // head's backward on (the top layer's backward_end), or from the head's forward in evaluate().
+  double loss() const;
   uint64_t loss_tokens() const;
   // Every layer's backward, last to first, accumulating into the gradients and freeing each
   // layer's activations as soon as it is done. A layer whose activations were dropped runs its
@@ -402,7 +404,7 @@ uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt
 // the per-token losses (B, T) in stat_dtype(dt). The chunked loss keeps no logits.
 uint64_t gpt_head_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt);
 // Bytes of the head's largest workspace: backward's d(ln_f) (B, T, C) and, chunked, one chunk's
-// logits (chunk, V), in `dt` (forward holds only the chunk).
+// logits (chunk, V), in `dt` (a training forward holds none; evaluate's forward the chunk).
 uint64_t gpt_head_workspace_bytes(const ModelConfig& m, int B, int T, Dtype dt);
 // Elements of block `block`'s parameters at its MLP width.
 uint64_t gpt_block_params(const ModelConfig& m, int block);

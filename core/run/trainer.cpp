@@ -600,14 +600,9 @@ double Trainer::micro_step(const Batch& batch) {
   backward_begun_ = false;
   retry_requested_ = false;
   restart_ = BatchRequest{};
-  const double loss = model_->forward(batch, this);
-  // Known from here to the micro-step's end: BACKWARD_END carries it, headroom.step/1 counts
-  // it. On the host already (the head reads its losses back once a micro-step).
-  cur_.micro_loss = loss;
-  cur_.micro_tokens = model_->loss_tokens();
-  cur_.micro_known = true;
-  model_->backward(batch, this);
-  return loss;
+  model_->forward(batch, this);
+  model_->backward(batch, this);  // the head's backward_end records the loss (cur_.micro_*)
+  return cur_.micro_loss;
 }
 
 double Trainer::fetch_micro_batch(int32_t* host_inputs, int32_t* host_targets) {
@@ -800,6 +795,14 @@ void Trainer::backward_begin(int layer) {
     sharding_->require_parameters(layer, model_->tied_layer(layer), "backward", shard_plugin_);
 }
 void Trainer::backward_end(int layer) {
+  if (size_t(layer) + 1 == model_->layers().size()) {
+    // The head's backward computed the micro-batch's loss (the chunked loss computes its logits
+    // there, once). Known from here to the micro-step's end: every BACKWARD_END carries it,
+    // headroom.step/1 counts it. On the host already (the head reads its losses back once).
+    cur_.micro_loss = model_->loss();
+    cur_.micro_tokens = model_->loss_tokens();
+    cur_.micro_known = true;
+  }
   if (sharding_) sharding_->backward_done(layer);
   fire(Event::kBackwardEnd, layer);
   // The step's last micro-step: the buckets this layer completes start reducing while the layers
@@ -867,7 +870,7 @@ RunState Trainer::state() const {
   r.micro_steps = grad_accum();
   r.lr = cur_.lr;
   r.loss_scale = cur_.loss_scale_set ? cur_.loss_scale : loss_scale_;
-  // The micro-steps done, and the current one once its forward has computed its loss.
+  // The micro-steps done, and the current one once the head's backward has computed its loss.
   StepProgress p = cur_;
   p.add_micro_step();
   r.loss = p.step_loss();

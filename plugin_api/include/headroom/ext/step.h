@@ -19,8 +19,8 @@ typedef struct hr_step_state {
   int64_t step;       /* 1-based; 0 before the first */
   double lr;          /* the learning rate of this step's update (the schedule's) */
   double loss_scale;  /* what this step's backward multiplies the loss gradient by */
-  double loss;        /* the mean loss over the tokens of this step's micro-steps whose forward
-                       * is done (the running one from its backward on); 0 before the first */
+  double loss;        /* the mean loss over the tokens of this step's micro-steps whose loss is
+                       * known (the running one from its head's BACKWARD_END on); 0 before */
   uint64_t tokens;    /* the tokens of those micro-steps */
   double grad_norm;   /* from OPTIMIZER_STEP on: the global gradient norm (as the gradients are,
                        * scaled or not); 0 before */
