@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # dynamic_batch, shown on examples/dynamic-batch.toml (docs/results/dynamic-batch.md):
-#   1. the file as written (micro_batch 16 x grad_accum 2 under an 80 MiB wall): without the
+#   1. the file as written (micro_batch 16 x grad_accum 2 under a 56 MiB wall): without the
 #      plugin, exit 3; with it, the micro-batch of every step, and the losses against a run
 #      configured at 8 x 4 from the start (no wall, no plugin);
-#   2. a mid-run squeeze: the wall at 120 MiB (16 fits), the `pressure` test plugin takes 10 MiB
+#   2. a mid-run squeeze: the wall at 78 MiB (16 fits), the `pressure` test plugin takes 10 MiB
 #      at step 6 and 8 MiB more at step 7 (16 no longer fits) and gives both back at step 14;
 #      dynamic_batch reactive (headroom_fraction = 0) and proactive (0.05), grow_after = 4, the
 #      micro-batch of every step side by side, and the losses against the fixed 16 x 2 run.
@@ -59,7 +59,7 @@ print("%.2e" % max(abs(x - y) / abs(y) for x, y in zip(a, b)))
 PY
 }
 
-echo "## 1. examples/dynamic-batch.toml (16 x 2 under 80 MiB)"
+echo "## 1. examples/dynamic-batch.toml (16 x 2 under 56 MiB)"
 echo
 set +e
 "$headroom" train "$work/bare.toml" -q > "$work/bare.out" 2>&1
@@ -77,11 +77,11 @@ table "$work/a.jsonl"
 echo
 echo "largest relative loss difference against 8 x 4 from the start: $(maxrel "$work/a.jsonl" "$work/a8.jsonl")"
 echo
-echo "## 2. mid-run squeeze (16 x 2 under 120 MiB; 10 MiB taken at step 6, 8 MiB more at 7, both back at 14)"
+echo "## 2. mid-run squeeze (16 x 2 under 78 MiB; 10 MiB taken at step 6, 8 MiB more at 7, both back at 14)"
 echo
-"$headroom" train "$work/squeeze.toml" --set device.memory_limit=120MiB \
+"$headroom" train "$work/squeeze.toml" --set device.memory_limit=78MiB \
   --set plugins.dynamic_batch.headroom_fraction=0 --metrics "$work/r.jsonl" > "$work/r.out" 2>&1
-"$headroom" train "$work/squeeze.toml" --set device.memory_limit=120MiB \
+"$headroom" train "$work/squeeze.toml" --set device.memory_limit=78MiB \
   --set plugins.dynamic_batch.headroom_fraction=0.05 --metrics "$work/p.jsonl" > "$work/p.out" 2>&1
 "$headroom" train "$work/bare.toml" -q --set device.memory_limit=0 --metrics "$work/f.jsonl" > /dev/null
 echo "reactive (headroom_fraction = 0):"

@@ -132,11 +132,11 @@ TEST(Remedies, BothTogetherWhenNeitherAloneFits) {
   // amp as it proposes itself on one rank: DeepSpeed's 16-byte layout.
   const char* amp = "[[plugins]]\nname = \"amp\"\ngrad_dtype = \"bf16\"\n";
   const char* every = "[[plugins]]\nname = \"checkpoint\"\n";
-  const uint64_t p_amp = peak_with(amp, 16), p_every = peak_with(every, 16),
-                 p_both = peak_with(std::string(amp) + every, 16);
+  const uint64_t p_amp = peak_with(amp, 64), p_every = peak_with(every, 64),
+                 p_both = peak_with(std::string(amp) + every, 64);
   ASSERT_LT(p_both, std::min(p_amp, p_every));
   const uint64_t limit = p_both + 1000;  // only both fit
-  const Config c = test::config_from(kModel, {"train.micro_batch=16", "train.grad_accum=1",
+  const Config c = test::config_from(kModel, {"train.micro_batch=64", "train.grad_accum=1",
                                               "device.memory_limit=" + std::to_string(limit)});
   const Advice a = advise(c, installed({"amp", "checkpoint"}));
   ASSERT_FALSE(a.fits);
@@ -163,7 +163,7 @@ TEST(Remedies, BothTogetherWhenNeitherAloneFits) {
   // A plugin already in the config is not offered again; its estimate is the starting point.
   const Config with_amp =
       test::config_from(std::string(kModel) + amp,
-                        {"train.micro_batch=16", "device.memory_limit=" + std::to_string(limit)});
+                        {"train.micro_batch=64", "device.memory_limit=" + std::to_string(limit)});
   const Advice b = advise(with_amp, installed({"amp", "checkpoint"}));
   EXPECT_EQ(b.config.peak.total(), p_amp);
   for (const auto* list : {&b.remedies, &b.not_enough})

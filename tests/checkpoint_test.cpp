@@ -47,9 +47,9 @@ std::string plugin_toml(const std::string& keys) {
 // ---------------------------------------------------------------------------------------------
 // Closed forms, from model.cpp's save() calls (es = 4 bytes, N = B·T):
 //   embedding: out (B, T, C)                                          emb   = es·N·C
-//   block:     ln_1, attention out, residual, ln_2, out (B, T, C) ×5; qkv (B, T, 3C);
-//              fc, gelu (B, T, 4C) ×2; four (B, T) LayerNorm statistics; the tiled attention's
-//              row log-sum-exp (B, NH, T)                             full  = es·16·N·C
+//   block:     attention out, residual, out (B, T, C) ×3; qkv (B, T, 3C); fc (B, T, 4C); four
+//              (B, T) LayerNorm statistics; the tiled attention's row log-sum-exp (B, NH, T)
+//              (ln_1, ln_2 and gelu are computed again in backward)  full  = es·10·N·C
 //                                                                             + ss·(4·N + N·NH)
 //   a dropped block keeps its output (B, T, C)                        out   = es·N·C
 //   head:      ln_f (B, T, C), its mean and rstd (B, T), losses (B, T) (the chunked loss keeps no
@@ -66,13 +66,13 @@ constexpr int kSqrtN = 4, kSqrtKept = kLayers / kSqrtN;  // n = ceil(sqrt(12)) =
 constexpr Forms forms(uint64_t es, uint64_t ss) {
   Forms f{};
   f.emb = es * kN * kC;
-  f.full = es * 16 * kN * kC + ss * (4 * kN + kN * kNH);
+  f.full = es * 10 * kN * kC + ss * (4 * kN + kN * kNH);
   f.out = es * kN * kC;
   f.head = es * kN * kC + ss * 3 * kN;
-  // selective: every block drops its cheap tensors (ln_1, attention out, ln_2 (B, T, C) ×3; the
-  // four (B, T) LayerNorm statistics; the lse (B, NH, T); gelu (B, T, 4C)) at its FORWARD_END and
-  // keeps its GEMM outputs and its output: qkv 3·N·C + res1 N·C + fc 4·N·C + out N·C.
-  f.sel = es * 9 * kN * kC;
+  // selective: every block drops its cheap tensors (the attention's output (B, T, C) and lse
+  // (B, NH, T)) at its FORWARD_END and keeps its GEMM outputs, its output and the LayerNorm
+  // statistics: qkv 3·N·C + res1 N·C + fc 4·N·C + out N·C, and 4·N.
+  f.sel = es * 9 * kN * kC + ss * 4 * kN;
   // No plugin: everything is live at the head's forward.
   f.none = f.emb + kLayers * f.full + f.head;
   // every: the peak is either the last block's forward (L-1 outputs kept, the last block whole,
@@ -97,9 +97,9 @@ constexpr uint64_t kEmb = kF32.emb, kFull = kF32.full, kOut = kF32.out, kHead = 
                    kSel = kF32.sel;
 constexpr uint64_t kPeakNone = kF32.none, kPeakEvery = kF32.every, kPeakSqrt = kF32.sqrt,
                    kPeakSelective = kF32.selective;
-// For this config the selective peak is the last block's forward: 11·sel + full = 471808 >
-// 12·sel + head = 446848.
-static_assert(kPeakSelective == kEmb + (kLayers - 1) * kSel + kFull, "the last block's forward");
+// For this config the selective peak is the head's forward: 12·sel + head = 452992 > 11·sel +
+// full = 452864.
+static_assert(kPeakSelective == kEmb + kLayers * kSel + kHead, "the head's forward");
 
 TEST(CheckpointClosedForm, MatchesTheModel) {
   ModelConfig m;
@@ -245,8 +245,9 @@ TEST(CheckpointPlugin, BudgetKeepsThePeakUnderTheBudget) {
 TEST(CheckpointPlugin, ImpossibleBudgetFailsNamingTheSmallestPeak) {
   // Even with every block dropped the bound is emb + head + L·out + full.
   constexpr uint64_t kMinimum = kEmb + kHead + kLayers * kOut + kFull;
+  static_assert(kMinimum > 64 * 1024, "the budget below cannot be met");
   const Config c = test::config_from(model_toml() + train_toml(2, 1) +
-                                     plugin_toml("policy = \"budget\"\nbudget = \"100KiB\"\n"));
+                                     plugin_toml("policy = \"budget\"\nbudget = \"64KiB\"\n"));
   Trainer trainer(c, TrainOptions{});
   try {
     trainer.run();
@@ -254,7 +255,7 @@ TEST(CheckpointPlugin, ImpossibleBudgetFailsNamingTheSmallestPeak) {
   } catch (const PluginFailure& e) {
     const std::string m = e.what();
     EXPECT_TRUE(test::contains(m, "checkpoint")) << m;
-    EXPECT_TRUE(test::contains(m, "budget 100.00 KiB (102400 bytes) cannot be met")) << m;
+    EXPECT_TRUE(test::contains(m, "budget 64.00 KiB (65536 bytes) cannot be met")) << m;
     EXPECT_TRUE(test::contains(m, "(" + std::to_string(kMinimum) + " bytes)")) << m;
   }
 }

@@ -121,12 +121,13 @@ TEST_F(Cli, OutOfMemoryExits3WithTheFullReport) {
   // Parameters + gradients + AdamW fit; the activations of micro_batch 16 do not.
   const std::string path = config(std::string(kSmallModel) +
                                   "[train]\nsteps = 2\nmicro_batch = 16\n"
-                                  "[device]\nmemory_limit = \"1536KiB\"\n");
+                                  "[device]\nmemory_limit = \"1280KiB\"\n");
   const auto r = run_headroom("train " + path);
   EXPECT_EQ(r.exit_code, 3) << r.output;
   for (const char* field :
-       {"out of memory: head forward: logits (chunk, V)", "requested", "256.00 KiB", "memory_limit",
-        "1.50 MiB", "live", "phase", "forward of layer", "step 1, micro-step 1", "parameters",
+       {"out of memory: head backward: dlogits (chunk, V)", "requested", "256.00 KiB",
+        "memory_limit", "1.25 MiB", "live", "phase", "backward of layer 3 (head)",
+        "step 1, micro-step 1", "parameters",
         "gradients", "optimizer", "activations", "workspace", "data", "communication", "peak"})
     EXPECT_NE(r.output.find(field), std::string::npos) << "missing '" << field << "'\n" << r.output;
   // The same run with a smaller micro-batch fits.

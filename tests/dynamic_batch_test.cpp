@@ -29,10 +29,10 @@ namespace {
 // the micro-batch, are most of the peak.
 constexpr int kB = 8, kA = 2, kSteps = 12;
 constexpr const char* kModel =
-    "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nseq_len = 32\nvocab_size = 64\n";
+    "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nseq_len = 64\nvocab_size = 64\n";
 // For the allocator plugin, which takes memory in 2 MiB pages: micro-batches MiBs apart.
 constexpr const char* kWideModel =
-    "[model]\nn_layer = 2\nn_head = 2\nn_embd = 64\nseq_len = 128\nvocab_size = 64\n";
+    "[model]\nn_layer = 2\nn_head = 2\nn_embd = 64\nseq_len = 256\nvocab_size = 64\n";
 
 std::string config_toml(int micro_batch, int grad_accum, uint64_t limit, int steps = kSteps,
                         const char* model = kModel) {
@@ -238,7 +238,7 @@ TEST(DynamicBatch, ComposesWithAmpCheckpointAndTheAllocator) {
     std::string plugins;
     bool settle_in_step_1;
   };
-  // One configured micro-batch a step (grad_accum 1): 8 sequences of 128 tokens.
+  // One configured micro-batch a step (grad_accum 1): 8 sequences of 256 tokens.
   for (const Case& c : {Case{amp, true}, Case{ckpt, false}, Case{defrag, false},
                         Case{amp + ckpt, true}, Case{ckpt + defrag, false}}) {
     const std::string& others = c.plugins;

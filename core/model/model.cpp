@@ -149,65 +149,60 @@ class Block final : public Layer<T> {
     A_ = NH * (m_.n_embd / m_.n_head);
   }
 
+  // What a block keeps for backward: the GEMM outputs qkv, res1, fc and out, the attention's
+  // output and what its backward needs besides (the tiled kernels' row log-sum-exp, or the naive
+  // ones' (B, NH, T, T) probabilities), and the four LayerNorm statistics: 10·N·C floats
+  // unpruned. Not kept: the LayerNorm outputs and the GELU output, 6·N·C. Backward computes them
+  // again, with the forward's kernels on the same inputs (bitwise the forward's), into buffers its
+  // own gradients have not reached yet — two (B, T, C) LayerNorms and one element-wise pass over
+  // (B, T, 4C) against the GEMMs' 24·N·C² multiply-adds — and forward holds them as one transient
+  // (B, T, 4C) workspace. Cheap (a selective drop frees them, recompute_cheap() makes them again):
+  // the attention's output and log-sum-exp or probabilities.
   void forward(const void* x, const Batch& b) override {
     const int B = b.B, Tn = b.T, C = m_.n_embd, NH = NH_, H = H_, A = A_;
     const uint64_t N = uint64_t(B) * Tn;
     const Dtype st = stat_dtype(this->dt_);
     Backend& ops = this->ops();
     const Dtype dt = this->dt_;
-    // Cheap (a selective drop frees them): the LayerNorm outputs and statistics, what the
-    // attention keeps (its output, and its row log-sum-exp when tiled or its (B, NH, T, T)
-    // probabilities when naive), the GELU output. Kept: the GEMM outputs qkv, res1, fc and out.
-    ln1_ = this->save(N * C, "ln_1 (B, T, C)", true);
-    ln1_mean_ = this->save(N, "ln_1 mean (B, T)", true, st);
-    ln1_rstd_ = this->save(N, "ln_1 rstd (B, T)", true, st);
+    ln1_mean_ = this->save(N, "ln_1 mean (B, T)", false, st);
+    ln1_rstd_ = this->save(N, "ln_1 rstd (B, T)", false, st);
     qkv_ = this->save(N * 3 * A, "qkv (B, T, 3C)");
     save_attention(B, Tn, NH);
     atty_ = this->save(N * A, "attention out (B, T, C)", true);
     res1_ = this->save(N * C, "residual (B, T, C)");
-    ln2_ = this->save(N * C, "ln_2 (B, T, C)", true);
-    ln2_mean_ = this->save(N, "ln_2 mean (B, T)", true, st);
-    ln2_rstd_ = this->save(N, "ln_2 rstd (B, T)", true, st);
+    ln2_mean_ = this->save(N, "ln_2 mean (B, T)", false, st);
+    ln2_rstd_ = this->save(N, "ln_2 rstd (B, T)", false, st);
     fch_ = this->save(N * H, "fc (B, T, 4C)");
-    fch_gelu_ = this->save(N * H, "gelu (B, T, 4C)", true);
     out_ = this->save(N * C, "out (B, T, C)");
+    // ln_1's output, then ln_2's, then GELU's: each read by one GEMM, then no longer needed.
+    Buffer transient(this->device_, N * std::max(H, C) * dtype_size(dt), Category::kWorkspace,
+                     this->name_ + " forward: ln_1, ln_2, gelu (B, T, 4C)");
+    void* t = transient.as<void>();
 
-    ln1_forward(x, N, C);
-    ops.matmul_forward(dt, qkv_, ln1_, qkvw_->cdata(), qkvb_->cdata(), N, C, 3 * A);
+    ln1_forward(t, x, N, C);
+    ops.matmul_forward(dt, qkv_, t, qkvw_->cdata(), qkvb_->cdata(), N, C, 3 * A);
     attention_forward(B, Tn, A, NH);
     // The projection is written straight into res1 and the residual added in place: no separate
     // (B, T, C) buffer for the projection, which backward does not need.
     ops.matmul_forward(dt, res1_, atty_, projw_->cdata(), projb_->cdata(), N, A, C);
     ops.add_inplace(dt, res1_, x, N * C);
-    ln2_forward(N, C);
-    ops.matmul_forward(dt, fch_, ln2_, fcw_->cdata(), fcb_->cdata(), N, C, H);
-    ops.gelu_forward(dt, fch_gelu_, fch_, N * H);
-    ops.matmul_forward(dt, out_, fch_gelu_, fcprojw_->cdata(), fcprojb_->cdata(), N, H, C);
+    ln2_forward(t, N, C);
+    ops.matmul_forward(dt, fch_, t, fcw_->cdata(), fcb_->cdata(), N, C, H);
+    ops.gelu_forward(dt, t, fch_, N * H);
+    ops.matmul_forward(dt, out_, t, fcprojw_->cdata(), fcprojb_->cdata(), N, H, C);
     ops.add_inplace(dt, out_, res1_, N * C);
   }
 
-  // After a selective drop: the cheap tensors again, from x, qkv, res1 and fc, through the calls
-  // forward() makes — the same kernels on the same inputs, so on the CPU bitwise the originals.
+  // After a selective drop: the attention's output and what it keeps, from qkv, through the call
+  // forward() makes — the same kernel on the same input, so on the CPU bitwise the originals.
   // The GEMMs (qkv, the projections, fc) are not run again: that is the point.
-  void recompute_cheap(const void* x, const Batch& b) override {
-    const int B = b.B, Tn = b.T, C = m_.n_embd, NH = NH_, H = H_, A = A_;
+  void recompute_cheap(const void*, const Batch& b) override {
+    const int B = b.B, Tn = b.T, NH = NH_, A = A_;
     const uint64_t N = uint64_t(B) * Tn;
-    const Dtype st = stat_dtype(this->dt_);
-    ln1_ = this->save(N * C, "ln_1 (B, T, C)", true);
-    ln1_mean_ = this->save(N, "ln_1 mean (B, T)", true, st);
-    ln1_rstd_ = this->save(N, "ln_1 rstd (B, T)", true, st);
     save_attention(B, Tn, NH);
     atty_ = this->save(N * A, "attention out (B, T, C)", true);
-    ln2_ = this->save(N * C, "ln_2 (B, T, C)", true);
-    ln2_mean_ = this->save(N, "ln_2 mean (B, T)", true, st);
-    ln2_rstd_ = this->save(N, "ln_2 rstd (B, T)", true, st);
-    fch_gelu_ = this->save(N * H, "gelu (B, T, 4C)", true);
     out_ = nullptr;  // freed by Layer::recompute; backward does not read it
-
-    ln1_forward(x, N, C);
     attention_forward(B, Tn, A, NH);
-    ln2_forward(N, C);
-    this->ops().gelu_forward(this->dt_, fch_gelu_, fch_, N * H);
   }
 
   void backward(void* dx, const void* dout, const void* x, const Batch& b) override {
@@ -217,7 +212,8 @@ class Block final : public Layer<T> {
     const Dtype dt = this->dt_;
     // dgelu's buffer holds dqkv (B, T, 3C) later: a block pruned below 3C gets 3C.
     Buffer d4c_a = this->workspace(N * std::max(H, 3 * A), "dgelu (B, T, 4C)");
-    Buffer d4c_b = this->workspace(N * H, "dfc (B, T, 4C)");
+    // dfc's holds GELU's output before, ln_1's after: a block pruned below C gets C.
+    Buffer d4c_b = this->workspace(N * std::max(H, C), "dfc (B, T, 4C)");
     Buffer dres1_buf = this->workspace(N * C, "dresidual (B, T, C)");
     Buffer dtmp_buf = this->workspace(N * C, "dtmp (B, T, C)");
     // The naive attention's (T, T) backward scratch; the tiled attention needs none.
@@ -231,10 +227,16 @@ class Block final : public Layer<T> {
 
     // MLP: out = res1 + fcproj(gelu(fc(ln_2(res1)))). Each activation gradient below has one
     // producer, which writes it (Grad::kWrite): no zero fill, no copy of the residual path.
-    ops.matmul_backward(dt, dgelu, fcprojw_->cgrad(), fcprojb_->cgrad(), dout, fch_gelu_,
+    // GELU's output (B, T, 4C), again, in dfc's buffer until dfc is written over it.
+    void* gelu = dfch;
+    ops.gelu_forward(dt, gelu, fch_, N * H);
+    ops.matmul_backward(dt, dgelu, fcprojw_->cgrad(), fcprojb_->cgrad(), dout, gelu,
                         fcprojw_->cdata(), N, H, C, Grad::kWrite);
     ops.gelu_backward(dt, dfch, fch_, dgelu, N * H, Grad::kWrite);
-    ops.matmul_backward(dt, dtmp, fcw_->cgrad(), fcb_->cgrad(), dfch, ln2_, fcw_->cdata(), N, C, H,
+    // ln_2's output (B, T, C), again, in dres1's buffer until ln_2's backward writes dres1.
+    void* ln2 = dres1;
+    ln2_forward(ln2, N, C);
+    ops.matmul_backward(dt, dtmp, fcw_->cgrad(), fcb_->cgrad(), dfch, ln2, fcw_->cdata(), N, C, H,
                         Grad::kWrite);
     // dres1 = dout (the residual path) + ln_2's input gradient
     ops.layernorm_backward(dt, dres1, ln2w_->cgrad(), ln2b_->cgrad(), dtmp, res1_, ln2w_->cdata(),
@@ -251,7 +253,10 @@ class Block final : public Layer<T> {
     } else {
       ops.attention_backward(dt, dqkv, scratch.as<void>(), dtmp, qkv_, att_, B, Tn, A, NH);
     }
-    ops.matmul_backward(dt, dtmp, qkvw_->cgrad(), qkvb_->cgrad(), dqkv, ln1_, qkvw_->cdata(), N, C,
+    // ln_1's output (B, T, C), again, in dfc's buffer (read for the last time above).
+    void* ln1 = dfch;
+    ln1_forward(ln1, x, N, C);
+    ops.matmul_backward(dt, dtmp, qkvw_->cgrad(), qkvb_->cgrad(), dqkv, ln1, qkvw_->cdata(), N, C,
                         3 * A, Grad::kWrite);
     // dx = dres1 (the residual path) + ln_1's input gradient
     ops.layernorm_backward(dt, dx, ln1w_->cgrad(), ln1b_->cgrad(), dtmp, x, ln1w_->cdata(),
@@ -279,12 +284,13 @@ class Block final : public Layer<T> {
       this->ops().attention_forward(this->dt_, atty_, att_, qkv_, B, Tn, A, NH);
     }
   }
-  void ln1_forward(const void* x, uint64_t N, int C) {
-    this->ops().layernorm_forward(this->dt_, ln1_, ln1_mean_, ln1_rstd_, x, ln1w_->cdata(),
+  // ln_1 (B, T, C) into `out`, and its statistics (backward writes them again, the same values).
+  void ln1_forward(void* out, const void* x, uint64_t N, int C) {
+    this->ops().layernorm_forward(this->dt_, out, ln1_mean_, ln1_rstd_, x, ln1w_->cdata(),
                                   ln1b_->cdata(), N, C);
   }
-  void ln2_forward(uint64_t N, int C) {
-    this->ops().layernorm_forward(this->dt_, ln2_, ln2_mean_, ln2_rstd_, res1_, ln2w_->cdata(),
+  void ln2_forward(void* out, uint64_t N, int C) {
+    this->ops().layernorm_forward(this->dt_, out, ln2_mean_, ln2_rstd_, res1_, ln2w_->cdata(),
                                   ln2b_->cdata(), N, C);
   }
 
@@ -295,10 +301,9 @@ class Block final : public Layer<T> {
   bool tiled_ = m_.attention != "naive";  // [model] attention
   Param<T>*ln1w_, *ln1b_, *qkvw_, *qkvb_, *projw_, *projb_, *ln2w_, *ln2b_, *fcw_, *fcb_, *fcprojw_,
       *fcprojb_;
-  void *ln1_ = nullptr, *ln1_mean_ = nullptr, *ln1_rstd_ = nullptr, *qkv_ = nullptr,
-       *att_ = nullptr, *atty_ = nullptr, *res1_ = nullptr, *ln2_ = nullptr, *ln2_mean_ = nullptr,
-       *ln2_rstd_ = nullptr, *fch_ = nullptr, *fch_gelu_ = nullptr, *out_ = nullptr,
-       *lse_ = nullptr;
+  void *ln1_mean_ = nullptr, *ln1_rstd_ = nullptr, *qkv_ = nullptr, *att_ = nullptr,
+       *atty_ = nullptr, *res1_ = nullptr, *ln2_mean_ = nullptr, *ln2_rstd_ = nullptr,
+       *fch_ = nullptr, *out_ = nullptr, *lse_ = nullptr;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1163,13 +1168,14 @@ uint64_t gpt_head_workspace_bytes(const ModelConfig& m, int B, int T, Dtype dt) 
 uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt, int block) {
   const uint64_t N = uint64_t(B) * T, C = m.n_embd, H = uint64_t(m.mlp_width(block));
   const uint64_t A = uint64_t(m.attn_width(block));
-  // ln_1, residual, ln_2, out: 4·N·C; qkv (3) and attention out: 4·N·A; fc and gelu: 2·N·H
-  // (16·N·C unpruned); four (B, T) LayerNorm statistics in the statistics' dtype; and what the
-  // attention keeps for its heads: the (B, NH, T) row log-sum-exp in the statistics' dtype when
-  // tiled, the (B, NH, T, T) probabilities in the compute dtype when naive.
+  // residual, out: 2·N·C; qkv (3) and attention out: 4·N·A; fc: N·H (10·N·C unpruned; the
+  // LayerNorm and GELU outputs are computed again in backward); four (B, T) LayerNorm statistics
+  // in the statistics' dtype; and what the attention keeps for its heads: the (B, NH, T) row
+  // log-sum-exp in the statistics' dtype when tiled, the (B, NH, T, T) probabilities in the
+  // compute dtype when naive.
   const uint64_t NH = uint64_t(m.heads(block));
   const bool tiled = m.attention != "naive";
-  return dtype_size(dt) * (4 * N * C + 4 * N * A + 2 * N * H + (tiled ? 0 : N * NH * T)) +
+  return dtype_size(dt) * (2 * N * C + 4 * N * A + N * H + (tiled ? 0 : N * NH * T)) +
          dtype_size(stat_dtype(dt)) * (4 * N + (tiled ? N * NH : 0));
 }
 

@@ -304,7 +304,8 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s) {
 
 // One rank's peak. Its moments are the backward of each layer, from the head down to the
 // embedding (a forward holds less: fewer activations, no full gradients, no more layers gathered
-// than the backward after it); the first of the highest is the tracker's peak, so each moment's
+// than the backward after it, and a block's forward one (B, T, max(Hd, C)) transient, less than
+// the scratch of its backward); the first of the highest is the tracker's peak, so each moment's
 // bytes by category are what it records there.
 PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) {
   const ModelConfig& m = config.model;
@@ -382,9 +383,10 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   const uint64_t head = gpt_head_activation_bytes(m, s.micro_batch, m.seq_len, s.compute);
   // Backward holds two (B, T, C) gradient buffers throughout, and each layer its own scratch:
   // the head dln_f (B, T, C) and, chunked, one chunk's logits (chunk, V); a block of MLP width
-  // Hd (4C unpruned) dgelu (B, T, max(Hd, 3C): it holds dqkv later) and dfc (B, T, Hd), two
-  // (B, T, C) and, with the naive attention, its scratch — (T, T) on the CPU, (NH, T, T) on CUDA
-  // (Backend::attention_scratch_numel; the tiled attention needs none); the embedding none.
+  // Hd (4C unpruned) dgelu (B, T, max(Hd, 3C): it holds dqkv later), dfc (B, T, max(Hd, C): it
+  // holds GELU's and ln_1's outputs computed again), two (B, T, C) and, with the naive attention,
+  // its scratch — (T, T) on the CPU, (NH, T, T) on CUDA (Backend::attention_scratch_numel; the
+  // tiled attention needs none); the embedding none.
   // A block with fewer heads (a pruned model's: attention width Ad = its heads · C / NH) holds
   // dqkv (B, T, 3·Ad) in dgelu's buffer and its own heads' attention scratch.
   const uint64_t dres = 2 * es * N * C;
@@ -395,7 +397,8 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     const uint64_t Ad = uint64_t(m.attn_width(int(l) - 1));
     const uint64_t heads = uint64_t(m.heads(int(l) - 1));
     const uint64_t scratch = tiled ? 0 : config.device.kind == "cuda" ? heads * T * T : T * T;
-    block_ws[l] = dres + es * (N * std::max(Hd, 3 * Ad) + N * Hd + 2 * N * C + scratch);
+    block_ws[l] =
+        dres + es * (N * std::max(Hd, 3 * Ad) + N * std::max(Hd, C) + 2 * N * C + scratch);
   }
   // A block that drops everything (HR_DROP_ALL) holds only its output between its forward and
   // its backward; any other (kept, or HR_DROP_CHEAP, counted as kept: an upper bound) its full
