@@ -127,8 +127,8 @@ TEST_F(Cli, OutOfMemoryExits3WithTheFullReport) {
   for (const char* field :
        {"out of memory: head backward: dlogits (chunk, V)", "requested", "256.00 KiB",
         "memory_limit", "1.25 MiB", "live", "phase", "backward of layer 3 (head)",
-        "step 1, micro-step 1", "parameters",
-        "gradients", "optimizer", "activations", "workspace", "data", "communication", "peak"})
+        "step 1, micro-step 1", "parameters", "gradients", "optimizer", "activations", "workspace",
+        "data", "communication", "peak"})
     EXPECT_NE(r.output.find(field), std::string::npos) << "missing '" << field << "'\n" << r.output;
   // The same run with a smaller micro-batch fits.
   const auto ok = run_headroom("train " + path + " --set train.micro_batch=1 -q");
