@@ -2,8 +2,12 @@
 """Activations at the physical limit (docs/results/activations.md): the naive attention and full
 logits against the tiled attention and chunked loss, on gpt2-124m, alone and with checkpoint every.
 
-    bench/activations.py [--headroom build/bin/headroom] [--seq 512 1024] [--micro-batch 4]
-                         [--steps 3] [--rounds 1]
+    bench/activations.py [--headroom build/bin/headroom] [--today OLD/bin/headroom]
+                         [--seq 512 1024] [--micro-batch 4] [--steps 3] [--rounds 1]
+
+--today names a headroom built from a commit before this work (b38631a: the naive attention and
+full logits with blocks that keep their LayerNorm and GELU outputs, 16·N·C): its "naive + full"
+runs as the first variant, "today", and the ratios are against it.
 
 For each seq_len and variant it runs `headroom train` (CPU backend, AdamW) and reads the metrics:
 the peak total and the bytes by category at that peak (the tracker's, exact), and the step time
@@ -22,9 +26,10 @@ import subprocess
 import tempfile
 
 MIB = 1024.0 * 1024.0
-VARIANTS = [  # name, [model] keys
-    ("naive + full", 'attention = "naive"\nloss = "full"\n'),
-    ("tiled + chunked", 'attention = "tiled"\nloss = "chunked"\n'),
+NAIVE = 'attention = "naive"\nloss = "full"\n'
+VARIANTS = [  # name, [model] keys, binary ("today": --today's)
+    ("naive + full", NAIVE, "new"),
+    ("tiled + chunked", 'attention = "tiled"\nloss = "chunked"\n', "new"),
 ]
 CHECKPOINT = '\n[[plugins]]\nname = "checkpoint"\npolicy = "every"\n'
 
@@ -75,10 +80,11 @@ def plan_activations(headroom, path):
     return float(m.group(1)) * scale
 
 
-def block_bytes(s, b, h, a, tiled, es=4, ss=4):
-    """model.cpp's gpt_block_activation_bytes for an unpruned GPT-2 block."""
+def block_bytes(s, b, h, a, tiled, es=4, ss=4, kept=10):
+    """model.cpp's gpt_block_activation_bytes for an unpruned GPT-2 block (kept = 16: before the
+    LayerNorm and GELU outputs were computed again in backward)."""
     n = s * b
-    return es * 16 * n * h + ss * 4 * n + (ss * n * a if tiled else es * n * a * s)
+    return es * kept * n * h + ss * 4 * n + (ss * n * a if tiled else es * n * a * s)
 
 
 def main():
@@ -89,7 +95,10 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--no-checkpoint", action="store_true", help="skip the checkpoint rows")
+    ap.add_argument("--today", help="a headroom built before this work: today's naive + full")
     a = ap.parse_args()
+    variants = ([("today: naive + full", NAIVE, "today")] if a.today else []) + VARIANTS
+    binary = {"new": a.headroom, "today": a.today}
     ckpts = [False] if a.no_checkpoint else [False, True]
     results = {}
     with tempfile.TemporaryDirectory() as d:
@@ -97,12 +106,12 @@ def main():
         for r in range(a.rounds):
             for seq in a.seq:
                 for ck in ckpts:
-                    for name, keys in VARIANTS:
+                    for name, keys, which in variants:
                         path = os.path.join(d, "c.toml")
                         with open(path, "w") as f:
                             f.write(config_text(seq, a.micro_batch, keys, ck))
-                        res = train(a.headroom, path, a.steps, metrics)
-                        res["plan_act_mib"] = plan_activations(a.headroom, path)
+                        res = train(binary[which], path, a.steps, metrics)
+                        res["plan_act_mib"] = plan_activations(binary[which], path)
                         results.setdefault((seq, ck, name), []).append(res)
                         print(f"round {r + 1} seq {seq} checkpoint {ck} {name}: "
                               f"{res['step_s']:.2f} s/step, peak {res['peak'] / MIB:.1f} MiB, "
@@ -110,13 +119,13 @@ def main():
     print()
     print("| seq_len | checkpoint | variant | activations at peak (MiB) | plan's estimate (MiB) "
           "| activations' own peak (MiB) | workspace at peak (MiB) | peak total (MiB) "
-          "| activations vs naive | step time (s) | step vs naive |")
+          f"| activations vs {variants[0][0]} | step time (s) | step vs {variants[0][0]} |")
     print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for seq in a.seq:
         for ck in ckpts:
-            base = results[(seq, ck, VARIANTS[0][0])]
+            base = results[(seq, ck, variants[0][0])]
             base_t = statistics.median(x["step_s"] for x in base)
-            for name, _ in VARIANTS:
+            for name, _, _ in variants:
                 rs = results[(seq, ck, name)]
                 t = statistics.median(x["step_s"] for x in rs)
                 x = rs[-1]
@@ -125,13 +134,22 @@ def main():
                       f"| {x['peak'] / MIB:.1f} "
                       f"| {x['act'] / base[-1]['act']:.3f} | {t:.2f} | {t / base_t:.3f} |")
     print()
+    print("Step times of every round, s (variants in the order above):")
+    for seq in a.seq:
+        for ck in ckpts:
+            rounds = [" ".join(f"{x['step_s']:.2f}" for x in results[(seq, ck, name)])
+                      for name, _, _ in variants]
+            print(f"- seq {seq}, checkpoint {'every' if ck else 'none'}: " + " / ".join(rounds))
+    print()
     print("Per block (gpt2-124m: h = 768, a = 12 heads, b = micro_batch), bytes:")
-    print("| s | naive, fp32 | tiled, fp32 | tiled, 16-bit | Korthikanti 34sbh + 5as^2b |")
-    print("|---:|---:|---:|---:|---:|")
+    print("| s | today: naive, fp32 | naive, fp32 | tiled, fp32 | tiled, 16-bit "
+          "| Korthikanti 34sbh + 5as^2b |")
+    print("|---:|---:|---:|---:|---:|---:|")
     b, h, heads = a.micro_batch, 768, 12
     for s in a.seq:
         k = 34 * s * b * h + 5 * heads * s * s * b
-        print(f"| {s} | {block_bytes(s, b, h, heads, False) / MIB:.1f} MiB "
+        print(f"| {s} | {block_bytes(s, b, h, heads, False, kept=16) / MIB:.1f} MiB "
+              f"| {block_bytes(s, b, h, heads, False) / MIB:.1f} MiB "
               f"| {block_bytes(s, b, h, heads, True) / MIB:.1f} MiB "
               f"| {block_bytes(s, b, h, heads, True, es=2) / MIB:.1f} MiB | {k / MIB:.1f} MiB |")
 

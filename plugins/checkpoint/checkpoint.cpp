@@ -26,16 +26,16 @@
 //             under any feasible budget); the plan holds from its head's FORWARD_END on. A budget
 //             that even dropping every block cannot meet stops the run with a message naming the
 //             budget and the smallest achievable peak.
-//  - selective: every block drops only its cheap tensors (HR_DROP_CHEAP: the LayerNorm outputs
-//             and statistics, the attention output and what the attention keeps besides it, the
-//             GELU output) and keeps its GEMM outputs; backward recomputes those without
-//             re-running a GEMM (Korthikanti et al. 2022, llm.c's recompute levels). It saves
-//             less than every (a block keeps qkv, res1, fc and out: 9·N·C floats) but costs only
-//             the element-wise kernels and the attention. With the tiled attention (the default,
-//             [model] attention) what the attention keeps besides its output is only its (B, NH,
-//             T) row log-sum-exp, so selective drops 7·N·C floats and the LayerNorm statistics
-//             of a block; with the naive attention it also drops the (B, NH, T, T)
-//             probabilities, then the biggest saving at long sequences.
+//  - selective: every block drops only its cheap tensors (HR_DROP_CHEAP: the attention output
+//             and what the attention keeps besides it) and keeps its GEMM outputs and its
+//             LayerNorm statistics; backward recomputes those without re-running a GEMM
+//             (Korthikanti et al. 2022, llm.c's recompute levels). It saves less than every (a
+//             block keeps qkv, res1, fc and out: 9·N·C floats) but costs only the attention's
+//             forward. A block no longer keeps its LayerNorm or GELU outputs at all (backward
+//             computes them again whatever the policy), so what selective drops is the
+//             attention's: with the tiled attention (the default, [model] attention) its output
+//             and (B, NH, T) row log-sum-exp, N·C floats and a little; with the naive attention
+//             also the (B, NH, T, T) probabilities, then the biggest saving at long sequences.
 //
 // Recomputation runs the same kernels on the same inputs: on the CPU the recomputed tensors, and
 // so the gradients, are bitwise those of a run without this plugin.

@@ -320,9 +320,10 @@ typedef struct hr_host_services {
    *  - HR_DROP_ALL: everything but the output (the next layer's input); backward re-runs the
    *    layer's whole forward from its input.
    *  - HR_DROP_CHEAP: selective recomputation (Korthikanti et al. 2022): a block keeps its GEMM
-   *    outputs (qkv, the attention residual, fc) and its output, and frees the LayerNorm outputs
-   *    and statistics, the attention probabilities and output, and the GELU output; backward
-   *    recomputes just those, no GEMM.
+   *    outputs (qkv, the attention residual, fc), its output and its LayerNorm statistics, and
+   *    frees the attention output and what the attention keeps besides it (its log-sum-exp or
+   *    its probabilities); backward recomputes just those, no GEMM. (A block keeps no LayerNorm
+   *    or GELU output: its backward computes them again in any case.)
    * Only transformer blocks (layers 1 .. num_layers-2) can be dropped; the embedding, the head, a
    * layer out of range, another `what`, or a call from any other event is HR_ERROR_INVALID with a
    * message. Calling it twice for one layer is harmless (ALL after CHEAP frees the rest; CHEAP
