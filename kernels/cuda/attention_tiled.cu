@@ -42,20 +42,37 @@ __device__ inline float dot_row(const float* a, const float* b, int hs) {
   return s;
 }
 
+// Block (·, b·NH + h) of a grid works on head h of batch row b: its q, k and v, (T, hs) views of
+// qkv (B, T, 3C) with row stride 3C, and its columns of a (B, T, C) tensor (out, dout), from
+// `ohead` with row stride C.
+template <class T>
+struct HeadView {
+  int b, h;
+  size_t C3, ohead;
+  const T *q, *k, *v;
+  __device__ HeadView(const T* qkv, int Tn, int C, int NH, int hs)
+      : b(blockIdx.y / NH),
+        h(blockIdx.y % NH),
+        C3(3 * static_cast<size_t>(C)),
+        ohead(static_cast<size_t>(b) * Tn * C + static_cast<size_t>(h) * hs),
+        q(qkv + static_cast<size_t>(b) * Tn * C3 + static_cast<size_t>(h) * hs),
+        k(q + C),
+        v(q + 2 * C) {}
+};
+
 // grid (ceil(T / kRows), B * NH), kRows threads.
 template <class T>
 __global__ void attention_tiled_forward_kernel(T* out, float* lse, const T* qkv, int Tn, int C,
                                                int NH, int hs, float scale) {
   __shared__ float ks[kCols][kMaxHead];
   __shared__ float vs[kCols][kMaxHead];
-  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const HeadView<T> hv(qkv, Tn, C, NH, hs);
+  const int b = hv.b, h = hv.h;
+  const size_t C3 = hv.C3;
+  const T *q = hv.q, *k = hv.k, *v = hv.v;
   const int r0 = blockIdx.x * kRows;
   const int t = r0 + threadIdx.x;
   const bool active = t < Tn;
-  const size_t C3 = 3 * static_cast<size_t>(C);
-  const T* q = qkv + static_cast<size_t>(b) * Tn * C3 + static_cast<size_t>(h) * hs;
-  const T* k = q + C;
-  const T* v = q + 2 * C;
   float qr[kMaxHead], o[kMaxHead];
   for (int d = 0; d < hs; d++) {
     qr[d] = active ? to_float(q[static_cast<size_t>(t) * C3 + d]) * scale : 0.0f;
@@ -108,16 +125,13 @@ __global__ void attention_tiled_dq_kernel(T* dqkv, const T* dout, const T* qkv, 
                                           float scale) {
   __shared__ float ks[kCols][kMaxHead];
   __shared__ float vs[kCols][kMaxHead];
-  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const HeadView<T> hv(qkv, Tn, C, NH, hs);
+  const int b = hv.b, h = hv.h;
+  const size_t C3 = hv.C3, ohead = hv.ohead, head = static_cast<size_t>(hv.q - qkv);
+  const T *q = hv.q, *k = hv.k, *v = hv.v;
   const int r0 = blockIdx.x * kRows;
   const int t = r0 + threadIdx.x;
   const bool active = t < Tn;
-  const size_t C3 = 3 * static_cast<size_t>(C);
-  const size_t head = static_cast<size_t>(b) * Tn * C3 + static_cast<size_t>(h) * hs;
-  const T* q = qkv + head;
-  const T* k = q + C;
-  const T* v = q + 2 * C;
-  const size_t ohead = static_cast<size_t>(b) * Tn * C + static_cast<size_t>(h) * hs;
   float qr[kMaxHead], dor[kMaxHead], dq[kMaxHead];
   for (int d = 0; d < hs; d++) {
     qr[d] = active ? to_float(q[static_cast<size_t>(t) * C3 + d]) : 0.0f;
@@ -162,16 +176,13 @@ __global__ void attention_tiled_dkv_kernel(T* dqkv, const T* dout, const T* qkv,
   __shared__ float qs[kCols][kMaxHead];
   __shared__ float dos[kCols][kMaxHead];
   __shared__ float ls[kCols], Ds[kCols];
-  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const HeadView<T> hv(qkv, Tn, C, NH, hs);
+  const int b = hv.b, h = hv.h;
+  const size_t C3 = hv.C3, ohead = hv.ohead, head = static_cast<size_t>(hv.q - qkv);
+  const T *q = hv.q, *k = hv.k, *v = hv.v;
   const int c0 = blockIdx.x * kRows;
   const int c = c0 + threadIdx.x;
   const bool active = c < Tn;
-  const size_t C3 = 3 * static_cast<size_t>(C);
-  const size_t head = static_cast<size_t>(b) * Tn * C3 + static_cast<size_t>(h) * hs;
-  const T* q = qkv + head;
-  const T* k = q + C;
-  const T* v = q + 2 * C;
-  const size_t ohead = static_cast<size_t>(b) * Tn * C + static_cast<size_t>(h) * hs;
   const float* lse_bh = lse + (static_cast<size_t>(b) * NH + h) * Tn;
   float kr[kMaxHead], vr[kMaxHead], dk[kMaxHead], dv[kMaxHead];
   for (int d = 0; d < hs; d++) {
