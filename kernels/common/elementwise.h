@@ -10,7 +10,7 @@
 // Inlined wherever it is called, even where GCC's size heuristics would stop: backend_cpu.cpp
 // calls these from dozens of kernels, each in three target clones, and a call GCC leaves out of
 // line (through the PLT, -fPIC) makes the loop around it scalar — the GELU kernels ran so, about
-// ten times slower than vectorized.
+// ten times slower than vectorized, and the stored-state optimizer updates (amp's bf16 state).
 #if defined(__CUDACC__)
 #define HR_INLINE __forceinline__
 #elif defined(__GNUC__)
@@ -177,7 +177,7 @@ HR_HD inline void store_rounded(uint16_t& out, float x, uint32_t noise) {
 // math is adamw_element's in f32; element i of the segment draws its three streams of noise
 // (weight, m, v) from `seed`, the step's and segment's.
 template <class W, class G, class S>
-HR_HD inline void adamw_stored(W& param, G grad, S& m, S& v, uint64_t i, uint32_t seed, float lr,
+HR_HD HR_INLINE void adamw_stored(W& param, G grad, S& m, S& v, uint64_t i, uint32_t seed, float lr,
                                float beta1, float beta2, float eps, float weight_decay, float bc1,
                                float bc2) {
   float mf = widen(m), vf = widen(v);
@@ -190,7 +190,7 @@ HR_HD inline void adamw_stored(W& param, G grad, S& m, S& v, uint64_t i, uint32_
 
 // One SGD step on stored operands (buf null: no momentum), as adamw_stored.
 template <class W, class G, class S>
-HR_HD inline void sgd_stored(W& param, G grad, S* buf, uint64_t i, uint32_t seed, float lr,
+HR_HD HR_INLINE void sgd_stored(W& param, G grad, S* buf, uint64_t i, uint32_t seed, float lr,
                              float momentum, float weight_decay);
 
 // One plain SGD step (no momentum state), torch.optim.SGD semantics: weight decay is L2 added to
@@ -210,7 +210,7 @@ HR_HD inline T sgd_momentum_element(T param, T grad, T& buf, T lr, T momentum, T
 }
 
 template <class W, class G, class S>
-HR_HD inline void sgd_stored(W& param, G grad, S* buf, uint64_t i, uint32_t seed, float lr,
+HR_HD HR_INLINE void sgd_stored(W& param, G grad, S* buf, uint64_t i, uint32_t seed, float lr,
                              float momentum, float weight_decay) {
   float p;
   if (buf != nullptr) {
