@@ -178,8 +178,8 @@ HR_HD inline void store_rounded(uint16_t& out, float x, uint32_t noise) {
 // (weight, m, v) from `seed`, the step's and segment's.
 template <class W, class G, class S>
 HR_HD HR_INLINE void adamw_stored(W& param, G grad, S& m, S& v, uint64_t i, uint32_t seed, float lr,
-                               float beta1, float beta2, float eps, float weight_decay, float bc1,
-                               float bc2) {
+                                  float beta1, float beta2, float eps, float weight_decay,
+                                  float bc1, float bc2) {
   float mf = widen(m), vf = widen(v);
   const float p = adamw_element(widen(param), widen(grad), mf, vf, lr, beta1, beta2, eps,
                                 weight_decay, bc1, bc2);
@@ -191,7 +191,7 @@ HR_HD HR_INLINE void adamw_stored(W& param, G grad, S& m, S& v, uint64_t i, uint
 // One SGD step on stored operands (buf null: no momentum), as adamw_stored.
 template <class W, class G, class S>
 HR_HD HR_INLINE void sgd_stored(W& param, G grad, S* buf, uint64_t i, uint32_t seed, float lr,
-                             float momentum, float weight_decay);
+                                float momentum, float weight_decay);
 
 // One plain SGD step (no momentum state), torch.optim.SGD semantics: weight decay is L2 added to
 // the gradient. Returns the new parameter.
@@ -211,7 +211,7 @@ HR_HD inline T sgd_momentum_element(T param, T grad, T& buf, T lr, T momentum, T
 
 template <class W, class G, class S>
 HR_HD HR_INLINE void sgd_stored(W& param, G grad, S* buf, uint64_t i, uint32_t seed, float lr,
-                             float momentum, float weight_decay) {
+                                float momentum, float weight_decay) {
   float p;
   if (buf != nullptr) {
     float b = widen(*buf);
