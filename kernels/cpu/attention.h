@@ -18,6 +18,28 @@ namespace headroom::cpu {
 
 namespace detail {
 
+// Head h of batch row b: its q, k and v, (T, hs) views of qkv (B, T, 3C) = [q | k | v] with row
+// stride 3C; the same views of the gradient dqkv when there is one; and where its columns start
+// in a (B, T, C) tensor (out, dout; row stride C). The naive and the tiled kernels' one layout.
+template <class T>
+struct QkvHead {
+  const T *q, *k, *v;
+  T *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  size_t o_off;
+  QkvHead(const T* qkv, T* dqkv, int b, int h, int Tn, int C, int hs)
+      : o_off(static_cast<size_t>(b) * Tn * C + static_cast<size_t>(h) * hs) {
+    const size_t off = static_cast<size_t>(b) * Tn * 3 * C + static_cast<size_t>(h) * hs;
+    q = qkv + off;
+    k = q + C;
+    v = q + 2 * C;
+    if (dqkv != nullptr) {
+      dq = dqkv + off;
+      dk = dq + C;
+      dv = dq + 2 * C;
+    }
+  }
+};
+
 // In place over one row of preatt (T): softmax over the first n entries (positions 0..t, n = t+1)
 // and exact zeros after them, which is what makes the following att · v GEMM causal.
 // Separate passes so that each vectorizes; row - max <= 0, so exp(-|row - max|) is its exp.
@@ -54,11 +76,10 @@ HEADROOM_CPU_CLONES void attention_forward(T* out, T* att, const T* qkv, int B, 
 #pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < NH; h++) {
-      const T* q = qkv + static_cast<size_t>(b) * Tn * C3 + static_cast<size_t>(h) * hs;  // (T,hs)
-      const T* k = q + C;                                                                 // (T,hs)
-      const T* v = q + 2 * C;                                                             // (T,hs)
-      T* att_bh = att + (static_cast<size_t>(b) * NH + h) * Tn * Tn;                      // (T,T)
-      T* out_bh = out + static_cast<size_t>(b) * Tn * C + static_cast<size_t>(h) * hs;    // (T,hs)
+      const detail::QkvHead<T> hd(qkv, nullptr, b, h, Tn, C, hs);
+      const T *q = hd.q, *k = hd.k, *v = hd.v;                        // (T,hs), row stride 3C
+      T* att_bh = att + (static_cast<size_t>(b) * NH + h) * Tn * Tn;  // (T,T)
+      T* out_bh = out + hd.o_off;                                     // (T,hs)
       // preatt (T,T) = scale * q · k^T. The whole square is computed (one GEMM is cheaper than
       // T small ones); the softmax overwrites the masked upper triangle with zeros.
       gemm(false, true, Tn, Tn, hs, scale, q, C3, k, C3, T(0), att_bh, Tn);
@@ -97,15 +118,11 @@ HEADROOM_CPU_CLONES void attention_backward(T* dqkv, T* scratch, const T* dout, 
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
       for (int h = 0; h < NH; h++) {
-        const size_t qkv_off = static_cast<size_t>(b) * Tn * C3 + static_cast<size_t>(h) * hs;
-        const T* q = qkv + qkv_off;  // (T,hs), row stride 3C; likewise k, v, dq, dk, dv
-        const T* k = q + C;
-        const T* v = q + 2 * C;
-        T* dq = dqkv + qkv_off;
-        T* dk = dq + C;
-        T* dv = dq + 2 * C;
+        const detail::QkvHead<T> hd(qkv, dqkv, b, h, Tn, C, hs);
+        const T *q = hd.q, *k = hd.k, *v = hd.v;  // (T,hs), row stride 3C; likewise dq, dk, dv
+        T *dq = hd.dq, *dk = hd.dk, *dv = hd.dv;
         const T* att_bh = att + (static_cast<size_t>(b) * NH + h) * Tn * Tn;  // (T,T)
-        const T* dout_bh = dout + static_cast<size_t>(b) * Tn * C + static_cast<size_t>(h) * hs;
+        const T* dout_bh = dout + hd.o_off;
         // dv (T,hs) += att^T (T,T) · dout (T,hs)
         gemm(true, false, Tn, hs, Tn, T(1), att_bh, Tn, dout_bh, C, T(1), dv, C3);
         // datt (T,T) = dout (T,hs) · v^T

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/common/elementwise.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/reduce.h"
@@ -44,10 +45,9 @@ HEADROOM_CPU_CLONES void attention_tiled_forward(T* out, T* lse, const T* qkv, i
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
       for (int h = 0; h < NH; h++) {
-        const T* q = qkv + static_cast<size_t>(b) * Tn * C3 + static_cast<size_t>(h) * hs;
-        const T* k = q + C;
-        const T* v = q + 2 * C;
-        T* out_bh = out + static_cast<size_t>(b) * Tn * C + static_cast<size_t>(h) * hs;
+        const detail::QkvHead<T> hd(qkv, nullptr, b, h, Tn, C, hs);
+        const T *q = hd.q, *k = hd.k, *v = hd.v;  // (T,hs), row stride 3C
+        T* out_bh = out + hd.o_off;
         T* lse_bh = lse + (static_cast<size_t>(b) * NH + h) * Tn;
         for (int r0 = 0; r0 < Tn; r0 += tile) {
           const int rows = std::min(tile, Tn - r0);
@@ -125,16 +125,11 @@ HEADROOM_CPU_CLONES void attention_tiled_backward(T* dqkv, const T* dout, const 
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
       for (int h = 0; h < NH; h++) {
-        const size_t qkv_off = static_cast<size_t>(b) * Tn * C3 + static_cast<size_t>(h) * hs;
-        const T* q = qkv + qkv_off;  // (T,hs), row stride 3C; likewise k, v, dq, dk, dv
-        const T* k = q + C;
-        const T* v = q + 2 * C;
-        T* dq = dqkv + qkv_off;
-        T* dk = dq + C;
-        T* dv = dq + 2 * C;
-        const size_t o_off = static_cast<size_t>(b) * Tn * C + static_cast<size_t>(h) * hs;
-        const T* o_bh = out + o_off;  // (T,hs), row stride C; likewise dout
-        const T* do_bh = dout + o_off;
+        const detail::QkvHead<T> hd(qkv, dqkv, b, h, Tn, C, hs);
+        const T *q = hd.q, *k = hd.k, *v = hd.v;  // (T,hs), row stride 3C; likewise dq, dk, dv
+        T *dq = hd.dq, *dk = hd.dk, *dv = hd.dv;
+        const T* o_bh = out + hd.o_off;  // (T,hs), row stride C; likewise dout
+        const T* do_bh = dout + hd.o_off;
         const T* lse_bh = lse + (static_cast<size_t>(b) * NH + h) * Tn;
         for (int r0 = 0; r0 < Tn; r0 += tile) {
           const int rows = std::min(tile, Tn - r0);
