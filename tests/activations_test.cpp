@@ -270,10 +270,7 @@ TEST(Activations, WholeModelMatchesCentralDifferencesInDouble) {
     auto device = Device::create(DeviceConfig{});
     Gpt<double> model(m, *device, 7);
     std::mt19937_64 rng(3);
-    std::uniform_real_distribution<double> u(-0.5, 0.5);
-    for (Param<double>* p : model.params())
-      for (uint64_t i = 0; i < p->numel; ++i)
-        p->data()[i] += 0.2 * u(rng);
+    test::perturb_params(model, rng);
     const Tokens tok = random_tokens(B, T, V, 9);
     Batch batch = tok.batch(B, T);
     batch.dloss = 1.0 / (B * T - 1);

@@ -23,12 +23,8 @@ TEST(ModelGradient, WholeModelMatchesCentralDifferencesInDouble) {
   auto device = Device::create(DeviceConfig{});
   Gpt<double> model(m, *device, 7);
 
-  // Move every parameter off its init (LayerNorm gains 1, biases 0) so no term vanishes.
   std::mt19937_64 rng(3);
-  std::uniform_real_distribution<double> u(-0.5, 0.5);
-  for (Param<double>* p : model.params())
-    for (uint64_t i = 0; i < p->numel; ++i)
-      p->data()[i] += 0.2 * u(rng);
+  test::perturb_params(model, rng);
 
   const int B = 2, T = 5;
   std::vector<int32_t> tokens(B * T), targets(B * T);

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,16 @@ inline bool contains(const std::string& s, const std::string& part) {
 
 // ||a - b|| / ||b|| over two equally long vectors.
 double relative_error(const std::vector<double>& a, const std::vector<double>& b);
+
+// Moves every parameter off its init (LayerNorm gains 1, biases 0) by up to ±0.1, drawn from
+// `rng`, so that no term of a gradient check vanishes.
+template <class Model, class Rng>
+void perturb_params(Model& model, Rng& rng) {
+  std::uniform_real_distribution<double> u(-0.5, 0.5);
+  for (auto* p : model.params())
+    for (uint64_t i = 0; i < p->numel; ++i)
+      p->data()[i] += 0.2 * u(rng);
+}
 
 // Every parameter's gradient as the model's last backward left it (analytic) beside the central
 // difference of the loss with step h (numeric), parameter by parameter, element by element: what

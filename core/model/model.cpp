@@ -400,7 +400,7 @@ class Head final : public Layer<T> {
                             logits, static_cast<const char*>(lnf_) + n0 * C * es, wte_.cdata(),
                             rows, C, V, Grad::kWrite);
       }
-      if (!loss_in_forward_) read_loss(b);
+      read_loss(b);  // the same losses evaluate()'s forward would have read
     } else {
       ops.matmul_backward(dt, dlnf, wte_.cgrad(), nullptr, logits_, lnf_, wte_.cdata(), N, C, V,
                           Grad::kWrite);
