@@ -48,7 +48,7 @@ Result measure(const Config& c, int workers, int delay_ms, int warmup) {
   t.run();
   Result r;
   int n = 0;
-  for (const StepRecord& s : t.history()) {
+  for (const StepState& s : t.history()) {
     if (s.step <= warmup) continue;  // the queue fills during the first steps
     r.wait_ms += s.data_wait_ms;
     r.step_ms += s.step_ms;

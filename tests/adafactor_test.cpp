@@ -160,7 +160,7 @@ struct ReferenceOptimizer final : EventListener {
 
 std::vector<double> losses(const Trainer& t) {
   std::vector<double> out;
-  for (const StepRecord& s : t.history())
+  for (const StepState& s : t.history())
     out.push_back(s.loss);
   return out;
 }

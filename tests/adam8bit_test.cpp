@@ -477,7 +477,7 @@ std::string plugin_toml(const std::string& keys = "") {
 }
 
 struct Outcome {
-  std::vector<StepRecord> history;
+  std::vector<StepState> history;
   std::vector<std::vector<float>> weights;
   std::vector<uint64_t> numels;  // every parameter tensor's
   std::vector<std::string> names;

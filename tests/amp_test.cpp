@@ -56,7 +56,7 @@ struct FiniteWatcher final : EventListener {
 };
 
 struct Outcome {
-  std::vector<StepRecord> history;
+  std::vector<StepState> history;
   ByCategory peak{};  // each category's own peak
   int64_t skipped = 0;
   int64_t nonfinite_weight_steps = 0;

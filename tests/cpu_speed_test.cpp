@@ -38,7 +38,7 @@ TEST(HostSyncs, AtMostFourPerOptimizerStepWithoutPlugins) {
   ASSERT_EQ(trainer.history().size(), 3u);
   const size_t params = trainer.model().params().size();
   ASSERT_GT(params, 4u);  // one wait per parameter would be well over the bound
-  for (const StepRecord& r : trainer.history()) {
+  for (const StepState& r : trainer.history()) {
     EXPECT_GE(r.host_syncs, 1u) << "step " << r.step;
     EXPECT_LE(r.host_syncs, 4u) << "step " << r.step;
     EXPECT_EQ(r.host_syncs, 2u) << "step " << r.step << ": the loss and the gradient norm";
@@ -414,7 +414,7 @@ TEST(CpuThreads, RunsAreDeterministicForAThreadCount) {
     Trainer t(test::config_from(kTiny, {"device.threads=" + threads}), TrainOptions{});
     t.run();
     std::vector<double> l;
-    for (const StepRecord& r : t.history())
+    for (const StepState& r : t.history())
       l.push_back(r.loss);
     return l;
   };

@@ -55,7 +55,7 @@ std::vector<double> losses_of(const Config& config) {
   Trainer trainer(config, TrainOptions{});
   trainer.run();
   std::vector<double> losses;
-  for (const StepRecord& r : trainer.history())
+  for (const StepState& r : trainer.history())
     losses.push_back(r.loss);
   return losses;
 }

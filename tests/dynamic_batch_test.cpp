@@ -58,7 +58,7 @@ std::string pressure(int at_step, uint64_t bytes, uint64_t more_bytes, int relea
 }
 
 struct Outcome {
-  std::vector<StepRecord> history;
+  std::vector<StepState> history;
   std::string log;
   uint64_t peak = 0;
   ByCategory live_at_end{};
@@ -110,7 +110,7 @@ void expect_losses_near(const Outcome& a, const Outcome& b, double rel, const st
 
 std::vector<int> micro_batches(const Outcome& o) {
   std::vector<int> v;
-  for (const StepRecord& r : o.history)
+  for (const StepState& r : o.history)
     v.push_back(r.micro_batch);
   return v;
 }
@@ -124,7 +124,7 @@ std::string str(const std::vector<int>& v) {
 
 // Every micro-batch times its accumulation is the configured effective batch.
 void expect_effective_batch(const Outcome& o, int sequences = kB * kA) {
-  for (const StepRecord& r : o.history) {
+  for (const StepState& r : o.history) {
     EXPECT_EQ(r.micro_batch * r.grad_accum, sequences) << "step " << r.step;
     EXPECT_EQ(kB % r.micro_batch, 0) << "step " << r.step;
   }
@@ -175,7 +175,7 @@ TEST(DynamicBatch, DoesNotFitFromStep1TrainsAtTheMicroBatchThatFits) {
   ASSERT_EQ(r.history.size(), size_t(kSteps));
   const int settled = r.history.back().micro_batch;
   EXPECT_LT(settled, kB);
-  for (const StepRecord& s : r.history)
+  for (const StepState& s : r.history)
     EXPECT_EQ(s.micro_batch, settled) << "step " << s.step << ": settled in step 1";
   EXPECT_GE(r.history[0].restarts, 1);
   for (size_t i = 1; i < r.history.size(); ++i)
@@ -333,7 +333,7 @@ TEST(DynamicBatch, ProactiveShrinksBeforeAnythingFails) {
   const Outcome r = run(squeezed("headroom_fraction = 0.05\ngrow_after = 2\n"));
   ASSERT_EQ(r.history.size(), size_t(kSteps));
   const std::vector<int> mb = micro_batches(r);
-  for (const StepRecord& s : r.history)
+  for (const StepState& s : r.history)
     EXPECT_EQ(s.restarts, 0) << "step " << s.step << ": no out-of-memory at all";
   EXPECT_FALSE(test::contains(r.log, "out of memory")) << r.log;
   // Step 4's peak came within 5% of the wall: step 5 starts smaller.
@@ -432,7 +432,7 @@ TEST(DynamicBatch, TheExampleFileShrinksInStep1) {
   Trainer with(test::config_from(text, {"train.steps=2"}), std::move(o));
   with.run();
   ASSERT_EQ(with.history().size(), 2u);
-  for (const StepRecord& r : with.history()) {
+  for (const StepState& r : with.history()) {
     EXPECT_EQ(r.micro_batch, 8) << log.str();
     EXPECT_EQ(r.grad_accum, 4) << log.str();
     EXPECT_EQ(r.restarts, r.step == 1 ? 1 : 0) << log.str();

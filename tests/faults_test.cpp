@@ -328,7 +328,7 @@ class StopAt final : public EventListener {
 
 std::vector<double> losses_of(const Trainer& t) {
   std::vector<double> out;
-  for (const StepRecord& r : t.history())
+  for (const StepState& r : t.history())
     out.push_back(r.loss);
   return out;
 }

@@ -52,7 +52,7 @@ std::string pruning_toml(const std::string& keys) {
 
 std::vector<double> losses(const Trainer& t) {
   std::vector<double> out;
-  for (const StepRecord& s : t.history())
+  for (const StepState& s : t.history())
     out.push_back(s.loss);
   return out;
 }

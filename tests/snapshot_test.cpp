@@ -61,7 +61,7 @@ RunResult run(const Config& c, int64_t stop_at, bool resume) {
   } catch (const Stop&) {
   }
   RunResult r;
-  for (const StepRecord& s : t.history())
+  for (const StepState& s : t.history())
     r.losses.push_back(s.loss);
   for (Param<float>* p : t.model().params())
     r.weights.insert(r.weights.end(), p->data(), p->data() + p->numel);
@@ -682,7 +682,7 @@ TEST(Prefetch, WorkersGiveTheSameBatchesAsInline) {
     Trainer t(c, TrainOptions{});
     t.run();
     std::vector<double> l;
-    for (const StepRecord& s : t.history())
+    for (const StepState& s : t.history())
       l.push_back(s.loss);
     return l;
   };

@@ -16,6 +16,8 @@
 #include <string_view>
 #include <utility>
 
+#include "plugins/common/units.h"
+
 namespace headroom {
 
 namespace {
@@ -1166,18 +1168,7 @@ uint64_t parse_size(const std::string& text, const std::string& where) {
 }
 
 std::string format_bytes(uint64_t bytes) {
-  char buf[64];
-  if (bytes < 1024) {
-    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
-  } else if (bytes < (uint64_t{1} << 20)) {
-    std::snprintf(buf, sizeof buf, "%.2f KiB", static_cast<double>(bytes) / 1024.0);
-  } else if (bytes < (uint64_t{1} << 30)) {
-    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  } else {
-    std::snprintf(buf, sizeof buf, "%.2f GiB",
-                  static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
-  }
-  return buf;
+  return headroom_units::format_bytes(bytes);
 }
 
 }  // namespace headroom

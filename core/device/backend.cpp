@@ -1,6 +1,8 @@
 // Storage dtypes: names and sizes.
 #include "core/device/backend.h"
 
+#include "plugins/common/units.h"
+
 namespace headroom {
 
 const char* dtype_name(Dtype d) {
@@ -20,19 +22,7 @@ const char* dtype_name(Dtype d) {
 }
 
 uint64_t dtype_size(Dtype d) {
-  switch (d) {
-    case Dtype::kF32:
-      return 4;
-    case Dtype::kBF16:
-      return 2;
-    case Dtype::kF16:
-      return 2;
-    case Dtype::kF64:
-      return 8;
-    case Dtype::kI32:
-      return 4;
-  }
-  return 0;
+  return headroom_units::dtype_size(static_cast<uint32_t>(d));
 }
 
 }  // namespace headroom

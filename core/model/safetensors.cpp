@@ -37,10 +37,11 @@ uint64_t read_le64(const uint8_t* p) {
   return v;
 }
 
-// Bytes per element; 0 for a dtype we cannot read.
-uint64_t dtype_size(const std::string& dtype) {
-  if (dtype == "F32") return 4;
-  if (dtype == "BF16" || dtype == "F16") return 2;
+// Bytes per element of a safetensors dtype name; 0 for a dtype we cannot read.
+uint64_t readable_dtype_size(const std::string& dtype) {
+  if (dtype == "F32") return dtype_size(Dtype::kF32);
+  if (dtype == "BF16") return dtype_size(Dtype::kBF16);
+  if (dtype == "F16") return dtype_size(Dtype::kF16);
   return 0;
 }
 
@@ -252,7 +253,7 @@ std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* data, size
     if (!dtype->is_string())
       throw ConfigError(what + "dtype is a JSON " + dtype->type_name() + ", not a string");
     e.dtype = dtype->get<std::string>();
-    const uint64_t esize = dtype_size(e.dtype);
+    const uint64_t esize = readable_dtype_size(e.dtype);
     if (esize == 0)
       throw ConfigError(what + "dtype " + json_quoted(e.dtype) +
                         " is not supported (valid: F32, BF16, F16)");

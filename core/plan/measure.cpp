@@ -1,7 +1,6 @@
 #include "core/plan/measure.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,11 +13,6 @@
 namespace headroom {
 
 namespace {
-
-double now_ms() {
-  using namespace std::chrono;
-  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
-}
 
 // What the device holds at this moment: the allocator role's reserved bytes when it keeps
 // statistics, else the backend's used bytes (the CPU arena under a memory_limit: padding
@@ -120,7 +114,7 @@ VariantRun run_variant(const Config& config, int micro_batch, int n_layer, int g
     r.step1_reserved = std::max(probe.step1_reserved(), r.step1_peak);
     r.step_ms = 0;
     if (arithmetic == Arithmetic::kCompute) {
-      for (const StepRecord& h : t.history())
+      for (const StepState& h : t.history())
         if (r.step_ms == 0 || h.step_ms < r.step_ms) r.step_ms = h.step_ms;
     }
     r.ran = true;

@@ -47,6 +47,7 @@
 
 #include "common/hook_guard.h"
 #include "common/offer_estimate.h"
+#include "common/units.h"
 
 #include <algorithm>
 #include <cinttypes>
@@ -61,32 +62,8 @@ namespace {
 
 enum class Policy { kEvery, kEveryN, kSqrt, kSelective, kBudget };
 
-uint64_t dtype_size(uint32_t dtype) {
-  switch (dtype) {
-    case HR_DTYPE_BF16:
-    case HR_DTYPE_F16:
-      return 2;
-    case HR_DTYPE_F64:
-      return 8;
-    default:  // F32, I32
-      return 4;
-  }
-}
-
-std::string format_bytes(uint64_t bytes) {
-  char buf[64];
-  const double kib = 1024.0, mib = kib * 1024.0, gib = mib * 1024.0;
-  if (bytes >= gib) {
-    std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / gib);
-  } else if (bytes >= mib) {
-    std::snprintf(buf, sizeof buf, "%.2f MiB", double(bytes) / mib);
-  } else if (bytes >= kib) {
-    std::snprintf(buf, sizeof buf, "%.2f KiB", double(bytes) / kib);
-  } else {
-    std::snprintf(buf, sizeof buf, "%" PRIu64 " B", bytes);
-  }
-  return std::string(buf) + " (" + std::to_string(bytes) + " bytes)";
-}
+using headroom_units::dtype_size;
+using headroom_units::format_bytes_exact;
 
 class Checkpoint {
  public:
@@ -193,9 +170,9 @@ class Checkpoint {
     }
     if (peak > budget_) {
       const std::string m =
-          "budget " + format_bytes(budget_) +
+          "budget " + format_bytes_exact(budget_) +
           " cannot be met: even with every block recomputed the activation peak is " +
-          format_bytes(peak) + " (the embedding's and the head's activations, " +
+          format_bytes_exact(peak) + " (the embedding's and the head's activations, " +
           std::to_string(num_layers - 2) +
           " block outputs and one recomputed block); raise the budget to at least that, or "
           "shrink micro_batch or seq_len";

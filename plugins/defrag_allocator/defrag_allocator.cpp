@@ -33,6 +33,7 @@
 
 #include "common/hook_guard.h"
 #include "common/offer_estimate.h"
+#include "common/units.h"
 
 #include <algorithm>
 #include <cinttypes>
@@ -576,15 +577,7 @@ hr_status on_event(void* instance, const hr_event_info* info) {
   return HR_OK;
 }
 
-std::string format_size(uint64_t bytes) {
-  char buf[64];
-  if (bytes % kMiB == 0) {
-    std::snprintf(buf, sizeof buf, "%" PRIu64 "MiB", bytes / kMiB);
-  } else {
-    std::snprintf(buf, sizeof buf, "%" PRIu64 " bytes", bytes);
-  }
-  return buf;
-}
+using headroom_units::format_bytes_exact;
 
 hr_status create(const hr_host_services* s, void** instance) {
   Options o;
@@ -610,14 +603,14 @@ hr_status create(const hr_host_services* s, void** instance) {
       return s->config_error(
           s->host, "page_size",
           ("must be a positive multiple of the device's virtual-memory granularity, " +
-           format_size(g) + "; got " + format_size(o.page_size))
+           format_bytes_exact(g) + "; got " + format_bytes_exact(o.page_size))
               .c_str());
   }
   if (o.max_split_size != 0 && o.max_split_size <= kSmallSize)
     return s->config_error(s->host, "max_split_size",
                            ("must be 0 (no limit) or above 1MiB, the largest request of the small "
                             "pool; got " +
-                            format_size(o.max_split_size))
+                            format_bytes_exact(o.max_split_size))
                                .c_str());
   *instance = new DefragAllocator(s, o);
   return HR_OK;

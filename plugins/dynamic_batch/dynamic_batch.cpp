@@ -39,6 +39,7 @@
 #include <headroom/plugin.h>
 
 #include "common/hook_guard.h"
+#include "common/units.h"
 
 #include <cinttypes>
 #include <cmath>
@@ -56,11 +57,7 @@ struct State {
   int64_t good_steps = 0;
 };
 
-std::string mib(uint64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f MiB", double(bytes) / (1024.0 * 1024.0));
-  return buf;
-}
+using headroom_units::format_bytes;
 
 class DynamicBatch {
  public:
@@ -114,8 +111,8 @@ class DynamicBatch {
       s_->log(s_->host, HR_LOG_WARN, m.c_str());
       return HR_OK;
     }
-    const std::string why = "out of memory (" + mib(info->bytes) + " requested) at micro_batch " +
-                            std::to_string(b.micro_batch);
+    const std::string why = "out of memory (" + format_bytes(info->bytes) +
+                            " requested) at micro_batch " + std::to_string(b.micro_batch);
     if (batch_->restart_step(s_->host, smaller, why.c_str()) != HR_OK) {
       // Outside a micro-step, or a run that cannot restart steps: the out-of-memory stands.
       s_->log(s_->host, HR_LOG_WARN,
@@ -147,7 +144,8 @@ class DynamicBatch {
                     "proactive: step %" PRId64
                     "'s peak %s is within headroom_fraction %g of memory_limit %s; shrinking "
                     "before anything fails",
-                    info->step, mib(b.attempt_peak_bytes).c_str(), fraction_, mib(limit).c_str());
+                    info->step, format_bytes(b.attempt_peak_bytes).c_str(), fraction_,
+                    format_bytes(limit).c_str());
       st_.micro_batch = smaller;
       return batch_->set_micro_batch(s_->host, smaller, why);
     }
@@ -163,7 +161,7 @@ class DynamicBatch {
       const double added = double(b.attempt_peak_bytes - b.attempt_start_bytes);
       const double predicted = double(b.attempt_start_bytes) + added * larger / cur;
       if (predicted >= threshold) return HR_OK;  // it would only shrink again: wait more
-      why += " (predicted peak " + mib(uint64_t(predicted)) + ")";
+      why += " (predicted peak " + format_bytes(uint64_t(predicted)) + ")";
     }
     st_.micro_batch = larger;
     return batch_->set_micro_batch(s_->host, larger, why.c_str());

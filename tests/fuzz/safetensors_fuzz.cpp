@@ -1,4 +1,4 @@
-// fuzz-sources: core/model/safetensors.cpp core/os/output_file.cpp
+// fuzz-sources: core/model/safetensors.cpp core/os/output_file.cpp core/device/backend.cpp
 //
 // libFuzzer target for the safetensors header parser: any bytes at all must come back as entries or
 // a ConfigError, never a crash, a hang, an out-of-bounds read or an uncaught exception.

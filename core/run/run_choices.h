@@ -1,0 +1,52 @@
+// What plugins choose for the run while they are created, before the model is built — the compute
+// dtype and the model state's layout around it (amp), and what is sharded across ranks (the zero
+// plugins) — and the loss scale they set at any time. The trainer builds the model from these.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/model/model.h"
+
+namespace headroom {
+
+class RunChoices {
+ public:
+  // The model is built: from now on the choices are fixed.
+  void freeze() { frozen_ = true; }
+
+  // std::logic_error after freeze() or when another plugin chose another dtype;
+  // std::invalid_argument for a dtype that is not f32, bf16 or f16.
+  void set_compute_dtype(const std::string& plugin, Dtype dtype);
+  // The state layout around the compute dtype: std::invalid_argument naming what
+  // precision_problem() finds, std::logic_error after freeze().
+  void set_precision(const std::string& plugin, const Precision& p);
+  // What is sharded (kShard* bits): std::logic_error after freeze() or when another plugin chose
+  // already, std::invalid_argument for bits that are no ZeRO stage.
+  void set_partition(const std::string& plugin, uint32_t what);
+  // With parameters sharded, layers under `elements` keep them whole: from the sharding plugin
+  // before freeze() only (std::logic_error otherwise).
+  void set_persist_below(const std::string& plugin, uint64_t elements);
+  // The factor the loss gradient is multiplied by from the next step on (std::invalid_argument
+  // unless finite and > 0).
+  void set_loss_scale(const std::string& plugin, double scale);
+
+  const Precision& precision() const { return precision_; }
+  // The plugin that chose the layout, for messages; "" when none did.
+  const std::string& precision_by() const { return precision_by_; }
+  uint32_t shard_what() const { return shard_what_; }
+  uint64_t shard_persist_below() const { return shard_persist_below_; }
+  const std::string& shard_plugin() const { return shard_plugin_; }
+  double loss_scale() const { return loss_scale_; }
+
+ private:
+  bool frozen_ = false;
+  Precision precision_;
+  std::string compute_dtype_by_, precision_by_;
+  uint32_t shard_what_ = 0;
+  uint64_t shard_persist_below_ = 0;
+  std::string shard_plugin_;
+  double loss_scale_ = 1.0;
+};
+
+}  // namespace headroom

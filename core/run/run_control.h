@@ -1,0 +1,47 @@
+// How a run ends before its last step, in words the user can act on: a stop request (SIGINT /
+// SIGTERM, core/os/interrupt.h) seen at a safe point — the end of a micro-step or of a step —
+// and a step whose loss or gradient norm is not finite with no plugin having vetoed it.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "core/config/config.h"
+#include "core/events/step_state.h"
+#include "core/os/interrupt.h"
+#include "core/run/snapshot_io.h"
+
+namespace headroom {
+
+// Thrown by Trainer::run when a step's loss or gradient norm is not finite and no plugin vetoed
+// the step: the update is not applied, so the last snapshot holds the last good weights.
+class Diverged : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class RunControl {
+ public:
+  RunControl(const Config& config, SnapshotIO& snapshots)
+      : config_(config), snapshots_(snapshots) {}
+
+  // The signal that asked the run to stop, or 0.
+  int stop_requested() const { return stop_signal(); }
+  // A stop request at a safe point of `step`: a snapshot of the last completed step (when
+  // [snapshot] is on and it has none yet) and the Interrupted to throw once TRAIN_END has fired.
+  // `mid_step`: its `micro_steps_done` of `micro_steps` are dropped, and the step is read again
+  // on resume.
+  Interrupted stop(int signal, int64_t step, bool mid_step, int micro_steps_done, int micro_steps);
+  // Step `s` computed a non-finite loss or gradient norm and nothing vetoed it: the update is not
+  // applied, and the message says what to do.
+  Diverged diverged(const StepState& s) const;
+  // Whether step `s` can be applied: a finite loss and norm, or a veto.
+  static bool finite(const StepState& s);
+
+ private:
+  const Config& config_;
+  SnapshotIO& snapshots_;
+};
+
+}  // namespace headroom

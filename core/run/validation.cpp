@@ -1,0 +1,47 @@
+#include "core/run/validation.h"
+
+#include <cstring>
+
+namespace headroom {
+
+Validation::Validation(const Config& config, Communicator& comm) : config_(config), comm_(comm) {
+  data_ = make_validation_source(config_.data, config_.model, config_.train.micro_batch,
+                                 config_.model.seq_len, comm_.rank(), comm_.world_size());
+  if (!data_)
+    throw ConfigError(config_.train.eval_every_pos.str() +
+                      ": train.eval_every needs validation data: set data.val_path, "
+                      "data.val_pattern or data.val_fraction");
+  start_ = data_->state();
+}
+
+double Validation::evaluate(Gpt<float>& model, Batch batch, int32_t* host_inputs,
+                            int32_t* host_targets) {
+  Backend& ops = model.device().backend();
+  const int B = config_.train.micro_batch, T = batch.T;
+  const int b = batch.B;
+  const size_t BT = size_t(B) * T, bt = size_t(b) * T;
+  std::vector<int32_t> rows(2 * BT);
+  batch.dloss = 0.0;  // the head's gradient of the loss is not used
+  data_->restore(start_);
+  double sum = 0.0;
+  uint64_t tokens = 0;
+  for (int i = 0; i < config_.train.eval_batches; ++i) {
+    data_->next(rows.data(), rows.data() + BT, B, T);
+    for (size_t at = 0; at < BT; at += bt) {
+      std::memcpy(host_inputs, rows.data() + at, bt * sizeof(int32_t));
+      std::memcpy(host_targets, rows.data() + BT + at, bt * sizeof(int32_t));
+      ops.upload(const_cast<int32_t*>(batch.tokens), host_inputs, bt * sizeof(int32_t));
+      ops.upload(const_cast<int32_t*>(batch.targets), host_targets, bt * sizeof(int32_t));
+      const double loss = model.evaluate(batch);
+      const uint64_t n = model.loss_tokens();
+      sum += loss * double(n);
+      tokens += n;
+      ops.synchronize();  // the next upload overwrites the staging buffers
+    }
+  }
+  double loss = tokens ? sum / double(tokens) : 0.0;
+  if (comm_.world_size() > 1) comm_.all_reduce_host(&loss, 1, ReduceOp::kAverage);
+  return loss;
+}
+
+}  // namespace headroom
