@@ -233,6 +233,12 @@ class CudaBackendOps : public ::testing::Test {
 // --- model ops
 // --------------------------------------------------------------------------------------
 
+// The estimates size the naive attention's scratch without a device: as the CUDA backend does.
+TEST_F(CudaBackendOps, AttentionScratchOfTheKindIsTheBackendsOwn) {
+  for (const int T : {1, 17, 256})
+    EXPECT_EQ(attention_scratch_numel("cuda", 3, T, 12), ops_->attention_scratch_numel(3, T, 12));
+}
+
 TEST_F(CudaBackendOps, EmbeddingForward) {
   const int B = 3, T = 17, C = 40, V = 53, maxT = 20;
   for (const Dtype dt : kF32AndBF16) {

@@ -82,6 +82,14 @@ TEST(Dtype, F16RoundingMatchesNearestRepresentable) {
   }
 }
 
+// The estimates size the naive attention's scratch without a device: as the CPU backend does.
+TEST(DeviceOps, AttentionScratchOfTheKindIsTheBackendsOwn) {
+  auto device = Device::create(DeviceConfig{});
+  for (const int T : {1, 17, 256})
+    EXPECT_EQ(attention_scratch_numel("cpu", 3, T, 12),
+              device->backend().attention_scratch_numel(3, T, 12));
+}
+
 TEST(DeviceOps, FillCastScaleAxpySumNonfinite) {
   auto device = Device::create(DeviceConfig{});
   std::vector<float> x(5), y(5, 1.0f);

@@ -229,6 +229,14 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
+uint64_t attention_scratch_numel(const std::string& kind, int B, int T, int NH) {
+  (void)B;
+  // As backend_cpu.cpp's and kernels/cuda/ops.h's attention_scratch_numel (which needs CUDA's
+  // headers), checked against the backends in tests/ops_test.cpp and tests/cuda_ops_test.cpp.
+  const uint64_t TT = uint64_t(T) * uint64_t(T);
+  return kind == "cuda" ? uint64_t(NH) * TT : TT;
+}
+
 std::unique_ptr<Device> Device::create(const DeviceConfig& config) {
   if (config.kind == "cpu") {
     if (config.index != 0)

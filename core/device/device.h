@@ -87,6 +87,11 @@ class DeviceAllocator {
   }
 };
 
+// Elements of the naive attention backward's scratch that the op table of [device] kind `kind`
+// allocates for a (B, T) micro-batch with NH heads (Backend::attention_scratch_numel), for
+// estimates made without a device: the CPU's one (T, T) at a time, CUDA's (NH, T, T).
+uint64_t attention_scratch_numel(const std::string& kind, int B, int T, int NH);
+
 class Device {
  public:
   // Throws ConfigError for a kind this build cannot run.

@@ -396,7 +396,8 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     const uint64_t Hd = uint64_t(m.mlp_width(int(l) - 1));
     const uint64_t Ad = uint64_t(m.attn_width(int(l) - 1));
     const uint64_t heads = uint64_t(m.heads(int(l) - 1));
-    const uint64_t scratch = tiled ? 0 : config.device.kind == "cuda" ? heads * T * T : T * T;
+    const uint64_t scratch =
+        tiled ? 0 : attention_scratch_numel(config.device.kind, s.micro_batch, int(T), int(heads));
     block_ws[l] =
         dres + es * (N * std::max(Hd, 3 * Ad) + N * std::max(Hd, C) + 2 * N * C + scratch);
   }
@@ -519,30 +520,6 @@ Advice advise(const Config& config, const std::vector<OfferedExtension>& install
   if (a.fits && !oom.requested) return a;
   auto file = [&](Remedy r) { (r.fits ? a.remedies : a.not_enough).push_back(std::move(r)); };
 
-  // Built in: smaller micro-batches at the same effective batch, the largest divisor of B that
-  // fits, with the config's plugins as they are.
-  const int B = config.train.micro_batch, A = config.train.grad_accum;
-  for (int b = B / 2; b >= 1; --b) {
-    if (B % b != 0) continue;
-    Config smaller = config;
-    smaller.train.micro_batch = b;
-    smaller.train.grad_accum = A * (B / b);
-    const ConfigEstimate e = estimate_config(smaller, oom);
-    if (!fits(e.peak.total(), a.limit) && b > 1) continue;
-    Remedy r = remedy_from(a.config.peak, e.peak, a.limit);
-    r.what = "micro_batch " + std::to_string(b) + " x grad_accum " +
-             std::to_string(smaller.train.grad_accum) + " (the same " + std::to_string(B * A) +
-             " sequences per step)";
-    r.sets = {"train.micro_batch=" + std::to_string(b),
-              "train.grad_accum=" + std::to_string(smaller.train.grad_accum)};
-    // docs/results/plugins.md, "Smaller micro-batches": examples/demo.toml's 32 x 1 against 4 x 8
-    // and 8 x 4 on the CPU, 0.84 to 1.02 (within the noise); other shapes are not measured.
-    r.step_time_factor = 1.0;
-    r.step_time_note = "x0.84-x1.02 measured on the demo's shapes on the CPU; others may differ";
-    if (r.peak_after < now_total) file(std::move(r));
-    break;
-  }
-
   // Each installed plugin the config does not list, as it proposes itself.
   auto listed = [&](const std::string& name) {
     return std::any_of(config.plugins.begin(), config.plugins.end(),
@@ -567,9 +544,33 @@ Advice advise(const Config& config, const std::vector<OfferedExtension>& install
       helping.push_back(&ext);
       helping_peak.push_back(r.peak_after);
     }
+    // A proposal that runs the step at another micro-batch (dynamic_batch's) can also be written
+    // into the config: the same split as --set flags, estimated without the plugin. The plugin's
+    // policy chose it; core only spells it.
+    Remedy split;
+    const int b = pe.after.micro_batch, accum = pe.after.grad_accum;
+    const bool splits = b != config.train.micro_batch && b >= 1 &&
+                        b * accum == config.train.micro_batch * config.train.grad_accum &&
+                        pe.after.world_size == a.world_size && pe.after.shard == 0;
+    if (splits) {
+      Config smaller = config;
+      smaller.train.micro_batch = b;
+      smaller.train.grad_accum = accum;
+      split = remedy_from(a.config.peak, estimate_config(smaller, oom).peak, a.limit);
+      split.what = "micro_batch " + std::to_string(b) + " x grad_accum " + std::to_string(accum) +
+                   " (the same " + std::to_string(b * accum) + " sequences per step, as " +
+                   pe.plugin + " would run it)";
+      split.sets = {"train.micro_batch=" + std::to_string(b),
+                    "train.grad_accum=" + std::to_string(accum)};
+      split.step_time_factor = pe.step_time_factor;
+    }
     if (r.peak_after < now_total || r.unstranded) {
       one_fits = one_fits || r.fits;
       file(std::move(r));
+    }
+    if (splits && split.peak_after < now_total) {
+      one_fits = one_fits || split.fits;
+      file(std::move(split));
     }
   }
 

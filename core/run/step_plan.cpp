@@ -67,11 +67,13 @@ const Batch& StepPlan::upload_micro_batch() {
   // on the device: its slot is the other one).
   slot_ = (slot_ + 1) % Backend::kUploadSlots;
   ops.wait_uploads(slot_);
-  const int B = config_.train.micro_batch, T = config_.model.seq_len, b = state_.micro_batch;
-  const size_t BT = size_t(B) * T;
-  // Configured micro-batch c is cut into B / b slices of b consecutive rows: micro-steps
-  // c·(B/b)+1 .. (c+1)·(B/b) read them in order, as a run configured with micro_batch b would.
-  const int slices = B / b;
+  // Configured micro-batch c (of B sequences, as the loader reads them) is cut into B / b slices
+  // of b consecutive rows, b the micro-batch the step runs at: micro-steps c·(B/b)+1 ..
+  // (c+1)·(B/b) read them in order, as a run configured with micro_batch b would.
+  const int configured_B = config_.train.micro_batch, b = state_.micro_batch;
+  const int T = config_.model.seq_len;
+  const size_t BT = size_t(configured_B) * T;
+  const int slices = configured_B / b;
   const int c = (state_.micro_step - 1) / slices;
   const size_t at = size_t((state_.micro_step - 1) % slices) * size_t(b) * T;
   for (; step_data_read_ <= c; ++step_data_read_) {
@@ -90,8 +92,7 @@ const Batch& StepPlan::upload_micro_batch() {
   batch_.B = b;
   // The step's loss is the mean over all its tokens, times the loss scale a plugin (amp fp16) set
   // for this step.
-  const uint64_t tokens_per_step =
-      uint64_t(config_.train.micro_batch) * T * uint64_t(config_.train.grad_accum);
+  const uint64_t tokens_per_step = uint64_t(configured_B) * T * uint64_t(config_.train.grad_accum);
   batch_.dloss = state_.loss_scale / double(tokens_per_step);
   // What the OOM hooks may ask in this micro-step starts unasked.
   retry_requested_ = false;

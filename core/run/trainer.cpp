@@ -221,8 +221,8 @@ void Trainer::run() {
 }
 
 void Trainer::run_steps() {
-  const int64_t first =
-      snapshots_->resume_or_start();  // plugins' state in place before TRAIN_BEGIN
+  // A resumed run's state, the plugins' included, is in place before TRAIN_BEGIN.
+  const int64_t first = snapshots_->resume_or_start();
   fire(Event::kTrainBegin);
   set_phase(Phase::Kind::kData);
   const StepPlan::BufferLease buffers = plan_->allocate_buffers();
@@ -243,15 +243,7 @@ void Trainer::run_steps() {
       const int sig = control_->stop_requested();
       if (sig && state_.micro_step < state_.grad_accum) stop(sig, step, true);
     }
-    state_.micro_step = 0;
-    state_.phase = StepState::Phase::kReduce;
-    const double c0 = now_ms();
-    while (const auto b = grads_->launch_next(-1))
-      fire_bucket(Event::kBucketLaunch, *b);
-    while (const auto b = grads_->finish_next())
-      fire_bucket(Event::kBucketDone, *b);
-    state_.comm_wait_ms += now_ms() - c0;
-    grads_->check_reduced();
+    reduce_gradients();        // BUCKET_DONE for each bucket, in launch order
     fire(Event::kGradsReady);  // amp checks for overflow, unscales, may veto
     clip_gradients();
     if (!state_.skipped && !RunControl::finite(state_)) diverge();
@@ -301,6 +293,18 @@ void Trainer::micro_step() {
   while (const auto b = grads_->launch_next(-1))
     fire_bucket(Event::kBucketLaunch, *b);
   state_.comm_wait_ms = now_ms() - c0;
+}
+
+void Trainer::reduce_gradients() {
+  state_.micro_step = 0;
+  state_.phase = StepState::Phase::kReduce;
+  const double c0 = now_ms();
+  while (const auto b = grads_->launch_next(-1))
+    fire_bucket(Event::kBucketLaunch, *b);
+  while (const auto b = grads_->finish_next())
+    fire_bucket(Event::kBucketDone, *b);
+  state_.comm_wait_ms += now_ms() - c0;
+  grads_->check_reduced();
 }
 
 void Trainer::clip_gradients() {

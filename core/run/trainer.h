@@ -104,6 +104,9 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   // One micro-step: its batch uploaded, forward and backward (the layers fire their events
   // through LayerEvents).
   void micro_step();
+  // Every micro-step done: what the reductions left is waited for (BUCKET_LAUNCH for a bucket not
+  // launched yet, BUCKET_DONE for each) and checked.
+  void reduce_gradients();
   // The gradient norm, and clipping: folded into the built-in optimizer's update as a scale where
   // nothing else could read the clipped gradients, else done in place.
   void clip_gradients();

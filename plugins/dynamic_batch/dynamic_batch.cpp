@@ -25,8 +25,8 @@
 // Its estimate (headroom.estimate/1), for `headroom plan` and the out-of-memory advice: as
 // configured, the micro-batch the run settles on — the largest divisor that fits memory_limit by
 // core's closed form (and, in proactive mode, stays under the headroom) — and that micro-batch's
-// bytes. Not configured, it proposes nothing: the built-in remedy already offers the smaller
-// micro-batch.
+// bytes. Not configured, it proposes itself with its defaults where a smaller micro-batch makes
+// the run fit (the advice also spells that micro-batch as --set flags, for a run without it).
 //
 // A good step ran to its end without a restart and without a shrink. The current micro-batch and
 // the good-step count are in snapshots (headroom.state/1): a resumed run continues at the
@@ -309,18 +309,22 @@ uint64_t total(const uint64_t* bytes) {
   return t;
 }
 
-// headroom.estimate/1 (above). Step time: the same work in smaller GEMMs, as the built-in
-// smaller-micro-batch remedy (x0.84-x1.02 measured on the demo's shapes on the CPU,
-// core/report/advice.cpp), plus the abandoned attempt of the step that found the wall, once.
+// headroom.estimate/1 (above). Step time: the same work in smaller GEMMs (docs/results/plugins.md,
+// "Smaller micro-batches": examples/demo.toml's 32 x 1 against 4 x 8 and 8 x 4 on the CPU, 0.84
+// to 1.02, within the noise; other shapes are not measured), plus the abandoned attempt of the
+// step that found the wall, once.
 hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_result* r) {
   if (!q || !r || !r->after || !q->before || !q->peak) return HR_ERROR_INVALID;
-  const DynamicBatch* d = static_cast<const DynamicBatch*>(instance);
-  if (!d) return HR_ERROR_UNSUPPORTED;
+  const DynamicBatch* configured = static_cast<const DynamicBatch*>(instance);
+  // Not configured: what its defaults would do.
+  const DynamicBatch defaults(nullptr, nullptr, 0.05, 50, 1);
+  const DynamicBatch* d = configured ? configured : &defaults;
   const uint64_t limit = q->model ? q->model->memory_limit : 0;
   const bool one_rank = !HR_HAS_FIELD(q->before, hr_mechanisms, shard) ||
                         (q->before->world_size <= 1 && q->before->shard == 0);
   const int32_t B = q->before->micro_batch, A = q->before->grad_accum;
-  if (!limit || !one_rank || B < 1) return HR_OK;  // it changes nothing there
+  // It changes nothing there; not configured, it has nothing to propose.
+  if (!limit || !one_rank || B < 1) return configured ? HR_OK : HR_ERROR_UNSUPPORTED;
   const double threshold = (1.0 - d->fraction()) * double(limit);
   int32_t chosen = 0;
   uint64_t bytes[HR_MEM_CATEGORY_COUNT_V1] = {0};
@@ -337,14 +341,15 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
     const uint64_t t = total(bytes);
     if (t <= limit && (d->fraction() == 0 || double(t) < threshold)) break;
   }
-  if (chosen == 0) return HR_OK;
+  if (chosen == 0 || (!configured && (chosen == B || total(bytes) > limit)))
+    return configured ? HR_OK : HR_ERROR_UNSUPPORTED;
   std::memcpy(r->bytes, bytes, sizeof bytes);
   r->step_time_factor = 1.0;
   std::snprintf(r->what, sizeof r->what,
                 chosen == B ? "the micro-batch as configured (%d x %d)"
                             : "the micro-batch shrinks to %d x %d on out-of-memory",
                 int(chosen), int(A * (B / chosen)));
-  std::snprintf(r->toml, sizeof r->toml, "headroom_fraction = %g", d->fraction());
+  if (configured) std::snprintf(r->toml, sizeof r->toml, "headroom_fraction = %g", d->fraction());
   return HR_OK;
 }
 
