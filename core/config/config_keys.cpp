@@ -98,7 +98,8 @@ std::vector<ConfigSection> make_sections() {
        }},
       {"data",
        false,
-       "What the model reads, and its validation data.",
+       "What the model reads, and its validation data (synthetic data validates on a stream of its "
+       "own from the same chain).",
        {
            {"kind",
             T::kChoice,
@@ -148,7 +149,7 @@ std::vector<ConfigSection> make_sections() {
            {"threads",
             T::kInteger,
             "CPU: threads of the kernels and GEMMs, 0 to 4096; unset or 0, OMP_NUM_THREADS when "
-            "set, else the cores available",
+            "set, else the cores available; results are deterministic for a thread count",
             {}},
        }},
       {"snapshot",
@@ -175,7 +176,7 @@ std::vector<ConfigSection> make_sections() {
            {"overlap",
             T::kBoolean,
             "start a bucket's all-reduce as soon as its layers are done; false: after the whole "
-            "backward",
+            "backward (to measure what overlap hides: the metrics' comm_wait_ms)",
             {}},
        }},
       {"plugins",
