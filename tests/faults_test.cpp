@@ -1,7 +1,7 @@
 // The faults a user can cause, through the host binary as they meet them: setup steps that fail
 // (weights that do not load, a plugin or data that does not start), signals during a step and
 // during a snapshot, a full disk, output paths that cannot be written, and a run that diverges.
-// Each ends in a clear message, its documented exit code (README.md, "Exit codes"), and no file
+// Each ends in a clear message, its documented exit code (docs/guide/exit-codes.md), and no file
 // written half.
 #include <gtest/gtest.h>
 

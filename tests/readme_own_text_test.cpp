@@ -1,6 +1,6 @@
-// README.md's "Train on your own text": every command of its sh block, as written, in a copy of
-// the files it names (so the source tree gets no shards or snapshots), with build/bin/headroom
-// the binary under test.
+// docs/guide/own-text.md, "Train on your own text": every command of its sh block, as written, in a
+// copy of the files it names (so the source tree gets no shards or snapshots), with
+// build/bin/headroom the binary under test.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -33,7 +33,7 @@ std::vector<std::string> commands_under(const std::string& readme, const std::st
 TEST(ReadmeOwnText, CommandsRunAsWritten) {
   const std::string src = HEADROOM_SOURCE_DIR;
   const std::vector<std::string> cmds =
-      commands_under(test::read_file(src + "/README.md"), "## Train on your own text");
+      commands_under(test::read_file(src + "/docs/guide/own-text.md"), "# Train on your own text");
   ASSERT_EQ(cmds.size(), 4u);
   const std::string dir = test::temp_dir();
   fs::create_directories(dir + "/docs");

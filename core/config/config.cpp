@@ -1,5 +1,7 @@
 #include "core/config/config.h"
 
+#include "core/config/config_keys.h"
+
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -25,43 +27,14 @@ namespace {
 constexpr int64_t kIntMax = INT_MAX;
 constexpr int64_t kInt64Max = INT64_MAX;
 
-const std::vector<std::string> kModelKeys = {"preset",    "n_layer", "n_head",
-                                             "n_embd",    "seq_len", "vocab_size",
-                                             "attention", "loss",    "chunk_tokens"};
-const std::vector<std::string> kTrainKeys = {
-    "steps",     "micro_batch",  "grad_accum",  "optimizer",   "lr",
-    "min_lr",    "weight_decay", "beta1",       "beta2",       "eps",
-    "momentum",  "warmup_steps", "lr_schedule", "grad_clip",   "seed",
-    "log_every", "init_from",    "eval_every",  "eval_batches"};
-const std::vector<std::string> kDataKeys = {
-    "kind",    "path",     "pattern",  "seed",        "branching",    "shuffle",
-    "workers", "prefetch", "val_path", "val_pattern", "val_fraction", "tokenizer"};
-const std::vector<std::string> kSnapshotKeys = {"every", "dir", "keep", "save_weights"};
-const std::vector<std::string> kDeviceKeys = {"kind", "index", "memory_limit", "threads"};
-const std::vector<std::string> kDistributedKeys = {"bucket_size", "timeout_s", "overlap"};
-// The host's keys of a [[plugins]] entry; every other key is the plugin's own.
-const std::vector<std::string> kPluginHostKeys = {"name", "path"};
-
-// Every section of the file, in the order messages list them. All are tables but plugins, which is
-// an array of tables ([[plugins]]).
-struct Section {
-  const char* name;
-  const std::vector<std::string>* keys;
-  bool array_of_tables;
-};
+// Every section of the file and its keys (config_keys.cpp), in the order messages list them. All
+// are tables but plugins, which is an array of tables ([[plugins]]).
+using Section = ConfigSection;
 const std::vector<Section>& sections() {
-  static const std::vector<Section> s = {
-      {"model", &kModelKeys, false},       {"train", &kTrainKeys, false},
-      {"data", &kDataKeys, false},         {"device", &kDeviceKeys, false},
-      {"snapshot", &kSnapshotKeys, false}, {"distributed", &kDistributedKeys, false},
-      {"plugins", &kPluginHostKeys, true}};
-  return s;
+  return config_sections();
 }
 const Section* find_section(const std::string& name) {
-  for (const Section& s : sections()) {
-    if (name == s.name) return &s;
-  }
-  return nullptr;
+  return find_config_section(name);
 }
 // "[train]", or "[[plugins]]" for the array of tables.
 std::string section_header(const Section& s) {
@@ -253,7 +226,7 @@ class Validator {
   static std::string suggest_section(const std::string& key) {
     std::vector<std::string> owners;
     for (const Section& s : sections()) {
-      if (std::find(s.keys->begin(), s.keys->end(), key) != s.keys->end()) {
+      if (s.find(key)) {
         owners.push_back(section_header(s));
       }
     }
@@ -291,13 +264,14 @@ class Validator {
     return file_;
   }
 
-  void check_keys(const std::string& section, const toml::table& t,
-                  const std::vector<std::string>& valid) const {
+  // Every key of `t` is one of its section's (config_keys.cpp).
+  void check_keys(const std::string& section, const toml::table& t) const {
+    const Section& keys = *find_section(section);
     for (auto&& [key, node] : t) {
       const std::string k(key.str());
-      if (std::find(valid.begin(), valid.end(), k) == valid.end()) {
+      if (!keys.find(k)) {
         throw ConfigError(where(section, k, key.source()) + ": unknown key '" + k + "' in [" +
-                          section + "]; valid keys: " + join(valid, ", "));
+                          section + "]; valid keys: " + join(keys.key_names(), ", "));
       }
     }
   }
@@ -424,7 +398,7 @@ class Validator {
 
   void snapshot(const toml::table& t, SnapshotConfig& c) {
     const std::string s = "snapshot";
-    check_keys(s, t, kSnapshotKeys);
+    check_keys(s, t);
     get_int(t, s, "every", 0, kInt64Max, c.every);
     get_path(t, s, "dir", c.dir, nullptr);
     get_int_as(t, s, "keep", 1, 1000000, c.keep);
@@ -452,7 +426,7 @@ class Validator {
     const std::vector<std::string> names = model_presets();
     std::string preset;
     if (t) {
-      check_keys("model", *t, kModelKeys);
+      check_keys("model", *t);
       get_choice(*t, "model", "preset", names, preset);
     }
     // No [model] in the file: the tiny preset, which overrides may then adjust.
@@ -506,7 +480,7 @@ class Validator {
 
   void train(const toml::table& t, TrainConfig& c) {
     const std::string s = "train";
-    check_keys(s, t, kTrainKeys);
+    check_keys(s, t);
     get_int(t, s, "steps", 1, kInt64Max, c.steps);
     get_int_as(t, s, "micro_batch", 1, kIntMax, c.micro_batch);
     get_int_as(t, s, "grad_accum", 1, kIntMax, c.grad_accum);
@@ -537,7 +511,7 @@ class Validator {
 
   void data(const toml::table& t, DataConfig& c) {
     const std::string s = "data";
-    check_keys(s, t, kDataKeys);
+    check_keys(s, t);
     get_choice(t, s, "kind", {"synthetic", "text", "shards"}, c.kind);
     const bool has_path = get_path(t, s, "path", c.path, &c.path_pos);
     const bool has_pattern = get_path(t, s, "pattern", c.pattern, &c.path_pos);
@@ -630,7 +604,7 @@ class Validator {
 
   void device(const toml::table& t, DeviceConfig& c) {
     const std::string s = "device";
-    check_keys(s, t, kDeviceKeys);
+    check_keys(s, t);
     std::string kind;
     if (get_string(t, s, "kind", kind)) {
       const std::string w = where(s, "kind", *t.get("kind"));
@@ -682,7 +656,7 @@ class Validator {
 
   void distributed(const toml::table& t, DistributedConfig& c) {
     const std::string s = "distributed";
-    check_keys(s, t, kDistributedKeys);
+    check_keys(s, t);
     if (const toml::node* n = t.get("bucket_size")) {
       const std::string w = where(s, "bucket_size", *n);
       if (!n->is_string()) type_error(s, "bucket_size", *n, "a size string like \"25MiB\"");

@@ -1,7 +1,7 @@
 // headroom: the host binary. `headroom train CONFIG`, `headroom check CONFIG`,
 // `headroom replay TRACE`, ...
 //
-// Exit codes (README.md, "Exit codes"): 0 done, 1 any other failure, 2 bad input or usage (and
+// Exit codes (docs/guide/exit-codes.md): 0 done, 1 any other failure, 2 bad input or usage (and
 // anything that stops a run before its first step), 3 out of memory, 4 an output could not be
 // written, 5 the training diverged, 6 another rank failed or died (the message names it),
 // 130 / 143 stopped by SIGINT / SIGTERM.
