@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "core/comm/comm.h"
+#include "core/config/toml_type_name.h"
 #include "core/device/backend.h"
 #include "core/plugin_host/plugin_internal.h"
 #include "headroom/ext/batch.h"
@@ -49,24 +50,6 @@ struct HostServices {
   }
 
   // --- the plugin's own TOML table ---
-  static const char* type_name(const toml::node& n) {
-    switch (n.type()) {
-      case toml::node_type::string:
-        return "a string";
-      case toml::node_type::integer:
-        return "an integer";
-      case toml::node_type::floating_point:
-        return "a float";
-      case toml::node_type::boolean:
-        return "a boolean";
-      case toml::node_type::table:
-        return "a table";
-      case toml::node_type::array:
-        return "an array";
-      default:
-        return "a date or time";
-    }
-  }
   // The node for `key`, marking it asked for; nullptr when absent.
   static const toml::node* lookup(hr_host* h, const char* key) {
     if (!key) return nullptr;
@@ -76,7 +59,7 @@ struct HostServices {
   }
   static hr_status wrong_type(hr_host* h, const char* key, const char* want, const toml::node& n) {
     LoadedPlugin& p = plugin(h);
-    p.error = key_where(p, key) + ": expected " + want + ", got " + type_name(n);
+    p.error = key_where(p, key) + ": expected " + want + ", got " + type_name_with_article(n);
     return HR_ERROR_CONFIG;
   }
   static hr_status config_int(hr_host* h, const char* key, int64_t* out) {
