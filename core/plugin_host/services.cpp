@@ -34,13 +34,13 @@ namespace headroom {
 
 struct HostServices {
   static LoadedPlugin& plugin(hr_host* h) { return *h->plugin; }
-  static PluginRun& run(hr_host* h) { return *h->owner->run_; }
+  static const RunInterfaces& run(hr_host* h) { return h->owner->run_; }
   // The event being dispatched (-1: none) and its layer.
   static int current_event(hr_host* h) { return h->owner->current_event_; }
   static int current_layer(hr_host* h) { return h->owner->current_layer_; }
 
   static void log(hr_host* h, int32_t level, const char* message) {
-    if (level < HR_LOG_WARN && h->owner->run_ && run(h).checking_only()) return;
+    if (level < HR_LOG_WARN && run(h).checking_only) return;
     static const char* names[] = {"debug", "info", "warning", "error"};
     const char* lv = level >= 0 && level <= 3 ? names[level] : "info";
     std::fprintf(stderr, "[%s] %s: %s\n", plugin(h).entry.name.c_str(), lv, message ? message : "");
@@ -132,8 +132,8 @@ struct HostServices {
       return nullptr;
     }
     try {
-      void* ptr = run(h).device().try_allocate(bytes, category_at(int(category)),
-                                               p.entry.name + ": " + (what ? what : "buffer"));
+      void* ptr = run(h).device->try_allocate(bytes, category_at(int(category)),
+                                              p.entry.name + ": " + (what ? what : "buffer"));
       if (!ptr) {
         p.error = "alloc: " + format_bytes(bytes) + " do not fit in device memory";
         return nullptr;
@@ -157,17 +157,17 @@ struct HostServices {
       log(h, HR_LOG_ERROR, "free: a pointer services->alloc did not return; ignored");
       return;
     }
-    run(h).device().free(ptr);
+    run(h).device->free(ptr);
   }
   static void* raw_alloc(hr_host* h, uint64_t bytes) {
-    return run(h).device().backend_allocate(bytes);
+    return run(h).device->backend_allocate(bytes);
   }
   static void raw_free(hr_host* h, void* ptr) {
-    if (ptr) run(h).device().backend_free(ptr);
+    if (ptr) run(h).device->backend_free(ptr);
   }
   static hr_status memory_stats(hr_host* h, hr_memory_stats* out) {
     if (!out) return HR_ERROR_INVALID;
-    const Device& d = run(h).device();
+    const Device& d = *run(h).device;
     const MemoryTracker& t = d.tracker();
     hr_memory_stats s;
     std::memset(&s, 0, sizeof s);
@@ -186,7 +186,7 @@ struct HostServices {
 
   // --- the model ---
   static Layer<float>* layer(hr_host* h, int32_t index) {
-    Gpt<float>* m = run(h).built_model();
+    Gpt<float>* m = run(h).model->built_model();
     if (!m || index < 0 || index >= int32_t(m->layers().size())) {
       plugin(h).error = "layer " + std::to_string(index) + " does not exist" +
                         (m ? " (the model has " + std::to_string(m->layers().size()) + ")"
@@ -196,7 +196,7 @@ struct HostServices {
     return m->layers()[index].get();
   }
   static int32_t num_layers(hr_host* h) {
-    Gpt<float>* m = run(h).built_model();
+    Gpt<float>* m = run(h).model->built_model();
     return m ? int32_t(m->layers().size()) : 0;
   }
   static hr_status layer_name(hr_host* h, int32_t index, char* out, size_t size) {
@@ -279,51 +279,51 @@ struct HostServices {
     }
   }
   static hr_status op_fill(hr_host* h, void* x, uint32_t dtype, uint64_t n, double value) {
-    return guarded(h, [&] { run(h).device().backend().fill(Dtype(dtype), x, n, value); });
+    return guarded(h, [&] { run(h).device->backend().fill(Dtype(dtype), x, n, value); });
   }
   static hr_status op_copy(hr_host* h, void* dst, const void* src, uint64_t bytes) {
-    return guarded(h, [&] { run(h).device().backend().copy(dst, src, bytes); });
+    return guarded(h, [&] { run(h).device->backend().copy(dst, src, bytes); });
   }
   static hr_status op_cast(hr_host* h, void* dst, uint32_t dd, const void* src, uint32_t sd,
                            uint64_t n) {
-    return guarded(h, [&] { run(h).device().backend().cast(dst, Dtype(dd), src, Dtype(sd), n); });
+    return guarded(h, [&] { run(h).device->backend().cast(dst, Dtype(dd), src, Dtype(sd), n); });
   }
   static hr_status op_scale(hr_host* h, void* x, uint32_t dtype, uint64_t n, double s) {
-    return guarded(h, [&] { run(h).device().backend().scale(Dtype(dtype), x, n, s); });
+    return guarded(h, [&] { run(h).device->backend().scale(Dtype(dtype), x, n, s); });
   }
   static hr_status op_axpy(hr_host* h, void* y, const void* x, uint32_t dtype, uint64_t n,
                            double a) {
-    return guarded(h, [&] { run(h).device().backend().axpy(Dtype(dtype), y, x, n, a); });
+    return guarded(h, [&] { run(h).device->backend().axpy(Dtype(dtype), y, x, n, a); });
   }
   static hr_status op_sum_squares(hr_host* h, const void* x, uint32_t dtype, uint64_t n,
                                   double* out) {
     if (!out) return HR_ERROR_INVALID;
-    return guarded(h, [&] { *out = run(h).device().backend().sum_squares(Dtype(dtype), x, n); });
+    return guarded(h, [&] { *out = run(h).device->backend().sum_squares(Dtype(dtype), x, n); });
   }
   static hr_status op_nonfinite(hr_host* h, const void* x, uint32_t dtype, uint64_t n,
                                 int32_t* out) {
     if (!out) return HR_ERROR_INVALID;
     return guarded(
-        h, [&] { *out = run(h).device().backend().any_nonfinite(Dtype(dtype), x, n) ? 1 : 0; });
+        h, [&] { *out = run(h).device->backend().any_nonfinite(Dtype(dtype), x, n) ? 1 : 0; });
   }
 
   // --- device, ranks, step control ---
   static const char* device_kind(hr_host* h) { return h->owner->device_kind_.c_str(); }
   static int32_t device_index(hr_host* h) { return h->owner->device_index_; }
-  static void* stream(hr_host* h) { return run(h).device().backend().native_stream(); }
+  static void* stream(hr_host* h) { return run(h).device->backend().native_stream(); }
   static int32_t rank(hr_host* h) { return comm(h).rank(); }
   static int32_t world_size(hr_host* h) { return comm(h).world_size(); }
   static void veto_step(hr_host* h, const char* reason) {
-    run(h).veto_step(plugin(h).entry.name, reason ? reason : "");
+    run(h).step->veto_step(plugin(h).entry.name, reason ? reason : "");
   }
   static void request_retry(hr_host* h, const char* reason) {
-    run(h).request_retry(plugin(h).entry.name, reason ? reason : "");
+    run(h).step->request_retry(plugin(h).entry.name, reason ? reason : "");
   }
 
   // --- virtual memory (allocator role) ---
-  static uint64_t vm_granularity(hr_host* h) { return run(h).device().vm_granularity(); }
+  static uint64_t vm_granularity(hr_host* h) { return run(h).device->vm_granularity(); }
   static bool vm_aligned(hr_host* h, const void* addr, uint64_t bytes) {
-    const uint64_t g = run(h).device().vm_granularity();
+    const uint64_t g = run(h).device->vm_granularity();
     if (bytes % g == 0 && reinterpret_cast<uintptr_t>(addr) % g == 0) return true;
     plugin(h).error =
         "vm: address and size must be multiples of vm_granularity() = " + std::to_string(g);
@@ -331,20 +331,20 @@ struct HostServices {
   }
   static void* vm_reserve(hr_host* h, uint64_t bytes) {
     if (!vm_aligned(h, nullptr, bytes)) return nullptr;
-    return run(h).device().vm_reserve(bytes);
+    return run(h).device->vm_reserve(bytes);
   }
   static hr_status vm_map(hr_host* h, void* addr, uint64_t bytes) {
     if (!addr || !vm_aligned(h, addr, bytes)) return HR_ERROR_INVALID;
-    return run(h).device().vm_map(addr, bytes) ? HR_OK : HR_ERROR_OUT_OF_MEMORY;
+    return run(h).device->vm_map(addr, bytes) ? HR_OK : HR_ERROR_OUT_OF_MEMORY;
   }
   static hr_status vm_unmap(hr_host* h, void* addr, uint64_t bytes) {
     if (!addr || !vm_aligned(h, addr, bytes)) return HR_ERROR_INVALID;
-    run(h).device().vm_unmap(addr, bytes);
+    run(h).device->vm_unmap(addr, bytes);
     return HR_OK;
   }
   static hr_status vm_release(hr_host* h, void* addr, uint64_t bytes) {
     if (!addr || !vm_aligned(h, addr, bytes)) return HR_ERROR_INVALID;
-    run(h).device().vm_release(addr, bytes);
+    run(h).device->vm_release(addr, bytes);
     return HR_OK;
   }
 
@@ -354,7 +354,7 @@ struct HostServices {
     try {
       if (dtype > HR_DTYPE_I32)
         throw std::invalid_argument("unknown dtype " + std::to_string(dtype));
-      run(h).set_compute_dtype(p.entry.name, Dtype(dtype));
+      run(h).precision->set_compute_dtype(p.entry.name, Dtype(dtype));
       return HR_OK;
     } catch (const std::exception& e) {
       p.error = std::string("set_compute_dtype: ") + e.what();
@@ -364,7 +364,7 @@ struct HostServices {
   static hr_status set_loss_scale(hr_host* h, double scale) {
     LoadedPlugin& p = plugin(h);
     try {
-      run(h).set_loss_scale(p.entry.name, scale);
+      run(h).precision->set_loss_scale(p.entry.name, scale);
       return HR_OK;
     } catch (const std::exception& e) {
       p.error = std::string("set_loss_scale: ") + e.what();
@@ -380,7 +380,7 @@ struct HostServices {
                 "): what must be HR_DROP_ALL (0) or HR_DROP_CHEAP (1)";
       return HR_ERROR_INVALID;
     }
-    Gpt<float>* m = run(h).built_model();
+    Gpt<float>* m = run(h).model->built_model();
     if (!m) {
       p.error = "drop_activations: the model is not built yet";
       return HR_ERROR_INVALID;
@@ -395,16 +395,18 @@ struct HostServices {
   }
 
   // --- headroom.precision/1's getters ---
-  static uint32_t compute_dtype(hr_host* h) { return uint32_t(run(h).state().precision.compute); }
-  static double loss_scale(hr_host* h) { return run(h).state().loss_scale; }
+  static uint32_t compute_dtype(hr_host* h) {
+    return uint32_t(run(h).step->state().precision.compute);
+  }
+  static double loss_scale(hr_host* h) { return run(h).step->state().loss_scale; }
   // The state layout: each setter changes one field of the run's Precision.
   template <class F>
   static hr_status set_precision(hr_host* h, const char* fn, F&& change) {
     LoadedPlugin& p = plugin(h);
     try {
-      Precision q = run(h).state().precision;
+      Precision q = run(h).step->state().precision;
       change(q);
-      run(h).set_precision(p.entry.name, q);
+      run(h).precision->set_precision(p.entry.name, q);
       return HR_OK;
     } catch (const std::exception& e) {
       p.error = std::string(fn) + ": " + e.what();
@@ -432,11 +434,13 @@ struct HostServices {
     });
   }
   static uint32_t grad_dtype(hr_host* h) {
-    const Precision q = run(h).state().precision;
+    const Precision q = run(h).step->state().precision;
     return q.grad_in_compute ? uint32_t(q.compute) : uint32_t(HR_DTYPE_F32);
   }
-  static int32_t master_weights(hr_host* h) { return run(h).state().precision.masters ? 1 : 0; }
-  static uint32_t state_dtype(hr_host* h) { return uint32_t(run(h).state().precision.state); }
+  static int32_t master_weights(hr_host* h) {
+    return run(h).step->state().precision.masters ? 1 : 0;
+  }
+  static uint32_t state_dtype(hr_host* h) { return uint32_t(run(h).step->state().precision.state); }
   static hr_status nonfinite_many(hr_host* h, uint64_t count, const void* const* data,
                                   const uint32_t* dtypes, const uint64_t* numels, int32_t* out) {
     if (!out || (count > 0 && (!data || !dtypes || !numels))) return HR_ERROR_INVALID;
@@ -444,7 +448,7 @@ struct HostServices {
       std::vector<Backend::Span> spans(count);
       for (uint64_t i = 0; i < count; ++i)
         spans[i] = {Dtype(dtypes[i]), data[i], numels[i]};
-      *out = run(h).device().backend().any_nonfinite_many(spans) ? 1 : 0;
+      *out = run(h).device->backend().any_nonfinite_many(spans) ? 1 : 0;
     });
   }
 
@@ -466,7 +470,7 @@ struct HostServices {
       p.error = "find_param: name and out must not be NULL";
       return HR_ERROR_INVALID;
     }
-    Gpt<float>* m = run(h).built_model();
+    Gpt<float>* m = run(h).model->built_model();
     if (!m) {
       p.error = std::string("find_param(\"") + name + "\"): the model is not built yet";
       return HR_ERROR_INVALID;
@@ -496,7 +500,7 @@ struct HostServices {
       p.error = "read: dst and src must not be NULL";
       return HR_ERROR_INVALID;
     }
-    return guarded(h, [&] { run(h).device().backend().download(dst, src, bytes); });
+    return guarded(h, [&] { run(h).device->backend().download(dst, src, bytes); });
   }
   static hr_status write(hr_host* h, void* dst, const void* src, uint64_t bytes) {
     if (bytes == 0) return HR_OK;
@@ -505,7 +509,7 @@ struct HostServices {
       return HR_ERROR_INVALID;
     }
     return guarded(h, [&] {
-      Backend& ops = run(h).device().backend();
+      Backend& ops = run(h).device->backend();
       ops.upload(dst, src, bytes);
       ops.synchronize();  // done when it returns: `src` is the plugin's to reuse
     });
@@ -578,7 +582,7 @@ struct HostServices {
     // rest reads the elements back a bounded chunk at a time and reduces on the host.
     if (op == HR_REDUCE_SUM_SQUARES &&
         (dtype == HR_DTYPE_F32 || dtype == HR_DTYPE_BF16 || dtype == HR_DTYPE_F16))
-      return guarded(h, [&] { *out = run(h).device().backend().sum_squares(Dtype(dtype), x, n); });
+      return guarded(h, [&] { *out = run(h).device->backend().sum_squares(Dtype(dtype), x, n); });
     const uint64_t size = dtype_size(Dtype(dtype));
     return guarded(h, [&] {
       constexpr uint64_t kChunkBytes = uint64_t(1) << 20;
@@ -586,7 +590,7 @@ struct HostServices {
       const uint64_t per_chunk = kChunkBytes / size;
       double acc = sums ? 0.0 : -std::numeric_limits<double>::infinity();
       bool nan = false;
-      Backend& ops = run(h).device().backend();
+      Backend& ops = run(h).device->backend();
       for (uint64_t at = 0; at < n; at += per_chunk) {
         const uint64_t k = std::min(per_chunk, n - at);
         ops.download(chunk.data(), static_cast<const unsigned char*>(x) + at * size, k * size);
@@ -620,7 +624,7 @@ struct HostServices {
       plugin(h).error = "state: out must not be NULL";
       return HR_ERROR_INVALID;
     }
-    const RunState r = run(h).state();
+    const RunState r = run(h).step->state();
     hr_step_state s;
     std::memset(&s, 0, sizeof s);
     s.struct_size = sizeof s;
@@ -644,7 +648,7 @@ struct HostServices {
       plugin(h).error = HR_EXT_BATCH " state: out must not be NULL";
       return HR_ERROR_INVALID;
     }
-    const BatchState b = run(h).batch_state();
+    const BatchState b = run(h).batch->batch_state();
     hr_batch_state s;
     std::memset(&s, 0, sizeof s);
     s.struct_size = sizeof s;
@@ -677,12 +681,12 @@ struct HostServices {
   }
   static hr_status batch_restart_step(hr_host* h, int32_t micro_batch, const char* reason) {
     return batch_call(h, "restart_step", [&](const std::string& name) {
-      run(h).restart_step(name, micro_batch, reason ? reason : "");
+      run(h).batch->restart_step(name, micro_batch, reason ? reason : "");
     });
   }
   static hr_status batch_set_micro_batch(hr_host* h, int32_t micro_batch, const char* reason) {
     return batch_call(h, "set_micro_batch", [&](const std::string& name) {
-      run(h).set_micro_batch(name, micro_batch, reason ? reason : "");
+      run(h).batch->set_micro_batch(name, micro_batch, reason ? reason : "");
     });
   }
 
@@ -690,9 +694,9 @@ struct HostServices {
   // The run's communicator, or a local one (rank 0 of 1) when the run has none: a check or an
   // estimate runs on one rank by itself, also under mpirun (an MPI one would be collective).
   static Communicator& comm(hr_host* h) {
-    if (Communicator* c = run(h).plugin_communicator()) return *c;
+    if (Communicator* c = run(h).comm->plugin_communicator()) return *c;
     PluginHost& host = *h->owner;
-    if (!host.self_comm_) host.self_comm_ = make_local_communicator(run(h).device());
+    if (!host.self_comm_) host.self_comm_ = make_local_communicator(*run(h).device);
     return *host.self_comm_;
   }
   // A collective posted by `post` (a CommRequest) into *out; its errors as statuses: a bad
@@ -776,7 +780,7 @@ struct HostServices {
         throw std::invalid_argument(
             "an optimizer-role plugin keeps its own state, which cannot be partitioned; use the "
             "built-in train.optimizer with a zero plugin");
-      run(h).set_partition(p.entry.name, what);
+      run(h).shard->set_partition(p.entry.name, what);
       return HR_OK;
     } catch (const std::exception& e) {
       p.error = std::string(HR_EXT_SHARD " partition: ") + e.what();
@@ -785,7 +789,7 @@ struct HostServices {
   }
   static hr_status shard_layout(hr_host* h, int32_t layer, hr_shard_layout* out) {
     LoadedPlugin& p = plugin(h);
-    Gpt<float>* m = run(h).built_model();
+    Gpt<float>* m = run(h).model->built_model();
     if (!out || !m || layer < 0 || layer >= int32_t(m->layers().size())) {
       p.error = std::string(HR_EXT_SHARD " layout: ") +
                 (!out ? "out must not be NULL"
@@ -794,7 +798,7 @@ struct HostServices {
       return HR_ERROR_INVALID;
     }
     const FlatStorage& f = m->layers()[size_t(layer)]->flat();
-    Sharding* sh = run(h).sharding();
+    Sharding* sh = run(h).shard->sharding();
     hr_shard_layout l;
     std::memset(&l, 0, sizeof l);
     l.struct_size = sizeof l;
@@ -814,7 +818,7 @@ struct HostServices {
   template <class F>
   static hr_status sharded(hr_host* h, const char* fn, F&& f) {
     LoadedPlugin& p = plugin(h);
-    Sharding* sh = run(h).sharding();
+    Sharding* sh = run(h).shard->sharding();
     if (!sh) {
       p.error = std::string(HR_EXT_SHARD " ") + fn + ": nothing is sharded (partition first)";
       return HR_ERROR;
@@ -844,7 +848,7 @@ struct HostServices {
   static hr_status shard_persist_below(hr_host* h, uint64_t elements) {
     LoadedPlugin& p = plugin(h);
     try {
-      run(h).set_persist_below(p.entry.name, elements);
+      run(h).shard->set_persist_below(p.entry.name, elements);
       return HR_OK;
     } catch (const std::exception& e) {
       p.error = std::string(HR_EXT_SHARD " persist_below: ") + e.what();
@@ -852,12 +856,12 @@ struct HostServices {
     }
   }
   static hr_status shard_release_parameters(hr_host* h, int32_t layer) {
-    Sharding* sh = run(h).sharding();
-    if (sh && (layer < 0 || layer >= int32_t(run(h).built_model()->layers().size()) ||
+    Sharding* sh = run(h).shard->sharding();
+    if (sh && (layer < 0 || layer >= int32_t(run(h).model->built_model()->layers().size()) ||
                sh->whole(layer))) {
       plugin(h).error = std::string(HR_EXT_SHARD " release_parameters: layer ") +
                         std::to_string(layer) +
-                        (layer < 0 || layer >= int32_t(run(h).built_model()->layers().size())
+                        (layer < 0 || layer >= int32_t(run(h).model->built_model()->layers().size())
                              ? " does not exist"
                              : " keeps its parameters whole (nothing sharded to release)");
       return HR_ERROR_INVALID;
@@ -869,8 +873,9 @@ struct HostServices {
   }
   static hr_status shard_gradient_range(hr_host* h, int32_t layer, hr_tensor* out) {
     LoadedPlugin& p = plugin(h);
-    Sharding* sh = run(h).sharding();
-    if (!out || !sh || layer < 0 || layer >= int32_t(run(h).built_model()->layers().size())) {
+    Sharding* sh = run(h).shard->sharding();
+    if (!out || !sh || layer < 0 ||
+        layer >= int32_t(run(h).model->built_model()->layers().size())) {
       p.error = std::string(HR_EXT_SHARD " gradient_range: ") +
                 (!out  ? "out must not be NULL"
                  : !sh ? "nothing is sharded"
@@ -879,8 +884,8 @@ struct HostServices {
     }
     const uint64_t n = sh->shard_numel(layer);
     // Named as its layer (a name that outlives the call).
-    hr_tensor t = f32_view(run(h).built_model()->layers()[size_t(layer)]->name(), {int64_t(n)}, n,
-                           sh->gradient_range(layer));
+    hr_tensor t = f32_view(run(h).model->built_model()->layers()[size_t(layer)]->name(),
+                           {int64_t(n)}, n, sh->gradient_range(layer));
     t.data = t.grad = sh->gradient_range(layer);
     write_sized(out, t);
     return HR_OK;
@@ -888,7 +893,7 @@ struct HostServices {
 
   // --- headroom.resize/1 ---
   static int32_t mlp_width(hr_host* h, int32_t layer) {
-    Gpt<float>* m = run(h).built_model();
+    Gpt<float>* m = run(h).model->built_model();
     if (!m || layer < 1 || layer > m->config().n_layer) return -1;
     return m->config().mlp_width(layer - 1);
   }
@@ -924,12 +929,12 @@ struct HostServices {
   static hr_status keep_mlp_units(hr_host* h, int32_t layer, const uint32_t* keep, uint32_t count) {
     return keep_some(h, "keep_mlp_units", "unit", keep, count,
                      [&](const std::string& plugin, const std::vector<uint32_t>& k) {
-                       run(h).resize_mlp(plugin, layer, k);
+                       run(h).resize->resize_mlp(plugin, layer, k);
                      });
   }
 
   static int32_t attn_heads(hr_host* h, int32_t layer) {
-    Gpt<float>* m = run(h).built_model();
+    Gpt<float>* m = run(h).model->built_model();
     if (!m || layer < 1 || layer > m->config().n_layer) return -1;
     return m->config().heads(layer - 1);
   }
@@ -937,7 +942,7 @@ struct HostServices {
                                    uint32_t count) {
     return keep_some(h, "keep_attn_heads", "head", keep, count,
                      [&](const std::string& plugin, const std::vector<uint32_t>& k) {
-                       run(h).resize_heads(plugin, layer, k);
+                       run(h).resize->resize_heads(plugin, layer, k);
                      });
   }
 
