@@ -115,7 +115,16 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   }
   // Plugins come before anything allocates: an allocator-role plugin serves every buffer.
   plugins_ = std::make_unique<PluginHost>(config_);
-  plugins_->create(*this);
+  RunInterfaces run;
+  run.device = device_.get();
+  run.model = this;
+  run.comm = this;
+  run.step = this;
+  run.precision = this;
+  run.shard = this;
+  run.batch = this;
+  run.resize = this;
+  plugins_->create(run);
   add_listener(plugins_.get());
   // amp's state layouts other than its default are one rank's, unsharded, so far: the gradient
   // buckets, the shards and their resharding hold f32 masters and gradients.

@@ -77,7 +77,15 @@ class Diverged : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-class Trainer final : private LayerEvents, private AllocationObserver, private PluginRun {
+class Trainer final : private LayerEvents,
+                      private AllocationObserver,
+                      private ModelAccess,
+                      private CommAccess,
+                      private StepControl,
+                      private PrecisionChoice,
+                      private ShardChoice,
+                      private BatchControl,
+                      private ModelResize {
  public:
   // Checks that every output path can be written, builds the device, loads and creates the
   // plugins, then the model (parameters and gradients allocated now), the optimizer and the data
@@ -105,7 +113,7 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   std::vector<uint64_t> bucket_bytes() const;
 
   const Config& config() const { return config_; }
-  Device& device() override { return *device_; }
+  Device& device() { return *device_; }
   Gpt<float>& model() { return *model_; }
   double loss_scale() const { return loss_scale_; }
   const DataSource& data() const { return *data_; }
@@ -193,7 +201,7 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   void on_alloc(const void* ptr, uint64_t bytes, Category c, const std::string& what) override;
   void on_free(const void* ptr, uint64_t bytes, Category c) override;
   void on_oom(const OomReport& report) override;
-  // PluginRun: what plugins reach of the run.
+  // What plugins reach of the run (core/plugin_host/run_interfaces.h).
   Gpt<float>* built_model() override { return model_.get(); }
   void veto_step(const std::string& plugin, const std::string& reason) override;
   void request_retry(const std::string& plugin, const std::string& reason) override;
