@@ -29,31 +29,6 @@ class PluginFailure : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The trainer's interfaces together, until it implements them itself (the next commit): what
-// PluginHost::create(PluginRun&) hands on as a RunInterfaces.
-class PluginRun : public ModelAccess,
-                  public CommAccess,
-                  public StepControl,
-                  public PrecisionChoice,
-                  public ShardChoice,
-                  public BatchControl,
-                  public ModelResize {
- public:
-  virtual Device& device() = 0;
-  RunInterfaces interfaces() {
-    RunInterfaces r;
-    r.device = &device();
-    r.model = this;
-    r.comm = this;
-    r.step = this;
-    r.precision = this;
-    r.shard = this;
-    r.batch = this;
-    r.resize = this;
-    return r;
-  }
-};
-
 // What `headroom plugins` shows of one library file.
 struct PluginInfo {
   std::string file;
@@ -154,7 +129,6 @@ class PluginHost final : public EventListener {
   // is a ConfigError; any other create() failure is a PluginFailure. What `run` has none of, the
   // services answer as run_interfaces.h says.
   void create(const RunInterfaces& run);
-  void create(PluginRun& run) { create(run.interfaces()); }
 
   bool provides_optimizer() const;
   // The HR_EVENT_BIT()s of the events any plugin subscribes to.
