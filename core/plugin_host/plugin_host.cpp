@@ -1,7 +1,7 @@
 // The plugin host: the loaded plugins of a config, created in order (the allocator first), their
 // roles put in place, the loop's events dispatched to them, their states saved and loaded; and
 // the two ways to reach plugins without a training run (CreatedPlugins, PluginCatalog).
-// Loading is loader.cpp's; the services table and the extensions are services.cpp's.
+// Loading is loader.cpp's; the services table is services_v1.cpp's, the extensions ext_*.cpp's.
 #include "core/plugin_host/plugin_host.h"
 
 #include <cmath>

@@ -149,7 +149,7 @@ std::string find_plugin_file(const PluginEntry& e);
 // Every <dir>/*.so on the search path: folder by folder, each folder's files in name order.
 std::vector<std::string> plugin_files_on_search_path();
 
-// --- services.cpp ---
+// --- services_v1.cpp ---
 // The services table handed to `p`'s create(): every 1.4 function and get_extension.
 hr_host_services make_services(LoadedPlugin& p);
 // "file:line:col: plugins.<name>.<key>", for messages about one of a plugin's keys.
