@@ -7,6 +7,7 @@
 #include "core/plugin_host/services.h"
 #include "headroom/ext/batch.h"
 #include "headroom/ext/comm.h"
+#include "headroom/ext/model.h"
 #include "headroom/ext/precision.h"
 #include "headroom/ext/recompute.h"
 #include "headroom/ext/resize.h"
@@ -27,6 +28,7 @@ extern const hr_ext_comm kCommExtension;            // ext_comm.cpp
 extern const hr_ext_shard kShardExtension;          // ext_shard.cpp
 extern const hr_ext_batch kBatchExtension;          // ext_batch.cpp
 extern const hr_ext_resize kResizeExtension;        // ext_resize.cpp
+extern const hr_ext_model kModelExtension;          // ext_model.cpp
 
 namespace {
 
@@ -45,6 +47,7 @@ const Extension kExtensions[] = {
     {HR_EXT_SHARD, &kShardExtension},
     {HR_EXT_BATCH, &kBatchExtension},
     {HR_EXT_RESIZE, &kResizeExtension},
+    {HR_EXT_MODEL, &kModelExtension},
 };
 
 }  // namespace
