@@ -228,6 +228,13 @@ uint64_t PluginHost::subscribed_events() const {
   return events;
 }
 
+uint64_t PluginHost::gradient_events() const {
+  uint64_t events = 0;
+  for (const auto& p : plugins_)
+    events |= p->gradient_events;
+  return events;
+}
+
 bool PluginHost::provides_optimizer() const {
   for (const auto& p : plugins_)
     if (p->desc.roles & HR_ROLE_OPTIMIZER) return true;

@@ -133,6 +133,10 @@ class PluginHost final : public EventListener {
   bool provides_optimizer() const;
   // The HR_EVENT_BIT()s of the events any plugin subscribes to.
   uint64_t subscribed_events() const;
+  // The HR_EVENT_BIT()s of the events at which some plugin's hooks read or write the gradients:
+  // the union of what each declared in headroom.reads/1, a plugin that declared nothing counting
+  // as reading them at every event it subscribes to.
+  uint64_t gradient_events() const;
   // A plugin reduces the gradients across ranks itself: core's data-parallel all-reduce is off.
   bool provides_gradient_reduction() const;
   // The allocator-role plugin's statistics; false when there is none or it keeps none.

@@ -98,6 +98,9 @@ struct LoadedPlugin {
   // headroom.state/1 extension it offers (ABI 1.5); both NULL when it has none.
   hr_status (*save_state)(void* instance, const hr_state_writer* writer) = nullptr;
   hr_status (*load_state)(void* instance, const void* data, uint64_t size) = nullptr;
+  // The HR_EVENT_BIT()s of the events whose hooks read or write the gradients: its
+  // headroom.reads/1, else every event it subscribes to.
+  uint64_t gradient_events = 0;
 
   void* instance = nullptr;
   bool created = false;
