@@ -1,4 +1,4 @@
-// What the plugin host's files share (loader.cpp, services.cpp, plugin_host.cpp): one loaded
+// What the plugin host's files share (loader.cpp, the service files, plugin_host.cpp): one loaded
 // plugin, the handle a plugin passes back to every service, the sized reads and writes of ABI
 // structs, and the loader's entry points. Not installed: nothing outside core/plugin_host/ uses it.
 #pragma once
