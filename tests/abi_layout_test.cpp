@@ -2,6 +2,8 @@
 // headroom/plugin.h, the type of every function pointer, and every enum and constant value, for
 // x86-64 (LP64). A change here breaks every plugin already built. Fields may only be appended (the
 // struct's size grows, no offset moves) and enum values only added.
+// An extension added after headroom.resize/1 pins its structs in its own test,
+// tests/ext_<name>_test.cpp, beside the probe plugin that calls it (tests/abi/CMakeLists.txt).
 #include <gtest/gtest.h>
 
 #include <cstddef>

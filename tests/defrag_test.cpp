@@ -256,14 +256,10 @@ std::string defrag_toml(uint64_t limit, const std::string& keys = "") {
 struct Defrag {
   Config config;
   std::unique_ptr<Device> dev;
-  ModelessRun run;
   PluginHost host;
   explicit Defrag(const std::string& toml)
-      : config(test::config_from(toml)),
-        dev(Device::create(config.device)),
-        run(*dev),
-        host(config) {
-    host.create(run);
+      : config(test::config_from(toml)), dev(Device::create(config.device)), host(config) {
+    host.create(modeless_run(*dev));
   }
   Device& device() { return *dev; }
   AllocatorStats stats() {

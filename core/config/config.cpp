@@ -4,6 +4,8 @@
 
 #include <toml++/toml.h>
 
+#include "core/config/toml_type_name.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -85,6 +87,8 @@ std::string sections_list() {
   return join(names, ", ");
 }
 
+}  // namespace
+
 std::string type_name(const toml::node& node) {
   switch (node.type()) {
     case toml::node_type::integer:
@@ -109,6 +113,13 @@ std::string type_name(const toml::node& node) {
       return "nothing";
   }
 }
+
+std::string type_name_with_article(const toml::node& node) {
+  const std::string name = type_name(node);
+  return (name.find_first_of("aeiou") == 0 ? "an " : "a ") + name;
+}
+
+namespace {
 
 std::string pos_str(const std::string& file, const toml::source_region& src) {
   SourcePos p;

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/plugin_host/plugin_internal.h"
+#include "headroom/ext/reads.h"
 #include "headroom/ext/roles.h"
 #include "headroom/ext/state.h"
 
@@ -424,6 +425,17 @@ std::unique_ptr<LoadedPlugin> load_library(const std::string& file, const std::s
       p->save_state = st.save;
       p->load_state = st.load;
     }
+  }
+  // What its hooks read (headroom.reads/1); a plugin that declares nothing reads the gradients at
+  // every event it subscribes to.
+  p->gradient_events = d.events;
+  if (const void* table = offered(HR_EXT_READS)) {
+    const hr_ext_reads* reads = static_cast<const hr_ext_reads*>(table);
+    if (reads->struct_size < offsetof(hr_ext_reads, gradients) + sizeof(uint64_t))
+      missing.push_back("the " HR_EXT_READS " table's gradients (its struct_size is " +
+                        std::to_string(reads->struct_size) + ")");
+    else
+      p->gradient_events = read_sized(reads).gradients & d.events;
   }
   if (!missing.empty())
     throw fail("has an incomplete descriptor" +

@@ -1,7 +1,7 @@
 // The plugin host: the loaded plugins of a config, created in order (the allocator first), their
 // roles put in place, the loop's events dispatched to them, their states saved and loaded; and
 // the two ways to reach plugins without a training run (CreatedPlugins, PluginCatalog).
-// Loading is loader.cpp's; the services table and the extensions are services.cpp's.
+// Loading is loader.cpp's; the services table is services_v1.cpp's, the extensions ext_*.cpp's.
 #include "core/plugin_host/plugin_host.h"
 
 #include <cmath>
@@ -157,15 +157,16 @@ PluginHost::~PluginHost() {
     p.created = false;
   }
   if (alloc_plugin) {
-    if (run_ && run_->device().tracker().live_total() == 0) run_->device().set_allocator(nullptr);
+    if (run_.device && run_.device->tracker().live_total() == 0)
+      run_.device->set_allocator(nullptr);
     alloc_plugin->desc.destroy(alloc_plugin->instance);
     alloc_plugin->created = false;
   }
   plugins_.clear();  // unloads the libraries, after every instance is gone
 }
 
-void PluginHost::create(PluginRun& run) {
-  run_ = &run;
+void PluginHost::create(const RunInterfaces& run) {
+  run_ = with_defaults(run);
   std::vector<LoadedPlugin*> order;
   for (auto& p : plugins_)
     if (p->desc.roles & HR_ROLE_ALLOCATOR) order.push_back(p.get());
@@ -199,7 +200,7 @@ void PluginHost::create(PluginRun& run) {
     }
     if (p->desc.roles & HR_ROLE_ALLOCATOR) {
       allocator_ = std::make_unique<AllocatorAdapter>(*p);
-      run.device().set_allocator(allocator_.get());
+      run_.device->set_allocator(allocator_.get());
     }
   }
 }
@@ -224,6 +225,13 @@ uint64_t PluginHost::subscribed_events() const {
   uint64_t events = 0;
   for (const auto& p : plugins_)
     events |= p->desc.events;
+  return events;
+}
+
+uint64_t PluginHost::gradient_events() const {
+  uint64_t events = 0;
+  for (const auto& p : plugins_)
+    events |= p->gradient_events;
   return events;
 }
 
@@ -321,15 +329,25 @@ std::map<std::string, std::vector<uint8_t>> PluginHost::save_states() {
 // ---------------------------------------------------------------------------------------------
 // Checking a config's plugins without a run
 
-namespace {
-
 // The run validate_plugins creates the plugins against: a device, no model, and the trainer's
 // rules for the compute dtype and the loss scale (Trainer::set_compute_dtype, set_loss_scale),
 // which a plugin's create() may call.
-class ValidationRun final : public PluginRun {
+class CreatedPlugins::Run final : public StepControl,
+                                  public PrecisionChoice,
+                                  public ShardChoice,
+                                  public BatchControl {
  public:
-  ValidationRun(Device& device, const TrainConfig& train) : device_(device), train_(train) {}
-  Device& device() override { return device_; }
+  Run(Device& device, const TrainConfig& train) : device_(device), train_(train) {}
+  RunInterfaces interfaces() {
+    RunInterfaces r;
+    r.device = &device_;
+    r.step = this;
+    r.precision = this;
+    r.shard = this;
+    r.batch = this;
+    r.checking_only = true;
+    return r;
+  }
   // As the run starts: at the configured micro-batch.
   BatchState batch_state() const override {
     BatchState b;
@@ -338,7 +356,14 @@ class ValidationRun final : public PluginRun {
     b.memory_limit = device_.memory_limit();
     return b;
   }
-  Gpt<float>* built_model() override { return nullptr; }
+  // The steps a checked config would run never start: the rules refuse both outside the OOM
+  // hook and the step events, which a check does not fire.
+  void restart_step(const std::string& plugin, int, const std::string&) override {
+    throw std::logic_error(plugin + ": a config being checked runs no steps");
+  }
+  void set_micro_batch(const std::string& plugin, int, const std::string&) override {
+    throw std::logic_error(plugin + ": a config being checked runs no steps");
+  }
   void veto_step(const std::string&, const std::string&) override {}
   void request_retry(const std::string&, const std::string&) override {}
   void set_compute_dtype(const std::string& plugin, Dtype dtype) override {
@@ -371,7 +396,6 @@ class ValidationRun final : public PluginRun {
     r.loss_scale = loss_scale_;
     return r;
   }
-  bool checking_only() const override { return true; }
   // A zero plugin partitions from its create(): the run it would shard is not built here (the
   // estimate of what it shards is its headroom.estimate/1's). Two that both shard are refused as
   // the trainer refuses them; the host checked the bits.
@@ -385,6 +409,7 @@ class ValidationRun final : public PluginRun {
     if (plugin != shard_by_)
       throw std::logic_error(plugin + ": the persistence threshold is set after partitioning");
   }
+  Sharding* sharding() override { return nullptr; }
 
  private:
   Device& device_;
@@ -396,16 +421,14 @@ class ValidationRun final : public PluginRun {
   std::string shard_by_;
 };
 
-}  // namespace
-
 CreatedPlugins::CreatedPlugins(const Config& config) {
   DeviceConfig cpu;
   cpu.kind = "cpu";
   if (config.device.kind == "cpu") cpu.memory_limit = config.device.memory_limit;
   device_ = Device::create(cpu);
-  run_ = std::make_unique<ValidationRun>(*device_, config.train);
+  run_ = std::make_unique<Run>(*device_, config.train);
   host_ = std::make_unique<PluginHost>(config);
-  host_->create(*run_);
+  host_->create(run_->interfaces());
 }
 
 CreatedPlugins::~CreatedPlugins() = default;

@@ -16,6 +16,7 @@
 #include "core/events/events.h"
 #include "core/model/model.h"
 #include "core/optim/optim.h"
+#include "core/plugin_host/run_interfaces.h"
 #include "core/shard/sharding.h"
 #include "headroom/plugin.h"
 
@@ -26,140 +27,6 @@ namespace headroom {
 class PluginFailure : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
-};
-
-// A resize (headroom.resize/1) this run cannot do: sharded, on several ranks, or an optimizer
-// that cannot resize its state. Nothing was changed.
-class ResizeRefused : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// Where the current optimizer step stands, for headroom.step/1 and headroom.precision/1 (the
-// fields are hr_step_state's, headroom/ext/step.h, which says when each is defined).
-struct RunState {
-  int64_t step = 0;
-  int micro_step = 0;
-  int micro_steps = 1;  // [train] grad_accum
-  double lr = 0.0;
-  double loss_scale = 1.0;  // what this step's backward uses
-  double loss = 0.0;        // the mean over the tokens of the micro-steps whose loss is known
-  uint64_t tokens = 0;
-  double grad_norm = 0.0;  // from OPTIMIZER_STEP on
-  double clip_coef = 1.0;  // from OPTIMIZER_STEP on
-  bool skipped = false;
-  Precision precision;  // the compute dtype and the model state's layout around it
-};
-
-// The micro-batch of the steps, for headroom.batch/1 (the fields are hr_batch_state's,
-// headroom/ext/batch.h).
-struct BatchState {
-  int configured_micro_batch = 1, configured_grad_accum = 1;
-  int micro_batch = 1, grad_accum = 1;
-  int restarts = 0;
-  uint64_t memory_limit = 0;
-  uint64_t attempt_start_bytes = 0, attempt_peak_bytes = 0;
-};
-
-// What plugins reach of the training run beyond the device: implemented by the trainer.
-class PluginRun {
- public:
-  virtual ~PluginRun() = default;
-  virtual Device& device() = 0;
-  virtual Gpt<float>* built_model() = 0;  // nullptr until the model is built
-  virtual void veto_step(const std::string& plugin, const std::string& reason) = 0;
-  virtual void request_retry(const std::string& plugin, const std::string& reason) = 0;
-  // The dtype the model computes in; only before the model is built (std::logic_error after, or
-  // when another plugin chose another; std::invalid_argument for a dtype that is not f32, bf16 or
-  // f16).
-  virtual void set_compute_dtype(const std::string& plugin, Dtype dtype) = 0;
-  // The state layout around the compute dtype (headroom.precision/1's appended setters): only
-  // before the model is built, after set_compute_dtype; std::invalid_argument naming what
-  // precision_problem() finds, std::logic_error after the model is built.
-  virtual void set_precision(const std::string& plugin, const Precision& p) {
-    (void)p;
-    throw std::logic_error(plugin + ": this run has no model state to lay out");
-  }
-  // The factor the loss gradient is multiplied by from the next step on (std::invalid_argument
-  // unless finite and > 0).
-  virtual void set_loss_scale(const std::string& plugin, double scale) = 0;
-  // Where the run stands now.
-  virtual RunState state() const = 0;
-  // The run's communicator, for headroom.comm/1 and the ranks of the services table. nullptr: a
-  // single process (the plugins see rank 0 of 1, their collectives local). A run launched on
-  // several ranks must return its own.
-  virtual Communicator* plugin_communicator() { return nullptr; }
-  // headroom.shard/1. What the run shards (kShard* bits), from `plugin`'s create() only:
-  // std::logic_error after, or when another plugin chose already; std::invalid_argument for bits
-  // that are no ZeRO stage. A run that cannot shard says so with std::logic_error.
-  virtual void set_partition(const std::string& plugin, uint32_t what) {
-    (void)what;
-    throw std::logic_error(plugin + ": this run has no model to shard");
-  }
-  // headroom.shard/1 persist_below: from create() only, after set_partition with parameters
-  // sharded (std::logic_error otherwise).
-  virtual void set_persist_below(const std::string& plugin, uint64_t elements) {
-    (void)elements;
-    throw std::logic_error(plugin + ": this run has no model to shard");
-  }
-  // The mechanism, once the model is built with something sharded; else nullptr.
-  virtual Sharding* sharding() { return nullptr; }
-  // headroom.batch/1. Where the steps' micro-batch stands.
-  virtual BatchState batch_state() const { return BatchState{}; }
-  // From the OOM event: the step runs again from its first micro-step at `micro_batch` once the
-  // failed allocation has unwound (std::invalid_argument for a micro-batch that does not divide
-  // [train] micro_batch or is above the current one; std::logic_error where steps cannot be
-  // restarted).
-  virtual void restart_step(const std::string& plugin, int micro_batch, const std::string& reason) {
-    (void)micro_batch;
-    (void)reason;
-    throw std::logic_error(plugin + ": this run has no steps to restart");
-  }
-  // From TRAIN_BEGIN, STEP_BEGIN (this step) or STEP_END (the next step): the micro-batch
-  // (std::invalid_argument for one that does not divide [train] micro_batch).
-  virtual void set_micro_batch(const std::string& plugin, int micro_batch,
-                               const std::string& reason) {
-    (void)micro_batch;
-    (void)reason;
-    throw std::logic_error(plugin + ": this run has no steps to size");
-  }
-  // headroom.resize/1: keeps the hidden units `keep` of block `layer`'s MLP (Gpt::resize_mlp)
-  // with every slot and the optimizer's state. std::invalid_argument for a bad layer or list,
-  // ResizeRefused for a run that cannot resize, OutOfMemory.
-  virtual void resize_mlp(const std::string& plugin, int layer, const std::vector<uint32_t>& keep) {
-    (void)layer;
-    (void)keep;
-    throw ResizeRefused(plugin + ": this run has no model to resize");
-  }
-  // The same for the block's attention heads (Gpt::resize_heads).
-  virtual void resize_heads(const std::string& plugin, int layer,
-                            const std::vector<uint32_t>& keep) {
-    (void)layer;
-    (void)keep;
-    throw ResizeRefused(plugin + ": this run has no model to resize");
-  }
-  // The plugins are created only to be checked or asked for estimates (validate_plugins,
-  // `headroom plan`, the advice), often many times and at one rank whatever the run's: their
-  // debug and info lines are not the run's and are not printed.
-  virtual bool checking_only() const { return false; }
-};
-
-// A run with a device and no model — replaying an allocation trace, testing an allocator: vetoes,
-// retries and precision choices (amp's) change nothing in it.
-class ModelessRun final : public PluginRun {
- public:
-  explicit ModelessRun(Device& device) : device_(device) {}
-  Device& device() override { return device_; }
-  Gpt<float>* built_model() override { return nullptr; }
-  void veto_step(const std::string&, const std::string&) override {}
-  void request_retry(const std::string&, const std::string&) override {}
-  void set_compute_dtype(const std::string&, Dtype) override {}
-  void set_precision(const std::string&, const Precision&) override {}
-  void set_loss_scale(const std::string&, double) override {}
-  RunState state() const override { return RunState{}; }
-
- private:
-  Device& device_;
 };
 
 // What `headroom plugins` shows of one library file.
@@ -239,8 +106,9 @@ class CreatedPlugins {
  private:
   // In this order, so that they go in reverse: the instances (the allocator last), then the run
   // and the device they allocated from.
+  class Run;  // the run they are created against (plugin_host.cpp)
   std::unique_ptr<Device> device_;
-  std::unique_ptr<PluginRun> run_;
+  std::unique_ptr<Run> run_;
   std::unique_ptr<PluginHost> host_;
 };
 
@@ -258,12 +126,17 @@ class PluginHost final : public EventListener {
 
   // Creates the instances — the allocator-role plugin first, then the rest in TOML order — and
   // installs the allocator on the device. A plugin whose table has a wrong-typed or unknown key
-  // is a ConfigError; any other create() failure is a PluginFailure.
-  void create(PluginRun& run);
+  // is a ConfigError; any other create() failure is a PluginFailure. What `run` has none of, the
+  // services answer as run_interfaces.h says.
+  void create(const RunInterfaces& run);
 
   bool provides_optimizer() const;
   // The HR_EVENT_BIT()s of the events any plugin subscribes to.
   uint64_t subscribed_events() const;
+  // The HR_EVENT_BIT()s of the events at which some plugin's hooks read or write the gradients:
+  // the union of what each declared in headroom.reads/1, a plugin that declared nothing counting
+  // as reading them at every event it subscribes to.
+  uint64_t gradient_events() const;
   // A plugin reduces the gradients across ranks itself: core's data-parallel all-reduce is off.
   bool provides_gradient_reduction() const;
   // The allocator-role plugin's statistics; false when there is none or it keeps none.
@@ -297,7 +170,7 @@ class PluginHost final : public EventListener {
   std::vector<std::unique_ptr<LoadedPlugin>> plugins_;
   class AllocatorAdapter;
   std::unique_ptr<AllocatorAdapter> allocator_;
-  PluginRun* run_ = nullptr;
+  RunInterfaces run_;  // with_defaults(): every interface set once create() has begun
   std::string device_kind_;
   int device_index_ = 0;  // [device] index
   std::string pending_failure_;

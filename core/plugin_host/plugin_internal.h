@@ -1,4 +1,4 @@
-// What the plugin host's files share (loader.cpp, services.cpp, plugin_host.cpp): one loaded
+// What the plugin host's files share (loader.cpp, the service files, plugin_host.cpp): one loaded
 // plugin, the handle a plugin passes back to every service, the sized reads and writes of ABI
 // structs, and the loader's entry points. Not installed: nothing outside core/plugin_host/ uses it.
 #pragma once
@@ -98,6 +98,9 @@ struct LoadedPlugin {
   // headroom.state/1 extension it offers (ABI 1.5); both NULL when it has none.
   hr_status (*save_state)(void* instance, const hr_state_writer* writer) = nullptr;
   hr_status (*load_state)(void* instance, const void* data, uint64_t size) = nullptr;
+  // The HR_EVENT_BIT()s of the events whose hooks read or write the gradients: its
+  // headroom.reads/1, else every event it subscribes to.
+  uint64_t gradient_events = 0;
 
   void* instance = nullptr;
   bool created = false;
@@ -149,7 +152,7 @@ std::string find_plugin_file(const PluginEntry& e);
 // Every <dir>/*.so on the search path: folder by folder, each folder's files in name order.
 std::vector<std::string> plugin_files_on_search_path();
 
-// --- services.cpp ---
+// --- services_v1.cpp ---
 // The services table handed to `p`'s create(): every 1.4 function and get_extension.
 hr_host_services make_services(LoadedPlugin& p);
 // "file:line:col: plugins.<name>.<key>", for messages about one of a plugin's keys.

@@ -375,11 +375,10 @@ struct Pass {
     r.memory_limit = dc.memory_limit;
     // The device outlives the plugin host, which hands the allocator back to it on destruction.
     std::unique_ptr<Device> device = Device::create(dc);
-    ModelessRun run(*device);  // a replay has a device and no model
     std::unique_ptr<PluginHost> host;
     if (!config.plugins.empty()) {
       host = std::make_unique<PluginHost>(config);
-      host->create(run);
+      host->create(modeless_run(*device));  // a replay has a device and no model
       r.allocator.clear();
       for (const PluginEntry& e : config.plugins)
         r.allocator += (r.allocator.empty() ? "" : ", ") + e.name;

@@ -2,8 +2,6 @@
 
 #include <utility>
 
-#include "core/plugin_host/plugin_host.h"
-
 namespace headroom {
 
 void Resizer::attach(Gpt<float>& model, Optimizer& optimizer, std::vector<OptSegment>& segments,

@@ -10,10 +10,11 @@
 #include "core/config/config.h"
 #include "core/model/model.h"
 #include "core/optim/optim.h"
+#include "core/plugin_host/run_interfaces.h"
 
 namespace headroom {
 
-class Resizer {
+class Resizer final : public ModelResize {
  public:
   // `config`: the run's, whose model widths follow every resize (snapshots record them).
   explicit Resizer(Config& config) : config_(config) {}
@@ -25,8 +26,9 @@ class Resizer {
   // Keeps the hidden units `keep` of block `layer`'s MLP (Gpt::resize_mlp), or its attention
   // heads (Gpt::resize_heads). std::invalid_argument for a bad layer or list, ResizeRefused for a
   // run that cannot resize (nothing changed), OutOfMemory.
-  void resize_mlp(const std::string& plugin, int layer, const std::vector<uint32_t>& keep);
-  void resize_heads(const std::string& plugin, int layer, const std::vector<uint32_t>& keep);
+  void resize_mlp(const std::string& plugin, int layer, const std::vector<uint32_t>& keep) override;
+  void resize_heads(const std::string& plugin, int layer,
+                    const std::vector<uint32_t>& keep) override;
 
  private:
   // What both share: the checks, then `resize` (the model's), then the optimizer's segments and

@@ -7,29 +7,36 @@
 #include <string>
 
 #include "core/model/model.h"
+#include "core/plugin_host/run_interfaces.h"
+#include "core/shard/sharding.h"
 
 namespace headroom {
 
-class RunChoices {
+class RunChoices final : public PrecisionChoice, public ShardChoice {
  public:
-  // The model is built: from now on the choices are fixed.
-  void freeze() { frozen_ = true; }
+  // The model is built (with `sharding`, the mechanism, when something is sharded; else null):
+  // from now on the choices are fixed.
+  void freeze(Sharding* sharding) {
+    frozen_ = true;
+    sharding_ = sharding;
+  }
 
   // std::logic_error after freeze() or when another plugin chose another dtype;
   // std::invalid_argument for a dtype that is not f32, bf16 or f16.
-  void set_compute_dtype(const std::string& plugin, Dtype dtype);
+  void set_compute_dtype(const std::string& plugin, Dtype dtype) override;
   // The state layout around the compute dtype: std::invalid_argument naming what
   // precision_problem() finds, std::logic_error after freeze().
-  void set_precision(const std::string& plugin, const Precision& p);
+  void set_precision(const std::string& plugin, const Precision& p) override;
   // What is sharded (kShard* bits): std::logic_error after freeze() or when another plugin chose
   // already, std::invalid_argument for bits that are no ZeRO stage.
-  void set_partition(const std::string& plugin, uint32_t what);
+  void set_partition(const std::string& plugin, uint32_t what) override;
   // With parameters sharded, layers under `elements` keep them whole: from the sharding plugin
   // before freeze() only (std::logic_error otherwise).
-  void set_persist_below(const std::string& plugin, uint64_t elements);
+  void set_persist_below(const std::string& plugin, uint64_t elements) override;
   // The factor the loss gradient is multiplied by from the next step on (std::invalid_argument
   // unless finite and > 0).
-  void set_loss_scale(const std::string& plugin, double scale);
+  void set_loss_scale(const std::string& plugin, double scale) override;
+  Sharding* sharding() override { return sharding_; }
 
   const Precision& precision() const { return precision_; }
   // The plugin that chose the layout, for messages; "" when none did.
@@ -41,6 +48,7 @@ class RunChoices {
 
  private:
   bool frozen_ = false;
+  Sharding* sharding_ = nullptr;
   Precision precision_;
   std::string compute_dtype_by_, precision_by_;
   uint32_t shard_what_ = 0;

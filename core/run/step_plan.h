@@ -22,10 +22,11 @@
 #include "core/device/device.h"
 #include "core/events/step_state.h"
 #include "core/model/model.h"
+#include "core/plugin_host/run_interfaces.h"
 
 namespace headroom {
 
-class StepPlan {
+class StepPlan final : public BatchControl {
  public:
   // `log`: where the changes are said; nullptr for none (every rank but 0).
   StepPlan(const Config& config, Device& device, DataLoader& loader, StepState& state,
@@ -80,9 +81,12 @@ class StepPlan {
   // From the OOM event: the step again from its first micro-step at `micro_batch`
   // (std::invalid_argument for one that does not divide [train] micro_batch or is above the
   // step's; std::logic_error where steps cannot be restarted, or outside a micro-step).
-  void restart_step(const std::string& plugin, int micro_batch, const std::string& reason);
+  void restart_step(const std::string& plugin, int micro_batch, const std::string& reason) override;
   // From TRAIN_BEGIN, STEP_BEGIN (this step) or STEP_END (the next step).
-  void set_micro_batch(const std::string& plugin, int micro_batch, const std::string& reason);
+  void set_micro_batch(const std::string& plugin, int micro_batch,
+                       const std::string& reason) override;
+  // Where the steps' micro-batch stands: the one asked for the next step, else the current one.
+  BatchState batch_state() const override;
   // The micro-batch the next micro-step runs at: the one asked for, else the current one.
   int next_micro_batch() const {
     return next_.micro_batch ? next_.micro_batch : state_.micro_batch;

@@ -79,7 +79,16 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   // Plugins come before anything allocates: an allocator-role plugin serves every buffer. What
   // they choose while created (precision, sharding) the model is built with.
   plugins_ = std::make_unique<PluginHost>(config_);
-  plugins_->create(*this);
+  RunInterfaces run;
+  run.device = device_.get();
+  run.model = this;
+  run.comm = this;
+  run.step = this;
+  run.precision = &choices_;
+  run.shard = &choices_;
+  run.batch = plan_.get();
+  run.resize = &resizer_;
+  plugins_->create(run);
   add_listener(plugins_.get());
   const Precision& precision = choices_.precision();
   const uint32_t shard_what = choices_.shard_what();
@@ -126,7 +135,7 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     model_ = std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed, precision,
                                           shard_what ? uint64_t(comm_->world_size()) : 1,
                                           (shard_what & kShardGradients) != 0, placed);
-    choices_.freeze();
+    choices_.freeze(sharding_.get());
     if (sharding_) {
       sharding_->attach(*model_);
       segments_ = sharding_->segments();
@@ -315,8 +324,9 @@ void Trainer::clip_gradients() {
   state_.grad_norm = std::sqrt(grads_->grad_sum_squares());
   // The built-in optimizers fold clipping into the update as a scale (no pass of its own) unless
   // something could read the clipped gradients: an event listener other than the plugin host, a
-  // plugin that reads the gradients from OPTIMIZER_STEP until the next step zeroes them, an
-  // optimizer role, or shards that others read. Then they are clipped in place.
+  // plugin that reads them from OPTIMIZER_STEP until the next step zeroes them (as it declares in
+  // headroom.reads/1; one that declares nothing at every event it subscribes to), an optimizer
+  // role, or shards that others read. Then they are clipped in place.
   constexpr uint64_t kAfterClipping =
       HR_EVENT_BIT(HR_EVENT_OPTIMIZER_STEP) | HR_EVENT_BIT(HR_EVENT_STEP_END) |
       HR_EVENT_BIT(HR_EVENT_STEP_BEGIN) | HR_EVENT_BIT(HR_EVENT_TRAIN_END) |
@@ -324,7 +334,7 @@ void Trainer::clip_gradients() {
   const bool listened = std::any_of(listeners_.begin(), listeners_.end(),
                                     [&](EventListener* l) { return l != plugins_.get(); });
   const bool read = listened || grads_->gradients_shared() || plugins_->provides_optimizer() ||
-                    (plugins_->subscribed_events() & kAfterClipping) != 0;
+                    (plugins_->gradient_events() & kAfterClipping) != 0;
   const float clip = clip_factor(state_.grad_norm, t.grad_clip);
   if (read || !optimizer_->fold_grad_scale(clip))
     clip_grads(device_->backend(), segments_, state_.grad_norm, t.grad_clip);
@@ -529,19 +539,6 @@ RunState Trainer::state() const {
   r.skipped = state_.skipped;
   r.precision = choices_.precision();
   return r;
-}
-
-BatchState Trainer::batch_state() const {
-  BatchState b;
-  b.configured_micro_batch = config_.train.micro_batch;
-  b.configured_grad_accum = config_.train.grad_accum;
-  b.micro_batch = plan_->next_micro_batch();
-  b.grad_accum = plan_->micro_steps_at(b.micro_batch);
-  b.restarts = state_.restarts;
-  b.memory_limit = device_->memory_limit();
-  b.attempt_start_bytes = state_.attempt_start_bytes;
-  b.attempt_peak_bytes = state_.attempt_peak_bytes;
-  return b;
 }
 
 void Trainer::veto_step(const std::string& plugin, const std::string& reason) {

@@ -57,7 +57,11 @@ struct TrainOptions {
   bool dry = false;
 };
 
-class Trainer final : private LayerEvents, private AllocationObserver, private PluginRun {
+class Trainer final : private LayerEvents,
+                      private AllocationObserver,
+                      private ModelAccess,
+                      private CommAccess,
+                      private StepControl {
  public:
   // Checks that every output path can be written, builds the device, loads and creates the
   // plugins, then the model (parameters and gradients allocated now), the optimizer and the data
@@ -85,7 +89,7 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   std::vector<uint64_t> bucket_bytes() const { return grads_->bucket_bytes(); }
 
   const Config& config() const { return config_; }
-  Device& device() override { return *device_; }
+  Device& device() { return *device_; }
   Gpt<float>& model() { return *model_; }
   double loss_scale() const { return choices_.loss_scale(); }
   const DataSource& data() const { return *data_; }
@@ -139,45 +143,14 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   void on_alloc(const void* ptr, uint64_t bytes, Category c, const std::string& what) override;
   void on_free(const void* ptr, uint64_t bytes, Category c) override;
   void on_oom(const OomReport& report) override;
-  // PluginRun: what plugins reach of the run, each answered by the collaborator it belongs to.
+  // What plugins reach of the run (core/plugin_host/run_interfaces.h): the model, the ranks and
+  // the step's course here; the choices made while plugins are created (choices_), the steps'
+  // micro-batch (plan_) and resizing the model (resizer_) where they belong.
   Gpt<float>* built_model() override { return model_.get(); }
+  Communicator* plugin_communicator() override { return comm_.get(); }
   void veto_step(const std::string& plugin, const std::string& reason) override;
   void request_retry(const std::string&, const std::string&) override { plan_->request_retry(); }
-  BatchState batch_state() const override;
-  void restart_step(const std::string& plugin, int micro_batch,
-                    const std::string& reason) override {
-    plan_->restart_step(plugin, micro_batch, reason);
-  }
-  void set_micro_batch(const std::string& plugin, int micro_batch,
-                       const std::string& reason) override {
-    plan_->set_micro_batch(plugin, micro_batch, reason);
-  }
-  void set_compute_dtype(const std::string& plugin, Dtype dtype) override {
-    choices_.set_compute_dtype(plugin, dtype);
-  }
-  void set_precision(const std::string& plugin, const Precision& p) override {
-    choices_.set_precision(plugin, p);
-  }
-  void set_loss_scale(const std::string& plugin, double scale) override {
-    choices_.set_loss_scale(plugin, scale);
-  }
   RunState state() const override;
-  Communicator* plugin_communicator() override { return comm_.get(); }
-  void set_partition(const std::string& plugin, uint32_t what) override {
-    choices_.set_partition(plugin, what);
-  }
-  void set_persist_below(const std::string& plugin, uint64_t elements) override {
-    choices_.set_persist_below(plugin, elements);
-  }
-  Sharding* sharding() override { return sharding_.get(); }
-  void resize_mlp(const std::string& plugin, int layer,
-                  const std::vector<uint32_t>& keep) override {
-    resizer_.resize_mlp(plugin, layer, keep);
-  }
-  void resize_heads(const std::string& plugin, int layer,
-                    const std::vector<uint32_t>& keep) override {
-    resizer_.resize_heads(plugin, layer, keep);
-  }
 
   Config config_;
   TrainOptions options_;

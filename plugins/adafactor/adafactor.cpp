@@ -58,6 +58,7 @@
 
 #include "common/bf16.h"
 #include "common/hook_guard.h"
+#include "common/offer_reads.h"
 #include "common/optimizer_hooks.h"
 
 #include <algorithm>
@@ -676,7 +677,8 @@ const void* get_extension(const char* id) {
   if (!id) return nullptr;
   if (std::strcmp(id, HR_EXT_ESTIMATE) == 0) return &kEstimate;
   if (std::strcmp(id, HR_EXT_OPTIMIZER) == 0) return &Hooks::kHooks;
-  return nullptr;
+  // It subscribes to no event: its optimizer role's step reads the gradients.
+  return headroom_plugin::offer_reads<0>(id);
 }
 
 // Constant-initialized: loading the library runs no code before hr_plugin_entry.

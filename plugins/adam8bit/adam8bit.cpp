@@ -64,6 +64,7 @@
 #include "common/bf16.h"
 #include "common/hook_guard.h"
 #include "common/offer_estimate.h"
+#include "common/offer_reads.h"
 #include "common/optimizer_hooks.h"
 
 #include <cmath>
@@ -608,7 +609,9 @@ const hr_plugin_descriptor kDescriptor = {
     &Hooks::kHooks,
     Hooks::save_state,
     Hooks::load_state,
-    headroom_plugin::offer_estimate<estimate>,
+    // It subscribes to no event: its optimizer role's step reads the gradients.
+    headroom_plugin::offer_all<headroom_plugin::offer_estimate<estimate>,
+                               headroom_plugin::offer_reads<0>>,
 };
 
 }  // namespace

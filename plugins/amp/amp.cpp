@@ -64,6 +64,7 @@
 
 #include "common/hook_guard.h"
 #include "common/offer_estimate.h"
+#include "common/offer_reads.h"
 
 #include <cmath>
 #include <cstdint>
@@ -550,7 +551,9 @@ const hr_plugin_descriptor kDescriptor = {
     nullptr,  // optimizer
     save_state,
     load_state,
-    headroom_plugin::offer_estimate_modes<estimate, kModes>,
+    // It checks and unscales the gradients at GRADS_READY (TRAIN_BEGIN only finds extensions).
+    headroom_plugin::offer_all<headroom_plugin::offer_estimate_modes<estimate, kModes>,
+                               headroom_plugin::offer_reads<HR_EVENT_BIT(HR_EVENT_GRADS_READY)>>,
 };
 
 }  // namespace

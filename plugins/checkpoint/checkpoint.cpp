@@ -47,6 +47,7 @@
 
 #include "common/hook_guard.h"
 #include "common/offer_estimate.h"
+#include "common/offer_reads.h"
 #include "common/units.h"
 
 #include <algorithm>
@@ -425,7 +426,9 @@ const hr_plugin_descriptor kDescriptor = {
     nullptr,  // optimizer
     nullptr,  // save_state: the plan is rebuilt from the config and the first micro-step
     nullptr,  // load_state
-    headroom_plugin::offer_estimate_modes<estimate, kModes>,
+    // FORWARD_END drops activations: no hook touches the gradients.
+    headroom_plugin::offer_all<headroom_plugin::offer_estimate_modes<estimate, kModes>,
+                               headroom_plugin::offer_reads<0>>,
 };
 
 }  // namespace

@@ -33,6 +33,7 @@
 
 #include "common/hook_guard.h"
 #include "common/offer_estimate.h"
+#include "common/offer_reads.h"
 #include "common/units.h"
 
 #include <algorithm>
@@ -674,7 +675,9 @@ const hr_plugin_descriptor kDescriptor = {
     nullptr,  // optimizer
     nullptr,  // save_state: the cache is rebuilt by the run, nothing to carry over
     nullptr,  // load_state
-    headroom_plugin::offer_estimate_modes<estimate, kModes>,
+    // STEP_END releases cached memory: no hook touches the gradients.
+    headroom_plugin::offer_all<headroom_plugin::offer_estimate_modes<estimate, kModes>,
+                               headroom_plugin::offer_reads<0>>,
 };
 
 }  // namespace

@@ -39,6 +39,7 @@
 #include <headroom/plugin.h>
 
 #include "common/hook_guard.h"
+#include "common/offer_reads.h"
 #include "common/units.h"
 
 #include <cinttypes>
@@ -369,7 +370,8 @@ const void* get_extension(const char* id) {
   if (!id) return nullptr;
   if (std::strcmp(id, HR_EXT_STATE) == 0) return &kState;
   if (std::strcmp(id, HR_EXT_ESTIMATE) == 0) return &kEstimate;
-  return nullptr;
+  // TRAIN_BEGIN, STEP_END and OOM read the memory and the batch: no hook touches the gradients.
+  return headroom_plugin::offer_reads<0>(id);
 }
 
 // Constant-initialized: loading the library runs no code before hr_plugin_entry.

@@ -53,6 +53,7 @@
 
 #include "common/bf16.h"
 #include "common/hook_guard.h"
+#include "common/offer_reads.h"
 
 #include <algorithm>
 #include <cmath>
@@ -688,7 +689,9 @@ const hr_ext_state kState = {sizeof(hr_ext_state), 0, save_state, load_state};
 
 const void* get_extension(const char* id) {
   if (id && std::strcmp(id, HR_EXT_STATE) == 0) return &kState;
-  return nullptr;
+  // The Taylor importance reads the step's final gradients at OPTIMIZER_STEP. STEP_END prunes
+  // and masks weights: a resize shrinks the gradients with them, their values unread.
+  return headroom_plugin::offer_reads<HR_EVENT_BIT(HR_EVENT_OPTIMIZER_STEP)>(id);
 }
 
 // Constant-initialized: loading the library runs no code before hr_plugin_entry.

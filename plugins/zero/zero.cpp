@@ -48,6 +48,7 @@
 
 #include "common/hook_guard.h"
 #include "common/offer_estimate.h"
+#include "common/offer_reads.h"
 #include "zero/estimate.h"
 
 #include <cstdint>
@@ -319,7 +320,10 @@ const hr_plugin_descriptor kDescriptor = {
     nullptr,  // optimizer
     nullptr,  // save_state: nothing of its own (the host snapshots the shards)
     nullptr,  // load_state
-    headroom_plugin::offer_estimate<estimate>,
+    // BACKWARD_END reduces the layer's gradients into the shards; the rest gathers and releases
+    // parameters.
+    headroom_plugin::offer_all<headroom_plugin::offer_estimate<estimate>,
+                               headroom_plugin::offer_reads<HR_EVENT_BIT(HR_EVENT_BACKWARD_END)>>,
 };
 
 }  // namespace

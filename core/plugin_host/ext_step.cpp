@@ -1,0 +1,38 @@
+// headroom.step/1 (headroom/ext/step.h): where the current optimizer step stands.
+#include <cstddef>
+
+#include "core/plugin_host/services.h"
+#include "headroom/ext/step.h"
+
+namespace headroom {
+namespace services {
+
+constexpr Rule kStepState = {HR_EXT_STEP " state", kAnyone, When::kAnyTime, kNotAllowed};
+static hr_status step_state(hr_host* h, hr_step_state* out) {
+  if (!out) {
+    plugin(h).error = "state: out must not be NULL";
+    return HR_ERROR_INVALID;
+  }
+  const RunState r = run(h).step->state();
+  hr_step_state s;
+  std::memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  s.step = r.step;
+  s.micro_step = r.micro_step;
+  s.lr = r.lr;
+  s.loss_scale = r.loss_scale;
+  s.loss = r.loss;
+  s.tokens = r.tokens;
+  s.grad_norm = r.grad_norm;
+  s.clip_coef = r.clip_coef;
+  s.skipped = r.skipped ? 1 : 0;
+  s.micro_steps = r.micro_steps;
+  write_sized(out, s, offsetof(hr_step_state, struct_size) + sizeof(uint32_t));
+  return HR_OK;
+}
+
+extern const hr_ext_step kStepExtension;
+const hr_ext_step kStepExtension = {sizeof(hr_ext_step), 0, checked<kStepState, step_state>};
+
+}  // namespace services
+}  // namespace headroom

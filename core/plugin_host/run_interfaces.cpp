@@ -1,0 +1,86 @@
+// What a run without one of the interfaces answers (run_interfaces.h says it for each).
+#include "core/plugin_host/run_interfaces.h"
+
+namespace headroom {
+
+namespace {
+
+class NoModel final : public ModelAccess {
+ public:
+  Gpt<float>* built_model() override { return nullptr; }
+};
+
+class NoComm final : public CommAccess {
+ public:
+  Communicator* plugin_communicator() override { return nullptr; }
+};
+
+class NoSteps final : public StepControl {
+ public:
+  void veto_step(const std::string&, const std::string&) override {}
+  void request_retry(const std::string&, const std::string&) override {}
+  RunState state() const override { return RunState{}; }
+};
+
+class NoPrecision final : public PrecisionChoice {
+ public:
+  void set_compute_dtype(const std::string&, Dtype) override {}
+  void set_precision(const std::string&, const Precision&) override {}
+  void set_loss_scale(const std::string&, double) override {}
+};
+
+class NoSharding final : public ShardChoice {
+ public:
+  void set_partition(const std::string& plugin, uint32_t) override {
+    throw std::logic_error(plugin + ": this run has no model to shard");
+  }
+  void set_persist_below(const std::string& plugin, uint64_t) override {
+    throw std::logic_error(plugin + ": this run has no model to shard");
+  }
+  Sharding* sharding() override { return nullptr; }
+};
+
+class NoBatch final : public BatchControl {
+ public:
+  BatchState batch_state() const override { return BatchState{}; }
+  void restart_step(const std::string& plugin, int, const std::string&) override {
+    throw std::logic_error(plugin + ": this run has no steps to restart");
+  }
+  void set_micro_batch(const std::string& plugin, int, const std::string&) override {
+    throw std::logic_error(plugin + ": this run has no steps to size");
+  }
+};
+
+class NoResize final : public ModelResize {
+ public:
+  void resize_mlp(const std::string& plugin, int, const std::vector<uint32_t>&) override {
+    throw ResizeRefused(plugin + ": this run has no model to resize");
+  }
+  void resize_heads(const std::string& plugin, int, const std::vector<uint32_t>&) override {
+    throw ResizeRefused(plugin + ": this run has no model to resize");
+  }
+};
+
+}  // namespace
+
+RunInterfaces with_defaults(const RunInterfaces& run) {
+  if (!run.device) throw std::invalid_argument("a run for the plugin host needs a device");
+  static NoModel no_model;
+  static NoComm no_comm;
+  static NoSteps no_steps;
+  static NoPrecision no_precision;
+  static NoSharding no_sharding;
+  static NoBatch no_batch;
+  static NoResize no_resize;
+  RunInterfaces r = run;
+  if (!r.model) r.model = &no_model;
+  if (!r.comm) r.comm = &no_comm;
+  if (!r.step) r.step = &no_steps;
+  if (!r.precision) r.precision = &no_precision;
+  if (!r.shard) r.shard = &no_sharding;
+  if (!r.batch) r.batch = &no_batch;
+  if (!r.resize) r.resize = &no_resize;
+  return r;
+}
+
+}  // namespace headroom

@@ -1,0 +1,182 @@
+// What plugins reach of a training run beyond the services' own state, by topic: one small
+// interface each, implemented by whatever part of the run owns the topic (the trainer today; a
+// replay or a config check implements fewer). PluginHost::create takes them as one RunInterfaces,
+// in which a null pointer means "this run has none": the services then answer as a run without it
+// does (each interface says how), so a run implements only what it has.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/comm/comm.h"
+#include "core/device/device.h"
+#include "core/model/model.h"
+#include "core/shard/sharding.h"
+
+namespace headroom {
+
+// Where the current optimizer step stands, for headroom.step/1 and headroom.precision/1 (the
+// fields are hr_step_state's, headroom/ext/step.h, which says when each is defined).
+struct RunState {
+  int64_t step = 0;
+  int micro_step = 0;
+  int micro_steps = 1;  // [train] grad_accum
+  double lr = 0.0;
+  double loss_scale = 1.0;  // what this step's backward uses
+  double loss = 0.0;        // the mean over the tokens of the micro-steps whose loss is known
+  uint64_t tokens = 0;
+  double grad_norm = 0.0;  // from OPTIMIZER_STEP on
+  double clip_coef = 1.0;  // from OPTIMIZER_STEP on
+  bool skipped = false;
+  Precision precision;  // the compute dtype and the model state's layout around it
+};
+
+// The micro-batch of the steps, for headroom.batch/1 (the fields are hr_batch_state's,
+// headroom/ext/batch.h).
+struct BatchState {
+  int configured_micro_batch = 1, configured_grad_accum = 1;
+  int micro_batch = 1, grad_accum = 1;
+  int restarts = 0;
+  uint64_t memory_limit = 0;
+  uint64_t attempt_start_bytes = 0, attempt_peak_bytes = 0;
+};
+
+// A resize (headroom.resize/1) this run cannot do: sharded, on several ranks, or an optimizer
+// that cannot resize its state. Nothing was changed.
+class ResizeRefused : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Every `plugin` argument below is the calling plugin's name, for the messages, which start with
+// it.
+
+// The model, once built. None: the run has no model (every model service answers "not built").
+class ModelAccess {
+ public:
+  virtual ~ModelAccess() = default;
+  virtual Gpt<float>* built_model() = 0;  // nullptr until the model is built
+};
+
+// The run's communicator, for headroom.comm/1 and the services table's rank and world_size.
+// None, or nullptr from it: a single process (the plugins see rank 0 of 1, their collectives
+// local). A run launched on several ranks must return its own. Asked at every call: a run may
+// let its communicator go before its plugins (they still see rank 0 of 1 then).
+class CommAccess {
+ public:
+  virtual ~CommAccess() = default;
+  virtual Communicator* plugin_communicator() = 0;
+};
+
+// The step's course: headroom.step/1's state, the services table's veto_step and request_retry.
+// None: vetoes and retries change nothing, and the state is RunState{}.
+class StepControl {
+ public:
+  virtual ~StepControl() = default;
+  virtual void veto_step(const std::string& plugin, const std::string& reason) = 0;
+  virtual void request_retry(const std::string& plugin, const std::string& reason) = 0;
+  // Where the run stands now (its precision: what headroom.precision/1's getters answer).
+  virtual RunState state() const = 0;
+};
+
+// headroom.precision/1's choices (and the 1.4 table's set_compute_dtype, set_loss_scale). None:
+// the choices change nothing (a run without a model to compute).
+class PrecisionChoice {
+ public:
+  virtual ~PrecisionChoice() = default;
+  // The dtype the model computes in; only before the model is built (std::logic_error after, or
+  // when another plugin chose another; std::invalid_argument for a dtype that is not f32, bf16 or
+  // f16).
+  virtual void set_compute_dtype(const std::string& plugin, Dtype dtype) = 0;
+  // The state layout around the compute dtype (headroom.precision/1's appended setters): only
+  // before the model is built, after set_compute_dtype; std::invalid_argument naming what
+  // precision_problem() finds, std::logic_error after the model is built.
+  virtual void set_precision(const std::string& plugin, const Precision& p) = 0;
+  // The factor the loss gradient is multiplied by from the next step on (std::invalid_argument
+  // unless finite and > 0).
+  virtual void set_loss_scale(const std::string& plugin, double scale) = 0;
+};
+
+// headroom.shard/1's choices and its mechanism. None: the setters throw std::logic_error ("this
+// run has no model to shard") and nothing is sharded.
+class ShardChoice {
+ public:
+  virtual ~ShardChoice() = default;
+  // What the run shards (kShard* bits), from `plugin`'s create() only: std::logic_error after, or
+  // when another plugin chose already; std::invalid_argument for bits that are no ZeRO stage. A
+  // run that cannot shard says so with std::logic_error.
+  virtual void set_partition(const std::string& plugin, uint32_t what) = 0;
+  // persist_below: from create() only, after set_partition with parameters sharded
+  // (std::logic_error otherwise).
+  virtual void set_persist_below(const std::string& plugin, uint64_t elements) = 0;
+  // The mechanism, once the model is built with something sharded; else nullptr.
+  virtual Sharding* sharding() = 0;
+};
+
+// headroom.batch/1: the steps' micro-batch. None: the state is BatchState{}, and restart_step and
+// set_micro_batch throw std::logic_error ("this run has no steps to restart" / "to size").
+class BatchControl {
+ public:
+  virtual ~BatchControl() = default;
+  // Where the steps' micro-batch stands.
+  virtual BatchState batch_state() const = 0;
+  // From the OOM event: the step runs again from its first micro-step at `micro_batch` once the
+  // failed allocation has unwound (std::invalid_argument for a micro-batch that does not divide
+  // [train] micro_batch or is above the current one; std::logic_error where steps cannot be
+  // restarted).
+  virtual void restart_step(const std::string& plugin, int micro_batch,
+                            const std::string& reason) = 0;
+  // From TRAIN_BEGIN, STEP_BEGIN (this step) or STEP_END (the next step): the micro-batch
+  // (std::invalid_argument for one that does not divide [train] micro_batch).
+  virtual void set_micro_batch(const std::string& plugin, int micro_batch,
+                               const std::string& reason) = 0;
+};
+
+// headroom.resize/1's changes to the model. None: ResizeRefused ("this run has no model to
+// resize").
+class ModelResize {
+ public:
+  virtual ~ModelResize() = default;
+  // Keeps the hidden units `keep` of block `layer`'s MLP (Gpt::resize_mlp) with every slot and the
+  // optimizer's state. std::invalid_argument for a bad layer or list, ResizeRefused for a run that
+  // cannot resize, OutOfMemory.
+  virtual void resize_mlp(const std::string& plugin, int layer,
+                          const std::vector<uint32_t>& keep) = 0;
+  // The same for the block's attention heads (Gpt::resize_heads).
+  virtual void resize_heads(const std::string& plugin, int layer,
+                            const std::vector<uint32_t>& keep) = 0;
+};
+
+// One run as the plugin host sees it. Every pointer must outlive the plugin host; null: the run
+// has none (above).
+struct RunInterfaces {
+  Device* device = nullptr;  // required: what the plugins allocate from and compute on
+  ModelAccess* model = nullptr;
+  CommAccess* comm = nullptr;
+  StepControl* step = nullptr;
+  PrecisionChoice* precision = nullptr;
+  ShardChoice* shard = nullptr;
+  BatchControl* batch = nullptr;
+  ModelResize* resize = nullptr;
+  // The plugins are created only to be checked or asked for estimates (validate_plugins,
+  // `headroom plan`, the advice), often many times and at one rank whatever the run's: their
+  // debug and info lines are not the run's and are not printed.
+  bool checking_only = false;
+};
+
+// A run with a device and nothing else — replaying an allocation trace, testing an allocator:
+// vetoes, retries and precision choices (amp's) change nothing in it.
+inline RunInterfaces modeless_run(Device& device) {
+  RunInterfaces run;
+  run.device = &device;
+  return run;
+}
+
+// `run` with each interface it has none of replaced by one that answers as the comments above
+// say (stateless, shared): what the plugin host keeps, so that no service asks for null. Throws
+// std::invalid_argument without a device.
+RunInterfaces with_defaults(const RunInterfaces& run);
+
+}  // namespace headroom
