@@ -10,9 +10,11 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <map>
@@ -44,6 +46,24 @@ constexpr int kExitOutOfMemory = 3;
 constexpr int kExitOutput = 4;
 constexpr int kExitDiverged = 5;
 constexpr int kExitPeerFailed = 6;
+
+// A number flag checked as the config's numbers are: finite (no nan, no inf) and from lo to hi.
+// CLI11's Range alone lets NaN through (every comparison with it is false).
+CLI::Validator finite_number(double lo, double hi) {
+  char range[96];
+  std::snprintf(range, sizeof range, "a finite number from %g to %g", lo, hi);
+  const std::string want = range;
+  return CLI::Validator(
+      [lo, hi, want](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size())
+          return "expected " + want + ", got '" + text + "'";
+        if (!std::isfinite(v) || v < lo || v > hi) return "must be " + want + ", got " + text;
+        return std::string();
+      },
+      want);
+}
 
 // train.init_from's tensors, by name and shape, against the config's model (what the trainer's
 // load checks), from the file's header alone.
@@ -81,6 +101,10 @@ int cmd_check(const std::string& file, const std::vector<std::string>& sets) {
   // is one `train` starts: the data (files, shards, their tokenizer) and the init_from weights.
   headroom::make_data_source(config.data, config.model, config.train.micro_batch,
                              config.model.seq_len);
+  // The validation data train.eval_every reads (data.val_path, val_pattern or the held-out tail).
+  if (config.train.eval_every > 0)
+    headroom::make_validation_source(config.data, config.model, config.train.micro_batch,
+                                     config.model.seq_len);
   if (!config.train.init_from.empty()) check_init_from(config);
   // A CUDA device: that this build and machine have one (train refuses otherwise, exit 2).
   if (config.device.kind != "cpu") headroom::Device::create(config.device);
@@ -470,12 +494,13 @@ int main(int argc, char** argv) {
   sample
       ->add_option("--temperature", sample_req.params.temperature,
                    "divides the logits; 0 always takes the most likely token (default 1)")
-      ->check(CLI::Range(0.0, 100.0));
+      ->check(finite_number(0.0, 100.0));
   sample
       ->add_option("--top-k", sample_req.params.top_k,
                    "draw among the K most likely tokens; 0: among all (default)")
       ->check(CLI::Range(0, INT32_MAX));
-  sample->add_option("--seed", sample_req.params.seed, "the draws' seed (default 1)");
+  sample->add_option("--seed", sample_req.params.seed, "the draws' seed (default 1)")
+      ->check(CLI::NonNegativeNumber);
   sample->add_option("--config", sample_req.config_file,
                      "the config whose [model] and [data] tokenizer a snapshot or weights file "
                      "was trained with");
