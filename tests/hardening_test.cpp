@@ -85,5 +85,37 @@ TEST_F(Hardening, SampleRefusesANonFiniteTemperatureNamingTheFlag) {
   EXPECT_THROW(generate(model, {1, 2}, 2, p), std::invalid_argument);
 }
 
+// --- validation data ----------------------------------------------------------------------------
+
+TEST_F(Hardening, ValFractionThatLeavesTooLittleSaysWhatItLeavesAndWhichWay) {
+  const std::string cfg = text_config();
+  const auto big =
+      run_headroom("check " + cfg + " --set data.val_fraction=0.9999 --set train.eval_every=1");
+  EXPECT_EQ(big.exit_code, 2) << big.output;
+  EXPECT_TRUE(contains(big.output, "data.val_fraction = 0.9999 (99.99%) of data.path"))
+      << big.output;
+  EXPECT_TRUE(contains(big.output, "(6000 bytes) leaves 1 byte for training")) << big.output;
+  EXPECT_TRUE(contains(big.output, "choose a smaller fraction")) << big.output;
+  const auto small =
+      run_headroom("train -q " + cfg + " --set data.val_fraction=0.001 --set train.eval_every=1");
+  EXPECT_EQ(small.exit_code, 2) << small.output;
+  EXPECT_TRUE(contains(small.output, "leaves 6 bytes for validation")) << small.output;
+  EXPECT_TRUE(contains(small.output, "choose a larger fraction")) << small.output;
+}
+
+// check opens what train opens before step 1: the validation file too.
+TEST_F(Hardening, CheckRefusesAMissingValPathAsTrainDoes) {
+  const std::string cfg = text_config();
+  const std::string sets =
+      " --set 'data.val_path=\"" + dir + "/none.txt\"' --set train.eval_every=1";
+  const auto check = run_headroom("check " + cfg + sets);
+  const auto train = run_headroom("train -q " + cfg + sets);
+  EXPECT_EQ(check.exit_code, 2) << check.output;
+  EXPECT_EQ(train.exit_code, 2) << train.output;
+  for (const auto* r : {&check, &train})
+    EXPECT_TRUE(contains(r->output, "data.val_path '" + dir + "/none.txt': cannot open"))
+        << r->output;
+}
+
 }  // namespace
 }  // namespace headroom
