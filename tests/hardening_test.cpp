@@ -117,5 +117,120 @@ TEST_F(Hardening, CheckRefusesAMissingValPathAsTrainDoes) {
         << r->output;
 }
 
+// --- tokenizer files ----------------------------------------------------------------------------
+
+// GPT-2's bytes_to_unicode: each byte's character in the vocabulary's strings, as UTF-8.
+std::string byte_char(int b) {
+  const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+  int cp = b;
+  if (!printable) {
+    cp = 256;
+    for (int x = 0; x < b; ++x)
+      if (!((x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE)) ++cp;
+  }
+  std::string s;
+  if (cp < 0x80) {
+    s += char(cp);
+  } else {
+    s += char(0xC0 | (cp >> 6));
+    s += char(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// A tokenizer.json of a byte-level BPE with the byte tokens but `without`, then the 256
+// "<0xHH>" fallback tokens but those of `without_fallback`, no merges.
+std::string tokenizer_json(const std::vector<int>& without, bool byte_fallback,
+                           const std::vector<int>& without_fallback = {}) {
+  nlohmann::json vocab = nlohmann::json::object();
+  int id = 0;
+  for (int b = 0; b < 256; ++b)
+    if (std::find(without.begin(), without.end(), b) == without.end()) vocab[byte_char(b)] = id++;
+  if (byte_fallback)
+    for (int b = 0; b < 256; ++b) {
+      if (std::find(without_fallback.begin(), without_fallback.end(), b) != without_fallback.end())
+        continue;
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", b);
+      vocab[name] = id++;
+    }
+  nlohmann::json j = {{"added_tokens", nlohmann::json::array()},
+                      {"normalizer", nullptr},
+                      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+                      {"model",
+                       {{"type", "BPE"},
+                        {"byte_fallback", byte_fallback},
+                        {"vocab", vocab},
+                        {"merges", nlohmann::json::array()}}}};
+  return j.dump();
+}
+
+// A vocabulary id of 2^31 - 1 made the tokenizer size its tables by it: std::bad_alloc, exit 1.
+TEST_F(Hardening, TokenizerWithAHugeIdNamesTheFileAndTheIdBeforeAllocating) {
+  const std::string vocab = write_file(
+      dir, "huge.json",
+      R"({"pre_tokenizer": {"type": "ByteLevel"}, "model": {"type": "BPE", "vocab": {"a": 0, "b": 2000000000}, "merges": []}})");
+  const std::string msg = test::error_of([&] { load_tokenizer(vocab); });
+  EXPECT_TRUE(contains(msg, vocab + ": vocabulary token \"b\" has id 2000000000")) << msg;
+  EXPECT_TRUE(contains(msg, "ids run from 0 to 16777215")) << msg;
+  const std::string added = write_file(
+      dir, "added.json",
+      R"({"pre_tokenizer": {"type": "ByteLevel"}, "added_tokens": [{"content": "<|x|>", "id": 4000000000}], "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");
+  const std::string amsg = test::error_of([&] { load_tokenizer(added); });
+  EXPECT_TRUE(contains(amsg, added + ": added token \"<|x|>\" has id 4000000000")) << amsg;
+  write_file(dir, "t.txt", "some text");
+  const auto r = run_headroom("shard " + dir + "/t.txt " + dir + "/out --tokenizer " + vocab);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "has id 2000000000")) << r.output;
+}
+
+// Without its 'z' token a byte-level BPE dropped every 'z' from the shards, exit 0.
+TEST_F(Hardening, ByteLevelTokenizerMissingByteTokensIsRefusedAtLoadNamingThem) {
+  const std::string tok = write_file(dir, "noz.json", tokenizer_json({'z', '\n'}, false));
+  const std::string msg = test::error_of([&] { load_tokenizer(tok); });
+  EXPECT_TRUE(contains(msg, tok + ": a byte-level BPE needs a token for each of the 256 bytes"))
+      << msg;
+  EXPECT_TRUE(contains(msg, "it has none for 2 (0x0a, 0x7a 'z')")) << msg;
+  write_file(dir, "t.txt", "fizz buzz\n");
+  const auto r = run_headroom("shard " + dir + "/t.txt " + dir + "/out --tokenizer " + tok);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "0x7a 'z'")) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/out/shard_000000.bin"));
+}
+
+// With byte fallback a byte without a token of its own is spelt by the "<0xHH>" tokens of its
+// character's UTF-8 bytes, as Hugging Face's BPE spells it ('z' is 0x7A; ' ' is GPT-2's 'Ġ',
+// U+0120, whose UTF-8 is C4 A0), and decodes back to the byte.
+TEST_F(Hardening, ByteFallbackMapsBytesToTheirFallbackIds) {
+  const std::string tok = write_file(dir, "fb.json", tokenizer_json({'z', ' '}, true));
+  const auto t = load_tokenizer(tok);
+  const nlohmann::json vocab = nlohmann::json::parse(test::read_file(tok))["model"]["vocab"];
+  const std::vector<int32_t> want = {vocab["a"].get<int32_t>(), vocab["<0x7A>"].get<int32_t>(),
+                                     vocab["<0xC4>"].get<int32_t>(), vocab["<0xA0>"].get<int32_t>(),
+                                     vocab["b"].get<int32_t>()};
+  EXPECT_EQ(t->encode("az b"), want);
+  EXPECT_EQ(t->decode(want), "az b");
+  EXPECT_EQ(t->token_bytes(vocab["<0x7A>"].get<int32_t>()), "z");
+}
+
+// With byte fallback but neither 'z' nor "<0x7A>", text holding a 'z' is refused naming it: a
+// prompt, and a shard.
+TEST_F(Hardening, APromptOfBytesTheTokenizerCannotEncodeSaysWhichBytes) {
+  const std::string tok = write_file(dir, "fbz.json", tokenizer_json({'z'}, true, {'z'}));
+  const std::string cfg = text_config();
+  const auto r =
+      run_headroom("sample " + cfg + " --tokenizer " + tok + " --prompt 'fizz' --tokens 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, tok + ": cannot encode the byte 0x7a 'z' of the text"))
+      << r.output;
+  const auto ok =
+      run_headroom("sample " + cfg + " --tokenizer " + tok + " --prompt 'fig' --tokens 2");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  write_file(dir, "z.txt", "fizz buzz\n");
+  const auto s = run_headroom("shard " + dir + "/z.txt " + dir + "/out --tokenizer " + tok);
+  EXPECT_EQ(s.exit_code, 2) << s.output;
+  EXPECT_FALSE(fs::exists(dir + "/out/shard_000000.bin"));
+}
+
 }  // namespace
 }  // namespace headroom
