@@ -403,6 +403,30 @@ TEST_F(Faults, FullDiskForMetricsExits4NamingTheFileAndReason) {
   EXPECT_TRUE(contains(r.output, "No space left on device")) << r.output;
 }
 
+// The metrics on a disk that fills up mid-run: the line the disk took part of is cut off again, so
+// every line of the file is whole JSON (the 15th line was half a record, exit 4).
+TEST_F(Faults, FullDiskForMetricsLeavesOnlyWholeLines) {
+  const std::string cfg = config("steps = 200\n");
+  const std::string m = dir + "/small/m.jsonl", copy = dir + "/m-copy.jsonl";
+  std::string how;
+  const auto r = run_on_small_disk(
+      dir, "$H train -q " + cfg + " --metrics " + m + "; echo exit=$?; cp " + m + " " + copy, 8,
+      &how);
+  EXPECT_TRUE(contains(r.output, "exit=4")) << how << ": " << r.output;
+  EXPECT_TRUE(contains(r.output, "--metrics " + m + ": write failed: " + disk_full_reason(how)))
+      << r.output;
+  const std::string text = test::read_file(copy);
+  ASSERT_FALSE(text.empty()) << r.output;
+  EXPECT_EQ(text.back(), '\n') << "the file ends on a whole line";
+  std::string error;
+  const auto lines = metrics_lines(copy, &error);
+  EXPECT_TRUE(error.empty()) << error;
+  EXPECT_GE(lines.size(), 5u);
+  EXPECT_LT(lines.size(), 200u);
+  for (size_t i = 0; i < lines.size(); ++i)
+    EXPECT_EQ(lines[i]["step"].get<int64_t>(), int64_t(i) + 1);
+}
+
 TEST_F(Faults, FullDiskForAtomicOutputsLeavesNoPartialFile) {
   const std::string cfg = config("steps = 2\n");
   // The weights (460 KiB) and the timeline (15 KiB) do not fit in 8 KiB.

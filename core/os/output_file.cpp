@@ -133,16 +133,26 @@ AppendFile::AppendFile(std::string path, std::string what)
     : path_(std::move(path)), what_(std::move(what)) {
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) fail("cannot open for writing");
+  struct stat st {};
+  regular_ = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 AppendFile::~AppendFile() {
   if (fd_ < 0) return;
-  write_fully(fd_, buffer_.data(), buffer_.size(), -1, 0);
+  if (!write_fully(fd_, buffer_.data(), buffer_.size(), -1, 0)) cut_to_whole_records();
   ::close(fd_);
+}
+
+void AppendFile::cut_to_whole_records() {
+  // A write the disk took part of: the file ends on the last whole one again. (A device or a
+  // pipe keeps what it took; there is nothing to cut.)
+  if (regular_ && ::ftruncate(fd_, off_t(whole_bytes_)) == 0)
+    ::lseek(fd_, off_t(whole_bytes_), SEEK_SET);
 }
 
 void AppendFile::fail(const std::string& doing) {
   const int err = errno;
+  if (fd_ >= 0) cut_to_whole_records();
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;  // nothing more is written after a failure
   buffer_.clear();
@@ -158,6 +168,7 @@ void AppendFile::write(std::string_view text) {
 void AppendFile::flush() {
   if (fd_ < 0 || buffer_.empty()) return;
   if (!write_fully(fd_, buffer_.data(), buffer_.size(), -1, 0)) fail("write failed");
+  whole_bytes_ += buffer_.size();
   buffer_.clear();
 }
 

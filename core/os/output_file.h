@@ -6,8 +6,10 @@
 //   target and syncs the folder. Destroyed without commit(), the temporary is removed and the
 //   target is untouched. A target that exists and is not a regular file (/dev/null, a pipe) is
 //   written in place instead.
-// - AppendFile: a file written as the run goes (metrics, the allocation trace). Every write is
-//   checked; flush() and close() report what the OS said.
+// - AppendFile: a file written as the run goes (metrics, the allocation trace), one whole record
+//   (whole lines) per write(). Every write is checked; flush() and close() report what the OS
+//   said, and a write the disk took only part of is cut off again (the file is truncated back to
+//   the records written before it), so the file always ends on a whole record.
 //
 // Both throw OutputError naming the file, what it is for and the OS's reason ("No space left on
 // device"). The host turns it into exit code 4.
@@ -60,7 +62,7 @@ class AppendFile {
   AppendFile(const AppendFile&) = delete;
   AppendFile& operator=(const AppendFile&) = delete;
 
-  // Buffered; a full buffer is written at once.
+  // One whole record. Buffered; a full buffer is written at once.
   void write(std::string_view text);
   // Hands everything buffered to the OS.
   void flush();
@@ -70,10 +72,14 @@ class AppendFile {
 
  private:
   [[noreturn]] void fail(const std::string& doing);
+  // Truncates the file to whole_bytes_ after a failed write.
+  void cut_to_whole_records();
 
   std::string path_, what_;
   std::string buffer_;
   int fd_ = -1;
+  bool regular_ = false;      // a regular file (one that can be truncated)
+  uint64_t whole_bytes_ = 0;  // the file's bytes: whole records, every one written in full
 };
 
 // Checks, before any work is done, that `path` can be created: its folder exists and is a folder,
