@@ -3,6 +3,7 @@
 // and its documented exit code (README.md, "Exit codes"), with nothing written half. The cases
 // across ranks are in tests/mpi/agree_test.sh; docs/results/robustness.md lists them all.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include "core/config/config.h"
 #include "core/data/bpe_tokenizer.h"
 #include "core/model/generate.h"
+#include "core/os/output_file.h"
 #include "tests/test_util.h"
 
 namespace headroom {
@@ -230,6 +232,39 @@ TEST_F(Hardening, APromptOfBytesTheTokenizerCannotEncodeSaysWhichBytes) {
   const auto s = run_headroom("shard " + dir + "/z.txt " + dir + "/out --tokenizer " + tok);
   EXPECT_EQ(s.exit_code, 2) << s.output;
   EXPECT_FALSE(fs::exists(dir + "/out/shard_000000.bin"));
+}
+
+// --- one run per output -------------------------------------------------------------------------
+
+// The lock itself: a second holder in this process is refused naming the output, one in another
+// process naming its pid; the lock file goes with the lock, and a stale one is taken over.
+TEST_F(Hardening, AnOutputLockRefusesASecondHolderNamingIt) {
+  const std::string out = dir + "/m.jsonl", lock = dir + "/.m.jsonl.lock";
+  {
+    OutputLock a(out, "--metrics");
+    EXPECT_EQ(a.lock_path(), lock);
+    EXPECT_EQ(test::read_file(lock), std::to_string(::getpid()) + "\n");
+    const std::string msg = test::error_of([&] { OutputLock b(out, "--metrics"); });
+    EXPECT_TRUE(contains(msg, "--metrics " + out + ": this run writes it already")) << msg;
+  }
+  EXPECT_FALSE(fs::exists(lock)) << "the lock file goes with the lock";
+  // Another process holds it (flock(1) on a file that holds a pid, as a run writes it).
+  const auto held = test::run_command("echo 4242 > " + lock + "; (exec 9>>" + lock +
+                                      "; flock -n 9 && exec sleep 30) >/dev/null 2>&1 & echo $!; "
+                                      "sleep 0.3");
+  const std::string holder = held.output.substr(0, held.output.find('\n'));
+  ASSERT_FALSE(holder.empty()) << held.output;
+  const std::string msg = test::error_of([&] { OutputLock b(out, "--metrics"); });
+  EXPECT_TRUE(contains(msg, "another headroom run (pid 4242) is writing it (it holds " + lock))
+      << msg;
+  test::run_command("kill " + holder);
+  // A folder's lock is beside it; a stale file (no holder) is taken over.
+  fs::create_directories(dir + "/snaps");
+  test::write_file(dir, ".snaps.lock", "999999\n");
+  OutputLock folder(dir + "/snaps/", "snapshot.dir");
+  EXPECT_EQ(folder.lock_path(), dir + "/.snaps.lock");
+  // Not a file or a folder: nothing to lock.
+  EXPECT_EQ(OutputLock("/dev/null", "--metrics").lock_path(), "");
 }
 
 }  // namespace

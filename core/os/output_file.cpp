@@ -1,6 +1,7 @@
 #include "core/os/output_file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -186,6 +187,105 @@ void AppendFile::close() {
 }
 
 // ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// The lock file of an output: ".NAME.lock" beside it; "" for one that is not a regular file or
+// folder (a device, a pipe) or has no name (the root).
+std::string lock_file_of(const std::string& path) {
+  std::error_code ec;
+  fs::path p = fs::absolute(fs::path(path), ec).lexically_normal();
+  if (ec) return "";
+  if (!p.has_filename()) p = p.parent_path();  // "dir/" -> "dir"
+  if (!p.has_filename() || p == p.root_path()) return "";
+  const fs::file_status st = fs::status(p, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st)) return "";
+  return (p.parent_path() / ("." + p.filename().string() + ".lock")).string();
+}
+
+// The pid a lock file holds ("" when it holds none yet).
+std::string pid_in(int fd) {
+  char buf[32] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  std::string s = n > 0 ? std::string(buf, size_t(n)) : std::string();
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' '))
+    s.pop_back();
+  return s.find_first_not_of("0123456789") == std::string::npos ? s : std::string();
+}
+
+}  // namespace
+
+OutputLock::OutputLock(const std::string& path, const std::string& what) {
+  const std::string lock = lock_file_of(path);
+  if (lock.empty()) return;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // A folder that takes no lock file (checked writable before, so rare: a read-only place for
+    // /dev-like outputs) leaves the output unlocked rather than the run refused.
+    if (fd < 0) return;
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      const std::string pid = pid_in(fd);
+      ::close(fd);
+      if (err != EWOULDBLOCK) return;  // the file system has no locks (some network ones)
+      const bool self = pid == std::to_string(::getpid());
+      throw ConfigError(what + " " + path + ": " +
+                        (self ? std::string("this run writes it already, as another of its "
+                                            "outputs; give each output its own path")
+                              : "another headroom run (pid " + (pid.empty() ? "unknown" : pid) +
+                                    ") is writing it (it holds " + lock +
+                                    "); wait for that run to end, or give this one another path"));
+    }
+    // The holder before us may have removed the file between our open and our lock: the lock
+    // counts only on the file the path names now.
+    struct stat mine {
+    }, named{};
+    if (::fstat(fd, &mine) != 0 || ::stat(lock.c_str(), &named) != 0 ||
+        mine.st_ino != named.st_ino || mine.st_dev != named.st_dev) {
+      ::close(fd);
+      continue;
+    }
+    // Without the pid written the lock holds all the same; a second run then says "pid unknown".
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(fd, 0) == 0) {
+      const ssize_t n = ::pwrite(fd, pid.data(), pid.size(), 0);
+      (void)n;
+    }
+    lock_ = lock;
+    fd_ = fd;
+    return;
+  }
+}
+
+OutputLock::~OutputLock() {
+  release();
+}
+
+OutputLock::OutputLock(OutputLock&& other) noexcept
+    : lock_(std::move(other.lock_)), fd_(other.fd_) {
+  other.fd_ = -1;
+  other.lock_.clear();
+}
+
+OutputLock& OutputLock::operator=(OutputLock&& other) noexcept {
+  if (this != &other) {
+    release();
+    lock_ = std::move(other.lock_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+    other.lock_.clear();
+  }
+  return *this;
+}
+
+void OutputLock::release() noexcept {
+  if (fd_ < 0) return;
+  // Removed while still held: a run that opened it meanwhile finds it gone and makes its own.
+  ::unlink(lock_.c_str());
+  ::close(fd_);
+  fd_ = -1;
+  lock_.clear();
+}
 
 void check_output_path(const std::string& path, const std::string& what) {
   auto bad = [&](const std::string& why) { return ConfigError(what + " " + path + ": " + why); };

@@ -82,6 +82,33 @@ class AppendFile {
   uint64_t whole_bytes_ = 0;  // the file's bytes: whole records, every one written in full
 };
 
+// One run per output. A run holds an advisory lock (flock) on every output it owns for its whole
+// life: a lock file beside the output, ".NAME.lock" in the output's folder (beside a folder for a
+// folder output: a snapshot dir), holding the holder's pid. A second run that would write the same
+// file or folder is refused before it writes a byte (its outputs truncated, its snapshots pruning
+// the other's), naming the holder. An output that is not a regular file or folder (/dev/null, a
+// pipe) is not locked: nothing there can be lost. The lock file is removed when the lock goes; one
+// a killed run left behind is taken over (the kernel released its lock).
+class OutputLock {
+ public:
+  // ConfigError "WHAT PATH: another headroom run (pid N) is writing it ..." when another run (or
+  // another output of this one) holds it.
+  OutputLock(const std::string& path, const std::string& what);
+  ~OutputLock();
+  OutputLock(OutputLock&& other) noexcept;
+  OutputLock& operator=(OutputLock&& other) noexcept;
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+
+  // The lock file; "" when the output is not locked (not a regular file or folder).
+  const std::string& lock_path() const { return lock_; }
+
+ private:
+  void release() noexcept;
+  std::string lock_;
+  int fd_ = -1;
+};
+
 // Checks, before any work is done, that `path` can be created: its folder exists and is a folder,
 // and `path` is not a folder. Throws ConfigError "WHAT PATH: why" otherwise. Creates nothing.
 void check_output_path(const std::string& path, const std::string& what);
