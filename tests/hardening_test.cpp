@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -265,6 +266,52 @@ TEST_F(Hardening, AnOutputLockRefusesASecondHolderNamingIt) {
   EXPECT_EQ(folder.lock_path(), dir + "/.snaps.lock");
   // Not a file or a folder: nothing to lock.
   EXPECT_EQ(OutputLock("/dev/null", "--metrics").lock_path(), "");
+}
+
+// Two runs on one --metrics file or one snapshot folder: the second truncated the first's metrics
+// (6 of 293 lines not JSON) and its snapshot.keep pruned the other's snapshots. Now the second
+// exits 2 before it writes a byte, naming the first's pid, and the first goes on untouched.
+TEST_F(Hardening, ASecondRunOnAnotherRunsOutputsExits2NamingItsPid) {
+  const std::string cfg = write_file(
+      dir, "r.toml",
+      "[model]\nn_layer = 1\nn_head = 2\nn_embd = 16\nseq_len = 16\nvocab_size = 64\n"
+      "[train]\nsteps = 1000000\nmicro_batch = 2\n[snapshot]\nevery = 5\nkeep = 2\ndir = \"" +
+          dir + "/snaps\"\n");
+  const std::string m = dir + "/m.jsonl", H = HEADROOM_BINARY;
+  const std::string script =
+      "bash -c '" + H + " train -q " + cfg + " --metrics " + m + " & pid=$!; echo first=$pid; " +
+      "for i in $(seq 1 600); do [ $(wc -l < " + m + " 2>/dev/null || echo 0) -ge 3 ] && break; " +
+      "sleep 0.05; done; " + H + " train -q " + cfg + " --metrics " + m +
+      " --set snapshot.every=0; echo metrics=$?; " + H + " train -q " + cfg + " --metrics " + dir +
+      "/other.jsonl; echo snaps=$?; " + H + " train -q " + cfg + " --metrics " + dir +
+      "/self.jsonl --record-allocs " + dir + "/self.jsonl" +
+      " --set snapshot.every=0 --set train.steps=1 2>&1 | head -1; " +
+      "kill -INT $pid; wait $pid; echo first_exit=$?'";
+  const auto r = test::run_command(script);
+  const size_t at = r.output.find("first=");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string pid = r.output.substr(at + 6, r.output.find('\n', at) - at - 6);
+  EXPECT_TRUE(contains(r.output, "metrics=2")) << r.output;
+  EXPECT_TRUE(contains(r.output, "headroom: error: --metrics " + m +
+                                     ": another headroom run (pid " + pid + ") is writing it"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "snaps=2")) << r.output;
+  EXPECT_TRUE(contains(r.output, "snapshot.dir " + dir + "/snaps: another headroom run (pid " +
+                                     pid + ") is writing it"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "this run writes it already")) << r.output;
+  EXPECT_TRUE(contains(r.output, "first_exit=130")) << r.output;
+  // The first run's metrics are its own, every line whole, from step 1 on.
+  std::istringstream in(test::read_file(m));
+  std::string line;
+  int64_t step = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["step"].get<int64_t>(), ++step);
+  }
+  EXPECT_GE(step, 3);
+  EXPECT_FALSE(fs::exists(dir + "/other.jsonl")) << "the refused run wrote nothing";
+  EXPECT_FALSE(fs::exists(dir + "/.m.jsonl.lock")) << "the lock went with the first run";
 }
 
 }  // namespace

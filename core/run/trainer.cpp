@@ -82,6 +82,12 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   for (const auto& [path, flag] : outputs)
     if (!path->empty()) check_output_path(*path, flag);
   if (config_.snapshot.every > 0) make_output_dir(config_.snapshot.dir, "snapshot.dir");
+  // One run per output (core/os/output_file.h OutputLock), held until this trainer is gone; the
+  // snapshot folder, which every rank shares, by rank 0.
+  for (const auto& [path, flag] : outputs)
+    if (!path->empty()) output_locks_.emplace_back(*path, flag);
+  if (config_.snapshot.every > 0 && ranks.rank == 0)
+    output_locks_.emplace_back(config_.snapshot.dir, "snapshot.dir");
   if (!options_.resume_dir.empty() && !std::filesystem::is_directory(options_.resume_dir))
     throw ConfigError("--resume " + options_.resume_dir + ": not a folder of snapshots");
 

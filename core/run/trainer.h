@@ -223,6 +223,8 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
 
   Config config_;
   TrainOptions options_;
+  // Every output the run owns, locked for its whole life: released after everything below.
+  std::vector<OutputLock> output_locks_;
   // Before the device: it is destroyed after it, so it sees the frees of everything the device
   // still holds when the trainer goes away.
   std::unique_ptr<AllocTraceRecorder> recorder_;
