@@ -314,5 +314,34 @@ TEST_F(Hardening, ASecondRunOnAnotherRunsOutputsExits2NamingItsPid) {
   EXPECT_FALSE(fs::exists(dir + "/.m.jsonl.lock")) << "the lock went with the first run";
 }
 
+// --- the planner --------------------------------------------------------------------------------
+
+// On the CPU the device's memory is the host's: a config that needs more than the host has was
+// planned "memory_limit: none", exit 0. (The host's memory stands in as HEADROOM_TEST_HOST_MEMORY.)
+TEST_F(Hardening, PlanOfAConfigNeedingMoreThanTheHostHasDoesNotSayItFits) {
+  const std::string cfg = text_config();
+  const std::string small = "HEADROOM_TEST_HOST_MEMORY=100000 ";
+  const auto r = test::run_command(small + HEADROOM_BINARY + " plan " + cfg);
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(contains(r.output, "does not fit this host: needs about ")) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "the CPU device's memory is the host's, 97.66 KiB available "
+                       "(HEADROOM_TEST_HOST_MEMORY)"))
+      << r.output;
+  const auto m = test::run_command(small + HEADROOM_BINARY + " plan " + cfg + " --measure");
+  EXPECT_EQ(m.exit_code, 3) << m.output;
+  EXPECT_TRUE(contains(m.output, "does not fit this host")) << m.output;
+  // A memory_limit above what the host has is not believed either.
+  const auto l = test::run_command(small + HEADROOM_BINARY + " plan " + cfg +
+                                   " --set 'device.memory_limit=\"1GiB\"'");
+  EXPECT_EQ(l.exit_code, 3) << l.output;
+  // With room it fits and says against what.
+  const auto ok = test::run_command("HEADROOM_TEST_HOST_MEMORY=1000000000 " +
+                                    std::string(HEADROOM_BINARY) + " plan " + cfg);
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_TRUE(contains(ok.output, "memory_limit: none; the CPU device's memory is the host's, "))
+      << ok.output;
+}
+
 }  // namespace
 }  // namespace headroom
