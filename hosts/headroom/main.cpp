@@ -18,6 +18,7 @@
 #include <exception>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #include "core/data/shards.h"
 #include "core/device/device.h"
 #include "core/model/safetensors.h"
+#include "core/os/host_memory.h"
 #include "core/os/interrupt.h"
 #include "core/os/output_file.h"
 #include "core/plan/measure.h"
@@ -132,6 +134,13 @@ int cmd_plan(const std::string& file, const std::vector<std::string>& sets,
     throw headroom::ConfigError("--budget needs --search: it is the memory the search fits");
   if (flags.json && !flags.measure) throw headroom::ConfigError("--json needs --measure");
   const headroom::Config config = headroom::load_config(file, sets);
+  // --write is checked (and held) before the search, as train checks its outputs before step 1:
+  // a search must not run for minutes and then find it cannot write its pick.
+  std::unique_ptr<headroom::OutputLock> write_lock;
+  if (!flags.write.empty()) {
+    headroom::check_output_path(flags.write, "--write");
+    write_lock = std::make_unique<headroom::OutputLock>(flags.write, "--write");
+  }
   if (!flags.measure) {
     const headroom::PlanResult r = headroom::plan(config);  // creates the plugins, as check does
     std::printf("%s", r.text.c_str());
@@ -158,18 +167,27 @@ int cmd_plan(const std::string& file, const std::vector<std::string>& sets,
       return kExitOk;
     }
     const headroom::Measured m = headroom::measure(config);
+    // The wall: memory_limit, and on the CPU the host's memory when it is lower.
+    const uint64_t limit = config.device.memory_limit;
+    const headroom::HostMemory host =
+        config.device.kind == "cpu" ? headroom::host_available_memory() : headroom::HostMemory{};
+    const bool host_wall = host.bytes && (!limit || host.bytes < limit);
+    const uint64_t wall = host_wall ? host.bytes : limit;
+    const bool fits = !wall || m.reserved <= wall;
     if (flags.json) {
       std::printf("%s\n", headroom::measured_json(m).c_str());
     } else {
       std::printf("%s", headroom::format_measured(config, m).c_str());
-      if (config.device.memory_limit)
-        std::printf("%s memory_limit %s\n",
-                    m.reserved <= config.device.memory_limit ? "fits" : "does not fit",
-                    headroom::format_bytes(config.device.memory_limit).c_str());
+      if (host_wall && !fits)
+        std::printf(
+            "does not fit this host: the CPU device's memory is the host's, %s available "
+            "(%s)\n",
+            headroom::format_bytes(host.bytes).c_str(), host.source.c_str());
+      else if (limit)
+        std::printf("%s memory_limit %s\n", fits ? "fits" : "does not fit",
+                    headroom::format_bytes(limit).c_str());
     }
-    return !config.device.memory_limit || m.reserved <= config.device.memory_limit
-               ? kExitOk
-               : kExitOutOfMemory;
+    return fits ? kExitOk : kExitOutOfMemory;
   } catch (const headroom::PlanRefused& e) {
     std::cerr << "headroom: plan --measure: " << e.what() << "\n";
     return kExitOutOfMemory;
