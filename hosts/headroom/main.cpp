@@ -117,6 +117,8 @@ int cmd_check(const std::string& file, const std::vector<std::string>& sets) {
 struct PlanFlags {
   bool measure = false, search = false, json = false;
   std::string budget, write;
+  double deadline_s = headroom::kSearchDeadlineS;
+  bool deadline_set = false;
 };
 
 // `headroom plan CONFIG`: the run's peak by category as the config is written, its [[plugins]]
@@ -133,6 +135,8 @@ int cmd_plan(const std::string& file, const std::vector<std::string>& sets,
   if (!flags.budget.empty() && !flags.search)
     throw headroom::ConfigError("--budget needs --search: it is the memory the search fits");
   if (flags.json && !flags.measure) throw headroom::ConfigError("--json needs --measure");
+  if (flags.deadline_set && !flags.search)
+    throw headroom::ConfigError("--deadline needs --search: it bounds the search's time");
   const headroom::Config config = headroom::load_config(file, sets);
   // --write is checked (and held) before the search, as train checks its outputs before step 1:
   // a search must not run for minutes and then find it cannot write its pick.
@@ -153,7 +157,7 @@ int cmd_plan(const std::string& file, const std::vector<std::string>& sets,
       if (!budget)
         throw headroom::ConfigError(
             "--search needs a budget: --budget SIZE, or [device] memory_limit in " + file);
-      const headroom::SearchResult r = headroom::search(config, budget);
+      const headroom::SearchResult r = headroom::search(config, budget, flags.deadline_s);
       if (flags.json) {
         std::printf("%s\n", headroom::search_json(r).c_str());
       } else {
@@ -454,6 +458,11 @@ int main(int argc, char** argv) {
   plan->add_option("--write", plan_flags.write,
                    "with --search: write the recommended config, whole, to FILE");
   plan->add_flag("--json", plan_flags.json, "with --measure: print one JSON object");
+  plan->add_option("--deadline", plan_flags.deadline_s,
+                   "with --search: seconds the search may take (default 120); candidates left "
+                   "when it comes are listed as such")
+      ->check(finite_number(0.0, 86400.0))
+      ->each([&](const std::string&) { plan_flags.deadline_set = true; });
 
   CLI::App* check = app.add_subcommand(
       "check", "validate a config and print it resolved, with every default filled in");
