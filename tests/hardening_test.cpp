@@ -17,6 +17,7 @@
 #include "core/data/bpe_tokenizer.h"
 #include "core/model/generate.h"
 #include "core/os/output_file.h"
+#include "core/run/rank_agreement.h"
 #include "tests/test_util.h"
 
 namespace headroom {
@@ -341,6 +342,36 @@ TEST_F(Hardening, PlanOfAConfigNeedingMoreThanTheHostHasDoesNotSayItFits) {
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
   EXPECT_TRUE(contains(ok.output, "memory_limit: none; the CPU device's memory is the host's, "))
       << ok.output;
+}
+
+// --- ranks that disagree (the runs across ranks: tests/mpi/agree_test.sh) -----------------------
+
+// What the ranks compare: the flags, then every key of the resolved config, plugin keys by their
+// plugin's name, but for those that may differ per rank.
+TEST_F(Hardening, TheRanksCompareEveryKeyButThePerRankOnes) {
+  const Config c = test::config_from(
+      "[model]\nn_layer = 1\nn_head = 2\nn_embd = 16\nseq_len = 16\nvocab_size = 64\n"
+      "[train]\nlr = 0.002\n[device]\nthreads = 2\n[[plugins]]\nname = \"amp\"\n"
+      "dtype = \"fp16\"\n");
+  const std::vector<AgreementItem> items = agreement_items(c, {{"--resume", "no"}});
+  auto value = [&](const std::string& key) {
+    for (const AgreementItem& i : items)
+      if (i.first == key) return i.second;
+    return std::string("(absent)");
+  };
+  ASSERT_FALSE(items.empty());
+  EXPECT_EQ(items[0], AgreementItem("--resume", "no"));
+  EXPECT_EQ(value("train.lr"), "0.002");
+  EXPECT_EQ(value("model.n_embd"), "16");
+  EXPECT_EQ(value("train.steps"), "200");
+  EXPECT_EQ(value("plugins.amp.dtype"), "'fp16'");
+  EXPECT_EQ(value("distributed.timeout_s"), "6e+01");
+  for (const char* k : {"device.index", "device.threads", "data.workers", "data.prefetch"})
+    EXPECT_EQ(value(k), "(absent)") << k;
+  // One rank alone has nothing to compare with.
+  std::unique_ptr<Device> device = Device::create(c.device);
+  std::unique_ptr<Communicator> self = make_local_communicator(*device);
+  check_ranks_agree(items, *self);
 }
 
 }  // namespace
