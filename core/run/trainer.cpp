@@ -14,6 +14,7 @@
 
 #include "core/model/safetensors.h"
 #include "core/report/timeline_html.h"
+#include "core/run/rank_agreement.h"
 #include "core/run/snapshot.h"
 
 namespace headroom {
@@ -104,6 +105,11 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   set_phase(Phase::Kind::kSetup);
   micro_batch_ = config_.train.micro_batch;
   comm_ = make_communicator(*device_, config_.distributed);
+  // Every rank runs the same run (core/run/rank_agreement.h): the first collective after it.
+  check_ranks_agree(
+      agreement_items(config_, {{"--resume", options_.resume_dir.empty() ? "no" : "yes"},
+                                {"--save-weights", save_weights_ ? "yes" : "no"}}),
+      *comm_);
   data_ = options_.data_source
               ? std::move(options_.data_source)
               : make_data_source(config_.data, config_.model, config_.train.micro_batch,
