@@ -1,5 +1,7 @@
 #include "core/run/snapshot.h"
 
+#include "core/comm/comm.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -11,6 +13,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "core/comm/comm.h"
 #include "core/config/config.h"
 #include "core/os/output_file.h"
 
@@ -646,10 +649,23 @@ SnapshotData read_newest_snapshot(const std::string& dir, std::string* path) {
   for (const fs::path& p : snapshots_in(dir)) {
     try {
       SnapshotData d = read_snapshot(p.string());
+      // A snapshot of W ranks is complete with every rank's part, each whole (rank 0 writes the
+      // replicated file after all of them, but a part can go missing or be cut short later).
+      const int world = snapshot_world_size(d.data_state);
+      for (int q = 0; world > 1 && q < world; ++q) {
+        try {
+          read_rank_part(dir, d.step, q, world);
+        } catch (const ConfigError& e) {
+          throw ConfigError("snapshot " + p.string() + ": incomplete: " + e.what());
+        }
+      }
       if (path) *path = p.string();
       return d;
     } catch (const ConfigError& e) {
-      std::fprintf(stderr, "headroom: warning: skipping %s\n", e.what());
+      // Every rank reads the same folder and skips alike; rank 0 says so.
+      if (rank_info().rank == 0)
+        std::fprintf(stderr, "headroom: warning: skipping %s; trying the one before it\n",
+                     e.what());
     }
   }
   throw ConfigError("--resume " + dir + ": no complete snapshot in it (files step_*.hrsnap)");

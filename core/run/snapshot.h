@@ -69,9 +69,11 @@ constexpr size_t kSnapshotHeaderBytes = 24;
 // skipped_steps outside [0, step] (a bug of the caller: such a file would be refused).
 std::string write_snapshot(const std::string& dir, const SnapshotData& data, int keep);
 
-// The newest snapshot in `dir` that reads back whole (read_snapshot), and its path in *path;
-// files that do not are skipped with a warning on stderr, and leftover temporaries
-// (.step_*.hrsnap.tmp) are ignored. Throws ConfigError when there is none.
+// The newest complete snapshot in `dir`, and its path in *path: one that reads back whole
+// (read_snapshot) and, written by ranks, whose every rank part reads back whole too
+// (read_rank_part). One that is not is skipped with a warning on stderr naming it and why (from
+// rank 0, with ranks), and the one before it tried; leftover temporaries (.step_*.hrsnap.tmp) are
+// ignored. Throws ConfigError when there is none.
 SnapshotData read_newest_snapshot(const std::string& dir, std::string* path);
 
 // Reads and verifies one snapshot (parse_snapshot), and that a file named step_<N>.hrsnap holds
