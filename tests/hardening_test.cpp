@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -16,6 +17,7 @@
 #include "core/config/config.h"
 #include "core/data/bpe_tokenizer.h"
 #include "core/model/generate.h"
+#include "core/model/safetensors.h"
 #include "core/os/output_file.h"
 #include "core/run/rank_agreement.h"
 #include "tests/test_util.h"
@@ -372,6 +374,50 @@ TEST_F(Hardening, TheRanksCompareEveryKeyButThePerRankOnes) {
   std::unique_ptr<Device> device = Device::create(c.device);
   std::unique_ptr<Communicator> self = make_local_communicator(*device);
   check_ranks_agree(items, *self);
+}
+
+// --- sample -------------------------------------------------------------------------------------
+
+// sample could not read a pruned model's snapshot or weights (its error read like damage), and on
+// headroom's own weights without --config it guessed n_head = 1. The weights record the model's
+// shape in their metadata, and every source samples the same tokens.
+TEST_F(Hardening, SampleReadsAPrunedModelFromEverySourceAndTheWeightsShape) {
+  // A model pruned by `mode` (heads, mlp), with a snapshot of its last step and its weights.
+  auto pruned = [&](const std::string& mode) {
+    return write_file(
+        dir, mode + ".toml",
+        "[model]\nn_layer = 2\nn_head = 4\nn_embd = 32\nseq_len = 16\nvocab_size = 256\n"
+        "[train]\nsteps = 3\nmicro_batch = 2\n[snapshot]\nevery = 3\ndir = \"" +
+            dir + "/" + mode + "-snaps\"\n[[plugins]]\nname = \"pruning\"\nmode = \"" + mode +
+            "\"\nfinal_sparsity = 0.5\nstart_step = 1\nend_step = 2\nevery = 1\n");
+  };
+  const std::string args = " --prompt hi --tokens 6 --ids";
+  for (const std::string mode : {"heads", "mlp"}) {
+    const std::string cfg = pruned(mode), w = dir + "/" + mode + ".safetensors";
+    const auto trained = run_headroom("train -q " + cfg + " --save-weights " + w);
+    ASSERT_EQ(trained.exit_code, 0) << trained.output;
+    std::map<std::string, std::string> meta;
+    read_safetensors_header(w, &meta);
+    EXPECT_EQ(meta["n_head"], "4");
+    EXPECT_EQ(meta["n_layer"], "2");
+    EXPECT_EQ(meta["n_embd"], "32");
+    EXPECT_EQ(meta[mode == "heads" ? "attn_heads" : "mlp_hidden"],
+              mode == "heads" ? "2,2" : "64,64");
+    std::vector<std::string> outs;
+    for (const std::string& source :
+         {dir + "/" + mode + "-snaps", w, cfg, w + " --config " + cfg}) {
+      const auto r = run_headroom("sample " + source + args);
+      EXPECT_EQ(r.exit_code, 0) << mode << " " << source << ": " << r.output;
+      EXPECT_FALSE(contains(r.output, "does not record n_head")) << r.output;
+      // The ids line (stdout) among the log lines (stderr): the prompt's "104 105" first.
+      const size_t at = r.output.find("104 105 ");
+      outs.push_back(at == std::string::npos ? std::string()
+                                             : r.output.substr(at, r.output.find('\n', at) - at));
+    }
+    EXPECT_FALSE(outs[0].empty());
+    for (const std::string& o : outs)
+      EXPECT_EQ(o, outs[0]) << mode;
+  }
 }
 
 }  // namespace
