@@ -20,6 +20,7 @@
 #include "core/model/safetensors.h"
 #include "core/os/output_file.h"
 #include "core/run/rank_agreement.h"
+#include "core/run/snapshot.h"
 #include "tests/test_util.h"
 
 namespace headroom {
@@ -418,6 +419,28 @@ TEST_F(Hardening, SampleReadsAPrunedModelFromEverySourceAndTheWeightsShape) {
     for (const std::string& o : outs)
       EXPECT_EQ(o, outs[0]) << mode;
   }
+}
+
+// --- resuming across an optimizer plugin --------------------------------------------------------
+
+// A snapshot of the built-in AdamW resumed with an optimizer plugin, and the other way round: the
+// refusal names the plugin (it said "this config uses plugin").
+TEST_F(Hardening, ResumingAcrossAnOptimizerPluginNamesThePlugin) {
+  SnapshotData adamw;
+  adamw.optimizer = "adamw";
+  EXPECT_EQ(optimizer_mismatch(adamw, "plugin", "adafactor", {"adafactor"}),
+            "was made with optimizer adamw, this config uses the optimizer of plugin 'adafactor' "
+            "(resume it without plugin 'adafactor', or start afresh without --resume)");
+  SnapshotData plugin;
+  plugin.optimizer = "plugin";
+  plugin.plugins["adafactor"] = {1, 2, 3};
+  plugin.plugins["amp"] = {4};
+  EXPECT_EQ(optimizer_mismatch(plugin, "adamw", "", {"amp"}),
+            "was made with optimizer of plugin 'adafactor' (whose state it holds), this config "
+            "uses adamw (list 'adafactor' in [[plugins]] again to resume it, or start afresh "
+            "without --resume)");
+  EXPECT_TRUE(contains(optimizer_mismatch(adamw, "sgd", "", {}),
+                       "this config uses sgd (set train.optimizer = \"adamw\" to resume it"));
 }
 
 }  // namespace

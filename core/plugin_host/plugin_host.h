@@ -262,6 +262,8 @@ class PluginHost final : public EventListener {
   void create(PluginRun& run);
 
   bool provides_optimizer() const;
+  // The name of the plugin with the optimizer role ("" when none has it), for messages.
+  std::string optimizer_plugin() const;
   // The HR_EVENT_BIT()s of the events any plugin subscribes to.
   uint64_t subscribed_events() const;
   // A plugin reduces the gradients across ranks itself: core's data-parallel all-reduce is off.

@@ -494,6 +494,32 @@ RankPart read_rank_part(const std::string& dir, int64_t step, int rank, int worl
   return {d.data_state, std::move(d.tensors)};
 }
 
+std::string optimizer_mismatch(const SnapshotData& d, const std::string& ours,
+                               const std::string& our_plugin,
+                               const std::vector<std::string>& loaded) {
+  const std::string theirs_base = optimizer_layout(d.optimizer).optimizer;
+  std::string theirs = d.optimizer, their_plugins;
+  if (theirs_base == "plugin") {
+    for (const auto& [name, bytes] : d.plugins)
+      if (std::find(loaded.begin(), loaded.end(), name) == loaded.end())
+        their_plugins += (their_plugins.empty() ? "'" : ", '") + name + "'";
+    theirs = their_plugins.empty() ? std::string("of a plugin")
+                                   : "of plugin " + their_plugins + " (whose state it holds)";
+  }
+  const std::string mine =
+      our_plugin.empty() ? ours : "the optimizer of plugin '" + our_plugin + "'";
+  std::string fix;
+  if (!our_plugin.empty())
+    fix = "resume it without plugin '" + our_plugin + "'";
+  else if (theirs_base == "plugin")
+    fix = "list " + (their_plugins.empty() ? std::string("its optimizer plugin") : their_plugins) +
+          " in [[plugins]] again to resume it";
+  else
+    fix = "set train.optimizer = \"" + theirs_base + "\" to resume it";
+  return "was made with optimizer " + theirs + ", this config uses " + mine + " (" + fix +
+         ", or start afresh without --resume)";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Resharding
 

@@ -122,6 +122,15 @@ struct OptimizerLayout {
 };
 OptimizerLayout optimizer_layout(const std::string& signature);
 
+// Why snapshot `d` cannot resume a run whose optimizer signature is `ours`: "was made with
+// optimizer adamw; this config's optimizer is plugin 'adafactor' ...". An optimizer plugin is
+// named on either side: this run's (`our_plugin`, "" for none), and the snapshot's by the plugin
+// states it holds that this run does not load (`loaded`: the config's plugin names), as the
+// signature of a plugin's state says only "plugin".
+std::string optimizer_mismatch(const SnapshotData& d, const std::string& ours,
+                               const std::string& our_plugin,
+                               const std::vector<std::string>& loaded);
+
 // An optimizer state tensor's name, "<parameter>[ [a:b)] <kind>" (core/optim: the segment's name
 // and the kind, "adamw m"; core/shard: a segment that is part of a parameter adds its element
 // range [a:b)). `whole`: no range was given (the whole parameter). False when `name` is not of
