@@ -441,6 +441,30 @@ TEST_F(Hardening, ResumingAcrossAnOptimizerPluginNamesThePlugin) {
             "without --resume)");
   EXPECT_TRUE(contains(optimizer_mismatch(adamw, "sgd", "", {}),
                        "this config uses sgd (set train.optimizer = \"adamw\" to resume it"));
+  // Through the host, both ways.
+  const std::string model =
+      "[model]\nn_layer = 1\nn_head = 2\nn_embd = 16\nseq_len = 16\nvocab_size = 64\n"
+      "[train]\nsteps = 2\nmicro_batch = 2\n";
+  const std::string plain = write_file(dir, "plain.toml", model);
+  const std::string ada =
+      write_file(dir, "ada.toml", model + "[[plugins]]\nname = \"adafactor\"\n");
+  const std::string snap = " --set snapshot.every=2 --set 'snapshot.dir=\"" + dir + "/s\"'";
+  const std::string resume = " --resume " + dir + "/s --set train.steps=4";
+  ASSERT_EQ(run_headroom("train -q " + plain + snap).exit_code, 0);
+  const auto r = run_headroom("train -q " + ada + resume);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "was made with optimizer adamw, this config uses the optimizer "
+                       "of plugin 'adafactor'"))
+      << r.output;
+  fs::remove_all(dir + "/s");
+  ASSERT_EQ(run_headroom("train -q " + ada + snap).exit_code, 0);
+  const auto back = run_headroom("train -q " + plain + resume);
+  EXPECT_EQ(back.exit_code, 2) << back.output;
+  EXPECT_TRUE(contains(back.output,
+                       "was made with optimizer of plugin 'adafactor' (whose state "
+                       "it holds), this config uses adamw"))
+      << back.output;
 }
 
 }  // namespace

@@ -1194,8 +1194,12 @@ int64_t Trainer::resume() {
   // The optimizer must be this run's; how its state is sharded need not be (resharding).
   const std::string optimizer = optimizer_signature();
   const OptimizerLayout theirs = optimizer_layout(d.optimizer);
-  if (theirs.optimizer != optimizer_layout(optimizer).optimizer)
-    throw refuse("was made with optimizer " + d.optimizer + ", this config uses " + optimizer);
+  if (theirs.optimizer != optimizer_layout(optimizer).optimizer) {
+    std::vector<std::string> loaded;
+    for (const PluginEntry& p : config_.plugins)
+      loaded.push_back(p.name);
+    throw refuse(optimizer_mismatch(d, optimizer, plugins_->optimizer_plugin(), loaded));
+  }
   if (d.step >= config_.train.steps)
     throw refuse("is at step " + std::to_string(d.step) +
                  ", already at train.steps = " + std::to_string(config_.train.steps));
