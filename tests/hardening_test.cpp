@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "core/data/bpe_tokenizer.h"
 #include "core/model/generate.h"
 #include "core/model/safetensors.h"
+#include "core/os/interrupt.h"
 #include "core/os/output_file.h"
 #include "core/run/rank_agreement.h"
 #include "core/run/snapshot.h"
@@ -465,6 +467,20 @@ TEST_F(Hardening, ResumingAcrossAnOptimizerPluginNamesThePlugin) {
                        "was made with optimizer of plugin 'adafactor' (whose state "
                        "it holds), this config uses adamw"))
       << back.output;
+}
+
+// --- a stop during evaluation -------------------------------------------------------------------
+
+// What the validation asks between its batches (one max over the ranks; the local request alone).
+TEST_F(Hardening, AStopRequestOfAnyRankIsSeen) {
+  const Config c = test::config_from("[model]\npreset = \"tiny\"\n");
+  std::unique_ptr<Device> device = Device::create(c.device);
+  std::unique_ptr<Communicator> self = make_local_communicator(*device);
+  clear_stop();
+  EXPECT_EQ(stop_signal_of_any_rank(*self), 0);
+  request_stop(SIGTERM);
+  EXPECT_EQ(stop_signal_of_any_rank(*self), SIGTERM);
+  clear_stop();
 }
 
 }  // namespace
