@@ -250,6 +250,35 @@ TEST_F(Faults, SigintDuringAStepWritesWhatTheRunHasAndExits130) {
   EXPECT_EQ(a, b) << "the resumed run's step " << until << " loss differs";
 }
 
+// SIGTERM during an evaluation waited for the whole of it (49 s in the report): the evaluation
+// checks for a stop between its batches, leaves the step's validation uncounted, and the run stops
+// at its next safe point with the step done.
+TEST_F(Faults, SigtermDuringAnEvaluationStopsBetweenItsBatches) {
+  const std::string snaps = dir + "/snaps";
+  const std::string cfg = config(
+      "steps = 1000000\neval_every = 2\neval_batches = 1000000\n"
+      "[snapshot]\nevery = 100\ndir = \"" +
+      snaps + "\"\n");
+  const std::string m = dir + "/m.jsonl";
+  const std::string cmd = std::string(HEADROOM_BINARY) + " train " + cfg + " --metrics " + m;
+  // Step 1's line is written; step 2 trains in milliseconds, then its evaluation runs for minutes.
+  const auto r = run_command(signal_script(
+      cmd, "[ $(wc -l < " + m + " 2>/dev/null || echo 0) -ge 1 ]", "sleep 1; kill -TERM $pid"));
+  EXPECT_EQ(exit_of(r.output), 143) << r.output;
+  EXPECT_TRUE(contains(r.output, "validation after step 2: stopped by SIGTERM after ")) << r.output;
+  EXPECT_TRUE(contains(r.output, " of 1000000 batches; not counted")) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "stopped by SIGTERM before step 3 of 1000000; 2 steps done; "
+                       "snapshot " +
+                           snaps + "/step_000000000002.hrsnap written"))
+      << r.output;
+  std::string error;
+  const auto lines = metrics_lines(m, &error);
+  EXPECT_TRUE(error.empty()) << error;
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_FALSE(lines[1].contains("val_loss")) << "an evaluation cut short is not counted";
+}
+
 // A run that snapshots every step, writing slowly (at least a second a snapshot), sent `signals`
 // as soon as its second snapshot is being written.
 struct SlowSnapshots {

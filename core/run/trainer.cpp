@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -457,10 +458,11 @@ void Trainer::run_steps() {
     r.host_syncs = ops.host_syncs() - syncs0;  // the validation below not counted
     if (val_data_ && (step_ % t.eval_every == 0 || step_ == t.steps)) {
       ops.synchronize();  // the last micro-step is done with the batch buffers
-      r.evaluated = true;
       batch.host_targets = host_targets;
-      r.val_loss = evaluate(batch, host_inputs, host_targets);
-      if (best_val_step_ == 0 || r.val_loss < best_val_loss_) {
+      const std::optional<double> val = evaluate(batch, host_inputs, host_targets);
+      r.evaluated = val.has_value();  // a stop request ends it between batches, uncounted
+      if (val) r.val_loss = *val;
+      if (val && (best_val_step_ == 0 || r.val_loss < best_val_loss_)) {
         best_val_loss_ = r.val_loss;
         best_val_step_ = step_;
       }
@@ -486,7 +488,7 @@ void Trainer::run_steps() {
   }
 }
 
-double Trainer::evaluate(Batch batch, void* host_inputs, void* host_targets) {
+std::optional<double> Trainer::evaluate(Batch batch, void* host_inputs, void* host_targets) {
   set_phase(Phase::Kind::kEval);
   Backend& ops = device_->backend();
   // The validation data comes in configured micro-batches (the staging buffers' size); each runs
@@ -501,6 +503,16 @@ double Trainer::evaluate(Batch batch, void* host_inputs, void* host_targets) {
   double sum = 0.0;
   uint64_t tokens = 0;
   for (int i = 0; i < config_.train.eval_batches; ++i) {
+    // A stop request (of any rank: every rank leaves at the same batch) ends the evaluation here;
+    // the step before it is complete, and the loop stops at its next safe point.
+    if (const int sig = stop_signal_of_any_rank(*comm_)) {
+      if (options_.log && root())
+        *options_.log << "validation after step " << step_ << ": stopped by " << signal_name(sig)
+                      << " after " << i << " of " << config_.train.eval_batches
+                      << " batches; not counted\n"
+                      << std::flush;
+      return std::nullopt;
+    }
     val_data_->next(rows.data(), rows.data() + BT, B, T);
     for (size_t at = 0; at < BT; at += bt) {
       std::memcpy(host_inputs, rows.data() + at, bt * sizeof(int32_t));

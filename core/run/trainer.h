@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -161,8 +162,9 @@ class Trainer final : private LayerEvents, private AllocationObserver, private P
   void log_step(const StepRecord& r);
   // The validation loss (train.eval_every): the first eval_batches micro-batches of the
   // validation data, the same ones every time, forward only (Gpt::evaluate) through the
-  // step's batch buffers; with ranks, the mean over them.
-  double evaluate(Batch batch, void* host_inputs, void* host_targets);
+  // step's batch buffers; with ranks, the mean over them. Nothing when a stop request ends it
+  // between two batches.
+  std::optional<double> evaluate(Batch batch, void* host_inputs, void* host_targets);
   // The run's state after `step` steps, written to [snapshot] dir: the device tensors as they
   // are now, with the data position and plugin states of that moment. Returns the file.
   std::string write_snapshot(int64_t step, const std::string& data_state,
