@@ -250,6 +250,35 @@ TEST_F(Faults, SigintDuringAStepWritesWhatTheRunHasAndExits130) {
   EXPECT_EQ(a, b) << "the resumed run's step " << until << " loss differs";
 }
 
+// SIGTERM during an evaluation waited for the whole of it (49 s in the report): the evaluation
+// checks for a stop between its batches, leaves the step's validation uncounted, and the run stops
+// at its next safe point with the step done.
+TEST_F(Faults, SigtermDuringAnEvaluationStopsBetweenItsBatches) {
+  const std::string snaps = dir + "/snaps";
+  const std::string cfg = config(
+      "steps = 1000000\neval_every = 2\neval_batches = 1000000\n"
+      "[snapshot]\nevery = 100\ndir = \"" +
+      snaps + "\"\n");
+  const std::string m = dir + "/m.jsonl";
+  const std::string cmd = std::string(HEADROOM_BINARY) + " train " + cfg + " --metrics " + m;
+  // Step 1's line is written; step 2 trains in milliseconds, then its evaluation runs for minutes.
+  const auto r = run_command(signal_script(
+      cmd, "[ $(wc -l < " + m + " 2>/dev/null || echo 0) -ge 1 ]", "sleep 1; kill -TERM $pid"));
+  EXPECT_EQ(exit_of(r.output), 143) << r.output;
+  EXPECT_TRUE(contains(r.output, "validation after step 2: stopped by SIGTERM after ")) << r.output;
+  EXPECT_TRUE(contains(r.output, " of 1000000 batches; not counted")) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "stopped by SIGTERM before step 3 of 1000000; 2 steps done; "
+                       "snapshot " +
+                           snaps + "/step_000000000002.hrsnap written"))
+      << r.output;
+  std::string error;
+  const auto lines = metrics_lines(m, &error);
+  EXPECT_TRUE(error.empty()) << error;
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_FALSE(lines[1].contains("val_loss")) << "an evaluation cut short is not counted";
+}
+
 // A run that snapshots every step, writing slowly (at least a second a snapshot), sent `signals`
 // as soon as its second snapshot is being written.
 struct SlowSnapshots {
@@ -401,6 +430,30 @@ TEST_F(Faults, FullDiskForMetricsExits4NamingTheFileAndReason) {
   EXPECT_EQ(r.exit_code, 4) << r.output;
   EXPECT_TRUE(contains(r.output, "--metrics /dev/full")) << r.output;
   EXPECT_TRUE(contains(r.output, "No space left on device")) << r.output;
+}
+
+// The metrics on a disk that fills up mid-run: the line the disk took part of is cut off again, so
+// every line of the file is whole JSON (the 15th line was half a record, exit 4).
+TEST_F(Faults, FullDiskForMetricsLeavesOnlyWholeLines) {
+  const std::string cfg = config("steps = 200\n");
+  const std::string m = dir + "/small/m.jsonl", copy = dir + "/m-copy.jsonl";
+  std::string how;
+  const auto r = run_on_small_disk(
+      dir, "$H train -q " + cfg + " --metrics " + m + "; echo exit=$?; cp " + m + " " + copy, 8,
+      &how);
+  EXPECT_TRUE(contains(r.output, "exit=4")) << how << ": " << r.output;
+  EXPECT_TRUE(contains(r.output, "--metrics " + m + ": write failed: " + disk_full_reason(how)))
+      << r.output;
+  const std::string text = test::read_file(copy);
+  ASSERT_FALSE(text.empty()) << r.output;
+  EXPECT_EQ(text.back(), '\n') << "the file ends on a whole line";
+  std::string error;
+  const auto lines = metrics_lines(copy, &error);
+  EXPECT_TRUE(error.empty()) << error;
+  EXPECT_GE(lines.size(), 5u);
+  EXPECT_LT(lines.size(), 200u);
+  for (size_t i = 0; i < lines.size(); ++i)
+    EXPECT_EQ(lines[i]["step"].get<int64_t>(), int64_t(i) + 1);
 }
 
 TEST_F(Faults, FullDiskForAtomicOutputsLeavesNoPartialFile) {

@@ -3,6 +3,10 @@
 // full run's tracker, and against a plugin the closed form cannot know.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
 #include "core/config/config.h"
 #include "core/plan/measure.h"
 #include "core/plan/search.h"
@@ -38,7 +42,8 @@ class PlanMeasureTest : public ::testing::TestWithParam<MeasureCase> {};
 // and both are the full run's tracker.
 TEST_P(PlanMeasureTest, TheFitIsTheClosedFormAndTheFullRun) {
   const Config c = test::config_from(std::string(kModel) + GetParam().plugins);
-  const Measured m = measure(c);
+  const Measured m = measure(c, Arithmetic::kDry, 0);  // the extrapolation
+  EXPECT_EQ(m.method, Measured::Method::kBlocks);
   const ConfigEstimate e = estimate_config(c);
   const FullRun f = full_run(c);
   for (int i = 0; i < kNumCategories; ++i) {
@@ -53,6 +58,14 @@ TEST_P(PlanMeasureTest, TheFitIsTheClosedFormAndTheFullRun) {
   EXPECT_EQ(m.check_l, 3);
   EXPECT_EQ(m.check_peak_error, 0);
   EXPECT_FALSE(m.phase.empty());
+  // Where the host holds the config, it runs itself, dry: the same bytes.
+  const Measured d = measure(c);
+  EXPECT_EQ(d.method, Measured::Method::kDirect) << d.why_extrapolated;
+  ASSERT_EQ(d.runs.size(), 1u);
+  EXPECT_EQ(d.peak, f.peak);
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(d.by_category[i], f.at_peak[i]) << category_name(category_at(i));
+  EXPECT_EQ(d.phase, m.phase);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -71,7 +84,7 @@ TEST(PlanMeasure, APolicyRepeatingOverBlocksWidensTheGrid) {
   const Config c = test::config_from(
       std::string(kModel) + "[[plugins]]\nname = \"checkpoint\"\npolicy = \"every_n\"\nn = 2\n",
       {"model.n_layer=6"});
-  const Measured m = measure(c);
+  const Measured m = measure(c, Arithmetic::kDry, 0);
   EXPECT_EQ(m.grid_blocks[0], 2);
   EXPECT_EQ(m.grid_blocks[1], 4);
   EXPECT_EQ(m.check_peak_error, 0);
@@ -91,7 +104,7 @@ std::string per_block(uint64_t bytes) {
 TEST(PlanMeasure, AnOutOfTreePluginsBytesPerBlockArePredictedToTheByte) {
   const uint64_t k = 12345;
   const Config c = test::config_from(std::string(kModel) + per_block(k));
-  const Measured m = measure(c);
+  const Measured m = measure(c, Arithmetic::kDry, 0);
   const ConfigEstimate e = estimate_config(c);
   ASSERT_EQ(e.plugins.size(), 1u);
   EXPECT_FALSE(e.plugins[0].offered);
@@ -102,6 +115,79 @@ TEST(PlanMeasure, AnOutOfTreePluginsBytesPerBlockArePredictedToTheByte) {
   EXPECT_EQ(m.peak, f.peak);
   for (int i = 0; i < kNumCategories; ++i)
     EXPECT_EQ(m.by_category[i], f.at_peak[i]) << category_name(category_at(i));
+}
+
+// Every policy and mode of every plugin that runs on one rank, at several block counts, each way
+// the planner measures: the config itself, dry, is its full run to the byte; so is the fit over
+// micro_batch at the configured blocks (what a host too small for the config itself gets). The
+// fit over blocks too (a host too small for even one micro-batch of the config's blocks) is exact
+// where the policy is affine in the blocks; checkpoint's every_n and sqrt are not, and its output
+// says so whenever it is used. The table is docs/results/planner.md's ("Every policy").
+TEST(PlanMeasure, EveryPolicyAndModeAtSeveralBlockCounts) {
+  std::vector<std::pair<std::string, std::string>> setups = {{"no plugin", ""}};
+  for (const PluginMode& m : plugin_modes())
+    setups.push_back({m.what, m.toml});
+  const std::pair<std::string, std::string> more[] = {
+      {"checkpoint (policy every_n, n = 3)",
+       "[[plugins]]\nname = \"checkpoint\"\npolicy = \"every_n\"\nn = 3\n"},
+      {"checkpoint (policy budget 300KiB)",
+       "[[plugins]]\nname = \"checkpoint\"\npolicy = \"budget\"\nbudget = \"300KiB\"\n"},
+      {"adafactor", "[[plugins]]\nname = \"adafactor\"\n"},
+      {"adam8bit", "[[plugins]]\nname = \"adam8bit\"\n"},
+      {"dynamic_batch", "[[plugins]]\nname = \"dynamic_batch\"\n"},
+      {"pruning (mode mlp)",
+       "[[plugins]]\nname = \"pruning\"\nfinal_sparsity = 0.5\nstart_step = 1\nend_step = 2\n"
+       "every = 1\n"},
+      {"pruning (mode heads)",
+       "[[plugins]]\nname = \"pruning\"\nmode = \"heads\"\nfinal_sparsity = 0.5\n"
+       "start_step = 1\nend_step = 2\nevery = 1\n"},
+      {"pruning (mode unstructured)",
+       "[[plugins]]\nname = \"pruning\"\nmode = \"unstructured\"\nfinal_sparsity = 0.5\n"
+       "start_step = 1\nend_step = 2\nevery = 1\n"}};
+  for (const auto& m : more)
+    setups.push_back(m);
+  ASSERT_GE(setups.size(), 15u) << "the checkpoint, amp and defrag_allocator modes are listed";
+  std::printf(
+      "| setup | blocks | full run peak (bytes) | the config itself, dry | fit over micro_batch "
+      "| fit over micro_batch and blocks | its error | its check point |\n"
+      "|---|---|---|---|---|---|---|---|\n");
+  int inexact = 0, runs = 0;
+  for (const auto& [what, toml] : setups) {
+    for (const int L : {2, 3, 5, 8}) {
+      const Config c =
+          test::config_from(std::string(kModel) + toml, {"model.n_layer=" + std::to_string(L)});
+      const FullRun f = full_run(c);
+      const Measured d = measure(c);
+      EXPECT_EQ(d.method, Measured::Method::kDirect) << what << " L=" << L << d.why_extrapolated;
+      EXPECT_EQ(d.peak, f.peak) << what << " L=" << L;
+      // A host that holds micro_batch 2 of the configured blocks but not the config.
+      const uint64_t two = estimate_config(variant_of(c, 2, L), {}, 1).peak.total();
+      const Measured b = measure(c, Arithmetic::kDry, two + two / 4 + 1);
+      EXPECT_EQ(b.method, Measured::Method::kMicroBatch) << what << " L=" << L;
+      EXPECT_TRUE(test::contains(format_measured(c, b), "exact unless a plugin's choices follow"));
+      // A recomputation budget drops more blocks as the micro-batch grows: the one policy here
+      // whose bytes follow the micro-batch otherwise than linearly.
+      if (what.find("budget") == std::string::npos) {
+        EXPECT_EQ(b.peak, f.peak) << what << " L=" << L;
+        EXPECT_EQ(b.check_peak_error, 0) << what << " L=" << L;
+      }
+      const Measured x = measure(c, Arithmetic::kDry, 0);
+      EXPECT_EQ(x.method, Measured::Method::kBlocks);
+      EXPECT_TRUE(test::contains(format_measured(c, x), "can miss by several percent"));
+      ++runs;
+      if (x.peak != f.peak) ++inexact;
+      std::printf("| %s | %d | %llu | %+.3f%% | %+.3f%% | %llu | %+.3f%% | %s |\n", what.c_str(), L,
+                  static_cast<unsigned long long>(f.peak),
+                  100 * (double(d.peak) - double(f.peak)) / double(f.peak),
+                  100 * (double(b.peak) - double(f.peak)) / double(f.peak),
+                  static_cast<unsigned long long>(x.peak),
+                  100 * (double(x.peak) - double(f.peak)) / double(f.peak),
+                  !x.check_b           ? "-"
+                  : x.check_peak_error ? ("missed by " + std::to_string(x.check_peak_error)).c_str()
+                                       : "held");
+    }
+  }
+  std::printf("fit over blocks: %d of %d inexact\n", inexact, runs);
 }
 
 // The dry runs compute nothing (core/device/dry_backend.h): a variant's bytes by category, its
@@ -229,10 +315,16 @@ TEST(PlanSearch, TheDemosRecommendedConfigIsWrittenAndRunsWithinTheLimit) {
   EXPECT_TRUE(best.fits);
   EXPECT_NE(best.what, "as written");  // as written it does not fit
   EXPECT_EQ(best.config.train.micro_batch * best.config.train.grad_accum, 32);
+  // The fastest, or one as fast within the timing noise that holds less.
+  const Candidate* fastest = &best;
   for (const Candidate& k : r.candidates)
-    if (k.fits && k.step_ms > 0) {
-      EXPECT_LE(best.step_ms, k.step_ms) << k.what;
-    }
+    if (k.fits && k.step_ms > 0 && k.step_ms < fastest->step_ms) fastest = &k;
+  const auto [lo, hi] = std::minmax_element(fastest->times.begin(), fastest->times.end());
+  const double noise = std::max(0.03, (*hi - *lo) / *lo);
+  EXPECT_LE(best.step_ms, fastest->step_ms * (1 + noise)) << fastest->what;
+  if (&best != fastest) {
+    EXPECT_LE(best.m.reserved, fastest->m.reserved) << fastest->what;
+  }
   const std::string dir = test::temp_dir();
   write_config_file(dir + "/best.toml", best.config);
   Config written = load_config(dir + "/best.toml", {"train.steps=2"});
@@ -241,6 +333,74 @@ TEST(PlanSearch, TheDemosRecommendedConfigIsWrittenAndRunsWithinTheLimit) {
   t.run();  // no OutOfMemory
   EXPECT_LE(t.device().tracker().peak_total(), c.device.memory_limit);
   EXPECT_LE(t.device().tracker().peak_total(), best.m.reserved);
+}
+
+// The search ends within a stated deadline and says what it left: with --deadline 0 nothing is
+// measured, and every candidate the closed form did not prune says so. (A tiny budget on the tiny
+// model ran past 60 s on a loaded machine.)
+TEST(PlanSearch, ADeadlineEndsTheSearchSayingWhatItLeft) {
+  const std::string dir = test::temp_dir();
+  const std::string cfg = test::write_file(dir, "p.toml", kModel);
+  const test::RunResult r =
+      test::run_headroom("plan " + cfg + " --measure --search --budget 64MiB --deadline 0");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "candidates, deadline 0 s:")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "not measured: past the search's deadline")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "of its 0 s deadline; ")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, " candidate(s) left past it")) << r.output;
+  const Config c = test::config_from(kModel);
+  const SearchResult s = search(c, 64 << 20, 0);
+  EXPECT_GT(s.past_deadline, 0);
+  for (const Candidate& k : s.candidates)
+    EXPECT_FALSE(k.measured) << k.what;
+  // The default deadline is stated too; the flag is range-checked.
+  EXPECT_TRUE(test::contains(format_search(c, search(c, 64 << 20)), "deadline 120 s:"));
+  const test::RunResult bad =
+      test::run_headroom("plan " + cfg + " --measure --search --budget 64MiB --deadline nan");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_TRUE(test::contains(bad.output, "--deadline: must be a finite number")) << bad.output;
+}
+
+// Timing cannot tell candidates within its noise apart: of those, the one with the lowest peak.
+TEST(PlanSearch, CandidatesWithinTimingNoiseArePickedByTheLowerPeak) {
+  auto cand = [](double ms, std::vector<double> times, uint64_t reserved) {
+    Candidate c;
+    c.fits = true;
+    c.step_ms = ms;
+    c.times = std::move(times);
+    c.m.reserved = reserved;
+    return c;
+  };
+  SearchResult r;
+  // The fastest's rounds spread 10%: the second (5% slower) is within it and holds less.
+  r.candidates = {cand(100, {100, 110}, 900), cand(105, {105, 106}, 500), cand(130, {130}, 100)};
+  pick_recommended(r);
+  EXPECT_EQ(r.best, 1);
+  EXPECT_EQ(r.within_noise, 2);
+  // A steady fastest (1% spread; the floor is 3%): it wins over one 5% slower.
+  r.candidates = {cand(100, {100, 101}, 900), cand(105, {105, 106}, 500)};
+  pick_recommended(r);
+  EXPECT_EQ(r.best, 0);
+  EXPECT_EQ(r.within_noise, 1);
+  // What does not fit is never picked.
+  r.candidates[0].fits = false;
+  pick_recommended(r);
+  EXPECT_EQ(r.best, 1);
+}
+
+// --write is checked before the search (it was checked after the whole of it).
+TEST(PlanSearch, WriteIsCheckedBeforeTheSearch) {
+  const std::string dir = test::temp_dir();
+  const std::string cfg = test::write_file(dir, "p.toml", kModel);
+  const test::RunResult r =
+      test::run_headroom("plan " + cfg + " --measure --search --budget 64MiB --write " + dir);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "--write " + dir + ": is a folder")) << r.output;
+  EXPECT_FALSE(test::contains(r.output, "search under")) << "before the search: " << r.output;
+  const test::RunResult missing = test::run_headroom(
+      "plan " + cfg + " --measure --search --budget 64MiB --write " + dir + "/no/best.toml");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_FALSE(test::contains(missing.output, "search under")) << missing.output;
 }
 
 }  // namespace

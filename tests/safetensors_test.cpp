@@ -183,7 +183,14 @@ TEST_F(Safetensors, ExportWritesTheReferenceLayout) {
   const std::string text = bytes.substr(8, n);
   EXPECT_EQ(text.find_last_not_of(' ') + 1, text.find_last_of('}') + 1) << "padded with spaces";
   const json header = json::parse(text);
-  EXPECT_EQ(header["__metadata__"], json({{"format", "pt"}, {"producer", "headroom"}}));
+  // The model's shape beside the reference writer's keys (n_head is in no tensor's shape).
+  EXPECT_EQ(header["__metadata__"], json({{"format", "pt"},
+                                          {"producer", "headroom"},
+                                          {"n_layer", "2"},
+                                          {"n_head", "2"},
+                                          {"n_embd", "8"},
+                                          {"seq_len", "5"},
+                                          {"vocab_size", "11"}}));
 
   const std::vector<SafetensorsEntry> entries = parse_safetensors_header(
       reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), bytes.size(), file);

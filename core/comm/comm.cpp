@@ -4,7 +4,9 @@
 #include <string>
 
 #include "core/comm/comm.h"
+
 #include "core/comm/comm_impl.h"
+#include "core/os/interrupt.h"
 #if HEADROOM_HAVE_MPI
 #include "core/comm/mpi_comm.h"
 #endif
@@ -67,6 +69,12 @@ std::string describe(const char* collective, uint64_t n, Dtype dtype, const char
 }
 
 }  // namespace comm_detail
+
+int stop_signal_of_any_rank(Communicator& comm) {
+  uint64_t signal = uint64_t(stop_signal());
+  if (comm.world_size() > 1) comm.all_max_host(&signal, 1);
+  return int(signal);
+}
 
 std::unique_ptr<Communicator> make_local_communicator(Device& device) {
   return comm_detail::make_self_communicator(device);

@@ -138,6 +138,11 @@ const RankInfo& rank_info();
 // Throws ConfigError when the run is launched on several ranks but this build has no MPI, or on
 // CUDA without NCCL (MPI cannot be assumed to read device pointers).
 std::unique_ptr<Communicator> make_communicator(Device& device, const DistributedConfig& config);
+// The stop request (SIGINT / SIGTERM: core/os/interrupt.h) of any rank, or 0: a max over the
+// ranks (a collective, so every rank stops at the same point of a loop of collectives, such as
+// the validation's batches); this process's own at world size 1.
+int stop_signal_of_any_rank(Communicator& comm);
+
 // Rank 0 of 1, this process alone, whatever launched it: for what runs on one rank of its own
 // (checking plugins, estimates, an out-of-memory report's advice). Not collective.
 std::unique_ptr<Communicator> make_local_communicator(Device& device);

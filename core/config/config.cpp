@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -193,6 +194,14 @@ std::string resolve_path(const std::string& path, const std::string& base_dir) {
   return ec ? p.string() : abs.string();
 }
 
+// A number as TOML writes one (decimal, hex, octal, binary; a fraction, an exponent), whether or
+// not it is in range: "1e400", "99999999999999999999".
+bool looks_like_number(const std::string& v) {
+  static const std::regex number(
+      R"([+-]?(0x[0-9A-Fa-f_]+|0o[0-7_]+|0b[01_]+|[0-9][0-9_]*(\.[0-9_]+)?([eE][+-]?[0-9_]+)?))");
+  return std::regex_match(v, number);
+}
+
 // Validates the parsed (and overridden) document and fills a Config.
 class Validator {
  public:
@@ -289,6 +298,14 @@ class Validator {
 
   [[noreturn]] void type_error(const std::string& section, const std::string& key,
                                const toml::node& node, const std::string& expected) const {
+    // A --set number TOML could not hold arrives as a bare word (a size key reads it so:
+    // "9511862599518519294"): a number key says it is out of range, not "got string".
+    if (node.is_string() && overrides_.count(section + "." + key) &&
+        looks_like_number(node.as_string()->get()) && expected != "a string")
+      throw ConfigError(where(section, key, node) + ": " + section + "." + key + ": " +
+                        node.as_string()->get() + " is out of range: expected " + expected +
+                        ", and a float must be finite and within +-1.8e308, an integer within "
+                        "+-9223372036854775807");
     throw ConfigError(where(section, key, node) + ": " + section + "." + key + ": expected " +
                       expected + ", got " + type_name(node));
   }

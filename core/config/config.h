@@ -136,6 +136,10 @@ struct SnapshotConfig {
 // largest allocation an allocation trace may record.
 constexpr uint64_t kMaxDeviceBytes = uint64_t(1) << 48;
 
+// The most token ids a model has (model.vocab_size's upper bound), and so the bound on every id a
+// tokenizer file may give.
+constexpr int64_t kMaxVocabSize = int64_t(1) << 24;
+
 struct DeviceConfig {
   std::string kind = "cpu";  // "cpu" or "cuda"
   SourcePos kind_pos;        // where kind was set, for the device's own errors (no CUDA device)

@@ -1,6 +1,7 @@
 #include "core/data/bpe_tokenizer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -174,7 +175,9 @@ class BpeTokenizer final : public Tokenizer {
     bool add_prefix_space = false;
     bool use_regex = true;
     bool ignore_merges = false;
-    int32_t unk = -1;
+    // model.byte_fallback: a character with no token of its own is spelt by the tokens "<0xHH>"
+    // of its UTF-8 bytes, as Hugging Face's BPE does.
+    bool byte_fallback = false;
   };
 
   // vocab: token string (in the byte alphabet) -> id; merges: pairs of token strings, by rank;
@@ -217,6 +220,7 @@ class BpeTokenizer final : public Tokenizer {
       const int32_t ia = id_of(a, r), ib = id_of(b, r), merged = id_of(a + b, r);
       merges_.emplace(key(ia, ib), Merge{uint32_t(r), merged});  // the first rank wins
     }
+    map_bytes();
   }
 
   std::vector<int32_t> encode(const std::string& text) const override {
@@ -246,6 +250,40 @@ class BpeTokenizer final : public Tokenizer {
   std::string token_bytes(int32_t id) const override {
     return id >= 0 && id < vocab_size_ ? bytes_[size_t(id)] : std::string();
   }
+  // Byte-fallback tokens spell the UTF-8 of a character of the byte alphabet: a run of them is
+  // read as those characters, each the byte it stands for (what Hugging Face's ByteFallback and
+  // ByteLevel decoders do in turn).
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string s, run;
+    auto flush = [&] {
+      for (const CodePoint& c : decode_utf8(run)) {
+        if (c.at == run.size()) break;
+        const auto it = alphabet().byte.find(c.cp);
+        if (it != alphabet().byte.end()) {
+          s += char(it->second);
+        } else {  // not a character of the alphabet: its bytes as they are
+          const size_t len = c.cp == 0xFFFFFFFFu ? 1
+                             : c.cp < 0x80       ? 1
+                             : c.cp < 0x800      ? 2
+                             : c.cp < 0x10000    ? 3
+                                                 : 4;
+          s += run.substr(c.at, len);
+        }
+      }
+      run.clear();
+    };
+    for (int32_t id : ids) {
+      const auto f = fallback_byte_.find(id);
+      if (f != fallback_byte_.end()) {
+        run += char(f->second);
+        continue;
+      }
+      flush();
+      s += token_bytes(id);
+    }
+    flush();
+    return s;
+  }
   int vocab_size() const override { return vocab_size_; }
   std::string describe() const override {
     return "byte-level BPE '" + source_ + "' (vocab " + std::to_string(vocab_size_) + ", " +
@@ -259,6 +297,69 @@ class BpeTokenizer final : public Tokenizer {
     int32_t id;
   };
   static uint64_t key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
+
+  // "0x7a 'z'", "0x0a": a byte as messages name it.
+  static std::string byte_name(unsigned b) {
+    char buf[16];
+    if (b >= 0x21 && b <= 0x7e)
+      std::snprintf(buf, sizeof buf, "0x%02x '%c'", b, char(b));
+    else
+      std::snprintf(buf, sizeof buf, "0x%02x", b);
+    return buf;
+  }
+  static std::string byte_list(const std::vector<unsigned>& bytes) {
+    std::string s;
+    for (size_t i = 0; i < bytes.size() && i < 16; ++i)
+      s += (i ? ", " : "") + byte_name(bytes[i]);
+    if (bytes.size() > 16) s += " and " + std::to_string(bytes.size() - 16) + " more";
+    return s;
+  }
+
+  // Each byte's ids when no merge applies: its own token, else (byte_fallback) the "<0xHH>"
+  // tokens of its character's UTF-8 bytes, else none. A byte-level BPE without byte fallback must
+  // have every byte's token: a byte it has none for would be dropped from the text without a word
+  // (Hugging Face's BPE drops a character it has no token for), so such a file is refused here,
+  // naming the bytes. With byte fallback a byte whose fallback tokens are missing too is refused
+  // by encode(), naming it, where text holds it.
+  void map_bytes() {
+    const ByteAlphabet& abc = alphabet();
+    // Every fallback token stands for its byte (token_bytes, decode).
+    int32_t fallback_id[256];
+    for (unsigned u = 0; u < 256; ++u) {
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", u);
+      const auto it = options_.byte_fallback ? vocab_.find(name) : vocab_.end();
+      fallback_id[u] = it == vocab_.end() ? -1 : it->second;
+      if (fallback_id[u] < 0) continue;
+      fallback_byte_[fallback_id[u]] = uint8_t(u);
+      bytes_[size_t(fallback_id[u])] = std::string(1, char(u));
+    }
+    std::vector<unsigned> missing;
+    for (unsigned b = 0; b < 256; ++b) {
+      std::vector<int32_t>& ids = byte_ids_[b];
+      const auto own = vocab_.find(abc.of_byte[b]);
+      if (own != vocab_.end()) {
+        ids = {own->second};
+        continue;
+      }
+      if (options_.byte_fallback) {
+        for (unsigned char u : abc.of_byte[b]) {
+          if (fallback_id[u] < 0) {
+            ids.clear();
+            break;
+          }
+          ids.push_back(fallback_id[u]);
+        }
+      }
+      if (ids.empty()) missing.push_back(b);
+    }
+    if (!missing.empty() && !options_.byte_fallback)
+      throw ConfigError(source_ + ": a byte-level BPE needs a token for each of the 256 bytes; " +
+                        "it has none for " + std::to_string(missing.size()) + " (" +
+                        byte_list(missing) + "), whose bytes would be dropped from the text " +
+                        "(add their tokens, or turn on model.byte_fallback with \"<0xHH>\" " +
+                        "tokens)");
+  }
 
   int32_t id_of(const std::string& token, size_t rank) const {
     const auto it = vocab_.find(token);
@@ -293,15 +394,22 @@ class BpeTokenizer final : public Tokenizer {
     }
     std::vector<int32_t> symbols;
     symbols.reserve(word.size());
+    std::vector<unsigned> unencodable;
     for (unsigned char c : word) {
-      const auto it = vocab_.find(abc.of_byte[c]);
-      if (it != vocab_.end()) {
-        symbols.push_back(it->second);
-      } else if (options_.unk >= 0) {
-        // As Hugging Face's BPE: consecutive unknown characters become one unk.
-        if (symbols.empty() || symbols.back() != options_.unk) symbols.push_back(options_.unk);
+      const std::vector<int32_t>& ids = byte_ids_[c];
+      if (ids.empty()) {
+        unencodable.push_back(c);
+        continue;
       }
-      // else the byte is dropped, as Hugging Face's BPE drops a character it has no token for
+      symbols.insert(symbols.end(), ids.begin(), ids.end());
+    }
+    if (!unencodable.empty()) {
+      std::sort(unencodable.begin(), unencodable.end());
+      unencodable.erase(std::unique(unencodable.begin(), unencodable.end()), unencodable.end());
+      throw ConfigError(source_ + ": cannot encode the byte" +
+                        (unencodable.size() > 1 ? "s " : " ") + byte_list(unencodable) +
+                        " of the text: the tokenizer has neither " +
+                        "a token for them nor their byte-fallback tokens \"<0xHH>\"");
     }
     // Lowest rank first, the leftmost of equal ranks (Hugging Face's heap of (rank, position)).
     for (;;) {
@@ -330,6 +438,8 @@ class BpeTokenizer final : public Tokenizer {
   std::unordered_map<uint64_t, Merge> merges_;
   std::vector<std::string> bytes_;  // id -> its bytes
   int32_t vocab_size_ = 0;
+  std::vector<int32_t> byte_ids_[256];                  // map_bytes()
+  std::unordered_map<int32_t, uint8_t> fallback_byte_;  // "<0xHH>" token id -> 0xHH
 };
 
 std::map<std::string, int32_t> read_vocab(const nlohmann::json& v, const std::string& path) {
@@ -338,10 +448,13 @@ std::map<std::string, int32_t> read_vocab(const nlohmann::json& v, const std::st
   std::map<std::string, int32_t> vocab;
   std::vector<bool> seen;
   for (auto it = v.begin(); it != v.end(); ++it) {
+    // Bounded before anything is sized by it: the id tables hold one entry per id.
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-        it.value().get<int64_t>() > INT32_MAX)
-      throw ConfigError(path + ": vocabulary token \"" + it.key() +
-                        "\" has no id from 0 to 2147483647");
+        it.value().get<int64_t>() >= kMaxVocabSize)
+      throw ConfigError(path + ": vocabulary token \"" + it.key() + "\" has id " +
+                        it.value().dump() + "; ids run from 0 to " +
+                        std::to_string(kMaxVocabSize - 1) + " (a model has at most " +
+                        std::to_string(kMaxVocabSize) + " tokens)");
     const int32_t id = it.value().get<int32_t>();
     if (size_t(id) >= seen.size()) seen.resize(size_t(id) + 1);
     if (seen[size_t(id)])
@@ -384,8 +497,6 @@ std::unique_ptr<Tokenizer> from_tokenizer_json(const std::string& path) {
     throw ConfigError(path +
                       ": model.continuing_subword_prefix / end_of_word_suffix are set: not "
                       "a byte-level BPE as GPT-2's");
-  if (m.value("byte_fallback", false))
-    throw ConfigError(path + ": model.byte_fallback is true: not a byte-level BPE as GPT-2's");
   if (j.contains("normalizer") && !j["normalizer"].is_null())
     throw ConfigError(path + ": has a normalizer (" + j["normalizer"].value("type", "?") +
                       "); headroom reads byte-level BPE tokenizers without one, as GPT-2's");
@@ -399,6 +510,7 @@ std::unique_ptr<Tokenizer> from_tokenizer_json(const std::string& path) {
   o.add_prefix_space = pre.value("add_prefix_space", true);
   o.use_regex = pre.value("use_regex", true);
   o.ignore_merges = m.value("ignore_merges", false);
+  o.byte_fallback = m.value("byte_fallback", false);
 
   const std::map<std::string, int32_t> vocab = read_vocab(m.value("vocab", nlohmann::json()), path);
   std::vector<std::pair<std::string, std::string>> merges;
@@ -417,14 +529,15 @@ std::unique_ptr<Tokenizer> from_tokenizer_json(const std::string& path) {
   std::vector<std::pair<std::string, int32_t>> added;
   for (const nlohmann::json& a : j.value("added_tokens", nlohmann::json::array())) {
     if (!a.contains("content") || !a.contains("id") || !a["content"].is_string() ||
-        !a["id"].is_number_integer() || a["id"].get<int64_t>() < 0)
+        !a["id"].is_number_integer())
       throw ConfigError(path + ": added_tokens holds " + a.dump() +
                         "; each needs a \"content\" string and an \"id\"");
+    if (a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() >= kMaxVocabSize)
+      throw ConfigError(path + ": added token " + a["content"].dump() + " has id " +
+                        a["id"].dump() + "; ids run from 0 to " +
+                        std::to_string(kMaxVocabSize - 1) + " (a model has at most " +
+                        std::to_string(kMaxVocabSize) + " tokens)");
     added.emplace_back(a["content"].get<std::string>(), a["id"].get<int32_t>());
-  }
-  if (m.contains("unk_token") && m["unk_token"].is_string()) {
-    const auto it = vocab.find(m["unk_token"].get<std::string>());
-    if (it != vocab.end()) o.unk = it->second;
   }
   return std::make_unique<BpeTokenizer>(path, vocab, merges, std::move(added), o);
 }

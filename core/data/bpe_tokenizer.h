@@ -29,7 +29,7 @@ class Tokenizer {
   // The bytes of one token (an id outside the vocabulary gives "").
   virtual std::string token_bytes(int32_t id) const = 0;
   // The concatenated bytes of the tokens: the text back, byte for byte.
-  std::string decode(const std::vector<int32_t>& ids) const;
+  virtual std::string decode(const std::vector<int32_t>& ids) const;
   // One more than the largest id it can produce.
   virtual int vocab_size() const = 0;
   // One line for logs: "bytes (vocab 256)", "byte-level BPE 'tok.json' (vocab 50257, ...)".

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <sstream>
@@ -23,6 +24,23 @@ double uniform01(std::mt19937_64& rng) {
 // data.val_fraction of a text of `size` bytes: its last floor(fraction · size) bytes.
 size_t held_out_bytes(size_t size, const DataConfig& data) {
   return size_t(std::floor(double(size) * data.val_fraction));
+}
+
+// What a data.val_fraction too large (training side) or too small (validation side) leaves of a
+// text of `total` bytes: "a.toml:9:16: data.val_fraction = 0.9999 (99.99%) of data.path 'x'
+// (12001 bytes) leaves 1 byte for training, fewer than one micro-batch needs (...); choose a
+// smaller fraction".
+std::string fraction_leaves(const DataConfig& data, size_t total, size_t left, bool validation,
+                            size_t need, int world) {
+  char pct[64];
+  std::snprintf(pct, sizeof pct, "%g (%g%%)", data.val_fraction, data.val_fraction * 100.0);
+  const std::string pos = data.val_pos.str();
+  return (pos.empty() ? "" : pos + ": ") + "data.val_fraction = " + pct + " of data.path '" +
+         data.path + "' (" + std::to_string(total) + " bytes) leaves " + std::to_string(left) +
+         (left == 1 ? " byte" : " bytes") + " for " + (validation ? "validation" : "training") +
+         ", fewer than one micro-batch needs (" + (world > 1 ? "world size * " : "") +
+         "micro_batch * seq_len + 1 = " + std::to_string(need) + "); choose a " +
+         (validation ? "larger" : "smaller") + " fraction";
 }
 
 // A continuous stream from the chain, cut into llm.c-style windows.
@@ -250,7 +268,9 @@ std::unique_ptr<DataSource> make_validation_source(const DataConfig& data, const
       path = data.path + " (held-out tail)";
       bytes =
           read_text_file(data.path, pos_prefix(data.path_pos) + "data.path '" + data.path + "'");
-      bytes.erase(bytes.begin(), bytes.end() - ptrdiff_t(held_out_bytes(bytes.size(), data)));
+      const size_t total = bytes.size(), held = held_out_bytes(total, data);
+      if (held < need) throw ConfigError(fraction_leaves(data, total, held, true, need, world));
+      bytes.erase(bytes.begin(), bytes.end() - ptrdiff_t(held));
     } else {
       return nullptr;
     }
@@ -278,8 +298,13 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& data, const Model
       throw ConfigError(where + ": text data is bytes (vocab 256) but model.vocab_size is " +
                         std::to_string(model.vocab_size) + "; set model.vocab_size >= 256");
     std::vector<uint8_t> bytes = read_text_file(data.path, where);
-    if (data.val_fraction > 0) bytes.resize(bytes.size() - held_out_bytes(bytes.size(), data));
     const size_t need = size_t(world) * B * T + 1;
+    if (data.val_fraction > 0) {
+      const size_t total = bytes.size(), left = total - held_out_bytes(total, data);
+      if (left < need && total >= need)
+        throw ConfigError(fraction_leaves(data, total, left, false, need, world));
+      bytes.resize(left);
+    }
     if (bytes.size() < need) {
       if (world == 1)
         throw ConfigError(where + ": has " + std::to_string(bytes.size()) +

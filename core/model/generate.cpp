@@ -211,6 +211,12 @@ std::vector<int32_t> generate(const Gpt<float>& model, const std::vector<int32_t
                               const SampleParams& params,
                               const std::function<void(int32_t)>& on_token) {
   if (prompt.empty()) throw std::invalid_argument("generate: the prompt needs a token");
+  // A NaN temperature would make every probability NaN and always pick the last of the top k.
+  if (!std::isfinite(params.temperature) || params.temperature < 0.0)
+    throw std::invalid_argument("generate: temperature " + std::to_string(params.temperature) +
+                                " is not a finite number >= 0");
+  if (params.top_k < 0)
+    throw std::invalid_argument("generate: top_k " + std::to_string(params.top_k) + " is below 0");
   const int T = model.config().seq_len;
   KvDecoder decoder(model);
   std::mt19937_64 rng(params.seed);

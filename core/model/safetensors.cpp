@@ -179,9 +179,9 @@ void decode(const uint8_t* src, const std::string& dtype, uint64_t numel, float*
 
 }  // namespace
 
-std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* data, size_t size,
-                                                       uint64_t file_size,
-                                                       const std::string& file) {
+std::vector<SafetensorsEntry> parse_safetensors_header(
+    const uint8_t* data, size_t size, uint64_t file_size, const std::string& file,
+    std::map<std::string, std::string>* metadata) {
   const std::string where = file + ": ";
   // Never trust `size` beyond the file itself.
   const uint64_t avail = std::min<uint64_t>(size, file_size);
@@ -236,10 +236,12 @@ std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* data, size
       if (!v.is_object())
         throw ConfigError(where + "__metadata__ is a JSON " + v.type_name() +
                           ", not an object of strings");
-      for (const auto& [key, value] : v.items())
+      for (const auto& [key, value] : v.items()) {
         if (!value.is_string())
           throw ConfigError(where + "__metadata__ value " + json_quoted(key) + " is a JSON " +
                             value.type_name() + ", not a string");
+        if (metadata) (*metadata)[key] = value.get<std::string>();
+      }
       continue;
     }
     if (!v.is_object())
@@ -366,6 +368,14 @@ void save_safetensors(const std::string& path, const Gpt<float>& model,
     header["__metadata__"]["mlp_hidden"] = mlp_hidden_str(model.config());
   if (model.config().heads_pruned())
     header["__metadata__"]["attn_heads"] = attn_heads_str(model.config());
+  // The model's shape, which the tensors do not all say (n_head): `headroom sample` builds the
+  // model from a weights file alone with it.
+  const ModelConfig& mc = model.config();
+  header["__metadata__"]["n_layer"] = std::to_string(mc.n_layer);
+  header["__metadata__"]["n_head"] = std::to_string(mc.n_head);
+  header["__metadata__"]["n_embd"] = std::to_string(mc.n_embd);
+  header["__metadata__"]["seq_len"] = std::to_string(mc.seq_len);
+  header["__metadata__"]["vocab_size"] = std::to_string(mc.vocab_size);
   uint64_t offset = 0;
   for (const Param<float>* p : params) {
     nlohmann::ordered_json& t = header[p->name];
@@ -410,7 +420,8 @@ void save_safetensors(const std::string& path, const Gpt<float>& model,
   out.commit();
 }
 
-std::vector<SafetensorsEntry> read_safetensors_header(const std::string& path) {
+std::vector<SafetensorsEntry> read_safetensors_header(
+    const std::string& path, std::map<std::string, std::string>* metadata) {
   const std::string where = path + ": ";
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) throw ConfigError(where + "cannot open: " + errno_str());
@@ -429,7 +440,7 @@ std::vector<SafetensorsEntry> read_safetensors_header(const std::string& path) {
         throw ConfigError(where + "the file got shorter while it was being read");
     }
   }
-  return parse_safetensors_header(head.data(), head.size(), file_size, path);
+  return parse_safetensors_header(head.data(), head.size(), file_size, path, metadata);
 }
 
 void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAccess& access) {

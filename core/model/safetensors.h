@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,13 +28,18 @@ struct SafetensorsEntry {
 // Parses and validates a safetensors header from the first `size` bytes of a file of `file_size`
 // bytes (the 8-byte header length, then the JSON). Checks every length and offset against the file,
 // the dtypes (F32, BF16, F16), the shapes against the byte ranges, and that no two tensors overlap;
-// skips "__metadata__". Entries come sorted by name. Throws ConfigError("FILE: ...").
-std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* data, size_t size,
-                                                       uint64_t file_size, const std::string& file);
+// "__metadata__" (an object of strings) goes to *metadata when given. Entries come sorted by name.
+// Throws ConfigError("FILE: ...").
+std::vector<SafetensorsEntry> parse_safetensors_header(
+    const uint8_t* data, size_t size, uint64_t file_size, const std::string& file,
+    std::map<std::string, std::string>* metadata = nullptr);
 
 // The header of the safetensors file `path`, parsed and validated as above (the data is not
-// read). ConfigError naming the file when it cannot be read or is not valid.
-std::vector<SafetensorsEntry> read_safetensors_header(const std::string& path);
+// read). ConfigError naming the file when it cannot be read or is not valid. headroom's own files
+// carry the model's shape in their metadata: n_layer, n_head, n_embd, seq_len, vocab_size (and a
+// pruned model's mlp_hidden, attn_heads).
+std::vector<SafetensorsEntry> read_safetensors_header(
+    const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 
 // Writes every parameter as F32 under its Hugging Face GPT-2 name and layout: the Conv1D weights
 // (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are stored (in, out), ours are (out, in).

@@ -1,6 +1,7 @@
 #include "core/os/output_file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -133,16 +134,26 @@ AppendFile::AppendFile(std::string path, std::string what)
     : path_(std::move(path)), what_(std::move(what)) {
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) fail("cannot open for writing");
+  struct stat st {};
+  regular_ = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 AppendFile::~AppendFile() {
   if (fd_ < 0) return;
-  write_fully(fd_, buffer_.data(), buffer_.size(), -1, 0);
+  if (!write_fully(fd_, buffer_.data(), buffer_.size(), -1, 0)) cut_to_whole_records();
   ::close(fd_);
+}
+
+void AppendFile::cut_to_whole_records() {
+  // A write the disk took part of: the file ends on the last whole one again. (A device or a
+  // pipe keeps what it took; there is nothing to cut.)
+  if (regular_ && ::ftruncate(fd_, off_t(whole_bytes_)) == 0)
+    ::lseek(fd_, off_t(whole_bytes_), SEEK_SET);
 }
 
 void AppendFile::fail(const std::string& doing) {
   const int err = errno;
+  if (fd_ >= 0) cut_to_whole_records();
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;  // nothing more is written after a failure
   buffer_.clear();
@@ -158,6 +169,7 @@ void AppendFile::write(std::string_view text) {
 void AppendFile::flush() {
   if (fd_ < 0 || buffer_.empty()) return;
   if (!write_fully(fd_, buffer_.data(), buffer_.size(), -1, 0)) fail("write failed");
+  whole_bytes_ += buffer_.size();
   buffer_.clear();
 }
 
@@ -175,6 +187,105 @@ void AppendFile::close() {
 }
 
 // ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// The lock file of an output: ".NAME.lock" beside it; "" for one that is not a regular file or
+// folder (a device, a pipe) or has no name (the root).
+std::string lock_file_of(const std::string& path) {
+  std::error_code ec;
+  fs::path p = fs::absolute(fs::path(path), ec).lexically_normal();
+  if (ec) return "";
+  if (!p.has_filename()) p = p.parent_path();  // "dir/" -> "dir"
+  if (!p.has_filename() || p == p.root_path()) return "";
+  const fs::file_status st = fs::status(p, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st)) return "";
+  return (p.parent_path() / ("." + p.filename().string() + ".lock")).string();
+}
+
+// The pid a lock file holds ("" when it holds none yet).
+std::string pid_in(int fd) {
+  char buf[32] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  std::string s = n > 0 ? std::string(buf, size_t(n)) : std::string();
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' '))
+    s.pop_back();
+  return s.find_first_not_of("0123456789") == std::string::npos ? s : std::string();
+}
+
+}  // namespace
+
+OutputLock::OutputLock(const std::string& path, const std::string& what) {
+  const std::string lock = lock_file_of(path);
+  if (lock.empty()) return;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // A folder that takes no lock file (checked writable before, so rare: a read-only place for
+    // /dev-like outputs) leaves the output unlocked rather than the run refused.
+    if (fd < 0) return;
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      const std::string pid = pid_in(fd);
+      ::close(fd);
+      if (err != EWOULDBLOCK) return;  // the file system has no locks (some network ones)
+      const bool self = pid == std::to_string(::getpid());
+      throw ConfigError(what + " " + path + ": " +
+                        (self ? std::string("this run writes it already, as another of its "
+                                            "outputs; give each output its own path")
+                              : "another headroom run (pid " + (pid.empty() ? "unknown" : pid) +
+                                    ") is writing it (it holds " + lock +
+                                    "); wait for that run to end, or give this one another path"));
+    }
+    // The holder before us may have removed the file between our open and our lock: the lock
+    // counts only on the file the path names now.
+    struct stat mine {
+    }, named{};
+    if (::fstat(fd, &mine) != 0 || ::stat(lock.c_str(), &named) != 0 ||
+        mine.st_ino != named.st_ino || mine.st_dev != named.st_dev) {
+      ::close(fd);
+      continue;
+    }
+    // Without the pid written the lock holds all the same; a second run then says "pid unknown".
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(fd, 0) == 0) {
+      const ssize_t n = ::pwrite(fd, pid.data(), pid.size(), 0);
+      (void)n;
+    }
+    lock_ = lock;
+    fd_ = fd;
+    return;
+  }
+}
+
+OutputLock::~OutputLock() {
+  release();
+}
+
+OutputLock::OutputLock(OutputLock&& other) noexcept
+    : lock_(std::move(other.lock_)), fd_(other.fd_) {
+  other.fd_ = -1;
+  other.lock_.clear();
+}
+
+OutputLock& OutputLock::operator=(OutputLock&& other) noexcept {
+  if (this != &other) {
+    release();
+    lock_ = std::move(other.lock_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+    other.lock_.clear();
+  }
+  return *this;
+}
+
+void OutputLock::release() noexcept {
+  if (fd_ < 0) return;
+  // Removed while still held: a run that opened it meanwhile finds it gone and makes its own.
+  ::unlink(lock_.c_str());
+  ::close(fd_);
+  fd_ = -1;
+  lock_.clear();
+}
 
 void check_output_path(const std::string& path, const std::string& what) {
   auto bad = [&](const std::string& why) { return ConfigError(what + " " + path + ": " + why); };

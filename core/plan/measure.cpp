@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/device/device.h"
+#include "core/os/host_memory.h"
 #include "core/report/advice.h"
 #include "core/run/trainer.h"
 
@@ -158,10 +159,52 @@ int64_t peak_at(const Grid& g, int b, int l) {
 
 }  // namespace
 
-Measured measure(const Config& config, Arithmetic arithmetic) {
+Measured measure(const Config& config, Arithmetic arithmetic, uint64_t host_bytes) {
   Measured m;
   const int B = config.train.micro_batch, N = config.model.n_layer;
   const double t0 = now_ms();
+  // The config itself, when it can run here: the CPU device's memory is the host's (a GPU's is
+  // its memory_limit, when set: its own size is not known before the device is made).
+  const bool cpu = config.device.kind == "cpu";
+  uint64_t room = host_bytes;
+  std::string room_what = "the host memory given (" + format_bytes(host_bytes) + ")";
+  if (host_bytes == kHostAvailable) {
+    const HostMemory h = cpu ? host_available_memory() : HostMemory{};
+    room = cpu ? h.bytes : config.device.memory_limit;
+    room_what = cpu ? "this host's " + format_bytes(room) + " available (" + h.source + ")"
+                    : "memory_limit " + format_bytes(room);
+  }
+  uint64_t need = 0;
+  try {
+    need = estimate_config(variant_of(config, B, N), {}, 1).peak.total();
+  } catch (const ConfigError&) {
+    need = 0;  // the variants' own runs say what is wrong
+  }
+  if (room && need && need + need / 4 <= room) {
+    VariantRun self = run_variant(config, B, N, 0, 2, arithmetic);
+    if (self.ran) {
+      m.method = Measured::Method::kDirect;
+      m.grid_blocks = {N, N};
+      m.by_category = self.at_peak;
+      m.peak = self.peak;
+      m.reserved = std::max(self.reserved, self.peak);
+      m.fragmentation = m.reserved - m.peak;
+      m.phase = full_phase(self.peak_phase, N, N);
+      m.runs.push_back(std::move(self));
+      m.wall_ms = now_ms() - t0;
+      return m;
+    }
+    m.why_extrapolated = "the config itself did not run dry: " + self.refused;
+  } else if (!room) {
+    m.why_extrapolated = host_bytes == 0 ? "extrapolation asked for"
+                         : cpu           ? "this host's available memory is not known"
+                                         : "a GPU's memory is not known without memory_limit";
+  } else {
+    m.why_extrapolated = "the config itself needs about " + format_bytes(need) +
+                         " by the closed form (a quarter more kept for what it does not count), "
+                         "more than " +
+                         room_what;
+  }
   // Every dry run made, by (micro_batch, blocks): a wider grid reuses what it can.
   std::vector<VariantRun> runs;
   runs.reserve(16);
@@ -171,6 +214,55 @@ Measured measure(const Config& config, Arithmetic arithmetic) {
     runs.push_back(run_variant(config, b, l, 0, m.steps, arithmetic));
     return runs.back();
   };
+  auto fits_room = [&](int b, int l) {
+    try {
+      const uint64_t n = estimate_config(variant_of(config, b, l), {}, 1).peak.total();
+      return room && n && n + n / 4 <= room;
+    } catch (const ConfigError&) {
+      return false;
+    }
+  };
+  // The prediction from a fitted grid, evaluated at the config.
+  auto predict = [&](const Grid& g) {
+    for (int c = 0; c < kNumCategories; ++c) {
+      m.by_category[c] = static_cast<uint64_t>(std::max<int64_t>(0, g.at(cat_of, c, B, N)));
+      m.peak += m.by_category[c];
+    }
+    m.fragmentation = static_cast<uint64_t>(std::max<int64_t>(0, g.at(frag_of, 0, B, N)));
+    m.reserved = m.peak + m.fragmentation;
+  };
+  // Next: the configured blocks at micro_batch 1 and 2, fitted over the micro-batch alone (what a
+  // policy does with the number of blocks, these runs do), and checked at micro_batch 3.
+  if (B > 2 && fits_room(2, N)) {
+    const VariantRun &one = run(1, N), &two = run(2, N);
+    if (one.ran && two.ran) {
+      Grid g{};
+      g.r[0] = g.r[2] = &one;
+      g.r[1] = g.r[3] = &two;
+      g.l1 = N;
+      g.l2 = N + 1;  // no slope over blocks: both rows are the configured blocks
+      if (fits_room(3, N)) {
+        const VariantRun& c = run(3, N);
+        if (c.ran) {
+          const int64_t pred = peak_at(g, 3, N);
+          m.check_b = 3;
+          m.check_l = N;
+          m.check_peak_error = static_cast<int64_t>(c.peak) - pred;
+          m.check_reserved_error = static_cast<int64_t>(c.reserved) -
+                                   (pred + std::max<int64_t>(0, g.at(frag_of, 0, 3, N)));
+          m.check_run = c;
+        }
+      }
+      m.method = Measured::Method::kMicroBatch;
+      m.grid_blocks = {N, N};
+      predict(g);
+      m.phase = full_phase(two.peak_phase, N, N);
+      m.runs = std::move(runs);
+      m.wall_ms = now_ms() - t0;
+      return m;
+    }
+    runs.clear();
+  }
   // The smallest variant runs two steps. When the second raised neither the peak nor the reserved
   // bytes (the optimizer state and every plugin's lazy allocations exist from step 1), one step is
   // the same measurement at half the cost, and every other variant runs one.
@@ -242,12 +334,7 @@ Measured measure(const Config& config, Arithmetic arithmetic) {
   m.check_b = (B > 2 || N > 2 * best.l1) ? best_cb : 0;
   m.check_l = m.check_b ? best_cl : 0;
   m.grid_blocks = {best.l1, best.l2};
-  for (int c = 0; c < kNumCategories; ++c) {
-    m.by_category[c] = static_cast<uint64_t>(std::max<int64_t>(0, best.at(cat_of, c, B, N)));
-    m.peak += m.by_category[c];
-  }
-  m.fragmentation = static_cast<uint64_t>(std::max<int64_t>(0, best.at(frag_of, 0, B, N)));
-  m.reserved = m.peak + m.fragmentation;
+  predict(best);
   m.phase = full_phase(best.r[3]->peak_phase, best.l2, N);
   if (m.check_b) {
     for (const VariantRun& r : runs)
@@ -280,16 +367,35 @@ double measure_step_ms(const Config& config) {
 std::string format_measured(const Config& config, const Measured& m) {
   std::string s;
   char line[256];
-  s += "measured: " + std::to_string(m.runs.size()) + " dry runs of " + std::to_string(m.steps) +
-       (m.steps == 1 ? " step (the first of 2;" : " steps (") + " micro_batch x blocks:";
-  for (const VariantRun& r : m.runs) {
-    std::snprintf(line, sizeof line, " %dx%d%s", r.micro_batch, r.n_layer, r.ran ? "" : " refused");
+  const std::string shape = "micro_batch " + std::to_string(config.train.micro_batch) + " with " +
+                            std::to_string(config.model.n_layer) + " blocks";
+  if (m.method == Measured::Method::kDirect) {
+    std::snprintf(line, sizeof line, " in %.2f s\n", m.wall_ms / 1000);
+    s += "measured: the config itself (" + shape +
+         "), dry: 2 steps of every allocation, free and copy, no arithmetic" + line;
+    s += "peak at " + m.phase + ":\n";
+  } else {
+    s += "extrapolated: " + m.why_extrapolated + "\n";
+    s += "measured: " + std::to_string(m.runs.size()) + " dry runs of " + std::to_string(m.steps) +
+         (m.steps == 1 ? " step (the first of 2;" : " steps (") + " micro_batch x blocks:";
+    for (const VariantRun& r : m.runs) {
+      std::snprintf(line, sizeof line, " %dx%d%s", r.micro_batch, r.n_layer,
+                    r.ran ? "" : " refused");
+      s += line;
+    }
+    std::snprintf(line, sizeof line, ") in %.2f s\n", m.wall_ms / 1000);
     s += line;
+    s += m.method == Measured::Method::kMicroBatch
+             ? "fitted over micro_batch at the configured " + std::to_string(config.model.n_layer) +
+                   " blocks: exact unless a plugin's choices follow the bytes a micro-batch "
+                   "takes (a recomputation budget, a batch that shrinks near the limit)\n"
+             : std::string(
+                   "fitted over micro_batch and blocks: exact for what is affine in the "
+                   "blocks; a policy that is not (recomputing every n-th block, or "
+                   "sqrt(L) of them) can miss by several percent without its check point "
+                   "seeing it (docs/results/planner.md, \"Every policy\")\n");
+    s += "predicted peak at " + shape + ", at " + m.phase + ":\n";
   }
-  std::snprintf(line, sizeof line, ") in %.2f s\n", m.wall_ms / 1000);
-  s += line;
-  s += "predicted peak at micro_batch " + std::to_string(config.train.micro_batch) + " with " +
-       std::to_string(config.model.n_layer) + " blocks, at " + m.phase + ":\n";
   for (int i = 0; i < kNumCategories; ++i) {
     if (!m.by_category[i]) continue;
     std::snprintf(line, sizeof line, "  %-16s %14s\n", category_name(category_at(i)),
@@ -314,6 +420,14 @@ std::string format_measured(const Config& config, const Measured& m) {
       std::snprintf(line, sizeof line, "fit not checked: %s\n", c.refused.c_str());
     }
     s += line;
+    if (c.ran && std::abs(double(m.check_peak_error)) > 0.001 * double(c.peak)) {
+      std::snprintf(line, sizeof line,
+                    "warning: the fit misses its check by %.2f%%: a policy that is not affine in "
+                    "the fit's terms is predicted about that far off; measure on a host that holds "
+                    "the config to have it exact\n",
+                    100.0 * std::abs(double(m.check_peak_error)) / double(c.peak));
+      s += line;
+    }
   }
   return s;
 }
@@ -335,6 +449,10 @@ std::string measured_json(const Measured& m, bool pretty) {
                   {"peak_error_bytes", m.check_peak_error},
                   {"reserved_error_bytes", m.check_reserved_error}};
   }
+  j["method"] = m.method == Measured::Method::kDirect       ? "the config itself"
+                : m.method == Measured::Method::kMicroBatch ? "fitted over micro_batch"
+                                                            : "fitted over micro_batch and blocks";
+  if (m.method != Measured::Method::kDirect) j["why_extrapolated"] = m.why_extrapolated;
   j["dry_run_s"] = m.wall_ms / 1000;
   j["dry_run_steps"] = m.steps;
   return j.dump(pretty ? 2 : -1);

@@ -1,6 +1,7 @@
-// `headroom plan --measure`: the config's own setup (device, allocator, plugins) run for two
-// optimizer steps on cheap variants of it (micro_batch 1 and 2 x blocks 1 and 2, the same
-// seq_len, vocab and width), each category's bytes at the peak fitted as
+// `headroom plan --measure`: the config's own setup (device, allocator, plugins) run dry for two
+// optimizer steps: the config itself when the host can hold it (exact), else cheap variants of it
+// (micro_batch 1 and 2 x blocks 1 and 2, the same seq_len, vocab and width), each category's bytes
+// at the peak fitted as
 //   v(b, L) = v11 + (b-1)·Δb + (L-1)·ΔL + (b-1)(L-1)·Δ×      (4 coefficients from the 2×2 grid)
 // (blocks k and 2k instead of 1 and 2 when the check point shows a policy repeating over blocks)
 // and extrapolated to the config; a third point checks the fit. Whatever the plugins do, they do
@@ -38,6 +39,15 @@ struct VariantRun {
 };
 
 struct Measured {
+  // How the prediction was made. kDirect: the config itself ran dry (micro_batch and blocks as
+  // configured), and the prediction is its measurement, exact for any policy. kMicroBatch: the
+  // configured blocks at micro_batch 1 and 2, fitted over the micro-batch (checked at 3): exact
+  // for any policy of the blocks. kBlocks: the grid over micro_batch and blocks below, exact for
+  // what is affine in the blocks. `why_extrapolated` says why it is not kDirect (the host cannot
+  // hold the config, or its memory_limit refused it).
+  enum class Method { kDirect, kMicroBatch, kBlocks };
+  Method method = Method::kBlocks;
+  std::string why_extrapolated;
   std::vector<VariantRun> runs;  // every dry run, in the order made
   int steps = 2;  // of each variant but the first: 1 when the first's second step added nothing
   // The blocks of the grid the prediction comes from: 1 and 2, or k and 2k when the check point
@@ -78,9 +88,17 @@ VariantRun run_variant(const Config& config, int micro_batch, int n_layer, int g
 // grad_accum · micro + optimizer. 0 when none can run.
 double measure_step_ms(const Config& config);
 
-// The 2×2 grid, the fit, the check point and the prediction for `config`, every variant run as
-// `arithmetic` says (dry by default: the bytes do not depend on it). Throws PlanRefused.
-Measured measure(const Config& config, Arithmetic arithmetic = Arithmetic::kDry);
+// What a dry run may take of the host: what it has available now (core/os/host_memory.h).
+constexpr uint64_t kHostAvailable = UINT64_MAX;
+
+// The prediction for `config`, every run made as `arithmetic` says (dry by default: the bytes do
+// not depend on it). When the config itself fits `host_bytes` (its closed form and a quarter more,
+// for what plugins hold that the closed form does not know; the CPU device's memory is the
+// host's) and its memory_limit, it runs itself, dry: exact whatever a policy does with the number
+// of blocks (checkpoint's sqrt is not affine in them). Otherwise, or when that run is refused:
+// the 2×2 grid, the fit, the check point. host_bytes 0 always extrapolates. Throws PlanRefused.
+Measured measure(const Config& config, Arithmetic arithmetic = Arithmetic::kDry,
+                 uint64_t host_bytes = kHostAvailable);
 
 // What `plan --measure` prints.
 std::string format_measured(const Config& config, const Measured& m);

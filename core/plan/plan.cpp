@@ -1,6 +1,7 @@
 #include "core/plan/plan.h"
 
 #include "core/model/safetensors.h"
+#include "core/os/host_memory.h"
 #include "core/report/advice.h"
 
 namespace headroom {
@@ -22,6 +23,28 @@ PlanResult plan(const Config& given) {
   const ConfigEstimate e = estimate_config(config);
   r.text = format_estimate(e);
   const uint64_t total = e.peak.total();
+  // On the CPU the device's memory is the host's: what the host can give now is a wall as well,
+  // when it is the lower one (or there is no memory_limit).
+  const HostMemory host = config.device.kind == "cpu" ? host_available_memory() : HostMemory{};
+  if (host.bytes && (!limit || host.bytes < limit)) {
+    const std::string has = format_bytes(host.bytes) + " available (" + host.source + ")";
+    const std::string wall =
+        limit ? "memory_limit " + format_bytes(limit) + " is more than this host has: "
+              : std::string("memory_limit: none; ");
+    if (total <= host.bytes) {
+      r.text += wall + "the CPU device's memory is the host's, " + has + ": fits with " +
+                format_bytes(host.bytes - total) + " to spare\n";
+      return r;
+    }
+    r.fits = false;
+    r.text += "does not fit this host: needs about " + format_bytes(total) + ", and the CPU " +
+              "device's memory is the host's, " + has + "; over by " +
+              format_bytes(total - host.bytes) + "\n";
+    Config within = config;
+    within.device.memory_limit = host.bytes;
+    r.text += format_remedies(advise(within));
+    return r;
+  }
   if (!limit) {
     r.text += "memory_limit: none\n";
     return r;

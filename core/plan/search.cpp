@@ -1,6 +1,7 @@
 #include "core/plan/search.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -47,9 +48,56 @@ std::string joined(const std::vector<std::string>& v) {
 
 }  // namespace
 
-SearchResult search(const Config& config, uint64_t budget) {
+namespace {
+
+double now_s() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+// (slowest - fastest) / fastest of a candidate's rounds.
+double spread(const Candidate& c) {
+  if (c.times.empty()) return 0;
+  const auto [lo, hi] = std::minmax_element(c.times.begin(), c.times.end());
+  return *lo > 0 ? (*hi - *lo) / *lo : 0;
+}
+
+constexpr double kNoiseFloor = 0.03;
+
+}  // namespace
+
+void pick_recommended(SearchResult& r) {
+  r.best = -1;
+  r.within_noise = 0;
+  int fastest = -1;
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    const Candidate& c = r.candidates[i];
+    if (c.fits && c.step_ms > 0 && (fastest < 0 || c.step_ms < r.candidates[fastest].step_ms))
+      fastest = static_cast<int>(i);
+  }
+  if (fastest < 0) return;
+  const Candidate& f = r.candidates[fastest];
+  r.best = fastest;
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    const Candidate& c = r.candidates[i];
+    if (!c.fits || c.step_ms <= 0) continue;
+    // c's best time within the fastest's own range of rounds (and the floor): no telling them
+    // apart.
+    const double noise = std::max(kNoiseFloor, spread(f));
+    if (c.step_ms > f.step_ms * (1 + noise)) continue;
+    ++r.within_noise;
+    const Candidate& b = r.candidates[r.best];
+    if (c.m.reserved < b.m.reserved || (c.m.reserved == b.m.reserved && c.step_ms < b.step_ms))
+      r.best = static_cast<int>(i);
+  }
+}
+
+SearchResult search(const Config& config, uint64_t budget, double deadline_s) {
   SearchResult r;
   r.budget = budget;
+  r.deadline_s = deadline_s;
+  const double t0 = now_s();
+  auto past_deadline = [&] { return now_s() - t0 >= deadline_s; };
   // The dry runs run under the budget: a variant that would not fit it is refused before it
   // allocates.
   Config base = config;
@@ -159,6 +207,11 @@ SearchResult search(const Config& config, uint64_t budget) {
       c.skipped = "the closed form says " + format_bytes(c.closed_form) + ", far over the budget";
       continue;
     }
+    if (past_deadline()) {
+      c.skipped = "past the search's deadline";
+      ++r.past_deadline;
+      continue;
+    }
     try {
       c.m = measure(c.config);
       c.fits = c.m.reserved <= budget - static_cast<uint64_t>(budget * r.margin);
@@ -171,33 +224,52 @@ SearchResult search(const Config& config, uint64_t budget) {
   }
   // Step times, only of those that fit (the others cannot be recommended), in interleaved rounds,
   // each candidate's fastest kept: a moment of load on the machine then slows one round of one
-  // candidate, not its ratio. 0: its 2 blocks do not run.
-  constexpr int kTimingRounds = 2;
-  for (int round = 0; round < kTimingRounds; ++round)
+  // candidate, not its ratio. Rounds go on until the fastest stayed the fastest for two of them
+  // (at least 2, at most kMaxTimingRounds). 0: its 2 blocks do not run.
+  int leader = -1;
+  for (int round = 0; round < kMaxTimingRounds; ++round) {
     for (Candidate& c : cands) {
-      if (!c.fits || (round > 0 && c.step_ms <= 0)) continue;
+      if (!c.fits || (round > 0 && c.step_ms <= 0) || c.untimed) continue;
+      if (past_deadline()) {
+        if (c.times.empty()) {
+          c.untimed = true;
+          ++r.past_deadline;
+        }
+        continue;
+      }
       try {
         const double ms = measure_step_ms(c.config);
-        c.step_ms = round == 0 ? ms : std::min(c.step_ms, ms);
+        if (ms > 0) c.times.push_back(ms);
+        c.step_ms = c.times.empty() ? 0 : *std::min_element(c.times.begin(), c.times.end());
       } catch (const ConfigError&) {
         c.step_ms = 0;
       }
     }
+    r.rounds = round + 1;
+    int now = -1;
+    for (size_t i = 0; i < cands.size(); ++i)
+      if (cands[i].fits && cands[i].step_ms > 0 &&
+          (now < 0 || cands[i].step_ms < cands[size_t(now)].step_ms))
+        now = static_cast<int>(i);
+    if (round > 0 && now == leader) {
+      r.ranking_stable = true;
+      break;
+    }
+    leader = now;
+    if (past_deadline()) break;
+  }
   r.candidates = std::move(cands);
   for (size_t i = 0; i < r.candidates.size(); ++i)
     if (r.candidates[i].step_ms > 0) {
       r.baseline = static_cast<int>(i);
       break;
     }
+  r.wall_s = now_s() - t0;
   if (r.baseline < 0) return r;
   const double base_ms = r.candidates[r.baseline].step_ms;
-  for (size_t i = 0; i < r.candidates.size(); ++i) {
-    Candidate& c = r.candidates[i];
-    if (c.step_ms <= 0) continue;
-    c.step_time_ratio = c.step_ms / base_ms;
-    if (c.fits && (r.best < 0 || c.step_ms < r.candidates[r.best].step_ms))
-      r.best = static_cast<int>(i);
-  }
+  for (Candidate& c : r.candidates)
+    if (c.step_ms > 0) c.step_time_ratio = c.step_ms / base_ms;
+  pick_recommended(r);
   // The written config keeps the caller's own memory_limit.
   for (Candidate& c : r.candidates)
     if (c.measured) c.config.device.memory_limit = config.device.memory_limit;
@@ -205,9 +277,11 @@ SearchResult search(const Config& config, uint64_t budget) {
 }
 
 std::string format_search(const Config& config, const SearchResult& r) {
+  char deadline[64];
+  std::snprintf(deadline, sizeof deadline, "%.0f s", r.deadline_s);
   std::string s = "search under " + format_bytes(r.budget) + " (a margin of " +
                   std::to_string(static_cast<int>(r.margin * 100)) + "% kept free), " +
-                  std::to_string(r.candidates.size()) + " candidates:\n";
+                  std::to_string(r.candidates.size()) + " candidates, deadline " + deadline + ":\n";
   char line[512];
   std::snprintf(line, sizeof line, "  %-3s %-80s %12s %12s %7s\n", "", "candidate", "peak",
                 "reserved", "time");
@@ -218,6 +292,7 @@ std::string format_search(const Config& config, const SearchResult& r) {
     if (c.measured) {
       char ratio[32] = "    -";
       if (c.step_ms > 0) std::snprintf(ratio, sizeof ratio, "x%.2f", c.step_time_ratio);
+      if (c.untimed) std::snprintf(ratio, sizeof ratio, "not timed: past the deadline");
       std::snprintf(line, sizeof line, "  %-3s %-80.80s %12s %12s  %s%s\n", mark, c.what.c_str(),
                     format_bytes(c.m.peak).c_str(), format_bytes(c.m.reserved).c_str(), ratio,
                     c.fits ? "" : "  does not fit");
@@ -229,8 +304,23 @@ std::string format_search(const Config& config, const SearchResult& r) {
   }
   if (r.baseline >= 0)
     s += "time: the step time against " + r.candidates[r.baseline].what +
-         "'s, measured side by side in short runs on 2 blocks at each one's micro-batch\n";
+         "'s, measured side by side in short runs on 2 blocks at each one's micro-batch, " +
+         std::to_string(r.rounds) + " round" + (r.rounds == 1 ? "" : "s") +
+         (r.ranking_stable ? " (the fastest held its place in the last two)"
+                           : " (the fastest changed until the last round)") +
+         "\n";
+  char took[160];
+  std::snprintf(took, sizeof took, "searched in %.1f s of its %.0f s deadline", r.wall_s,
+                r.deadline_s);
+  s += took;
+  s += r.past_deadline ? "; " + std::to_string(r.past_deadline) +
+                             " candidate(s) left past it (not measured, or not timed)\n"
+                       : "; every candidate considered\n";
   if (r.best < 0) return s + "no candidate fits " + format_bytes(r.budget) + "\n";
+  if (r.within_noise > 1)
+    s += std::to_string(r.within_noise) +
+         " candidates are within the timing noise of the fastest: the one with the lowest peak "
+         "is picked\n";
   const Candidate& b = r.candidates[r.best];
   s += "recommended: " + b.what;
   if (!b.sets.empty()) s += "\n  headroom train " + config.file + " " + joined(b.sets);
@@ -254,6 +344,7 @@ std::string search_json(const SearchResult& r) {
       o["reserved_bytes"] = c.m.reserved;
       o["fragmentation"] = c.m.fragmentation;
       o["fits"] = c.fits;
+      if (c.untimed) o["untimed"] = true;
       o["step_time_ratio"] = c.step_time_ratio;
     } else {
       o["skipped"] = c.skipped;
@@ -262,6 +353,11 @@ std::string search_json(const SearchResult& r) {
   }
   j["candidates"] = list;
   j["recommended"] = r.best;
+  j["deadline_s"] = r.deadline_s;
+  j["search_s"] = r.wall_s;
+  j["past_deadline"] = r.past_deadline;
+  j["timing_rounds"] = r.rounds;
+  j["within_noise"] = r.within_noise;
   if (r.best >= 0) {
     const Measured& m = r.candidates[r.best].m;
     j["peak_bytes"] = m.peak;

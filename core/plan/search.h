@@ -24,8 +24,10 @@ struct Candidate {
   std::string skipped;  // why it was not measured, or its dry run refused
   Measured m;
   bool fits = false;           // measured reserved <= budget less the margin
-  double step_ms = 0;          // measure_step_ms: at its own micro-batch, on 2 blocks
+  std::vector<double> times;   // measure_step_ms of each timing round
+  double step_ms = 0;          // the fastest of them: at its own micro-batch, on 2 blocks
   double step_time_ratio = 0;  // measured step time over the baseline's
+  bool untimed = false;        // fits, but the deadline came before it was timed
 };
 
 struct SearchResult {
@@ -33,10 +35,32 @@ struct SearchResult {
   double margin = 0.03;  // of the budget kept free: the measurement's stated error for reserved
   std::vector<Candidate> candidates;  // the config as written first
   int baseline = -1;                  // the candidate the ratios are against (the first measured)
-  int best = -1;                      // the fastest that fits; -1: none
+  int best = -1;                      // the pick (below); -1: none
+  // The search starts no measurement past its deadline (it ends within it and the one in
+  // flight): a candidate not measured (or a fitting one not timed) then is left, counted here and
+  // marked.
+  double deadline_s = 0;
+  double wall_s = 0;
+  int past_deadline = 0;
+  // Timing: rounds until the fastest stayed the fastest for two rounds (at most kMaxTimingRounds);
+  // the noise is the spread of the fastest's rounds, (slowest - fastest) / fastest, at least 3%.
+  int rounds = 0;
+  bool ranking_stable = false;
+  int within_noise = 0;  // the fitting candidates within the noise of the fastest, it included
 };
 
-SearchResult search(const Config& config, uint64_t budget);
+// The search's deadline unless one is given: a tiny model's whole search takes seconds; a large
+// one's dry runs are what it bounds.
+constexpr double kSearchDeadlineS = 120;
+constexpr int kMaxTimingRounds = 5;
+
+SearchResult search(const Config& config, uint64_t budget, double deadline_s = kSearchDeadlineS);
+
+// The recommendation among the timed candidates that fit: the fastest, unless others are within
+// the timing noise of it (their fastest round within the spread of its rounds, and at least 3%):
+// then the one of those with the lowest reserved peak (the fastest of equal ones), since timing
+// cannot tell them apart. Sets r.best and r.within_noise.
+void pick_recommended(SearchResult& r);
 
 std::string format_search(const Config& config, const SearchResult& r);
 // One JSON object: budget, margin, the candidates (what, sets, predicted peak_bytes,

@@ -241,6 +241,12 @@ bool PluginHost::provides_optimizer() const {
   return false;
 }
 
+std::string PluginHost::optimizer_plugin() const {
+  for (const auto& p : plugins_)
+    if (p->desc.roles & HR_ROLE_OPTIMIZER) return p->entry.name;
+  return "";
+}
+
 std::unique_ptr<Optimizer> PluginHost::make_optimizer() {
   for (auto& p : plugins_)
     if (p->desc.roles & HR_ROLE_OPTIMIZER) return std::make_unique<PluginOptimizer>(*p);

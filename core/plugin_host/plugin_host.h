@@ -131,6 +131,8 @@ class PluginHost final : public EventListener {
   void create(const RunInterfaces& run);
 
   bool provides_optimizer() const;
+  // The name of the plugin with the optimizer role ("" when none has it), for messages.
+  std::string optimizer_plugin() const;
   // The HR_EVENT_BIT()s of the events any plugin subscribes to.
   uint64_t subscribed_events() const;
   // The HR_EVENT_BIT()s of the events at which some plugin's hooks read or write the gradients:

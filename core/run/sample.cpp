@@ -1,8 +1,10 @@
 #include "core/run/sample.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <ostream>
 #include <sstream>
@@ -34,6 +36,21 @@ ModelConfig model_of_signature(const std::string& sig, const std::string& file) 
     const size_t eq = word.find('=');
     if (eq == std::string::npos) continue;
     const std::string k = word.substr(0, eq);
+    // A pruned model's per-block widths: "mlp_hidden=64,32" "attn_heads=2,1".
+    if (k == "mlp_hidden" || k == "attn_heads") {
+      std::vector<int>& out = k == "mlp_hidden" ? m.mlp_hidden : m.attn_heads;
+      std::istringstream list(word.substr(eq + 1));
+      std::string n;
+      while (std::getline(list, n, ',')) {
+        try {
+          out.push_back(std::stoi(n));
+        } catch (const std::exception&) {
+          out.clear();
+          break;
+        }
+      }
+      continue;
+    }
     int v = 0;
     try {
       v = std::stoi(word.substr(eq + 1));
@@ -48,17 +65,32 @@ ModelConfig model_of_signature(const std::string& sig, const std::string& file) 
                                     : nullptr;
     if (slot) *slot = v, ++found;
   }
+  const auto widths_ok = [&](const std::vector<int>& w, int most) {
+    return w.empty() || (int(w.size()) == m.n_layer && std::all_of(w.begin(), w.end(), [&](int x) {
+                           return x >= 1 && x <= most;
+                         }));
+  };
   if (found != 5 || m.n_layer < 1 || m.n_head < 1 || m.n_embd < 1 || m.seq_len < 1 ||
-      m.vocab_size < 1 || m.n_embd % m.n_head != 0)
+      m.vocab_size < 1 || m.n_embd % m.n_head != 0 || !widths_ok(m.mlp_hidden, 4 * m.n_embd) ||
+      !widths_ok(m.attn_heads, m.n_head))
     throw ConfigError(file + ": its model \"" + sig +
                       "\" is not a shape headroom can build; pass --config with the model");
   return m;
 }
 
-// The model shape a GPT-2 safetensors file holds: wte (V, C), wpe (T, C), blocks h.0 .. h.L-1.
-// n_head is not in the tensors: GPT-2's head size of 64 is assumed.
+// A pruned model's widths from its weights file (the shapes of its blocks' tensors, as
+// [train] init_from reads them), into `m`.
+void adopt_weights_widths(const std::string& path, ModelConfig& m) {
+  m.mlp_hidden = safetensors_mlp_widths(path, m);
+  m.attn_heads = safetensors_attn_heads(path, m);
+}
+
+// The model shape a GPT-2 safetensors file holds: wte (V, C), wpe (T, C), blocks h.0 .. h.L-1,
+// and a pruned model's widths. n_head is not in the tensors: headroom's own files record it in
+// their metadata; for another's, GPT-2's head size of 64 is assumed (and said).
 ModelConfig model_of_weights(const std::string& path, std::ostream& log) {
-  const std::vector<SafetensorsEntry> entries = read_safetensors_header(path);
+  std::map<std::string, std::string> meta;
+  const std::vector<SafetensorsEntry> entries = read_safetensors_header(path, &meta);
   ModelConfig m;
   for (const SafetensorsEntry& e : entries) {
     std::string name = e.name;
@@ -70,9 +102,23 @@ ModelConfig model_of_weights(const std::string& path, std::ostream& log) {
   }
   if (m.vocab_size < 1 || m.seq_len < 1 || m.n_layer < 1)
     throw ConfigError(path + ": holds no GPT-2 (wte.weight, wpe.weight and h.N.* tensors)");
-  m.n_head = m.n_embd % 64 == 0 ? m.n_embd / 64 : 1;
-  log << "headroom: " << path << " does not record n_head: assumed " << m.n_head
-      << " (head size 64, GPT-2's; pass --config to say otherwise)\n";
+  const auto it = meta.find("n_head");
+  int recorded = 0;
+  if (it != meta.end()) {
+    try {
+      recorded = std::stoi(it->second);
+    } catch (const std::exception&) {
+      recorded = 0;
+    }
+  }
+  if (recorded >= 1 && m.n_embd % recorded == 0) {
+    m.n_head = recorded;
+  } else {
+    m.n_head = m.n_embd % 64 == 0 ? m.n_embd / 64 : 1;
+    log << "headroom: " << path << " does not record n_head: assumed " << m.n_head
+        << " (head size 64, GPT-2's; pass --config to say otherwise)\n";
+  }
+  adopt_weights_widths(path, m);
   return m;
 }
 
@@ -147,6 +193,11 @@ void run_sample(const SampleRequest& r, std::ostream& out, std::ostream& log) {
         s.vocab_size != model_config.vocab_size)
       throw ConfigError("snapshot " + snapshot_file + " holds the model \"" + snap.model +
                         "\", not the config's");
+    // The config's model, pruned as the snapshot's was (a resume builds it so too).
+    model_config.mlp_hidden = s.mlp_hidden;
+    model_config.attn_heads = s.attn_heads;
+  } else if (!weights_file.empty()) {
+    adopt_weights_widths(weights_file, model_config);
   }
 
   std::unique_ptr<Tokenizer> tokenizer;

@@ -3,9 +3,11 @@
 // SOURCE is one of
 //   - a config (.toml): its model, with the weights of the newest snapshot in its [snapshot] dir
 //     if there is one, else of train.init_from, else its seeded initialisation (untrained; said);
-//   - a snapshot (step_N.hrsnap) or a folder of them (the newest): the model shape it records;
-//   - a weights file (.safetensors, Hugging Face GPT-2 names): the shape from its tensors, n_head
-//     from --config, else n_embd / 64 (GPT-2's head size; said).
+//   - a snapshot (step_N.hrsnap) or a folder of them (the newest): the model shape it records, a
+//     pruned model's widths included;
+//   - a weights file (.safetensors, Hugging Face GPT-2 names): the shape from its tensors (a
+//     pruned model's widths too), n_head from --config, else from the file's metadata (headroom
+//     writes the model's shape there), else n_embd / 64 (GPT-2's head size; said).
 // --config names the model and tokenizer for a snapshot or weights file. The tokenizer decodes as
 // the data was encoded: --tokenizer, else the config's [data] tokenizer, else bytes.
 #pragma once

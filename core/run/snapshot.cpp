@@ -1,5 +1,7 @@
 #include "core/run/snapshot.h"
 
+#include "core/comm/comm.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -11,6 +13,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "core/comm/comm.h"
 #include "core/config/config.h"
 #include "core/os/output_file.h"
 
@@ -491,6 +494,32 @@ RankPart read_rank_part(const std::string& dir, int64_t step, int rank, int worl
   return {d.data_state, std::move(d.tensors)};
 }
 
+std::string optimizer_mismatch(const SnapshotData& d, const std::string& ours,
+                               const std::string& our_plugin,
+                               const std::vector<std::string>& loaded) {
+  const std::string theirs_base = optimizer_layout(d.optimizer).optimizer;
+  std::string theirs = d.optimizer, their_plugins;
+  if (theirs_base == "plugin") {
+    for (const auto& [name, bytes] : d.plugins)
+      if (std::find(loaded.begin(), loaded.end(), name) == loaded.end())
+        their_plugins += (their_plugins.empty() ? "'" : ", '") + name + "'";
+    theirs = their_plugins.empty() ? std::string("of a plugin")
+                                   : "of plugin " + their_plugins + " (whose state it holds)";
+  }
+  const std::string mine =
+      our_plugin.empty() ? ours : "the optimizer of plugin '" + our_plugin + "'";
+  std::string fix;
+  if (!our_plugin.empty())
+    fix = "resume it without plugin '" + our_plugin + "'";
+  else if (theirs_base == "plugin")
+    fix = "list " + (their_plugins.empty() ? std::string("its optimizer plugin") : their_plugins) +
+          " in [[plugins]] again to resume it";
+  else
+    fix = "set train.optimizer = \"" + theirs_base + "\" to resume it";
+  return "was made with optimizer " + theirs + ", this config uses " + mine + " (" + fix +
+         ", or start afresh without --resume)";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Resharding
 
@@ -646,10 +675,23 @@ SnapshotData read_newest_snapshot(const std::string& dir, std::string* path) {
   for (const fs::path& p : snapshots_in(dir)) {
     try {
       SnapshotData d = read_snapshot(p.string());
+      // A snapshot of W ranks is complete with every rank's part, each whole (rank 0 writes the
+      // replicated file after all of them, but a part can go missing or be cut short later).
+      const int world = snapshot_world_size(d.data_state);
+      for (int q = 0; world > 1 && q < world; ++q) {
+        try {
+          read_rank_part(dir, d.step, q, world);
+        } catch (const ConfigError& e) {
+          throw ConfigError("snapshot " + p.string() + ": incomplete: " + e.what());
+        }
+      }
       if (path) *path = p.string();
       return d;
     } catch (const ConfigError& e) {
-      std::fprintf(stderr, "headroom: warning: skipping %s\n", e.what());
+      // Every rank reads the same folder and skips alike; rank 0 says so.
+      if (rank_info().rank == 0)
+        std::fprintf(stderr, "headroom: warning: skipping %s; trying the one before it\n",
+                     e.what());
     }
   }
   throw ConfigError("--resume " + dir + ": no complete snapshot in it (files step_*.hrsnap)");

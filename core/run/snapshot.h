@@ -69,9 +69,11 @@ constexpr size_t kSnapshotHeaderBytes = 24;
 // skipped_steps outside [0, step] (a bug of the caller: such a file would be refused).
 std::string write_snapshot(const std::string& dir, const SnapshotData& data, int keep);
 
-// The newest snapshot in `dir` that reads back whole (read_snapshot), and its path in *path;
-// files that do not are skipped with a warning on stderr, and leftover temporaries
-// (.step_*.hrsnap.tmp) are ignored. Throws ConfigError when there is none.
+// The newest complete snapshot in `dir`, and its path in *path: one that reads back whole
+// (read_snapshot) and, written by ranks, whose every rank part reads back whole too
+// (read_rank_part). One that is not is skipped with a warning on stderr naming it and why (from
+// rank 0, with ranks), and the one before it tried; leftover temporaries (.step_*.hrsnap.tmp) are
+// ignored. Throws ConfigError when there is none.
 SnapshotData read_newest_snapshot(const std::string& dir, std::string* path);
 
 // Reads and verifies one snapshot (parse_snapshot), and that a file named step_<N>.hrsnap holds
@@ -119,6 +121,15 @@ struct OptimizerLayout {
   int sharded_over = 0;
 };
 OptimizerLayout optimizer_layout(const std::string& signature);
+
+// Why snapshot `d` cannot resume a run whose optimizer signature is `ours`: "was made with
+// optimizer adamw; this config's optimizer is plugin 'adafactor' ...". An optimizer plugin is
+// named on either side: this run's (`our_plugin`, "" for none), and the snapshot's by the plugin
+// states it holds that this run does not load (`loaded`: the config's plugin names), as the
+// signature of a plugin's state says only "plugin".
+std::string optimizer_mismatch(const SnapshotData& d, const std::string& ours,
+                               const std::string& our_plugin,
+                               const std::vector<std::string>& loaded);
 
 // An optimizer state tensor's name, "<parameter>[ [a:b)] <kind>" (core/optim: the segment's name
 // and the kind, "adamw m"; core/shard: a segment that is part of a parameter adds its element

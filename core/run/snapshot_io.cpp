@@ -204,8 +204,12 @@ int64_t SnapshotIO::resume() {
   // The optimizer must be this run's; how its state is sharded need not be (resharding).
   const std::string optimizer = optimizer_signature();
   const OptimizerLayout theirs = optimizer_layout(d.optimizer);
-  if (theirs.optimizer != optimizer_layout(optimizer).optimizer)
-    throw refuse("was made with optimizer " + d.optimizer + ", this config uses " + optimizer);
+  if (theirs.optimizer != optimizer_layout(optimizer).optimizer) {
+    std::vector<std::string> loaded;
+    for (const PluginEntry& p : p_.config.plugins)
+      loaded.push_back(p.name);
+    throw refuse(optimizer_mismatch(d, optimizer, p_.plugins.optimizer_plugin(), loaded));
+  }
   if (d.step >= p_.config.train.steps)
     throw refuse("is at step " + std::to_string(d.step) +
                  ", already at train.steps = " + std::to_string(p_.config.train.steps));

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <utility>
 
 #include "core/report/timeline_html.h"
+#include "core/run/rank_agreement.h"
 #include "core/run/snapshot.h"
 #include "headroom/plugin.h"
 
@@ -52,6 +54,12 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   for (const auto& [path, flag] : outputs)
     if (!path->empty()) check_output_path(*path, flag);
   if (config_.snapshot.every > 0) make_output_dir(config_.snapshot.dir, "snapshot.dir");
+  // One run per output (core/os/output_file.h OutputLock), held until this trainer is gone; the
+  // snapshot folder, which every rank shares, by rank 0.
+  for (const auto& [path, flag] : outputs)
+    if (!path->empty()) output_locks_.emplace_back(*path, flag);
+  if (config_.snapshot.every > 0 && ranks.rank == 0)
+    output_locks_.emplace_back(config_.snapshot.dir, "snapshot.dir");
   if (!options_.resume_dir.empty() && !std::filesystem::is_directory(options_.resume_dir))
     throw ConfigError("--resume " + options_.resume_dir + ": not a folder of snapshots");
 
@@ -67,13 +75,20 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   observing_.attach(*device_, this);
   set_phase(Phase::Kind::kSetup);
   comm_ = make_communicator(*device_, config_.distributed);
+  // Every rank runs the same run (core/run/rank_agreement.h): the first collective after it.
+  check_ranks_agree(
+      agreement_items(config_,
+                      {{"--resume", options_.resume_dir.empty() ? "no" : "yes"},
+                       {"--save-weights", options_.save_weights_path.empty() ? "no" : "yes"}}),
+      *comm_);
   data_ = options_.data_source
               ? std::move(options_.data_source)
               : make_data_source(config_.data, config_.model, config_.train.micro_batch,
                                  config_.model.seq_len, comm_->rank(), comm_->world_size());
   loader_ = std::make_unique<DataLoader>(*data_, config_.data.workers, config_.data.prefetch,
                                          config_.train.micro_batch, config_.model.seq_len);
-  if (config_.train.eval_every > 0) validation_ = std::make_unique<Validation>(config_, *comm_);
+  if (config_.train.eval_every > 0)
+    validation_ = std::make_unique<Validation>(config_, *comm_, root_log());
   plan_ = std::make_unique<StepPlan>(config_, *device_, *loader_, state_, root_log());
 
   // Plugins come before anything allocates: an allocator-role plugin serves every buffer. What
@@ -352,10 +367,13 @@ void Trainer::end_step() {
   if (validation_ && validation_->due(state_.step)) {
     ops.synchronize();  // the last micro-step is done with the batch buffers
     set_phase(Phase::Kind::kEval);
-    state_.evaluated = true;
-    state_.val_loss = validation_->evaluate(*model_, plan_->validation_batch(),
-                                            plan_->staging_inputs(0), plan_->staging_targets(0));
-    if (counters_.best_val_step == 0 || state_.val_loss < counters_.best_val_loss) {
+    // Nothing when a stop request ended it: the loop stops at the next step's safe point.
+    const std::optional<double> loss =
+        validation_->evaluate(*model_, plan_->validation_batch(), plan_->staging_inputs(0),
+                              plan_->staging_targets(0), state_.step);
+    state_.evaluated = loss.has_value();
+    state_.val_loss = loss.value_or(0.0);
+    if (loss && (counters_.best_val_step == 0 || state_.val_loss < counters_.best_val_loss)) {
       counters_.best_val_loss = state_.val_loss;
       counters_.best_val_step = state_.step;
     }

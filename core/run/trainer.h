@@ -154,6 +154,8 @@ class Trainer final : private LayerEvents,
 
   Config config_;
   TrainOptions options_;
+  // One run per output: released after everything else (core/os/output_file.h).
+  std::vector<OutputLock> output_locks_;
   // The step as far as it has gone; after each step its final state goes to history_.
   StepState state_;
   std::vector<StepState> history_;

@@ -2,9 +2,12 @@
 
 #include <cstring>
 
+#include "core/os/interrupt.h"
+
 namespace headroom {
 
-Validation::Validation(const Config& config, Communicator& comm) : config_(config), comm_(comm) {
+Validation::Validation(const Config& config, Communicator& comm, std::ostream* log)
+    : config_(config), comm_(comm), log_(log) {
   data_ = make_validation_source(config_.data, config_.model, config_.train.micro_batch,
                                  config_.model.seq_len, comm_.rank(), comm_.world_size());
   if (!data_)
@@ -14,8 +17,8 @@ Validation::Validation(const Config& config, Communicator& comm) : config_(confi
   start_ = data_->state();
 }
 
-double Validation::evaluate(Gpt<float>& model, Batch batch, int32_t* host_inputs,
-                            int32_t* host_targets) {
+std::optional<double> Validation::evaluate(Gpt<float>& model, Batch batch, int32_t* host_inputs,
+                                           int32_t* host_targets, int64_t step) {
   Backend& ops = model.device().backend();
   const int B = config_.train.micro_batch, T = batch.T;
   const int b = batch.B;
@@ -26,6 +29,13 @@ double Validation::evaluate(Gpt<float>& model, Batch batch, int32_t* host_inputs
   double sum = 0.0;
   uint64_t tokens = 0;
   for (int i = 0; i < config_.train.eval_batches; ++i) {
+    if (const int sig = stop_signal_of_any_rank(comm_)) {
+      if (log_)
+        *log_ << "validation after step " << step << ": stopped by " << signal_name(sig)
+              << " after " << i << " of " << config_.train.eval_batches << " batches; not counted\n"
+              << std::flush;
+      return std::nullopt;
+    }
     data_->next(rows.data(), rows.data() + BT, B, T);
     for (size_t at = 0; at < BT; at += bt) {
       std::memcpy(host_inputs, rows.data() + at, bt * sizeof(int32_t));

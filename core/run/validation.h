@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -19,7 +21,8 @@ class Validation {
  public:
   // The validation data of [data] (a file, shards, or a held-out tail), for this rank. ConfigError
   // naming train.eval_every when the config has none.
-  Validation(const Config& config, Communicator& comm);
+  // `log`: rank 0's progress stream, nullptr elsewhere or when silent.
+  Validation(const Config& config, Communicator& comm, std::ostream* log);
 
   // After step `step`: every eval_every steps and after the last.
   bool due(int64_t step) const {
@@ -29,11 +32,15 @@ class Validation {
   // runs in slices of `batch.B` (the micro-batch the steps run at now, which headroom.batch/1 may
   // have lowered), so that evaluation needs no more memory than a step. `host_inputs` and
   // `host_targets`: staging buffers of a configured micro-batch, which `batch` uploads from.
-  double evaluate(Gpt<float>& model, Batch batch, int32_t* host_inputs, int32_t* host_targets);
+  // Nothing when a stop request (of any rank: every rank leaves at the same batch) ends it
+  // between its batches; `step`, the step it follows, for that log line.
+  std::optional<double> evaluate(Gpt<float>& model, Batch batch, int32_t* host_inputs,
+                                 int32_t* host_targets, int64_t step);
 
  private:
   const Config& config_;
   Communicator& comm_;
+  std::ostream* log_;
   std::unique_ptr<DataSource> data_;
   std::string start_;  // rewound to before each evaluation
 };

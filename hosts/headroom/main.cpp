@@ -10,12 +10,15 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,6 +28,7 @@
 #include "core/data/shards.h"
 #include "core/device/device.h"
 #include "core/model/safetensors.h"
+#include "core/os/host_memory.h"
 #include "core/os/interrupt.h"
 #include "core/os/output_file.h"
 #include "core/plan/measure.h"
@@ -44,6 +48,24 @@ constexpr int kExitOutOfMemory = 3;
 constexpr int kExitOutput = 4;
 constexpr int kExitDiverged = 5;
 constexpr int kExitPeerFailed = 6;
+
+// A number flag checked as the config's numbers are: finite (no nan, no inf) and from lo to hi.
+// CLI11's Range alone lets NaN through (every comparison with it is false).
+CLI::Validator finite_number(double lo, double hi) {
+  char range[96];
+  std::snprintf(range, sizeof range, "a finite number from %g to %g", lo, hi);
+  const std::string want = range;
+  return CLI::Validator(
+      [lo, hi, want](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size())
+          return "expected " + want + ", got '" + text + "'";
+        if (!std::isfinite(v) || v < lo || v > hi) return "must be " + want + ", got " + text;
+        return std::string();
+      },
+      want);
+}
 
 // train.init_from's tensors, by name and shape, against the config's model (what the trainer's
 // load checks), from the file's header alone.
@@ -81,6 +103,10 @@ int cmd_check(const std::string& file, const std::vector<std::string>& sets) {
   // is one `train` starts: the data (files, shards, their tokenizer) and the init_from weights.
   headroom::make_data_source(config.data, config.model, config.train.micro_batch,
                              config.model.seq_len);
+  // The validation data train.eval_every reads (data.val_path, val_pattern or the held-out tail).
+  if (config.train.eval_every > 0)
+    headroom::make_validation_source(config.data, config.model, config.train.micro_batch,
+                                     config.model.seq_len);
   if (!config.train.init_from.empty()) check_init_from(config);
   // A CUDA device: that this build and machine have one (train refuses otherwise, exit 2).
   if (config.device.kind != "cpu") headroom::Device::create(config.device);
@@ -91,6 +117,8 @@ int cmd_check(const std::string& file, const std::vector<std::string>& sets) {
 struct PlanFlags {
   bool measure = false, search = false, json = false;
   std::string budget, write;
+  double deadline_s = headroom::kSearchDeadlineS;
+  bool deadline_set = false;
 };
 
 // `headroom plan CONFIG`: the run's peak by category as the config is written, its [[plugins]]
@@ -107,7 +135,16 @@ int cmd_plan(const std::string& file, const std::vector<std::string>& sets,
   if (!flags.budget.empty() && !flags.search)
     throw headroom::ConfigError("--budget needs --search: it is the memory the search fits");
   if (flags.json && !flags.measure) throw headroom::ConfigError("--json needs --measure");
+  if (flags.deadline_set && !flags.search)
+    throw headroom::ConfigError("--deadline needs --search: it bounds the search's time");
   const headroom::Config config = headroom::load_config(file, sets);
+  // --write is checked (and held) before the search, as train checks its outputs before step 1:
+  // a search must not run for minutes and then find it cannot write its pick.
+  std::unique_ptr<headroom::OutputLock> write_lock;
+  if (!flags.write.empty()) {
+    headroom::check_output_path(flags.write, "--write");
+    write_lock = std::make_unique<headroom::OutputLock>(flags.write, "--write");
+  }
   if (!flags.measure) {
     const headroom::PlanResult r = headroom::plan(config);  // creates the plugins, as check does
     std::printf("%s", r.text.c_str());
@@ -120,7 +157,7 @@ int cmd_plan(const std::string& file, const std::vector<std::string>& sets,
       if (!budget)
         throw headroom::ConfigError(
             "--search needs a budget: --budget SIZE, or [device] memory_limit in " + file);
-      const headroom::SearchResult r = headroom::search(config, budget);
+      const headroom::SearchResult r = headroom::search(config, budget, flags.deadline_s);
       if (flags.json) {
         std::printf("%s\n", headroom::search_json(r).c_str());
       } else {
@@ -134,18 +171,27 @@ int cmd_plan(const std::string& file, const std::vector<std::string>& sets,
       return kExitOk;
     }
     const headroom::Measured m = headroom::measure(config);
+    // The wall: memory_limit, and on the CPU the host's memory when it is lower.
+    const uint64_t limit = config.device.memory_limit;
+    const headroom::HostMemory host =
+        config.device.kind == "cpu" ? headroom::host_available_memory() : headroom::HostMemory{};
+    const bool host_wall = host.bytes && (!limit || host.bytes < limit);
+    const uint64_t wall = host_wall ? host.bytes : limit;
+    const bool fits = !wall || m.reserved <= wall;
     if (flags.json) {
       std::printf("%s\n", headroom::measured_json(m).c_str());
     } else {
       std::printf("%s", headroom::format_measured(config, m).c_str());
-      if (config.device.memory_limit)
-        std::printf("%s memory_limit %s\n",
-                    m.reserved <= config.device.memory_limit ? "fits" : "does not fit",
-                    headroom::format_bytes(config.device.memory_limit).c_str());
+      if (host_wall && !fits)
+        std::printf(
+            "does not fit this host: the CPU device's memory is the host's, %s available "
+            "(%s)\n",
+            headroom::format_bytes(host.bytes).c_str(), host.source.c_str());
+      else if (limit)
+        std::printf("%s memory_limit %s\n", fits ? "fits" : "does not fit",
+                    headroom::format_bytes(limit).c_str());
     }
-    return !config.device.memory_limit || m.reserved <= config.device.memory_limit
-               ? kExitOk
-               : kExitOutOfMemory;
+    return fits ? kExitOk : kExitOutOfMemory;
   } catch (const headroom::PlanRefused& e) {
     std::cerr << "headroom: plan --measure: " << e.what() << "\n";
     return kExitOutOfMemory;
@@ -412,6 +458,11 @@ int main(int argc, char** argv) {
   plan->add_option("--write", plan_flags.write,
                    "with --search: write the recommended config, whole, to FILE");
   plan->add_flag("--json", plan_flags.json, "with --measure: print one JSON object");
+  plan->add_option("--deadline", plan_flags.deadline_s,
+                   "with --search: seconds the search may take (default 120); candidates left "
+                   "when it comes are listed as such")
+      ->check(finite_number(0.0, 86400.0))
+      ->each([&](const std::string&) { plan_flags.deadline_set = true; });
 
   CLI::App* check = app.add_subcommand(
       "check", "validate a config and print it resolved, with every default filled in");
@@ -470,12 +521,13 @@ int main(int argc, char** argv) {
   sample
       ->add_option("--temperature", sample_req.params.temperature,
                    "divides the logits; 0 always takes the most likely token (default 1)")
-      ->check(CLI::Range(0.0, 100.0));
+      ->check(finite_number(0.0, 100.0));
   sample
       ->add_option("--top-k", sample_req.params.top_k,
                    "draw among the K most likely tokens; 0: among all (default)")
       ->check(CLI::Range(0, INT32_MAX));
-  sample->add_option("--seed", sample_req.params.seed, "the draws' seed (default 1)");
+  sample->add_option("--seed", sample_req.params.seed, "the draws' seed (default 1)")
+      ->check(CLI::NonNegativeNumber);
   sample->add_option("--config", sample_req.config_file,
                      "the config whose [model] and [data] tokenizer a snapshot or weights file "
                      "was trained with");

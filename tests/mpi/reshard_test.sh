@@ -122,7 +122,9 @@ mpirun -np 2 "$headroom" train z1.toml -q $(ga 2) --metrics uz1.jsonl --save-wei
 resume "1 -> zero1 2" 2 rz1 z1.toml $(ga 2)
 check "1 -> zero1 2" rz1 uz1
 
-# A rank part missing: every rank refuses naming the file (exit 2), and nothing is written.
+# A rank part missing, and no complete snapshot before it: the snapshot is skipped naming the part
+# (resume falls back to the newest complete one, tests/mpi/zero_test.sh), none is left, every
+# rank refuses (exit 2), and nothing is written.
 take3 s4
 rm at3/step_000000000003.rank2.data
 for n in 1 2; do
@@ -138,8 +140,9 @@ for n in 1 2; do
   rc=$?
   set -e
   [ $rc = 2 ] || fail "missing part, $n rank(s): exit $rc, expected 2: $log"
-  grep -q "cannot be resharded: rank 2's part at3/step_000000000003.rank2.data cannot be opened" \
+  grep -q "skipping snapshot at3/step_000000000003.hrsnap: incomplete: rank 2's part at3/step_000000000003.rank2.data cannot be opened" \
     <<<"$log" || fail "missing part, $n rank(s): $log"
+  grep -q -- "--resume at3: no complete snapshot in it" <<<"$log" || fail "missing part, $n rank(s): $log"
   [ ! -e out/w.safetensors ] && [ ! -s out/m.jsonl ] && [ -z "$(ls -A out/snaps 2>/dev/null)" ] ||
     fail "missing part, $n rank(s): something was written: $(ls -R out)"
 done

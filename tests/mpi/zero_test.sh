@@ -249,6 +249,26 @@ resume)
   cp snaps3/step_000000000010.* at10z3/
   mpirun -np 2 "$headroom" train z3.toml -q --resume at10z3 --save-weights resumed3.safetensors
   cmp full3.safetensors resumed3.safetensors || fail "zero3 + amp: resumed weights differ"
+  # A rank's part missing, or cut short: the resume falls back to the newest complete snapshot,
+  # saying which it skipped and why, and continues from there as the unbroken run does, bitwise.
+  mpirun -np 2 "$headroom" train z3.toml -q --set train.steps=15 --set snapshot.every=5 \
+    --set snapshot.keep=5 --set snapshot.dir=snaps3b
+  mpirun -np 2 "$headroom" train z3.toml -q --set train.steps=20 --save-weights unbroken20.safetensors
+  rm -rf fb && cp -r snaps3b fb && rm fb/step_000000000015.rank1.data
+  out=$(mpirun -np 2 "$headroom" train z3.toml --set train.steps=20 --resume fb \
+    --save-weights fb.safetensors 2>&1) || fail "resume past a missing part: $out"
+  grep -q "headroom: warning: skipping snapshot fb/step_000000000015.hrsnap: incomplete: rank 1's part fb/step_000000000015.rank1.data cannot be opened" <<<"$out" ||
+    fail "no line says which snapshot was skipped and why: $out"
+  [ "$(grep -c "warning: skipping" <<<"$out")" = 1 ] || fail "the warning is rank 0's alone: $out"
+  grep -q "resumed from fb/step_000000000010.hrsnap (step 10)" <<<"$out" || fail "not from step 10: $out"
+  cmp unbroken20.safetensors fb.safetensors || fail "resumed past a missing part: weights differ"
+  head -c 100 snaps3b/step_000000000010.rank0.data > fb/step_000000000010.rank0.data
+  out=$(mpirun -np 2 "$headroom" train z3.toml --set train.steps=20 --resume fb \
+    --save-weights fb5.safetensors 2>&1) || fail "resume past a truncated part: $out"
+  grep -q "skipping snapshot fb/step_000000000010.hrsnap: incomplete: rank 0's part fb/step_000000000010.rank0.data is damaged" <<<"$out" ||
+    fail "the truncated part is not named: $out"
+  grep -q "resumed from fb/step_000000000005.hrsnap (step 5)" <<<"$out" || fail "not from step 5: $out"
+  cmp unbroken20.safetensors fb5.safetensors || fail "resumed past a truncated part: weights differ"
   set +e
   out=$(mpirun -np 2 "$headroom" train z.toml -q --resume at10 --set train.optimizer=sgd 2>&1); rc=$?
   set -e
