@@ -2,7 +2,7 @@
 // run without plugins.
 //
 //   build/bin/bench_plugins [CONFIG] [--set section.key=value]... [--steps N] [--warmup W]
-//                           [--suite memory|model-state]
+//                           [--suite memory|model-state] [--only NAME]...
 //
 // --suite memory (the default): the activation and allocator strategies. --suite model-state: the
 // model state's layouts (amp's grad_dtype, master_weights, state_dtype) and the optimizer plugins
@@ -16,7 +16,9 @@
 // appended to the config text, and measures the last N. The tracker's peak is over the whole run
 // (warm-up included: the optimizer state is allocated in the first step and stays). Everything is
 // measured in this one run, one variant after another, side by side, after one unmeasured step
-// that warms up the process.
+// that warms up the process. --only keeps the variants whose name contains NAME (the first
+// variant, the baseline, always runs: every ratio is against it). The table's "update" is the
+// optimizer's step alone (MeasureWindow).
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -35,23 +37,34 @@ namespace {
 using namespace headroom;
 using Clock = std::chrono::steady_clock;
 
-// Starts the clock when the first measured step begins, stops it at the end of training.
+// Starts the clock when the first measured step begins, stops it at the end of training. In the
+// measured steps it also sums the update: from OPTIMIZER_STEP to STEP_END as this listener (added
+// after the plugins) sees them, which is the optimizer's step (the built-in AdamW's or a plugin's)
+// and the STEP_END work of the plugins before it (amp's casts of the new weights).
 class MeasureWindow final : public EventListener {
  public:
   explicit MeasureWindow(int64_t first_step) : first_step_(first_step) {}
   void on_event(const EventInfo& e) override {
     if (e.event == Event::kStepBegin && e.step == first_step_) {
       start_ = Clock::now();
+    } else if (e.event == Event::kOptimizerStep && e.step >= first_step_) {
+      update_start_ = Clock::now();
+      in_update_ = true;
+    } else if (e.event == Event::kStepEnd && in_update_) {
+      update_ += std::chrono::duration<double>(Clock::now() - update_start_).count();
+      in_update_ = false;
     } else if (e.event == Event::kTrainEnd) {
       elapsed_ = std::chrono::duration<double>(Clock::now() - start_).count();
     }
   }
   double elapsed() const { return elapsed_; }
+  double update() const { return update_; }
 
  private:
   int64_t first_step_;
-  Clock::time_point start_;
-  double elapsed_ = 0.0;
+  Clock::time_point start_, update_start_;
+  bool in_update_ = false;
+  double elapsed_ = 0.0, update_ = 0.0;
 };
 
 struct Variant {
@@ -64,6 +77,7 @@ struct Result {
   uint64_t peak_total = 0;
   uint64_t model_state = 0;  // parameters + gradients + optimizer state live after the run
   double step_s = 0.0;
+  double update_s = 0.0;  // the optimizer's update a step (MeasureWindow)
 };
 
 std::string read_file(const std::string& path) {
@@ -94,6 +108,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "steps run before measuring")->check(CLI::NonNegativeNumber);
   app.add_option("--suite", suite, "which variants: memory (default) or model-state")
       ->check(CLI::IsMember({"memory", "model-state"}));
+  std::vector<std::string> only;
+  app.add_option("--only", only, "run only the variants whose name contains this (repeatable)");
   CLI11_PARSE(app, argc, argv);
 
   const std::string amp_bf16 = "[[plugins]]\nname = \"amp\"\ndtype = \"bf16\"\n";
@@ -129,7 +145,13 @@ int main(int argc, char** argv) {
       {"amp bf16 + checkpoint selective", amp_bf16 + selective},
       {"defrag_allocator", "[[plugins]]\nname = \"defrag_allocator\"\n"},
   };
-  const std::vector<Variant>& variants = suite == "memory" ? memory : model_state;
+  std::vector<Variant> variants;
+  for (const Variant& v : suite == "memory" ? memory : model_state) {
+    bool keep = variants.empty() || only.empty();
+    for (const std::string& o : only)
+      keep = keep || v.name.find(o) != std::string::npos;
+    if (keep) variants.push_back(v);
+  }
 
   try {
     // Our defaults first, so the caller's --set wins.
@@ -169,6 +191,7 @@ int main(int argc, char** argv) {
       r.model_state = live[size_t(Category::kParameters)] + live[size_t(Category::kGradients)] +
                       live[size_t(Category::kOptimizer)];
       r.step_s = window.elapsed() / steps;
+      r.update_s = window.update() / steps;
       results.push_back(r);
     }
 
@@ -194,10 +217,12 @@ int main(int argc, char** argv) {
     const uint64_t psi = gpt_num_params(c.model);
     const bool state_col = suite == "model-state";
     if (state_col) std::printf(" model state at rest | bytes / param |");
-    std::printf(" peak total | peak vs baseline | step time | step vs baseline |\n|---|");
+    std::printf(
+        " peak total | peak vs baseline | step time | step vs baseline | update | update vs "
+        "baseline |\n|---|");
     for (size_t i = 0; i < cats.size() + (state_col ? 2 : 0); ++i)
       std::printf("---:|");
-    std::printf("---:|---:|---:|---:|\n");
+    std::printf("---:|---:|---:|---:|---:|---:|\n");
     const Result& base = results.front();
     for (size_t k = 0; k < variants.size(); ++k) {
       const Result& r = results[k];
@@ -207,8 +232,9 @@ int main(int argc, char** argv) {
       if (state_col)
         std::printf(" %s | %.2f |", mib(r.model_state).c_str(),
                     double(r.model_state) / double(psi));
-      std::printf(" %s | %.3f | %.2f s | %.3f |\n", mib(r.peak_total).c_str(),
-                  double(r.peak_total) / double(base.peak_total), r.step_s, r.step_s / base.step_s);
+      std::printf(" %s | %.3f | %.2f s | %.3f | %.3f s | %.3f |\n", mib(r.peak_total).c_str(),
+                  double(r.peak_total) / double(base.peak_total), r.step_s, r.step_s / base.step_s,
+                  r.update_s, r.update_s / base.update_s);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_plugins: %s\n", e.what());

@@ -9,11 +9,13 @@
 //  - a resume is bitwise; bad keys exit 2 naming the key; a damaged or mismatched state is a
 //    clear error.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,8 @@
 #include "core/report/advice.h"
 #include "core/run/snapshot.h"
 #include "core/run/trainer.h"
+#include "plugins/adafactor/kernels.h"
+#include "plugins/common/bf16.h"
 #include "tests/test_util.h"
 
 namespace headroom {
@@ -494,6 +498,77 @@ TEST(Adafactor, BadKeysExit2NamingTheKey) {
     EXPECT_TRUE(test::contains(r.output, bad.expect)) << bad.keys << r.output;
     EXPECT_TRUE(test::contains(r.output, "bad.toml:")) << "names the file: " << r.output;
   }
+}
+
+// The update's passes run on the OpenMP threads (plugins/adafactor/kernels.h): 1 and 3 threads
+// give the same bits, for a matrix whose rows are not a multiple of the row block nor its columns
+// of the lanes, and a vector of more than two chunks; f32 and bf16 weights, with and without the
+// first moment, 4 steps each. (That the passes are the algorithm is
+// LossesMatchADoublePrecisionReferenceOver20Steps.)
+TEST(Adafactor, KernelHasTheSameBitsOnAnyThreadCount) {
+  struct Case {
+    uint64_t rows, cols;
+  };
+  for (const Case shape : {Case{70, 45}, Case{0, 9000}})
+    for (const bool theta16 : {false, true})
+      for (const bool first_moment : {false, true}) {
+        const uint64_t n = shape.rows ? shape.rows * shape.cols : shape.cols;
+        struct State {
+          std::vector<float> theta32, state, m;
+          std::vector<uint16_t> theta16;
+        };
+        auto run = [&](int threads) {
+          std::mt19937_64 rng(5);
+          std::normal_distribution<float> normal(0.0f, 1.0f);
+          State s;
+          s.theta32.resize(n);
+          s.theta16.resize(n);
+          for (uint64_t i = 0; i < n; ++i) {
+            s.theta32[i] = 0.02f * normal(rng);
+            s.theta16[i] = headroom_plugin::bf16::round_nearest_even(s.theta32[i]);
+          }
+          s.state.assign(shape.rows ? shape.rows + shape.cols : n, 0.0f);
+          s.m.assign(n, 0.0f);
+          adafactor::Scratch scratch;
+          std::vector<float> g(n);
+          const int before = omp_get_max_threads();
+          omp_set_num_threads(threads);
+          for (int t = 1; t <= 4; ++t) {
+            for (float& x : g)
+              x = 1e-2f * normal(rng);
+            adafactor::Tensor p;
+            p.theta = theta16 ? static_cast<void*>(s.theta16.data()) : s.theta32.data();
+            p.grad = g.data();
+            p.numel = n;
+            p.rows = shape.rows;
+            p.cols = shape.rows ? shape.cols : 0;
+            if (shape.rows) {
+              p.row = s.state.data();
+              p.col = s.state.data() + shape.rows;
+            } else {
+              p.v = s.state.data();
+            }
+            p.m = first_moment ? s.m.data() : nullptr;
+            adafactor::Hyper h;
+            h.beta2 = 1.0 - std::pow(double(t), -0.8);
+            h.rel = std::min(1e-2, 1.0 / std::sqrt(double(t)));
+            h.weight_decay = 0.01;
+            h.beta1 = 0.9;
+            h.round_key = headroom_plugin::bf16::stream_key(3, uint64_t(t), 0);
+            adafactor::update(p, h, theta16, false, scratch);
+          }
+          omp_set_num_threads(before);
+          return s;
+        };
+        const State one = run(1), three = run(3);
+        const std::string what = std::to_string(shape.rows) + "x" + std::to_string(shape.cols) +
+                                 (theta16 ? " bf16" : " f32") + (first_moment ? " beta1" : "");
+        EXPECT_EQ(0, std::memcmp(one.theta32.data(), three.theta32.data(), n * 4)) << what;
+        EXPECT_EQ(one.theta16, three.theta16) << what;
+        EXPECT_EQ(0, std::memcmp(one.state.data(), three.state.data(), one.state.size() * 4))
+            << what;
+        EXPECT_EQ(0, std::memcmp(one.m.data(), three.m.data(), n * 4)) << what;
+      }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 //    state is a clear error, and the tracker's optimizer bytes are the closed form.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -85,12 +87,80 @@ TEST(Adam8bitQuant, MapsAreSortedSignedUnsignedWithZeroAndOne) {
     }
 }
 
+// The bucketed quantize() is the binary search's, bitwise: at both ends and the middle of every
+// bucket of floats, on random values in [-1, 1] and on the specials (zeros, subnormals, the map's
+// entries and thresholds, infinities, NaN).
+TEST(Adam8bitQuant, BucketedQuantizeIsTheBinarySearch) {
+  for (const bool sig : {true, false}) {
+    const std::vector<float> map = adam8bit::dynamic_map(sig);
+    const std::vector<float> th = adam8bit::thresholds(map);
+    const adam8bit::Buckets b = adam8bit::buckets(th.data());
+    std::vector<float> xs = {0.0f,
+                             -0.0f,
+                             1e-45f,
+                             -1e-45f,
+                             1.0f,
+                             -1.0f,
+                             std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity(),
+                             std::numeric_limits<float>::quiet_NaN(),
+                             -std::numeric_limits<float>::quiet_NaN()};
+    for (const float v : map)
+      xs.insert(xs.end(), {v, std::nextafter(v, 2.0f), std::nextafter(v, -2.0f)});
+    for (const float t : th)
+      xs.insert(xs.end(), {t, std::nextafter(t, 2.0f), std::nextafter(t, -2.0f)});
+    for (uint32_t i = 0; i < (1u << adam8bit::kBucketBits); ++i) {
+      const uint32_t first = i << adam8bit::kBucketShift;
+      for (const uint32_t bits : {first, first | (1u << (adam8bit::kBucketShift - 1)),
+                                  first | ((1u << adam8bit::kBucketShift) - 1)})
+        xs.push_back(adam8bit::float_of_bits(bits));
+    }
+    std::mt19937_64 rng(7);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (int i = 0; i < 200000; ++i)
+      xs.push_back(uniform(rng) * std::ldexp(1.0f, -int(rng() % 24)));
+    int wrong = 0;
+    for (const float x : xs)
+      if (adam8bit::quantize(b, x) != adam8bit::quantize(th.data(), x) && ++wrong < 5)
+        ADD_FAILURE() << (sig ? "signed" : "unsigned") << " map, x = " << x;
+    EXPECT_EQ(wrong, 0) << "of " << xs.size() << " values";
+#ifdef HR_ADAM8BIT_AVX2
+    // The AVX2 loops, where the CPU has it: the same codes, the same dequantized values, the same
+    // absmax as the scalar ones, on every value above (x 1: the scaling is exact).
+    if (adam8bit::have_avx2()) {
+      std::vector<uint8_t> q(xs.size());
+      const uint64_t done = adam8bit::quantize_avx2(b, xs.data(), 1.0f, xs.size(), q.data());
+      EXPECT_EQ(done, xs.size() / 8 * 8);
+      int differ = 0;
+      for (uint64_t i = 0; i < done; ++i)
+        differ += q[i] != adam8bit::quantize(th.data(), xs[i]);
+      EXPECT_EQ(differ, 0) << "AVX2 quantize, of " << done << " values";
+      std::vector<float> fast(done), slow(done);
+      const float absmax = 0.37f;
+      EXPECT_EQ(adam8bit::dequantize_avx2(map.data(), q.data(), absmax, done, fast.data()), done);
+      for (uint64_t i = 0; i < done; ++i)
+        slow[i] = map[q[i]] * absmax;
+      EXPECT_EQ(0, std::memcmp(fast.data(), slow.data(), done * sizeof(float)));
+      uint32_t scalar = 0;
+      for (uint64_t i = 0; i < done; ++i) {
+        const uint32_t bits = adam8bit::bits_of_float(xs[i]) & 0x7FFFFFFFu;
+        scalar = std::max(scalar, bits > 0x7F800000u ? 0u : bits);
+      }
+      EXPECT_EQ(adam8bit::absmax_bits_avx2(xs.data(), done), scalar);
+    } else {
+      std::printf("no AVX2 on this CPU: the scalar loops alone run\n");
+    }
+#endif
+  }
+}
+
 // The bound: an element of a block with absmax A comes back within half the widest gap of the
 // map times A: 0.9 / 64 / 2 = 0.00703 A (signed, the top decade's 64 steps) and 0.9 / 128 / 2 =
 // 0.00352 A (unsigned); the block's absmax element exactly.
 TEST(Adam8bitQuant, BlockRoundTripErrorIsBounded) {
   const std::vector<float> s = adam8bit::dynamic_map(true), u = adam8bit::dynamic_map(false);
   const std::vector<float> ts = adam8bit::thresholds(s), tu = adam8bit::thresholds(u);
+  const adam8bit::Buckets bs = adam8bit::buckets(ts.data()), bu = adam8bit::buckets(tu.data());
   double gap_s = 0, gap_u = 0;
   for (size_t i = 1; i < 256; ++i) {
     gap_s = std::max(gap_s, double(s[i]) - s[i - 1]);
@@ -112,8 +182,8 @@ TEST(Adam8bitQuant, BlockRoundTripErrorIsBounded) {
     std::vector<uint8_t> q(n);
     for (int sig = 0; sig < 2; ++sig) {
       const std::vector<float>& in = sig ? x : y;
-      const float a = adam8bit::quantize_block(sig ? s.data() : u.data(),
-                                               sig ? ts.data() : tu.data(), in.data(), n, q.data());
+      const float a = adam8bit::quantize_block(sig ? s.data() : u.data(), sig ? bs : bu, in.data(),
+                                               n, q.data());
       adam8bit::dequantize_block(sig ? s.data() : u.data(), q.data(), a, n, back.data());
       float amax = 0;
       for (float v : in)
@@ -139,7 +209,7 @@ TEST(Adam8bitQuant, BlockRoundTripErrorIsBounded) {
   // All-zero blocks stay zero, with absmax 0.
   std::vector<float> zeros(256, 0.0f), back(256, 1.0f);
   std::vector<uint8_t> q(256);
-  EXPECT_EQ(adam8bit::quantize_block(s.data(), ts.data(), zeros.data(), 256, q.data()), 0.0f);
+  EXPECT_EQ(adam8bit::quantize_block(s.data(), bs, zeros.data(), 256, q.data()), 0.0f);
   adam8bit::dequantize_block(s.data(), q.data(), 0.0f, 256, back.data());
   for (float b : back)
     EXPECT_EQ(b, 0.0f);
@@ -151,6 +221,7 @@ TEST(Adam8bitQuant, BlockRoundTripErrorIsBounded) {
 struct Maps {
   std::vector<float> s = adam8bit::dynamic_map(true), u = adam8bit::dynamic_map(false);
   std::vector<float> ts = adam8bit::thresholds(s), tu = adam8bit::thresholds(u);
+  adam8bit::Buckets bs = adam8bit::buckets(ts.data()), bu = adam8bit::buckets(tu.data());
 };
 
 // One tensor's 8-bit state in host vectors, as the plugin lays it out.
@@ -166,8 +237,8 @@ struct Q8 {
     st.absmax_v = av.data();
     st.map_m = maps.s.data();
     st.map_v = maps.u.data();
-    st.thresh_m = maps.ts.data();
-    st.thresh_v = maps.tu.data();
+    st.buckets_m = &maps.bs;
+    st.buckets_v = &maps.bu;
   }
   std::vector<float> m(const Maps& maps) const { return deq(maps.s, qm, am); }
   std::vector<float> v(const Maps& maps) const { return deq(maps.u, qv, av); }
@@ -247,6 +318,53 @@ TEST(Adam8bitKernel, FollowsFp32AdamWFor50Steps) {
   // weights could have travelled (measured 0.32%), the worst element under 5% (measured 1.9%).
   EXPECT_LT(ep / n, 0.01 * 50 * lr);
   EXPECT_LT(ep_max, 0.05 * 50 * lr);
+}
+
+// The step runs its blocks on the OpenMP threads: 1 and 3 threads give the same bits (weights,
+// codes and absmax), f32 and bf16 weights, over 5 steps of a tensor whose last block is partial.
+TEST(Adam8bitKernel, SameBitsOnAnyThreadCount) {
+  const uint64_t n = 37 * 256 + 101;
+  Maps maps;
+  for (const uint32_t dtype : {uint32_t(HR_DTYPE_F32), uint32_t(HR_DTYPE_BF16)}) {
+    struct Run {
+      std::vector<float> p32;
+      std::vector<uint16_t> p16;
+      Q8 q;
+    };
+    auto run = [&](int threads) {
+      std::mt19937_64 rng(11);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      Run r{std::vector<float>(n), std::vector<uint16_t>(n), Q8(maps, n)};
+      for (uint64_t i = 0; i < n; ++i) {
+        r.p32[i] = 0.02f * normal(rng);
+        r.p16[i] = bf::round_nearest_even(r.p32[i]);
+      }
+      const int before = omp_get_max_threads();
+      omp_set_num_threads(threads);
+      std::vector<float> g(n);
+      for (int t = 1; t <= 5; ++t) {
+        for (float& x : g)
+          x = 1e-3f * normal(rng);
+        adam8bit::ParamRef ref;
+        ref.data = dtype == HR_DTYPE_BF16 ? static_cast<void*>(r.p16.data()) : r.p32.data();
+        ref.dtype = dtype;
+        ref.grad = g.data();
+        ref.numel = n;
+        adam8bit::Hyper h = adam8bit::make_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t);
+        h.round_key = bf::stream_key(5, uint64_t(t), 0);
+        adam8bit::step_8bit(ref, r.q.st, h);
+      }
+      omp_set_num_threads(before);
+      return r;
+    };
+    const Run one = run(1), three = run(3);
+    EXPECT_EQ(0, std::memcmp(one.p32.data(), three.p32.data(), n * sizeof(float))) << dtype;
+    EXPECT_EQ(one.p16, three.p16) << dtype;
+    EXPECT_EQ(one.q.qm, three.q.qm) << dtype;
+    EXPECT_EQ(one.q.qv, three.q.qv) << dtype;
+    EXPECT_EQ(0, std::memcmp(one.q.am.data(), three.q.am.data(), one.q.am.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(one.q.av.data(), three.q.av.data(), one.q.av.size() * sizeof(float)));
+  }
 }
 
 // bitsandbytes' test_optimizer8bit as written (weights randn * 0.1, gradients randn * 0.01, lr

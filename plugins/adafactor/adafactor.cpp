@@ -31,9 +31,10 @@
 //    the new value rounded stochastically into it (plugins/common/bf16.h, random bits of (seed,
 //    t, tensor, element)), so that updates far below a bf16 step still move it on average.
 // The update runs in passes over each tensor (the sums of g^2 + eps1 and theta^2, the sum of u^2,
-// the update), so the only device memory it takes is its state: allocated at the first step (as
+// the update: kernels.h, on the host's OpenMP threads, the same bits on any number of them), so
+// the only device memory it takes is its state: allocated at the first step (as
 // PyTorch and the built-in AdamW do), or when a snapshot is loaded, category optimizer, one
-// buffer per parameter (besides it, one host vector of cols doubles, reused). The step counter t
+// buffer per parameter (besides it, host vectors of partial sums, reused). The step counter t
 // counts this plugin's updates (a step vetoed by amp is not one, as torch.amp skips
 // optimizer.step()).
 //
@@ -49,8 +50,9 @@
 // fails saying so), whole parameters only (not with a zero plugin that shards the optimizer
 // state).
 //
-// Training thread only (create, step, save_state, load_state, estimate); no locking and no
-// threads of its own. Only hr_plugin_entry is exported; no C++ exception crosses the C ABI.
+// Training thread only (create, step, save_state, load_state, estimate); no locking; the update's
+// loops run on the host's OpenMP threads (one libgomp in the process), no threads of its own. Only
+// hr_plugin_entry is exported; no C++ exception crosses the C ABI.
 #include <headroom/ext/estimate.h>
 #include <headroom/ext/roles.h>
 #include <headroom/ext/tensors.h>
@@ -60,6 +62,7 @@
 #include "common/hook_guard.h"
 #include "common/offer_reads.h"
 #include "common/optimizer_hooks.h"
+#include "kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -111,13 +114,6 @@ uint64_t state_floats(int32_t ndim, const int64_t* shape, uint64_t numel, bool f
     n = *rows + *cols;
   }
   return n + (first_moment ? numel : 0);
-}
-
-float bf16_to_f32(uint16_t b) {
-  const uint32_t bits = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
 }
 
 // What a snapshot holds: this header, then for each slot its name's length (uint32), the name,
@@ -428,105 +424,33 @@ class Adafactor {
     return HR_OK;
   }
 
-  // The CPU backend's kernel: device memory is host memory.
-  // theta f32 (masters) or bf16 (amp master_weights = false: rounded stochastically from `key`).
+  // The CPU backend's kernel (kernels.h): device memory is host memory. theta f32 (masters) or
+  // bf16 (amp master_weights = false: rounded stochastically from `key`).
   void update(const Slot& slot, const hr_tensor& p, double beta2, double rel, uint64_t key) {
-    namespace bf = headroom_plugin::bf16;
-    const bool theta16 = p.dtype == HR_DTYPE_BF16;
-    float* theta32 = static_cast<float*>(p.data);
-    uint16_t* theta16p = static_cast<uint16_t*>(p.data);
-    auto theta = [&](uint64_t k) {
-      return theta16 ? double(bf::load(theta16p[k])) : double(theta32[k]);
-    };
-    auto set_theta = [&](uint64_t k, double v) {
-      if (theta16) {
-        theta16p[k] = bf::round_stochastic(float(v), bf::random16_at(key, k));
-      } else {
-        theta32[k] = float(v);
-      }
-    };
-    const bool bf16 = p.grad_dtype == HR_DTYPE_BF16;
-    const float* g32 = static_cast<const float*>(p.grad);
-    const uint16_t* g16 = static_cast<const uint16_t*>(p.grad);
-    auto g = [&](uint64_t k) { return bf16 ? double(bf16_to_f32(g16[k])) : double(g32[k]); };
-    const uint64_t n = slot.numel;
-    if (n == 0) return;
-    double row_mean = 0.0;
-    const double keep = beta2, take = 1.0 - beta2;
-    // Pass 1: the second moments' new values, and RMS(theta).
-    double theta_sq = 0.0;
-    double u_sq = 0.0;
+    adafactor::Tensor t;
+    t.theta = p.data;
+    t.grad = p.grad;
+    t.numel = slot.numel;
+    t.rows = slot.rows;
+    t.cols = slot.cols;
     if (slot.rows) {
-      const uint64_t R = slot.rows, C = slot.cols;
-      float* row = slot.row();
-      float* col = slot.col();
-      scratch_.assign(C, 0.0);
-      for (uint64_t i = 0; i < R; ++i) {
-        double rs = 0.0;
-        for (uint64_t j = 0; j < C; ++j) {
-          const uint64_t k = i * C + j;
-          const double gk = g(k);
-          const double q = gk * gk + c_.eps1;
-          rs += q;
-          scratch_[j] += q;
-          theta_sq += theta(k) * theta(k);
-        }
-        row[i] = float(keep * double(row[i]) + take * (rs / double(C)));
-      }
-      double row_sum = 0.0;
-      for (uint64_t i = 0; i < R; ++i)
-        row_sum += double(row[i]);
-      row_mean = row_sum / double(R);
-      for (uint64_t j = 0; j < C; ++j) {
-        col[j] = float(keep * double(col[j]) + take * (scratch_[j] / double(R)));
-        scratch_[j] = 1.0 / std::sqrt(double(col[j]));  // now the column factors
-      }
-      // Pass 2: RMS(u).
-      for (uint64_t i = 0; i < R; ++i) {
-        const double rf = 1.0 / std::sqrt(double(row[i]) / row_mean);
-        for (uint64_t j = 0; j < C; ++j) {
-          const double u = g(i * C + j) * rf * scratch_[j];
-          u_sq += u * u;
-        }
-      }
+      t.row = slot.row();
+      t.col = slot.col();
     } else {
-      float* v = slot.v();
-      for (uint64_t k = 0; k < n; ++k) {
-        const double gk = g(k);
-        v[k] = float(keep * double(v[k]) + take * (gk * gk + c_.eps1));
-        const double u = gk / std::sqrt(double(v[k]));
-        u_sq += u * u;
-        theta_sq += theta(k) * theta(k);
-      }
+      t.v = slot.v();
     }
-    const double rms_theta = std::sqrt(theta_sq / double(n));
-    const double lr = c_.scale_parameter ? std::max(c_.eps2, rms_theta) * rel : rel;
-    const double rms_u = std::sqrt(u_sq / double(n));
-    const double scale = lr / std::max(1.0, rms_u / c_.clip_threshold);
-    const double decay = p.weight_decay ? c_.weight_decay * lr : 0.0;
-    float* m = c_.first_moment ? slot.m() : nullptr;
-    // Pass 3: the update.
-    auto apply = [&](uint64_t k, double u) {
-      if (m) {
-        m[k] = float(c_.beta1 * double(m[k]) + (1.0 - c_.beta1) * u);
-        u = double(m[k]);
-      }
-      const double th = theta(k);
-      set_theta(k, th - decay * th - u);
-    };
-    if (slot.rows) {
-      const uint64_t R = slot.rows, C = slot.cols;
-      const float* row = slot.row();
-      for (uint64_t i = 0; i < R; ++i) {
-        const double rf = scale / std::sqrt(double(row[i]) / row_mean);
-        for (uint64_t j = 0; j < C; ++j)
-          apply(i * C + j, g(i * C + j) * rf * scratch_[j]);
-      }
-    } else {
-      const float* v = slot.v();
-      for (uint64_t k = 0; k < n; ++k)
-        apply(k, scale * g(k) / std::sqrt(double(v[k])));
-    }
+    t.m = c_.first_moment ? slot.m() : nullptr;
+    adafactor::Hyper h;
+    h.beta2 = beta2;
+    h.rel = rel;
+    h.eps1 = c_.eps1;
+    h.eps2 = c_.eps2;
+    h.clip_threshold = c_.clip_threshold;
+    h.scale_parameter = c_.scale_parameter;
+    h.weight_decay = p.weight_decay ? c_.weight_decay : 0.0;
+    h.beta1 = c_.beta1;
+    h.round_key = key;
+    adafactor::update(t, h, p.dtype == HR_DTYPE_BF16, p.grad_dtype == HR_DTYPE_BF16, scratch_);
   }
 
   hr_status read(void* dst, const void* src, uint64_t bytes) const {
@@ -546,8 +470,8 @@ class Adafactor {
   const hr_ext_tensors* tensors_ = nullptr;
   std::vector<Slot> slots_;
   bool allocated_ = false;
-  int64_t t_ = 0;                // updates done
-  std::vector<double> scratch_;  // cols doubles: column sums, then column factors (host memory)
+  int64_t t_ = 0;               // updates done
+  adafactor::Scratch scratch_;  // the passes' partial sums and column factors (host memory)
 };
 
 hr_status read_settings(const hr_host_services* s, Settings* c) {

@@ -140,6 +140,8 @@ class Adam8bit {
     host_maps_.insert(host_maps_.end(), mv.begin(), mv.end());
     host_maps_.insert(host_maps_.end(), tm.begin(), tm.end());
     host_maps_.insert(host_maps_.end(), tv.begin(), tv.end());
+    buckets_m_ = adam8bit::buckets(tm.data());
+    buckets_v_ = adam8bit::buckets(tv.data());
   }
   ~Adam8bit() {
     for (Tensor& t : tensors)
@@ -175,8 +177,8 @@ class Adam8bit {
         q.qv = q.qm + t.numel;
         q.map_m = maps;
         q.map_v = maps + kMapEntries;
-        q.thresh_m = maps + 2 * kMapEntries;
-        q.thresh_v = q.thresh_m + (kMapEntries - 1);
+        q.buckets_m = &buckets_m_;
+        q.buckets_v = &buckets_v_;
         adam8bit::step_8bit(p, q, h);
       } else {
         float* m = static_cast<float*>(t.buf);
@@ -315,8 +317,6 @@ class Adam8bit {
     }
     const float* map_m = host_maps_.data();
     const float* map_v = map_m + kMapEntries;
-    const float* th_m = map_m + 2 * kMapEntries;
-    const float* th_v = th_m + (kMapEntries - 1);
     // The moments in f32.
     std::vector<float> m(t->numel), v(t->numel);
     if (t->q8) {
@@ -368,8 +368,8 @@ class Adam8bit {
       for (uint64_t b = 0; b < nb; ++b) {
         const uint64_t lo = b * adam8bit::kBlock,
                        n = std::min<uint64_t>(adam8bit::kBlock, next.numel - lo);
-        am[b] = adam8bit::quantize_block(map_m, th_m, m2.data() + lo, n, qm + lo);
-        av[b] = adam8bit::quantize_block(map_v, th_v, v2.data() + lo, n, qv + lo);
+        am[b] = adam8bit::quantize_block(map_m, buckets_m_, m2.data() + lo, n, qm + lo);
+        av[b] = adam8bit::quantize_block(map_v, buckets_v_, v2.data() + lo, n, qv + lo);
       }
     } else {
       std::memcpy(now.data(), m2.data(), next.numel * sizeof(float));
@@ -507,6 +507,9 @@ class Adam8bit {
   const hr_ext_tensors* tensors_ = nullptr;
   bool cpu_ = true;
   std::vector<float> host_maps_;  // map_m, map_v, thresholds_m, thresholds_v: kMapBytes
+  // quantize()'s buckets of each map (host memory, the plugin's own: 256 KiB each, not device
+  // state).
+  adam8bit::Buckets buckets_m_, buckets_v_;
   void* maps_ = nullptr;
   int64_t step_ = 0;
 };
