@@ -10,6 +10,7 @@
 #pragma once
 
 #include "../common/bf16.h"
+#include "../common/cpu_clones.h"
 
 #include <algorithm>
 #include <cmath>
@@ -128,7 +129,7 @@ inline Scale scale_of(const Hyper& h, double theta_sq, double u_sq, uint64_t n) 
 // A matrix (rows, cols): row and column means of g^2 + eps1, the second moment estimated as
 // row_i col_j / mean(row).
 template <bool Theta16, bool Grad16>
-inline void update_factored(const Tensor& t, const Hyper& h, Scratch& s) {
+HR_PLUGIN_CPU_CLONES void update_factored(const Tensor& t, const Hyper& h, Scratch& s) {
   const uint64_t R = t.rows, C = t.cols;
   const int64_t blocks = int64_t((R + kRowBlock - 1) / kRowBlock);
   const double keep = h.beta2, take = 1.0 - h.beta2, eps1 = h.eps1;
@@ -143,18 +144,24 @@ inline void update_factored(const Tensor& t, const Hyper& h, Scratch& s) {
     const uint64_t end = std::min(R, uint64_t(b + 1) * kRowBlock);
     for (uint64_t i = uint64_t(b) * kRowBlock; i < end; ++i) {
       const uint64_t base = i * C;
-      const double rs = lane_sum(C, [&](uint64_t j) {
-        const double g = load<Grad16>(t.grad, base + j);
-        return g * g + eps1;
-      });
-      for (uint64_t j = 0; j < C; ++j) {
-        const double g = load<Grad16>(t.grad, base + j);
-        cs[j] += g * g + eps1;
-      }
-      theta_sq += lane_sum(C, [&](uint64_t j) {
-        const double th = load<Theta16>(t.theta, base + j);
-        return th * th;
-      });
+      // One read of the row: its sum and sum(theta^2) in kLanes partial sums each (as
+      // lane_sum takes them), the block's column sums.
+      double racc[kLanes] = {}, tacc[kLanes] = {};
+      auto element = [&](uint64_t j, uint64_t lane) {
+        const double g = load<Grad16>(t.grad, base + j), th = load<Theta16>(t.theta, base + j);
+        const double q = g * g + eps1;
+        racc[lane] += q;
+        cs[j] += q;
+        tacc[lane] += th * th;
+      };
+      uint64_t j = 0;
+      for (; j + kLanes <= C; j += kLanes)
+        for (uint64_t l = 0; l < kLanes; ++l)
+          element(j + l, l);
+      for (; j < C; ++j)
+        element(j, j % kLanes);
+      const double rs = add_lanes(racc);
+      theta_sq += add_lanes(tacc);
       t.row[i] = float(keep * double(t.row[i]) + take * (rs / double(C)));
     }
     theta_part[uint64_t(b)] = theta_sq;
@@ -195,7 +202,7 @@ inline void update_factored(const Tensor& t, const Hyper& h, Scratch& s) {
 
 // A vector: the full second moment v, u = g / sqrt(v). By chunks of kChunk elements.
 template <bool Theta16, bool Grad16>
-inline void update_vector(const Tensor& t, const Hyper& h, Scratch& s) {
+HR_PLUGIN_CPU_CLONES void update_vector(const Tensor& t, const Hyper& h, Scratch& s) {
   const uint64_t n = t.numel;
   const int64_t chunks = int64_t((n + kChunk - 1) / kChunk);
   const double keep = h.beta2, take = 1.0 - h.beta2, eps1 = h.eps1;
