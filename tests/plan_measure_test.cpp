@@ -346,8 +346,8 @@ TEST(PlanSearch, ADeadlineEndsTheSearchSayingWhatItLeft) {
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_TRUE(test::contains(r.output, "candidates, deadline 0 s:")) << r.output;
   EXPECT_TRUE(test::contains(r.output, "not measured: past the search's deadline")) << r.output;
-  EXPECT_TRUE(test::contains(r.output, "of its 0 s deadline; ")) << r.output;
-  EXPECT_TRUE(test::contains(r.output, " candidate(s) left past it")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "of its 0 s deadline: ")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, " candidate(s) left past the deadline")) << r.output;
   const Config c = test::config_from(kModel);
   const SearchResult s = search(c, 64 << 20, 0);
   EXPECT_GT(s.past_deadline, 0);
@@ -359,6 +359,48 @@ TEST(PlanSearch, ADeadlineEndsTheSearchSayingWhatItLeft) {
       test::run_headroom("plan " + cfg + " --measure --search --budget 64MiB --deadline nan");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_TRUE(test::contains(bad.output, "--deadline: must be a finite number")) << bad.output;
+}
+
+// The case: a tiny budget on the tiny model (preset "tiny", 4 MiB: most candidates fit and
+// are timed) ran past 60 s on a loaded machine. Under a deadline it ends saying how long it took
+// of it and what became of every candidate: measured (and timed) or skipped, each skipped one
+// with its reason on its line. Whether the deadline comes before the end depends on the machine;
+// either way the counts add up.
+TEST(PlanSearch, ATinyBudgetOnTheTinyModelEndsInItsStatedTimeCountingWhatItSkipped) {
+  const std::string dir = test::temp_dir();
+  const std::string cfg =
+      test::write_file(dir, "tiny.toml", "[model]\npreset = \"tiny\"\n[train]\nsteps = 2\n");
+  const test::RunResult r =
+      test::run_headroom("plan " + cfg + " --measure --search --budget 4MiB --deadline 2");
+  ASSERT_TRUE(r.exit_code == 0 || r.exit_code == 3) << r.output;
+  const size_t at = r.output.find("searched in ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  double took = 0;
+  int n = 0, measured = 0, timed = 0, skipped = 0;
+  ASSERT_EQ(std::sscanf(r.output.c_str() + at,
+                        "searched in %lf s of its 2 s deadline: %d candidates, %d measured (%d "
+                        "timed), %d skipped",
+                        &took, &n, &measured, &timed, &skipped),
+            5)
+      << r.output;
+  EXPECT_EQ(measured + skipped, n) << r.output;
+  EXPECT_LE(timed, measured);
+  // Each skipped candidate says why on its own line.
+  size_t lines = 0;
+  for (size_t p = r.output.find("not measured: "); p != std::string::npos;
+       p = r.output.find("not measured: ", p + 1))
+    ++lines;
+  EXPECT_EQ(lines, size_t(skipped)) << r.output;
+  // The timing rounds say whether the ranking settled (the fastest held its place in the last two
+  // rounds) or not, when anything was timed.
+  if (timed > 0) {
+    EXPECT_TRUE(test::contains(r.output, "(the fastest held its place in the last two)") ||
+                test::contains(r.output, "(the fastest changed until the last round)"))
+        << r.output;
+  }
+  EXPECT_TRUE(test::contains(r.output, "left past the deadline (not measured, or not timed)") ||
+              test::contains(r.output, "every candidate considered before the deadline"))
+      << r.output;
 }
 
 // Timing cannot tell candidates within its noise apart: of those, the one with the lowest peak.

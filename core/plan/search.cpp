@@ -259,6 +259,10 @@ SearchResult search(const Config& config, uint64_t budget, double deadline_s) {
     if (past_deadline()) break;
   }
   r.candidates = std::move(cands);
+  for (const Candidate& c : r.candidates) {
+    c.measured ? ++r.measured : ++r.skipped;
+    if (!c.times.empty()) ++r.timed;
+  }
   for (size_t i = 0; i < r.candidates.size(); ++i)
     if (r.candidates[i].step_ms > 0) {
       r.baseline = static_cast<int>(i);
@@ -309,13 +313,15 @@ std::string format_search(const Config& config, const SearchResult& r) {
          (r.ranking_stable ? " (the fastest held its place in the last two)"
                            : " (the fastest changed until the last round)") +
          "\n";
-  char took[160];
-  std::snprintf(took, sizeof took, "searched in %.1f s of its %.0f s deadline", r.wall_s,
-                r.deadline_s);
+  char took[256];
+  std::snprintf(took, sizeof took,
+                "searched in %.1f s of its %.0f s deadline: %zu candidates, %d measured (%d "
+                "timed), %d skipped (each says why on its line)",
+                r.wall_s, r.deadline_s, r.candidates.size(), r.measured, r.timed, r.skipped);
   s += took;
   s += r.past_deadline ? "; " + std::to_string(r.past_deadline) +
-                             " candidate(s) left past it (not measured, or not timed)\n"
-                       : "; every candidate considered\n";
+                             " candidate(s) left past the deadline (not measured, or not timed)\n"
+                       : "; every candidate considered before the deadline\n";
   if (r.best < 0) return s + "no candidate fits " + format_bytes(r.budget) + "\n";
   if (r.within_noise > 1)
     s += std::to_string(r.within_noise) +
@@ -356,6 +362,9 @@ std::string search_json(const SearchResult& r) {
   j["deadline_s"] = r.deadline_s;
   j["search_s"] = r.wall_s;
   j["past_deadline"] = r.past_deadline;
+  j["measured"] = r.measured;
+  j["skipped"] = r.skipped;
+  j["timed"] = r.timed;
   j["timing_rounds"] = r.rounds;
   j["within_noise"] = r.within_noise;
   if (r.best >= 0) {

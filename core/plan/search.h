@@ -42,6 +42,10 @@ struct SearchResult {
   double deadline_s = 0;
   double wall_s = 0;
   int past_deadline = 0;
+  // What became of the candidates: measured (dry) or skipped (not measured: pruned by the closed
+  // form, refused, a duplicate, more ranks than a dry run has, or past the deadline), and of the
+  // measured ones those that fit and were timed. The output states each count.
+  int measured = 0, skipped = 0, timed = 0;
   // Timing: rounds until the fastest stayed the fastest for two rounds (at most kMaxTimingRounds);
   // the noise is the spread of the fastest's rounds, (slowest - fastest) / fastest, at least 3%.
   int rounds = 0;
