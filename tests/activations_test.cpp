@@ -183,7 +183,7 @@ std::pair<double, std::vector<std::vector<double>>> loss_and_grads(const ModelCo
   const double loss = model.loss();
   std::vector<std::vector<double>> grads;
   for (Param<T>* p : model.params())
-    grads.emplace_back(p->gdata(), p->gdata() + p->numel);
+    grads.emplace_back(p->master().grad, p->master().grad + p->numel);
   EXPECT_EQ(device->tracker().live(Category::kActivations), 0u);
   EXPECT_EQ(device->tracker().live(Category::kWorkspace), 0u);
   return {loss, grads};

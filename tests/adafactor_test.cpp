@@ -86,11 +86,11 @@ struct ReferenceOptimizer final : EventListener {
                            : learning_rate(trainer->config().train, e.step - 1);
     for (size_t k = 0; k < params.size(); ++k) {
       const Param<float>& p = *params[k];
-      float* theta = p.data();
+      float* theta = p.master().value;
       // The step's gradient: f32, or bf16 when amp accumulates it in the compute dtype.
-      const bool bf16 = p.step_grad_dtype() == Dtype::kBF16;
-      float* g32 = static_cast<float*>(p.step_grad());
-      uint16_t* g16 = static_cast<uint16_t*>(p.step_grad());
+      const bool bf16 = p.optimized().grad_dtype == Dtype::kBF16;
+      float* g32 = static_cast<float*>(p.optimized().grad);
+      uint16_t* g16 = static_cast<uint16_t*>(p.optimized().grad);
       std::vector<double> grad(p.numel);
       for (size_t i = 0; i < p.numel; ++i) {
         if (bf16) {
@@ -367,7 +367,7 @@ RunOutcome run(const Config& c, int64_t stop_at, const std::string& resume_dir) 
   RunOutcome r;
   r.losses = losses(t);
   for (Param<float>* p : t.model().params())
-    r.weights.insert(r.weights.end(), p->data(), p->data() + p->numel);
+    r.weights.insert(r.weights.end(), p->master().value, p->master().value + p->numel);
   return r;
 }
 

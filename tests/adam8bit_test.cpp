@@ -491,7 +491,7 @@ Outcome run(const std::string& toml, TrainOptions options = {}) {
   Outcome o;
   o.history = t.history();
   for (Param<float>* p : t.model().params()) {
-    o.weights.emplace_back(p->data(), p->data() + p->numel);
+    o.weights.emplace_back(p->master().value, p->master().value + p->numel);
     o.numels.push_back(p->numel);
     o.names.push_back(p->name);
     o.decay.push_back(p->decay ? 1u : 0u);

@@ -48,7 +48,7 @@ struct FiniteWatcher final : EventListener {
     if (e.event != Event::kStepEnd) return;
     for (Param<float>* p : trainer->model().params())
       for (uint64_t i = 0; i < p->numel; ++i)
-        if (!std::isfinite(p->data()[i])) {
+        if (!std::isfinite(p->master().value[i])) {
           ++bad_steps;
           return;
         }

@@ -123,7 +123,7 @@ struct GradRecorder final : EventListener {
     if (e.event != Event::kGradsReady) return;
     std::vector<float> g;
     for (Param<float>* p : trainer->model().params())
-      g.insert(g.end(), p->gdata(), p->gdata() + p->numel);
+      g.insert(g.end(), p->master().grad, p->master().grad + p->numel);
     grads.push_back(std::move(g));
   }
 };
@@ -144,7 +144,7 @@ RunOutcome run(const std::string& plugin, int steps = 2, int grad_accum = 2) {
   RunOutcome out;
   out.grads = std::move(rec.grads);
   for (Param<float>* p : trainer.model().params())
-    out.params.emplace_back(p->data(), p->data() + p->numel);
+    out.params.emplace_back(p->master().value, p->master().value + p->numel);
   out.peak_activations = trainer.device().tracker().peak(Category::kActivations);
   EXPECT_EQ(trainer.device().tracker().live(Category::kActivations), 0u) << plugin;
   return out;

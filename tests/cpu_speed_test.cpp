@@ -308,7 +308,7 @@ TEST(ClipFolded, AlsoWithAmpNotWithAListener) {
     double ss = 0.0;
     for (Param<float>* p : t.model().params())
       for (uint64_t i = 0; i < p->numel; ++i)
-        ss += double(p->gdata()[i]) * p->gdata()[i];
+        ss += double(p->master().grad[i]) * p->master().grad[i];
     return std::sqrt(ss);
   };
   Trainer folded(test::config_from(toml, {"train.grad_clip=0.05"}), TrainOptions{});

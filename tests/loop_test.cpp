@@ -139,8 +139,8 @@ struct OneParam {
     flat.numel = flat.padded = p.numel;
     flat.value = Buffer(*device, p.numel * 4, Category::kParameters, "p");
     flat.grad = Buffer(*device, p.numel * 4, Category::kGradients, "g");
-    std::copy(values.begin(), values.end(), p.data());
-    std::copy(grads.begin(), grads.end(), p.gdata());
+    std::copy(values.begin(), values.end(), p.master().value);
+    std::copy(grads.begin(), grads.end(), p.master().grad);
   }
 };
 
@@ -153,10 +153,10 @@ TEST(Optimizer, AdamWDecaysMatricesButNotBiasesOrGains) {
   std::vector<Param<float>*> ps{&matrix.p, &bias.p};
   opt->step(whole_params(ps), 0.1, 1);
   // Zero gradient: AdamW's update is pure decoupled decay, p -= lr * wd * p.
-  EXPECT_FLOAT_EQ(matrix.p.data()[0], 1.0f * (1 - 0.05f));
-  EXPECT_FLOAT_EQ(matrix.p.data()[1], -2.0f * (1 - 0.05f));
-  EXPECT_EQ(bias.p.data()[0], 1.0f);
-  EXPECT_EQ(bias.p.data()[1], -2.0f);
+  EXPECT_FLOAT_EQ(matrix.p.master().value[0], 1.0f * (1 - 0.05f));
+  EXPECT_FLOAT_EQ(matrix.p.master().value[1], -2.0f * (1 - 0.05f));
+  EXPECT_EQ(bias.p.master().value[0], 1.0f);
+  EXPECT_EQ(bias.p.master().value[1], -2.0f);
   // m and v for both tensors: 2 tensors x 2 elements x 2 states x 4 bytes.
   EXPECT_EQ(matrix.device->tracker().live(Category::kOptimizer), 2u * 2 * 2 * 4);
 }
@@ -169,9 +169,9 @@ TEST(Optimizer, AdamWFirstStepMovesEachParameterByLr) {
   std::vector<Param<float>*> ps{&a.p};
   opt->step(whole_params(ps), 0.01, 1);
   // Bias correction makes the first update sign(g) * lr (up to eps).
-  EXPECT_NEAR(a.p.data()[0], 0.49f, 1e-6);
-  EXPECT_NEAR(a.p.data()[1], 0.51f, 1e-5);
-  EXPECT_EQ(a.p.data()[2], 0.5f);
+  EXPECT_NEAR(a.p.master().value[0], 0.49f, 1e-6);
+  EXPECT_NEAR(a.p.master().value[1], 0.51f, 1e-5);
+  EXPECT_EQ(a.p.master().value[2], 0.5f);
 }
 
 TEST(Optimizer, SgdWithAndWithoutMomentum) {
@@ -183,7 +183,7 @@ TEST(Optimizer, SgdWithAndWithoutMomentum) {
   std::vector<Param<float>*> ps{&plain.p};
   opt->step(whole_params(ps), 0.1, 1);
   opt->step(whole_params(ps), 0.1, 2);
-  EXPECT_FLOAT_EQ(plain.p.data()[0], 1.0f - 0.2f - 0.2f);
+  EXPECT_FLOAT_EQ(plain.p.master().value[0], 1.0f - 0.2f - 0.2f);
   EXPECT_EQ(plain.device->tracker().peak(Category::kOptimizer), 0u);  // no state
 
   t.momentum = 0.9;
@@ -192,7 +192,7 @@ TEST(Optimizer, SgdWithAndWithoutMomentum) {
   std::vector<Param<float>*> ps2{&mom.p};
   opt2->step(whole_params(ps2), 0.1, 1);  // buf = 2
   opt2->step(whole_params(ps2), 0.1, 2);  // buf = 0.9 * 2 + 2 = 3.8
-  EXPECT_FLOAT_EQ(mom.p.data()[0], 1.0f - 0.2f - 0.38f);
+  EXPECT_FLOAT_EQ(mom.p.master().value[0], 1.0f - 0.2f - 0.38f);
   EXPECT_EQ(mom.device->tracker().live(Category::kOptimizer), 4u);
 }
 
@@ -201,7 +201,7 @@ TEST(Optimizer, ClipGradNormScalesToTheMaximum) {
   std::vector<Param<float>*> ps{&a.p};
   EXPECT_DOUBLE_EQ(clip_grad_norm(a.device->backend(), ps, 10.0),
                    5.0);  // under the maximum: untouched
-  EXPECT_EQ(a.p.gdata()[0], 3.0f);
+  EXPECT_EQ(a.p.master().grad[0], 3.0f);
   EXPECT_DOUBLE_EQ(clip_grad_norm(a.device->backend(), ps, 1.0), 5.0);
   EXPECT_NEAR(global_grad_norm(a.device->backend(), ps), 1.0, 1e-6);
   EXPECT_DOUBLE_EQ(clip_grad_norm(a.device->backend(), ps, 0.0),

@@ -68,7 +68,7 @@ std::vector<double> parameters_after_run(const Config& config) {
   trainer.run();
   std::vector<double> out;
   for (Param<float>* p : trainer.model().params())
-    out.insert(out.end(), p->data(), p->data() + p->numel);
+    out.insert(out.end(), p->master().value, p->master().value + p->numel);
   return out;
 }
 
@@ -81,7 +81,7 @@ TEST(GradientAccumulation, TwoTimesFourEqualsEightTimesOne) {
     Gpt<float> model(c.model, *device, c.train.seed);
     std::vector<double> v;
     for (Param<float>* p : model.params())
-      v.insert(v.end(), p->data(), p->data() + p->numel);
+      v.insert(v.end(), p->master().value, p->master().value + p->numel);
     return v;
   }();
   EXPECT_LT(test::relative_error(accumulated, one_batch), 1e-5);

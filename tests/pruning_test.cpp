@@ -271,7 +271,7 @@ TEST(PruningUnstructured, MaskedWeightsStayZeroAndTheSparsityFollowsTheSchedule)
         uint64_t n = 0;
         std::vector<uint8_t> w(p->numel);
         for (uint64_t i = 0; i < p->numel; ++i) {
-          w[i] = p->data()[i] == 0.0f;
+          w[i] = p->master().value[i] == 0.0f;
           n += w[i];
         }
         z.push_back(n);
@@ -433,7 +433,8 @@ TEST(PruningWeights, SaveWeightsAndInitFromRoundTripThePrunedModel) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_EQ(a[i]->shape, b[i]->shape) << a[i]->name;
-    EXPECT_EQ(std::memcmp(a[i]->data(), b[i]->data(), a[i]->numel * sizeof(float)), 0)
+    EXPECT_EQ(std::memcmp(a[i]->master().value, b[i]->master().value, a[i]->numel * sizeof(float)),
+              0)
         << a[i]->name;
   }
   second.run();  // and trains
@@ -464,7 +465,8 @@ TEST(PruningWeights, PrunedHeadsRoundTripThroughTheWeightsFile) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_EQ(a[i]->shape, b[i]->shape) << a[i]->name;
-    EXPECT_EQ(std::memcmp(a[i]->data(), b[i]->data(), a[i]->numel * sizeof(float)), 0)
+    EXPECT_EQ(std::memcmp(a[i]->master().value, b[i]->master().value, a[i]->numel * sizeof(float)),
+              0)
         << a[i]->name;
   }
   second.run();

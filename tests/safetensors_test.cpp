@@ -154,7 +154,7 @@ TEST_F(Safetensors, ExportThenImportReproducesEveryWeightBitwise) {
   // The seeds differ, so a load that did nothing would fail the comparison.
   bool differed = false;
   for (size_t i = 0; i < a.params().size(); ++i)
-    differed = differed || std::memcmp(a.params()[i]->data(), b.params()[i]->data(),
+    differed = differed || std::memcmp(a.params()[i]->master().value, b.params()[i]->master().value,
                                        4 * a.params()[i]->numel) != 0;
   ASSERT_TRUE(differed);
 
@@ -163,7 +163,7 @@ TEST_F(Safetensors, ExportThenImportReproducesEveryWeightBitwise) {
     const Param<float>& pa = *a.params()[i];
     const Param<float>& pb = *b.params()[i];
     ASSERT_EQ(pa.name, pb.name);
-    EXPECT_EQ(std::memcmp(pa.data(), pb.data(), 4 * pa.numel), 0) << pa.name;
+    EXPECT_EQ(std::memcmp(pa.master().value, pb.master().value, 4 * pa.numel), 0) << pa.name;
   }
 }
 
@@ -232,7 +232,7 @@ TEST_F(Safetensors, ExportWritesTheReferenceLayout) {
   const float* stored = reinterpret_cast<const float*>(bytes.data() + 8 + n + fc.begin);
   for (int i = 0; i < C; ++i)
     for (int o = 0; o < 4 * C; ++o)
-      ASSERT_EQ(stored[i * 4 * C + o], p.data()[o * C + i]) << i << "," << o;
+      ASSERT_EQ(stored[i * 4 * C + o], p.master().value[o * C + i]) << i << "," << o;
 }
 
 TEST_F(Safetensors, ParsesFromTheHeaderBytesAlone) {
@@ -272,11 +272,11 @@ TEST_F(Safetensors, ImportLandsConv1DWeightsTransposed) {
   ASSERT_EQ(qkv.shape, (std::vector<int64_t>{24, 8}));
   for (int o = 0; o < 24; ++o)
     for (int i = 0; i < 8; ++i)
-      ASSERT_EQ(qkv.data()[o * 8 + i], float(i * 100 + o)) << "out " << o << " in " << i;
+      ASSERT_EQ(qkv.master().value[o * 8 + i], float(i * 100 + o)) << "out " << o << " in " << i;
   // Everything else, transposed where HF transposes and as-is where it does not.
   for (const Param<float>* p : model.params())
     for (uint64_t i = 0; i < p->numel; ++i)
-      ASSERT_EQ(p->data()[i], expected_at(*p, i, value)) << p->name << "[" << i << "]";
+      ASSERT_EQ(p->master().value[i], expected_at(*p, i, value)) << p->name << "[" << i << "]";
 }
 
 TEST_F(Safetensors, ImportConvertsBf16) {
@@ -289,10 +289,11 @@ TEST_F(Safetensors, ImportConvertsBf16) {
   for (const Param<float>* p : model.params())
     for (uint64_t i = 0; i < p->numel; ++i) {
       if (p->name == "ln_f.weight" && i == 0) {
-        EXPECT_EQ(p->data()[i], 3.140625f);
+        EXPECT_EQ(p->master().value[i], 3.140625f);
         continue;
       }
-      ASSERT_EQ(p->data()[i], expected_at(*p, i, exact_value)) << p->name << "[" << i << "]";
+      ASSERT_EQ(p->master().value[i], expected_at(*p, i, exact_value))
+          << p->name << "[" << i << "]";
     }
 }
 
@@ -309,10 +310,11 @@ TEST_F(Safetensors, ImportConvertsF16) {
   for (const Param<float>* p : model.params())
     for (uint64_t i = 0; i < p->numel; ++i) {
       if (p->name == "ln_f.weight" && i < 2) {
-        EXPECT_EQ(p->data()[i], i == 0 ? 3.140625f : std::ldexp(1.0f, -24));
+        EXPECT_EQ(p->master().value[i], i == 0 ? 3.140625f : std::ldexp(1.0f, -24));
         continue;
       }
-      ASSERT_EQ(p->data()[i], expected_at(*p, i, exact_value)) << p->name << "[" << i << "]";
+      ASSERT_EQ(p->master().value[i], expected_at(*p, i, exact_value))
+          << p->name << "[" << i << "]";
     }
 }
 
@@ -333,7 +335,8 @@ TEST_F(Safetensors, ImportAcceptsTransformerPrefixMaskBuffersAndTiedHead) {
   load_safetensors(write_bytes(path("hf.safetensors"), file_of(tensors)), model);
   for (const Param<float>* p : model.params())
     for (uint64_t i = 0; i < p->numel; ++i)
-      ASSERT_EQ(p->data()[i], expected_at(*p, i, exact_value)) << p->name << "[" << i << "]";
+      ASSERT_EQ(p->master().value[i], expected_at(*p, i, exact_value))
+          << p->name << "[" << i << "]";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -347,12 +350,13 @@ class SafetensorsMalformed : public Safetensors {
     Gpt<float> model(tiny(), *device_, 1);
     std::vector<std::vector<float>> before;
     for (const Param<float>* p : model.params())
-      before.emplace_back(p->data(), p->data() + p->numel);
+      before.emplace_back(p->master().value, p->master().value + p->numel);
     const std::string file = write_bytes(path("bad.safetensors"), bytes);
     const std::string message = test::error_of([&] { load_safetensors(file, model); });
     EXPECT_TRUE(test::starts_with(message, file + ": ")) << message;
     for (size_t i = 0; i < before.size(); ++i)
-      EXPECT_EQ(std::memcmp(before[i].data(), model.params()[i]->data(), 4 * before[i].size()), 0)
+      EXPECT_EQ(
+          std::memcmp(before[i].data(), model.params()[i]->master().value, 4 * before[i].size()), 0)
           << model.params()[i]->name << " changed by a refused load";
     return message;
   }

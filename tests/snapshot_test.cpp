@@ -64,7 +64,7 @@ RunResult run(const Config& c, int64_t stop_at, bool resume) {
   for (const StepState& s : t.history())
     r.losses.push_back(s.loss);
   for (Param<float>* p : t.model().params())
-    r.weights.insert(r.weights.end(), p->data(), p->data() + p->numel);
+    r.weights.insert(r.weights.end(), p->master().value, p->master().value + p->numel);
   return r;
 }
 

@@ -37,8 +37,9 @@ void expect_resume_is_bitwise(const std::string& toml, Trainer& whole) {
   const auto& b = resumed.model().params();
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_EQ(
-        std::memcmp(a[i]->cdata(), b[i]->cdata(), a[i]->numel * dtype_size(a[i]->compute_dtype)), 0)
+    EXPECT_EQ(std::memcmp(a[i]->compute().value, b[i]->compute().value,
+                          a[i]->numel * dtype_size(a[i]->compute_dtype)),
+              0)
         << a[i]->name;
 }
 

@@ -69,7 +69,7 @@ void perturb_params(Model& model, Rng& rng) {
   std::uniform_real_distribution<double> u(-0.5, 0.5);
   for (auto* p : model.params())
     for (uint64_t i = 0; i < p->numel; ++i)
-      p->data()[i] += 0.2 * u(rng);
+      p->master().value[i] += 0.2 * u(rng);
 }
 
 // Every parameter's gradient as the model's last backward left it (analytic) beside the central
@@ -80,13 +80,13 @@ void finite_differences(Model& model, const BatchT& batch, double h, std::vector
                         std::vector<double>* numeric) {
   for (auto* p : model.params()) {
     for (uint64_t i = 0; i < p->numel; ++i) {
-      const double saved = p->data()[i];
-      p->data()[i] = saved + h;
+      const double saved = p->master().value[i];
+      p->master().value[i] = saved + h;
       const double lp = model.evaluate(batch);
-      p->data()[i] = saved - h;
+      p->master().value[i] = saved - h;
       const double lm = model.evaluate(batch);
-      p->data()[i] = saved;
-      analytic->push_back(p->gdata()[i]);
+      p->master().value[i] = saved;
+      analytic->push_back(p->master().grad[i]);
       numeric->push_back((lp - lm) / (2 * h));
     }
   }

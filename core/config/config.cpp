@@ -15,7 +15,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -195,11 +194,42 @@ std::string resolve_path(const std::string& path, const std::string& base_dir) {
 }
 
 // A number as TOML writes one (decimal, hex, octal, binary; a fraction, an exponent), whether or
-// not it is in range: "1e400", "99999999999999999999".
+// not it is in range: "1e400", "99999999999999999999". A scanner rather than std::regex: GCC 12
+// warns (maybe-uninitialized, an error here) inside <regex> itself at -O1.
 bool looks_like_number(const std::string& v) {
-  static const std::regex number(
-      R"([+-]?(0x[0-9A-Fa-f_]+|0o[0-7_]+|0b[01_]+|[0-9][0-9_]*(\.[0-9_]+)?([eE][+-]?[0-9_]+)?))");
-  return std::regex_match(v, number);
+  size_t i = 0;
+  const size_t n = v.size();
+  if (i < n && (v[i] == '+' || v[i] == '-')) ++i;
+  // Digits (and TOML's '_' separators) accepted by `is_digit`, at least one; returns whether any.
+  auto run = [&](auto is_digit) {
+    const size_t start = i;
+    while (i < n && (is_digit(v[i]) || v[i] == '_'))
+      ++i;
+    return i > start;
+  };
+  auto dec = [](char c) { return c >= '0' && c <= '9'; };
+  if (n - i > 2 && v[i] == '0' && (v[i + 1] == 'x' || v[i + 1] == 'o' || v[i + 1] == 'b')) {
+    const char base = v[i + 1];
+    i += 2;
+    bool any = false;
+    if (base == 'x')
+      any = run([](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; });
+    if (base == 'o') any = run([](char c) { return c >= '0' && c <= '7'; });
+    if (base == 'b') any = run([](char c) { return c == '0' || c == '1'; });
+    return any && i == n;
+  }
+  if (i >= n || !dec(v[i])) return false;
+  run(dec);
+  if (i < n && v[i] == '.') {
+    ++i;
+    if (!run(dec)) return false;
+  }
+  if (i < n && (v[i] == 'e' || v[i] == 'E')) {
+    ++i;
+    if (i < n && (v[i] == '+' || v[i] == '-')) ++i;
+    if (!run(dec)) return false;
+  }
+  return i == n;
 }
 
 // Validates the parsed (and overridden) document and fills a Config.

@@ -21,7 +21,7 @@ std::map<std::string, const Param<float>*> params_by_name(const Gpt<float>& mode
 const Param<float>& param(const std::map<std::string, const Param<float>*>& by,
                           const std::string& name) {
   const auto it = by.find(name);
-  if (it == by.end() || !it->second->cdata())
+  if (it == by.end() || !it->second->compute().value)
     throw std::logic_error("generate: the model has no parameter " + name + " in memory");
   return *it->second;
 }
@@ -38,28 +38,28 @@ KvDecoder::KvDecoder(const Gpt<float>& model)
   if (model.compute_dtype() != Dtype::kF32)
     throw std::logic_error("KvDecoder: generation reads f32 parameters");
   const auto by = params_by_name(model);
-  wte_ = param(by, "wte.weight").cdata();
-  wpe_ = param(by, "wpe.weight").cdata();
-  lnfw_ = param(by, "ln_f.weight").cdata();
-  lnfb_ = param(by, "ln_f.bias").cdata();
+  wte_ = param(by, "wte.weight").compute().value;
+  wpe_ = param(by, "wpe.weight").compute().value;
+  lnfw_ = param(by, "ln_f.weight").compute().value;
+  lnfb_ = param(by, "ln_f.bias").compute().value;
   int fc_max = 0;
   for (int l = 0; l < model.config().n_layer; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
     BlockParams b;
-    b.ln1w = param(by, h + "ln_1.weight").cdata();
-    b.ln1b = param(by, h + "ln_1.bias").cdata();
-    b.qkvw = param(by, h + "attn.c_attn.weight").cdata();
-    b.qkvb = param(by, h + "attn.c_attn.bias").cdata();
-    b.projw = param(by, h + "attn.c_proj.weight").cdata();
-    b.projb = param(by, h + "attn.c_proj.bias").cdata();
-    b.ln2w = param(by, h + "ln_2.weight").cdata();
-    b.ln2b = param(by, h + "ln_2.bias").cdata();
+    b.ln1w = param(by, h + "ln_1.weight").compute().value;
+    b.ln1b = param(by, h + "ln_1.bias").compute().value;
+    b.qkvw = param(by, h + "attn.c_attn.weight").compute().value;
+    b.qkvb = param(by, h + "attn.c_attn.bias").compute().value;
+    b.projw = param(by, h + "attn.c_proj.weight").compute().value;
+    b.projb = param(by, h + "attn.c_proj.bias").compute().value;
+    b.ln2w = param(by, h + "ln_2.weight").compute().value;
+    b.ln2b = param(by, h + "ln_2.bias").compute().value;
     const Param<float>& fcw = param(by, h + "mlp.c_fc.weight");
-    b.fcw = fcw.cdata();
+    b.fcw = fcw.compute().value;
     b.fc = int(fcw.shape[0]);  // (F, C): the MLP's width
-    b.fcb = param(by, h + "mlp.c_fc.bias").cdata();
-    b.fcprojw = param(by, h + "mlp.c_proj.weight").cdata();
-    b.fcprojb = param(by, h + "mlp.c_proj.bias").cdata();
+    b.fcb = param(by, h + "mlp.c_fc.bias").compute().value;
+    b.fcprojw = param(by, h + "mlp.c_proj.weight").compute().value;
+    b.fcprojb = param(by, h + "mlp.c_proj.bias").compute().value;
     fc_max = std::max(fc_max, b.fc);
     blocks_.push_back(b);
   }
@@ -148,11 +148,12 @@ std::vector<float> forward_logits(const Gpt<float>& model, const std::vector<int
   Buffer fch(device, n * fc_max * f, act, "fc (T, F)"), fcg(device, n * fc_max * f, act, "gelu");
   Buffer logits(device, n * V * f, act, "logits (T, V)");
   ops.upload(tok.as<void>(), tokens.data(), n * sizeof(int32_t));
-  ops.embedding_forward(dt, x.as<void>(), tok.as<int32_t>(), param(by, "wte.weight").cdata(),
-                        param(by, "wpe.weight").cdata(), 1, N, C);
+  ops.embedding_forward(dt, x.as<void>(), tok.as<int32_t>(),
+                        param(by, "wte.weight").compute().value,
+                        param(by, "wpe.weight").compute().value, 1, N, C);
   for (int l = 0; l < m.n_layer; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
-    auto p = [&](const char* name) { return param(by, h + name).cdata(); };
+    auto p = [&](const char* name) { return param(by, h + name).compute().value; };
     const int F = int(param(by, h + "mlp.c_fc.weight").shape[0]);
     ops.layernorm_forward(dt, ln.as<void>(), mean.as<void>(), rstd.as<void>(), x.as<void>(),
                           p("ln_1.weight"), p("ln_1.bias"), N, C);
@@ -172,9 +173,10 @@ std::vector<float> forward_logits(const Gpt<float>& model, const std::vector<int
     ops.add_inplace(dt, x.as<void>(), res.as<void>(), n * C);
   }
   ops.layernorm_forward(dt, ln.as<void>(), mean.as<void>(), rstd.as<void>(), x.as<void>(),
-                        param(by, "ln_f.weight").cdata(), param(by, "ln_f.bias").cdata(), N, C);
-  ops.matmul_forward(dt, logits.as<void>(), ln.as<void>(), param(by, "wte.weight").cdata(), nullptr,
-                     N, C, V);
+                        param(by, "ln_f.weight").compute().value,
+                        param(by, "ln_f.bias").compute().value, N, C);
+  ops.matmul_forward(dt, logits.as<void>(), ln.as<void>(), param(by, "wte.weight").compute().value,
+                     nullptr, N, C, V);
   std::vector<float> host(n * V);
   ops.download(host.data(), logits.as<void>(), host.size() * sizeof(float));
   return host;

@@ -40,7 +40,7 @@ class NormalRng {
 // Parameters are initialised on the host and uploaded: the same values on every backend.
 template <class T>
 void upload(Device& device, Param<T>& p, const std::vector<T>& host) {
-  device.backend().upload(p.data(), host.data(), p.numel * sizeof(T));
+  device.backend().upload(p.master().value, host.data(), p.numel * sizeof(T));
   device.backend().synchronize();  // `host` goes out of scope
 }
 
@@ -76,12 +76,12 @@ class Embedding final : public Layer<T> {
 
   void forward(const void*, const Batch& b) override {
     out_ = this->save(uint64_t(b.B) * b.T * m_.n_embd, "out (B, T, C)");
-    this->ops().embedding_forward(this->dt_, out_, b.tokens, wte_->cdata(), wpe_->cdata(), b.B, b.T,
-                                  m_.n_embd);
+    this->ops().embedding_forward(this->dt_, out_, b.tokens, wte_->compute().value,
+                                  wpe_->compute().value, b.B, b.T, m_.n_embd);
   }
   void backward(void*, const void* dout, const void*, const Batch& b) override {
-    this->ops().embedding_backward(this->dt_, wte_->cgrad(), wpe_->cgrad(), dout, b.tokens, b.B,
-                                   b.T, m_.n_embd);
+    this->ops().embedding_backward(this->dt_, wte_->compute().grad, wpe_->compute().grad, dout,
+                                   b.tokens, b.B, b.T, m_.n_embd);
   }
   const void* output() const override { return out_; }
 
@@ -180,16 +180,16 @@ class Block final : public Layer<T> {
     void* t = transient.as<void>();
 
     ln1_forward(t, x, N, C);
-    ops.matmul_forward(dt, qkv_, t, qkvw_->cdata(), qkvb_->cdata(), N, C, 3 * A);
+    ops.matmul_forward(dt, qkv_, t, qkvw_->compute().value, qkvb_->compute().value, N, C, 3 * A);
     attention_forward(B, Tn, A, NH);
     // The projection is written straight into res1 and the residual added in place: no separate
     // (B, T, C) buffer for the projection, which backward does not need.
-    ops.matmul_forward(dt, res1_, atty_, projw_->cdata(), projb_->cdata(), N, A, C);
+    ops.matmul_forward(dt, res1_, atty_, projw_->compute().value, projb_->compute().value, N, A, C);
     ops.add_inplace(dt, res1_, x, N * C);
     ln2_forward(t, N, C);
-    ops.matmul_forward(dt, fch_, t, fcw_->cdata(), fcb_->cdata(), N, C, H);
+    ops.matmul_forward(dt, fch_, t, fcw_->compute().value, fcb_->compute().value, N, C, H);
     ops.gelu_forward(dt, t, fch_, N * H);
-    ops.matmul_forward(dt, out_, t, fcprojw_->cdata(), fcprojb_->cdata(), N, H, C);
+    ops.matmul_forward(dt, out_, t, fcprojw_->compute().value, fcprojb_->compute().value, N, H, C);
     ops.add_inplace(dt, out_, res1_, N * C);
   }
 
@@ -230,22 +230,22 @@ class Block final : public Layer<T> {
     // GELU's output (B, T, 4C), again, in dfc's buffer until dfc is written over it.
     void* gelu = dfch;
     ops.gelu_forward(dt, gelu, fch_, N * H);
-    ops.matmul_backward(dt, dgelu, fcprojw_->cgrad(), fcprojb_->cgrad(), dout, gelu,
-                        fcprojw_->cdata(), N, H, C, Grad::kWrite);
+    ops.matmul_backward(dt, dgelu, fcprojw_->compute().grad, fcprojb_->compute().grad, dout, gelu,
+                        fcprojw_->compute().value, N, H, C, Grad::kWrite);
     ops.gelu_backward(dt, dfch, fch_, dgelu, N * H, Grad::kWrite);
     // ln_2's output (B, T, C), again, in dres1's buffer until ln_2's backward writes dres1.
     void* ln2 = dres1;
     ln2_forward(ln2, N, C);
-    ops.matmul_backward(dt, dtmp, fcw_->cgrad(), fcb_->cgrad(), dfch, ln2, fcw_->cdata(), N, C, H,
-                        Grad::kWrite);
+    ops.matmul_backward(dt, dtmp, fcw_->compute().grad, fcb_->compute().grad, dfch, ln2,
+                        fcw_->compute().value, N, C, H, Grad::kWrite);
     // dres1 = dout (the residual path) + ln_2's input gradient
-    ops.layernorm_backward(dt, dres1, ln2w_->cgrad(), ln2b_->cgrad(), dtmp, res1_, ln2w_->cdata(),
-                           ln2_mean_, ln2_rstd_, N, C, Grad::kWrite, dout);
+    ops.layernorm_backward(dt, dres1, ln2w_->compute().grad, ln2b_->compute().grad, dtmp, res1_,
+                           ln2w_->compute().value, ln2_mean_, ln2_rstd_, N, C, Grad::kWrite, dout);
 
     // Attention: res1 = x + proj(attention(qkv(ln_1(x))))
     // dtmp (B, T, C) holds the attention output's gradient (B, T, A), A <= C.
-    ops.matmul_backward(dt, dtmp, projw_->cgrad(), projb_->cgrad(), dres1, atty_, projw_->cdata(),
-                        N, A, C, Grad::kWrite);
+    ops.matmul_backward(dt, dtmp, projw_->compute().grad, projb_->compute().grad, dres1, atty_,
+                        projw_->compute().value, N, A, C, Grad::kWrite);
     void* dqkv = dgelu;  // (B, T, 3C) fits in the (B, T, max(4C, 3C)) buffer, free again by now
     ops.fill(dt, dqkv, N * 3 * A, 0.0);
     if (tiled_) {
@@ -256,11 +256,11 @@ class Block final : public Layer<T> {
     // ln_1's output (B, T, C), again, in dfc's buffer (read for the last time above).
     void* ln1 = dfch;
     ln1_forward(ln1, x, N, C);
-    ops.matmul_backward(dt, dtmp, qkvw_->cgrad(), qkvb_->cgrad(), dqkv, ln1, qkvw_->cdata(), N, C,
-                        3 * A, Grad::kWrite);
+    ops.matmul_backward(dt, dtmp, qkvw_->compute().grad, qkvb_->compute().grad, dqkv, ln1,
+                        qkvw_->compute().value, N, C, 3 * A, Grad::kWrite);
     // dx = dres1 (the residual path) + ln_1's input gradient
-    ops.layernorm_backward(dt, dx, ln1w_->cgrad(), ln1b_->cgrad(), dtmp, x, ln1w_->cdata(),
-                           ln1_mean_, ln1_rstd_, N, C, Grad::kWrite, dres1);
+    ops.layernorm_backward(dt, dx, ln1w_->compute().grad, ln1b_->compute().grad, dtmp, x,
+                           ln1w_->compute().value, ln1_mean_, ln1_rstd_, N, C, Grad::kWrite, dres1);
   }
   const void* output() const override { return out_; }
   bool recomputable() const override { return true; }
@@ -286,12 +286,12 @@ class Block final : public Layer<T> {
   }
   // ln_1 (B, T, C) into `out`, and its statistics (backward writes them again, the same values).
   void ln1_forward(void* out, const void* x, uint64_t N, int C) {
-    this->ops().layernorm_forward(this->dt_, out, ln1_mean_, ln1_rstd_, x, ln1w_->cdata(),
-                                  ln1b_->cdata(), N, C);
+    this->ops().layernorm_forward(this->dt_, out, ln1_mean_, ln1_rstd_, x, ln1w_->compute().value,
+                                  ln1b_->compute().value, N, C);
   }
   void ln2_forward(void* out, uint64_t N, int C) {
-    this->ops().layernorm_forward(this->dt_, out, ln2_mean_, ln2_rstd_, res1_, ln2w_->cdata(),
-                                  ln2b_->cdata(), N, C);
+    this->ops().layernorm_forward(this->dt_, out, ln2_mean_, ln2_rstd_, res1_,
+                                  ln2w_->compute().value, ln2b_->compute().value, N, C);
   }
 
   ModelConfig m_;
@@ -354,7 +354,8 @@ class Head final : public Layer<T> {
     if (!chunked_) logits_ = this->save(N * V, "logits (B, T, V)");
     losses_ = this->save(N, "losses (B, T)", false, st);
 
-    ops.layernorm_forward(dt, lnf_, lnf_mean_, lnf_rstd_, x, lnfw_->cdata(), lnfb_->cdata(), N, C);
+    ops.layernorm_forward(dt, lnf_, lnf_mean_, lnf_rstd_, x, lnfw_->compute().value,
+                          lnfb_->compute().value, N, C);
     if (chunked_) {
       if (!loss_in_forward_) return;  // backward computes the logits, their losses and gradients
       // Each chunk's logits (chunk, V), its losses, then the next chunk over the same buffer.
@@ -369,7 +370,7 @@ class Head final : public Layer<T> {
                                           V, b.dloss);
       }
     } else {
-      ops.matmul_forward(dt, logits_, lnf_, wte_.cdata(), nullptr, N, C, V);
+      ops.matmul_forward(dt, logits_, lnf_, wte_.compute().value, nullptr, N, C, V);
       // logits (B, T, V) become dlogits in place: no second (B, T, V) buffer.
       ops.crossentropy_forward_backward(dt, logits_, losses_, b.targets, N, V, b.dloss);
     }
@@ -396,17 +397,17 @@ class Head final : public Layer<T> {
         chunk_logits(logits, n0, rows);
         ops.crossentropy_forward_backward(dt, logits, stat_at(n0), b.targets + n0, rows, V,
                                           b.dloss);
-        ops.matmul_backward(dt, static_cast<char*>(dlnf) + n0 * C * es, wte_.cgrad(), nullptr,
-                            logits, static_cast<const char*>(lnf_) + n0 * C * es, wte_.cdata(),
-                            rows, C, V, Grad::kWrite);
+        ops.matmul_backward(dt, static_cast<char*>(dlnf) + n0 * C * es, wte_.compute().grad,
+                            nullptr, logits, static_cast<const char*>(lnf_) + n0 * C * es,
+                            wte_.compute().value, rows, C, V, Grad::kWrite);
       }
       read_loss(b);  // the same losses evaluate()'s forward would have read
     } else {
-      ops.matmul_backward(dt, dlnf, wte_.cgrad(), nullptr, logits_, lnf_, wte_.cdata(), N, C, V,
-                          Grad::kWrite);
+      ops.matmul_backward(dt, dlnf, wte_.compute().grad, nullptr, logits_, lnf_,
+                          wte_.compute().value, N, C, V, Grad::kWrite);
     }
-    ops.layernorm_backward(dt, dx, lnfw_->cgrad(), lnfb_->cgrad(), dlnf, x, lnfw_->cdata(),
-                           lnf_mean_, lnf_rstd_, N, C, Grad::kWrite);
+    ops.layernorm_backward(dt, dx, lnfw_->compute().grad, lnfb_->compute().grad, dlnf, x,
+                           lnfw_->compute().value, lnf_mean_, lnf_rstd_, N, C, Grad::kWrite);
   }
 
  private:
@@ -438,7 +439,7 @@ class Head final : public Layer<T> {
     const uint64_t C = uint64_t(m_.n_embd);
     this->ops().matmul_forward(this->dt_, logits,
                                static_cast<const char*>(lnf_) + n0 * C * dtype_size(this->dt_),
-                               wte_.cdata(), nullptr, rows, int(C), m_.vocab_size);
+                               wte_.compute().value, nullptr, rows, int(C), m_.vocab_size);
   }
   void* stat_at(uint64_t n0) const {
     return static_cast<char*>(losses_) + n0 * dtype_size(stat_dtype(this->dt_));

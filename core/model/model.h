@@ -89,26 +89,42 @@ struct Param {
   uint64_t offset = 0;                // elements from the start of its layer's flat buffers
   const FlatStorage* flat = nullptr;  // its layer's
   Dtype compute_dtype = dtype_of<T>();
-  // nullptr while the layer's buffer of that kind is released (sharded gradients, zero2), or
-  // when the model has none (no masters; gradients accumulated in the compute dtype).
-  T* data() const { return flat->value ? flat->value.as<T>() + offset : nullptr; }
-  T* gdata() const { return flat->grad ? flat->grad.as<T>() + offset : nullptr; }
-  // What the layers read and write: the compute copy where there is one, else the master.
-  void* cdata() const {
-    return flat->compute ? flat->compute.as<char>() + offset * dtype_size(compute_dtype)
-                         : static_cast<void*>(data());
+  // The three copies a parameter has, each its values and gradient (either nullptr where there is
+  // none: a buffer released while sharded, no masters, gradients accumulated in the compute dtype)
+  // with their dtypes.
+  template <class V>
+  struct Copy {
+    V* value = nullptr;
+    V* grad = nullptr;
+    Dtype dtype = dtype_of<T>();
+    Dtype grad_dtype = dtype_of<T>();
+  };
+  // The masters (T) and their gradients, accumulated over the step's micro-steps.
+  Copy<T> master() const {
+    return {flat->value ? flat->value.as<T>() + offset : nullptr,
+            flat->grad ? flat->grad.as<T>() + offset : nullptr, dtype_of<T>(), dtype_of<T>()};
   }
-  void* cgrad() const {
-    return flat->compute_grad ? flat->compute_grad.as<char>() + offset * dtype_size(compute_dtype)
-                              : static_cast<void*>(gdata());
+  // What the layers read and write: the compute copy and its gradient where there is one, else
+  // the master's.
+  Copy<void> compute() const {
+    const Copy<T> m = master();
+    const size_t at = offset * dtype_size(compute_dtype);
+    return {flat->compute ? flat->compute.as<char>() + at : static_cast<void*>(m.value),
+            flat->compute_grad ? flat->compute_grad.as<char>() + at : static_cast<void*>(m.grad),
+            flat->compute ? compute_dtype : dtype_of<T>(),
+            flat->compute_grad ? compute_dtype : dtype_of<T>()};
   }
-  // What the optimizer reads: the step's accumulated gradient, in T or (accumulated in the
-  // compute dtype) in that dtype; and what it updates: the master, or without masters the
-  // compute-dtype weights.
-  void* step_grad() const { return flat->grad ? static_cast<void*>(gdata()) : cgrad(); }
-  Dtype step_grad_dtype() const { return flat->grad ? dtype_of<T>() : compute_dtype; }
-  void* weights() const { return flat->value ? static_cast<void*>(data()) : cdata(); }
-  Dtype weights_dtype() const { return flat->value ? dtype_of<T>() : compute_dtype; }
+  // What the optimizer updates — the master, or without masters the compute-dtype weights — and
+  // what it reads: the step's accumulated gradient, in T or (accumulated in the compute dtype) in
+  // that dtype.
+  Copy<void> optimized() const {
+    const Copy<T> m = master();
+    const Copy<void> c = compute();
+    return {flat->value ? static_cast<void*>(m.value) : c.value,
+            flat->grad ? static_cast<void*>(m.grad) : c.grad,
+            flat->value ? dtype_of<T>() : compute_dtype,
+            flat->grad ? dtype_of<T>() : compute_dtype};
+  }
 };
 
 // One parameter shrunk along one axis (structured pruning, headroom.resize/1): the elements

@@ -328,7 +328,7 @@ std::vector<std::vector<float>> download_params(const Gpt<float>& model, const M
     const auto read = [&] {
       for (const auto& p : model.layers()[l]->params()) {
         out.emplace_back(keep ? p->numel : 0);
-        if (keep) ops.download(out.back().data(), p->data(), 4 * p->numel);
+        if (keep) ops.download(out.back().data(), p->master().value, 4 * p->numel);
       }
     };
     if (access) {
@@ -404,7 +404,7 @@ void save_safetensors(const std::string& path, const Gpt<float>& model,
       src = (*host)[index].data();
     } else {
       buf.resize(p->numel);
-      model.device().backend().download(buf.data(), p->data(), 4 * p->numel);
+      model.device().backend().download(buf.data(), p->master().value, 4 * p->numel);
       src = buf.data();
     }
     if (is_conv1d_weight(p->name)) {
@@ -550,7 +550,7 @@ void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAc
     const auto write = [&] {
       for (const auto& p : model.layers()[l]->params()) {
         const std::vector<float>& v = host.at(p.get());
-        ops.upload(p->data(), v.data(), 4 * p->numel);
+        ops.upload(p->master().value, v.data(), 4 * p->numel);
       }
       ops.synchronize();
     };

@@ -176,8 +176,8 @@ std::vector<OptSegment> whole_params(const std::vector<Param<float>*>& params) {
   std::vector<OptSegment> out;
   out.reserve(params.size());
   for (Param<float>* p : params)
-    out.push_back({p->name, p->weights(), p->step_grad(), p->numel, p->decay, p->weights_dtype(),
-                   p->step_grad_dtype()});
+    out.push_back({p->name, p->optimized().value, p->optimized().grad, p->numel, p->decay,
+                   p->optimized().dtype, p->optimized().grad_dtype});
   return out;
 }
 

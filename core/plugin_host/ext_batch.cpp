@@ -15,18 +15,19 @@ static hr_status batch_state(hr_host* h, hr_batch_state* out) {
     plugin(h).error = HR_EXT_BATCH " state: out must not be NULL";
     return HR_ERROR_INVALID;
   }
-  const BatchState b = run(h).batch->batch_state();
+  const BatchControl& b = *run(h).batch;
+  const StepState& step = run(h).step->step_state();
   hr_batch_state s;
   std::memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
-  s.configured_micro_batch = b.configured_micro_batch;
-  s.configured_grad_accum = b.configured_grad_accum;
-  s.micro_batch = b.micro_batch;
-  s.grad_accum = b.grad_accum;
-  s.restarts = b.restarts;
-  s.memory_limit = b.memory_limit;
-  s.attempt_start_bytes = b.attempt_start_bytes;
-  s.attempt_peak_bytes = b.attempt_peak_bytes;
+  s.configured_micro_batch = b.configured_micro_batch();
+  s.configured_grad_accum = b.configured_grad_accum();
+  s.micro_batch = b.next_micro_batch();
+  s.grad_accum = s.configured_micro_batch * s.configured_grad_accum / s.micro_batch;
+  s.restarts = step.restarts;
+  s.memory_limit = run(h).device->memory_limit();
+  s.attempt_start_bytes = step.attempt_start_bytes;
+  s.attempt_peak_bytes = step.attempt_peak_bytes;
   write_sized(out, s, offsetof(hr_batch_state, struct_size) + sizeof(uint32_t));
   return HR_OK;
 }

@@ -18,12 +18,12 @@ constexpr Rule kSetLossScale = {HR_EXT_PRECISION " set_loss_scale", kAnyone, Whe
 constexpr Rule kComputeDtype = {HR_EXT_PRECISION " compute_dtype", kAnyone, When::kAnyTime,
                                 kNotAllowed};
 static uint32_t compute_dtype(hr_host* h) {
-  return uint32_t(run(h).step->state().precision.compute);
+  return uint32_t(run(h).precision->precision().compute);
 }
 
 constexpr Rule kLossScale = {HR_EXT_PRECISION " loss_scale", kAnyone, When::kAnyTime, kNotAllowed};
 static double loss_scale(hr_host* h) {
-  return run(h).step->state().loss_scale;
+  return step_loss_scale(h);
 }
 
 // The state layout: each setter changes one field of the run's Precision.
@@ -31,7 +31,7 @@ template <class F>
 static hr_status change_precision(hr_host* h, const char* fn, F&& change) {
   LoadedPlugin& p = plugin(h);
   try {
-    Precision q = run(h).step->state().precision;
+    Precision q = run(h).precision->precision();
     change(q);
     run(h).precision->set_precision(p.entry.name, q);
     return HR_OK;
@@ -72,20 +72,20 @@ static hr_status set_state_dtype(hr_host* h, uint32_t dtype) {
 
 constexpr Rule kGradDtype = {HR_EXT_PRECISION " grad_dtype", kAnyone, When::kAnyTime, kNotAllowed};
 static uint32_t grad_dtype(hr_host* h) {
-  const Precision q = run(h).step->state().precision;
+  const Precision q = run(h).precision->precision();
   return q.grad_in_compute ? uint32_t(q.compute) : uint32_t(HR_DTYPE_F32);
 }
 
 constexpr Rule kMasterWeights = {HR_EXT_PRECISION " master_weights", kAnyone, When::kAnyTime,
                                  kAnswersValue};
 static int32_t master_weights(hr_host* h) {
-  return run(h).step->state().precision.masters ? 1 : 0;
+  return run(h).precision->precision().masters ? 1 : 0;
 }
 
 constexpr Rule kStateDtype = {HR_EXT_PRECISION " state_dtype", kAnyone, When::kAnyTime,
                               kNotAllowed};
 static uint32_t state_dtype(hr_host* h) {
-  return uint32_t(run(h).step->state().precision.state);
+  return uint32_t(run(h).precision->precision().state);
 }
 
 constexpr Rule kNonfiniteMany = {HR_EXT_PRECISION " nonfinite_many", kAnyone, When::kAnyTime,

@@ -13,20 +13,23 @@ static hr_status step_state(hr_host* h, hr_step_state* out) {
     plugin(h).error = "state: out must not be NULL";
     return HR_ERROR_INVALID;
   }
-  const RunState r = run(h).step->state();
+  const StepState& r = run(h).step->step_state();
   hr_step_state s;
   std::memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
   s.step = r.step;
   s.micro_step = r.micro_step;
   s.lr = r.lr;
-  s.loss_scale = r.loss_scale;
-  s.loss = r.loss;
-  s.tokens = r.tokens;
-  s.grad_norm = r.grad_norm;
-  s.clip_coef = r.clip_coef;
+  s.loss_scale = step_loss_scale(h);
+  // The micro-steps done, and the current one once the head's backward has computed its loss.
+  s.loss = r.losses.mean();
+  s.tokens = r.losses.tokens_so_far();
+  // The gradient norm and the clipping coefficient from OPTIMIZER_STEP on (ext/step.h).
+  const bool norm_known = r.phase >= StepState::Phase::kUpdate;
+  s.grad_norm = norm_known ? r.grad_norm : 0.0;
+  s.clip_coef = norm_known ? r.clip_coef : 1.0;
   s.skipped = r.skipped ? 1 : 0;
-  s.micro_steps = r.micro_steps;
+  s.micro_steps = r.grad_accum;
   write_sized(out, s, offsetof(hr_step_state, struct_size) + sizeof(uint32_t));
   return HR_OK;
 }

@@ -355,13 +355,9 @@ class CreatedPlugins::Run final : public StepControl,
     return r;
   }
   // As the run starts: at the configured micro-batch.
-  BatchState batch_state() const override {
-    BatchState b;
-    b.configured_micro_batch = b.micro_batch = train_.micro_batch;
-    b.configured_grad_accum = b.grad_accum = train_.grad_accum;
-    b.memory_limit = device_.memory_limit();
-    return b;
-  }
+  int configured_micro_batch() const override { return train_.micro_batch; }
+  int configured_grad_accum() const override { return train_.grad_accum; }
+  int next_micro_batch() const override { return train_.micro_batch; }
   // The steps a checked config would run never start: the rules refuse both outside the OOM
   // hook and the step events, which a check does not fire.
   void restart_step(const std::string& plugin, int, const std::string&) override {
@@ -380,6 +376,7 @@ class CreatedPlugins::Run final : public StepControl,
       throw std::logic_error(plugin + ": the compute dtype is already " + dtype_name(dtype_) +
                              " (set by " + dtype_by_ + "); two plugins cannot both choose it");
     dtype_ = dtype;
+    precision_.compute = dtype;
     dtype_by_ = plugin;
   }
   void set_precision(const std::string& plugin, const Precision& p) override {
@@ -395,13 +392,9 @@ class CreatedPlugins::Run final : public StepControl,
                                   " must be finite and > 0");
     loss_scale_ = scale;
   }
-  RunState state() const override {
-    RunState r;
-    r.precision = precision_;
-    r.precision.compute = dtype_;
-    r.loss_scale = loss_scale_;
-    return r;
-  }
+  const StepState& step_state() const override { return step_; }
+  const Precision& precision() const override { return precision_; }
+  double loss_scale() const override { return loss_scale_; }
   // A zero plugin partitions from its create(): the run it would shard is not built here (the
   // estimate of what it shards is its headroom.estimate/1's). Two that both shard are refused as
   // the trainer refuses them; the host checked the bits.
@@ -424,6 +417,7 @@ class CreatedPlugins::Run final : public StepControl,
   double loss_scale_ = 1.0;
   std::string dtype_by_;
   Precision precision_;
+  StepState step_;  // a checked config runs no step
   std::string shard_by_;
 };
 

@@ -19,7 +19,10 @@ class NoSteps final : public StepControl {
  public:
   void veto_step(const std::string&, const std::string&) override {}
   void request_retry(const std::string&, const std::string&) override {}
-  RunState state() const override { return RunState{}; }
+  const StepState& step_state() const override { return state_; }
+
+ private:
+  StepState state_;
 };
 
 class NoPrecision final : public PrecisionChoice {
@@ -27,6 +30,11 @@ class NoPrecision final : public PrecisionChoice {
   void set_compute_dtype(const std::string&, Dtype) override {}
   void set_precision(const std::string&, const Precision&) override {}
   void set_loss_scale(const std::string&, double) override {}
+  const Precision& precision() const override { return precision_; }
+  double loss_scale() const override { return 1.0; }
+
+ private:
+  Precision precision_;
 };
 
 class NoSharding final : public ShardChoice {
@@ -42,7 +50,9 @@ class NoSharding final : public ShardChoice {
 
 class NoBatch final : public BatchControl {
  public:
-  BatchState batch_state() const override { return BatchState{}; }
+  int configured_micro_batch() const override { return 1; }
+  int configured_grad_accum() const override { return 1; }
+  int next_micro_batch() const override { return 1; }
   void restart_step(const std::string& plugin, int, const std::string&) override {
     throw std::logic_error(plugin + ": this run has no steps to restart");
   }

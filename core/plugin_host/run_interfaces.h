@@ -12,36 +12,11 @@
 
 #include "core/comm/comm.h"
 #include "core/device/device.h"
+#include "core/events/step_state.h"
 #include "core/model/model.h"
 #include "core/shard/sharding.h"
 
 namespace headroom {
-
-// Where the current optimizer step stands, for headroom.step/1 and headroom.precision/1 (the
-// fields are hr_step_state's, headroom/ext/step.h, which says when each is defined).
-struct RunState {
-  int64_t step = 0;
-  int micro_step = 0;
-  int micro_steps = 1;  // [train] grad_accum
-  double lr = 0.0;
-  double loss_scale = 1.0;  // what this step's backward uses
-  double loss = 0.0;        // the mean over the tokens of the micro-steps whose loss is known
-  uint64_t tokens = 0;
-  double grad_norm = 0.0;  // from OPTIMIZER_STEP on
-  double clip_coef = 1.0;  // from OPTIMIZER_STEP on
-  bool skipped = false;
-  Precision precision;  // the compute dtype and the model state's layout around it
-};
-
-// The micro-batch of the steps, for headroom.batch/1 (the fields are hr_batch_state's,
-// headroom/ext/batch.h).
-struct BatchState {
-  int configured_micro_batch = 1, configured_grad_accum = 1;
-  int micro_batch = 1, grad_accum = 1;
-  int restarts = 0;
-  uint64_t memory_limit = 0;
-  uint64_t attempt_start_bytes = 0, attempt_peak_bytes = 0;
-};
 
 // A resize (headroom.resize/1) this run cannot do: sharded, on several ranks, or an optimizer
 // that cannot resize its state. Nothing was changed.
@@ -71,18 +46,19 @@ class CommAccess {
 };
 
 // The step's course: headroom.step/1's state, the services table's veto_step and request_retry.
-// None: vetoes and retries change nothing, and the state is RunState{}.
+// None: vetoes and retries change nothing, and the state is StepState{}.
 class StepControl {
  public:
   virtual ~StepControl() = default;
   virtual void veto_step(const std::string& plugin, const std::string& reason) = 0;
   virtual void request_retry(const std::string& plugin, const std::string& reason) = 0;
-  // Where the run stands now (its precision: what headroom.precision/1's getters answer).
-  virtual RunState state() const = 0;
+  // Where the current step stands (core/events/step_state.h); before the first, StepState{}.
+  virtual const StepState& step_state() const = 0;
 };
 
-// headroom.precision/1's choices (and the 1.4 table's set_compute_dtype, set_loss_scale). None:
-// the choices change nothing (a run without a model to compute).
+// headroom.precision/1's choices (and the 1.4 table's set_compute_dtype, set_loss_scale) and what
+// its getters answer. None: the choices change nothing (a run without a model to compute), and
+// the getters answer f32 and a loss scale of 1.
 class PrecisionChoice {
  public:
   virtual ~PrecisionChoice() = default;
@@ -97,6 +73,10 @@ class PrecisionChoice {
   // The factor the loss gradient is multiplied by from the next step on (std::invalid_argument
   // unless finite and > 0).
   virtual void set_loss_scale(const std::string& plugin, double scale) = 0;
+  // The compute dtype and the model state's layout around it, as chosen so far.
+  virtual const Precision& precision() const = 0;
+  // The loss scale the next STEP_BEGIN makes the step's (StepState::loss_scale is the step's).
+  virtual double loss_scale() const = 0;
 };
 
 // headroom.shard/1's choices and its mechanism. None: the setters throw std::logic_error ("this
@@ -115,13 +95,18 @@ class ShardChoice {
   virtual Sharding* sharding() = 0;
 };
 
-// headroom.batch/1: the steps' micro-batch. None: the state is BatchState{}, and restart_step and
-// set_micro_batch throw std::logic_error ("this run has no steps to restart" / "to size").
+// headroom.batch/1: the steps' micro-batch (the step's restarts and memory are its StepState's).
+// None: the micro-batch is 1 of 1, and restart_step and set_micro_batch throw std::logic_error
+// ("this run has no steps to restart" / "to size").
 class BatchControl {
  public:
   virtual ~BatchControl() = default;
-  // Where the steps' micro-batch stands.
-  virtual BatchState batch_state() const = 0;
+  // [train] micro_batch and grad_accum.
+  virtual int configured_micro_batch() const = 0;
+  virtual int configured_grad_accum() const = 0;
+  // The micro-batch the steps run at from the next micro-step 1 on: one a plugin asked for, else
+  // the current one.
+  virtual int next_micro_batch() const = 0;
   // From the OOM event: the step runs again from its first micro-step at `micro_batch` once the
   // failed allocation has unwound (std::invalid_argument for a micro-batch that does not divide
   // [train] micro_batch or is above the current one; std::logic_error where steps cannot be

@@ -136,6 +136,12 @@ inline LoadedPlugin& plugin(hr_host* h) {
 inline const RunInterfaces& run(hr_host* h) {
   return HostServices::run(h);
 }
+// The loss scale the current step's backward runs with: the step's from STEP_BEGIN on, before it
+// the one the next STEP_BEGIN makes the step's.
+inline double step_loss_scale(hr_host* h) {
+  const StepState& s = run(h).step->step_state();
+  return s.phase == StepState::Phase::kIdle ? run(h).precision->loss_scale() : s.loss_scale;
+}
 
 // The run's communicator, or a local one (rank 0 of 1) when the run has none: a check or an
 // estimate runs on one rank by itself, also under mpirun (an MPI one would be collective).

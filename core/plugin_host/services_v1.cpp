@@ -216,10 +216,10 @@ hr_status layer_param(hr_host* h, int32_t index, int32_t i, hr_tensor* out) {
   const Param<float>& p = *l->params()[i];
   // What the optimizer updates: the f32 masters, or without them the bf16 weights; and the
   // step's gradient, f32 or (accumulated in the compute dtype) bf16.
-  hr_tensor t = f32_view(p.name, p.shape, p.numel, p.weights());
-  t.dtype = uint32_t(p.weights_dtype());
-  t.grad = p.step_grad();
-  t.grad_dtype = uint32_t(p.step_grad_dtype());
+  hr_tensor t = f32_view(p.name, p.shape, p.numel, p.optimized().value);
+  t.dtype = uint32_t(p.optimized().dtype);
+  t.grad = p.optimized().grad;
+  t.grad_dtype = uint32_t(p.optimized().grad_dtype);
   t.weight_decay = p.decay ? 1 : 0;
   // A plugin built before grad_dtype existed reads the gradient as the tensor's dtype.
   if (!HR_HAS_FIELD(out, hr_tensor, grad_dtype) && t.grad_dtype != t.dtype) t.grad = nullptr;

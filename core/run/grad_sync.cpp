@@ -96,7 +96,7 @@ std::optional<BucketEvent> BucketGradSync::launch_next(int layer) {
     if (b.launched || (layer >= 0 && b.lowest_layer != layer)) continue;
     char* at = b.buffer.as<char>();
     for (Param<float>* p : b.params) {
-      ops.copy(at, p->gdata(), p->numel * sizeof(float));
+      ops.copy(at, p->master().grad, p->numel * sizeof(float));
       at += p->numel * sizeof(float);
     }
     b.request = comm_.all_reduce(b.buffer.as<void>(), b.bytes / sizeof(float), Dtype::kF32,
@@ -119,7 +119,7 @@ std::optional<BucketEvent> BucketGradSync::finish_next() {
   Backend& ops = device_.backend();
   const char* at = b.buffer.as<const char>();
   for (Param<float>* p : b.params) {
-    ops.copy(p->gdata(), at, p->numel * sizeof(float));
+    ops.copy(p->master().grad, at, p->numel * sizeof(float));
     at += p->numel * sizeof(float);
   }
   b.launched = false;

@@ -38,13 +38,13 @@ class RunChoices final : public PrecisionChoice, public ShardChoice {
   void set_loss_scale(const std::string& plugin, double scale) override;
   Sharding* sharding() override { return sharding_; }
 
-  const Precision& precision() const { return precision_; }
+  const Precision& precision() const override { return precision_; }
   // The plugin that chose the layout, for messages; "" when none did.
   const std::string& precision_by() const { return precision_by_; }
   uint32_t shard_what() const { return shard_what_; }
   uint64_t shard_persist_below() const { return shard_persist_below_; }
   const std::string& shard_plugin() const { return shard_plugin_; }
-  double loss_scale() const { return loss_scale_; }
+  double loss_scale() const override { return loss_scale_; }
 
  private:
   bool frozen_ = false;

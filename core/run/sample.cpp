@@ -143,7 +143,7 @@ void load_snapshot_params(const SnapshotData& d, const std::string& file, Gpt<fl
       throw ConfigError("snapshot " + file + ": " + p->name + " has " +
                         std::to_string(it->second.size()) + " bytes, expected " +
                         std::to_string(p->numel * sizeof(float)));
-    ops.upload(p->data(), it->second.data(), it->second.size());
+    ops.upload(p->master().value, it->second.data(), it->second.size());
   }
   model.sync_compute_params();
 }

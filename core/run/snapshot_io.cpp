@@ -300,7 +300,7 @@ int64_t SnapshotIO::resume() {
   for (size_t l = 0; l < p_.model.layers().size(); ++l) {
     const auto write = [&] {
       for (const auto& p : p_.model.layers()[l]->params())
-        ops.upload(p->data(), d.tensors.at(p->name).data(), p->numel * sizeof(float));
+        ops.upload(p->master().value, d.tensors.at(p->name).data(), p->numel * sizeof(float));
       ops.synchronize();  // `d` holds the bytes until here
     };
     if (access) {

@@ -187,19 +187,6 @@ void StepPlan::restart_step(const std::string& plugin, int micro_batch, const st
   restart_ = Request{micro_batch, plugin, reason};
 }
 
-BatchState StepPlan::batch_state() const {
-  BatchState b;
-  b.configured_micro_batch = config_.train.micro_batch;
-  b.configured_grad_accum = config_.train.grad_accum;
-  b.micro_batch = next_micro_batch();
-  b.grad_accum = micro_steps_at(b.micro_batch);
-  b.restarts = state_.restarts;
-  b.memory_limit = device_.memory_limit();
-  b.attempt_start_bytes = state_.attempt_start_bytes;
-  b.attempt_peak_bytes = state_.attempt_peak_bytes;
-  return b;
-}
-
 void StepPlan::set_micro_batch(const std::string& plugin, int micro_batch,
                                const std::string& reason) {
   check_micro_batch(micro_batch);

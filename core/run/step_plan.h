@@ -85,10 +85,10 @@ class StepPlan final : public BatchControl {
   // From TRAIN_BEGIN, STEP_BEGIN (this step) or STEP_END (the next step).
   void set_micro_batch(const std::string& plugin, int micro_batch,
                        const std::string& reason) override;
-  // Where the steps' micro-batch stands: the one asked for the next step, else the current one.
-  BatchState batch_state() const override;
+  int configured_micro_batch() const override { return config_.train.micro_batch; }
+  int configured_grad_accum() const override { return config_.train.grad_accum; }
   // The micro-batch the next micro-step runs at: the one asked for, else the current one.
-  int next_micro_batch() const {
+  int next_micro_batch() const override {
     return next_.micro_batch ? next_.micro_batch : state_.micro_batch;
   }
   int micro_steps_at(int micro_batch) const {

@@ -540,25 +540,6 @@ void Trainer::on_oom(const OomReport& report) {
 // ---------------------------------------------------------------------------------------------
 // What plugins read of the run and ask of it
 
-RunState Trainer::state() const {
-  RunState r;
-  r.step = state_.step;
-  r.micro_step = state_.micro_step;
-  r.micro_steps = state_.grad_accum;
-  r.lr = state_.lr;
-  r.loss_scale =
-      state_.phase == StepState::Phase::kIdle ? choices_.loss_scale() : state_.loss_scale;
-  // The micro-steps done, and the current one once the head's backward has computed its loss.
-  r.loss = state_.losses.mean();
-  r.tokens = state_.losses.tokens_so_far();
-  const bool norm_known = state_.phase >= StepState::Phase::kUpdate;
-  r.grad_norm = norm_known ? state_.grad_norm : 0.0;
-  r.clip_coef = norm_known ? state_.clip_coef : 1.0;
-  r.skipped = state_.skipped;
-  r.precision = choices_.precision();
-  return r;
-}
-
 void Trainer::veto_step(const std::string& plugin, const std::string& reason) {
   if (state_.phase == StepState::Phase::kEnd) return;  // from STEP_END on: too late, ignored
   state_.skipped = true;

@@ -150,7 +150,7 @@ class Trainer final : private LayerEvents,
   Communicator* plugin_communicator() override { return comm_.get(); }
   void veto_step(const std::string& plugin, const std::string& reason) override;
   void request_retry(const std::string&, const std::string&) override { plan_->request_retry(); }
-  RunState state() const override;
+  const StepState& step_state() const override { return state_; }
 
   Config config_;
   TrainOptions options_;

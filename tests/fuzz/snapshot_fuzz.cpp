@@ -1,4 +1,4 @@
-// fuzz-sources: core/run/snapshot.cpp core/os/output_file.cpp
+// fuzz-sources: core/run/snapshot.cpp core/os/output_file.cpp core/comm/ranks.cpp
 //
 // libFuzzer target for the training snapshot reader: any bytes must come back as a SnapshotData
 // that keeps every rule of the format (core/run/snapshot.h) or as a ConfigError, never a crash, an

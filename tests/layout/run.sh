@@ -36,5 +36,9 @@ echo '#include "core/device/device.h"' >> "$tmp/tree/plugins/amp/amp.cpp"
 expect_failure "a plugin including a core header" "plugins/amp/amp.cpp:"
 
 fresh
+echo '#include "plugins/common/bf16.h"' >> "$tmp/tree/core/optim/optim.cpp"
+expect_failure "core including a plugin header" "core/optim/optim.cpp:"
+
+fresh
 echo '#include "core/config/config.h"' > "$tmp/tree/core/loose.cpp"
 expect_failure "a file outside every room" "core/loose.cpp: a file directly in core/"
