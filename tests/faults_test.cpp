@@ -203,10 +203,12 @@ double last_loss(const std::string& path, int64_t* step) {
   return lines.back()["loss"].get<double>();
 }
 
-TEST_F(Faults, SigintDuringAStepWritesWhatTheRunHasAndExits130) {
+// A run sent SIGINT once its third step is logged, then resumed. `extra`: more of its config.
+void sigint_during_a_step(Faults& f, const std::string& extra) {
+  const std::string& dir = f.dir;
   const std::string snaps = dir + "/snaps";
-  const std::string cfg =
-      config("steps = 1000000\ngrad_accum = 2\n[snapshot]\nevery = 50\ndir = \"" + snaps + "\"\n");
+  const std::string cfg = f.config(
+      "steps = 1000000\ngrad_accum = 2\n[snapshot]\nevery = 50\ndir = \"" + snaps + "\"\n" + extra);
   const std::string m = dir + "/m.jsonl", tl = dir + "/t.html", tr = dir + "/a.trace";
   const std::string cmd = std::string(HEADROOM_BINARY) + " train -q " + cfg + " --metrics " + m +
                           " --memory-timeline " + tl + " --record-allocs " + tr;
@@ -226,7 +228,7 @@ TEST_F(Faults, SigintDuringAStepWritesWhatTheRunHasAndExits130) {
   EXPECT_TRUE(contains(html, "</html>")) << "timeline of " << html.size() << " bytes";
   const auto replay = run_headroom("replay " + tr);
   EXPECT_EQ(replay.exit_code, 0) << replay.output;
-  EXPECT_TRUE(temporaries(dir).empty());
+  EXPECT_TRUE(Faults::temporaries(dir).empty());
 
   // The final snapshot holds the last completed step, and resuming from it computes exactly what
   // an unbroken run does.
@@ -248,6 +250,17 @@ TEST_F(Faults, SigintDuringAStepWritesWhatTheRunHasAndExits130) {
   EXPECT_EQ(s2, until);
   EXPECT_EQ(s3, until);
   EXPECT_EQ(a, b) << "the resumed run's step " << until << " loss differs";
+}
+
+TEST_F(Faults, SigintDuringAStepWritesWhatTheRunHasAndExits130) {
+  sigint_during_a_step(*this, "");
+}
+
+// The same with the loader's worker threads prefetching when the signal comes (the signal may land
+// on one of them): the snapshot records the batch the loop reads next, not one a worker read ahead,
+// so the resumed run is still the unbroken one.
+TEST_F(Faults, SigintWithPrefetchWorkersWritesWhatTheRunHasAndResumesExactly) {
+  sigint_during_a_step(*this, "[data]\nworkers = 2\nprefetch = 3\n");
 }
 
 // SIGTERM during an evaluation waited for the whole of it (49 s in the report): the evaluation

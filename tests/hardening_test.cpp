@@ -94,6 +94,49 @@ TEST_F(Hardening, SampleRefusesANonFiniteTemperatureNamingTheFlag) {
   EXPECT_THROW(generate(model, {1, 2}, 2, p), std::invalid_argument);
 }
 
+// Every numeric flag of every command, given NaN, an infinity, a negative, a number past any range
+// and a whole number past 2^64: exit 2 naming the flag, before any work (a --seed of 10^23 was
+// wrapped and taken, exit 0).
+TEST_F(Hardening, EveryNumericFlagRefusesNonFiniteAndOutOfRangeValuesNamingTheFlag) {
+  const std::string cfg = text_config();
+  const std::string trace = dir + "/a.trace";
+  ASSERT_EQ(run_headroom("train -q " + cfg + " --record-allocs " + trace).exit_code, 0);
+  const std::string text = dir + "/t.txt", out = dir + "/shards";
+  const std::string sample = "sample " + cfg + " --prompt hi ";
+  struct Flag {
+    std::string command, flag, prefix;  // prefix: what the value is glued to ("" or a unit)
+  } flags[] = {
+      {"train " + cfg, "--timeline-step", ""},
+      {"plan " + cfg + " --measure --search", "--deadline", ""},
+      {"plan " + cfg + " --measure --search", "--budget", "MiB"},
+      {"shard " + text + " " + out, "--tokens-per-shard", ""},
+      {"replay " + trace, "--memory-limit", "MiB"},
+      {sample, "--tokens", ""},
+      {sample + "--tokens 2", "--temperature", ""},
+      {sample + "--tokens 2", "--top-k", ""},
+      {sample + "--tokens 2", "--seed", ""},
+  };
+  for (const Flag& f : flags) {
+    for (const std::string v : {"nan", "inf", "-1", "1e400", "99999999999999999999999"}) {
+      const std::string value = f.prefix.empty() || v == "nan" || v == "inf" ? v : v + f.prefix;
+      const auto r = run_headroom(f.command + " " + f.flag + " " + value);
+      EXPECT_EQ(r.exit_code, 2) << f.flag << " " << value << ": " << r.output;
+      EXPECT_TRUE(contains(r.output, f.flag)) << f.flag << " " << value << ": " << r.output;
+    }
+  }
+  // A seed is any whole number that fits 64 bits, and only that.
+  const auto big = run_headroom(sample + "--tokens 2 --seed 18446744073709551615");
+  EXPECT_EQ(big.exit_code, 0) << big.output;
+  const auto past = run_headroom(sample + "--tokens 2 --seed 18446744073709551616");
+  EXPECT_TRUE(contains(past.output,
+                       "--seed: must be a whole number from 0 to "
+                       "18446744073709551615, got 18446744073709551616 (out of "
+                       "range)"))
+      << past.output;
+  EXPECT_TRUE(contains(run_headroom(sample + "--tokens 2 --seed 1.5").output,
+                       "--seed: must be a whole number from 0 to 18446744073709551615, got '1.5'"));
+}
+
 // --- validation data ----------------------------------------------------------------------------
 
 TEST_F(Hardening, ValFractionThatLeavesTooLittleSaysWhatItLeavesAndWhichWay) {

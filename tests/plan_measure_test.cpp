@@ -3,9 +3,12 @@
 // full run's tracker, and against a plugin the closed form cannot know.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "core/config/config.h"
 #include "core/plan/measure.h"
@@ -16,6 +19,8 @@
 
 namespace headroom {
 namespace {
+
+namespace fs = std::filesystem;
 
 const char* kModel =
     "[model]\nn_layer = 5\nn_head = 4\nn_embd = 32\nseq_len = 16\nvocab_size = 64\n"
@@ -119,10 +124,12 @@ TEST(PlanMeasure, AnOutOfTreePluginsBytesPerBlockArePredictedToTheByte) {
 
 // Every policy and mode of every plugin that runs on one rank, at several block counts, each way
 // the planner measures: the config itself, dry, is its full run to the byte; so is the fit over
-// micro_batch at the configured blocks (what a host too small for the config itself gets). The
-// fit over blocks too (a host too small for even one micro-batch of the config's blocks) is exact
-// where the policy is affine in the blocks; checkpoint's every_n and sqrt are not, and its output
-// says so whenever it is used. The table is docs/results/planner.md's ("Every policy").
+// micro_batch at the configured blocks (what a host too small for the config itself gets), but
+// for a recomputation budget, whose choices follow the micro-batch (its output says so). The fit
+// over blocks (a host too small for even one micro-batch of the config's blocks) is exact where
+// the policy is affine in the blocks; checkpoint's every_n, sqrt and budget are not, and its
+// output says so whenever it is used. The table is docs/results/planner.md's ("Every policy");
+// zero1/2/3 are tests/mpi/plan_measure_test.cpp's, under mpirun.
 TEST(PlanMeasure, EveryPolicyAndModeAtSeveralBlockCounts) {
   std::vector<std::pair<std::string, std::string>> setups = {{"no plugin", ""}};
   for (const PluginMode& m : plugin_modes())
@@ -173,7 +180,7 @@ TEST(PlanMeasure, EveryPolicyAndModeAtSeveralBlockCounts) {
       }
       const Measured x = measure(c, Arithmetic::kDry, 0);
       EXPECT_EQ(x.method, Measured::Method::kBlocks);
-      EXPECT_TRUE(test::contains(format_measured(c, x), "can miss by several percent"));
+      EXPECT_TRUE(test::contains(format_measured(c, x), "can miss by tens of percent"));
       ++runs;
       if (x.peak != f.peak) ++inexact;
       std::printf("| %s | %d | %llu | %+.3f%% | %+.3f%% | %llu | %+.3f%% | %s |\n", what.c_str(), L,
@@ -319,9 +326,8 @@ TEST(PlanSearch, TheDemosRecommendedConfigIsWrittenAndRunsWithinTheLimit) {
   const Candidate* fastest = &best;
   for (const Candidate& k : r.candidates)
     if (k.fits && k.step_ms > 0 && k.step_ms < fastest->step_ms) fastest = &k;
-  const auto [lo, hi] = std::minmax_element(fastest->times.begin(), fastest->times.end());
-  const double noise = std::max(0.03, (*hi - *lo) / *lo);
-  EXPECT_LE(best.step_ms, fastest->step_ms * (1 + noise)) << fastest->what;
+  EXPECT_GE(r.noise, 0.03);
+  EXPECT_LE(best.step_ms, fastest->step_ms * (1 + r.noise)) << fastest->what;
   if (&best != fastest) {
     EXPECT_LE(best.m.reserved, fastest->m.reserved) << fastest->what;
   }
@@ -346,8 +352,8 @@ TEST(PlanSearch, ADeadlineEndsTheSearchSayingWhatItLeft) {
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_TRUE(test::contains(r.output, "candidates, deadline 0 s:")) << r.output;
   EXPECT_TRUE(test::contains(r.output, "not measured: past the search's deadline")) << r.output;
-  EXPECT_TRUE(test::contains(r.output, "of its 0 s deadline; ")) << r.output;
-  EXPECT_TRUE(test::contains(r.output, " candidate(s) left past it")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "of its 0 s deadline: ")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, " candidate(s) left past the deadline")) << r.output;
   const Config c = test::config_from(kModel);
   const SearchResult s = search(c, 64 << 20, 0);
   EXPECT_GT(s.past_deadline, 0);
@@ -361,7 +367,50 @@ TEST(PlanSearch, ADeadlineEndsTheSearchSayingWhatItLeft) {
   EXPECT_TRUE(test::contains(bad.output, "--deadline: must be a finite number")) << bad.output;
 }
 
-// Timing cannot tell candidates within its noise apart: of those, the one with the lowest peak.
+// The case: a tiny budget on the tiny model (preset "tiny", 4 MiB: most candidates fit and
+// are timed) ran past 60 s on a loaded machine. Under a deadline it ends saying how long it took
+// of it and what became of every candidate: measured (and timed) or skipped, each skipped one
+// with its reason on its line. Whether the deadline comes before the end depends on the machine;
+// either way the counts add up.
+TEST(PlanSearch, ATinyBudgetOnTheTinyModelEndsInItsStatedTimeCountingWhatItSkipped) {
+  const std::string dir = test::temp_dir();
+  const std::string cfg =
+      test::write_file(dir, "tiny.toml", "[model]\npreset = \"tiny\"\n[train]\nsteps = 2\n");
+  const test::RunResult r =
+      test::run_headroom("plan " + cfg + " --measure --search --budget 4MiB --deadline 2");
+  ASSERT_TRUE(r.exit_code == 0 || r.exit_code == 3) << r.output;
+  const size_t at = r.output.find("searched in ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  double took = 0;
+  int n = 0, measured = 0, timed = 0, skipped = 0;
+  ASSERT_EQ(std::sscanf(r.output.c_str() + at,
+                        "searched in %lf s of its 2 s deadline: %d candidates, %d measured (%d "
+                        "timed), %d skipped",
+                        &took, &n, &measured, &timed, &skipped),
+            5)
+      << r.output;
+  EXPECT_EQ(measured + skipped, n) << r.output;
+  EXPECT_LE(timed, measured);
+  // Each skipped candidate says why on its own line.
+  size_t lines = 0;
+  for (size_t p = r.output.find("not measured: "); p != std::string::npos;
+       p = r.output.find("not measured: ", p + 1))
+    ++lines;
+  EXPECT_EQ(lines, size_t(skipped)) << r.output;
+  // The timing rounds say whether the ranking settled (the fastest held its place in the last two
+  // rounds) or not, when anything was timed.
+  if (timed > 0) {
+    EXPECT_TRUE(test::contains(r.output, "(the fastest held its place in the last two)") ||
+                test::contains(r.output, "(the fastest changed until the last round)"))
+        << r.output;
+  }
+  EXPECT_TRUE(test::contains(r.output, "left past the deadline (not measured, or not timed)") ||
+              test::contains(r.output, "every candidate considered before the deadline"))
+      << r.output;
+}
+
+// Timing cannot tell candidates within its noise apart (the median spread of the candidates'
+// rounds, at least 3%): of those, the one with the lowest peak.
 TEST(PlanSearch, CandidatesWithinTimingNoiseArePickedByTheLowerPeak) {
   auto cand = [](double ms, std::vector<double> times, uint64_t reserved) {
     Candidate c;
@@ -372,23 +421,36 @@ TEST(PlanSearch, CandidatesWithinTimingNoiseArePickedByTheLowerPeak) {
     return c;
   };
   SearchResult r;
-  // The fastest's rounds spread 10%: the second (5% slower) is within it and holds less.
-  r.candidates = {cand(100, {100, 110}, 900), cand(105, {105, 106}, 500), cand(130, {130}, 100)};
+  // The rounds spread 10%, 1% and 10%: the noise is 10%, and the second (5% slower) is within it
+  // and holds less.
+  r.candidates = {cand(100, {100, 110}, 900), cand(105, {105, 106}, 500),
+                  cand(130, {130, 143}, 100)};
   pick_recommended(r);
   EXPECT_EQ(r.best, 1);
   EXPECT_EQ(r.within_noise, 2);
-  // A steady fastest (1% spread; the floor is 3%): it wins over one 5% slower.
+  EXPECT_DOUBLE_EQ(r.noise, 0.1);
+  // Steady rounds (1% spread; the floor is 3%): the fastest wins over one 5% slower.
   r.candidates = {cand(100, {100, 101}, 900), cand(105, {105, 106}, 500)};
   pick_recommended(r);
   EXPECT_EQ(r.best, 0);
   EXPECT_EQ(r.within_noise, 1);
+  EXPECT_DOUBLE_EQ(r.noise, 0.03);
+  // One noisy round of the fastest alone does not widen the band (the median holds).
+  r.candidates = {cand(100, {100, 150}, 900), cand(105, {105, 106}, 500),
+                  cand(106, {106, 107}, 400)};
+  pick_recommended(r);
+  EXPECT_EQ(r.best, 0);
+  EXPECT_EQ(r.within_noise, 1);
   // What does not fit is never picked.
+  r.candidates = {cand(100, {100, 101}, 900), cand(105, {105, 106}, 500)};
   r.candidates[0].fits = false;
   pick_recommended(r);
   EXPECT_EQ(r.best, 1);
 }
 
-// --write is checked before the search (it was checked after the whole of it).
+// --write is checked before the search (it was checked after the whole of it), and refused with
+// exit 2 as every output path is before a run's first step (docs/guide/exit-codes.md): a folder,
+// a missing folder, a read-only folder.
 TEST(PlanSearch, WriteIsCheckedBeforeTheSearch) {
   const std::string dir = test::temp_dir();
   const std::string cfg = test::write_file(dir, "p.toml", kModel);
@@ -401,6 +463,26 @@ TEST(PlanSearch, WriteIsCheckedBeforeTheSearch) {
       "plan " + cfg + " --measure --search --budget 64MiB --write " + dir + "/no/best.toml");
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_FALSE(test::contains(missing.output, "search under")) << missing.output;
+  // A read-only folder: a read-only tmpfs in a mount namespace of its own (root writes through
+  // permission bits), else a folder without write permission.
+  const std::string ro = dir + "/ro";
+  fs::create_directories(ro);
+  const std::string plan = std::string(HEADROOM_BINARY) + " plan " + cfg +
+                           " --measure --search --budget 64MiB --write " + ro + "/best.toml";
+  const std::string mount = "mount -t tmpfs -o ro,size=64k tmpfs " + ro;
+  test::RunResult r2;
+  if (test::run_command("unshare -m sh -c '" + mount + "'").exit_code == 0) {
+    r2 = test::run_command("unshare -m sh -c '" + mount + " && " + plan + "'");
+  } else {
+    fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+    if (::access(ro.c_str(), W_OK) == 0) GTEST_SKIP() << "cannot make a read-only folder here";
+    r2 = test::run_command(plan);
+  }
+  EXPECT_EQ(r2.exit_code, 2) << r2.output;
+  EXPECT_TRUE(test::contains(r2.output,
+                             "--write " + ro + "/best.toml: its folder " + ro + " is not writable"))
+      << r2.output;
+  EXPECT_FALSE(test::contains(r2.output, "search under")) << "before the search: " << r2.output;
 }
 
 }  // namespace

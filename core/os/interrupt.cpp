@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstring>
 
@@ -19,6 +20,9 @@ void write_stderr(const char* text) {
 }
 
 void on_stop_signal(int sig) {
+  // The thread the signal interrupted may be about to read errno (a failed write it retries on
+  // EINTR, strtod's ERANGE): what write() below sets must not reach it.
+  const int saved_errno = errno;
   int expected = 0;
   if (!g_stop.compare_exchange_strong(expected, sig)) {
     // The second signal: the user means it. Only async-signal-safe calls here.
@@ -29,6 +33,7 @@ void on_stop_signal(int sig) {
                                "(press Ctrl-C again to exit at once)\n"
                              : "\nheadroom: SIGTERM: stopping at the next safe point "
                                "(a second signal exits at once)\n");
+  errno = saved_errno;
 }
 
 }  // namespace

@@ -33,6 +33,15 @@ struct VariantRun {
   uint64_t peak = 0;      // that total
   uint64_t reserved = 0;  // the most the allocator (or backend) held: reserved bytes
   Phase peak_phase;       // where the peak was
+  // The live bytes by category after every allocation, in the order made (the first: the highest
+  // point of the setup before the run's first event), and the phase each was made in (an index
+  // into `phases`). The micro-batch fit fits each allocation's point on its own: the peak can
+  // move to another allocation as the micro-batch grows (zero2's gradients reduced at micro_batch
+  // 1, a larger batch's activations at 8), and a maximum of points is not affine even where every
+  // point is.
+  std::vector<ByCategory> after_alloc;
+  std::vector<uint32_t> alloc_phase;
+  std::vector<Phase> phases;
   uint64_t step1_peak = 0, step1_reserved = 0;  // the same at the end of step 1
   double step_ms = 0;  // the fastest step's wall time (with Arithmetic::kCompute only)
   double wall_ms = 0;  // the whole dry run (setup included)
@@ -41,10 +50,11 @@ struct VariantRun {
 struct Measured {
   // How the prediction was made. kDirect: the config itself ran dry (micro_batch and blocks as
   // configured), and the prediction is its measurement, exact for any policy. kMicroBatch: the
-  // configured blocks at micro_batch 1 and 2, fitted over the micro-batch (checked at 3): exact
-  // for any policy of the blocks. kBlocks: the grid over micro_batch and blocks below, exact for
-  // what is affine in the blocks. `why_extrapolated` says why it is not kDirect (the host cannot
-  // hold the config, or its memory_limit refused it).
+  // configured blocks at micro_batch 1 and 2, each allocation's point fitted over the micro-batch
+  // on its own and the highest taken (checked at 3): exact for any policy of the blocks. kBlocks:
+  // the grid over micro_batch and blocks below, exact for what is affine in the blocks.
+  // `why_extrapolated` says why it is not kDirect (the host cannot hold the config, or its
+  // memory_limit refused it).
   enum class Method { kDirect, kMicroBatch, kBlocks };
   Method method = Method::kBlocks;
   std::string why_extrapolated;

@@ -78,13 +78,23 @@ void pick_recommended(SearchResult& r) {
   if (fastest < 0) return;
   const Candidate& f = r.candidates[fastest];
   r.best = fastest;
+  // The timing noise: the median, over the timed candidates that fit, of each one's spread of
+  // rounds (and at least the floor). One candidate's spread, the fastest's, moved with the load
+  // from one search to the next, and the band with it, which changed the pick; the median of
+  // all of them holds still.
+  std::vector<double> spreads;
+  for (const Candidate& c : r.candidates)
+    if (c.fits && c.step_ms > 0 && c.times.size() > 1) spreads.push_back(spread(c));
+  double noise = kNoiseFloor;
+  if (!spreads.empty()) {
+    std::nth_element(spreads.begin(), spreads.begin() + spreads.size() / 2, spreads.end());
+    noise = std::max(noise, spreads[spreads.size() / 2]);
+  }
+  r.noise = noise;
   for (size_t i = 0; i < r.candidates.size(); ++i) {
     const Candidate& c = r.candidates[i];
     if (!c.fits || c.step_ms <= 0) continue;
-    // c's best time within the fastest's own range of rounds (and the floor): no telling them
-    // apart.
-    const double noise = std::max(kNoiseFloor, spread(f));
-    if (c.step_ms > f.step_ms * (1 + noise)) continue;
+    if (c.step_ms > f.step_ms * (1 + noise)) continue;  // no telling them apart within the noise
     ++r.within_noise;
     const Candidate& b = r.candidates[r.best];
     if (c.m.reserved < b.m.reserved || (c.m.reserved == b.m.reserved && c.step_ms < b.step_ms))
@@ -259,6 +269,10 @@ SearchResult search(const Config& config, uint64_t budget, double deadline_s) {
     if (past_deadline()) break;
   }
   r.candidates = std::move(cands);
+  for (const Candidate& c : r.candidates) {
+    c.measured ? ++r.measured : ++r.skipped;
+    if (!c.times.empty()) ++r.timed;
+  }
   for (size_t i = 0; i < r.candidates.size(); ++i)
     if (r.candidates[i].step_ms > 0) {
       r.baseline = static_cast<int>(i);
@@ -309,18 +323,23 @@ std::string format_search(const Config& config, const SearchResult& r) {
          (r.ranking_stable ? " (the fastest held its place in the last two)"
                            : " (the fastest changed until the last round)") +
          "\n";
-  char took[160];
-  std::snprintf(took, sizeof took, "searched in %.1f s of its %.0f s deadline", r.wall_s,
-                r.deadline_s);
+  char took[256];
+  std::snprintf(took, sizeof took,
+                "searched in %.1f s of its %.0f s deadline: %zu candidates, %d measured (%d "
+                "timed), %d skipped (each says why on its line)",
+                r.wall_s, r.deadline_s, r.candidates.size(), r.measured, r.timed, r.skipped);
   s += took;
   s += r.past_deadline ? "; " + std::to_string(r.past_deadline) +
-                             " candidate(s) left past it (not measured, or not timed)\n"
-                       : "; every candidate considered\n";
+                             " candidate(s) left past the deadline (not measured, or not timed)\n"
+                       : "; every candidate considered before the deadline\n";
   if (r.best < 0) return s + "no candidate fits " + format_bytes(r.budget) + "\n";
-  if (r.within_noise > 1)
-    s += std::to_string(r.within_noise) +
-         " candidates are within the timing noise of the fastest: the one with the lowest peak "
-         "is picked\n";
+  if (r.within_noise > 1) {
+    char noise[64];
+    std::snprintf(noise, sizeof noise, "%.0f%%", 100 * r.noise);
+    s += std::to_string(r.within_noise) + " candidates are within the timing noise (" + noise +
+         ", the median spread of the candidates' rounds) of the fastest: the one with the lowest "
+         "peak is picked\n";
+  }
   const Candidate& b = r.candidates[r.best];
   s += "recommended: " + b.what;
   if (!b.sets.empty()) s += "\n  headroom train " + config.file + " " + joined(b.sets);
@@ -356,8 +375,12 @@ std::string search_json(const SearchResult& r) {
   j["deadline_s"] = r.deadline_s;
   j["search_s"] = r.wall_s;
   j["past_deadline"] = r.past_deadline;
+  j["measured"] = r.measured;
+  j["skipped"] = r.skipped;
+  j["timed"] = r.timed;
   j["timing_rounds"] = r.rounds;
   j["within_noise"] = r.within_noise;
+  j["timing_noise"] = r.noise;
   if (r.best >= 0) {
     const Measured& m = r.candidates[r.best].m;
     j["peak_bytes"] = m.peak;

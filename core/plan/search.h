@@ -42,11 +42,16 @@ struct SearchResult {
   double deadline_s = 0;
   double wall_s = 0;
   int past_deadline = 0;
+  // What became of the candidates: measured (dry) or skipped (not measured: pruned by the closed
+  // form, refused, a duplicate, more ranks than a dry run has, or past the deadline), and of the
+  // measured ones those that fit and were timed. The output states each count.
+  int measured = 0, skipped = 0, timed = 0;
   // Timing: rounds until the fastest stayed the fastest for two rounds (at most kMaxTimingRounds);
   // the noise is the spread of the fastest's rounds, (slowest - fastest) / fastest, at least 3%.
   int rounds = 0;
   bool ranking_stable = false;
   int within_noise = 0;  // the fitting candidates within the noise of the fastest, it included
+  double noise = 0;      // that noise: the median spread of the candidates' rounds, at least 3%
 };
 
 // The search's deadline unless one is given: a tiny model's whole search takes seconds; a large
@@ -57,7 +62,8 @@ constexpr int kMaxTimingRounds = 5;
 SearchResult search(const Config& config, uint64_t budget, double deadline_s = kSearchDeadlineS);
 
 // The recommendation among the timed candidates that fit: the fastest, unless others are within
-// the timing noise of it (their fastest round within the spread of its rounds, and at least 3%):
+// the timing noise of it (their fastest round within the median spread of the candidates' rounds
+// of it, and at least 3%):
 // then the one of those with the lowest reserved peak (the fastest of equal ones), since timing
 // cannot tell them apart. Sets r.best and r.within_noise.
 void pick_recommended(SearchResult& r);

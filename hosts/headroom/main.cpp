@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
@@ -62,6 +63,27 @@ CLI::Validator finite_number(double lo, double hi) {
         if (text.empty() || end != text.c_str() + text.size())
           return "expected " + want + ", got '" + text + "'";
         if (!std::isfinite(v) || v < lo || v > hi) return "must be " + want + ", got " + text;
+        return std::string();
+      },
+      want);
+}
+
+// A flag that takes a whole number from lo to hi, checked on its text: a sign, a fraction, an
+// exponent or a value past hi is refused naming the range (the conversion alone wrapped a seed of
+// 10^23 and took it).
+CLI::Validator whole_number(uint64_t lo, uint64_t hi) {
+  const std::string want =
+      "a whole number from " + std::to_string(lo) + " to " + std::to_string(hi);
+  return CLI::Validator(
+      [lo, hi, want](std::string& text) -> std::string {
+        const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+          return c >= '0' && c <= '9';
+        });
+        if (!digits) return "must be " + want + ", got '" + text + "'";
+        errno = 0;
+        const unsigned long long v = std::strtoull(text.c_str(), nullptr, 10);
+        if (errno == ERANGE || v < lo || v > hi)
+          return "must be " + want + ", got " + text + " (out of range)";
         return std::string();
       },
       want);
@@ -435,7 +457,7 @@ int main(int argc, char** argv) {
       ->add_option("--timeline-step", flags.timeline_step,
                    "the step --memory-timeline draws phase by phase (default: the step of the "
                    "peak)")
-      ->check(CLI::Range(int64_t(1), INT64_MAX));
+      ->check(whole_number(1, INT64_MAX));
   train->add_flag("-q,--quiet", flags.quiet, "print nothing but errors");
   train->add_flag("-v,--verbose", flags.verbose,
                   "also say what computes: the backend's GEMM library, its kernel, its threads");
@@ -483,8 +505,7 @@ int main(int argc, char** argv) {
   shard
       ->add_option("--tokens-per-shard", tokens_per_shard,
                    "at most this many tokens per shard (1 to 2147483647)")
-      ->check(CLI::Range(uint64_t(1), uint64_t(INT32_MAX),
-                         "a whole number of tokens from 1 to 2147483647"));
+      ->check(whole_number(1, INT32_MAX));
   shard->add_option("--tokenizer", shard_tokenizer,
                     "a Hugging Face tokenizer.json (byte-level BPE, as GPT-2's), or GPT-2's "
                     "vocab.json with merges.txt beside it; the shards record its vocab size");
@@ -517,7 +538,7 @@ int main(int argc, char** argv) {
   sample->add_option("--prompt", sample_req.prompt, "the text to continue")->required();
   sample->add_option("--tokens", sample_req.tokens, "how many tokens to generate")
       ->required()
-      ->check(CLI::Range(0, 1000000));
+      ->check(whole_number(0, 1000000));
   sample
       ->add_option("--temperature", sample_req.params.temperature,
                    "divides the logits; 0 always takes the most likely token (default 1)")
@@ -525,9 +546,9 @@ int main(int argc, char** argv) {
   sample
       ->add_option("--top-k", sample_req.params.top_k,
                    "draw among the K most likely tokens; 0: among all (default)")
-      ->check(CLI::Range(0, INT32_MAX));
+      ->check(whole_number(0, INT32_MAX));
   sample->add_option("--seed", sample_req.params.seed, "the draws' seed (default 1)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, UINT64_MAX));
   sample->add_option("--config", sample_req.config_file,
                      "the config whose [model] and [data] tokenizer a snapshot or weights file "
                      "was trained with");

@@ -62,9 +62,10 @@ inline void set_threads(int n) {
 // and the loader picks one at start-up. With -ffp-contract=off (kernels/CMakeLists.txt) no clone
 // fuses a multiply and an add the baseline rounds twice, and no loop is reordered (no
 // -ffast-math), so every clone computes bitwise the same results. Elsewhere (other compilers,
-// the sanitizer build, where ifuncs and instrumentation mix badly) the baseline alone.
+// the sanitizer builds, where ifuncs and instrumentation mix badly: an instrumented ifunc
+// resolver runs before ThreadSanitizer is initialised and crashes the loader) the baseline alone.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
-    !defined(__SANITIZE_ADDRESS__)
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define HEADROOM_CPU_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
