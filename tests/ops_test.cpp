@@ -5,10 +5,12 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "core/device/backend.h"
 #include "core/device/device.h"
 #include "kernels/common/dtype.h"
+#include "kernels/cpu/convert.h"
 
 namespace headroom {
 namespace {
@@ -83,6 +85,40 @@ TEST(Dtype, F16RoundingMatchesNearestRepresentable) {
 }
 
 // The estimates size the naive attention's scratch without a device: as the CPU backend does.
+// The CPU backend's vectorized conversions (kernels/cpu/convert.h) are the scalar ones of
+// kernels/common/dtype.h bitwise: every bf16 and f16 value widened, and floats rounded over a
+// sweep of bit patterns that crosses every exponent with both halves of a tie, infinities and
+// NaNs (signalling and quiet, both signs); on several threads, past the parallel threshold.
+TEST(Dtype, VectorizedConversionsAreTheScalarOnes) {
+  const int before = cpu::threads_setting();
+  cpu::set_threads(3);
+  std::vector<uint16_t> every(65536);
+  for (uint32_t i = 0; i < 65536; ++i)
+    every[i] = uint16_t(i);
+  std::vector<float> wide(every.size());
+  cpu::widen_bf16(every.data(), wide.data(), every.size());
+  for (uint32_t i = 0; i < 65536; ++i)
+    ASSERT_EQ(float_bits(wide[i]), float_bits(bf16_to_float(uint16_t(i)))) << i;
+  cpu::widen_f16(every.data(), wide.data(), every.size());
+  for (uint32_t i = 0; i < 65536; ++i)
+    ASSERT_EQ(float_bits(wide[i]), float_bits(f16_to_float(uint16_t(i)))) << i;
+  std::vector<float> xs;
+  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 0x10001ull)  // every high half, varied low halves
+    for (const uint32_t low : {0x0000u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu})
+      xs.push_back(bits_float((uint32_t(u) & 0xFFFF0000u) | low));
+  for (const uint32_t special : {0x7F800000u, 0xFF800000u, 0x7F800001u, 0xFF800001u, 0x7FC00000u,
+                                 0x7FFFFFFFu, 0x7F7FFFFFu, 0x00000001u, 0x80000000u})
+    xs.push_back(bits_float(special));
+  std::vector<uint16_t> low(xs.size());
+  cpu::round_bf16(xs.data(), low.data(), xs.size());
+  for (size_t i = 0; i < xs.size(); ++i)
+    ASSERT_EQ(low[i], float_to_bf16(xs[i])) << std::hex << float_bits(xs[i]);
+  cpu::round_f16(xs.data(), low.data(), xs.size());
+  for (size_t i = 0; i < xs.size(); ++i)
+    ASSERT_EQ(low[i], float_to_f16(xs[i])) << std::hex << float_bits(xs[i]);
+  cpu::set_threads(before);
+}
+
 TEST(DeviceOps, AttentionScratchOfTheKindIsTheBackendsOwn) {
   auto device = Device::create(DeviceConfig{});
   for (const int T : {1, 17, 256})

@@ -18,6 +18,7 @@
 #include "kernels/common/dtype.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_tiled.h"
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/crossentropy.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gelu.h"
@@ -49,21 +50,24 @@ uint16_t to_low(Dtype dt, float f) {
 }
 
 // Tensors of a 16-bit dtype, widened to float for one op: in() copies, out() registers a float
-// buffer that finish() rounds back into the tensor. Statistics are f32 already.
+// buffer that finish() rounds back into the tensor. Statistics are f32 already. The conversions
+// are kernels/cpu/convert.h (vectorized, on the threads). An output's buffer starts zeroed, as
+// before: an op that writes part of its output (the attention's masked half) rounds zeros into
+// the rest.
 class Widened {
  public:
   explicit Widened(Dtype dt) : dt_(dt) {}
   const float* in(const void* x, uint64_t n) {
     if (!x) return nullptr;
-    std::vector<float>& v = buffers_.emplace_back(n);
-    for (uint64_t i = 0; i < n; ++i)
-      v[i] = load_low(dt_, x, i);
-    return v.data();
+    float* f = buffer(n);
+    const uint16_t* h = static_cast<const uint16_t*>(x);
+    dt_ == Dtype::kBF16 ? cpu::widen_bf16(h, f, n) : cpu::widen_f16(h, f, n);
+    return f;
   }
   // `load`: the op reads the tensor too (an accumulating gradient, an in-place update).
   float* out(void* x, uint64_t n, bool load) {
     if (!x) return nullptr;
-    float* f = load ? const_cast<float*>(in(x, n)) : buffers_.emplace_back(n).data();
+    float* f = load ? const_cast<float*>(in(x, n)) : buffer(n);
     outs_.push_back({x, f, n});
     return f;
   }
@@ -72,8 +76,7 @@ class Widened {
   void finish() {
     for (const Out& o : outs_) {
       uint16_t* dst = static_cast<uint16_t*>(o.dst);
-      for (uint64_t i = 0; i < o.n; ++i)
-        dst[i] = to_low(dt_, o.src[i]);
+      dt_ == Dtype::kBF16 ? cpu::round_bf16(o.src, dst, o.n) : cpu::round_f16(o.src, dst, o.n);
     }
   }
 
@@ -83,10 +86,9 @@ class Widened {
     const float* src;
     uint64_t n;
   };
+  float* buffer(uint64_t n) { return buffers_.emplace_back(new float[n]()).get(); }
   Dtype dt_;
-  // Moving an inner vector when the outer one grows keeps its data(): the pointers handed out
-  // stay valid.
-  std::vector<std::vector<float>> buffers_;
+  std::vector<std::unique_ptr<float[]>> buffers_;
   std::vector<Out> outs_;
 };
 

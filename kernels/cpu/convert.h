@@ -1,0 +1,46 @@
+// Widening 16-bit tensors to float and rounding floats back (the CPU backend computes bf16 and
+// f16 tensors in f32: core/device/backend_cpu.cpp). Element-wise, so bitwise the conversions of
+// kernels/common/dtype.h on any thread count; branch-free for bf16, so the loops vectorize, and
+// compiled for AVX-512, AVX2 and the baseline (HEADROOM_CPU_CLONES: the same bits on each).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/common/dtype.h"
+#include "kernels/cpu/parallel.h"
+
+namespace headroom::cpu {
+
+// (n,) bf16 -> (n,) f32, exact.
+HEADROOM_CPU_CLONES inline void widen_bf16(const uint16_t* in, float* out, size_t n) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n))
+  for (size_t i = 0; i < n; i++)
+    out[i] = bits_float(uint32_t(in[i]) << 16);
+}
+
+// (n,) f32 -> (n,) bf16, to nearest even; NaN stays a quiet NaN (float_to_bf16, without its
+// branch).
+HEADROOM_CPU_CLONES inline void round_bf16(const float* in, uint16_t* out, size_t n) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n))
+  for (size_t i = 0; i < n; i++) {
+    const uint32_t u = float_bits(in[i]);
+    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t nan = (u >> 16) | 0x0040u;
+    out[i] = uint16_t((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+  }
+}
+
+// (n,) f16 <-> (n,) f32: the scalar conversions on the threads (their branches stay).
+inline void widen_f16(const uint16_t* in, float* out, size_t n) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n))
+  for (size_t i = 0; i < n; i++)
+    out[i] = f16_to_float(in[i]);
+}
+inline void round_f16(const float* in, uint16_t* out, size_t n) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n))
+  for (size_t i = 0; i < n; i++)
+    out[i] = float_to_f16(in[i]);
+}
+
+}  // namespace headroom::cpu
