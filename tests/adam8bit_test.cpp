@@ -113,7 +113,7 @@ TEST(Adam8bitQuant, BucketedQuantizeIsTheBinarySearch) {
       const uint32_t first = i << adam8bit::kBucketShift;
       for (const uint32_t bits : {first, first | (1u << (adam8bit::kBucketShift - 1)),
                                   first | ((1u << adam8bit::kBucketShift) - 1)})
-        xs.push_back(adam8bit::float_of_bits(bits));
+        xs.push_back(adam8bit::bits_f32(bits));
     }
     std::mt19937_64 rng(7);
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
@@ -143,7 +143,7 @@ TEST(Adam8bitQuant, BucketedQuantizeIsTheBinarySearch) {
       EXPECT_EQ(0, std::memcmp(fast.data(), slow.data(), done * sizeof(float)));
       uint32_t scalar = 0;
       for (uint64_t i = 0; i < done; ++i) {
-        const uint32_t bits = adam8bit::bits_of_float(xs[i]) & 0x7FFFFFFFu;
+        const uint32_t bits = adam8bit::f32_bits(xs[i]) & 0x7FFFFFFFu;
         scalar = std::max(scalar, bits > 0x7F800000u ? 0u : bits);
       }
       EXPECT_EQ(adam8bit::absmax_bits_avx2(xs.data(), done), scalar);

@@ -112,16 +112,8 @@ constexpr uint32_t kBucketShift = 32 - kBucketBits;
 struct Buckets {
   std::vector<uint32_t> entry;  // 2^16: lower code << 16 | the low 16 bits of t
 };
-inline float float_of_bits(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline uint32_t bits_of_float(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  return bits;
-}
+using headroom_plugin::bf16::bits_f32;  // uint32 -> float, the same bits
+using headroom_plugin::bf16::f32_bits;  // float -> uint32
 // The buckets of a map's 255 thresholds. Throws std::logic_error where a bucket spans two codes
 // or more (not for the two dynamic maps: Adam8bitQuant.BucketedQuantizeIsTheBinarySearch).
 inline Buckets buckets(const float* thresh) {
@@ -136,17 +128,16 @@ inline Buckets buckets(const float* thresh) {
       b.entry[i] = (negative ? 0u : kMapEntries - 1) << 16 | none;
       continue;
     }
-    const uint8_t a = quantize(thresh, float_of_bits(first)),
-                  c = quantize(thresh, float_of_bits(last));
+    const uint8_t a = quantize(thresh, bits_f32(first)), c = quantize(thresh, bits_f32(last));
     const uint32_t lo = std::min(a, c), hi = std::max(a, c);
-    if (hi - lo > 1 || (hi > lo && bits_of_float(thresh[lo]) >> kBucketShift != i))
+    if (hi - lo > 1 || (hi > lo && f32_bits(thresh[lo]) >> kBucketShift != i))
       throw std::logic_error("adam8bit: a quantization bucket spans more than two codes");
-    b.entry[i] = lo << 16 | (hi > lo ? bits_of_float(thresh[lo]) & 0xFFFFu : none);
+    b.entry[i] = lo << 16 | (hi > lo ? f32_bits(thresh[lo]) & 0xFFFFu : none);
   }
   return b;
 }
 inline uint8_t quantize(const Buckets& b, float x) {
-  const uint32_t bits = bits_of_float(x);
+  const uint32_t bits = f32_bits(x);
   const uint32_t e = b.entry[bits >> kBucketShift];
   const uint32_t t = e & 0xFFFFu, xl = bits & 0xFFFFu;
   const uint32_t above = (bits >> 31) ? uint32_t(t > xl) : uint32_t(t < xl);  // t < x
@@ -231,7 +222,7 @@ inline float absmax_of(const float* x, uint64_t n) {
     bits &= 0x7FFFFFFFu;
     m = std::max(m, bits > 0x7F800000u ? 0u : bits);
   }
-  return float_of_bits(m);
+  return bits_f32(m);
 }
 
 // Quantizes n <= kBlock values of one block into q[], returning the block's absmax.
