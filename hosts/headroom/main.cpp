@@ -161,10 +161,16 @@ int cmd_plan(const std::string& file, const std::vector<std::string>& sets,
     throw headroom::ConfigError("--deadline needs --search: it bounds the search's time");
   const headroom::Config config = headroom::load_config(file, sets);
   // --write is checked (and held) before the search, as train checks its outputs before step 1:
-  // a search must not run for minutes and then find it cannot write its pick.
+  // a search must not run for minutes and then find it cannot write its pick. A path it cannot
+  // write exits 4, as it did when the check came after the search (docs/guide/exit-codes.md: an
+  // output that cannot be written); another run holding it exits 2, as for train's outputs.
   std::unique_ptr<headroom::OutputLock> write_lock;
   if (!flags.write.empty()) {
-    headroom::check_output_path(flags.write, "--write");
+    try {
+      headroom::check_output_path(flags.write, "--write");
+    } catch (const headroom::ConfigError& e) {
+      throw headroom::OutputError(e.what());
+    }
     write_lock = std::make_unique<headroom::OutputLock>(flags.write, "--write");
   }
   if (!flags.measure) {
