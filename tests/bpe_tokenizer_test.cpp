@@ -67,6 +67,9 @@ std::vector<std::string> cases() {
       "The quick brown fox jumps over the lazy dog. It's 2026; we've 12,345 tokens.",
       "!!!??? ... ---- ==== ____ \\\\ // @@ ## $$ %% ^^ && ** (( ))",
       "\r\nwindows\r\nline endings\r\n",
+      "'S 'Sound 'LLama x'RE ſ'ſ 123456 1234abc 12.5e10 -42",
+      "\t\tword (tab)word !word ?!\n\nnext  \n\n  x\n \n",
+      "a\r\n\r\n b \u00a0\u00a0c\t\n\td",
   };
 }
 
@@ -83,7 +86,9 @@ struct Reference {
   std::string skip;  // why there is none
 };
 
-Reference make_reference(int vocab_size, bool add_prefix_space) {
+// pattern: tests/bpe/reference.py's PATTERN (gpt2, llama3, qwen2).
+Reference make_reference(int vocab_size, bool add_prefix_space,
+                         const std::string& pattern = "gpt2") {
   Reference r;
   const std::string py = reference_python();
   if (py.empty()) {
@@ -94,9 +99,10 @@ Reference make_reference(int vocab_size, bool add_prefix_space) {
   r.dir = temp_dir();
   const std::string train = write_file(r.dir, "train.txt", training_text());
   const std::string cases_path = write_file(r.dir, "cases.json", nlohmann::json(cases()).dump());
-  const test::RunResult run = run_command(
-      py + " " + HEADROOM_SOURCE_DIR + "/tests/bpe/reference.py " + train + " " + cases_path + " " +
-      r.dir + " " + std::to_string(vocab_size) + " " + (add_prefix_space ? "1" : "0"));
+  const test::RunResult run =
+      run_command(py + " " + HEADROOM_SOURCE_DIR + "/tests/bpe/reference.py " + train + " " +
+                  cases_path + " " + r.dir + " " + std::to_string(vocab_size) + " " +
+                  (add_prefix_space ? "1" : "0") + " " + pattern);
   if (run.exit_code == 77) {
     r.skip = run.output;
     return r;
@@ -163,6 +169,45 @@ TEST(BpeTokenizer, PretokenizerSplitsAsGpt2sPattern) {
   EXPECT_TRUE(gpt2_pretokenize("").empty());
 }
 
+// Llama 3's and Qwen2's tokenizer.json: a Split by their regex before a ByteLevel without its
+// own pattern (reference.py builds them as those files are, with Hugging Face's tokenizers).
+TEST(BpeTokenizer, Llama3SplitIdsEqualHuggingFaces) {
+  const Reference ref = make_reference(600, false, "llama3");
+  if (!ref.skip.empty()) GTEST_SKIP() << ref.skip;
+  const auto tok = load_tokenizer(ref.dir + "/tokenizer.json");
+  EXPECT_TRUE(contains(tok->describe(), "Llama 3's split")) << tok->describe();
+  expect_same_ids(*tok, ref);
+  for (const std::string& c : cases())
+    EXPECT_EQ(tok->decode(tok->encode(c)), c);
+}
+
+TEST(BpeTokenizer, Qwen2SplitIdsEqualHuggingFaces) {
+  const Reference ref = make_reference(600, false, "qwen2");
+  if (!ref.skip.empty()) GTEST_SKIP() << ref.skip;
+  const auto tok = load_tokenizer(ref.dir + "/tokenizer.json");
+  EXPECT_TRUE(contains(tok->describe(), "Qwen2's split")) << tok->describe();
+  expect_same_ids(*tok, ref);
+}
+
+// Llama 3's pattern by hand, for a machine without the reference; Qwen2's splits digits one by
+// one.
+TEST(BpeTokenizer, PretokenizerSplitsAsLlama3sPattern) {
+  using V = std::vector<std::string>;
+  auto llama = [](const std::string& t) { return pretokenize(t, Pattern::kLlama3); };
+  EXPECT_EQ(llama("Hello world"), (V{"Hello", " world"}));
+  EXPECT_EQ(llama("I'M don't 'Sound"), (V{"I", "'M", " don", "'t", " '", "Sound"}));
+  EXPECT_EQ(llama("1234567 ab12"), (V{"123", "456", "7", " ab", "12"}));
+  EXPECT_EQ(llama("(x) !word"), (V{"(x", ")", " !", "word"}));
+  EXPECT_EQ(llama("\tword a   b"), (V{"\tword", " a", "  ", " b"}));
+  EXPECT_EQ(llama("x.\n\ny  \n\n  z"), (V{"x", ".\n\n", "y", "  \n\n", " ", " z"}));
+  EXPECT_EQ(llama("end  "), (V{"end", "  "}));
+  EXPECT_EQ(pretokenize("1234567", Pattern::kQwen2), (V{"1", "2", "3", "4", "5", "6", "7"}));
+  EXPECT_TRUE(llama("").empty());
+  EXPECT_EQ(pattern_of(kLlama3Regex), Pattern::kLlama3);
+  EXPECT_EQ(pattern_of(kQwen2Regex), Pattern::kQwen2);
+  EXPECT_EQ(pattern_of("\\s+"), Pattern::kNone);
+}
+
 TEST(BpeTokenizer, BadFilesAreConfigErrorsNamingThem) {
   const std::string dir = temp_dir();
   auto err = [](const std::string& path) { return test::error_of([&] { load_tokenizer(path); }); };
@@ -182,6 +227,14 @@ TEST(BpeTokenizer, BadFilesAreConfigErrorsNamingThem) {
           "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": ["a b"]}})");
   EXPECT_TRUE(contains(err(merge), "merge 0 names \"ab\", which is not in the vocabulary"))
       << err(merge);
+  // A Split by a regex headroom does not implement names the file and the patterns it reads.
+  const std::string split =
+      write_file(dir, "split.json", R"({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+          {"type": "Split", "pattern": {"Regex": "\\w+"}, "behavior": "Isolated", "invert": false},
+          {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]},
+          "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");
+  EXPECT_TRUE(contains(err(split), split + ": pre_tokenizer's Split pattern")) << err(split);
+  EXPECT_TRUE(contains(err(split), "Llama 3's")) << err(split);
   const std::string vocab_only = write_file(dir, "vocab.json", R"({"a": 0})");
   EXPECT_TRUE(contains(err(vocab_only), "merges.txt")) << err(vocab_only);
 }

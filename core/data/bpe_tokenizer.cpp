@@ -65,6 +65,11 @@ struct CodePoint {
   size_t at;
 };
 
+// s as a JSON string literal, as it appears in a tokenizer.json.
+std::string json_string(const std::string& s) {
+  return nlohmann::json(s).dump();
+}
+
 std::vector<CodePoint> decode_utf8(const std::string& s) {
   std::vector<CodePoint> out;
   out.reserve(s.size() + 1);
@@ -173,7 +178,10 @@ class BpeTokenizer final : public Tokenizer {
  public:
   struct Options {
     bool add_prefix_space = false;
-    bool use_regex = true;
+    // How the text is split into words before the merges: not at all (ByteLevel use_regex
+    // false), GPT-2's pattern (ByteLevel's own), or the Split pattern of Llama 3 / Qwen2 before a
+    // ByteLevel without its pattern (pretokenize()).
+    Pattern split = Pattern::kGpt2;
     bool ignore_merges = false;
     // model.byte_fallback: a character with no token of its own is spelt by the tokens "<0xHH>"
     // of its UTF-8 bytes, as Hugging Face's BPE does.
@@ -288,7 +296,12 @@ class BpeTokenizer final : public Tokenizer {
   std::string describe() const override {
     return "byte-level BPE '" + source_ + "' (vocab " + std::to_string(vocab_size_) + ", " +
            std::to_string(merges_.size()) + " merges" +
-           (options_.add_prefix_space ? ", add_prefix_space" : "") + ")";
+           (options_.add_prefix_space ? ", add_prefix_space" : "") +
+           (options_.split == Pattern::kLlama3  ? ", Llama 3's split"
+            : options_.split == Pattern::kQwen2 ? ", Qwen2's split"
+            : options_.split == Pattern::kNone  ? ", no split"
+                                                : "") +
+           ")";
   }
 
  private:
@@ -371,11 +384,11 @@ class BpeTokenizer final : public Tokenizer {
 
   void encode_piece(std::string piece, std::vector<int32_t>& ids) const {
     if (options_.add_prefix_space && piece[0] != ' ') piece.insert(piece.begin(), ' ');
-    if (!options_.use_regex) {
+    if (options_.split == Pattern::kNone) {
       encode_word(piece, ids);
       return;
     }
-    for (const std::string& word : gpt2_pretokenize(piece))
+    for (const std::string& word : pretokenize(piece, options_.split))
       encode_word(word, ids);
   }
 
@@ -502,13 +515,45 @@ std::unique_ptr<Tokenizer> from_tokenizer_json(const std::string& path) {
                       "); headroom reads byte-level BPE tokenizers without one, as GPT-2's");
   BpeTokenizer::Options o;
   const nlohmann::json& pre = j.value("pre_tokenizer", nlohmann::json());
-  if (pre.is_null() || pre.value("type", std::string()) != "ByteLevel")
+  nlohmann::json byte_level = pre;  // the ByteLevel: the pre_tokenizer, or a Sequence's second
+  if (pre.is_object() && pre.value("type", std::string()) == "Sequence") {
+    // Llama 3's and Qwen2's: Split(their pattern, "Isolated") then ByteLevel(use_regex false).
+    const nlohmann::json& seq = pre.value("pretokenizers", nlohmann::json());
+    if (!seq.is_array() || seq.size() != 2 || !seq[0].is_object() || !seq[1].is_object() ||
+        seq[0].value("type", std::string()) != "Split" ||
+        seq[1].value("type", std::string()) != "ByteLevel")
+      throw ConfigError(path + ": pre_tokenizer is a Sequence of " + seq.dump().substr(0, 200) +
+                        "; headroom reads a Sequence of a Split and a ByteLevel (Llama 3's, "
+                        "Qwen2's)");
+    const nlohmann::json& split = seq[0];
+    const nlohmann::json& pattern = split.value("pattern", nlohmann::json());
+    const std::string regex = pattern.is_object() ? pattern.value("Regex", std::string()) : "";
+    o.split = pattern_of(regex);
+    if (o.split == Pattern::kNone)
+      throw ConfigError(path + ": pre_tokenizer's Split pattern " + pattern.dump().substr(0, 200) +
+                        " is not one headroom knows; it reads Llama 3's " +
+                        json_string(kLlama3Regex) + " and Qwen2's " + json_string(kQwen2Regex));
+    if (split.value("behavior", std::string()) != "Isolated" || split.value("invert", false))
+      throw ConfigError(path + ": pre_tokenizer's Split has behavior " +
+                        split.value("behavior", nlohmann::json()).dump() + " and invert " +
+                        split.value("invert", nlohmann::json()).dump() +
+                        "; headroom reads behavior \"Isolated\" with invert false");
+    byte_level = seq[1];
+    if (byte_level.value("use_regex", true))
+      throw ConfigError(path +
+                        ": pre_tokenizer's ByteLevel after a Split has use_regex true (it "
+                        "would split the words again by GPT-2's pattern); headroom reads it "
+                        "false, as Llama 3's and Qwen2's");
+  } else if (pre.is_null() || pre.value("type", std::string()) != "ByteLevel") {
     throw ConfigError(path + ": pre_tokenizer is " +
                       (pre.is_null() ? std::string("null") : "\"" + pre.value("type", "?") + "\"") +
                       "; headroom reads byte-level BPE tokenizers, whose pre_tokenizer is "
-                      "\"ByteLevel\" (GPT-2's)");
-  o.add_prefix_space = pre.value("add_prefix_space", true);
-  o.use_regex = pre.value("use_regex", true);
+                      "\"ByteLevel\" (GPT-2's) or a Sequence of a Split and a ByteLevel "
+                      "(Llama 3's, Qwen2's)");
+  } else {
+    o.split = pre.value("use_regex", true) ? Pattern::kGpt2 : Pattern::kNone;
+  }
+  o.add_prefix_space = byte_level.value("add_prefix_space", true);
   o.ignore_merges = m.value("ignore_merges", false);
   o.byte_fallback = m.value("byte_fallback", false);
 
@@ -623,6 +668,125 @@ std::vector<std::string> gpt2_pretokenize(const std::string& text) {
     i = k;
   }
   return words;
+}
+
+const char* const kLlama3Regex =
+    R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
+const char* const kQwen2Regex =
+    R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
+
+Pattern pattern_of(const std::string& regex) {
+  if (regex == kLlama3Regex) return Pattern::kLlama3;
+  if (regex == kQwen2Regex) return Pattern::kQwen2;
+  return Pattern::kNone;
+}
+
+namespace {
+
+// Llama 3's pattern (Qwen2's with max_digits 1), alternative by alternative, the first that
+// matches at a position winning, as the regex engine's leftmost-first alternation does:
+//   1. (?i:'s|'t|'re|'ve|'m|'ll|'d)     2. [^\r\n\p{L}\p{N}]?\p{L}+     3. \p{N}{1,max_digits}
+//   4.  ?[^\s\p{L}\p{N}]+[\r\n]*       5. \s*[\r\n]+   6. \s+(?!\S)   7. \s+
+std::vector<std::string> llama3_pretokenize(const std::string& text, size_t max_digits) {
+  const std::vector<CodePoint> cps = decode_utf8(text);
+  const size_t n = cps.size() - 1;  // the last entry marks the end
+  enum Class { kLetter, kNumber, kSpace, kOther };
+  std::vector<Class> cls(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t c = cps[i].cp;
+    cls[i] = is_letter(c) ? kLetter : is_number(c) ? kNumber : is_space(c) ? kSpace : kOther;
+  }
+  auto cp = [&](size_t i) { return i < n ? cps[i].cp : 0u; };
+  auto newline = [&](size_t i) { return cp(i) == '\r' || cp(i) == '\n'; };
+  // (?i): ASCII letters, and the long s (U+017F), which folds to 's'.
+  auto folded = [&](size_t i) {
+    const uint32_t c = cp(i);
+    if (c >= 'A' && c <= 'Z') return c + ('a' - 'A');
+    return c == 0x17Fu ? uint32_t('s') : c;
+  };
+  std::vector<std::string> words;
+  auto emit = [&](size_t from, size_t to) {
+    words.push_back(text.substr(cps[from].at, cps[to].at - cps[from].at));
+  };
+  size_t i = 0;
+  while (i < n) {
+    if (cp(i) == '\'') {  // 1
+      const uint32_t a = folded(i + 1), b = folded(i + 2);
+      size_t len = 0;
+      if (a == 's' || a == 't' || a == 'm' || a == 'd')
+        len = 2;
+      else if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l'))
+        len = 3;
+      if (len) {
+        emit(i, i + len);
+        i += len;
+        continue;
+      }
+    }
+    size_t j = cls[i] == kLetter || cls[i] == kNumber || newline(i) ? i : i + 1;  // 2
+    if (j < n && cls[j] == kLetter) {
+      while (j < n && cls[j] == kLetter)
+        ++j;
+      emit(i, j);
+      i = j;
+      continue;
+    }
+    if (cls[i] == kNumber) {  // 3
+      j = i;
+      while (j < n && cls[j] == kNumber && j - i < max_digits)
+        ++j;
+      emit(i, j);
+      i = j;
+      continue;
+    }
+    j = cp(i) == ' ' ? i + 1 : i;  // 4
+    if (j < n && cls[j] == kOther) {
+      while (j < n && cls[j] == kOther)
+        ++j;
+      while (j < n && newline(j))
+        ++j;
+      emit(i, j);
+      i = j;
+      continue;
+    }
+    // Whitespace from here (every other class matched above): its maximal run [i, end).
+    size_t end = i;
+    while (end < n && cls[end] == kSpace)
+      ++end;
+    size_t last_newline = end;
+    for (size_t k = end; k > i; --k)
+      if (newline(k - 1)) {
+        last_newline = k - 1;
+        break;
+      }
+    if (last_newline < end) {  // 5: through the run's last CR or LF
+      emit(i, last_newline + 1);
+      i = last_newline + 1;
+    } else if (end < n && end - i >= 2) {  // 6: less the space before the next word
+      emit(i, end - 1);
+      i = end - 1;
+    } else {  // 6 at the end of the text, or 7
+      emit(i, end);
+      i = end;
+    }
+  }
+  return words;
+}
+
+}  // namespace
+
+std::vector<std::string> pretokenize(const std::string& text, Pattern pattern) {
+  switch (pattern) {
+    case Pattern::kNone:
+      return {text};
+    case Pattern::kGpt2:
+      return gpt2_pretokenize(text);
+    case Pattern::kLlama3:
+      return llama3_pretokenize(text, 3);
+    case Pattern::kQwen2:
+      return llama3_pretokenize(text, 1);
+  }
+  return {text};
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
