@@ -617,57 +617,80 @@ std::unique_ptr<Tokenizer> make_byte_tokenizer() {
   return std::make_unique<ByteTokenizer>();
 }
 
-std::vector<std::string> gpt2_pretokenize(const std::string& text) {
-  const std::vector<CodePoint> cps = decode_utf8(text);
-  const size_t n = cps.size() - 1;  // the last entry marks the end
+namespace {
+
+// A text's code points classed for the pre-tokenizers' patterns (letters and numbers from the
+// Unicode tables, whitespace as Oniguruma's \s), and the words cut from it so far.
+struct Words {
   enum Class { kLetter, kNumber, kSpace, kOther };
-  std::vector<Class> cls(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t c = cps[i].cp;
-    cls[i] = is_letter(c) ? kLetter : is_number(c) ? kNumber : is_space(c) ? kSpace : kOther;
+  explicit Words(const std::string& t) : text(t), cps(decode_utf8(t)), n(cps.size() - 1), cls(n) {
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t c = cps[i].cp;
+      cls[i] = is_letter(c) ? kLetter : is_number(c) ? kNumber : is_space(c) ? kSpace : kOther;
+    }
   }
-  std::vector<std::string> words;
-  auto emit = [&](size_t from, size_t to) {
+  uint32_t cp(size_t i) const { return i < n ? cps[i].cp : 0u; }
+  // The code points [from, to) as one word.
+  void emit(size_t from, size_t to) {
     words.push_back(text.substr(cps[from].at, cps[to].at - cps[from].at));
-  };
-  auto cp = [&](size_t i) { return i < n ? cps[i].cp : 0u; };
+  }
+  // The length of 's|'t|'re|'ve|'m|'ll|'d at i, 0 if none; `fold`: case-insensitive, as (?i:...)
+  // (ASCII letters, and the long s U+017F, which folds to 's').
+  size_t contraction(size_t i, bool fold) const {
+    if (cp(i) != '\'') return 0;
+    auto at = [&](size_t k) {
+      const uint32_t c = cp(k);
+      if (!fold) return c;
+      if (c >= 'A' && c <= 'Z') return c + ('a' - 'A');
+      return c == 0x17Fu ? uint32_t('s') : c;
+    };
+    const uint32_t a = at(i + 1), b = at(i + 2);
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+    return 0;
+  }
+  const std::string& text;
+  const std::vector<CodePoint> cps;
+  const size_t n;  // code points (cps' last entry marks the end)
+  std::vector<Class> cls;
+  std::vector<std::string> words;
+};
+
+}  // namespace
+
+std::vector<std::string> gpt2_pretokenize(const std::string& text) {
+  Words w(text);
+  const size_t n = w.n;
+  const std::vector<Words::Class>& cls = w.cls;
   size_t i = 0;
   while (i < n) {
     // 's|'t|'re|'ve|'m|'ll|'d
-    if (cp(i) == '\'') {
-      const uint32_t a = cp(i + 1), b = cp(i + 2);
-      size_t len = 0;
-      if (a == 's' || a == 't' || a == 'm' || a == 'd')
-        len = 2;
-      else if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l'))
-        len = 3;
-      if (len) {
-        emit(i, i + len);
-        i += len;
-        continue;
-      }
+    if (const size_t len = w.contraction(i, false)) {
+      w.emit(i, i + len);
+      i += len;
+      continue;
     }
     //  ?\p{L}+ |  ?\p{N}+ |  ?[^\s\p{L}\p{N}]+   (the optional space is U+0020 alone)
-    const size_t j = cp(i) == ' ' ? i + 1 : i;
-    if (j < n && cls[j] != kSpace) {
-      const Class c = cls[j];
+    const size_t j = w.cp(i) == ' ' ? i + 1 : i;
+    if (j < n && cls[j] != Words::kSpace) {
+      const Words::Class c = cls[j];
       size_t k = j + 1;
       while (k < n && cls[k] == c)
         ++k;
-      emit(i, k);
+      w.emit(i, k);
       i = k;
       continue;
     }
     // \s+(?!\S) | \s+ : a run of whitespace, less its last character when a non-space follows
     // (that one starts the next word, " word"), unless the run is that one character.
     size_t k = i;
-    while (k < n && cls[k] == kSpace)
+    while (k < n && cls[k] == Words::kSpace)
       ++k;
     if (k < n && k - i >= 2) --k;
-    emit(i, k);
+    w.emit(i, k);
     i = k;
   }
-  return words;
+  return std::move(w.words);
 }
 
 const char* const kLlama3Regex =
@@ -688,60 +711,38 @@ namespace {
 //   1. (?i:'s|'t|'re|'ve|'m|'ll|'d)     2. [^\r\n\p{L}\p{N}]?\p{L}+     3. \p{N}{1,max_digits}
 //   4.  ?[^\s\p{L}\p{N}]+[\r\n]*       5. \s*[\r\n]+   6. \s+(?!\S)   7. \s+
 std::vector<std::string> llama3_pretokenize(const std::string& text, size_t max_digits) {
-  const std::vector<CodePoint> cps = decode_utf8(text);
-  const size_t n = cps.size() - 1;  // the last entry marks the end
-  enum Class { kLetter, kNumber, kSpace, kOther };
-  std::vector<Class> cls(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t c = cps[i].cp;
-    cls[i] = is_letter(c) ? kLetter : is_number(c) ? kNumber : is_space(c) ? kSpace : kOther;
-  }
-  auto cp = [&](size_t i) { return i < n ? cps[i].cp : 0u; };
-  auto newline = [&](size_t i) { return cp(i) == '\r' || cp(i) == '\n'; };
-  // (?i): ASCII letters, and the long s (U+017F), which folds to 's'.
-  auto folded = [&](size_t i) {
-    const uint32_t c = cp(i);
-    if (c >= 'A' && c <= 'Z') return c + ('a' - 'A');
-    return c == 0x17Fu ? uint32_t('s') : c;
-  };
-  std::vector<std::string> words;
-  auto emit = [&](size_t from, size_t to) {
-    words.push_back(text.substr(cps[from].at, cps[to].at - cps[from].at));
-  };
+  Words w(text);
+  const size_t n = w.n;
+  const std::vector<Words::Class>& cls = w.cls;
+  using C = Words::Class;
+  auto newline = [&](size_t i) { return w.cp(i) == '\r' || w.cp(i) == '\n'; };
+  auto emit = [&](size_t from, size_t to) { w.emit(from, to); };
   size_t i = 0;
   while (i < n) {
-    if (cp(i) == '\'') {  // 1
-      const uint32_t a = folded(i + 1), b = folded(i + 2);
-      size_t len = 0;
-      if (a == 's' || a == 't' || a == 'm' || a == 'd')
-        len = 2;
-      else if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l'))
-        len = 3;
-      if (len) {
-        emit(i, i + len);
-        i += len;
-        continue;
-      }
+    if (const size_t len = w.contraction(i, true)) {  // 1
+      emit(i, i + len);
+      i += len;
+      continue;
     }
-    size_t j = cls[i] == kLetter || cls[i] == kNumber || newline(i) ? i : i + 1;  // 2
-    if (j < n && cls[j] == kLetter) {
-      while (j < n && cls[j] == kLetter)
+    size_t j = cls[i] == C::kLetter || cls[i] == C::kNumber || newline(i) ? i : i + 1;  // 2
+    if (j < n && cls[j] == C::kLetter) {
+      while (j < n && cls[j] == C::kLetter)
         ++j;
       emit(i, j);
       i = j;
       continue;
     }
-    if (cls[i] == kNumber) {  // 3
+    if (cls[i] == C::kNumber) {  // 3
       j = i;
-      while (j < n && cls[j] == kNumber && j - i < max_digits)
+      while (j < n && cls[j] == C::kNumber && j - i < max_digits)
         ++j;
       emit(i, j);
       i = j;
       continue;
     }
-    j = cp(i) == ' ' ? i + 1 : i;  // 4
-    if (j < n && cls[j] == kOther) {
-      while (j < n && cls[j] == kOther)
+    j = w.cp(i) == ' ' ? i + 1 : i;  // 4
+    if (j < n && cls[j] == C::kOther) {
+      while (j < n && cls[j] == C::kOther)
         ++j;
       while (j < n && newline(j))
         ++j;
@@ -751,7 +752,7 @@ std::vector<std::string> llama3_pretokenize(const std::string& text, size_t max_
     }
     // Whitespace from here (every other class matched above): its maximal run [i, end).
     size_t end = i;
-    while (end < n && cls[end] == kSpace)
+    while (end < n && cls[end] == C::kSpace)
       ++end;
     size_t last_newline = end;
     for (size_t k = end; k > i; --k)
@@ -770,7 +771,7 @@ std::vector<std::string> llama3_pretokenize(const std::string& text, size_t max_
       i = end;
     }
   }
-  return words;
+  return std::move(w.words);
 }
 
 }  // namespace
