@@ -974,6 +974,40 @@ TEST_F(PluginAbi, FrozenV1_4PluginLoadsRunsAndResumes) {
   EXPECT_EQ(again[3], "frozen_v1_4 STEP_END step=3") << join(again);
 }
 
+// A loss-spike guard built for 1.4 reads the head's "losses (B, T)" at FORWARD_END and
+// BACKWARD_BEGIN. The chunked loss (the default) computes them in the head's backward; the host
+// computes them for the reader instead, so what it reads is the micro-step's real per-token
+// losses: their mean is the step's loss (one micro-step a step, no ignored targets), at both
+// events, under either loss.
+TEST_F(PluginAbi, FrozenV1_4PluginReadsTheRealPerTokenLosses) {
+  for (const std::string loss : {"chunked", "full"}) {
+    SCOPED_TRACE(loss);
+    fs::remove(file("l.txt"));
+    const std::string cfg = config(
+        "[model]\nn_layer = 1\nn_head = 1\nn_embd = 8\nseq_len = 4\nvocab_size = 16\n"
+        "loss = \"" +
+        loss + "\"\n[train]\nsteps = 3\nmicro_batch = 2\ngrad_accum = 1\n" +
+        plugin("frozen_v1_4_losses", "out = \"" + file("l.txt") + "\"\n"));
+    const auto r = run_headroom("train " + cfg + " --metrics " + file("m.jsonl"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto step_losses = losses(file("m.jsonl"));
+    const auto lines = read_lines(file("l.txt"));
+    ASSERT_EQ(step_losses.size(), 3u);
+    ASSERT_EQ(lines.size(), 6u) << join(lines);
+    for (size_t k = 0; k < lines.size(); ++k) {
+      const auto words = split(lines[k]);
+      ASSERT_GE(words.size(), 4u) << lines[k];
+      EXPECT_EQ(words[1], k % 2 == 0 ? "FORWARD_END" : "BACKWARD_BEGIN") << lines[k];
+      const int step = std::stoi(field(lines[k], "step"));
+      ASSERT_EQ(step, int(k / 2) + 1) << lines[k];
+      ASSERT_NE(field(lines[k], "mean"), "") << lines[k];
+      EXPECT_EQ(field(lines[k], "n"), "8") << lines[k];  // micro_batch 2 x seq_len 4
+      EXPECT_EQ(field(lines[k], "dtype"), std::to_string(HR_DTYPE_F32)) << lines[k];
+      EXPECT_NEAR(std::stod(field(lines[k], "mean")), step_losses[step - 1], 1e-6) << lines[k];
+    }
+  }
+}
+
 // --- ABI 1.5: the host's extensions
 // ---------------------------------------------------------------
 
