@@ -868,6 +868,24 @@ TEST_F(PluginAbi, AllocFromAnAllocatorHookIsRefused) {
   EXPECT_TRUE(test::contains(out, " nested=refused")) << out;
 }
 
+// A snapshot of an optimizer plugin that keeps no state (plain_sgd), resumed without it: the
+// refusal names the plugin from the snapshot's own record, not "a plugin"; with it, it resumes.
+TEST_F(PluginAbi, ResumingWithoutTheOptimizerPluginNamesIt) {
+  const std::string base =
+      std::string(kTinyModel) + "[snapshot]\nevery = 1\ndir = \"" + file("snaps") + "\"\n";
+  const std::string sgd = plugin("plain_sgd", "out = \"" + file("sgd.txt") + "\"\n");
+  ASSERT_EQ(run_headroom("train " + config(base + sgd)).exit_code, 0);
+  const std::string resume = " --set train.steps=3 --resume " + file("snaps");
+  const auto without = run_headroom("train " + config(base) + resume);
+  EXPECT_EQ(without.exit_code, 2) << without.output;
+  EXPECT_TRUE(test::contains(without.output,
+                             "was made with the optimizer of plugin 'plain_sgd', this config "
+                             "uses adamw (list 'plain_sgd' in [[plugins]] again to resume it"))
+      << without.output;
+  const auto with = run_headroom("train " + config(base + sgd) + resume);
+  EXPECT_EQ(with.exit_code, 0) << with.output;
+}
+
 // The optimizer role replaces AdamW whatever [train] optimizer says: the plugin's plain SGD
 // reproduces the built-in SGD without momentum or weight decay, and no AdamW state is allocated.
 TEST_F(PluginAbi, OptimizerRoleReplacesTheBuiltIn) {
