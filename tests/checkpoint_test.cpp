@@ -327,7 +327,8 @@ TEST(CheckpointPlugin, BadKeysExit2NamingTheKey) {
   }
 }
 
-// Only hr_plugin_entry leaves an in-tree plugin's library (plugins/common/exports.map).
+// Only hr_plugin_entry leaves an in-tree plugin's library (headroom_add_plugin's version script,
+// cmake/headroom-plugin.map).
 TEST(InTreePlugins, ExportOnlyTheEntryPoint) {
   const std::string bin = HEADROOM_BINARY;
   for (const char* name : {"checkpoint", "amp", "defrag_allocator", "dynamic_batch"}) {

@@ -476,14 +476,32 @@ TEST_F(Hardening, ResumingAcrossAnOptimizerPluginNamesThePlugin) {
   EXPECT_EQ(optimizer_mismatch(adamw, "plugin", "adafactor", {"adafactor"}),
             "was made with optimizer adamw, this config uses the optimizer of plugin 'adafactor' "
             "(resume it without plugin 'adafactor', or start afresh without --resume)");
+  // A snapshot names its optimizer plugin, whose state it may not hold (the amp state is
+  // another plugin's, which this run lacks too).
   SnapshotData plugin;
-  plugin.optimizer = "plugin";
-  plugin.plugins["adafactor"] = {1, 2, 3};
+  plugin.optimizer = plugin_optimizer_signature("lion");
   plugin.plugins["amp"] = {4};
-  EXPECT_EQ(optimizer_mismatch(plugin, "adamw", "", {"amp"}),
+  EXPECT_EQ(optimizer_mismatch(plugin, "adamw", "", {}),
+            "was made with the optimizer of plugin 'lion', this config uses adamw (list 'lion' "
+            "in [[plugins]] again to resume it, or start afresh without --resume)");
+  EXPECT_EQ(optimizer_mismatch(plugin, plugin_optimizer_signature("adafactor"), "adafactor",
+                               {"adafactor"}),
+            "was made with the optimizer of plugin 'lion', this config uses the optimizer of "
+            "plugin 'adafactor' (list 'lion' in [[plugins]] instead of 'adafactor' to resume it, "
+            "or start afresh without --resume)");
+  EXPECT_FALSE(same_optimizer(plugin.optimizer, plugin_optimizer_signature("adafactor")));
+  EXPECT_TRUE(same_optimizer(plugin.optimizer, plugin_optimizer_signature("lion")));
+  // A snapshot from before the name was recorded says "plugin": named by the states it holds,
+  // and any optimizer plugin may resume it.
+  SnapshotData old;
+  old.optimizer = "plugin";
+  old.plugins["adafactor"] = {1, 2, 3};
+  old.plugins["amp"] = {4};
+  EXPECT_EQ(optimizer_mismatch(old, "adamw", "", {"amp"}),
             "was made with optimizer of plugin 'adafactor' (whose state it holds), this config "
             "uses adamw (list 'adafactor' in [[plugins]] again to resume it, or start afresh "
             "without --resume)");
+  EXPECT_TRUE(same_optimizer(old.optimizer, plugin_optimizer_signature("adafactor")));
   EXPECT_TRUE(contains(optimizer_mismatch(adamw, "sgd", "", {}),
                        "this config uses sgd (set train.optimizer = \"adamw\" to resume it"));
   // Through the host, both ways.
@@ -507,8 +525,8 @@ TEST_F(Hardening, ResumingAcrossAnOptimizerPluginNamesThePlugin) {
   const auto back = run_headroom("train -q " + plain + resume);
   EXPECT_EQ(back.exit_code, 2) << back.output;
   EXPECT_TRUE(contains(back.output,
-                       "was made with optimizer of plugin 'adafactor' (whose state "
-                       "it holds), this config uses adamw"))
+                       "was made with the optimizer of plugin 'adafactor', this config uses adamw "
+                       "(list 'adafactor' in [[plugins]] again"))
       << back.output;
 }
 

@@ -356,19 +356,11 @@ class Head final : public Layer<T> {
 
     ops.layernorm_forward(dt, lnf_, lnf_mean_, lnf_rstd_, x, lnfw_->compute().value,
                           lnfb_->compute().value, N, C);
+    batch_ = b;
+    losses_filled_ = !chunked_ || loss_in_forward_;
     if (chunked_) {
       if (!loss_in_forward_) return;  // backward computes the logits, their losses and gradients
-      // Each chunk's logits (chunk, V), its losses, then the next chunk over the same buffer.
-      // The cross-entropy kernel also writes dlogits over them, which nothing reads.
-      const uint64_t chunk = gpt_loss_chunk_tokens(m_, N, dt);
-      Buffer logits(this->device_, chunk * V * dtype_size(dt), Category::kWorkspace,
-                    this->name_ + " forward: logits (chunk, V)");
-      for (uint64_t n0 = 0; n0 < N; n0 += chunk) {
-        const int rows = int(std::min(chunk, N - n0));
-        chunk_logits(logits.as<void>(), n0, rows);
-        ops.crossentropy_forward_backward(dt, logits.as<void>(), stat_at(n0), b.targets + n0, rows,
-                                          V, b.dloss);
-      }
+      chunk_losses(b);
     } else {
       ops.matmul_forward(dt, logits_, lnf_, wte_.compute().value, nullptr, N, C, V);
       // logits (B, T, V) become dlogits in place: no second (B, T, V) buffer.
@@ -401,6 +393,7 @@ class Head final : public Layer<T> {
                             nullptr, logits, static_cast<const char*>(lnf_) + n0 * C * es,
                             wte_.compute().value, rows, C, V, Grad::kWrite);
       }
+      losses_filled_ = true;
       read_loss(b);  // the same losses evaluate()'s forward would have read
     } else {
       ops.matmul_backward(dt, dlnf, wte_.compute().grad, nullptr, logits_, lnf_,
@@ -410,7 +403,37 @@ class Head final : public Layer<T> {
                            lnfw_->compute().value, lnf_mean_, lnf_rstd_, N, C, Grad::kWrite);
   }
 
+  // A training forward of the chunked loss leaves "losses (B, T)" to backward; a plugin that
+  // reads it before (FORWARD_END, BACKWARD_BEGIN) gets it computed now, as evaluate()'s forward
+  // computes it: the same kernels on the same chunks, so bitwise what backward writes again.
+  bool fill_saved(size_t index, bool may_allocate) override {
+    if (losses_filled_ || index >= this->saved_.size()) return true;
+    if (this->saved_[index].buffer.template as<void>() != losses_) return true;
+    if (!may_allocate) return false;
+    chunk_losses(batch_);
+    losses_filled_ = true;
+    return true;
+  }
+
  private:
+  // losses (B, T) from ln_f, a chunk at a time: each chunk's logits (chunk, V), its losses, then
+  // the next chunk over the same buffer. The cross-entropy kernel also writes dlogits over them,
+  // which nothing reads.
+  void chunk_losses(const Batch& b) {
+    const int V = m_.vocab_size;
+    const uint64_t N = uint64_t(b.B) * b.T;
+    const Dtype dt = this->dt_;
+    const uint64_t chunk = gpt_loss_chunk_tokens(m_, N, dt);
+    Buffer logits(this->device_, chunk * V * dtype_size(dt), Category::kWorkspace,
+                  this->name_ + " forward: logits (chunk, V)");
+    for (uint64_t n0 = 0; n0 < N; n0 += chunk) {
+      const int rows = int(std::min(chunk, N - n0));
+      chunk_logits(logits.as<void>(), n0, rows);
+      this->ops().crossentropy_forward_backward(dt, logits.as<void>(), stat_at(n0), b.targets + n0,
+                                                rows, V, b.dloss);
+    }
+  }
+
   // The mean of the per-token losses over the batch's non-ignored targets, on the host: (B, T)
   // values, one small copy per micro-step.
   void read_loss(const Batch& b) {
@@ -448,7 +471,9 @@ class Head final : public Layer<T> {
   ModelConfig m_;
   bool chunked_ = m_.loss != "full";  // [model] loss
   bool loss_in_forward_ = false;
-  Param<T>& wte_;  // tied: owned by the embedding
+  bool losses_filled_ = false;  // losses_ holds this micro-batch's per-token losses
+  Batch batch_;                 // the micro-batch of the last forward, for fill_saved
+  Param<T>& wte_;               // tied: owned by the embedding
   Param<T>*lnfw_, *lnfb_;
   void *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
        *losses_ = nullptr;

@@ -224,6 +224,17 @@ class Layer {
   }
   uint64_t saved_bytes() const;
   const std::vector<SavedActivation>& saved() const { return saved_; }
+  // Fills saved tensor `index` now if the layer fills it later than its forward, for a reader
+  // between forward and backward (a plugin's layer_activation): the chunked head's per-token
+  // losses, which its backward computes. Computing them early costs what the forward of the
+  // full loss would (the chunks' logits again, a (chunk, V) workspace), and only when asked. The
+  // other tensors are whole after forward: nothing to do. False when it is not filled and
+  // `may_allocate` is false (a reader inside an allocation, which must not start another).
+  virtual bool fill_saved(size_t index, bool may_allocate) {
+    (void)index;
+    (void)may_allocate;
+    return true;
+  }
 
   // Activation recomputation. A layer that can be recomputed (a transformer block: its forward
   // needs nothing but its input and its parameters) may drop every saved tensor after its forward

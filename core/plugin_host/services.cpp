@@ -44,6 +44,14 @@ std::string rule_words(const Rule& r) {
 
 }  // namespace
 
+bool in_allocation(hr_host* h) {
+  const LoadedPlugin& p = *h->plugin;
+  const int ev = HostServices::current_event(h);
+  return p.in_allocator_hook > 0 ||
+         (!p.creating &&
+          (ev == int(Event::kAlloc) || ev == int(Event::kFree) || ev == int(Event::kOom)));
+}
+
 bool allowed(hr_host* h, const Rule& rule, int32_t layer) {
   LoadedPlugin& p = *h->plugin;
   const int ev = HostServices::current_event(h), ev_layer = HostServices::current_layer(h);
@@ -71,8 +79,7 @@ bool allowed(hr_host* h, const Rule& rule, int32_t layer) {
       case When::kNotInAllocation:
         if (p.in_allocator_hook > 0)
           why = "plugin '" + p.entry.name + "' called it from its allocator hooks";
-        else if (!p.creating &&
-                 (ev == int(Event::kAlloc) || ev == int(Event::kFree) || ev == int(Event::kOom)))
+        else if (in_allocation(h))
           why = "plugin '" + p.entry.name + "' called it from " + from;
         break;
       case When::kOom:

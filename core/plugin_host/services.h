@@ -74,6 +74,10 @@ constexpr bool can_refuse(const Rule& r) {
   return r.roles != kAnyone || r.when != When::kAnyTime;
 }
 
+// Whether `h`'s plugin is inside an allocation now: in an ALLOC, FREE or OOM hook or an allocator
+// hook, where it must not start another.
+bool in_allocation(hr_host* h);
+
 // Whether `h`'s plugin may make this call now (`layer`: the layer the call names, -1 for none); if
 // not, its error message says why, naming the function, the rule and the plugin.
 bool allowed(hr_host* h, const Rule& rule, int32_t layer);

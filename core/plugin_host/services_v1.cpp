@@ -1,6 +1,7 @@
 // The services table a plugin gets in create(): ABI 1.0 to 1.4's functions, frozen at 1.4 (what
 // came after is an extension: ext_*.cpp), each beside its rule (services.h).
 #include <cstdio>
+#include <stdexcept>
 
 #include "core/config/toml_type_name.h"
 #include "core/plugin_host/services.h"
@@ -243,6 +244,15 @@ static hr_status layer_activation(hr_host* h, int32_t index, int32_t i, hr_tenso
         "layer " + std::to_string(index) + " holds no activation " + std::to_string(i) + " now";
     return HR_ERROR_INVALID;
   }
+  // The chunked head computes its per-token losses in backward: a reader before gets them
+  // computed now (Layer::fill_saved), never the buffer's old bytes.
+  hr_status filled = guarded(h, [&] {
+    if (!l->fill_saved(size_t(i), !in_allocation(h)))
+      throw std::runtime_error(l->saved()[i].what +
+                               " is computed on its first read, which allocates: read it from "
+                               "an event other than ALLOC, FREE or OOM, or the allocator hooks");
+  });
+  if (filled != HR_OK) return filled;
   const SavedActivation& a = l->saved()[i];
   hr_tensor t = f32_view(a.what, {int64_t(a.numel)}, a.numel, a.buffer.as<void>());
   t.dtype = static_cast<uint32_t>(a.dtype);  // the compute dtype, or the statistics'

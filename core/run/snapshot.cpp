@@ -494,29 +494,60 @@ RankPart read_rank_part(const std::string& dir, int64_t step, int rank, int worl
   return {d.data_state, std::move(d.tensors)};
 }
 
+std::string plugin_optimizer_signature(const std::string& plugin) {
+  return "plugin '" + plugin + "'";
+}
+
+bool is_plugin_optimizer(const std::string& signature) {
+  return signature == "plugin" || signature.rfind("plugin '", 0) == 0;
+}
+
+std::string optimizer_plugin_of(const std::string& signature) {
+  const std::string head = "plugin '";
+  if (signature.rfind(head, 0) != 0 || signature.size() <= head.size() + 1 ||
+      signature.back() != '\'')
+    return "";
+  return signature.substr(head.size(), signature.size() - head.size() - 1);
+}
+
+bool same_optimizer(const std::string& theirs, const std::string& ours) {
+  const std::string a = optimizer_layout(theirs).optimizer, b = optimizer_layout(ours).optimizer;
+  return a == b || (a == "plugin" && is_plugin_optimizer(b));
+}
+
 std::string optimizer_mismatch(const SnapshotData& d, const std::string& ours,
                                const std::string& our_plugin,
                                const std::vector<std::string>& loaded) {
   const std::string theirs_base = optimizer_layout(d.optimizer).optimizer;
   std::string theirs = d.optimizer, their_plugins;
-  if (theirs_base == "plugin") {
+  const bool theirs_plugin = is_plugin_optimizer(theirs_base);
+  if (theirs_plugin && !optimizer_plugin_of(theirs_base).empty()) {
+    their_plugins = "'" + optimizer_plugin_of(theirs_base) + "'";
+    theirs = "the optimizer of plugin " + their_plugins;
+  } else if (theirs_plugin) {
+    // An old snapshot: the plugin states it holds that this run lacks.
     for (const auto& [name, bytes] : d.plugins)
       if (std::find(loaded.begin(), loaded.end(), name) == loaded.end())
         their_plugins += (their_plugins.empty() ? "'" : ", '") + name + "'";
-    theirs = their_plugins.empty() ? std::string("of a plugin")
-                                   : "of plugin " + their_plugins + " (whose state it holds)";
+    theirs = their_plugins.empty()
+                 ? std::string("optimizer of a plugin")
+                 : "optimizer of plugin " + their_plugins + " (whose state it holds)";
+  } else {
+    theirs = "optimizer " + theirs;
   }
   const std::string mine =
       our_plugin.empty() ? ours : "the optimizer of plugin '" + our_plugin + "'";
   std::string fix;
-  if (!our_plugin.empty())
+  if (!our_plugin.empty() && theirs_plugin && !optimizer_plugin_of(theirs_base).empty())
+    fix = "list " + their_plugins + " in [[plugins]] instead of '" + our_plugin + "' to resume it";
+  else if (!our_plugin.empty())
     fix = "resume it without plugin '" + our_plugin + "'";
-  else if (theirs_base == "plugin")
+  else if (theirs_plugin)
     fix = "list " + (their_plugins.empty() ? std::string("its optimizer plugin") : their_plugins) +
           " in [[plugins]] again to resume it";
   else
     fix = "set train.optimizer = \"" + theirs_base + "\" to resume it";
-  return "was made with optimizer " + theirs + ", this config uses " + mine + " (" + fix +
+  return "was made with " + theirs + ", this config uses " + mine + " (" + fix +
          ", or start afresh without --resume)";
 }
 

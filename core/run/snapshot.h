@@ -122,11 +122,21 @@ struct OptimizerLayout {
 };
 OptimizerLayout optimizer_layout(const std::string& signature);
 
+// The signature of the optimizer role's state: "plugin 'lion'", naming the plugin that took the
+// role. Snapshots written before the name was recorded say "plugin" alone.
+std::string plugin_optimizer_signature(const std::string& plugin);
+// Whether a signature is the optimizer role's, and the plugin it names ("" for an old "plugin").
+bool is_plugin_optimizer(const std::string& signature);
+std::string optimizer_plugin_of(const std::string& signature);
+// Whether snapshot optimizer signature `theirs` resumes into a run whose signature is `ours`: the
+// same optimizer (its sharding may differ), an old unnamed "plugin" matching any plugin's.
+bool same_optimizer(const std::string& theirs, const std::string& ours);
+
 // Why snapshot `d` cannot resume a run whose optimizer signature is `ours`: "was made with
 // optimizer adamw; this config's optimizer is plugin 'adafactor' ...". An optimizer plugin is
-// named on either side: this run's (`our_plugin`, "" for none), and the snapshot's by the plugin
-// states it holds that this run does not load (`loaded`: the config's plugin names), as the
-// signature of a plugin's state says only "plugin".
+// named on either side: this run's (`our_plugin`, "" for none), and the snapshot's by its
+// signature, or for an old snapshot whose signature says only "plugin", by the plugin states it
+// holds that this run does not load (`loaded`: the config's plugin names).
 std::string optimizer_mismatch(const SnapshotData& d, const std::string& ours,
                                const std::string& our_plugin,
                                const std::vector<std::string>& loaded);

@@ -204,7 +204,7 @@ int64_t SnapshotIO::resume() {
   // The optimizer must be this run's; how its state is sharded need not be (resharding).
   const std::string optimizer = optimizer_signature();
   const OptimizerLayout theirs = optimizer_layout(d.optimizer);
-  if (theirs.optimizer != optimizer_layout(optimizer).optimizer) {
+  if (!same_optimizer(d.optimizer, optimizer)) {
     std::vector<std::string> loaded;
     for (const PluginEntry& p : p_.config.plugins)
       loaded.push_back(p.name);
@@ -220,7 +220,10 @@ int64_t SnapshotIO::resume() {
                  " ranks, but it was written by " + std::to_string(written_by));
   // The same world size and the same sharding: each rank reads its own part (its data position
   // and shards), and everything loads as it was saved, bitwise. Otherwise the state is resharded.
-  const bool same_layout = written_by == world && d.optimizer == optimizer;
+  // (An optimizer plugin's state is never sharded: an old snapshot's unnamed "plugin" is ours.)
+  const bool same_signature = d.optimizer == optimizer || (is_plugin_optimizer(d.optimizer) &&
+                                                           same_optimizer(d.optimizer, optimizer));
+  const bool same_layout = written_by == world && same_signature;
   std::string data_state = d.data_state;
   RankPart part;
   std::unique_ptr<StateResharder> resharded;
@@ -377,7 +380,8 @@ bool SnapshotIO::sharded_state() const {
 }
 
 std::string SnapshotIO::optimizer_signature() const {
-  if (p_.plugins.provides_optimizer()) return "plugin";
+  if (p_.plugins.provides_optimizer())
+    return plugin_optimizer_signature(p_.plugins.optimizer_plugin());
   // Its state's dtype and, for bf16 weights or state, where its stochastic rounding starts: a
   // resume must continue the same stream (optim.h rounding_seed).
   std::string layout;

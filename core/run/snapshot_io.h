@@ -114,7 +114,8 @@ class SnapshotIO {
   MasterAccess masters(bool gather, bool scatter);
   // The optimizer state is sharded over more than one rank: snapshots keep it in the rank parts.
   bool sharded_state() const;
-  // What a snapshot's "optimizer" says: "adamw", "adamw sharded over 2 ranks", "plugin".
+  // What a snapshot's "optimizer" says: "adamw", "adamw sharded over 2 ranks", "plugin 'lion'"
+  // (the plugin that took the optimizer role).
   std::string optimizer_signature() const;
   bool root() const { return p_.comm.rank() == 0; }
 

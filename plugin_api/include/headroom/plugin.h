@@ -258,7 +258,10 @@ typedef struct hr_host_services {
 
   /* The model: layers 0 .. num_layers-1 (embedding, blocks, head). Tensors are views valid until
    * the next event. A layer's activations exist from its FORWARD_END through its
-   * BACKWARD_BEGIN (they are freed when its backward is done). A parameter's data (the f32
+   * BACKWARD_BEGIN (they are freed when its backward is done). The head's "losses (B, T)" (f32)
+   * are the micro-batch's per-token losses whenever read: the chunked loss computes them in the
+   * head's backward, so a read before it has the host compute them then (it allocates: not from
+   * ALLOC, FREE or OOM hooks). A parameter's data (the f32
    * masters) is NULL while its layer's masters are sharded across ranks (headroom.shard/1 with
    * a compute copy, or HR_SHARD_PARAMETERS), and its grad NULL while only a gradient shard
    * exists. */
