@@ -18,24 +18,28 @@ namespace headroom::cpu {
 
 namespace detail {
 
-// Head h of batch row b: its q, k and v, (T, hs) views of qkv (B, T, 3C) = [q | k | v] with row
-// stride 3C; the same views of the gradient dqkv when there is one; and where its columns start
+// Head h of batch row b: its q, k and v, (T, hs) views of qkv (B, T, W) = [q | k | v] with row
+// stride W; the same views of the gradient dqkv when there is one; and where its columns start
 // in a (B, T, C) tensor (out, dout; row stride C). The naive and the tiled kernels' one layout.
+// Grouped-query attention (`group` query heads a key/value head): q is C wide, k and v C / group
+// each, so W = C + 2C / group, and head h reads key/value head h / group. group 1: W = 3C.
 template <class T>
 struct QkvHead {
   const T *q, *k, *v;
   T *dq = nullptr, *dk = nullptr, *dv = nullptr;
   size_t o_off;
-  QkvHead(const T* qkv, T* dqkv, int b, int h, int Tn, int C, int hs)
+  QkvHead(const T* qkv, T* dqkv, int b, int h, int Tn, int C, int hs, int group = 1)
       : o_off(static_cast<size_t>(b) * Tn * C + static_cast<size_t>(h) * hs) {
-    const size_t off = static_cast<size_t>(b) * Tn * 3 * C + static_cast<size_t>(h) * hs;
-    q = qkv + off;
-    k = q + C;
-    v = q + 2 * C;
+    const size_t KV = static_cast<size_t>(C / group), W = C + 2 * KV;
+    const size_t row = static_cast<size_t>(b) * Tn * W;
+    const size_t kv = static_cast<size_t>(h / group) * hs;
+    q = qkv + row + static_cast<size_t>(h) * hs;
+    k = qkv + row + C + kv;
+    v = qkv + row + C + KV + kv;
     if (dqkv != nullptr) {
-      dq = dqkv + off;
-      dk = dq + C;
-      dv = dq + 2 * C;
+      dq = dqkv + row + static_cast<size_t>(h) * hs;
+      dk = dqkv + row + C + kv;
+      dv = dqkv + row + C + KV + kv;
     }
   }
 };

@@ -27,15 +27,18 @@ namespace headroom::cpu {
 // the head's q, k, v rows, and the tile GEMMs large enough for the GEMM library.
 constexpr int kAttentionTile = 64;
 
-// qkv (B,T,3C) laid out [q | k | v] as attention_forward's.
+// qkv (B,T,3C) laid out [q | k | v] as attention_forward's; with NKV < NH key/value heads
+// (grouped-query attention, NKV dividing NH) (B,T,C + 2C·NKV/NH), each k and v head shared by
+// NH/NKV consecutive query heads (detail::QkvHead). NKV 0: NH.
 // out (B,T,C): heads side by side. lse (B,NH,T): log sum_j exp(scale q_t · k_j) over j <= t.
 // tile: the tile's rows and columns (tests use small ones to reach many tiles at small T).
 template <class T>
 HEADROOM_CPU_CLONES void attention_tiled_forward(T* out, T* lse, const T* qkv, int B, int Tn, int C,
-                                                 int NH, int tile = kAttentionTile) {
-  assert(C % NH == 0 && tile > 0);
-  const int hs = C / NH;
-  const int C3 = 3 * C;
+                                                 int NH, int tile = kAttentionTile, int NKV = 0) {
+  if (NKV == 0) NKV = NH;
+  assert(C % NH == 0 && tile > 0 && NH % NKV == 0);
+  const int hs = C / NH, group = NH / NKV;
+  const int C3 = C + 2 * NKV * hs;  // qkv's row stride
   const T scale = T(1.0 / std::sqrt(static_cast<double>(hs)));
   const int nt = kGemmInParallel ? threads_for(size_t(B) * NH * Tn * Tn / 2) : 1;
 #pragma omp parallel num_threads(nt)
@@ -45,8 +48,8 @@ HEADROOM_CPU_CLONES void attention_tiled_forward(T* out, T* lse, const T* qkv, i
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
       for (int h = 0; h < NH; h++) {
-        const detail::QkvHead<T> hd(qkv, nullptr, b, h, Tn, C, hs);
-        const T *q = hd.q, *k = hd.k, *v = hd.v;  // (T,hs), row stride 3C
+        const detail::QkvHead<T> hd(qkv, nullptr, b, h, Tn, C, hs, group);
+        const T *q = hd.q, *k = hd.k, *v = hd.v;  // (T,hs), row stride C3
         T* out_bh = out + hd.o_off;
         T* lse_bh = lse + (static_cast<size_t>(b) * NH + h) * Tn;
         for (int r0 = 0; r0 < Tn; r0 += tile) {
@@ -107,14 +110,16 @@ HEADROOM_CPU_CLONES void attention_tiled_forward(T* out, T* lse, const T* qkv, i
 // dqkv (B,T,3C) += gradient w.r.t. qkv, given dout (B,T,C), qkv, and the forward's out and lse.
 // Per query tile: D = rowsum(dout * out) (softmax backward's dot), then per key tile up to the
 // diagonal: p = exp(scale q k^T - lse), dv += p^T dout, dp = dout v^T, ds = p (dp - D),
-// dq += scale ds k, dk += scale ds^T q.
+// dq += scale ds k, dk += scale ds^T q. The query heads of one key/value group run in one thread,
+// in order: they add into the same dk and dv.
 template <class T>
 HEADROOM_CPU_CLONES void attention_tiled_backward(T* dqkv, const T* dout, const T* qkv,
                                                   const T* out, const T* lse, int B, int Tn, int C,
-                                                  int NH, int tile = kAttentionTile) {
-  assert(C % NH == 0 && tile > 0);
-  const int hs = C / NH;
-  const int C3 = 3 * C;
+                                                  int NH, int tile = kAttentionTile, int NKV = 0) {
+  if (NKV == 0) NKV = NH;
+  assert(C % NH == 0 && tile > 0 && NH % NKV == 0);
+  const int hs = C / NH, group = NH / NKV;
+  const int C3 = C + 2 * NKV * hs;  // qkv's row stride
   const T scale = T(1.0 / std::sqrt(static_cast<double>(hs)));
   const int nt = kGemmInParallel ? threads_for(size_t(B) * NH * Tn * Tn / 2) : 1;
 #pragma omp parallel num_threads(nt)
@@ -124,53 +129,55 @@ HEADROOM_CPU_CLONES void attention_tiled_backward(T* dqkv, const T* dout, const 
         dsum(tile);
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
-      for (int h = 0; h < NH; h++) {
-        const detail::QkvHead<T> hd(qkv, dqkv, b, h, Tn, C, hs);
-        const T *q = hd.q, *k = hd.k, *v = hd.v;  // (T,hs), row stride 3C; likewise dq, dk, dv
-        T *dq = hd.dq, *dk = hd.dk, *dv = hd.dv;
-        const T* o_bh = out + hd.o_off;  // (T,hs), row stride C; likewise dout
-        const T* do_bh = dout + hd.o_off;
-        const T* lse_bh = lse + (static_cast<size_t>(b) * NH + h) * Tn;
-        for (int r0 = 0; r0 < Tn; r0 += tile) {
-          const int rows = std::min(tile, Tn - r0);
-          for (int r = 0; r < rows; r++) {
-            const size_t at = static_cast<size_t>(r0 + r) * C;
-            dsum[r] = T(detail::dot_of(do_bh + at, o_bh + at, hs));
-          }
-          const T* q_i = q + static_cast<size_t>(r0) * C3;
-          const T* do_i = do_bh + static_cast<size_t>(r0) * C;
-          for (int c0 = 0; c0 <= r0; c0 += tile) {
-            const int cols = std::min(tile, Tn - c0);
-            const T* k_j = k + static_cast<size_t>(c0) * C3;
-            const T* v_j = v + static_cast<size_t>(c0) * C3;
-            // p (rows, cols) = exp(scale q_i k_j^T - lse), 0 above the diagonal
-            gemm(false, true, rows, cols, hs, scale, q_i, C3, k_j, C3, T(0), p.data(), tile);
-            // dp (rows, cols) = dout_i · v_j^T
-            gemm(false, true, rows, cols, hs, T(1), do_i, C, v_j, C3, T(0), dp.data(), tile);
+      for (int kvh = 0; kvh < NKV; kvh++) {
+        for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+          const detail::QkvHead<T> hd(qkv, dqkv, b, h, Tn, C, hs, group);
+          const T *q = hd.q, *k = hd.k, *v = hd.v;  // (T,hs), row stride 3C; likewise dq, dk, dv
+          T *dq = hd.dq, *dk = hd.dk, *dv = hd.dv;
+          const T* o_bh = out + hd.o_off;  // (T,hs), row stride C; likewise dout
+          const T* do_bh = dout + hd.o_off;
+          const T* lse_bh = lse + (static_cast<size_t>(b) * NH + h) * Tn;
+          for (int r0 = 0; r0 < Tn; r0 += tile) {
+            const int rows = std::min(tile, Tn - r0);
             for (int r = 0; r < rows; r++) {
-              T* pr = p.data() + static_cast<size_t>(r) * tile;
-              T* dr = dp.data() + static_cast<size_t>(r) * tile;
-              const int n = std::min(cols, r0 + r - c0 + 1);
-              const T lr = lse_bh[r0 + r], dr_sum = dsum[r];
-              // scale q k - lse <= 0 up to rounding: exp(-|x|) is its exp.
-              for (int j = 0; j < n; j++) {
-                pr[j] = headroom::detail::hr_exp_minus_abs(pr[j] - lr);
-                dr[j] = pr[j] * (dr[j] - dr_sum);
-              }
-              for (int j = n; j < cols; j++) {
-                pr[j] = T(0);
-                dr[j] = T(0);
-              }
+              const size_t at = static_cast<size_t>(r0 + r) * C;
+              dsum[r] = T(detail::dot_of(do_bh + at, o_bh + at, hs));
             }
-            // dv_j (cols, hs) += p^T (cols, rows) · dout_i (rows, hs)
-            gemm(true, false, cols, hs, rows, T(1), p.data(), tile, do_i, C, T(1),
-                 dv + static_cast<size_t>(c0) * C3, C3);
-            // dq_i (rows, hs) += scale * ds (rows, cols) · k_j (cols, hs)
-            gemm(false, false, rows, hs, cols, scale, dp.data(), tile, k_j, C3, T(1),
-                 dq + static_cast<size_t>(r0) * C3, C3);
-            // dk_j (cols, hs) += scale * ds^T (cols, rows) · q_i (rows, hs)
-            gemm(true, false, cols, hs, rows, scale, dp.data(), tile, q_i, C3, T(1),
-                 dk + static_cast<size_t>(c0) * C3, C3);
+            const T* q_i = q + static_cast<size_t>(r0) * C3;
+            const T* do_i = do_bh + static_cast<size_t>(r0) * C;
+            for (int c0 = 0; c0 <= r0; c0 += tile) {
+              const int cols = std::min(tile, Tn - c0);
+              const T* k_j = k + static_cast<size_t>(c0) * C3;
+              const T* v_j = v + static_cast<size_t>(c0) * C3;
+              // p (rows, cols) = exp(scale q_i k_j^T - lse), 0 above the diagonal
+              gemm(false, true, rows, cols, hs, scale, q_i, C3, k_j, C3, T(0), p.data(), tile);
+              // dp (rows, cols) = dout_i · v_j^T
+              gemm(false, true, rows, cols, hs, T(1), do_i, C, v_j, C3, T(0), dp.data(), tile);
+              for (int r = 0; r < rows; r++) {
+                T* pr = p.data() + static_cast<size_t>(r) * tile;
+                T* dr = dp.data() + static_cast<size_t>(r) * tile;
+                const int n = std::min(cols, r0 + r - c0 + 1);
+                const T lr = lse_bh[r0 + r], dr_sum = dsum[r];
+                // scale q k - lse <= 0 up to rounding: exp(-|x|) is its exp.
+                for (int j = 0; j < n; j++) {
+                  pr[j] = headroom::detail::hr_exp_minus_abs(pr[j] - lr);
+                  dr[j] = pr[j] * (dr[j] - dr_sum);
+                }
+                for (int j = n; j < cols; j++) {
+                  pr[j] = T(0);
+                  dr[j] = T(0);
+                }
+              }
+              // dv_j (cols, hs) += p^T (cols, rows) · dout_i (rows, hs)
+              gemm(true, false, cols, hs, rows, T(1), p.data(), tile, do_i, C, T(1),
+                   dv + static_cast<size_t>(c0) * C3, C3);
+              // dq_i (rows, hs) += scale * ds (rows, cols) · k_j (cols, hs)
+              gemm(false, false, rows, hs, cols, scale, dp.data(), tile, k_j, C3, T(1),
+                   dq + static_cast<size_t>(r0) * C3, C3);
+              // dk_j (cols, hs) += scale * ds^T (cols, rows) · q_i (rows, hs)
+              gemm(true, false, cols, hs, rows, scale, dp.data(), tile, q_i, C3, T(1),
+                   dk + static_cast<size_t>(c0) * C3, C3);
+            }
           }
         }
       }
