@@ -10,6 +10,7 @@
 #include <toml++/toml.h>
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -42,12 +43,24 @@ S read_sized(const S* src) {
   return out;
 }
 
-// Writes a host-side struct into the caller's, only as far as the caller's struct_size reaches.
-// A struct_size below ABI 1.0's (a caller that left it zero) counts as 1.0's: every field of 1.0
-// is filled. `v1_0_size` is the struct's size in ABI 1.0 (hr_tensor and hr_memory_stats have not
-// grown since).
+// A struct's size in ABI 1.0: what a caller that left struct_size zero is taken to hold.
+// hr_tensor grew in 1.5 (grad_dtype); hr_memory_stats has not grown since 1.0. The extensions'
+// structs pass theirs to write_sized (their first version's).
 template <class S>
-void write_sized(S* dst, const S& src, size_t v1_0_size = sizeof(S)) {
+constexpr size_t v1_0_size_of() {
+  return sizeof(S);
+}
+template <>
+constexpr size_t v1_0_size_of<hr_tensor>() {
+  return offsetof(hr_tensor, grad_dtype);
+}
+
+// Writes a host-side struct into the caller's, only as far as the caller's struct_size reaches
+// (a plugin built against an older header has a smaller struct: nothing past it is written).
+// A struct_size below ABI 1.0's (a caller that left it zero) counts as 1.0's: every field of 1.0
+// is filled.
+template <class S>
+void write_sized(S* dst, const S& src, size_t v1_0_size = v1_0_size_of<S>()) {
   const size_t size = std::max<size_t>(dst->struct_size, v1_0_size);
   std::memcpy(dst, &src, std::min<size_t>(size, sizeof(S)));
   dst->struct_size = static_cast<uint32_t>(std::min<size_t>(size, sizeof(S)));
