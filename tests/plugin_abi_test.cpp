@@ -886,6 +886,23 @@ TEST_F(PluginAbi, ResumingWithoutTheOptimizerPluginNamesIt) {
   EXPECT_EQ(with.exit_code, 0) << with.output;
 }
 
+// An allocator plugin that refuses a request (alloc_a, after fail_after allocations) is named in
+// the out-of-memory report as the one that refused, not "the device"; with defrag_allocator, the
+// end-of-run memory report shows the allocator's stats, as the guide says.
+TEST_F(PluginAbi, AllocatorRefusalAndStatsNameThePlugin) {
+  const auto r = run_headroom(
+      "train " + config(kTinyModel + recorder("alloc_a", "a.txt", "fail_after = 5\n")));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "none: the allocator, plugin 'alloc_a', refused"))
+      << r.output;
+  EXPECT_FALSE(test::contains(r.output, "the device refused")) << r.output;
+
+  const auto d = run_headroom("train " + config(kTinyModel + plugin("defrag_allocator")));
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  EXPECT_TRUE(test::contains(d.output, "allocator plugin 'defrag_allocator': allocated "))
+      << d.output;
+}
+
 // The optimizer role replaces AdamW whatever [train] optimizer says: the plugin's plain SGD
 // reproduces the built-in SGD without momentum or weight decay, and no AdamW state is allocated.
 TEST_F(PluginAbi, OptimizerRoleReplacesTheBuiltIn) {

@@ -28,11 +28,17 @@ std::string OomReport::str() const {
   s += "  category               " + std::string(category_name(category)) + "\n";
   if (limit) {
     add("memory_limit", limit);
+  } else if (!allocator.empty()) {
+    // No wall of ours: the allocator role said no (its own policy, or the device refused it).
+    s += "  memory_limit           none: the allocator, " + allocator +
+         ", refused the allocation of " + format_bytes(requested) + "\n";
   } else {
     // No wall of ours: the device itself (the host's malloc, the CUDA driver) said no.
     s += "  memory_limit           none: the device refused the allocation of " +
          format_bytes(requested) + " itself\n";
   }
+  if (limit && !allocator.empty())
+    s += "  refused by             the allocator, " + allocator + "\n";
   add("live", live_total);
   add("reserved-but-unused", reserved_unused);
   if (limit) add("free under the limit", free_bytes());
@@ -67,14 +73,8 @@ void* Device::try_allocate(uint64_t bytes, Category category, const std::string&
 
 void* Device::allocate_impl(uint64_t bytes, Category category, const std::string& what,
                             bool report) {
-  // Where the backend places memory itself (the CPU arena), the wall is the backend failing: a
-  // request can fail with enough bytes free when no hole is large enough, as on a GPU. Elsewhere
-  // the limit is a budget of live bytes.
-  const bool within_budget =
-      limit_ == 0 || backend_enforces_limit() ||
-      (bytes <= limit_ && tracker_.live_total() <= limit_ - bytes);  // no wrap-around
   void* ptr = nullptr;
-  if (within_budget)
+  if (within_budget(bytes))
     ptr = allocator_ ? allocator_->allocate(bytes, category, backend().native_stream())
                      : backend_allocate(bytes);
   if (!ptr) {
@@ -96,6 +96,14 @@ void* Device::allocate_impl(uint64_t bytes, Category category, const std::string
   return ptr;
 }
 
+bool Device::within_budget(uint64_t bytes) const {
+  // Where the backend places memory itself (the CPU arena), the wall is the backend failing: a
+  // request can fail with enough bytes free when no hole is large enough, as on a GPU. Elsewhere
+  // the limit is a budget of live bytes.
+  return limit_ == 0 || backend_enforces_limit() ||
+         (bytes <= limit_ && tracker_.live_total() <= limit_ - bytes);  // no wrap-around
+}
+
 OomReport Device::oom_report(uint64_t bytes, Category category, const std::string& what) const {
   OomReport r;
   r.requested = bytes;
@@ -106,6 +114,9 @@ OomReport Device::oom_report(uint64_t bytes, Category category, const std::strin
   r.live = tracker_.live_by_category();
   r.peak = tracker_.peak_by_category();
   r.phase = tracker_.phase();
+  // Within the budget, the allocator said no; past it, the budget did (the allocator was not
+  // asked).
+  if (allocator_ && within_budget(bytes)) r.allocator = allocator_->name();
   // Held = what the backend has handed out (the arena's blocks and pages), or what the allocator
   // says it reserved where the backend keeps no count; whatever of it is not live is cache or
   // padding. The largest free block is the larger of the backend's largest hole and the

@@ -31,6 +31,9 @@ struct OomReport {
   // The largest contiguous free block: what one allocation could still get. Below `requested`
   // while free_bytes() is not, the memory is fragmented (defrag_allocator is the cure).
   uint64_t largest_free = 0;
+  // Who refused the request when an allocator serves every allocation ("plugin
+  // 'defrag_allocator'"); empty when the backend itself allocates.
+  std::string allocator;
   // What the run adds (the micro-batch a plugin had lowered it to): one line, or empty.
   std::string note;
 
@@ -85,6 +88,8 @@ class DeviceAllocator {
     (void)out;
     return false;
   }
+  // Who allocates, for the messages: "plugin 'defrag_allocator'".
+  virtual std::string name() const = 0;
 };
 
 // Elements of the naive attention backward's scratch that the op table of [device] kind `kind`
@@ -161,6 +166,9 @@ class Device {
   void* allocate_impl(uint64_t bytes, Category category, const std::string& what, bool report);
   // What memory looks like when `bytes` of `category` could not be had.
   OomReport oom_report(uint64_t bytes, Category category, const std::string& what) const;
+  // Whether `bytes` more fit the memory limit as a budget of live bytes (always, where the backend
+  // enforces the limit itself, or without one): only then is the backend or allocator asked.
+  bool within_budget(uint64_t bytes) const;
 
   struct Block {
     uint64_t bytes;

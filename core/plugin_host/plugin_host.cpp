@@ -54,6 +54,7 @@ class PluginHost::AllocatorAdapter final : public DeviceAllocator {
     out->ooms = s.ooms;
     return true;
   }
+  std::string name() const override { return "plugin '" + p_.entry.name + "'"; }
 
  private:
   LoadedPlugin& p_;
