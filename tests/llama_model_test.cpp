@@ -320,5 +320,20 @@ TEST(LlamaModel, ResizeIsRefusedNamingTheArch) {
   }
 }
 
+// The pruning plugin refuses a Llama before step 1, naming the arch.
+TEST(LlamaModel, PruningPluginRefusesAtTrainBegin) {
+  const Config c = test::config_from(std::string(kTiny) + "[[plugins]]\nname = \"pruning\"\n",
+                                     {"train.steps=2"});
+  Trainer t(c, TrainOptions{});
+  try {
+    t.run();
+    ADD_FAILURE() << "pruning ran on a Llama";
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(test::contains(e.what(), "TRAIN_BEGIN")) << e.what();
+    EXPECT_TRUE(test::contains(e.what(), "arch = \"llama\"")) << e.what();
+  }
+  EXPECT_TRUE(t.history().empty());
+}
+
 }  // namespace
 }  // namespace headroom
