@@ -413,9 +413,12 @@ TEST(Config, PresetPlusOverride) {
 }
 
 TEST(Config, Presets) {
-  const std::vector<std::string> want = {"tiny", "gpt2-124m", "gpt2-350m", "gpt2-774m",
-                                         "gpt2-1558m"};
-  EXPECT_EQ(model_presets(), want);
+  std::vector<std::string> want = {"tiny", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1558m"};
+  const std::vector<std::string> llama = {"smollm2-135m", "tinyllama-1.1b", "llama-3.2-1b",
+                                          "llama-3.1-8b"};  // tests/llama_model_test.cpp
+  std::vector<std::string> all = want;
+  all.insert(all.end(), llama.begin(), llama.end());
+  EXPECT_EQ(model_presets(), all);
   struct Shape {
     int l, h, e, s, v;
   };

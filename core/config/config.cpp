@@ -48,13 +48,56 @@ struct Preset {
   ModelConfig shape;
 };
 
+// A GPT-2 shape.
+ModelConfig gpt2_shape(const char* name, int n_layer, int n_head, int n_embd, int seq_len,
+                       int vocab_size) {
+  ModelConfig m;
+  m.preset = name;
+  m.n_layer = n_layer;
+  m.n_head = n_head;
+  m.n_embd = n_embd;
+  m.seq_len = seq_len;
+  m.vocab_size = vocab_size;
+  return m;
+}
+
+// A Llama shape, as its Hugging Face config.json has it (seq_len: the context it was pretrained
+// at, not max_position_embeddings; rope scaling for Llama 3.1 and 3.2).
+struct LlamaShape {
+  int n_layer, n_head, n_kv_head, n_embd, intermediate_size, seq_len, vocab_size;
+  bool tied;
+  double rope_theta, rms_norm_eps, rope_scaling_factor;
+};
+ModelConfig llama_shape(const char* name, const LlamaShape& s) {
+  ModelConfig m = gpt2_shape(name, s.n_layer, s.n_head, s.n_embd, s.seq_len, s.vocab_size);
+  m.arch = "llama";
+  m.n_kv_head = s.n_kv_head;
+  m.intermediate_size = s.intermediate_size;
+  m.tie_embeddings = s.tied;
+  m.rope_theta = s.rope_theta;
+  m.rms_norm_eps = s.rms_norm_eps;
+  m.rope_scaling_factor = s.rope_scaling_factor;  // low 1, high 4, original 8192: the defaults
+  return m;
+}
+
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> p = {
-      {"tiny", {"tiny", 2, 4, 64, 64, 256, {}, {}, "tiled", "chunked", 0}},
-      {"gpt2-124m", {"gpt2-124m", 12, 12, 768, 1024, 50257, {}, {}, "tiled", "chunked", 0}},
-      {"gpt2-350m", {"gpt2-350m", 24, 16, 1024, 1024, 50257, {}, {}, "tiled", "chunked", 0}},
-      {"gpt2-774m", {"gpt2-774m", 36, 20, 1280, 1024, 50257, {}, {}, "tiled", "chunked", 0}},
-      {"gpt2-1558m", {"gpt2-1558m", 48, 25, 1600, 1024, 50257, {}, {}, "tiled", "chunked", 0}},
+      {"tiny", gpt2_shape("tiny", 2, 4, 64, 64, 256)},
+      {"gpt2-124m", gpt2_shape("gpt2-124m", 12, 12, 768, 1024, 50257)},
+      {"gpt2-350m", gpt2_shape("gpt2-350m", 24, 16, 1024, 1024, 50257)},
+      {"gpt2-774m", gpt2_shape("gpt2-774m", 36, 20, 1280, 1024, 50257)},
+      {"gpt2-1558m", gpt2_shape("gpt2-1558m", 48, 25, 1600, 1024, 50257)},
+      // HuggingFaceTB/SmolLM2-135M, TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T,
+      // meta-llama/Llama-3.2-1B and Llama-3.1-8B: 134,515,008, 1,100,048,384, 1,235,814,400 and
+      // 8,030,261,248 parameters (tests/llama_model_test.cpp checks them).
+      {"smollm2-135m",
+       llama_shape("smollm2-135m", {30, 9, 3, 576, 1536, 2048, 49152, true, 1e5, 1e-5, 0})},
+      {"tinyllama-1.1b",
+       llama_shape("tinyllama-1.1b", {22, 32, 4, 2048, 5632, 2048, 32000, false, 1e4, 1e-5, 0})},
+      {"llama-3.2-1b",
+       llama_shape("llama-3.2-1b", {16, 32, 8, 2048, 8192, 8192, 128256, true, 5e5, 1e-5, 32})},
+      {"llama-3.1-8b",
+       llama_shape("llama-3.1-8b", {32, 32, 8, 4096, 14336, 8192, 128256, false, 5e5, 1e-5, 8})},
   };
   return p;
 }
@@ -518,6 +561,7 @@ class Validator {
                         "n_embd, seq_len and vocab_size are all required; missing: " +
                         join(missing, ", ") + "; or set preset = one of " + quoted_list(names));
     }
+    arch(*t, m);
     get_choice(*t, "model", "attention", {"tiled", "naive"}, m.attention);
     get_choice(*t, "model", "loss", {"chunked", "full"}, m.loss);
     get_int_as(*t, "model", "chunk_tokens", 0, kIntMax, m.chunk_tokens,
@@ -534,6 +578,88 @@ class Validator {
                         ") must be divisible by model.n_head (" + std::to_string(m.n_head) +
                         "); e.g. n_embd = " + suggest);
     }
+  }
+
+  // [model] arch and the keys only Llama has. A preset gives its arch: arch may repeat it, not
+  // contradict it. A Llama key under arch = "gpt2" is an error naming both.
+  void arch(const toml::table& t, ModelConfig& m) {
+    const std::string preset_arch = m.arch;
+    if (get_choice(t, "model", "arch", {"gpt2", "llama"}, m.arch) && !m.preset.empty() &&
+        m.arch != preset_arch)
+      throw ConfigError(where("model", "arch", *t.get("arch")) + ": model.arch = \"" + m.arch +
+                        "\" contradicts preset \"" + m.preset + "\", whose arch is \"" +
+                        preset_arch + "\" (remove arch, or the preset)");
+    static const char* const kLlamaKeys[] = {"n_kv_head",
+                                             "intermediate_size",
+                                             "rms_norm_eps",
+                                             "rope_theta",
+                                             "tie_embeddings",
+                                             "rope_scaling_factor",
+                                             "rope_low_freq_factor",
+                                             "rope_high_freq_factor",
+                                             "rope_original_max_positions"};
+    // Each value is read (its type and range checked) before the arch is: a wrong value says
+    // so under either arch.
+    const std::string s = "model";
+    get_int_as(t, s, "n_kv_head", 1, kIntMax, m.n_kv_head,
+               "key/value heads of grouped-query attention, dividing n_head");
+    get_int_as(t, s, "intermediate_size", 1, kIntMax, m.intermediate_size,
+               "the SwiGLU MLP's hidden width");
+    get_float(t, s, "rms_norm_eps", Bound::kExclusive, 0, Bound::kNone, 0, m.rms_norm_eps);
+    get_float(t, s, "rope_theta", Bound::kExclusive, 0, Bound::kNone, 0, m.rope_theta);
+    get_bool(t, s, "tie_embeddings", m.tie_embeddings);
+    get_float(t, s, "rope_scaling_factor", Bound::kInclusive, 0, Bound::kNone, 0,
+              m.rope_scaling_factor);
+    get_float(t, s, "rope_low_freq_factor", Bound::kExclusive, 0, Bound::kNone, 0,
+              m.rope_low_freq_factor);
+    get_float(t, s, "rope_high_freq_factor", Bound::kExclusive, 0, Bound::kNone, 0,
+              m.rope_high_freq_factor);
+    get_int_as(t, s, "rope_original_max_positions", 1, kIntMax, m.rope_original_max_positions,
+               "the context the rope scaling stretches");
+    if (!m.llama()) {
+      for (const char* k : kLlamaKeys)
+        if (const toml::node* n = t.get(k))
+          throw ConfigError(where("model", k, *n) + ": model." + k +
+                            " is a key of arch = \"llama\", and this model's arch is \"" + m.arch +
+                            "\" (set arch = \"llama\", or remove " + k + ")");
+      return;
+    }
+    if (m.intermediate_size == 0)
+      throw ConfigError(table_where(s, t) +
+                        ": [model] arch = \"llama\" without a preset needs intermediate_size, the "
+                        "SwiGLU MLP's hidden width (e.g. " +
+                        std::to_string(8 * int64_t(m.n_embd) / 3) + ", 8/3 of n_embd)");
+    if (m.rope_scaling_factor > 0 && m.rope_scaling_factor < 1)
+      throw ConfigError(where(s, "rope_scaling_factor", *t.get("rope_scaling_factor")) +
+                        ": model.rope_scaling_factor must be 0 (no scaling) or >= 1, got " +
+                        format_double(m.rope_scaling_factor));
+    if (m.rope_high_freq_factor <= m.rope_low_freq_factor) {
+      const char* k =
+          t.get("rope_high_freq_factor") ? "rope_high_freq_factor" : "rope_low_freq_factor";
+      const std::string w = t.get(k) ? where(s, k, *t.get(k)) : table_where(s, t);
+      throw ConfigError(w + ": model.rope_high_freq_factor (" +
+                        format_double(m.rope_high_freq_factor) +
+                        ") must be greater than model.rope_low_freq_factor (" +
+                        format_double(m.rope_low_freq_factor) + ")");
+    }
+    // Whichever of the two was written is where the fix goes.
+    auto at = [&](const char* a, const char* b) {
+      const char* k = t.get(a) ? a : t.get(b) ? b : nullptr;
+      return k ? where(s, k, *t.get(k)) : table_where(s, t);
+    };
+    if (m.n_head > 0 && m.n_head % m.kv_heads() != 0)
+      throw ConfigError(at("n_kv_head", "n_head") + ": model.n_kv_head (" +
+                        std::to_string(m.n_kv_head) + ") must divide model.n_head (" +
+                        std::to_string(m.n_head) + ")");
+    if (m.n_head > 0 && m.n_embd % m.n_head == 0 && (m.n_embd / m.n_head) % 2 != 0)
+      throw ConfigError(at("n_embd", "n_head") +
+                        ": arch = \"llama\" rotates pairs of a head's elements, so the head size " +
+                        "n_embd / n_head must be even, got " + std::to_string(m.n_embd / m.n_head));
+    if (const toml::node* n = t.get("attention"))
+      if (n->is_string() && n->as_string()->get() == "naive")
+        throw ConfigError(where(s, "attention", *n) +
+                          ": model.attention = \"naive\" has no grouped-query attention or rotary "
+                          "positions: arch = \"llama\" takes \"tiled\"");
   }
 
   void train(const toml::table& t, TrainConfig& c) {
@@ -1056,6 +1182,18 @@ std::string format_config(const Config& c) {
   kv("attention", toml_string(c.model.attention));
   kv("loss", toml_string(c.model.loss));
   kv("chunk_tokens", num(c.model.chunk_tokens));
+  kv("arch", toml_string(c.model.arch));
+  if (c.model.llama()) {
+    kv("n_kv_head", num(c.model.kv_heads()));
+    kv("intermediate_size", num(c.model.intermediate_size));
+    kv("rms_norm_eps", format_double(c.model.rms_norm_eps));
+    kv("rope_theta", format_double(c.model.rope_theta));
+    kv("tie_embeddings", c.model.tie_embeddings ? "true" : "false");
+    kv("rope_scaling_factor", format_double(c.model.rope_scaling_factor));
+    kv("rope_low_freq_factor", format_double(c.model.rope_low_freq_factor));
+    kv("rope_high_freq_factor", format_double(c.model.rope_high_freq_factor));
+    kv("rope_original_max_positions", num(c.model.rope_original_max_positions));
+  }
 
   const TrainConfig& t = c.train;
   os << "\n[train]\n";

@@ -39,10 +39,13 @@ struct ModelConfig {
   // block has GPT-2's 4·n_embd. Not a TOML key: a pruned model's (headroom.resize/1), carried by
   // snapshots and weights files (`[train] init_from`), which build the model with these widths.
   std::vector<int> mlp_hidden;
-  // Block b's MLP width: mlp_hidden[b], or 4·n_embd.
+  // Block b's MLP width: mlp_hidden[b], or the arch's (GPT-2's 4·n_embd, Llama's
+  // intermediate_size).
   int mlp_width(int block) const {
-    return block >= 0 && size_t(block) < mlp_hidden.size() ? mlp_hidden[size_t(block)] : 4 * n_embd;
+    return block >= 0 && size_t(block) < mlp_hidden.size() ? mlp_hidden[size_t(block)]
+                                                           : default_mlp_width();
   }
+  int default_mlp_width() const { return llama() ? intermediate_size : 4 * n_embd; }
   // Each block's attention heads, block 0 first; empty when every block has n_head (a pruned
   // model's, as mlp_hidden). A block of h heads has attention width h·(n_embd / n_head).
   std::vector<int> attn_heads;
@@ -51,10 +54,10 @@ struct ModelConfig {
   }
   // Block b's attention width: its heads times the head size n_embd / n_head.
   int attn_width(int block) const { return n_head > 0 ? heads(block) * (n_embd / n_head) : 0; }
-  // Some block's MLP width is not 4·n_embd.
+  // Some block's MLP width is not the arch's.
   bool pruned() const {
     for (int b = 0; b < n_layer; ++b)
-      if (mlp_width(b) != 4 * n_embd) return true;
+      if (mlp_width(b) != default_mlp_width()) return true;
     return false;
   }
   // Some block has fewer heads than n_head.
@@ -71,6 +74,27 @@ struct ModelConfig {
   std::string loss = "chunked";
   // Tokens per chunk of the chunked loss; 0: as many as fit kLossChunkBytes of logits.
   int chunk_tokens = 0;
+
+  // The block: "gpt2" (LayerNorm with biases, learned positions wpe, GELU MLP of 4·n_embd, tied
+  // head) or "llama" (RMSNorm, rotary positions, SwiGLU MLP of intermediate_size, grouped-query
+  // attention, no biases, tied or untied head). The keys below are Llama's only.
+  std::string arch = "gpt2";
+  bool llama() const { return arch == "llama"; }
+  int n_kv_head = 0;          // key/value heads, dividing n_head; 0: n_head (no grouping)
+  int intermediate_size = 0;  // the SwiGLU MLP's hidden width (gate, up: its rows)
+  double rms_norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  bool tie_embeddings = false;  // the head's weight is embed_tokens (GPT-2 always ties)
+  // Llama 3's rope scaling (Hugging Face's rope_type "llama3"); factor 0: none.
+  double rope_scaling_factor = 0.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int rope_original_max_positions = 8192;
+  // Key/value heads (n_kv_head, or n_head when 0) and their width: n_kv_head · head size.
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int kv_width() const { return n_head > 0 ? kv_heads() * (n_embd / n_head) : 0; }
+  // The head reads the token embedding: always for GPT-2.
+  bool tied() const { return !llama() || tie_embeddings; }
 };
 
 struct TrainConfig {

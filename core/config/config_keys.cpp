@@ -15,8 +15,10 @@ std::vector<ConfigSection> make_sections() {
   return {
       {"model",
        false,
-       "The GPT-2 shape: a preset, or all five shape keys (keys given with a preset override it). "
-       "Without a [model] table, the tiny preset: the defaults below are its.",
+       "The model's shape: a preset, or all five shape keys (keys given with a preset override "
+       "it), and for arch = \"llama\" intermediate_size. Without a [model] table, the tiny "
+       "preset: the defaults below are its. The keys from n_kv_head on are Llama's: under arch = "
+       "\"gpt2\" each is an error.",
        {
            {"preset", T::kChoice, "a named shape; without one, all five shape keys are required",
             model_presets()},
@@ -44,6 +46,44 @@ std::vector<ConfigSection> make_sections() {
            {"chunk_tokens",
             T::kInteger,
             "tokens per chunk of the chunked loss; 0: as many as fit 64 MiB of logits",
+            {}},
+           {"arch",
+            T::kChoice,
+            "gpt2: LayerNorm, learned positions, GELU MLP of 4 n_embd, tied head; llama: RMSNorm, "
+            "rotary positions, SwiGLU MLP, grouped-query attention, no biases; a preset gives its "
+            "own",
+            {"gpt2", "llama"}},
+           {"n_kv_head",
+            T::kInteger,
+            "llama: key/value heads (grouped-query attention), dividing n_head; default n_head",
+            {}},
+           {"intermediate_size",
+            T::kInteger,
+            "llama: the SwiGLU MLP's hidden width (gate and up rows), >= 1; required without a "
+            "preset",
+            {}},
+           {"rms_norm_eps", T::kFloat, "llama: RMSNorm's epsilon, > 0; default 1e-5", {}},
+           {"rope_theta", T::kFloat, "llama: the rotary embeddings' base, > 0; default 10000", {}},
+           {"tie_embeddings",
+            T::kBoolean,
+            "llama: the head's weight is the token embedding (no lm_head); default false",
+            {}},
+           {"rope_scaling_factor",
+            T::kFloat,
+            "llama: Llama 3's rope scaling (rope_type llama3): long wavelengths divided by it; 0 "
+            "(default): no scaling, else >= 1",
+            {}},
+           {"rope_low_freq_factor",
+            T::kFloat,
+            "llama: rope scaling's low_freq_factor, > 0; default 1",
+            {}},
+           {"rope_high_freq_factor",
+            T::kFloat,
+            "llama: rope scaling's high_freq_factor, > rope_low_freq_factor; default 4",
+            {}},
+           {"rope_original_max_positions",
+            T::kInteger,
+            "llama: rope scaling's original_max_position_embeddings, >= 1; default 8192",
             {}},
        }},
       {"train",

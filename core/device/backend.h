@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/rope.h"
+
 namespace headroom {
 
 enum class Dtype : uint32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kF64 = 3, kI32 = 4 };
@@ -48,7 +50,7 @@ class Backend {
   virtual ~Backend() = default;
 
   // --- model ops (shapes as in kernels/cpu/*.h) ------------------------------------------------
-  // out (B,T,C) = wte[tokens[b,t]] + wpe[t]
+  // out (B,T,C) = wte[tokens[b,t]] + wpe[t]; wpe null: wte[tokens[b,t]] (no position table)
   virtual void embedding_forward(Dtype dt, void* out, const int32_t* tokens, const void* wte,
                                  const void* wpe, int B, int T, int C) = 0;
   // dwte (V,C) += dout rows scattered by token; dwpe (T,C) += dout summed over the batch
@@ -106,6 +108,37 @@ class Backend {
   virtual void crossentropy_forward_backward(Dtype dt, void* logits, void* losses,
                                              const int32_t* targets, int N, int V,
                                              double dloss) = 0;
+
+  // --- Llama's ops (arch = "llama"; kernels/cpu/rmsnorm.h, swiglu.h, rope.h, attention_tiled.h).
+  // Not pure: a backend without them (CUDA, for now) inherits these, which throw OpError, and
+  // says so in llama_ops(); the model refuses arch = "llama" on it at construction.
+  virtual bool llama_ops() const { return false; }
+  // out (N,C) = inp * rstd * weight (C), rstd (N) in stat_dtype(dt) = 1 / sqrt(mean(inp^2) + eps)
+  virtual void rmsnorm_forward(Dtype dt, void* out, void* rstd, const void* inp, const void* weight,
+                               int N, int C, double eps);
+  // dweight (C) += ...; dinp as layernorm_backward's (Grad::kWrite: dinp = dres + the gradient)
+  virtual void rmsnorm_backward(Dtype dt, void* dinp, void* dweight, const void* dout,
+                                const void* inp, const void* weight, const void* rstd, int N, int C,
+                                Grad dinp_mode = Grad::kAccumulate, const void* dres = nullptr);
+  // out (N,H) = silu(gu[:, :H]) * gu[:, H:], gu (N,2H) one GEMM's [gate | up] rows
+  virtual void swiglu_forward(Dtype dt, void* out, const void* gu, int N, int H);
+  // dgu (N,2H) += the gradient (Grad::kWrite: =, its contents ignored)
+  virtual void swiglu_backward(Dtype dt, void* dgu, const void* gu, const void* dout, int N, int H,
+                               Grad dgu_mode = Grad::kAccumulate);
+  // Rotary embeddings in place on qkv (B,T,(NH + 2·NKV)·hs)'s q and k heads (Hugging Face's
+  // rotate_half layout); backward rotates dqkv's back, in place.
+  virtual void rope_forward(Dtype dt, void* qkv, int B, int T, int NH, int NKV, int hs,
+                            const RopeParams& p);
+  virtual void rope_backward(Dtype dt, void* dqkv, int B, int T, int NH, int NKV, int hs,
+                             const RopeParams& p);
+  // attention_tiled_forward / backward with NKV key/value heads (grouped-query attention, NKV
+  // dividing NH): qkv (B,T,C + 2·NKV·C/NH) laid out [q | k | v]. NKV = NH is the tiled attention
+  // itself (the defaults call it); fewer needs the backend's own kernels.
+  virtual void attention_gqa_forward(Dtype dt, void* out, void* lse, const void* qkv, int B, int T,
+                                     int C, int NH, int NKV);
+  virtual void attention_gqa_backward(Dtype dt, void* dqkv, const void* dout, const void* qkv,
+                                      const void* out, const void* lse, int B, int T, int C, int NH,
+                                      int NKV);
 
   // --- optimizer updates, on f32 parameters, gradients and state -------------------------------
   // torch.optim.AdamW; t is the 1-based step

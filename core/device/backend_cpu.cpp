@@ -26,6 +26,9 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/cpu/residual.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
 
 namespace headroom {
 
@@ -265,6 +268,69 @@ class CpuBackend final : public Backend {
     dispatch(dt, "attention_decode", [&](auto&& a) {
       cpu::attention_decode(a.out(out, uint64_t(C), false), a.in(qkv, uint64_t(T) * 3 * C), T, C,
                             NH);
+    });
+  }
+  bool llama_ops() const override { return true; }
+  void rmsnorm_forward(Dtype dt, void* out, void* rstd, const void* inp, const void* weight, int N,
+                       int C, double eps) override {
+    const uint64_t n = uint64_t(N) * C;
+    dispatch(dt, "rmsnorm_forward", [&](auto&& a) {
+      cpu::rmsnorm_forward(a.out(out, n, false), a.stat(rstd), a.in(inp, n), a.in(weight, C), N, C,
+                           eps);
+    });
+  }
+  void rmsnorm_backward(Dtype dt, void* dinp, void* dweight, const void* dout, const void* inp,
+                        const void* weight, const void* rstd, int N, int C, Grad dinp_mode,
+                        const void* dres) override {
+    const uint64_t n = uint64_t(N) * C;
+    const bool acc = dinp_mode == Grad::kAccumulate;
+    if (acc && dres) throw OpError("rmsnorm_backward: dres is for Grad::kWrite only");
+    dispatch(dt, "rmsnorm_backward", [&](auto&& a) {
+      cpu::rmsnorm_backward(a.out(dinp, n, acc), a.out(dweight, C, true), a.in(dout, n),
+                            a.in(inp, n), a.in(weight, C), a.stat(rstd), N, C, acc, a.in(dres, n));
+    });
+  }
+  void swiglu_forward(Dtype dt, void* out, const void* gu, int N, int H) override {
+    const uint64_t n = uint64_t(N) * H;
+    dispatch(dt, "swiglu_forward",
+             [&](auto&& a) { cpu::swiglu_forward(a.out(out, n, false), a.in(gu, 2 * n), N, H); });
+  }
+  void swiglu_backward(Dtype dt, void* dgu, const void* gu, const void* dout, int N, int H,
+                       Grad dgu_mode) override {
+    const uint64_t n = uint64_t(N) * H;
+    const bool acc = dgu_mode == Grad::kAccumulate;
+    dispatch(dt, "swiglu_backward", [&](auto&& a) {
+      cpu::swiglu_backward(a.out(dgu, 2 * n, acc), a.in(gu, 2 * n), a.in(dout, n), N, H, acc);
+    });
+  }
+  void rope_forward(Dtype dt, void* qkv, int B, int T, int NH, int NKV, int hs,
+                    const RopeParams& p) override {
+    const uint64_t n = uint64_t(B) * T * (NH + 2 * NKV) * hs;
+    dispatch(dt, "rope_forward",
+             [&](auto&& a) { cpu::rope_forward(a.out(qkv, n, true), B, T, NH, NKV, hs, p); });
+  }
+  void rope_backward(Dtype dt, void* dqkv, int B, int T, int NH, int NKV, int hs,
+                     const RopeParams& p) override {
+    const uint64_t n = uint64_t(B) * T * (NH + 2 * NKV) * hs;
+    dispatch(dt, "rope_backward",
+             [&](auto&& a) { cpu::rope_backward(a.out(dqkv, n, true), B, T, NH, NKV, hs, p); });
+  }
+  void attention_gqa_forward(Dtype dt, void* out, void* lse, const void* qkv, int B, int T, int C,
+                             int NH, int NKV) override {
+    const uint64_t N = uint64_t(B) * T, W = uint64_t(C) + 2 * uint64_t(C) / NH * NKV;
+    dispatch(dt, "attention_gqa_forward", [&](auto&& a) {
+      cpu::attention_tiled_forward(a.out(out, N * C, false), a.stat(lse), a.in(qkv, N * W), B, T, C,
+                                   NH, cpu::kAttentionTile, NKV);
+    });
+  }
+  void attention_gqa_backward(Dtype dt, void* dqkv, const void* dout, const void* qkv,
+                              const void* out, const void* lse, int B, int T, int C, int NH,
+                              int NKV) override {
+    const uint64_t N = uint64_t(B) * T, W = uint64_t(C) + 2 * uint64_t(C) / NH * NKV;
+    dispatch(dt, "attention_gqa_backward", [&](auto&& a) {
+      cpu::attention_tiled_backward(a.out(dqkv, N * W, true), a.in(dout, N * C), a.in(qkv, N * W),
+                                    a.in(out, N * C), a.stat(lse), B, T, C, NH, cpu::kAttentionTile,
+                                    NKV);
     });
   }
   void gelu_forward(Dtype dt, void* out, const void* inp, uint64_t n) override {

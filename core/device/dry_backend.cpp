@@ -31,6 +31,17 @@ class DryBackend final : public Backend {
   void attention_tiled_backward(Dtype, void*, const void*, const void*, const void*, const void*,
                                 int, int, int, int) override {}
   void attention_decode(Dtype, void*, const void*, int, int, int) override {}
+  bool llama_ops() const override { return true; }  // nothing to compute: any arch runs dry
+  void rmsnorm_forward(Dtype, void*, void*, const void*, const void*, int, int, double) override {}
+  void rmsnorm_backward(Dtype, void*, void*, const void*, const void*, const void*, const void*,
+                        int, int, Grad, const void*) override {}
+  void swiglu_forward(Dtype, void*, const void*, int, int) override {}
+  void swiglu_backward(Dtype, void*, const void*, const void*, int, int, Grad) override {}
+  void rope_forward(Dtype, void*, int, int, int, int, int, const RopeParams&) override {}
+  void rope_backward(Dtype, void*, int, int, int, int, int, const RopeParams&) override {}
+  void attention_gqa_forward(Dtype, void*, void*, const void*, int, int, int, int, int) override {}
+  void attention_gqa_backward(Dtype, void*, const void*, const void*, const void*, const void*, int,
+                              int, int, int, int) override {}
   void gelu_forward(Dtype, void*, const void*, uint64_t) override {}
   void gelu_backward(Dtype, void*, const void*, const void*, uint64_t, Grad) override {}
   void add_inplace(Dtype, void*, const void*, uint64_t) override {}

@@ -35,6 +35,9 @@ KvDecoder::KvDecoder(const Gpt<float>& model)
       NH_(model.config().n_head),
       T_(model.config().seq_len),
       V_(model.config().vocab_size) {
+  if (model.config().llama())
+    throw std::invalid_argument(
+        "generation with a KV cache is built for arch = \"gpt2\" only, not \"llama\" yet");
   if (model.compute_dtype() != Dtype::kF32)
     throw std::logic_error("KvDecoder: generation reads f32 parameters");
   const auto by = params_by_name(model);

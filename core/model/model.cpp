@@ -61,34 +61,37 @@ void fill_value(Device& device, Param<T>& p, T v) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Embedding: tokens (B, T) -> wte[token] + wpe[position] (B, T, C)
+// Embedding: tokens (B, T) -> wte[token] + wpe[position] (B, T, C). Llama has no position
+// table (its positions are the blocks' rotations): wte[token], its wte named embed_tokens.
 
 template <class T>
 class Embedding final : public Layer<T> {
  public:
   Embedding(const ModelConfig& m, Device& device, const Precision& dt)
       : Layer<T>("embedding", device, dt), m_(m) {
-    wte_ = &this->add_param("wte.weight", {m.vocab_size, m.n_embd}, true);
-    wpe_ = &this->add_param("wpe.weight", {m.seq_len, m.n_embd}, true);
+    wte_ = &this->add_param(m.llama() ? "model.embed_tokens.weight" : "wte.weight",
+                            {m.vocab_size, m.n_embd}, true);
+    if (!m.llama()) wpe_ = &this->add_param("wpe.weight", {m.seq_len, m.n_embd}, true);
   }
   Param<T>& wte() { return *wte_; }
-  Param<T>& wpe() { return *wpe_; }
+  Param<T>* wpe() { return wpe_; }  // nullptr for Llama
 
   void forward(const void*, const Batch& b) override {
     out_ = this->save(uint64_t(b.B) * b.T * m_.n_embd, "out (B, T, C)");
     this->ops().embedding_forward(this->dt_, out_, b.tokens, wte_->compute().value,
-                                  wpe_->compute().value, b.B, b.T, m_.n_embd);
+                                  wpe_ ? wpe_->compute().value : nullptr, b.B, b.T, m_.n_embd);
   }
   void backward(void*, const void* dout, const void*, const Batch& b) override {
-    this->ops().embedding_backward(this->dt_, wte_->compute().grad, wpe_->compute().grad, dout,
-                                   b.tokens, b.B, b.T, m_.n_embd);
+    this->ops().embedding_backward(this->dt_, wte_->compute().grad,
+                                   wpe_ ? wpe_->compute().grad : nullptr, dout, b.tokens, b.B, b.T,
+                                   m_.n_embd);
   }
   const void* output() const override { return out_; }
 
  private:
   ModelConfig m_;
   Param<T>* wte_;
-  Param<T>* wpe_;
+  Param<T>* wpe_ = nullptr;
   void* out_ = nullptr;
 };
 
@@ -307,6 +310,174 @@ class Block final : public Layer<T> {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Llama block, pre-RMSNorm, no biases:
+//   res1 = x + o_proj(attention(rope(qkv_proj(rmsnorm_1(x)))))
+//   out  = res1 + down_proj(swiglu(gate_up_proj(rmsnorm_2(res1))))
+// with NH query heads and NKV key/value heads of size hs = C / NH (grouped-query attention: q is
+// (B, T, C), k and v (B, T, KV), KV = NKV·hs, side by side in one GEMM's output of width
+// W = C + 2·KV), and the SwiGLU MLP's gate and up in one GEMM's output (B, T, 2I). Hugging Face's
+// names, with the two fused projections named for what they fuse: self_attn.qkv_proj (q_proj,
+// k_proj and v_proj stacked by rows) and mlp.gate_up_proj (gate_proj above up_proj).
+
+template <class T>
+class LlamaBlock final : public Layer<T> {
+ public:
+  LlamaBlock(int index, const ModelConfig& m, Device& device, const Precision& dt)
+      : Layer<T>("block " + std::to_string(index), device, dt),
+        m_(m),
+        I_(m.mlp_width(index)),
+        NH_(m.n_head),
+        NKV_(m.kv_heads()),
+        W_(m.n_embd + 2 * m.kv_width()) {
+    const int64_t C = m.n_embd, I = I_, W = W_;
+    const std::string h = "model.layers." + std::to_string(index) + ".";
+    rms1w_ = &this->add_param(h + "input_layernorm.weight", {C}, false);
+    qkvw_ = &this->add_param(h + "self_attn.qkv_proj.weight", {W, C}, true);
+    ow_ = &this->add_param(h + "self_attn.o_proj.weight", {C, C}, true);
+    rms2w_ = &this->add_param(h + "post_attention_layernorm.weight", {C}, false);
+    guw_ = &this->add_param(h + "mlp.gate_up_proj.weight", {2 * I, C}, true);
+    downw_ = &this->add_param(h + "mlp.down_proj.weight", {C, I}, true);
+    rope_.theta = m.rope_theta;
+    rope_.factor = m.rope_scaling_factor;
+    rope_.low_freq_factor = m.rope_low_freq_factor;
+    rope_.high_freq_factor = m.rope_high_freq_factor;
+    rope_.original_max_position_embeddings = m.rope_original_max_positions;
+  }
+
+  // Hugging Face's LlamaPreTrainedModel: every projection normal(0, 0.02), the norms 1.
+  void init(NormalRng& rng) {
+    Device& d = this->device_;
+    fill_value<T>(d, *rms1w_, 1);
+    fill_normal(d, *qkvw_, rng, 0.02);
+    fill_normal(d, *ow_, rng, 0.02);
+    fill_value<T>(d, *rms2w_, 1);
+    fill_normal(d, *guw_, rng, 0.02);
+    fill_normal(d, *downw_, rng, 0.02);
+  }
+
+  // What the block keeps for backward: the GEMM outputs qkv (rotated, as the attention reads it),
+  // res1, gate|up and out, the attention's output and row log-sum-exp (cheap), and the two
+  // RMSNorm rstd. Not kept: the RMSNorm outputs and SwiGLU's, computed again in backward into
+  // buffers its own gradients have not reached yet, as the GPT-2 block does; forward holds them
+  // as one transient (B, T, max(I, C)) workspace.
+  void forward(const void* x, const Batch& b) override {
+    const int B = b.B, Tn = b.T, C = m_.n_embd, I = I_, W = W_;
+    const uint64_t N = uint64_t(B) * Tn;
+    const Dtype dt = this->dt_, st = stat_dtype(dt);
+    Backend& ops = this->ops();
+    rms1_rstd_ = this->save(N, "input_layernorm rstd (B, T)", false, st);
+    qkv_ = this->save(N * W, "qkv (B, T, C + 2KV)");
+    save_attention(B, Tn);
+    atty_ = this->save(N * C, "attention out (B, T, C)", true);
+    res1_ = this->save(N * C, "residual (B, T, C)");
+    rms2_rstd_ = this->save(N, "post_attention_layernorm rstd (B, T)", false, st);
+    gu_ = this->save(N * 2 * I, "gate|up (B, T, 2I)");
+    out_ = this->save(N * C, "out (B, T, C)");
+    // rmsnorm_1's output, then rmsnorm_2's, then SwiGLU's: each read by one GEMM.
+    Buffer transient(this->device_, N * std::max(I, C) * dtype_size(dt), Category::kWorkspace,
+                     this->name_ + " forward: rmsnorm_1, rmsnorm_2, swiglu (B, T, max(I, C))");
+    void* t = transient.as<void>();
+
+    rms1_forward(t, x, N, C);
+    ops.matmul_forward(dt, qkv_, t, qkvw_->compute().value, nullptr, N, C, W);
+    ops.rope_forward(dt, qkv_, B, Tn, NH_, NKV_, C / NH_, rope_);
+    attention_forward(B, Tn);
+    ops.matmul_forward(dt, res1_, atty_, ow_->compute().value, nullptr, N, C, C);
+    ops.add_inplace(dt, res1_, x, N * C);
+    rms2_forward(t, N, C);
+    ops.matmul_forward(dt, gu_, t, guw_->compute().value, nullptr, N, C, 2 * I);
+    ops.swiglu_forward(dt, t, gu_, N, I);
+    ops.matmul_forward(dt, out_, t, downw_->compute().value, nullptr, N, I, C);
+    ops.add_inplace(dt, out_, res1_, N * C);
+  }
+
+  // After a selective drop: the attention's output and log-sum-exp from the kept (rotated) qkv.
+  void recompute_cheap(const void*, const Batch& b) override {
+    const uint64_t N = uint64_t(b.B) * b.T;
+    save_attention(b.B, b.T);
+    atty_ = this->save(N * m_.n_embd, "attention out (B, T, C)", true);
+    out_ = nullptr;  // freed by Layer::recompute; backward does not read it
+    attention_forward(b.B, b.T);
+  }
+
+  void backward(void* dx, const void* dout, const void* x, const Batch& b) override {
+    const int B = b.B, Tn = b.T, C = m_.n_embd, I = I_, W = W_;
+    const uint64_t N = uint64_t(B) * Tn;
+    Backend& ops = this->ops();
+    const Dtype dt = this->dt_;
+    // wide: SwiGLU's output, then d(gate|up) (B, T, 2I), then dqkv (B, T, W).
+    Buffer wide_buf = this->workspace(N * std::max(2 * I, W), "dgate|up (B, T, 2I)");
+    // narrow: d(swiglu) (B, T, I), then rmsnorm_2's and rmsnorm_1's outputs (B, T, C).
+    Buffer narrow_buf = this->workspace(N * std::max(I, C), "dswiglu (B, T, I)");
+    Buffer dres1_buf = this->workspace(N * C, "dresidual (B, T, C)");
+    Buffer dtmp_buf = this->workspace(N * C, "dtmp (B, T, C)");
+    void* wide = wide_buf.as<void>();
+    void* narrow = narrow_buf.as<void>();
+    void* dres1 = dres1_buf.as<void>();
+    void* dtmp = dtmp_buf.as<void>();
+
+    // MLP: out = res1 + down(swiglu(gu)), gu = gate_up(rmsnorm_2(res1)).
+    void* h = wide;  // SwiGLU's output (B, T, I), again
+    ops.swiglu_forward(dt, h, gu_, N, I);
+    ops.matmul_backward(dt, narrow, downw_->compute().grad, nullptr, dout, h,
+                        downw_->compute().value, N, I, C, Grad::kWrite);
+    void* dgu = wide;  // over h, read for the last time above
+    ops.swiglu_backward(dt, dgu, gu_, narrow, N, I, Grad::kWrite);
+    void* rms2 = narrow;  // rmsnorm_2's output (B, T, C), again
+    rms2_forward(rms2, N, C);
+    ops.matmul_backward(dt, dtmp, guw_->compute().grad, nullptr, dgu, rms2, guw_->compute().value,
+                        N, C, 2 * I, Grad::kWrite);
+    // dres1 = dout (the residual path) + rmsnorm_2's input gradient
+    ops.rmsnorm_backward(dt, dres1, rms2w_->compute().grad, dtmp, res1_, rms2w_->compute().value,
+                         rms2_rstd_, N, C, Grad::kWrite, dout);
+
+    // Attention: res1 = x + o_proj(attention(rope(qkv_proj(rmsnorm_1(x)))))
+    ops.matmul_backward(dt, dtmp, ow_->compute().grad, nullptr, dres1, atty_, ow_->compute().value,
+                        N, C, C, Grad::kWrite);
+    void* dqkv = wide;  // d(gate|up) is read for the last time above
+    ops.fill(dt, dqkv, N * W, 0.0);
+    ops.attention_gqa_backward(dt, dqkv, dtmp, qkv_, atty_, lse_, B, Tn, C, NH_, NKV_);
+    ops.rope_backward(dt, dqkv, B, Tn, NH_, NKV_, C / NH_, rope_);  // to the unrotated q, k
+    void* rms1 = narrow;  // rmsnorm_1's output (B, T, C), again
+    rms1_forward(rms1, x, N, C);
+    ops.matmul_backward(dt, dtmp, qkvw_->compute().grad, nullptr, dqkv, rms1,
+                        qkvw_->compute().value, N, C, W, Grad::kWrite);
+    // dx = dres1 (the residual path) + rmsnorm_1's input gradient
+    ops.rmsnorm_backward(dt, dx, rms1w_->compute().grad, dtmp, x, rms1w_->compute().value,
+                         rms1_rstd_, N, C, Grad::kWrite, dres1);
+  }
+  const void* output() const override { return out_; }
+  bool recomputable() const override { return true; }
+
+ private:
+  void save_attention(int B, int Tn) {
+    lse_ =
+        this->save(uint64_t(B) * NH_ * Tn, "attention lse (B, NH, T)", true, stat_dtype(this->dt_));
+  }
+  void attention_forward(int B, int Tn) {
+    this->ops().attention_gqa_forward(this->dt_, atty_, lse_, qkv_, B, Tn, m_.n_embd, NH_, NKV_);
+  }
+  void rms1_forward(void* out, const void* x, uint64_t N, int C) {
+    this->ops().rmsnorm_forward(this->dt_, out, rms1_rstd_, x, rms1w_->compute().value, int(N), C,
+                                m_.rms_norm_eps);
+  }
+  void rms2_forward(void* out, uint64_t N, int C) {
+    this->ops().rmsnorm_forward(this->dt_, out, rms2_rstd_, res1_, rms2w_->compute().value, int(N),
+                                C, m_.rms_norm_eps);
+  }
+
+  ModelConfig m_;
+  int I_;    // the MLP's hidden width
+  int NH_;   // query heads
+  int NKV_;  // key/value heads
+  int W_;    // qkv's width, C + 2·NKV·hs
+  RopeParams rope_;
+  Param<T>*rms1w_, *qkvw_, *ow_, *rms2w_, *guw_, *downw_;
+  void *rms1_rstd_ = nullptr, *qkv_ = nullptr, *atty_ = nullptr, *res1_ = nullptr,
+       *rms2_rstd_ = nullptr, *gu_ = nullptr, *out_ = nullptr, *lse_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
 // Head: final LayerNorm, logits through the tied token embedding, fused softmax + cross-entropy.
 //
 // [model] loss = "chunked" (the default) never holds more than one chunk of logits, (chunk, V),
@@ -324,14 +495,22 @@ class Block final : public Layer<T> {
 template <class T>
 class Head final : public Layer<T> {
  public:
+  // `wte`: the embedding's token table, the head's weight when the model ties them (GPT-2
+  // always; Llama with tie_embeddings); else the head has its own lm_head (V, C).
   Head(const ModelConfig& m, Device& device, const Precision& dt, Param<T>& wte)
-      : Layer<T>("head", device, dt), m_(m), wte_(wte) {
-    lnfw_ = &this->add_param("ln_f.weight", {m.n_embd}, false);
-    lnfb_ = &this->add_param("ln_f.bias", {m.n_embd}, false);
+      : Layer<T>("head", device, dt), m_(m) {
+    if (m.llama()) {
+      lnfw_ = &this->add_param("model.norm.weight", {m.n_embd}, false);
+    } else {
+      lnfw_ = &this->add_param("ln_f.weight", {m.n_embd}, false);
+      lnfb_ = &this->add_param("ln_f.bias", {m.n_embd}, false);
+    }
+    wte_ = m.tied() ? &wte : &this->add_param("lm_head.weight", {m.vocab_size, m.n_embd}, true);
   }
-  void init() {
+  void init(NormalRng& rng) {
     fill_value<T>(this->device_, *lnfw_, 1);
-    fill_value<T>(this->device_, *lnfb_, 0);
+    if (lnfb_) fill_value<T>(this->device_, *lnfb_, 0);
+    if (!m_.tied()) fill_normal(this->device_, *wte_, rng, 0.02);
   }
   // The mean loss over the last micro-batch's (non-ignored) tokens, and their count: from the
   // head's backward on (or its forward, with loss_in_forward).
@@ -349,20 +528,24 @@ class Head final : public Layer<T> {
     const Dtype dt = this->dt_, st = stat_dtype(dt);
     Backend& ops = this->ops();
     lnf_ = this->save(N * C, "ln_f (B, T, C)");
-    lnf_mean_ = this->save(N, "ln_f mean (B, T)", false, st);
+    if (!m_.llama()) lnf_mean_ = this->save(N, "ln_f mean (B, T)", false, st);
     lnf_rstd_ = this->save(N, "ln_f rstd (B, T)", false, st);
     if (!chunked_) logits_ = this->save(N * V, "logits (B, T, V)");
     losses_ = this->save(N, "losses (B, T)", false, st);
 
-    ops.layernorm_forward(dt, lnf_, lnf_mean_, lnf_rstd_, x, lnfw_->compute().value,
-                          lnfb_->compute().value, N, C);
+    if (m_.llama()) {  // Llama's final norm is an RMSNorm, its statistic rstd alone
+      ops.rmsnorm_forward(dt, lnf_, lnf_rstd_, x, lnfw_->compute().value, N, C, m_.rms_norm_eps);
+    } else {
+      ops.layernorm_forward(dt, lnf_, lnf_mean_, lnf_rstd_, x, lnfw_->compute().value,
+                            lnfb_->compute().value, N, C);
+    }
     batch_ = b;
     losses_filled_ = !chunked_ || loss_in_forward_;
     if (chunked_) {
       if (!loss_in_forward_) return;  // backward computes the logits, their losses and gradients
       chunk_losses(b);
     } else {
-      ops.matmul_forward(dt, logits_, lnf_, wte_.compute().value, nullptr, N, C, V);
+      ops.matmul_forward(dt, logits_, lnf_, wte_->compute().value, nullptr, N, C, V);
       // logits (B, T, V) become dlogits in place: no second (B, T, V) buffer.
       ops.crossentropy_forward_backward(dt, logits_, losses_, b.targets, N, V, b.dloss);
     }
@@ -389,18 +572,23 @@ class Head final : public Layer<T> {
         chunk_logits(logits, n0, rows);
         ops.crossentropy_forward_backward(dt, logits, stat_at(n0), b.targets + n0, rows, V,
                                           b.dloss);
-        ops.matmul_backward(dt, static_cast<char*>(dlnf) + n0 * C * es, wte_.compute().grad,
+        ops.matmul_backward(dt, static_cast<char*>(dlnf) + n0 * C * es, wte_->compute().grad,
                             nullptr, logits, static_cast<const char*>(lnf_) + n0 * C * es,
-                            wte_.compute().value, rows, C, V, Grad::kWrite);
+                            wte_->compute().value, rows, C, V, Grad::kWrite);
       }
       losses_filled_ = true;
       read_loss(b);  // the same losses evaluate()'s forward would have read
     } else {
-      ops.matmul_backward(dt, dlnf, wte_.compute().grad, nullptr, logits_, lnf_,
-                          wte_.compute().value, N, C, V, Grad::kWrite);
+      ops.matmul_backward(dt, dlnf, wte_->compute().grad, nullptr, logits_, lnf_,
+                          wte_->compute().value, N, C, V, Grad::kWrite);
     }
-    ops.layernorm_backward(dt, dx, lnfw_->compute().grad, lnfb_->compute().grad, dlnf, x,
-                           lnfw_->compute().value, lnf_mean_, lnf_rstd_, N, C, Grad::kWrite);
+    if (m_.llama()) {
+      ops.rmsnorm_backward(dt, dx, lnfw_->compute().grad, dlnf, x, lnfw_->compute().value,
+                           lnf_rstd_, N, C, Grad::kWrite);
+    } else {
+      ops.layernorm_backward(dt, dx, lnfw_->compute().grad, lnfb_->compute().grad, dlnf, x,
+                             lnfw_->compute().value, lnf_mean_, lnf_rstd_, N, C, Grad::kWrite);
+    }
   }
 
   // A training forward of the chunked loss leaves "losses (B, T)" to backward; a plugin that
@@ -462,7 +650,7 @@ class Head final : public Layer<T> {
     const uint64_t C = uint64_t(m_.n_embd);
     this->ops().matmul_forward(this->dt_, logits,
                                static_cast<const char*>(lnf_) + n0 * C * dtype_size(this->dt_),
-                               wte_.compute().value, nullptr, rows, int(C), m_.vocab_size);
+                               wte_->compute().value, nullptr, rows, int(C), m_.vocab_size);
   }
   void* stat_at(uint64_t n0) const {
     return static_cast<char*>(losses_) + n0 * dtype_size(stat_dtype(this->dt_));
@@ -473,8 +661,9 @@ class Head final : public Layer<T> {
   bool loss_in_forward_ = false;
   bool losses_filled_ = false;  // losses_ holds this micro-batch's per-token losses
   Batch batch_;                 // the micro-batch of the last forward, for fill_saved
-  Param<T>& wte_;               // tied: owned by the embedding
-  Param<T>*lnfw_, *lnfb_;
+  Param<T>* wte_;               // the head's weight: the embedding's when tied, else lm_head
+  Param<T>* lnfw_ = nullptr;
+  Param<T>* lnfb_ = nullptr;  // none for Llama
   void *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
        *losses_ = nullptr;
   double loss_ = 0.0;
@@ -791,16 +980,26 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, const Prec
   } else if (precision.grad_in_compute || !precision.masters) {
     throw std::invalid_argument("only a model with f32 masters has other state layouts");
   }
+  if (config.llama() && !device.backend().llama_ops())
+    throw std::invalid_argument(
+        "arch = \"llama\" has no kernels on this device's backend yet (RMSNorm, rotary "
+        "embeddings, SwiGLU, grouped-query attention run on the CPU backend only): train it with "
+        "[device] kind = \"cpu\"");
   auto emb = std::make_unique<Embedding<T>>(config, device, precision);
   Embedding<T>& e = *emb;
   layers_.push_back(std::move(emb));
-  for (int l = 0; l < config.n_layer; ++l)
-    layers_.push_back(std::make_unique<Block<T>>(l, config, device, precision));
+  for (int l = 0; l < config.n_layer; ++l) {
+    if (config.llama()) {
+      layers_.push_back(std::make_unique<LlamaBlock<T>>(l, config, device, precision));
+    } else {
+      layers_.push_back(std::make_unique<Block<T>>(l, config, device, precision));
+    }
+  }
   auto head = std::make_unique<Head<T>>(config, device, precision, e.wte());
   Head<T>& h = *head;
   layers_.push_back(std::move(head));
-  // GPT-2 init, in a fixed order: wte, wpe, then each block, then the head's LayerNorm; each
-  // layer allocated just before its turn and placed right after it.
+  // GPT-2 init, in a fixed order: wte, wpe, then each block, then the head's LayerNorm (and a
+  // Llama's untied lm_head); each layer allocated just before its turn and placed right after it.
   NormalRng rng(seed);
   const double proj_std = 0.02 / std::sqrt(2.0 * config.n_layer);
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -808,11 +1007,15 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, const Prec
     layer.allocate_params(shard_ranks, !grads_on_demand);
     if (l == 0) {
       fill_normal(device, e.wte(), rng, 0.02);
-      fill_normal(device, e.wpe(), rng, 0.02);
+      if (e.wpe()) fill_normal(device, *e.wpe(), rng, 0.02);
     } else if (l + 1 < layers_.size()) {
-      static_cast<Block<T>&>(layer).init(rng, proj_std);
+      if (config.llama()) {
+        static_cast<LlamaBlock<T>&>(layer).init(rng);
+      } else {
+        static_cast<Block<T>&>(layer).init(rng, proj_std);
+      }
     } else {
-      h.init();
+      h.init(rng);
     }
     const FlatStorage& f = layer.flat();
     if (f.compute)  // the compute copy follows its masters
@@ -997,7 +1200,12 @@ Block<T>& block_to_resize(const std::vector<std::unique_ptr<Layer<T>>>& layers, 
     throw std::invalid_argument("layer " + std::to_string(layer) +
                                 " is no transformer block (blocks are layers 1 .. " +
                                 std::to_string(n_layer) + ")");
-  return static_cast<Block<T>&>(*layers[size_t(layer)]);
+  auto* block = dynamic_cast<Block<T>*>(layers[size_t(layer)].get());
+  if (!block)
+    throw std::invalid_argument(layers[size_t(layer)]->name() +
+                                " is a Llama block: structured pruning (resize_mlp, resize_heads) "
+                                "is built for arch = \"gpt2\" only");
+  return *block;
 }
 
 // The index of layer `layer`'s first parameter in Gpt::params().
@@ -1129,48 +1337,86 @@ template class Gpt<float>;
 template class Gpt<double>;
 
 uint64_t gpt_block_params(const ModelConfig& m, int block) {
-  const uint64_t C = m.n_embd, H = uint64_t(m.mlp_width(block)), A = uint64_t(m.attn_width(block));
+  const uint64_t C = m.n_embd, H = uint64_t(m.mlp_width(block));
+  if (m.llama()) {
+    // two RMSNorms, qkv_proj (C + 2KV, C), o_proj (C, C), gate_up_proj (2I, C), down_proj (C, I)
+    const uint64_t KV = uint64_t(m.kv_width());
+    return 2 * C + (C + 2 * KV) * C + C * C + 3 * H * C;
+  }
+  const uint64_t A = uint64_t(m.attn_width(block));
   // ln_1, c_attn (3A, C) and its bias, attn c_proj (C, A) and its bias, ln_2, c_fc (H, C) and its
   // bias, mlp c_proj (C, H) and its bias
   return 2 * C + (3 * A * C + 3 * A) + (C * A + C) + 2 * C + (H * C + H) + (C * H + C);
 }
 
 uint64_t gpt_num_params(const ModelConfig& m) {
-  const uint64_t C = m.n_embd;
-  // wte + wpe + the blocks + ln_f
+  const uint64_t C = m.n_embd, V = uint64_t(m.vocab_size);
   uint64_t blocks = 0;
   for (int b = 0; b < m.n_layer; ++b)
     blocks += gpt_block_params(m, b);
-  return uint64_t(m.vocab_size) * C + uint64_t(m.seq_len) * C + blocks + 2 * C;
+  // Llama: embed_tokens + the blocks + the final RMSNorm + an untied lm_head
+  if (m.llama()) return V * C + blocks + C + (m.tied() ? 0 : V * C);
+  // GPT-2: wte + wpe + the blocks + ln_f
+  return V * C + uint64_t(m.seq_len) * C + blocks + 2 * C;
 }
 
 std::vector<ParamShape> gpt_param_shapes(const ModelConfig& m) {
   const int64_t C = m.n_embd;
+  using Shapes = std::vector<std::tuple<const char*, std::vector<int64_t>, bool>>;
+  if (m.llama()) {
+    std::vector<ParamShape> out = {{0, "model.embed_tokens.weight", {m.vocab_size, C}, true}};
+    const int64_t W = C + 2 * int64_t(m.kv_width());
+    for (int l = 0; l < m.n_layer; ++l) {
+      const std::string h = "model.layers." + std::to_string(l) + ".";
+      const int64_t I = m.mlp_width(l);
+      for (const auto& [name, shape, decay] :
+           Shapes{{"input_layernorm.weight", {C}, false},
+                  {"self_attn.qkv_proj.weight", {W, C}, true},
+                  {"self_attn.o_proj.weight", {C, C}, true},
+                  {"post_attention_layernorm.weight", {C}, false},
+                  {"mlp.gate_up_proj.weight", {2 * I, C}, true},
+                  {"mlp.down_proj.weight", {C, I}, true}})
+        out.push_back({l + 1, h + name, shape, decay});
+    }
+    out.push_back({m.n_layer + 1, "model.norm.weight", {C}, false});
+    if (!m.tied()) out.push_back({m.n_layer + 1, "lm_head.weight", {m.vocab_size, C}, true});
+    return out;
+  }
   std::vector<ParamShape> out = {{0, "wte.weight", {m.vocab_size, C}, true},
                                  {0, "wpe.weight", {m.seq_len, C}, true}};
   for (int l = 0; l < m.n_layer; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
     const int layer = l + 1;
     const int64_t H = m.mlp_width(l), A = m.attn_width(l);
-    for (const auto& [name, shape, decay] :
-         std::vector<std::tuple<const char*, std::vector<int64_t>, bool>>{
-             {"ln_1.weight", {C}, false},
-             {"ln_1.bias", {C}, false},
-             {"attn.c_attn.weight", {3 * A, C}, true},
-             {"attn.c_attn.bias", {3 * A}, false},
-             {"attn.c_proj.weight", {C, A}, true},
-             {"attn.c_proj.bias", {C}, false},
-             {"ln_2.weight", {C}, false},
-             {"ln_2.bias", {C}, false},
-             {"mlp.c_fc.weight", {H, C}, true},
-             {"mlp.c_fc.bias", {H}, false},
-             {"mlp.c_proj.weight", {C, H}, true},
-             {"mlp.c_proj.bias", {C}, false}})
+    for (const auto& [name, shape, decay] : Shapes{{"ln_1.weight", {C}, false},
+                                                   {"ln_1.bias", {C}, false},
+                                                   {"attn.c_attn.weight", {3 * A, C}, true},
+                                                   {"attn.c_attn.bias", {3 * A}, false},
+                                                   {"attn.c_proj.weight", {C, A}, true},
+                                                   {"attn.c_proj.bias", {C}, false},
+                                                   {"ln_2.weight", {C}, false},
+                                                   {"ln_2.bias", {C}, false},
+                                                   {"mlp.c_fc.weight", {H, C}, true},
+                                                   {"mlp.c_fc.bias", {H}, false},
+                                                   {"mlp.c_proj.weight", {C, H}, true},
+                                                   {"mlp.c_proj.bias", {C}, false}})
       out.push_back({layer, h + name, shape, decay});
   }
   out.push_back({m.n_layer + 1, "ln_f.weight", {C}, false});
   out.push_back({m.n_layer + 1, "ln_f.bias", {C}, false});
   return out;
+}
+
+uint64_t gpt_block_workspace_bytes(const ModelConfig& m, int B, int T, Dtype dt, int block,
+                                   uint64_t attention_scratch) {
+  const uint64_t N = uint64_t(B) * T, C = m.n_embd, H = uint64_t(m.mlp_width(block));
+  if (m.llama()) {
+    const uint64_t W = C + 2 * uint64_t(m.kv_width());
+    return dtype_size(dt) * (N * std::max(2 * H, W) + N * std::max(H, C) + 2 * N * C);
+  }
+  const uint64_t A = uint64_t(m.attn_width(block));
+  return dtype_size(dt) *
+         (N * std::max(H, 3 * A) + N * std::max(H, C) + 2 * N * C + attention_scratch);
 }
 
 uint64_t gpt_loss_chunk_tokens(const ModelConfig& m, uint64_t N, Dtype dt) {
@@ -1182,7 +1428,9 @@ uint64_t gpt_loss_chunk_tokens(const ModelConfig& m, uint64_t N, Dtype dt) {
 uint64_t gpt_head_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt) {
   const uint64_t N = uint64_t(B) * T, C = m.n_embd, V = uint64_t(m.vocab_size);
   const bool full = m.loss == "full";
-  return dtype_size(dt) * (N * C + (full ? N * V : 0)) + dtype_size(stat_dtype(dt)) * 3 * N;
+  // ln_f (B, T, C) [, logits]; LayerNorm's mean and rstd (RMSNorm's rstd) and the losses (B, T)
+  const uint64_t stats = m.llama() ? 2 : 3;
+  return dtype_size(dt) * (N * C + (full ? N * V : 0)) + dtype_size(stat_dtype(dt)) * stats * N;
 }
 
 uint64_t gpt_head_workspace_bytes(const ModelConfig& m, int B, int T, Dtype dt) {
@@ -1193,6 +1441,14 @@ uint64_t gpt_head_workspace_bytes(const ModelConfig& m, int B, int T, Dtype dt) 
 
 uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt, int block) {
   const uint64_t N = uint64_t(B) * T, C = m.n_embd, H = uint64_t(m.mlp_width(block));
+  if (m.llama()) {
+    // qkv (B, T, C + 2KV), attention out, residual and out (B, T, C) each, gate|up (B, T, 2I);
+    // two RMSNorm rstd (B, T) and the tiled attention's (B, NH, T) log-sum-exp in the statistics'
+    // dtype (the RMSNorm and SwiGLU outputs are computed again in backward).
+    const uint64_t W = C + 2 * uint64_t(m.kv_width()), NH = uint64_t(m.n_head);
+    return dtype_size(dt) * (N * W + 3 * N * C + 2 * N * H) +
+           dtype_size(stat_dtype(dt)) * (2 * N + N * NH);
+  }
   const uint64_t A = uint64_t(m.attn_width(block));
   // residual, out: 2·N·C; qkv (3) and attention out: 4·N·A; fc: N·H (10·N·C unpruned; the
   // LayerNorm and GELU outputs are computed again in backward); four (B, T) LayerNorm statistics

@@ -384,7 +384,10 @@ class Gpt {
   uint64_t num_params() const;
   // The other layer whose parameters layer l's forward and backward read, or -1: the head reads
   // the embedding's token embedding (tied), so the head's is 0.
-  int tied_layer(int layer) const { return layer == int(layers_.size()) - 1 ? 0 : -1; }
+  // An untied Llama's head reads its own lm_head: -1 for every layer.
+  int tied_layer(int layer) const {
+    return config_.tied() && layer == int(layers_.size()) - 1 ? 0 : -1;
+  }
 
  private:
   // Adds each compute gradient of layer `layer`'s micro-step into its master gradient, in fp32,
@@ -435,5 +438,12 @@ uint64_t gpt_head_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt)
 uint64_t gpt_head_workspace_bytes(const ModelConfig& m, int B, int T, Dtype dt);
 // Elements of block `block`'s parameters at its MLP width.
 uint64_t gpt_block_params(const ModelConfig& m, int block);
+// Bytes of the workspace a block's backward holds for a (B, T) micro-batch besides the two
+// (B, T, C) gradients Gpt::backward passes between layers, with `attention_scratch` elements of
+// the naive attention's scratch (0 when tiled). GPT-2's: dgelu (B, T, max(H, 3A)), dfc (B, T,
+// max(H, C)), two (B, T, C), the scratch; Llama's: d(gate|up) (B, T, max(2I, C + 2KV)), dswiglu
+// (B, T, max(I, C)), two (B, T, C).
+uint64_t gpt_block_workspace_bytes(const ModelConfig& m, int B, int T, Dtype dt, int block,
+                                   uint64_t attention_scratch);
 
 }  // namespace headroom

@@ -1,5 +1,6 @@
 #include "core/plan/plan.h"
 
+#include "core/model/model.h"
 #include "core/model/safetensors.h"
 #include "core/os/host_memory.h"
 #include "core/report/advice.h"
@@ -21,7 +22,11 @@ PlanResult plan(const Config& given) {
   PlanResult r;
   const uint64_t limit = config.device.memory_limit;
   const ConfigEstimate e = estimate_config(config);
-  r.text = format_estimate(e);
+  // The model first: its preset (or "explicit"), arch and parameter count (closed form, so an 8B
+  // shape is planned without allocating it).
+  const ModelConfig& m = config.model;
+  r.text = "model " + (m.preset.empty() ? std::string("(explicit)") : m.preset) + ", arch " +
+           m.arch + ", " + std::to_string(gpt_num_params(m)) + " parameters\n" + format_estimate(e);
   const uint64_t total = e.peak.total();
   // On the CPU the device's memory is the host's: what the host can give now is a wall as well,
   // when it is the lower one (or there is no memory_limit).

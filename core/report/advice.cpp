@@ -331,10 +331,11 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   // [r·S, (r+1)·S) of them, S = padded / W.
   const size_t H = size_t(L) + 1;  // the head's index
   std::vector<uint64_t> numel(H + 1, 0);
-  numel[0] = V * C + T * C;
+  // A Llama's embedding has no wpe, its head an RMSNorm (C) and, untied, its lm_head (V, C).
+  numel[0] = V * C + (m.llama() ? 0 : T * C);
   for (size_t l = 1; l < H; ++l)
     numel[l] = gpt_block_params(m, int(l) - 1);
-  numel[H] = 2 * C;
+  numel[H] = m.llama() ? C + (m.tied() ? 0 : V * C) : 2 * C;
   const uint64_t W = uint64_t(std::max(1, s.world_size)), r = uint64_t(std::max(0, rank));
   const bool sh_opt = (s.shard & kShardOpt) != 0;
   const bool sh_grad = sh_opt && (s.shard & kShardGrads);
@@ -392,14 +393,14 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   const uint64_t dres = 2 * es * N * C;
   const uint64_t head_ws = dres + gpt_head_workspace_bytes(m, s.micro_batch, m.seq_len, s.compute);
   const bool tiled = m.attention != "naive";
+  // A Llama block (model.h gpt_block_workspace_bytes): d(gate|up) (B, T, max(2I, C + 2KV)),
+  // dswiglu (B, T, max(I, C)), two (B, T, C).
   for (size_t l = 1; l < H; ++l) {
-    const uint64_t Hd = uint64_t(m.mlp_width(int(l) - 1));
-    const uint64_t Ad = uint64_t(m.attn_width(int(l) - 1));
     const uint64_t heads = uint64_t(m.heads(int(l) - 1));
     const uint64_t scratch =
         tiled ? 0 : attention_scratch_numel(config.device.kind, s.micro_batch, int(T), int(heads));
     block_ws[l] =
-        dres + es * (N * std::max(Hd, 3 * Ad) + N * std::max(Hd, C) + 2 * N * C + scratch);
+        dres + gpt_block_workspace_bytes(m, s.micro_batch, int(T), s.compute, int(l) - 1, scratch);
   }
   // A block that drops everything (HR_DROP_ALL) holds only its output between its forward and
   // its backward; any other (kept, or HR_DROP_CHEAP, counted as kept: an upper bound) its full

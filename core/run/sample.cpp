@@ -36,6 +36,10 @@ ModelConfig model_of_signature(const std::string& sig, const std::string& file) 
     const size_t eq = word.find('=');
     if (eq == std::string::npos) continue;
     const std::string k = word.substr(0, eq);
+    if (word == "arch=llama")  // snapshot_io.cpp's signature of a Llama
+      throw ConfigError(file +
+                        ": a snapshot of an arch = \"llama\" model; headroom sample generates "
+                        "with GPT-2's blocks only, not Llama's yet");
     // A pruned model's per-block widths: "mlp_hidden=64,32" "attn_heads=2,1".
     if (k == "mlp_hidden" || k == "attn_heads") {
       std::vector<int>& out = k == "mlp_hidden" ? m.mlp_hidden : m.attn_heads;

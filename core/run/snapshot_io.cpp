@@ -10,6 +10,13 @@ namespace headroom {
 
 namespace {
 
+// A Llama's shape beyond GPT-2's keys: a snapshot of one resumes into that model only.
+std::string llama_signature(const ModelConfig& m) {
+  return " arch=llama n_kv_head=" + std::to_string(m.kv_heads()) +
+         " intermediate_size=" + std::to_string(m.intermediate_size) +
+         " tie_embeddings=" + (m.tie_embeddings ? "true" : "false");
+}
+
 // A pruned model's adds its blocks' MLP widths and heads (an unpruned one's reads as it always
 // did).
 std::string model_signature(const ModelConfig& m) {
@@ -17,7 +24,8 @@ std::string model_signature(const ModelConfig& m) {
          " n_embd=" + std::to_string(m.n_embd) + " seq_len=" + std::to_string(m.seq_len) +
          " vocab_size=" + std::to_string(m.vocab_size) +
          (m.pruned() ? " mlp_hidden=" + mlp_hidden_str(m) : "") +
-         (m.heads_pruned() ? " attn_heads=" + attn_heads_str(m) : "");
+         (m.heads_pruned() ? " attn_heads=" + attn_heads_str(m) : "") +
+         (m.llama() ? llama_signature(m) : "");
 }
 
 // The widths a signature records ("... mlp_hidden=3072,1536"); empty when it records none or

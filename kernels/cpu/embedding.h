@@ -10,6 +10,7 @@
 namespace headroom::cpu {
 
 // out (B,T,C) = wte[tokens[b,t]] + wpe[t];  tokens (B,T), wte (V,C), wpe (maxT,C) with maxT >= T.
+// wpe null: no position table (Llama's rotary positions), out = wte[tokens[b,t]].
 template <class T>
 HEADROOM_CPU_CLONES void embedding_forward(T* out, const int32_t* tokens, const T* wte,
                                            const T* wpe, int B, int Tn, int C) {
@@ -19,6 +20,12 @@ HEADROOM_CPU_CLONES void embedding_forward(T* out, const int32_t* tokens, const 
       const size_t bt = static_cast<size_t>(b) * Tn + t;
       T* out_bt = out + bt * C;
       const T* wte_ix = wte + static_cast<size_t>(tokens[bt]) * C;
+      if (wpe == nullptr) {
+        for (int i = 0; i < C; i++) {
+          out_bt[i] = wte_ix[i];
+        }
+        continue;
+      }
       const T* wpe_t = wpe + static_cast<size_t>(t) * C;
       for (int i = 0; i < C; i++) {
         out_bt[i] = wte_ix[i] + wpe_t[i];

@@ -231,6 +231,17 @@ class Pruning {
   int32_t blocks() const { return s_->num_layers(s_->host) - 2; }
 
   hr_status train_begin() {
+    // A Llama (arch = "llama": Hugging Face's Llama names) has no GPT-2 MLP or fused attention
+    // to shrink: its SwiGLU units (gate, up and down together) and KV groups are not built yet.
+    hr_tensor embed;
+    std::memset(&embed, 0, sizeof embed);
+    embed.struct_size = sizeof embed;
+    if (tensors_->find_param(s_->host, "model.embed_tokens.weight", &embed, nullptr, nullptr) ==
+        HR_OK)
+      return fail(HR_ERROR_UNSUPPORTED,
+                  "this model is arch = \"llama\", and pruning's modes are built for arch = "
+                  "\"gpt2\" only (mlp.c_fc and c_proj, attn.c_attn); remove the plugin, or train "
+                  "a gpt2 model");
     const int32_t L = blocks();
     if (c_.mode != Mode::kUnstructured) {
       if (h0_.empty())  // a fresh run: the widths it began with (a resume loaded them)

@@ -1,0 +1,339 @@
+// arch = "llama" (issue 33): the presets' parameter counts against the published ones, the config's
+// Llama keys and their errors, the whole model's gradient against central differences in double
+// (grouped-query attention, untied and tied, with and without Llama 3's rope scaling), training
+// lowering the loss, activation checkpointing bitwise, amp, and the planner's closed forms against
+// the tracker byte for byte.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/device/device.h"
+#include "core/events/events.h"
+#include "core/model/model.h"
+#include "core/plan/plan.h"
+#include "core/report/advice.h"
+#include "core/run/trainer.h"
+#include "tests/test_util.h"
+
+namespace headroom {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Presets and config
+
+// The published counts (Hugging Face's model cards / num_parameters()), and the issue's formula
+// written out independently of model.cpp: V·C·(tied ? 1 : 2) + L·(2C + 2C² + 2·KV·C + 3·I·C) + C.
+TEST(LlamaPresets, ParameterCountsAreThePublishedOnes) {
+  struct Case {
+    const char* preset;
+    uint64_t published;
+  };
+  for (const Case& c : {Case{"smollm2-135m", 134515008}, Case{"tinyllama-1.1b", 1100048384},
+                        Case{"llama-3.2-1b", 1235814400}, Case{"llama-3.1-8b", 8030261248}}) {
+    const Config config =
+        parse_config("[model]\npreset = \"" + std::string(c.preset) + "\"\n", "p");
+    const ModelConfig& m = config.model;
+    EXPECT_EQ(m.arch, "llama") << c.preset;
+    const uint64_t V = m.vocab_size, C = m.n_embd, L = m.n_layer, I = m.intermediate_size;
+    const uint64_t KV = uint64_t(m.kv_heads()) * (C / m.n_head);
+    const uint64_t formula =
+        V * C * (m.tie_embeddings ? 1 : 2) + L * (2 * C + 2 * C * C + 2 * KV * C + 3 * I * C) + C;
+    EXPECT_EQ(formula, c.published) << c.preset;
+    EXPECT_EQ(gpt_num_params(m), c.published) << c.preset;
+    uint64_t shapes = 0;
+    for (const ParamShape& p : gpt_param_shapes(m)) {
+      uint64_t n = 1;
+      for (int64_t d : p.shape)
+        n *= uint64_t(d);
+      shapes += n;
+    }
+    EXPECT_EQ(shapes, c.published) << c.preset;
+    std::printf("%s: %llu parameters\n", c.preset, (unsigned long long)gpt_num_params(m));
+  }
+}
+
+// `headroom plan` on the 8B shape is closed form: no allocation, and it names the count.
+TEST(LlamaPresets, PlanOnLlama31_8bPrintsItsCountWithoutAllocating) {
+  const Config c =
+      test::config_from("[model]\npreset = \"llama-3.1-8b\"\n[train]\nmicro_batch = 1\n");
+  const PlanResult r = plan(c);
+  EXPECT_TRUE(test::contains(r.text, "8030261248 parameters")) << r.text;
+  EXPECT_TRUE(test::contains(r.text, "arch llama")) << r.text;
+  const ConfigEstimate e = estimate_config(c);
+  // f32 masters and gradients, AdamW's two moments: 16 bytes a parameter at least.
+  EXPECT_GE(e.peak.total(), 16 * uint64_t(8030261248));
+}
+
+const char* const kTiny =
+    "[model]\narch = \"llama\"\nn_layer = 2\nn_head = 4\nn_kv_head = 2\nn_embd = 32\n"
+    "seq_len = 16\nvocab_size = 64\nintermediate_size = 48\n";
+
+TEST(LlamaConfig, KeysAndTheirErrors) {
+  const Config c = test::config_from(kTiny);
+  EXPECT_TRUE(c.model.llama());
+  EXPECT_EQ(c.model.kv_heads(), 2);
+  EXPECT_FALSE(c.model.tie_embeddings);
+  // The resolved config reads back the same.
+  const Config again = parse_config(format_config(c), "again");
+  EXPECT_EQ(again.model.arch, "llama");
+  EXPECT_EQ(again.model.kv_heads(), 2);
+  EXPECT_EQ(again.model.intermediate_size, 48);
+
+  std::string e = test::error_of([] { test::config_from(kTiny, {"model.n_kv_head=3"}); });
+  EXPECT_TRUE(test::contains(e, "model.n_kv_head (3) must divide model.n_head (4)")) << e;
+  e = test::error_of([] { test::config_from(kTiny, {"model.arch=\"gpt2\""}); });
+  EXPECT_TRUE(test::contains(e, "model.n_kv_head is a key of arch = \"llama\"")) << e;
+  EXPECT_TRUE(test::contains(e, "\"gpt2\"")) << e;
+  e = test::error_of([] {
+    test::config_from(
+        "[model]\narch = \"llama\"\nn_layer = 1\nn_head = 2\nn_embd = 8\nseq_len = 4\n"
+        "vocab_size = 16\n");
+  });
+  EXPECT_TRUE(test::contains(e, "needs intermediate_size")) << e;
+  e = test::error_of([] { test::config_from(kTiny, {"model.rms_norm_eps=0"}); });
+  EXPECT_TRUE(test::contains(e, "model.rms_norm_eps must be a finite number > 0")) << e;
+  e = test::error_of([] { test::config_from(kTiny, {"model.rope_high_freq_factor=0.5"}); });
+  EXPECT_TRUE(test::contains(e, "must be greater than model.rope_low_freq_factor")) << e;
+  e = test::error_of([] { test::config_from(kTiny, {"model.rope_scaling_factor=0.5"}); });
+  EXPECT_TRUE(test::contains(e, "0 (no scaling) or >= 1")) << e;
+  e = test::error_of([] { test::config_from(kTiny, {"model.attention=\"naive\""}); });
+  EXPECT_TRUE(test::contains(e, "takes \"tiled\"")) << e;
+  e = test::error_of(
+      [] { test::config_from("[model]\npreset = \"llama-3.2-1b\"\narch = \"gpt2\"\n"); });
+  EXPECT_TRUE(test::contains(e, "contradicts preset \"llama-3.2-1b\"")) << e;
+  e = test::error_of([] { test::config_from(kTiny, {"model.n_embd=24", "model.n_head=8"}); });
+  EXPECT_TRUE(test::contains(e, "must be even")) << e;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The whole model against central differences, in double
+
+ModelConfig tiny_llama(bool tied, double rope_scaling) {
+  ModelConfig m;
+  m.arch = "llama";
+  m.n_layer = 2;
+  m.n_head = 4;
+  m.n_kv_head = 2;
+  m.n_embd = 16;
+  m.intermediate_size = 24;
+  m.seq_len = 6;
+  m.vocab_size = 11;
+  m.tie_embeddings = tied;
+  m.rms_norm_eps = 1e-5;
+  m.rope_theta = 10000.0;
+  // A short original context, so that the scaling's three bands all occur at head size 4.
+  m.rope_scaling_factor = rope_scaling;
+  m.rope_original_max_positions = 16;
+  return m;
+}
+
+void expect_gradient_matches(const ModelConfig& m) {
+  auto device = Device::create(DeviceConfig{});
+  Gpt<double> model(m, *device, 7);
+  ASSERT_EQ(model.num_params(), gpt_num_params(m));
+  const std::vector<ParamShape> shapes = gpt_param_shapes(m);
+  const std::vector<Param<double>*> params = model.params();
+  ASSERT_EQ(params.size(), shapes.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i]->name, shapes[i].name);
+    EXPECT_EQ(params[i]->shape, shapes[i].shape) << shapes[i].name;
+  }
+  std::mt19937_64 rng(3);
+  test::perturb_params(model, rng);
+
+  const int B = 2, T = 6;
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    tokens[i] = int32_t(rng() % 11);
+    targets[i] = int32_t(rng() % 11);
+  }
+  targets[4] = -1;  // ignored
+  Batch batch;
+  batch.tokens = tokens.data();
+  batch.targets = targets.data();
+  batch.B = B;
+  batch.T = T;
+  batch.dloss = 1.0 / (B * T - 1);
+
+  model.zero_grad();
+  model.forward(batch);
+  model.backward(batch);
+  std::vector<double> analytic, numeric;
+  test::finite_differences(model, batch, 1e-5, &analytic, &numeric);
+  ASSERT_EQ(analytic.size(), gpt_num_params(m));
+  EXPECT_LT(test::relative_error(analytic, numeric), 1e-6);
+  for (size_t i = 0; i < analytic.size(); ++i)
+    ASSERT_NEAR(analytic[i], numeric[i], 1e-6 * std::max(std::abs(numeric[i]), 1e-3)) << i;
+  EXPECT_EQ(device->tracker().live(Category::kActivations), 0u);
+  EXPECT_EQ(device->tracker().live(Category::kWorkspace), 0u);
+}
+
+TEST(LlamaGradient, UntiedGqaMatchesCentralDifferencesInDouble) {
+  expect_gradient_matches(tiny_llama(false, 0.0));
+}
+
+TEST(LlamaGradient, TiedWithRopeScalingMatchesCentralDifferencesInDouble) {
+  expect_gradient_matches(tiny_llama(true, 4.0));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training
+
+struct GradRecorder final : EventListener {
+  Trainer* trainer = nullptr;
+  std::vector<std::vector<float>> grads;  // one per step
+  void on_event(const EventInfo& e) override {
+    if (e.event != Event::kGradsReady) return;
+    std::vector<float> g;
+    for (Param<float>* p : trainer->model().params())
+      if (p->master().grad) g.insert(g.end(), p->master().grad, p->master().grad + p->numel);
+    grads.push_back(std::move(g));
+  }
+};
+
+struct Outcome {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> grads;
+  uint64_t peak_activations = 0;
+};
+
+Outcome train(const std::string& extra, const std::vector<std::string>& sets = {}) {
+  std::vector<std::string> all = {"train.steps=6", "train.micro_batch=2", "train.grad_accum=2",
+                                  "train.lr=3e-3", "train.warmup_steps=0"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  const Config c = test::config_from(std::string(kTiny) + extra, all);
+  Trainer trainer(c, TrainOptions{});
+  GradRecorder rec;
+  rec.trainer = &trainer;
+  trainer.add_listener(&rec);
+  trainer.run();
+  Outcome out;
+  for (const auto& h : trainer.history())
+    out.losses.push_back(h.loss);
+  out.grads = std::move(rec.grads);
+  out.peak_activations = trainer.device().tracker().peak(Category::kActivations);
+  EXPECT_EQ(trainer.device().tracker().live(Category::kActivations), 0u);
+  return out;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(LlamaTraining, TheLossFalls) {
+  const Outcome r = train("", {"train.steps=40", "train.micro_batch=8", "train.grad_accum=1",
+                               "train.lr=1e-2", "train.weight_decay=0.0"});
+  ASSERT_EQ(r.losses.size(), 40u);
+  double first = 0, last = 0;
+  for (int i = 0; i < 5; ++i) {
+    first += r.losses[size_t(i)] / 5;
+    last += r.losses[r.losses.size() - 1 - size_t(i)] / 5;
+  }
+  std::printf("loss: first 5 steps %.4f, last 5 %.4f\n", first, last);
+  EXPECT_TRUE(std::isfinite(last));
+  EXPECT_LT(last, 0.8 * first);
+}
+
+TEST(LlamaTraining, CheckpointingIsBitwiseTheRunWithoutIt) {
+  const Outcome base = train("");
+  for (const char* policy : {"every", "selective", "sqrt"}) {
+    const Outcome r =
+        train(std::string("[[plugins]]\nname = \"checkpoint\"\npolicy = \"") + policy + "\"\n");
+    ASSERT_EQ(r.losses.size(), base.losses.size()) << policy;
+    for (size_t i = 0; i < base.losses.size(); ++i)
+      EXPECT_EQ(r.losses[i], base.losses[i]) << policy << " step " << i + 1;
+    ASSERT_EQ(r.grads.size(), base.grads.size()) << policy;
+    for (size_t s = 0; s < base.grads.size(); ++s)
+      EXPECT_TRUE(bitwise_equal(r.grads[s], base.grads[s])) << policy << " step " << s + 1;
+    EXPECT_LT(r.peak_activations, base.peak_activations) << policy;
+  }
+}
+
+TEST(LlamaTraining, AmpBf16TrainsAndTiedToo) {
+  const Outcome amp = train("[[plugins]]\nname = \"amp\"\n");
+  ASSERT_EQ(amp.losses.size(), 6u);
+  for (double l : amp.losses)
+    EXPECT_TRUE(std::isfinite(l));
+  const Outcome f32 = train("");
+  EXPECT_NEAR(amp.losses[0], f32.losses[0], 0.05 * f32.losses[0]);
+  EXPECT_LT(amp.peak_activations, f32.peak_activations);
+  const Outcome tied = train("", {"model.tie_embeddings=true"});
+  EXPECT_TRUE(std::isfinite(tied.losses.back()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The planner's closed forms against the tracker, byte for byte, by category
+
+struct PeakCase {
+  const char* name;
+  std::string extra;
+  std::vector<std::string> sets;
+};
+
+class LlamaPeakEstimate : public ::testing::TestWithParam<PeakCase> {};
+
+TEST_P(LlamaPeakEstimate, MatchesTheTrackerByCategory) {
+  std::vector<std::string> sets = {"train.steps=2"};
+  sets.insert(sets.end(), GetParam().sets.begin(), GetParam().sets.end());
+  const Config c = test::config_from(std::string(kTiny) + GetParam().extra, sets);
+  Trainer t(c, TrainOptions{});
+  t.run();
+  const MemoryTracker& mt = t.device().tracker();
+  const ConfigEstimate e = estimate_config(c);
+  for (const PluginEstimate& pe : e.plugins)
+    EXPECT_TRUE(pe.ok()) << pe.plugin << " status " << pe.status;
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(e.peak.at_peak[i], mt.live_at_peak()[i]) << category_name(category_at(i));
+  EXPECT_EQ(e.peak.total(), mt.peak_total());
+  EXPECT_EQ(t.model().num_params(), gpt_num_params(c.model));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Llama, LlamaPeakEstimate,
+    ::testing::Values(PeakCase{"Untied1", "", {"train.micro_batch=1"}},
+                      PeakCase{"Untied4", "", {"train.micro_batch=4"}},
+                      PeakCase{"Tied4", "", {"train.micro_batch=4", "model.tie_embeddings=true"}},
+                      PeakCase{"FullLoss", "", {"train.micro_batch=2", "model.loss=\"full\""}},
+                      PeakCase{"NoGqa", "", {"train.micro_batch=2", "model.n_kv_head=4"}},
+                      PeakCase{"AmpBf16", "[[plugins]]\nname = \"amp\"\n", {"train.micro_batch=4"}},
+                      PeakCase{"CheckpointEvery",
+                               "[[plugins]]\nname = \"checkpoint\"\n",
+                               {"train.micro_batch=4"}},
+                      PeakCase{"AmpAndCheckpoint",
+                               "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"checkpoint\"\n",
+                               {"train.micro_batch=4"}}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// Structured pruning is GPT-2's for now: the model refuses it on a Llama block, naming it.
+TEST(LlamaModel, ResizeIsRefusedNamingTheArch) {
+  auto device = Device::create(DeviceConfig{});
+  Gpt<float> model(tiny_llama(false, 0.0), *device, 1);
+  try {
+    model.resize_mlp(1, {0, 1});
+    ADD_FAILURE() << "resize_mlp on a Llama block did not throw";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(test::contains(e.what(), "Llama block")) << e.what();
+  }
+}
+
+// The pruning plugin refuses a Llama before step 1, naming the arch.
+TEST(LlamaModel, PruningPluginRefusesAtTrainBegin) {
+  const Config c = test::config_from(std::string(kTiny) + "[[plugins]]\nname = \"pruning\"\n",
+                                     {"train.steps=2"});
+  Trainer t(c, TrainOptions{});
+  try {
+    t.run();
+    ADD_FAILURE() << "pruning ran on a Llama";
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(test::contains(e.what(), "TRAIN_BEGIN")) << e.what();
+    EXPECT_TRUE(test::contains(e.what(), "arch = \"llama\"")) << e.what();
+  }
+  EXPECT_TRUE(t.history().empty());
+}
+
+}  // namespace
+}  // namespace headroom
