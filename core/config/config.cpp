@@ -1,6 +1,7 @@
 #include "core/config/config.h"
 
 #include "core/config/config_keys.h"
+#include "core/config/hf_config.h"
 
 #include <toml++/toml.h>
 
@@ -302,7 +303,9 @@ class Validator {
                           "]), got " + type_name(node));
       }
     }
+    const HfModelConfig hf = hf_folder_shape(root);
     model(root["model"].as_table(), c.model);
+    if (!hf.file.empty()) model_matches_hf(root, c.model, hf);
     if (auto* t = root["train"].as_table()) train(*t, c.train);
     if (auto* t = root["data"].as_table()) data(*t, c.data);
     if (auto* t = root["device"].as_table()) device(*t, c.device);
@@ -660,6 +663,51 @@ class Validator {
         throw ConfigError(where(s, "attention", *n) +
                           ": model.attention = \"naive\" has no grouped-query attention or rotary "
                           "positions: arch = \"llama\" takes \"tiled\"");
+  }
+
+  // [train] init_from = "DIR", a Hugging Face folder: the [model] shape keys that neither the file
+  // nor a preset gives come from DIR/config.json (put into [model] as if written there); what
+  // [model] does give is checked against it by model_matches_hf.
+  HfModelConfig hf_folder_shape(toml::table& root) {
+    const toml::table* train = root["train"].as_table();
+    const toml::node* n = train ? train->get("init_from") : nullptr;
+    const std::string v = n ? n->value<std::string>().value_or("") : "";
+    if (v.empty()) return {};
+    const auto ov = overrides_.find("train.init_from");
+    const std::string dir = resolve_path(v, ov != overrides_.end() ? std::string() : base_dir_);
+    if (!is_hf_folder(dir)) return {};
+    HfModelConfig hf;
+    try {
+      hf = read_hf_config(dir);
+    } catch (const ConfigError& e) {
+      throw ConfigError(where("train", "init_from", *n) + ": train.init_from: " + e.what());
+    }
+    if (!root["model"].as_table()) root.insert("model", toml::table{});
+    toml::table& model = *root["model"].as_table();
+    model_in_file_ = true;  // the folder gives the shape: not the tiny preset
+    if (!model.get("preset"))
+      for (const auto& k : hf.shape)
+        if (!model.get(k.model_key)) model.insert(k.model_key, k.value);
+    return hf;
+  }
+
+  // A [model] (its keys or its preset) that says other than the init_from folder's config.json.
+  void model_matches_hf(const toml::table& root, const ModelConfig& m,
+                        const HfModelConfig& hf) const {
+    const toml::table& t = *root["model"].as_table();
+    for (const auto& k : hf.shape) {
+      const int64_t ours = model_shape_value(m, k.model_key);
+      if (ours == k.value) continue;
+      const std::string theirs = hf.file + "'s " + k.hf_key + " = " + std::to_string(k.value) +
+                                 " (train.init_from's folder)";
+      if (const toml::node* n = t.get(k.model_key))
+        throw ConfigError(where("model", k.model_key, *n) + ": model." + k.model_key + " = " +
+                          std::to_string(ours) + " contradicts " + theirs +
+                          "; leave it out of [model] to take the folder's");
+      throw ConfigError(table_where("model", t) + ": model.preset \"" + m.preset + "\" has " +
+                        k.model_key + " = " + std::to_string(ours) + ", which contradicts " +
+                        theirs + "; leave the preset out to take the folder's shape");
+    }
   }
 
   void train(const toml::table& t, TrainConfig& c) {

@@ -123,7 +123,9 @@ std::vector<ConfigSection> make_sections() {
             {}},
            {"init_from",
             T::kPath,
-            "start from these weights: safetensors with Hugging Face GPT-2 names (F32, BF16, F16)",
+            "start from these weights: a safetensors file with Hugging Face GPT-2 names, or a "
+            "Hugging Face folder (config.json with model.safetensors or an index and its shards; "
+            "[model]'s shape from config.json when [model] gives none); F32, BF16, F16",
             {}},
            {"eval_every",
             T::kInteger,

@@ -341,7 +341,11 @@ std::vector<std::vector<float>> download_params(const Gpt<float>& model, const M
 }
 
 void save_safetensors(const std::string& path, const Gpt<float>& model,
-                      const std::vector<std::vector<float>>* host) {
+                      const std::vector<std::vector<float>>* host,
+                      const std::function<std::string(const std::string&)>& file_name) {
+  const auto name_of = [&](const Param<float>* p) {
+    return file_name ? file_name(p->name) : p->name;
+  };
   // By name, as the reference writer orders them; each with its index in model order (`host`).
   std::vector<std::pair<const Param<float>*, size_t>> order;
   {
@@ -353,7 +357,7 @@ void save_safetensors(const std::string& path, const Gpt<float>& model,
     throw std::logic_error("save_safetensors: " + std::to_string(host->size()) +
                            " host tensors for " + std::to_string(order.size()) + " parameters");
   std::sort(order.begin(), order.end(),
-            [](const auto& a, const auto& b) { return a.first->name < b.first->name; });
+            [&](const auto& a, const auto& b) { return name_of(a.first) < name_of(b.first); });
   std::vector<const Param<float>*> params;
   for (const auto& o : order)
     params.push_back(o.first);
@@ -378,7 +382,7 @@ void save_safetensors(const std::string& path, const Gpt<float>& model,
   header["__metadata__"]["vocab_size"] = std::to_string(mc.vocab_size);
   uint64_t offset = 0;
   for (const Param<float>* p : params) {
-    nlohmann::ordered_json& t = header[p->name];
+    nlohmann::ordered_json& t = header[name_of(p)];
     t["dtype"] = "F32";
     t["shape"] = hf_shape(*p);
     t["data_offsets"] = {offset, offset + 4 * p->numel};
@@ -441,6 +445,33 @@ std::vector<SafetensorsEntry> read_safetensors_header(
     }
   }
   return parse_safetensors_header(head.data(), head.size(), file_size, path, metadata);
+}
+
+void read_safetensors_tensor(const std::string& path, const SafetensorsEntry& e, float* dst,
+                             bool transpose) {
+  const std::string where = path + ": ";
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw ConfigError(where + "cannot open: " + errno_str());
+  uint8_t head[8];
+  if (!pread_all(fd.get(), head, 8, 0, path))
+    throw ConfigError(where + "the file got shorter while it was being read");
+  // The entry was checked against the file's size when its header was read; a file that has
+  // shrunk since reads short and is reported.
+  const uint64_t data_start = 8 + read_le64(head);
+  if (e.end < e.begin || data_start > kMaxHeaderBytes + 8)
+    throw ConfigError(where + "tensor " + json_quoted(e.name) + ": not an entry of this file");
+  std::vector<uint8_t> raw(e.end - e.begin);
+  if (!pread_all(fd.get(), raw.data(), raw.size(), data_start + e.begin, path))
+    throw ConfigError(where + "the file got shorter while it was being read");
+  uint64_t numel = 1;
+  for (int64_t d : e.shape)
+    numel *= uint64_t(d);
+  if (numel * readable_dtype_size(e.dtype) != raw.size())
+    throw ConfigError(where + "tensor " + json_quoted(e.name) +
+                      ": its bytes do not match its shape");
+  const bool t = transpose && e.shape.size() == 2;
+  decode(raw.data(), e.dtype, numel, dst, t, t ? uint64_t(e.shape[0]) : 0,
+         t ? uint64_t(e.shape[1]) : 0);
 }
 
 void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAccess& access) {
@@ -588,6 +619,9 @@ std::map<int, const SafetensorsEntry*> block_tensors(const std::vector<Safetenso
 }  // namespace
 
 std::vector<int> safetensors_mlp_widths(const std::string& path, const ModelConfig& m) {
+  // A Hugging Face folder's blocks all have its config.json's widths.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return {};
   // Block b's c_fc weight is (C, H) in the Hugging Face layout: H is its width. Anything else is
   // for load_safetensors to refuse, naming the tensor.
   std::vector<int> widths(size_t(std::max(0, m.n_layer)), 4 * m.n_embd);
@@ -604,6 +638,9 @@ std::vector<int> safetensors_mlp_widths(const std::string& path, const ModelConf
 }
 
 std::vector<int> safetensors_attn_heads(const std::string& path, const ModelConfig& m) {
+  // A Hugging Face folder's blocks all have its config.json's widths.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return {};
   // Block b's c_attn weight is (C, 3·A) in the Hugging Face layout, A = heads · (C / n_head).
   if (m.n_head < 1 || m.n_embd % m.n_head != 0) return {};
   const int64_t hs = m.n_embd / m.n_head;

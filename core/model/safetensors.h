@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -46,8 +47,17 @@ std::vector<SafetensorsEntry> read_safetensors_header(
 // Written through an AtomicFile: a crash leaves the old file or the new one. OutputError when it
 // cannot be written.
 // `host`: the parameters' values as download_params read them, instead of reading the device.
+// `file_name`: each parameter's name in the file (a Hugging Face folder's
+// "transformer.wte.weight"); empty: the name as it is.
 void save_safetensors(const std::string& path, const Gpt<float>& model,
-                      const std::vector<std::vector<float>>* host = nullptr);
+                      const std::vector<std::vector<float>>* host = nullptr,
+                      const std::function<std::string(const std::string&)>& file_name = nullptr);
+
+// Reads tensor `e` of the safetensors file `path` (an entry its header gave) into dst as float
+// (numel floats), converting BF16 and F16; with `transpose` a 2-D (rows, cols) tensor lands as its
+// (cols, rows) transpose. ConfigError naming the file when it cannot be read or got shorter.
+void read_safetensors_tensor(const std::string& path, const SafetensorsEntry& e, float* dst,
+                             bool transpose);
 
 // Every parameter's values on the host, in model order (layer by layer), each layer's read inside
 // `access` (empty: read directly). With sharded masters every rank must call it (the access

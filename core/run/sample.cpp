@@ -10,8 +10,10 @@
 #include <sstream>
 
 #include "core/config/config.h"
+#include "core/config/hf_config.h"
 #include "core/data/bpe_tokenizer.h"
 #include "core/device/device.h"
+#include "core/model/hf_folder.h"
 #include "core/model/safetensors.h"
 #include "core/run/snapshot.h"
 
@@ -93,6 +95,7 @@ void adopt_weights_widths(const std::string& path, ModelConfig& m) {
 // and a pruned model's widths. n_head is not in the tensors: headroom's own files record it in
 // their metadata; for another's, GPT-2's head size of 64 is assumed (and said).
 ModelConfig model_of_weights(const std::string& path, std::ostream& log) {
+  if (is_hf_folder(path)) return model_config_of(read_hf_config(path));
   std::map<std::string, std::string> meta;
   const std::vector<SafetensorsEntry> entries = read_safetensors_header(path, &meta);
   ModelConfig m;
@@ -177,6 +180,8 @@ void run_sample(const SampleRequest& r, std::ostream& out, std::ostream& log) {
   } else if (ends_with(r.source, ".hrsnap")) {
     snap = read_snapshot(r.source);
     snapshot_file = r.source;
+  } else if (fs::exists(fs::path(r.source) / "config.json", ec)) {
+    weights_file = r.source;  // a Hugging Face folder
   } else if (fs::is_directory(r.source, ec)) {
     snap = read_newest_snapshot(r.source, &snapshot_file);
   } else if (ends_with(r.source, ".safetensors")) {
@@ -222,7 +227,7 @@ void run_sample(const SampleRequest& r, std::ostream& out, std::ostream& log) {
     load_snapshot_params(snap, snapshot_file, model);
     log << "headroom: sampling from snapshot " << snapshot_file << " (step " << snap.step << ")\n";
   } else if (!weights_file.empty()) {
-    load_safetensors(weights_file, model);
+    load_weights(weights_file, model);
     log << "headroom: sampling from weights " << weights_file << "\n";
   } else {
     log << "headroom: " << r.source

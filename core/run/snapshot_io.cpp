@@ -3,6 +3,7 @@
 #include <cstring>
 #include <set>
 
+#include "core/model/hf_folder.h"
 #include "core/model/safetensors.h"
 #include "core/run/snapshot.h"
 
@@ -103,7 +104,7 @@ void SnapshotIO::load_init_from() {
   const TrainConfig& t = p_.config.train;
   if (t.init_from.empty()) return;
   try {
-    load_safetensors(t.init_from, p_.model, masters(false, true));
+    load_weights(t.init_from, p_.model, masters(false, true));
   } catch (const ConfigError& e) {
     throw ConfigError(t.init_from_pos.str() + ": train.init_from: " + e.what());
   }
@@ -119,7 +120,7 @@ int64_t SnapshotIO::resume_or_start() {
 void SnapshotIO::save_weights(const std::string& path) {
   const bool writes = !path.empty() && root();
   const auto host = download_params(p_.model, masters(true, false), writes);
-  if (writes) save_safetensors(path, p_.model, &host);
+  if (writes) save_weights_to(path, p_.model, &host);
 }
 
 void SnapshotIO::mark_step_start() {

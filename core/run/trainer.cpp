@@ -6,6 +6,7 @@
 #include <optional>
 #include <utility>
 
+#include "core/model/hf_folder.h"
 #include "core/report/timeline_html.h"
 #include "core/run/rank_agreement.h"
 #include "core/run/snapshot.h"
@@ -63,8 +64,18 @@ Trainer::Trainer(const Config& config, TrainOptions options)
       {ranks.rank == 0 ? &options_.save_weights_path : &no_path, "--save-weights"},
       {&options_.record_allocs_path, "--record-allocs"},
       {&options_.memory_timeline_path, "--memory-timeline"}};
-  for (const auto& [path, flag] : outputs)
-    if (!path->empty()) check_output_path(*path, flag);
+  for (const auto& [path, flag] : outputs) {
+    if (path->empty()) continue;
+    // --save-weights DIR/: a Hugging Face folder, made now.
+    if (path == &options_.save_weights_path && names_hf_folder(*path)) {
+      make_output_dir(*path, flag);
+      // It exists now, so it still names a folder without the slash (which the lock's name needs).
+      while (options_.save_weights_path.size() > 1 && options_.save_weights_path.back() == '/')
+        options_.save_weights_path.pop_back();
+    } else {
+      check_output_path(*path, flag);
+    }
+  }
   if (config_.snapshot.every > 0) make_output_dir(config_.snapshot.dir, "snapshot.dir");
   // One run per output (core/os/output_file.h OutputLock), held until this trainer is gone; the
   // snapshot folder, which every rank shares, by rank 0.

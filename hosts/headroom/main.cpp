@@ -25,9 +25,11 @@
 
 #include "core/comm/comm.h"
 #include "core/config/config.h"
+#include "core/config/hf_config.h"
 #include "core/data/bpe_tokenizer.h"
 #include "core/data/shards.h"
 #include "core/device/device.h"
+#include "core/model/hf_folder.h"
 #include "core/model/safetensors.h"
 #include "core/os/host_memory.h"
 #include "core/os/interrupt.h"
@@ -96,6 +98,8 @@ void check_init_from(const headroom::Config& config) {
   const std::string at = config.train.init_from_pos.str() + ": train.init_from: " + path + ": ";
   std::vector<headroom::SafetensorsEntry> entries;
   try {
+    // A Hugging Face folder: its config.json, index and shards' headers, as the load checks them.
+    if (headroom::is_hf_folder(path)) return headroom::check_hf_folder(path, config.model);
     entries = headroom::read_safetensors_header(path);
   } catch (const headroom::ConfigError& e) {
     throw headroom::ConfigError(config.train.init_from_pos.str() +
@@ -453,7 +457,9 @@ int main(int argc, char** argv) {
   train->add_option("--resume", flags.resume,
                     "continue from the newest snapshot in DIR (see [snapshot] in the config)");
   train->add_option("--save-weights", flags.save_weights,
-                    "write the trained weights to FILE (safetensors, Hugging Face GPT-2 names)");
+                    "write the trained weights to FILE (safetensors, Hugging Face GPT-2 names), or "
+                    "to DIR/ (a path ending in / or a folder): config.json and model.safetensors, "
+                    "a folder transformers' from_pretrained loads");
   train->add_option("--record-allocs", flags.record_allocs,
                     "write every device allocation and free to FILE, for `headroom replay`");
   train->add_option("--memory-timeline", flags.memory_timeline,
@@ -539,7 +545,8 @@ int main(int argc, char** argv) {
   sample
       ->add_option("source", sample_req.source,
                    "a config (.toml: its newest snapshot, else train.init_from), a snapshot "
-                   "(.hrsnap, or a folder of them: the newest) or a weights file (.safetensors)")
+                   "(.hrsnap, or a folder of them: the newest), a weights file (.safetensors) or a "
+                   "Hugging Face folder (config.json beside the weights)")
       ->required();
   sample->add_option("--prompt", sample_req.prompt, "the text to continue")->required();
   sample->add_option("--tokens", sample_req.tokens, "how many tokens to generate")

@@ -1,4 +1,4 @@
-// fuzz-sources: core/config/config.cpp core/config/config_keys.cpp
+// fuzz-sources: core/config/config.cpp core/config/config_keys.cpp core/config/hf_config.cpp
 //
 // libFuzzer target for the config parser: the input is TOML text and up to four --set overrides,
 // separated by NUL bytes ("TOML\0model.n_layer=2\0train.lr=1e-3"). Any input must come back as a

@@ -1,5 +1,5 @@
 // clang-format off
-// fuzz-sources: core/data/shards.cpp core/data/bpe_tokenizer.cpp core/config/config.cpp core/config/config_keys.cpp core/data/data.cpp core/os/output_file.cpp core/os/interrupt.cpp
+// fuzz-sources: core/data/shards.cpp core/data/bpe_tokenizer.cpp core/config/config.cpp core/config/config_keys.cpp core/config/hf_config.cpp core/data/data.cpp core/os/output_file.cpp core/os/interrupt.cpp
 // (run.sh reads the sources from that one line)
 // clang-format on
 // libFuzzer target for the llm.c token shard header parser: any bytes, with any claimed file size,
