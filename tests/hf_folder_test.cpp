@@ -1,7 +1,7 @@
 // Hugging Face folders ([train] init_from = "DIR", --save-weights DIR/): round trips, the sharded
 // layout and its index, config.json's shape taking [model]'s place, every malformed folder a
 // ConfigError naming the file (exit 2 from the binary), and parity with `transformers` itself
-// (tests/hf/gpt2_reference.py, run from .venv-test/; skipped where it cannot import torch and
+// (tests/hf/reference.py, run from .venv-test/; skipped where it cannot import torch and
 // transformers).
 #include "core/model/hf_folder.h"
 
@@ -465,18 +465,164 @@ TEST_F(HfFolder, TheBinaryExitsTwoForABadFolderAndTrainsFromAGoodOne) {
   EXPECT_HAS(sample.output, "the model's vocab_size 11");
 }
 
-// The transformers reference (tests/hf/gpt2_reference.py make), made once for the tests below:
-// its folders, batch, loss, gradients and SGD losses; `skip` says why there is none.
+// A tiny Llama: grouped-query attention (2 key/value heads for 4), Llama 3's rope scaling, the
+// head untied or tied.
+ModelConfig tiny_llama(bool tied) {
+  ModelConfig m;
+  m.arch = "llama";
+  m.n_layer = 2;
+  m.n_head = 4;
+  m.n_kv_head = 2;
+  m.n_embd = 16;
+  m.intermediate_size = 24;
+  m.seq_len = 8;
+  m.vocab_size = 13;
+  m.rms_norm_eps = 1e-6;
+  m.rope_theta = 500000.0;
+  m.rope_scaling_factor = 8.0;
+  m.rope_original_max_positions = 4;
+  m.tie_embeddings = tied;
+  return m;
+}
+
+TEST_F(HfFolder, LlamaSavesTransformersNamesAndLoadsBackBitwise) {
+  for (const bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    Gpt<float> a(tiny_llama(tied), *device_, 1);
+    save_weights_to(dir_ + "/llama/", a);
+    // Hugging Face's names: q, k, v and gate, up as their own tensors, no lm_head when tied.
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const SafetensorsEntry& e : read_safetensors_header(dir_ + "/llama/model.safetensors"))
+      shapes[e.name] = e.shape;
+    EXPECT_EQ(shapes.at("model.layers.1.self_attn.q_proj.weight"), (std::vector<int64_t>{16, 16}));
+    EXPECT_EQ(shapes.at("model.layers.1.self_attn.k_proj.weight"), (std::vector<int64_t>{8, 16}));
+    EXPECT_EQ(shapes.at("model.layers.1.self_attn.v_proj.weight"), (std::vector<int64_t>{8, 16}));
+    EXPECT_EQ(shapes.at("model.layers.0.mlp.gate_proj.weight"), (std::vector<int64_t>{24, 16}));
+    EXPECT_EQ(shapes.at("model.layers.0.mlp.up_proj.weight"), (std::vector<int64_t>{24, 16}));
+    EXPECT_EQ(shapes.at("model.layers.0.mlp.down_proj.weight"), (std::vector<int64_t>{16, 24}));
+    EXPECT_EQ(shapes.count("lm_head.weight"), tied ? 0u : 1u);
+    EXPECT_EQ(shapes.count("model.layers.0.self_attn.qkv_proj.weight"), 0u);
+    const json c = json::parse(test::read_file(dir_ + "/llama/config.json"));
+    EXPECT_EQ(c["architectures"], json::array({"LlamaForCausalLM"}));
+    EXPECT_EQ(c["num_key_value_heads"], 2);
+    EXPECT_EQ(c["intermediate_size"], 24);
+    EXPECT_EQ(c["tie_word_embeddings"], tied);
+    EXPECT_EQ(c["rope_theta"], 500000.0);
+    EXPECT_EQ(c["rms_norm_eps"], 1e-6);
+    EXPECT_EQ(c["rope_scaling"]["rope_type"], "llama3");
+    EXPECT_EQ(c["rope_scaling"]["original_max_position_embeddings"], 4);
+
+    // The shape, arch and rope settings come back from config.json alone.
+    const Config cfg = test::config_from("[train]\ninit_from = \"" + dir_ + "/llama\"\n");
+    EXPECT_EQ(cfg.model.arch, "llama");
+    EXPECT_EQ(cfg.model.kv_heads(), 2);
+    EXPECT_EQ(cfg.model.intermediate_size, 24);
+    EXPECT_EQ(cfg.model.tie_embeddings, tied);
+    EXPECT_EQ(cfg.model.rope_theta, 500000.0);
+    EXPECT_EQ(cfg.model.rms_norm_eps, 1e-6);
+    EXPECT_EQ(cfg.model.rope_scaling_factor, 8.0);
+    EXPECT_EQ(cfg.model.rope_original_max_positions, 4);
+    Gpt<float> b(cfg.model, *device_, 2);
+    EXPECT_FALSE(same_params(a, b));
+    load_weights(dir_ + "/llama", b);
+    EXPECT_TRUE(same_params(a, b));
+    fs::remove_all(dir_ + "/llama");
+  }
+}
+
+TEST_F(HfFolder, LlamaConfigJsonThatHeadroomCannotBuildIsAnErrorNamingTheKey) {
+  Gpt<float> a(tiny_llama(false), *device_, 1);
+  save_weights_to(dir_ + "/l/", a);
+  const json good = json::parse(test::read_file(dir_ + "/l/config.json"));
+  const auto with = [&](const std::function<void(json&)>& edit) {
+    json c = good;
+    edit(c);
+    write(dir_ + "/l/config.json", c.dump());
+    return error_of([&] { read_hf_config(dir_ + "/l"); });
+  };
+  EXPECT_HAS(with([](json& c) { c["rope_scaling"]["rope_type"] = "yarn"; }),
+             "rope_scaling.rope_type is \"yarn\"");
+  EXPECT_HAS(with([](json& c) { c["num_key_value_heads"] = 3; }),
+             "num_key_value_heads 3 does not divide num_attention_heads 4");
+  EXPECT_HAS(with([](json& c) { c["hidden_act"] = "gelu"; }), "hidden_act is \"gelu\"");
+  EXPECT_HAS(with([](json& c) { c["attention_bias"] = true; }), "attention_bias is true");
+  EXPECT_HAS(with([](json& c) { c["head_dim"] = 8; }), "head_dim is 8");
+  EXPECT_HAS(with([](json& c) { c["rms_norm_eps"] = "small"; }), "rms_norm_eps is \"small\"");
+  EXPECT_HAS(with([](json& c) { c.erase("intermediate_size"); }), "has no intermediate_size");
+  EXPECT_HAS(with([](json& c) { c["model_type"] = "qwen2"; }), "model_type \"qwen2\"");
+  EXPECT_HAS(with([](json& c) { c["rope_scaling"].erase("factor"); }),
+             "rope_scaling.factor is missing");
+  // transformers 5's form: rope_theta and the scaling inside rope_parameters.
+  json v5_config = good;
+  v5_config["rope_parameters"] = good["rope_scaling"];
+  v5_config["rope_parameters"]["rope_theta"] = good["rope_theta"];
+  v5_config.erase("rope_scaling");
+  v5_config.erase("rope_theta");
+  write(dir_ + "/l/config.json", v5_config.dump());
+  const HfModelConfig v5 = read_hf_config(dir_ + "/l");
+  const ModelConfig m = model_config_of(v5);
+  EXPECT_EQ(m.rope_theta, 500000.0);
+  EXPECT_EQ(m.rope_scaling_factor, 8.0);
+  EXPECT_EQ(m.rope_original_max_positions, 4);
+
+  // A [model] that contradicts the folder names both; a shorter seq_len is a Llama's choice.
+  write(dir_ + "/l/config.json", good.dump());
+  const std::string at = "[train]\ninit_from = \"" + dir_ + "/l\"\n";
+  const std::string kv = error_of([&] { test::config_from("[model]\nn_kv_head = 4\n" + at); });
+  EXPECT_HAS(kv, "test.toml:2:");
+  EXPECT_HAS(kv, "model.n_kv_head = 4 contradicts");
+  EXPECT_HAS(kv, "num_key_value_heads = 2");
+  const std::string eps =
+      error_of([&] { test::config_from("[model]\nrms_norm_eps = 1e-5\n" + at); });
+  EXPECT_HAS(eps, "model.rms_norm_eps = 1e-05 contradicts");
+  EXPECT_HAS(eps, "rms_norm_eps = 1e-06");
+  const std::string arch = error_of([&] { test::config_from("[model]\narch = \"gpt2\"\n" + at); });
+  EXPECT_HAS(arch, "model.arch = \"gpt2\" contradicts");
+  EXPECT_EQ(test::config_from("[model]\nseq_len = 4\n" + at).model.seq_len, 4);
+  EXPECT_HAS(error_of([&] { test::config_from("[model]\nseq_len = 16\n" + at); }),
+             "it may be at most the folder's");
+  // An untied folder loaded into a tied model: the head differs from the embedding.
+  Gpt<float> tied(tiny_llama(true), *device_, 1);
+  EXPECT_HAS(error_of([&] { load_weights(dir_ + "/l", tied); }), "tie_word_embeddings is false");
+}
+
+TEST_F(HfFolder, TheBinaryTrainsALlamaFromAFolderAndSavesOne) {
+  Gpt<float> a(tiny_llama(false), *device_, 1);
+  save_weights_to(dir_ + "/start/", a);
+  const std::string toml = test::write_file(
+      dir_, "l.toml", "[train]\nsteps = 2\nmicro_batch = 1\ninit_from = \"" + dir_ + "/start\"\n");
+  const test::RunResult ok =
+      test::run_headroom("train -q " + toml + " --save-weights " + dir_ + "/trained/");
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  const Config cfg = test::config_from("[train]\ninit_from = \"" + dir_ + "/trained\"\n");
+  EXPECT_EQ(cfg.model.arch, "llama");
+  Gpt<float> b(cfg.model, *device_, 1);
+  load_weights(dir_ + "/trained", b);
+  EXPECT_FALSE(same_params(a, b));  // trained: two steps moved the weights
+  // A single .safetensors file holds GPT-2 shapes only: refused before any work, saying why.
+  const test::RunResult file =
+      test::run_headroom("train -q " + toml + " --save-weights " + dir_ + "/w.safetensors");
+  EXPECT_EQ(file.exit_code, 2) << file.output;
+  EXPECT_HAS(file.output, "end the path with /");
+  EXPECT_FALSE(fs::exists(dir_ + "/w.safetensors"));
+}
+
+// The transformers reference of `arch` (tests/hf/reference.py make), made once for the tests
+// below: its folders, batch, loss, gradients and SGD losses; `skip` says why there is none.
 struct Reference {
-  std::string dir, skip, python;
+  std::string arch, dir, skip, python;
   json ref;
   std::vector<int32_t> tokens, targets;
   int B = 0, T = 0;
 };
 
-const Reference& reference() {
-  static const Reference r = [] {
+const Reference& reference(const std::string& arch) {
+  static std::map<std::string, Reference> made;
+  if (made.count(arch)) return made.at(arch);
+  Reference& ref = made[arch];
+  ref = [&] {
     Reference r;
+    r.arch = arch;
     r.python = std::string(HEADROOM_SOURCE_DIR) + "/.venv-test/bin/python";
     const test::RunResult can =
         test::run_command(r.python + " -c \"import torch, transformers, safetensors\"");
@@ -486,8 +632,8 @@ const Reference& reference() {
       return r;
     }
     r.dir = test::temp_dir();
-    const test::RunResult run = test::run_command(r.python + " " + HEADROOM_SOURCE_DIR +
-                                                  "/tests/hf/gpt2_reference.py make " + r.dir);
+    const test::RunResult run = test::run_command(
+        r.python + " " + HEADROOM_SOURCE_DIR + "/tests/hf/reference.py make " + arch + " " + r.dir);
     if (run.exit_code == 77) {
       r.skip = run.output;
       return r;
@@ -505,7 +651,7 @@ const Reference& reference() {
     r.T = int(b["tokens"][0].size());
     return r;
   }();
-  return r;
+  return ref;
 }
 
 // ||a - b|| / ||b||.
@@ -546,21 +692,32 @@ void expect_rel(double ours, double theirs, double tol, const std::string& what)
       << what << ": headroom " << ours << ", transformers " << theirs;
 }
 
-TEST(HfParity, LossGradientsAndSgdStepsMatchTransformers) {
-  const Reference& r = reference();
+class HfParity : public ::testing::TestWithParam<std::string> {};
+
+// GPT2LMHeadModel, and LlamaForCausalLM with grouped-query attention, an untied head and Llama 3's
+// rope scaling.
+TEST_P(HfParity, LossGradientsAndSgdStepsMatchTransformers) {
+  const Reference& r = reference(GetParam());
   if (!r.skip.empty()) GTEST_SKIP() << r.skip;
   for (const std::string name : {"single", "sharded"}) {
     SCOPED_TRACE(name);
     auto l = load_reference(r, name);
     Gpt<float>& model = *l->model;
+    EXPECT_EQ(l->config.model.arch, r.arch);
     EXPECT_EQ(l->config.model.n_embd, 64);
     EXPECT_EQ(l->config.model.vocab_size, 300);
+    if (r.arch == "llama") {
+      EXPECT_EQ(l->config.model.kv_heads(), 2);
+      EXPECT_FALSE(l->config.model.tied());
+      EXPECT_EQ(l->config.model.rope_scaling_factor, 8.0);
+      EXPECT_EQ(l->config.model.rope_original_max_positions, 32);
+    }
     model.zero_grad();
     model.forward(l->batch);
     model.backward(l->batch);
     expect_rel(model.loss(), r.ref["loss"].get<double>(), 1e-5, "loss");
 
-    // Every gradient, from transformers' (Hugging Face names and layouts).
+    // Every gradient, from transformers' (in headroom's names; GPT-2's Conv1D weights (in, out)).
     const std::string grads = r.dir + "/grads.safetensors";
     std::map<std::string, SafetensorsEntry> by_name;
     for (SafetensorsEntry& e : read_safetensors_header(grads))
@@ -568,15 +725,16 @@ TEST(HfParity, LossGradientsAndSgdStepsMatchTransformers) {
     ASSERT_EQ(by_name.size(), model.params().size());
     double worst = 0;
     for (const Param<float>* p : model.params()) {
-      const auto it = by_name.find("transformer." + p->name);
+      const auto it = by_name.find(p->name);
       ASSERT_NE(it, by_name.end()) << p->name;
       std::vector<float> theirs(p->numel);
-      read_safetensors_tensor(grads, it->second, theirs.data(), conv1d(p->name));
+      read_safetensors_tensor(grads, it->second, theirs.data(),
+                              r.arch == "gpt2" && conv1d(p->name));
       const double e = rel_error(p->master().grad, theirs);
       worst = std::max(worst, e);
       EXPECT_LT(e, 1e-4) << p->name;
     }
-    std::cout << "[ parity ] " << name << ": loss relative difference "
+    std::cout << "[ parity ] " << r.arch << " " << name << ": loss relative difference "
               << std::abs(model.loss() / r.ref["loss"].get<double>() - 1)
               << ", worst gradient relative error " << worst << "\n";
 
@@ -595,7 +753,7 @@ TEST(HfParity, LossGradientsAndSgdStepsMatchTransformers) {
           p->master().value[i] -= float(lr) * p->master().grad[i];
       model.sync_compute_params();
     }
-    std::cout << "[ parity ] " << name << ": " << theirs.size()
+    std::cout << "[ parity ] " << r.arch << " " << name << ": " << theirs.size()
               << " SGD steps, worst loss relative difference " << worst_sgd << "\n";
     if (name != "single") continue;
     // The trained model, saved as a folder, loads in transformers as the same model: its loss
@@ -603,31 +761,35 @@ TEST(HfParity, LossGradientsAndSgdStepsMatchTransformers) {
     const double ours = model.evaluate(l->batch);
     save_weights_to(r.dir + "/trained/", model);
     const test::RunResult run =
-        test::run_command(r.python + " " + HEADROOM_SOURCE_DIR +
-                          "/tests/hf/gpt2_reference.py check " + r.dir + " " + r.dir + "/trained");
+        test::run_command(r.python + " " + HEADROOM_SOURCE_DIR + "/tests/hf/reference.py check " +
+                          r.arch + " " + r.dir + " " + r.dir + "/trained");
     ASSERT_EQ(run.exit_code, 0) << run.output;
     const json check = json::parse(test::read_file(r.dir + "/check.json"));
     expect_rel(ours, check["loss"].get<double>(), 1e-5, "the saved model's loss in transformers");
   }
 }
 
-TEST(HfParity, SavedFolderGivesTransformersTheSameLogits) {
-  const Reference& r = reference();
+TEST_P(HfParity, SavedFolderGivesTransformersTheSameLogits) {
+  const Reference& r = reference(GetParam());
   if (!r.skip.empty()) GTEST_SKIP() << r.skip;
   auto l = load_reference(r, "single");
   save_weights_to(r.dir + "/resaved/", *l->model);
   const test::RunResult run =
-      test::run_command(r.python + " " + HEADROOM_SOURCE_DIR +
-                        "/tests/hf/gpt2_reference.py check " + r.dir + " " + r.dir + "/resaved");
+      test::run_command(r.python + " " + HEADROOM_SOURCE_DIR + "/tests/hf/reference.py check " +
+                        r.arch + " " + r.dir + " " + r.dir + "/resaved");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   const json check = json::parse(test::read_file(r.dir + "/check.json"));
   // The same weights, bitwise: the same logits up to the float rounding of one forward.
   EXPECT_LE(check["max_logit_diff"].get<double>(), 1e-6 * check["max_logit"].get<double>())
       << check.dump();
-  std::cout << "[ parity ] logits of headroom's saved folder vs the original: largest difference "
+  std::cout << "[ parity ] " << r.arch
+            << ": logits of headroom's saved folder vs the original: largest difference "
             << check["max_logit_diff"].get<double>() << " (largest logit "
             << check["max_logit"].get<double>() << ")\n";
 }
+
+INSTANTIATE_TEST_SUITE_P(Archs, HfParity, ::testing::Values("gpt2", "llama"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace headroom

@@ -685,9 +685,22 @@ class Validator {
     if (!root["model"].as_table()) root.insert("model", toml::table{});
     toml::table& model = *root["model"].as_table();
     model_in_file_ = true;  // the folder gives the shape: not the tiny preset
+    // The folder's arch (a Llama's keys are read under it); a [model] arch that says otherwise
+    // is model_matches_hf's error.
+    if (const toml::node* a = model.get("arch"); a && a->value<std::string>() != hf.arch)
+      throw ConfigError(where("model", "arch", *a) + ": model.arch = \"" +
+                        a->value<std::string>().value_or("?") + "\" contradicts " + hf.file +
+                        ", a " + hf.arch + " model (train.init_from's folder); leave arch out to " +
+                        "take the folder's");
+    if (!model.get("arch") && !model.get("preset")) model.insert("arch", hf.arch);
+    using Kind = HfModelConfig::Key::Kind;
     if (!model.get("preset"))
-      for (const auto& k : hf.shape)
-        if (!model.get(k.model_key)) model.insert(k.model_key, k.value);
+      for (const auto& k : hf.shape) {
+        if (model.get(k.model_key)) continue;
+        if (k.kind == Kind::kInt) model.insert(k.model_key, int64_t(k.value));
+        if (k.kind == Kind::kFloat) model.insert(k.model_key, k.value);
+        if (k.kind == Kind::kBool) model.insert(k.model_key, k.value != 0);
+      }
     return hf;
   }
 
@@ -695,18 +708,27 @@ class Validator {
   void model_matches_hf(const toml::table& root, const ModelConfig& m,
                         const HfModelConfig& hf) const {
     const toml::table& t = *root["model"].as_table();
+    if (m.arch != hf.arch) {
+      const std::string theirs = hf.file + " is a " + hf.arch + " model (train.init_from's folder)";
+      if (const toml::node* n = t.get("arch"))
+        throw ConfigError(where("model", "arch", *n) + ": model.arch = \"" + m.arch +
+                          "\" contradicts it: " + theirs + "; leave arch out to take the folder's");
+      throw ConfigError(table_where("model", t) + ": model.preset \"" + m.preset + "\" is arch \"" +
+                        m.arch + "\", but " + theirs);
+    }
     for (const auto& k : hf.shape) {
-      const int64_t ours = model_shape_value(m, k.model_key);
-      if (ours == k.value) continue;
-      const std::string theirs = hf.file + "'s " + k.hf_key + " = " + std::to_string(k.value) +
+      const double ours = model_shape_value(m, k.model_key);
+      if (ours == k.value || (k.at_most && ours < k.value)) continue;
+      const std::string theirs = hf.file + "'s " + k.hf_key + " = " + shape_value_str(k, k.value) +
                                  " (train.init_from's folder)";
+      const std::string bound = k.at_most ? " (it may be at most the folder's)" : "";
       if (const toml::node* n = t.get(k.model_key))
         throw ConfigError(where("model", k.model_key, *n) + ": model." + k.model_key + " = " +
-                          std::to_string(ours) + " contradicts " + theirs +
+                          shape_value_str(k, ours) + " contradicts " + theirs + bound +
                           "; leave it out of [model] to take the folder's");
       throw ConfigError(table_where("model", t) + ": model.preset \"" + m.preset + "\" has " +
-                        k.model_key + " = " + std::to_string(ours) + ", which contradicts " +
-                        theirs + "; leave the preset out to take the folder's shape");
+                        k.model_key + " = " + shape_value_str(k, ours) + ", which contradicts " +
+                        theirs + bound + "; leave the preset out to take the folder's shape");
     }
   }
 

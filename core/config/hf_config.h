@@ -3,8 +3,9 @@
 // from there when [model] gives none; a [model] that says otherwise is an error naming both).
 //
 // Each architecture is one row of a table (hf_config.cpp): its model_type and architectures
-// names, and which config.json key gives each [model] key. GPT-2's is filled in; another
-// architecture adds its row.
+// names, which config.json key gives each [model] key, the settings its model fixes, and the
+// config.json `transformers` loads. Rows: GPT-2 (GPT2LMHeadModel) and Llama (LlamaForCausalLM:
+// Llama 2 and 3, TinyLlama, SmolLM2).
 #pragma once
 
 #include <cstdint>
@@ -17,13 +18,18 @@ namespace headroom {
 
 struct HfModelConfig {
   std::string file;  // DIR/config.json, for messages
-  std::string arch;  // headroom's name: "gpt2"
+  std::string arch;  // headroom's [model] arch: "gpt2" or "llama"
   // The [model] keys it gives, in [model]'s order: {"n_layer", "n_layer", 12}: headroom's key,
-  // config.json's key, the value.
+  // config.json's key (a nested one as "rope_scaling.factor"), the value.
   struct Key {
+    enum class Kind { kInt, kFloat, kBool };
     std::string model_key;
     std::string hf_key;
-    int64_t value = 0;
+    double value = 0;  // an integer (up to 2^30), a float, or 0/1
+    Kind kind = Kind::kInt;
+    // The model's value may be below the folder's: a Llama's seq_len (max_position_embeddings
+    // is the longest context it was made for; rotary positions have no table to match).
+    bool at_most = false;
   };
   std::vector<Key> shape;
 };
@@ -35,20 +41,25 @@ bool is_hf_folder(const std::string& path);
 // does not parse (with its line and column), an architecture headroom does not have (saying which
 // it has), a shape key that is missing or out of range, or a setting of the architecture that
 // headroom's model does not implement (GPT-2: layer_norm_epsilon other than 1e-5, an
-// activation_function other than gelu_new, an n_inner other than 4·n_embd, an untied head).
+// activation_function other than gelu_new, an n_inner other than 4·n_embd, an untied head; Llama:
+// a hidden_act other than silu, biases, a head_dim other than hidden_size / num_attention_heads,
+// a rope type other than the default and "llama3").
 HfModelConfig read_hf_config(const std::string& dir);
 
 // The config.json a folder of `arch` with this shape gets (`--save-weights DIR/`), the keys
 // `transformers` reads; `shape` as HfModelConfig::shape gives it (model keys and values).
 std::string hf_config_json(const std::string& arch, const std::vector<HfModelConfig::Key>& shape);
 
-// The value of the [model] shape key `key` ("n_layer", .., "vocab_size") in `m`.
-int64_t model_shape_value(const ModelConfig& m, const std::string& key);
+// The value of the [model] shape key `key` ("n_layer", .., "vocab_size", "rope_theta", ..) in `m`.
+double model_shape_value(const ModelConfig& m, const std::string& key);
+
+// `k`'s value as [model] writes it ("12", "1e-05", "true"), for messages.
+std::string shape_value_str(const HfModelConfig::Key& k, double value);
 
 // The ModelConfig of the shape `hf` gives (everything else default).
 ModelConfig model_config_of(const HfModelConfig& hf);
 
-// The [model] keys of `arch`'s row, with their config.json names (values 0).
-std::vector<HfModelConfig::Key> hf_shape_keys(const std::string& arch);
+// The [model] keys a folder of `m`'s arch records, with their config.json names and m's values.
+std::vector<HfModelConfig::Key> hf_shape_of(const ModelConfig& m);
 
 }  // namespace headroom

@@ -22,19 +22,27 @@ using nlohmann::json;
 // one, and is refused before it is read.
 constexpr uint64_t kMaxIndexBytes = 64u << 20;
 
+// Part of one of our parameters that is its own tensor in a Hugging Face folder: rows
+// [row, row + rows) of our (out, in) matrix (all of it for most; Llama's fused projections are
+// several of Hugging Face's stacked by rows).
+struct Piece {
+  std::string hf_name;  // without the prefix
+  int64_t row = 0, rows = 0;
+};
+
 // One architecture's tensor names in a Hugging Face folder.
 struct HfNames {
   std::string arch;
   // A prefix a file's names may carry (GPT2LMHeadModel's "transformer.h.0...") or not
   // (GPT2Model's "h.0..."); the folder headroom writes carries it.
   std::string prefix;
-  // Our parameter's Hugging Face name, without the prefix.
-  std::string (*hf_name)(const std::string& ours);
+  // Our parameter `ours` of shape (rows, ..) as Hugging Face's tensors.
+  std::vector<Piece> (*pieces)(const std::string& ours, int64_t rows, const ModelConfig& mc);
   // Hugging Face stores this parameter's 2-D weight (in, out); ours is (out, in).
   bool (*transposed)(const std::string& ours);
   // A tensor (name without the prefix) that is a buffer, not a parameter: skipped.
   bool (*ignored)(const std::string& name);
-  // The output head's name, and the parameter it is tied to ("" when the head is a parameter).
+  // The output head's name, and the parameter it is tied to when the model ties it.
   std::string head;
   std::string head_tied_to;
 };
@@ -44,10 +52,11 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// GPT-2's names are headroom's; Hugging Face's Conv1D stores c_attn, c_proj and c_fc (in, out).
-std::string gpt2_name(const std::string& ours) {
-  return ours;
+std::vector<Piece> whole(const std::string& ours, int64_t rows, const ModelConfig&) {
+  return {{ours, 0, rows}};
 }
+
+// GPT-2's names are headroom's; Hugging Face's Conv1D stores c_attn, c_proj and c_fc (in, out).
 bool gpt2_transposed(const std::string& ours) {
   return ends_with(ours, ".attn.c_attn.weight") || ends_with(ours, ".attn.c_proj.weight") ||
          ends_with(ours, ".mlp.c_fc.weight") || ends_with(ours, ".mlp.c_proj.weight");
@@ -62,10 +71,41 @@ bool gpt2_ignored(const std::string& name) {
   return rest == ".attn.bias" || rest == ".attn.masked_bias";
 }
 
+// Llama's names are Hugging Face's, but for the two fused projections: self_attn.qkv_proj is
+// q_proj (n_embd rows), k_proj and v_proj (kv_width rows each); mlp.gate_up_proj is gate_proj
+// then up_proj (rows / 2 each). nn.Linear stores (out, in), as ours.
+std::vector<Piece> llama_pieces(const std::string& ours, int64_t rows, const ModelConfig& mc) {
+  const auto base = [&](const char* suffix) {
+    return ours.substr(0, ours.size() - std::string(suffix).size());
+  };
+  if (ends_with(ours, ".self_attn.qkv_proj.weight")) {
+    const std::string b = base("qkv_proj.weight");
+    const int64_t kv = (rows - mc.n_embd) / 2;
+    return {{b + "q_proj.weight", 0, rows - 2 * kv},
+            {b + "k_proj.weight", rows - 2 * kv, kv},
+            {b + "v_proj.weight", rows - kv, kv}};
+  }
+  if (ends_with(ours, ".mlp.gate_up_proj.weight")) {
+    const std::string b = base("gate_up_proj.weight");
+    return {{b + "gate_proj.weight", 0, rows / 2}, {b + "up_proj.weight", rows / 2, rows / 2}};
+  }
+  return {{ours, 0, rows}};
+}
+bool never(const std::string&) {
+  return false;
+}
+// model.layers.N.self_attn.rotary_emb.inv_freq: the rotary table older transformers saved.
+bool llama_ignored(const std::string& name) {
+  return ends_with(name, ".rotary_emb.inv_freq");
+}
+
 const std::vector<HfNames>& name_tables() {
   static const std::vector<HfNames> tables = {
-      {"gpt2", "transformer.", gpt2_name, gpt2_transposed, gpt2_ignored, "lm_head.weight",
+      {"gpt2", "transformer.", whole, gpt2_transposed, gpt2_ignored, "lm_head.weight",
        "wte.weight"},
+      // LlamaForCausalLM's names carry "model." (ours too); LlamaModel's do not.
+      {"llama", "", llama_pieces, never, llama_ignored, "lm_head.weight",
+       "model.embed_tokens.weight"},
   };
   return tables;
 }
@@ -76,9 +116,17 @@ const HfNames& names_of(const std::string& arch) {
   throw ConfigError("headroom has no Hugging Face names for arch \"" + arch + "\"");
 }
 
-// The model's architecture: GPT-2, the one headroom builds today ([model] arch will pick the row).
-std::string arch_of(const ModelConfig&) {
-  return "gpt2";
+// The name of a tensor in a file, as the table knows it: LlamaModel's "layers.0..." is
+// LlamaForCausalLM's "model.layers.0...", GPT2LMHeadModel's "transformer.h.0..." GPT2Model's
+// "h.0...".
+std::string table_name(const HfNames& names, const std::string& full) {
+  if (!names.prefix.empty())
+    return full.compare(0, names.prefix.size(), names.prefix) == 0
+               ? full.substr(names.prefix.size())
+               : full;
+  if (names.arch == "llama" && full != names.head && full.compare(0, 6, "model.") != 0)
+    return "model." + full;
+  return full;
 }
 
 std::string shape_str(const std::vector<int64_t>& shape) {
@@ -181,13 +229,23 @@ bool names_hf_folder(const std::string& path) {
 
 namespace {
 
-// Where each parameter's tensor is in a folder, every name, shape and the config.json checked.
+// Where each parameter's tensors are in a folder, every name, shape and the config.json checked.
 struct FolderMatch {
   HfModelConfig hf;
   std::vector<Located> tensors;
-  std::map<std::string, size_t> found;  // our parameter name -> its tensor in `tensors`
-  int64_t head = -1;                    // the tied head's tensor, when the folder has one
+  // Our parameter name -> its pieces, each with its tensor in `tensors`.
+  std::map<std::string, std::vector<std::pair<Piece, size_t>>> found;
+  int64_t head = -1;  // the tied head's tensor, when the folder has one
 };
+
+// The shape of piece `pc` of parameter `p` in the folder: its rows of ours, (in, out) when the
+// table says Hugging Face transposes it.
+std::vector<int64_t> piece_shape(const HfNames& names, const ParamShape& p, const Piece& pc) {
+  std::vector<int64_t> shape = p.shape;
+  shape[0] = pc.rows;
+  if (names.transposed(p.name)) std::swap(shape[0], shape[1]);
+  return shape;
+}
 
 // Matches the folder `dir` to a model of shape `mc` whose parameters are `params` (names and
 // shapes, ours), reading headers only.
@@ -196,31 +254,34 @@ FolderMatch match_folder(const std::string& dir, const ModelConfig& mc,
   FolderMatch m;
   m.hf = read_hf_config(dir);
   const HfModelConfig& hf = m.hf;
-  if (hf.arch != arch_of(mc))
-    throw ConfigError(hf.file + ": is a " + hf.arch + " model, but this model is " + arch_of(mc));
-  for (const auto& k : hf.shape)
-    if (model_shape_value(mc, k.model_key) != k.value)
-      throw ConfigError(hf.file + ": " + k.hf_key + " is " + std::to_string(k.value) +
-                        ", but the model's " + k.model_key + " is " +
-                        std::to_string(model_shape_value(mc, k.model_key)));
+  if (hf.arch != mc.arch)
+    throw ConfigError(hf.file + ": is a " + hf.arch + " model, but this model is " + mc.arch);
+  for (const auto& k : hf.shape) {
+    const double ours = model_shape_value(mc, k.model_key);
+    if (ours != k.value && !(k.at_most && ours < k.value))
+      throw ConfigError(hf.file + ": " + k.hf_key + " is " + shape_value_str(k, k.value) +
+                        ", but the model's " + k.model_key + " is " + shape_value_str(k, ours));
+  }
   if (mc.pruned() || mc.heads_pruned())
     throw ConfigError(dir +
                       ": a Hugging Face folder holds a model of one MLP width and head count; "
                       "this model is pruned (load its weights from a .safetensors file)");
   const HfNames& names = names_of(hf.arch);
+  const bool tied = mc.tied();
   m.tensors = locate_tensors(dir);
 
-  std::map<std::string, const ParamShape*> by_hf_name;
+  // Each Hugging Face tensor name -> the parameter and the piece of it the tensor holds.
+  std::map<std::string, std::pair<const ParamShape*, Piece>> by_hf_name;
   for (const ParamShape& p : params)
-    by_hf_name[names.hf_name(p.name)] = &p;
+    for (const Piece& pc : names.pieces(p.name, p.shape[0], mc))
+      by_hf_name[pc.hf_name] = {&p, pc};
+  std::map<std::string, size_t> seen;  // Hugging Face name -> its tensor
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const Located& t = m.tensors[i];
     const std::string& full = t.entry.name;
-    const std::string name = full.compare(0, names.prefix.size(), names.prefix) == 0
-                                 ? full.substr(names.prefix.size())
-                                 : full;
+    const std::string name = table_name(names, full);
     if (names.ignored(name)) continue;
-    if (name == names.head && !names.head_tied_to.empty()) {
+    if (name == names.head && tied) {
       m.head = int64_t(i);
       continue;
     }
@@ -229,32 +290,31 @@ FolderMatch match_folder(const std::string& dir, const ModelConfig& mc,
       throw ConfigError(t.file + ": tensor " + json_quote(full) +
                         " is not a parameter of this model (" + hf.arch + ", n_layer " +
                         std::to_string(mc.n_layer) + ")");
-    const ParamShape& p = *it->second;
-    const auto [at, fresh] = m.found.emplace(p.name, i);
+    const auto [at, fresh] = seen.emplace(name, i);
     if (!fresh)
-      throw ConfigError(t.file + ": tensor " + json_quote(full) + " holds parameter " + p.name +
-                        ", which " + m.tensors[at->second].file + "'s " +
-                        json_quote(m.tensors[at->second].entry.name) + " holds too");
-    const std::vector<int64_t> expected =
-        names.transposed(p.name) ? std::vector<int64_t>{p.shape[1], p.shape[0]} : p.shape;
+      throw ConfigError(t.file + ": tensor " + json_quote(full) +
+                        " is there twice: " + m.tensors[at->second].file + " holds " +
+                        json_quote(m.tensors[at->second].entry.name) + " too");
+    const auto& [p, pc] = it->second;
+    const std::vector<int64_t> expected = piece_shape(names, *p, pc);
     if (t.entry.shape != expected)
       throw ConfigError(t.file + ": tensor " + json_quote(full) + " has shape " +
                         shape_str(t.entry.shape) + ", expected " + shape_str(expected) + " (" +
                         hf.file + "'s shape, Hugging Face layout)");
+    m.found[p->name].push_back({pc, i});
   }
-  for (const ParamShape& p : params)
-    if (!m.found.count(p.name))
-      throw ConfigError(dir + ": no file of the folder holds tensor " + names.prefix +
-                        names.hf_name(p.name) + " (" +
-                        std::to_string(params.size() - m.found.size()) +
+  for (const auto& [name, target] : by_hf_name)
+    if (!seen.count(name))
+      throw ConfigError(dir + ": no file of the folder holds tensor " + names.prefix + name + " (" +
+                        std::to_string(by_hf_name.size() - seen.size()) +
                         " of the model's tensors are missing)");
   if (m.head >= 0) {
     const SafetensorsEntry& head = m.tensors[size_t(m.head)].entry;
-    const SafetensorsEntry& tied = m.tensors[m.found.at(names.head_tied_to)].entry;
-    if (head.shape != tied.shape)
+    const SafetensorsEntry& tied_to = m.tensors[seen.at(names.head_tied_to)].entry;
+    if (head.shape != tied_to.shape)
       throw ConfigError(m.tensors[size_t(m.head)].file + ": tensor " + json_quote(head.name) +
                         " has shape " + shape_str(head.shape) + ", expected " +
-                        shape_str(tied.shape) + " (tied to " + names.head_tied_to + ")");
+                        shape_str(tied_to.shape) + " (tied to " + names.head_tied_to + ")");
   }
   return m;
 }
@@ -278,12 +338,14 @@ void load_hf_folder(const std::string& dir, Gpt<float>& model, const MasterAcces
   const HfNames& names = names_of(m.hf.arch);
 
   std::map<const Param<float>*, std::vector<float>> host;
-  for (const auto& [name, i] : m.found) {
+  for (const auto& [name, pieces] : m.found) {
     const Param<float>* p = params.at(name);
     std::vector<float>& v = host[p];
     v.resize(p->numel);
-    read_safetensors_tensor(m.tensors[i].file, m.tensors[i].entry, v.data(),
-                            names.transposed(name));
+    const uint64_t cols = p->numel / uint64_t(p->shape[0]);  // a row of ours
+    for (const auto& [pc, i] : pieces)
+      read_safetensors_tensor(m.tensors[i].file, m.tensors[i].entry,
+                              v.data() + uint64_t(pc.row) * cols, names.transposed(name));
   }
   // The head is tied: a checkpoint whose head differs would load as another model, so it is
   // refused rather than dropped.
@@ -295,8 +357,9 @@ void load_hf_folder(const std::string& dir, Gpt<float>& model, const MasterAcces
     if (std::memcmp(v.data(), tied.data(), 4 * v.size()) != 0)
       throw ConfigError(head.file + ": tensor " + json_quote(head.entry.name) + " differs from " +
                         names.head_tied_to +
-                        ", but headroom ties the output head to it: an untied checkpoint cannot "
-                        "be loaded");
+                        ", but this model ties the output head to it: an untied checkpoint cannot "
+                        "be loaded into it" +
+                        (model.config().llama() ? " (set model.tie_embeddings = false)" : ""));
   }
 
   Backend& ops = model.device().backend();
@@ -323,11 +386,7 @@ void save_hf_folder(const std::string& dir, const Gpt<float>& model,
                       ": this model is pruned (its blocks differ in MLP "
                       "width or heads), which a Hugging Face config.json cannot describe; save "
                       "to a .safetensors file instead");
-  const std::string arch = arch_of(mc);
-  const HfNames& names = names_of(arch);
-  std::vector<HfModelConfig::Key> shape = hf_shape_keys(arch);
-  for (auto& k : shape)
-    k.value = model_shape_value(mc, k.model_key);
+  const HfNames& names = names_of(mc.arch);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec)
@@ -335,9 +394,14 @@ void save_hf_folder(const std::string& dir, const Gpt<float>& model,
   // Each file appears whole or not at all (AtomicFile); the weights go first, so a folder with a
   // new config.json always has the weights it was written with.
   save_safetensors((fs::path(dir) / "model.safetensors").string(), model, host,
-                   [&](const std::string& ours) { return names.prefix + names.hf_name(ours); });
+                   [&](const std::string& ours, int64_t rows) {
+                     std::vector<TensorPiece> out;
+                     for (const Piece& pc : names.pieces(ours, rows, mc))
+                       out.push_back({names.prefix + pc.hf_name, pc.row, pc.rows});
+                     return out;
+                   });
   AtomicFile config((fs::path(dir) / "config.json").string(), "--save-weights config.json");
-  config.write(hf_config_json(arch, shape));
+  config.write(hf_config_json(mc.arch, hf_shape_of(mc)));
   config.commit();
 }
 

@@ -341,26 +341,30 @@ std::vector<std::vector<float>> download_params(const Gpt<float>& model, const M
 }
 
 void save_safetensors(const std::string& path, const Gpt<float>& model,
-                      const std::vector<std::vector<float>>* host,
-                      const std::function<std::string(const std::string&)>& file_name) {
-  const auto name_of = [&](const Param<float>* p) {
-    return file_name ? file_name(p->name) : p->name;
+                      const std::vector<std::vector<float>>* host, const TensorPieces& pieces) {
+  // Every tensor of the file: a piece of a parameter (rows of it), with the parameter's index in
+  // model order (`host`). By name, as the reference writer orders them.
+  struct Out {
+    TensorPiece piece;
+    const Param<float>* param;
+    size_t index;
   };
-  // By name, as the reference writer orders them; each with its index in model order (`host`).
-  std::vector<std::pair<const Param<float>*, size_t>> order;
+  std::vector<Out> order;
   {
     size_t i = 0;
-    for (const Param<float>* p : model_params(model))
-      order.push_back({p, i++});
+    for (const Param<float>* p : model_params(model)) {
+      const int64_t rows = p->shape[0];
+      for (TensorPiece& pc :
+           pieces ? pieces(p->name, rows) : std::vector<TensorPiece>{{p->name, 0, rows}})
+        order.push_back({std::move(pc), p, i});
+      ++i;
+    }
+    if (host && host->size() != i)
+      throw std::logic_error("save_safetensors: " + std::to_string(host->size()) +
+                             " host tensors for " + std::to_string(i) + " parameters");
   }
-  if (host && host->size() != order.size())
-    throw std::logic_error("save_safetensors: " + std::to_string(host->size()) +
-                           " host tensors for " + std::to_string(order.size()) + " parameters");
   std::sort(order.begin(), order.end(),
-            [&](const auto& a, const auto& b) { return name_of(a.first) < name_of(b.first); });
-  std::vector<const Param<float>*> params;
-  for (const auto& o : order)
-    params.push_back(o.first);
+            [&](const Out& a, const Out& b) { return a.piece.name < b.piece.name; });
 
   // The reference writer's layout: metadata first, then each tensor as dtype, shape, offsets.
   nlohmann::ordered_json header;
@@ -381,12 +385,17 @@ void save_safetensors(const std::string& path, const Gpt<float>& model,
   header["__metadata__"]["seq_len"] = std::to_string(mc.seq_len);
   header["__metadata__"]["vocab_size"] = std::to_string(mc.vocab_size);
   uint64_t offset = 0;
-  for (const Param<float>* p : params) {
-    nlohmann::ordered_json& t = header[name_of(p)];
+  for (const Out& o : order) {
+    const Param<float>& p = *o.param;
+    const uint64_t bytes = 4 * (p.numel / uint64_t(p.shape[0])) * uint64_t(o.piece.rows);
+    std::vector<int64_t> shape = p.shape;
+    shape[0] = o.piece.rows;
+    if (is_conv1d_weight(p.name) && shape.size() == 2) std::swap(shape[0], shape[1]);
+    nlohmann::ordered_json& t = header[o.piece.name];
     t["dtype"] = "F32";
-    t["shape"] = hf_shape(*p);
-    t["data_offsets"] = {offset, offset + 4 * p->numel};
-    offset += 4 * p->numel;
+    t["shape"] = shape;
+    t["data_offsets"] = {offset, offset + bytes};
+    offset += bytes;
   }
   std::string text = header.dump();
   // Padding to 8 keeps the data section 8-byte aligned for readers that map it, as the reference
@@ -402,24 +411,31 @@ void save_safetensors(const std::string& path, const Gpt<float>& model,
   out.write(prefix, 8);
   out.write(text);
   std::vector<float> t, buf;
-  for (const auto& [p, index] : order) {
+  const Param<float>* downloaded = nullptr;  // buf holds its values
+  for (const Out& o : order) {
+    const Param<float>* p = o.param;
     const float* src;
     if (host) {
-      src = (*host)[index].data();
+      src = (*host)[o.index].data();
     } else {
-      buf.resize(p->numel);
-      model.device().backend().download(buf.data(), p->master().value, 4 * p->numel);
+      if (downloaded != p) {
+        buf.resize(p->numel);
+        model.device().backend().download(buf.data(), p->master().value, 4 * p->numel);
+        downloaded = p;
+      }
       src = buf.data();
     }
+    const uint64_t cols = p->numel / uint64_t(p->shape[0]);
+    const uint64_t rows = uint64_t(o.piece.rows);
+    src += uint64_t(o.piece.row) * cols;
     if (is_conv1d_weight(p->name)) {
-      const uint64_t rows = uint64_t(p->shape[0]), cols = uint64_t(p->shape[1]);
-      t.resize(p->numel);
+      t.resize(rows * cols);
       for (uint64_t r = 0; r < rows; ++r)
         for (uint64_t c = 0; c < cols; ++c)
           t[c * rows + r] = src[r * cols + c];
       src = t.data();
     }
-    out.write(src, 4 * p->numel);
+    out.write(src, 4 * rows * cols);
   }
   out.commit();
 }

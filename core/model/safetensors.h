@@ -47,11 +47,17 @@ std::vector<SafetensorsEntry> read_safetensors_header(
 // Written through an AtomicFile: a crash leaves the old file or the new one. OutputError when it
 // cannot be written.
 // `host`: the parameters' values as download_params read them, instead of reading the device.
-// `file_name`: each parameter's name in the file (a Hugging Face folder's
-// "transformer.wte.weight"); empty: the name as it is.
+// `pieces`: each parameter's tensors in the file, from its name and rows (a Hugging Face folder's
+// "transformer.wte.weight", or Llama's fused qkv_proj as q_proj, k_proj and v_proj: rows of ours);
+// empty: one tensor under the parameter's name.
+struct TensorPiece {
+  std::string name;
+  int64_t row = 0, rows = 0;  // rows [row, row + rows) of the parameter
+};
+using TensorPieces = std::function<std::vector<TensorPiece>(const std::string& ours, int64_t rows)>;
 void save_safetensors(const std::string& path, const Gpt<float>& model,
                       const std::vector<std::vector<float>>* host = nullptr,
-                      const std::function<std::string(const std::string&)>& file_name = nullptr);
+                      const TensorPieces& pieces = nullptr);
 
 // Reads tensor `e` of the safetensors file `path` (an entry its header gave) into dst as float
 // (numel floats), converting BF16 and F16; with `transpose` a 2-D (rows, cols) tensor lands as its

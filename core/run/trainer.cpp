@@ -6,6 +6,7 @@
 #include <optional>
 #include <utility>
 
+#include "core/config/hf_config.h"
 #include "core/model/hf_folder.h"
 #include "core/report/timeline_html.h"
 #include "core/run/rank_agreement.h"
@@ -44,17 +45,23 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   // A GPU rank takes the device of its local rank unless [device] index names one.
   if (config_.device.kind == "cuda" && ranks.launched && !config_.device.index_set)
     config_.device.index = ranks.local_rank;
-  // A Llama's weights files (Hugging Face's layout and names) are not read or written yet: say so
-  // before any work, naming what asked for them. Its snapshots resume as any model's.
+  // A Llama's weights go in and out as Hugging Face folders (config.json beside the tensors, which
+  // the rotary and SwiGLU settings need); a single .safetensors file is GPT-2's. Say so before any
+  // work, naming what asked for one.
   if (config_.model.llama()) {
     const std::string why =
-        " needs a weights file of arch = \"llama\", which headroom does not read or write yet "
-        "(its snapshots, snapshot.dir and --resume, do work)";
-    if (!config_.train.init_from.empty())
+        " names a single .safetensors file, which holds GPT-2 shapes only; an arch = \"llama\" "
+        "model's weights are a Hugging Face folder (config.json beside model.safetensors)";
+    if (!config_.train.init_from.empty() && !is_hf_folder(config_.train.init_from))
       throw ConfigError(config_.train.init_from_pos.str() + ": train.init_from" + why);
-    if (!options_.save_weights_path.empty()) throw ConfigError("--save-weights" + why);
+    if (!options_.save_weights_path.empty() && !names_hf_folder(options_.save_weights_path))
+      throw ConfigError("--save-weights " + options_.save_weights_path + why +
+                        ": end the path with /");
     if (config_.snapshot.save_weights)
-      throw ConfigError(config_.file + ": snapshot.save_weights = true" + why);
+      throw ConfigError(config_.file +
+                        ": snapshot.save_weights = true writes a .safetensors file " +
+                        "beside each snapshot, which holds GPT-2 shapes only; an arch = \"llama\" "
+                        "model's snapshots resume without it");
   }
   // Every output is checked before any work is done: a run must not train for hours and then find
   // it cannot write its weights.
