@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,24 +15,10 @@ namespace {
 namespace fs = std::filesystem;
 using test::contains;
 
-// The lines of the first ```sh block after `heading`.
-std::vector<std::string> commands_under(const std::string& readme, const std::string& heading) {
-  std::vector<std::string> out;
-  const size_t at = readme.find(heading);
-  if (at == std::string::npos) return out;
-  const size_t start = readme.find("```sh\n", at);
-  const size_t end = readme.find("```\n", start + 6);
-  std::istringstream block(readme.substr(start + 6, end - start - 6));
-  std::string line;
-  while (std::getline(block, line))
-    if (!line.empty() && line[0] != '#') out.push_back(line);
-  return out;
-}
-
 TEST(ReadmeOwnText, CommandsRunAsWritten) {
   const std::string src = HEADROOM_SOURCE_DIR;
-  const std::vector<std::string> cmds =
-      commands_under(test::read_file(src + "/docs/guide/own-text.md"), "# Train on your own text");
+  const std::vector<std::string> cmds = test::commands_under(
+      test::read_file(src + "/docs/guide/own-text.md"), "# Train on your own text");
   ASSERT_EQ(cmds.size(), 4u);
   const std::string dir = test::temp_dir();
   fs::create_directories(dir + "/docs");

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <stdexcept>
 
 #include "core/run/trainer.h"
@@ -89,6 +90,20 @@ double relative_error(const std::vector<double>& a, const std::vector<double>& b
     den += b[i] * b[i];
   }
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
+}
+
+std::vector<std::string> commands_under(const std::string& text, const std::string& heading) {
+  std::vector<std::string> out;
+  const size_t at = text.find(heading);
+  if (at == std::string::npos) return out;
+  const size_t start = text.find("```sh\n", at);
+  if (start == std::string::npos) return out;
+  const size_t end = text.find("```\n", start + 6);
+  std::istringstream block(text.substr(start + 6, end - start - 6));
+  std::string line;
+  while (std::getline(block, line))
+    if (!line.empty() && line[0] != '#') out.push_back(line);
+  return out;
 }
 
 }  // namespace headroom::test

@@ -25,6 +25,9 @@ void expect_resume_is_bitwise(const std::string& toml, Trainer& whole);
 std::string temp_dir();
 // The whole file, as bytes ("" when it cannot be read).
 std::string read_file(const std::string& path);
+// The command lines (not blank, not comments) of the first ```sh block after `heading` in the
+// Markdown `text`: what a README shows, for a test that runs it as written.
+std::vector<std::string> commands_under(const std::string& text, const std::string& heading);
 // Writes `text` to dir/name and returns the path.
 std::string write_file(const std::string& dir, const std::string& name, const std::string& text);
 
