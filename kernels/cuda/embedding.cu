@@ -4,7 +4,9 @@
 
 namespace headroom::cuda {
 
-// out (B,T,C) = wte[tokens[b,t]] + wpe[t]: one thread per output element.
+// out (B,T,C) = wte[tokens[b,t]] + wpe[t]: one thread per output element. wpe null (Llama: no
+// position table): out = wte[tokens[b,t]], a copy (as the CPU kernel, no + 0 that would turn -0
+// into +0).
 template <class T>
 __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T* wte, const T* wpe,
                                          size_t BT, int Tn, int C) {
@@ -14,8 +16,10 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T*
     const size_t bt = idx / C;
     const int i = static_cast<int>(idx % C);
     const int t = static_cast<int>(bt % Tn);
-    out[idx] = from_float<T>(to_float(wte[static_cast<size_t>(tokens[bt]) * C + i]) +
-                             to_float(wpe[static_cast<size_t>(t) * C + i]));
+    const T w = wte[static_cast<size_t>(tokens[bt]) * C + i];
+    out[idx] = wpe == nullptr
+                   ? w
+                   : from_float<T>(to_float(w) + to_float(wpe[static_cast<size_t>(t) * C + i]));
   }
 }
 

@@ -20,6 +20,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/common/rope.h"
+
 // cuBLAS's handle types, forward-declared so that includers need no cuBLAS header
 // (cublasHandle_t is cublasContext*, cublasLtHandle_t is cublasLtContext*).
 struct cublasContext;
@@ -59,6 +61,7 @@ struct CudaContext {
 
 // --- embedding.cu ------------------------------------------------------------------------------
 // out (B,T,C) = wte[tokens[b,t]] + wpe[t];  tokens (B,T), wte (V,C), wpe (maxT,C) with maxT >= T.
+// wpe null: no position table (Llama), out = wte[tokens[b,t]].
 template <class T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int Tn,
                        int C, cudaStream_t stream);
@@ -124,15 +127,54 @@ void attention_backward(CudaContext& ctx, T* dqkv, T* scratch, const T* dout, co
                         const T* att, int B, int Tn, int C, int NH, cudaStream_t stream);
 
 // --- attention_tiled.cu (FlashAttention-style: no (T,T) tensor, shared-memory tiles) ---------
-// out (B,T,C) as attention_forward's; lse (B,NH,T) in fp32: each query row's log-sum-exp of its
-// scaled scores, all that backward needs besides qkv and out. Head size at most 128.
+// qkv (B,T,C + 2·NKV·hs) laid out [q | k | v], hs = C/NH: NH query heads and NKV key/value heads
+// (grouped-query attention, NKV dividing NH; NKV = NH is multi-head attention, qkv (B,T,3C)),
+// query head h reading key/value head h / (NH/NKV). out (B,T,C) as attention_forward's; lse
+// (B,NH,T) in fp32: each query row's log-sum-exp of its scaled scores, all that backward needs
+// besides qkv and out. Head size at most 128.
 template <class T>
 void attention_tiled_forward(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH,
-                             cudaStream_t stream);
-// dqkv (B,T,3C) += gradient, the scores recomputed tile by tile from qkv, out and lse.
+                             int NKV, cudaStream_t stream);
+// dqkv (same layout as qkv) += gradient, the scores recomputed tile by tile from qkv, out and lse.
+// A key/value head's dk and dv sum its NH/NKV query heads in registers and are stored once.
 template <class T>
 void attention_tiled_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
-                              int B, int Tn, int C, int NH, cudaStream_t stream);
+                              int B, int Tn, int C, int NH, int NKV, cudaStream_t stream);
+
+// --- rmsnorm.cu ---------------------------------------------------------------------------------
+// out (N,C) = inp * rstd * weight (C), rstd (N, float; may be null) = 1 / sqrt(mean(inp^2) + eps).
+template <class T>
+void rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int N, int C, double eps,
+                     cudaStream_t stream);
+// norm = inp * rstd, dnorm = dout * weight:
+// dweight (C) += sum_n dout * norm; dinp (N,C) += rstd * (dnorm - norm * mean_i(dnorm * norm)).
+// dinp or dweight may be null (skipped). !accumulate: dinp's contents are ignored, dinp = dres +
+// that (dres (N,C) may be null: 0 + that).
+template <class T>
+void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+                      const float* rstd, int N, int C, cudaStream_t stream, bool accumulate = true,
+                      const T* dres = nullptr);
+
+// --- swiglu.cu ----------------------------------------------------------------------------------
+// out (N,H) = silu(gu[:, :H]) * gu[:, H:], gu (N,2H) = [gate | up] a row.
+template <class T>
+void swiglu_forward(T* out, const T* gu, int N, int H, cudaStream_t stream);
+// dgu (N,2H) += [dout * up * silu'(gate) | dout * silu(gate)] (!accumulate: dgu = 0 + that, its
+// contents ignored).
+template <class T>
+void swiglu_backward(T* dgu, const T* gu, const T* dout, int N, int H, cudaStream_t stream,
+                     bool accumulate = true);
+
+// --- rope.cu ------------------------------------------------------------------------------------
+// In place on qkv (B,T,(NH + 2·NKV)·hs)'s NH q and NKV k heads: pair i (elements i, i + hs/2) of
+// row t rotated by t · rope_inv_freq(i, hs, p) (kernels/common/rope.h); backward rotates dqkv by
+// the opposite angle. hs even, at most 512.
+template <class T>
+void rope_forward(T* qkv, int B, int Tn, int NH, int NKV, int hs, const RopeParams& p,
+                  cudaStream_t stream);
+template <class T>
+void rope_backward(T* dqkv, int B, int Tn, int NH, int NKV, int hs, const RopeParams& p,
+                   cudaStream_t stream);
 
 // --- gelu.cu -----------------------------------------------------------------------------------
 // out (N) = gelu(inp (N)), GPT-2's tanh approximation (kernels/common/elementwise.h).

@@ -211,7 +211,7 @@ class CudaBackend final : public Backend {
     dispatch(dt, "attention_tiled_forward", [&](auto tag) {
       using S = decltype(tag);
       cuda::attention_tiled_forward(as<S>(out), static_cast<float*>(lse), as<S>(qkv), B, T, C, NH,
-                                    stream());
+                                    NH, stream());
     });
   }
   void attention_tiled_backward(Dtype dt, void* dqkv, const void* dout, const void* qkv,
@@ -221,7 +221,7 @@ class CudaBackend final : public Backend {
     dispatch(dt, "attention_tiled_backward", [&](auto tag) {
       using S = decltype(tag);
       cuda::attention_tiled_backward(as<S>(dqkv), as<S>(dout), as<S>(qkv), as<S>(out),
-                                     static_cast<const float*>(lse), B, T, C, NH, stream());
+                                     static_cast<const float*>(lse), B, T, C, NH, NH, stream());
     });
   }
   uint64_t attention_scratch_numel(int B, int T, int NH) const override {
@@ -257,6 +257,81 @@ class CudaBackend final : public Backend {
       using S = decltype(tag);
       cuda::crossentropy_forward_backward(as<S>(logits), as<float>(losses), targets, N, V,
                                           static_cast<float>(dloss), stream());
+    });
+  }
+
+  // --- Llama's ops (kernels/cuda/rmsnorm.cu, swiglu.cu, rope.cu, attention_tiled.cu) ------------
+  bool llama_ops() const override { return true; }
+  void rmsnorm_forward(Dtype dt, void* out, void* rstd, const void* inp, const void* weight, int N,
+                       int C, double eps) override {
+    on_device();
+    dispatch(dt, "rmsnorm_forward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::rmsnorm_forward(as<S>(out), as<float>(rstd), as<S>(inp), as<S>(weight), N, C, eps,
+                            stream());
+    });
+  }
+  void rmsnorm_backward(Dtype dt, void* dinp, void* dweight, const void* dout, const void* inp,
+                        const void* weight, const void* rstd, int N, int C, Grad dinp_mode,
+                        const void* dres) override {
+    on_device();
+    const bool acc = dinp_mode == Grad::kAccumulate;
+    if (acc && dres) throw OpError("rmsnorm_backward: dres is for Grad::kWrite only");
+    dispatch(dt, "rmsnorm_backward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::rmsnorm_backward(as<S>(dinp), as<S>(dweight), as<S>(dout), as<S>(inp), as<S>(weight),
+                             as<float>(rstd), N, C, stream(), acc, as<S>(dres));
+    });
+  }
+  void swiglu_forward(Dtype dt, void* out, const void* gu, int N, int H) override {
+    on_device();
+    dispatch(dt, "swiglu_forward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::swiglu_forward(as<S>(out), as<S>(gu), N, H, stream());
+    });
+  }
+  void swiglu_backward(Dtype dt, void* dgu, const void* gu, const void* dout, int N, int H,
+                       Grad dgu_mode) override {
+    on_device();
+    dispatch(dt, "swiglu_backward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::swiglu_backward(as<S>(dgu), as<S>(gu), as<S>(dout), N, H, stream(),
+                            dgu_mode == Grad::kAccumulate);
+    });
+  }
+  void rope_forward(Dtype dt, void* qkv, int B, int T, int NH, int NKV, int hs,
+                    const RopeParams& p) override {
+    on_device();
+    dispatch(dt, "rope_forward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::rope_forward(as<S>(qkv), B, T, NH, NKV, hs, p, stream());
+    });
+  }
+  void rope_backward(Dtype dt, void* dqkv, int B, int T, int NH, int NKV, int hs,
+                     const RopeParams& p) override {
+    on_device();
+    dispatch(dt, "rope_backward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::rope_backward(as<S>(dqkv), B, T, NH, NKV, hs, p, stream());
+    });
+  }
+  void attention_gqa_forward(Dtype dt, void* out, void* lse, const void* qkv, int B, int T, int C,
+                             int NH, int NKV) override {
+    on_device();
+    dispatch(dt, "attention_gqa_forward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::attention_tiled_forward(as<S>(out), static_cast<float*>(lse), as<S>(qkv), B, T, C, NH,
+                                    NKV, stream());
+    });
+  }
+  void attention_gqa_backward(Dtype dt, void* dqkv, const void* dout, const void* qkv,
+                              const void* out, const void* lse, int B, int T, int C, int NH,
+                              int NKV) override {
+    on_device();
+    dispatch(dt, "attention_gqa_backward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::attention_tiled_backward(as<S>(dqkv), as<S>(dout), as<S>(qkv), as<S>(out),
+                                     static_cast<const float*>(lse), B, T, C, NH, NKV, stream());
     });
   }
 
