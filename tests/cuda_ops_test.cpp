@@ -53,6 +53,9 @@ TEST(CudaOps, SkippedNoCudaBuild) {
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/cpu/residual.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
 
 namespace headroom {
 namespace {
@@ -253,6 +256,32 @@ TEST_F(CudaBackendOps, EmbeddingForward) {
     ops_->embedding_forward(dt, d_out, static_cast<const int32_t*>(to_device_raw(tokens)),
                             to_device(wte, dt), to_device(wpe, dt), B, T, C);
     expect_close("out", from_device(d_out, want.size(), dt), want, tol(dt));
+  }
+}
+
+// Llama's embedding: no position table (wpe null), and no position gradient (dwpe null).
+TEST_F(CudaBackendOps, EmbeddingWithoutAPositionTable) {
+  const int B = 3, T = 17, C = 40, V = 11;
+  for (const Dtype dt : kF32AndBF16) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto tokens = ints(size_t(B) * T, 0, V - 1);
+    const auto wte = normal(size_t(V) * C, dt);
+    std::vector<float> want(size_t(B) * T * C);
+    cpu::embedding_forward(want.data(), tokens.data(), wte.data(),
+                           static_cast<const float*>(nullptr), B, T, C);
+    const auto* d_tokens = static_cast<const int32_t*>(to_device_raw(tokens));
+    void* d_out = poisoned(want.size(), dt);
+    ops_->embedding_forward(dt, d_out, d_tokens, to_device(wte, dt), nullptr, B, T, C);
+    // A copy of the token rows: exact.
+    expect_same_bytes("out", bytes_of(d_out, want.size() * dtype_size(dt)), encode(want, dt));
+
+    const auto dout = normal(want.size(), dt);
+    auto dwte = normal(wte.size(), dt);
+    void* d_dwte = to_device(dwte, dt);
+    cpu::embedding_backward(dwte.data(), static_cast<float*>(nullptr), dout.data(), tokens.data(),
+                            B, T, C);
+    ops_->embedding_backward(dt, d_dwte, nullptr, to_device(dout, dt), d_tokens, B, T, C);
+    expect_close("dwte", from_device(d_dwte, dwte.size(), dt), rounded(dwte, dt), tol(dt));
   }
 }
 
@@ -461,6 +490,176 @@ TEST_F(CudaBackendOps, AttentionTiledBackward) {
       expect_close("dqkv", from_device(d_dqkv, dqkv.size(), dt), rounded(dqkv, dt), tol(dt));
     }
   }
+}
+
+// --- Llama's ops against kernels/cpu/rmsnorm.h, swiglu.h, rope.h and the CPU's tiled attention
+// with NKV key/value heads. Never run on a GPU so far: unverified.
+
+TEST_F(CudaBackendOps, RmsnormForward) {
+  const int N = 37, C = 67;
+  const double eps = 1e-6;
+  for (const Dtype dt : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto inp = normal(size_t(N) * C, dt, 2.0f, 0.5f);
+    const auto weight = normal(C, dt);
+    std::vector<float> out(size_t(N) * C), rstd(N);
+    cpu::rmsnorm_forward(out.data(), rstd.data(), inp.data(), weight.data(), N, C, eps);
+    void* d_out = poisoned(out.size(), dt);
+    void* d_rstd = poisoned(N, Dtype::kF32);  // f32 for every storage dtype
+    ops_->rmsnorm_forward(dt, d_out, d_rstd, to_device(inp, dt), to_device(weight, dt), N, C, eps);
+    expect_close("out", from_device(d_out, out.size(), dt), rounded(out, dt), tol(dt));
+    expect_close("rstd", from_device(d_rstd, N, Dtype::kF32), rstd, kTolFp32);
+  }
+}
+
+TEST_F(CudaBackendOps, RmsnormBackward) {
+  const int N = 37, C = 67;
+  for (const Dtype dt : kAllDtypes) {
+    for (const bool write : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (write ? " Grad::kWrite + dres" : " accumulate"));
+      const auto inp = normal(size_t(N) * C, dt, 2.0f, 0.5f);
+      const auto weight = normal(C, dt), dout = normal(size_t(N) * C, dt);
+      const auto dres = normal(size_t(N) * C, dt);
+      std::vector<float> out(size_t(N) * C), rstd(N);
+      cpu::rmsnorm_forward(out.data(), rstd.data(), inp.data(), weight.data(), N, C, 1e-5);
+      auto dinp = normal(size_t(N) * C, dt), dweight = normal(C, dt);
+      void* d_dinp = write ? poisoned(dinp.size(), dt) : to_device(dinp, dt);
+      void* d_dw = to_device(dweight, dt);
+      cpu::rmsnorm_backward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(),
+                            rstd.data(), N, C, !write, write ? dres.data() : nullptr);
+      ops_->rmsnorm_backward(dt, d_dinp, d_dw, to_device(dout, dt), to_device(inp, dt),
+                             to_device(weight, dt), to_device(rstd, Dtype::kF32), N, C,
+                             write ? Grad::kWrite : Grad::kAccumulate,
+                             write ? to_device(dres, dt) : nullptr);
+      expect_close("dinp", from_device(d_dinp, dinp.size(), dt), rounded(dinp, dt), tol(dt));
+      expect_close("dweight", from_device(d_dw, C, dt), rounded(dweight, dt), tol(dt));
+    }
+  }
+}
+
+TEST_F(CudaBackendOps, SwigluForward) {
+  const int N = 37, H = 91;
+  for (const Dtype dt : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto gu = normal(size_t(N) * 2 * H, dt, 3.0f);
+    std::vector<float> out(size_t(N) * H);
+    cpu::swiglu_forward(out.data(), gu.data(), N, H);
+    void* d_out = poisoned(out.size(), dt);
+    ops_->swiglu_forward(dt, d_out, to_device(gu, dt), N, H);
+    expect_close("out", from_device(d_out, out.size(), dt), rounded(out, dt), tol(dt));
+  }
+}
+
+TEST_F(CudaBackendOps, SwigluBackward) {
+  const int N = 37, H = 91;
+  for (const Dtype dt : kAllDtypes) {
+    for (const bool write : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (write ? " Grad::kWrite" : " accumulate"));
+      const auto gu = normal(size_t(N) * 2 * H, dt, 3.0f), dout = normal(size_t(N) * H, dt);
+      auto dgu = normal(gu.size(), dt);
+      void* d_dgu = write ? poisoned(dgu.size(), dt) : to_device(dgu, dt);
+      cpu::swiglu_backward(dgu.data(), gu.data(), dout.data(), N, H, !write);
+      ops_->swiglu_backward(dt, d_dgu, to_device(gu, dt), to_device(dout, dt), N, H,
+                            write ? Grad::kWrite : Grad::kAccumulate);
+      expect_close("dgu", from_device(d_dgu, dgu.size(), dt), rounded(dgu, dt), tol(dt));
+    }
+  }
+}
+
+// Rotary embeddings in place on q and k (v untouched), without scaling and with Llama 3's: with
+// hs 16 and original_max_position_embeddings 64 the pairs fall in all three bands (kept,
+// interpolated, divided by factor), and T = 100 runs past the original length.
+TEST_F(CudaBackendOps, RopeForwardAndBackward) {
+  const int B = 2, T = 100, NH = 4, NKV = 2, hs = 16, W = (NH + 2 * NKV) * hs;
+  RopeParams scaled;
+  scaled.theta = 10000.0;
+  scaled.factor = 8.0;
+  scaled.low_freq_factor = 1.0;
+  scaled.high_freq_factor = 4.0;
+  scaled.original_max_position_embeddings = 64.0;
+  RopeParams plain;
+  plain.theta = 500000.0;
+  for (const RopeParams& p : {plain, scaled}) {
+    for (const Dtype dt : kAllDtypes) {
+      for (const bool backward : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + (p.factor > 0 ? " scaled" : " unscaled") +
+                     (backward ? " backward" : " forward"));
+        auto x = normal(size_t(B) * T * W, dt);
+        void* d_x = to_device(x, dt);
+        if (backward) {
+          cpu::rope_backward(x.data(), B, T, NH, NKV, hs, p);
+          ops_->rope_backward(dt, d_x, B, T, NH, NKV, hs, p);
+        } else {
+          cpu::rope_forward(x.data(), B, T, NH, NKV, hs, p);
+          ops_->rope_forward(dt, d_x, B, T, NH, NKV, hs, p);
+        }
+        expect_close("qkv", from_device(d_x, x.size(), dt), rounded(x, dt), tol(dt));
+      }
+    }
+  }
+}
+
+// Grouped-query attention: NKV key/value heads, qkv (B,T,C + 2·NKV·hs), against the CPU's tiled
+// kernels with the same NKV. NKV = NH goes the same way (the multi-head case); hs = 128 is the
+// kernels' largest head.
+struct GqaShape {
+  int B, T, C, NH, NKV;
+};
+const GqaShape kGqaShapes[] = {{2, 1, 64, 4, 2},
+                               {2, 100, 64, 4, 2},
+                               {2, 100, 64, 4, 1},
+                               {1, 100, 64, 4, 4},
+                               {1, 70, 256, 2, 1}};
+
+TEST_F(CudaBackendOps, AttentionGqaForward) {
+  for (const GqaShape& g : kGqaShapes) {
+    const int W = g.C + 2 * g.NKV * (g.C / g.NH);
+    for (const Dtype dt : kAllDtypes) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " T " + std::to_string(g.T) + " C " +
+                   std::to_string(g.C) + " NH " + std::to_string(g.NH) + " NKV " +
+                   std::to_string(g.NKV));
+      const auto qkv = normal(size_t(g.B) * g.T * W, dt);
+      std::vector<float> out(size_t(g.B) * g.T * g.C), lse(size_t(g.B) * g.NH * g.T);
+      cpu::attention_tiled_forward(out.data(), lse.data(), qkv.data(), g.B, g.T, g.C, g.NH,
+                                   cpu::kAttentionTile, g.NKV);
+      void* d_out = poisoned(out.size(), dt);
+      void* d_lse = poisoned(lse.size(), Dtype::kF32);
+      ops_->attention_gqa_forward(dt, d_out, d_lse, to_device(qkv, dt), g.B, g.T, g.C, g.NH, g.NKV);
+      expect_close("out", from_device(d_out, out.size(), dt), rounded(out, dt), tol(dt));
+      expect_close("lse", from_device(d_lse, lse.size(), Dtype::kF32), lse, kTolFp32);
+    }
+  }
+}
+
+TEST_F(CudaBackendOps, AttentionGqaBackward) {
+  for (const GqaShape& g : kGqaShapes) {
+    const int W = g.C + 2 * g.NKV * (g.C / g.NH);
+    for (const Dtype dt : kAllDtypes) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " T " + std::to_string(g.T) + " C " +
+                   std::to_string(g.C) + " NH " + std::to_string(g.NH) + " NKV " +
+                   std::to_string(g.NKV));
+      const auto qkv = normal(size_t(g.B) * g.T * W, dt);
+      const auto dout = normal(size_t(g.B) * g.T * g.C, dt);
+      std::vector<float> out(size_t(g.B) * g.T * g.C), lse(size_t(g.B) * g.NH * g.T);
+      cpu::attention_tiled_forward(out.data(), lse.data(), qkv.data(), g.B, g.T, g.C, g.NH,
+                                   cpu::kAttentionTile, g.NKV);
+      out = rounded(out, dt);  // what the forward stored in dt: the input of both backwards
+      auto dqkv = normal(qkv.size(), dt);
+      void* d_dqkv = to_device(dqkv, dt);
+      cpu::attention_tiled_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                                    g.B, g.T, g.C, g.NH, cpu::kAttentionTile, g.NKV);
+      ops_->attention_gqa_backward(dt, d_dqkv, to_device(dout, dt), to_device(qkv, dt),
+                                   to_device(out, dt), to_device(lse, Dtype::kF32), g.B, g.T, g.C,
+                                   g.NH, g.NKV);
+      expect_close("dqkv", from_device(d_dqkv, dqkv.size(), dt), rounded(dqkv, dt), tol(dt));
+    }
+  }
+}
+
+TEST_F(CudaBackendOps, AttentionGqaRefusesKvHeadsThatDoNotDivide) {
+  EXPECT_TRUE(ops_->llama_ops());
+  void* x = alloc(1 << 16);
+  EXPECT_THROW(ops_->attention_gqa_forward(Dtype::kF32, x, x, x, 1, 4, 48, 4, 3), std::exception);
 }
 
 TEST_F(CudaBackendOps, GeluForward) {
@@ -790,6 +989,20 @@ TEST_F(CudaBackendOps, GradWriteEqualsFillThenAccumulate) {
     ops_->layernorm_backward(dt, wr, nullptr, nullptr, dy, inp, lnw, mean, rstd, N, C, Grad::kWrite,
                              dres);
     EXPECT_EQ(bytes_of(acc, nc * dtype_size(dt)), bytes_of(wr, nc * dtype_size(dt))) << "dres";
+    // Llama's: RMSNorm (with and without the residual path) and SwiGLU (dgu (N, 2H), 2H = C).
+    void* rms_rstd = alloc(N * sizeof(float));
+    ops_->rmsnorm_forward(dt, alloc(nc * dtype_size(dt)), rms_rstd, inp, lnw, N, C, 1e-5);
+    compare("rmsnorm_backward", [&](void* d, Grad g) {
+      ops_->rmsnorm_backward(dt, d, nullptr, dy, inp, lnw, rms_rstd, N, C, g);
+    });
+    ops_->copy(acc, dres, nc * dtype_size(dt));
+    ops_->rmsnorm_backward(dt, acc, nullptr, dy, inp, lnw, rms_rstd, N, C);
+    void* wr_rms = poisoned(nc, dt);
+    ops_->rmsnorm_backward(dt, wr_rms, nullptr, dy, inp, lnw, rms_rstd, N, C, Grad::kWrite, dres);
+    EXPECT_EQ(bytes_of(acc, nc * dtype_size(dt)), bytes_of(wr_rms, nc * dtype_size(dt)))
+        << "rmsnorm dres";
+    compare("swiglu_backward",
+            [&](void* d, Grad g) { ops_->swiglu_backward(dt, d, inp, dy, N, C / 2, g); });
   }
 }
 

@@ -32,7 +32,7 @@ namespace {
 [[noreturn]] void no_llama_kernel(const char* op) {
   throw OpError(std::string(op) +
                 ": this backend has no kernel for it (arch = \"llama\" runs on "
-                "the CPU backend only, for now)");
+                "the CPU and CUDA backends)");
 }
 
 }  // namespace

@@ -110,8 +110,10 @@ class Backend {
                                              double dloss) = 0;
 
   // --- Llama's ops (arch = "llama"; kernels/cpu/rmsnorm.h, swiglu.h, rope.h, attention_tiled.h).
-  // Not pure: a backend without them (CUDA, for now) inherits these, which throw OpError, and
-  // says so in llama_ops(); the model refuses arch = "llama" on it at construction.
+  // Not pure: the CPU and CUDA backends have them (kernels/cuda/rmsnorm.cu, swiglu.cu, rope.cu,
+  // attention_tiled.cu; the CUDA ones have never run on a GPU); a backend without them inherits
+  // these, which throw OpError, and says so in llama_ops(); the model refuses arch = "llama" on it
+  // at construction.
   virtual bool llama_ops() const { return false; }
   // out (N,C) = inp * rstd * weight (C), rstd (N) in stat_dtype(dt) = 1 / sqrt(mean(inp^2) + eps)
   virtual void rmsnorm_forward(Dtype dt, void* out, void* rstd, const void* inp, const void* weight,

@@ -982,9 +982,9 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, const Prec
   }
   if (config.llama() && !device.backend().llama_ops())
     throw std::invalid_argument(
-        "arch = \"llama\" has no kernels on this device's backend yet (RMSNorm, rotary "
-        "embeddings, SwiGLU, grouped-query attention run on the CPU backend only): train it with "
-        "[device] kind = \"cpu\"");
+        "arch = \"llama\" has no kernels on this device's backend (RMSNorm, rotary embeddings, "
+        "SwiGLU, grouped-query attention: the CPU and CUDA backends have them): train it with "
+        "[device] kind = \"cpu\" or \"cuda\"");
   auto emb = std::make_unique<Embedding<T>>(config, device, precision);
   Embedding<T>& e = *emb;
   layers_.push_back(std::move(emb));
