@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
+#include <memory>
 #include <random>
 
 #include "core/data/data.h"
@@ -37,15 +39,55 @@ std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
   return t;
 }
 
+// The models generation is checked on: GPT-2 (and with a block's heads and MLP pruned) and
+// Llama (grouped-query attention, untied head, Llama 3's rope scaling; and tied, no grouping).
+struct ModelCase {
+  const char* name;
+  std::function<ModelConfig()> config;
+  bool prune = false;  // block 1 keeps one of its 2 heads and 24 of its MLP units
+};
+
+void PrintTo(const ModelCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+ModelConfig tiny_llama(int n_kv_head, bool tied, double rope_factor) {
+  ModelConfig m = tiny_model();
+  m.arch = "llama";
+  m.n_head = 4;
+  m.n_kv_head = n_kv_head;
+  m.intermediate_size = 40;
+  m.tie_embeddings = tied;
+  m.rope_theta = 500.0;
+  m.rope_scaling_factor = rope_factor;
+  m.rope_original_max_positions = 8;
+  return m;
+}
+
+class SampleModels : public ::testing::TestWithParam<ModelCase> {
+ protected:
+  std::unique_ptr<Gpt<float>> make(Device& device, uint64_t seed) const {
+    auto model = std::make_unique<Gpt<float>>(GetParam().config(), device, seed);
+    if (GetParam().prune) {
+      model->resize_heads(1, {1});
+      std::vector<uint32_t> keep;
+      for (uint32_t j = 0; j < 48; j += 2)
+        keep.push_back(j);
+      model->resize_mlp(1, keep);
+    }
+    return model;
+  }
+};
+
 // Every position's next-token logits from the KV cache, one token at a time, equal those of the
 // full forward over all the tokens (to float rounding: the GEMMs see 1 row instead of T).
-TEST(Sample, KvCacheLogitsEqualTheFullRecompute) {
+TEST_P(SampleModels, KvCacheLogitsEqualTheFullRecompute) {
   auto device = Device::create(DeviceConfig{});
-  const ModelConfig m = tiny_model();
-  Gpt<float> model(m, *device, 7);
+  const std::unique_ptr<Gpt<float>> model = make(*device, 7);
+  const ModelConfig& m = model->config();
   const std::vector<int32_t> tokens = random_tokens(m.seq_len, m.vocab_size, 3);
-  const std::vector<float> full = forward_logits(model, tokens);  // (T, V)
-  KvDecoder decoder(model);
+  const std::vector<float> full = forward_logits(*model, tokens);  // (T, V)
+  KvDecoder decoder(*model);
   double worst = 0.0;
   for (int t = 0; t < m.seq_len; ++t) {
     const std::vector<float> step = decoder.step(tokens[size_t(t)]);
@@ -56,14 +98,58 @@ TEST(Sample, KvCacheLogitsEqualTheFullRecompute) {
     }
     // The last position alone, recomputed from the prefix, is the same again.
     const std::vector<int32_t> prefix(tokens.begin(), tokens.begin() + t + 1);
-    const std::vector<float> again = forward_logits(model, prefix);
+    const std::vector<float> again = forward_logits(*model, prefix);
     for (int v = 0; v < m.vocab_size; ++v)
       EXPECT_NEAR(again[size_t(t) * m.vocab_size + v], step[size_t(v)], 1e-4);
   }
   EXPECT_LT(worst, 1e-4);
   EXPECT_EQ(decoder.position(), m.seq_len);
   EXPECT_THROW(decoder.step(0), std::logic_error);  // the context is full
+  // Starting again gives the first position's logits again.
+  decoder.reset();
+  const std::vector<float> first = decoder.step(tokens[0]);
+  for (int v = 0; v < m.vocab_size; ++v)
+    EXPECT_NEAR(first[size_t(v)], full[size_t(v)], 1e-4);
 }
+
+// The full recompute is the model's own forward: its cross-entropy is the loss Gpt::evaluate
+// reports on the same tokens.
+TEST_P(SampleModels, FullRecomputeIsTheModelsForward) {
+  auto device = Device::create(DeviceConfig{});
+  const std::unique_ptr<Gpt<float>> model = make(*device, 11);
+  const ModelConfig& m = model->config();
+  const std::vector<int32_t> seq = random_tokens(m.seq_len + 1, m.vocab_size, 5);
+  const std::vector<int32_t> in(seq.begin(), seq.end() - 1), target(seq.begin() + 1, seq.end());
+  const std::vector<float> logits = forward_logits(*model, in);
+  double ce = 0.0;
+  for (int t = 0; t < m.seq_len; ++t) {
+    const float* row = &logits[size_t(t) * m.vocab_size];
+    double mx = row[0], sum = 0.0;
+    for (int v = 0; v < m.vocab_size; ++v)
+      mx = std::max(mx, double(row[v]));
+    for (int v = 0; v < m.vocab_size; ++v)
+      sum += std::exp(row[v] - mx);
+    ce += std::log(sum) + mx - row[target[size_t(t)]];
+  }
+  ce /= m.seq_len;
+  Batch b;
+  b.tokens = in.data();
+  b.targets = target.data();
+  b.B = 1;
+  b.T = m.seq_len;
+  b.dloss = 1.0 / m.seq_len;
+  const double loss = model->evaluate(b);
+  EXPECT_NEAR(ce, loss, 1e-5 * loss);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Archs, SampleModels,
+    ::testing::Values(ModelCase{"Gpt2", tiny_model}, ModelCase{"Gpt2Pruned", tiny_model, true},
+                      ModelCase{"LlamaGqaUntiedRopeScaled",
+                                [] { return tiny_llama(2, false, 4.0); }},
+                      ModelCase{"LlamaTiedNoGrouping", [] { return tiny_llama(4, true, 0.0); }},
+                      ModelCase{"LlamaOneKvHead", [] { return tiny_llama(1, false, 0.0); }}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // The op behind the cache: one query over T cached rows is attention_forward's row T-1.
 TEST(Sample, AttentionDecodeIsTheForwardsLastRow) {
@@ -82,36 +168,6 @@ TEST(Sample, AttentionDecodeIsTheForwardsLastRow) {
       EXPECT_NEAR(one[size_t(c)], out[size_t(T - 1) * C + c], 1e-5)
           << "T " << T << ", column " << c;
   }
-}
-
-// The full recompute is the model's own forward: its cross-entropy is the loss Gpt::forward
-// reports on the same tokens.
-TEST(Sample, FullRecomputeIsTheModelsForward) {
-  auto device = Device::create(DeviceConfig{});
-  const ModelConfig m = tiny_model();
-  Gpt<float> model(m, *device, 11);
-  const std::vector<int32_t> seq = random_tokens(m.seq_len + 1, m.vocab_size, 5);
-  const std::vector<int32_t> in(seq.begin(), seq.end() - 1), target(seq.begin() + 1, seq.end());
-  const std::vector<float> logits = forward_logits(model, in);
-  double ce = 0.0;
-  for (int t = 0; t < m.seq_len; ++t) {
-    const float* row = &logits[size_t(t) * m.vocab_size];
-    double mx = row[0], sum = 0.0;
-    for (int v = 0; v < m.vocab_size; ++v)
-      mx = std::max(mx, double(row[v]));
-    for (int v = 0; v < m.vocab_size; ++v)
-      sum += std::exp(row[v] - mx);
-    ce += std::log(sum) + mx - row[target[size_t(t)]];
-  }
-  ce /= m.seq_len;
-  Batch b;
-  b.tokens = in.data();
-  b.targets = target.data();
-  b.B = 1;
-  b.T = m.seq_len;
-  b.dloss = 1.0 / m.seq_len;
-  const double loss = model.evaluate(b);
-  EXPECT_NEAR(ce, loss, 1e-5 * loss);
 }
 
 TEST(Sample, TopKAndTemperatureZero) {

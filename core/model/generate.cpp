@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -10,7 +11,7 @@ namespace headroom {
 
 namespace {
 
-// The model's parameters by Hugging Face name: what layer() reads.
+// The model's parameters by Hugging Face name: what the blocks read.
 std::map<std::string, const Param<float>*> params_by_name(const Gpt<float>& model) {
   std::map<std::string, const Param<float>*> by;
   for (const Param<float>* p : model.params())
@@ -18,69 +19,233 @@ std::map<std::string, const Param<float>*> params_by_name(const Gpt<float>& mode
   return by;
 }
 
-const Param<float>& param(const std::map<std::string, const Param<float>*>& by,
-                          const std::string& name) {
+const Param<float>* find_param(const std::map<std::string, const Param<float>*>& by,
+                               const std::string& name) {
   const auto it = by.find(name);
   if (it == by.end() || !it->second->compute().value)
     throw std::logic_error("generate: the model has no parameter " + name + " in memory");
-  return *it->second;
+  return it->second;
+}
+
+// One block's weights (null: the architecture has none: Llama's biases, RMSNorm's) and widths,
+// read from its tensors' shapes so that a pruned block is what it is.
+struct BlockParams {
+  const void *norm1w = nullptr, *norm1b = nullptr, *qkvw = nullptr, *qkvb = nullptr,
+             *projw = nullptr, *projb = nullptr, *norm2w = nullptr, *norm2b = nullptr,
+             *fcw = nullptr, *fcb = nullptr, *downw = nullptr, *downb = nullptr;
+  int nh = 0;   // query heads (n_head unless pruned)
+  int nkv = 0;  // key/value heads (GPT-2: nh)
+  int mlp = 0;  // the MLP's hidden width (GPT-2's F, Llama's I)
+  int qkv_width(int hs) const { return (nh + 2 * nkv) * hs; }
+};
+
+// Every parameter generation reads, for either architecture.
+struct Weights {
+  const void *embed = nullptr, *wpe = nullptr, *normw = nullptr, *normb = nullptr, *head = nullptr;
+  std::vector<BlockParams> blocks;
+  int max_qkv = 0, max_a = 0, max_fc = 0, max_mlp = 0;  // the widest block's widths
+};
+
+Weights weights_of(const Gpt<float>& model) {
+  const ModelConfig& m = model.config();
+  if (model.compute_dtype() != Dtype::kF32)
+    throw std::logic_error("generate: generation reads f32 parameters");
+  const auto by = params_by_name(model);
+  auto value = [&](const std::string& name) { return find_param(by, name)->compute().value; };
+  auto rows = [&](const std::string& name, size_t dim) {
+    return int(find_param(by, name)->shape.at(dim));
+  };
+  const int hs = m.n_embd / m.n_head;
+  Weights w;
+  for (int l = 0; l < m.n_layer; ++l) {
+    BlockParams b;
+    if (m.llama()) {
+      const std::string h = "model.layers." + std::to_string(l) + ".";
+      b.norm1w = value(h + "input_layernorm.weight");
+      b.qkvw = value(h + "self_attn.qkv_proj.weight");  // (A + 2·NKV·hs, C)
+      b.projw = value(h + "self_attn.o_proj.weight");   // (C, A)
+      b.norm2w = value(h + "post_attention_layernorm.weight");
+      b.fcw = value(h + "mlp.gate_up_proj.weight");  // (2I, C)
+      b.downw = value(h + "mlp.down_proj.weight");   // (C, I)
+      b.nh = rows(h + "self_attn.o_proj.weight", 1) / hs;
+      b.nkv = (rows(h + "self_attn.qkv_proj.weight", 0) - b.nh * hs) / (2 * hs);
+      b.mlp = rows(h + "mlp.gate_up_proj.weight", 0) / 2;
+    } else {
+      const std::string h = "h." + std::to_string(l) + ".";
+      b.norm1w = value(h + "ln_1.weight");
+      b.norm1b = value(h + "ln_1.bias");
+      b.qkvw = value(h + "attn.c_attn.weight");  // (3A, C)
+      b.qkvb = value(h + "attn.c_attn.bias");
+      b.projw = value(h + "attn.c_proj.weight");  // (C, A)
+      b.projb = value(h + "attn.c_proj.bias");
+      b.norm2w = value(h + "ln_2.weight");
+      b.norm2b = value(h + "ln_2.bias");
+      b.fcw = value(h + "mlp.c_fc.weight");  // (F, C)
+      b.fcb = value(h + "mlp.c_fc.bias");
+      b.downw = value(h + "mlp.c_proj.weight");  // (C, F)
+      b.downb = value(h + "mlp.c_proj.bias");
+      b.nh = b.nkv = rows(h + "attn.c_attn.weight", 0) / (3 * hs);
+      b.mlp = rows(h + "mlp.c_fc.weight", 0);
+    }
+    if (b.nh < 1 || b.nkv < 1 || b.nh % b.nkv != 0 || b.mlp < 1)
+      throw std::logic_error("generate: block " + std::to_string(l) + " has " +
+                             std::to_string(b.nh) + " query heads over " + std::to_string(b.nkv) +
+                             " key/value heads and an MLP of " + std::to_string(b.mlp));
+    w.max_qkv = std::max(w.max_qkv, b.qkv_width(hs));
+    w.max_a = std::max(w.max_a, b.nh * hs);
+    w.max_fc = std::max(w.max_fc, m.llama() ? 2 * b.mlp : b.mlp);
+    w.max_mlp = std::max(w.max_mlp, b.mlp);
+    w.blocks.push_back(b);
+  }
+  if (m.llama()) {
+    w.embed = value("model.embed_tokens.weight");
+    w.normw = value("model.norm.weight");
+    w.head = m.tied() ? w.embed : value("lm_head.weight");
+  } else {
+    w.embed = w.head = value("wte.weight");
+    w.wpe = value("wpe.weight");
+    w.normw = value("ln_f.weight");
+    w.normb = value("ln_f.bias");
+  }
+  return w;
+}
+
+// Activations for N rows through one block at a time, sized for the widest block.
+struct RowScratch {
+  Buffer ln, mean, rstd, qkv, atty, res, fc, act;
+  RowScratch(Device& d, uint64_t N, const ModelConfig& m, const Weights& w) {
+    const uint64_t f = sizeof(float), C = uint64_t(m.n_embd);
+    const Category a = Category::kActivations;
+    ln = Buffer(d, N * C * f, a, "sample norm (N, C)");
+    mean = Buffer(d, N * f, a, "sample mean (N)");
+    rstd = Buffer(d, N * f, a, "sample rstd (N)");
+    qkv = Buffer(d, N * uint64_t(w.max_qkv) * f, a, "sample qkv (N, A + 2KV)");
+    atty = Buffer(d, N * uint64_t(w.max_a) * f, a, "sample attention out (N, A)");
+    res = Buffer(d, N * C * f, a, "sample residual (N, C)");
+    fc = Buffer(d, N * uint64_t(w.max_fc) * f, a, "sample fc or gate|up (N, F or 2I)");
+    act = Buffer(d, N * uint64_t(w.max_mlp) * f, a, "sample gelu or swiglu (N, F or I)");
+  }
+};
+
+// out (N, C) = the model's norm of inp: LayerNorm (GPT-2) or RMSNorm (Llama; bias null).
+void norm(Backend& ops, const ModelConfig& m, RowScratch& s, void* out, const void* inp,
+          const void* w, const void* b, int N) {
+  if (m.llama())
+    ops.rmsnorm_forward(Dtype::kF32, out, s.rstd.as<void>(), inp, w, N, m.n_embd, m.rms_norm_eps);
+  else
+    ops.layernorm_forward(Dtype::kF32, out, s.mean.as<void>(), s.rstd.as<void>(), inp, w, b, N,
+                          m.n_embd);
+}
+
+// x (N, C) through one block, in place. `attend` turns s.qkv (N, A + 2KV), as the block's GEMM
+// wrote it, into s.atty (N, A): the whole causal attention over N rows, or one row's over a cache.
+void run_block(Backend& ops, const ModelConfig& m, const BlockParams& b, RowScratch& s, void* x,
+               int N, const std::function<void()>& attend) {
+  const Dtype dt = Dtype::kF32;
+  const int C = m.n_embd, hs = C / m.n_head, A = b.nh * hs, I = b.mlp;
+  norm(ops, m, s, s.ln.as<void>(), x, b.norm1w, b.norm1b, N);
+  ops.matmul_forward(dt, s.qkv.as<void>(), s.ln.as<void>(), b.qkvw, b.qkvb, N, C, b.qkv_width(hs));
+  attend();
+  ops.matmul_forward(dt, s.res.as<void>(), s.atty.as<void>(), b.projw, b.projb, N, A, C);
+  ops.add_inplace(dt, s.res.as<void>(), x, uint64_t(N) * C);
+  norm(ops, m, s, s.ln.as<void>(), s.res.as<void>(), b.norm2w, b.norm2b, N);
+  if (m.llama()) {
+    ops.matmul_forward(dt, s.fc.as<void>(), s.ln.as<void>(), b.fcw, nullptr, N, C, 2 * I);
+    ops.swiglu_forward(dt, s.act.as<void>(), s.fc.as<void>(), N, I);
+  } else {
+    ops.matmul_forward(dt, s.fc.as<void>(), s.ln.as<void>(), b.fcw, b.fcb, N, C, I);
+    ops.gelu_forward(dt, s.act.as<void>(), s.fc.as<void>(), uint64_t(N) * I);
+  }
+  ops.matmul_forward(dt, x, s.act.as<void>(), b.downw, b.downb, N, I, C);
+  ops.add_inplace(dt, x, s.res.as<void>(), uint64_t(N) * C);
+}
+
+// logits (N, V) of x (N, C): the final norm and the head.
+void run_head(Backend& ops, const ModelConfig& m, const Weights& w, RowScratch& s, void* logits,
+              const void* x, int N) {
+  norm(ops, m, s, s.ln.as<void>(), x, w.normw, w.normb, N);
+  ops.matmul_forward(Dtype::kF32, logits, s.ln.as<void>(), w.head, nullptr, N, m.n_embd,
+                     m.vocab_size);
+}
+
+char* at(void* p, uint64_t bytes) {
+  return static_cast<char*>(p) + bytes;
+}
+const char* at(const void* p, uint64_t bytes) {
+  return static_cast<const char*>(p) + bytes;
 }
 
 }  // namespace
 
-KvDecoder::KvDecoder(const Gpt<float>& model)
-    : model_(model),
-      device_(model.device()),
-      C_(model.config().n_embd),
-      NH_(model.config().n_head),
-      T_(model.config().seq_len),
-      V_(model.config().vocab_size) {
-  if (model.config().llama())
-    throw std::invalid_argument(
-        "generation with a KV cache is built for arch = \"gpt2\" only, not \"llama\" yet");
-  if (model.compute_dtype() != Dtype::kF32)
-    throw std::logic_error("KvDecoder: generation reads f32 parameters");
-  const auto by = params_by_name(model);
-  wte_ = param(by, "wte.weight").compute().value;
-  wpe_ = param(by, "wpe.weight").compute().value;
-  lnfw_ = param(by, "ln_f.weight").compute().value;
-  lnfb_ = param(by, "ln_f.bias").compute().value;
-  int fc_max = 0;
-  for (int l = 0; l < model.config().n_layer; ++l) {
-    const std::string h = "h." + std::to_string(l) + ".";
-    BlockParams b;
-    b.ln1w = param(by, h + "ln_1.weight").compute().value;
-    b.ln1b = param(by, h + "ln_1.bias").compute().value;
-    b.qkvw = param(by, h + "attn.c_attn.weight").compute().value;
-    b.qkvb = param(by, h + "attn.c_attn.bias").compute().value;
-    b.projw = param(by, h + "attn.c_proj.weight").compute().value;
-    b.projb = param(by, h + "attn.c_proj.bias").compute().value;
-    b.ln2w = param(by, h + "ln_2.weight").compute().value;
-    b.ln2b = param(by, h + "ln_2.bias").compute().value;
-    const Param<float>& fcw = param(by, h + "mlp.c_fc.weight");
-    b.fcw = fcw.compute().value;
-    b.fc = int(fcw.shape[0]);  // (F, C): the MLP's width
-    b.fcb = param(by, h + "mlp.c_fc.bias").compute().value;
-    b.fcprojw = param(by, h + "mlp.c_proj.weight").compute().value;
-    b.fcprojb = param(by, h + "mlp.c_proj.bias").compute().value;
-    fc_max = std::max(fc_max, b.fc);
-    blocks_.push_back(b);
+struct KvDecoder::State {
+  State(const Gpt<float>& model)
+      : m(model.config()),
+        device(model.device()),
+        w(weights_of(model)),
+        rows(device, 1, m, w),
+        rope(llama_rope_params(m)) {
+    const uint64_t f = sizeof(float), T = uint64_t(m.seq_len), hs = uint64_t(m.n_embd / m.n_head);
+    const Category act = Category::kActivations;
+    for (const BlockParams& b : w.blocks)
+      cache.emplace_back(device, T * 3 * uint64_t(b.nh) * hs * f, act, "kv cache qkv (T, 3A)");
+    if (m.llama()) {
+      // The rotation is by position: the new row is rotated as row t of a (t+1)-row sequence
+      // whose earlier rows (stale, never read) the op rotates too. O(t hs) per token, as the
+      // attention over the cache is.
+      rope_rows = Buffer(device, T * uint64_t(w.max_qkv) * f, act, "sample rope rows (T, W)");
+      device.backend().fill(Dtype::kF32, rope_rows.as<void>(), T * uint64_t(w.max_qkv), 0.0);
+    }
+    token = Buffer(device, sizeof(int32_t), Category::kData, "sample token");
+    x = Buffer(device, uint64_t(m.n_embd) * f, act, "sample x (1, C)");
+    logits = Buffer(device, uint64_t(m.vocab_size) * f, act, "sample logits (1, V)");
   }
-  const uint64_t f = sizeof(float), C = uint64_t(C_), T = uint64_t(T_);
-  const Category act = Category::kActivations;
-  for (int l = 0; l < model.config().n_layer; ++l)
-    cache_.emplace_back(device_, T * 3 * C * f, act, "kv cache qkv (T, 3C)");
-  token_ = Buffer(device_, sizeof(int32_t), Category::kData, "sample token");
-  x_ = Buffer(device_, C * f, act, "sample x (1, C)");
-  ln_ = Buffer(device_, C * f, act, "sample ln (1, C)");
-  mean_ = Buffer(device_, f, act, "sample mean");
-  rstd_ = Buffer(device_, f, act, "sample rstd");
-  atty_ = Buffer(device_, C * f, act, "sample attention out (1, C)");
-  res_ = Buffer(device_, C * f, act, "sample residual (1, C)");
-  fch_ = Buffer(device_, uint64_t(fc_max) * f, act, "sample fc (1, F)");
-  fcg_ = Buffer(device_, uint64_t(fc_max) * f, act, "sample gelu (1, F)");
-  logits_ = Buffer(device_, uint64_t(V_) * f, act, "sample logits (1, V)");
-}
+
+  // s.qkv's one row at position t into block l's cache row t (a Llama's rotated, its key/value
+  // heads repeated over their groups), then that row's query over cache rows 0..t.
+  void attend(size_t l, int t) {
+    Backend& ops = device.backend();
+    const BlockParams& b = w.blocks[l];
+    const uint64_t f = sizeof(float), hs = uint64_t(m.n_embd / m.n_head), A = uint64_t(b.nh) * hs;
+    const uint64_t W = uint64_t(b.qkv_width(int(hs)));
+    char* dst = at(cache[l].as<void>(), uint64_t(t) * 3 * A * f);  // (3A) row t
+    const void* row = rows.qkv.as<void>();
+    if (m.llama()) {
+      char* rot = at(rope_rows.as<void>(), uint64_t(t) * W * f);
+      ops.copy(rot, row, W * f);
+      ops.rope_forward(Dtype::kF32, rope_rows.as<void>(), 1, t + 1, b.nh, b.nkv, int(hs), rope);
+      row = rot;
+    }
+    if (b.nkv == b.nh) {
+      ops.copy(dst, row, 3 * A * f);
+    } else {
+      // [q (A) | k (NKV hs) | v (NKV hs)] -> [q | k repeated per query head | v likewise]
+      const uint64_t group = uint64_t(b.nh / b.nkv), KV = uint64_t(b.nkv) * hs;
+      ops.copy(dst, row, A * f);
+      for (uint64_t h = 0; h < uint64_t(b.nh); ++h) {
+        const uint64_t g = h / group;
+        ops.copy(dst + (A + h * hs) * f, at(row, (A + g * hs) * f), hs * f);
+        ops.copy(dst + (2 * A + h * hs) * f, at(row, (A + KV + g * hs) * f), hs * f);
+      }
+    }
+    ops.attention_decode(Dtype::kF32, rows.atty.as<void>(), cache[l].as<void>(), t + 1, int(A),
+                         b.nh);
+  }
+
+  ModelConfig m;
+  Device& device;
+  Weights w;
+  RowScratch rows;
+  RopeParams rope;
+  std::vector<Buffer> cache;  // per block: qkv (T, 3A)
+  Buffer rope_rows, token, x, logits;
+};
+
+KvDecoder::KvDecoder(const Gpt<float>& model)
+    : s_(std::make_unique<State>(model)),
+      T_(model.config().seq_len),
+      V_(model.config().vocab_size) {}
+
+KvDecoder::~KvDecoder() = default;
 
 std::vector<float> KvDecoder::step(int32_t token) {
   if (pos_ >= T_)
@@ -88,98 +253,59 @@ std::vector<float> KvDecoder::step(int32_t token) {
   if (token < 0 || token >= V_)
     throw std::invalid_argument("KvDecoder: token " + std::to_string(token) +
                                 " outside the vocabulary of " + std::to_string(V_));
-  Backend& ops = device_.backend();
-  const Dtype dt = Dtype::kF32;
-  const int C = C_, t = pos_;
-  const uint64_t row = uint64_t(C) * sizeof(float);
-  auto at = [](const void* p, uint64_t bytes) {
-    return static_cast<const void*>(static_cast<const char*>(p) + bytes);
-  };
-  ops.upload(token_.as<void>(), &token, sizeof token);
-  // x (1, C) = wte[token] + wpe[t]: the embedding op at one position, wpe seen from row t.
-  ops.embedding_forward(dt, x_.as<void>(), token_.as<int32_t>(), wte_, at(wpe_, uint64_t(t) * row),
-                        1, 1, C);
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    const BlockParams& b = blocks_[l];
-    char* qkv = cache_[l].as<char>();  // (T, 3C), rows 0..t-1 cached
-    ops.layernorm_forward(dt, ln_.as<void>(), mean_.as<void>(), rstd_.as<void>(), x_.as<void>(),
-                          b.ln1w, b.ln1b, 1, C);
-    ops.matmul_forward(dt, qkv + uint64_t(t) * 3 * row, ln_.as<void>(), b.qkvw, b.qkvb, 1, C,
-                       3 * C);
-    // This token's query over the cached rows 0..t: (t+1, 3C) -> (1, C).
-    ops.attention_decode(dt, atty_.as<void>(), qkv, t + 1, C, NH_);
-    ops.matmul_forward(dt, res_.as<void>(), atty_.as<void>(), b.projw, b.projb, 1, C, C);
-    ops.add_inplace(dt, res_.as<void>(), x_.as<void>(), C);
-    ops.layernorm_forward(dt, ln_.as<void>(), mean_.as<void>(), rstd_.as<void>(), res_.as<void>(),
-                          b.ln2w, b.ln2b, 1, C);
-    ops.matmul_forward(dt, fch_.as<void>(), ln_.as<void>(), b.fcw, b.fcb, 1, C, b.fc);
-    ops.gelu_forward(dt, fcg_.as<void>(), fch_.as<void>(), uint64_t(b.fc));
-    ops.matmul_forward(dt, x_.as<void>(), fcg_.as<void>(), b.fcprojw, b.fcprojb, 1, b.fc, C);
-    ops.add_inplace(dt, x_.as<void>(), res_.as<void>(), C);
-  }
-  ops.layernorm_forward(dt, ln_.as<void>(), mean_.as<void>(), rstd_.as<void>(), x_.as<void>(),
-                        lnfw_, lnfb_, 1, C);
-  ops.matmul_forward(dt, logits_.as<void>(), ln_.as<void>(), wte_, nullptr, 1, C, V_);
+  State& s = *s_;
+  Backend& ops = s.device.backend();
+  const int C = s.m.n_embd, t = pos_;
+  ops.upload(s.token.as<void>(), &token, sizeof token);
+  // x (1, C) = wte[token] (+ wpe[t]: the embedding op at one position, wpe seen from row t).
+  const void* wpe = s.w.wpe ? at(s.w.wpe, uint64_t(t) * C * sizeof(float)) : nullptr;
+  ops.embedding_forward(Dtype::kF32, s.x.as<void>(), s.token.as<int32_t>(), s.w.embed, wpe, 1, 1,
+                        C);
+  for (size_t l = 0; l < s.w.blocks.size(); ++l)
+    run_block(ops, s.m, s.w.blocks[l], s.rows, s.x.as<void>(), 1, [&] { s.attend(l, t); });
+  run_head(ops, s.m, s.w, s.rows, s.logits.as<void>(), s.x.as<void>(), 1);
   std::vector<float> logits(static_cast<size_t>(V_));
-  ops.download(logits.data(), logits_.as<void>(), logits.size() * sizeof(float));
+  ops.download(logits.data(), s.logits.as<void>(), logits.size() * sizeof(float));
   ++pos_;
   return logits;
 }
 
 std::vector<float> forward_logits(const Gpt<float>& model, const std::vector<int32_t>& tokens) {
   const ModelConfig& m = model.config();
-  const int N = int(tokens.size()), C = m.n_embd, V = m.vocab_size, NH = m.n_head;
+  const int N = int(tokens.size()), C = m.n_embd, V = m.vocab_size, hs = C / m.n_head;
   if (N < 1 || N > m.seq_len) throw std::invalid_argument("forward_logits: 1 to seq_len tokens");
-  if (model.compute_dtype() != Dtype::kF32)
-    throw std::logic_error("forward_logits: reads f32 parameters");
+  const Weights w = weights_of(model);
   Device& device = model.device();
   Backend& ops = device.backend();
   const Dtype dt = Dtype::kF32;
   const uint64_t f = sizeof(float), n = uint64_t(N);
   const Category act = Category::kActivations;
-  const auto by = params_by_name(model);
-  int fc_max = 0;
-  for (int l = 0; l < m.n_layer; ++l)
-    fc_max =
-        std::max(fc_max, int(param(by, "h." + std::to_string(l) + ".mlp.c_fc.weight").shape[0]));
+  RowScratch s(device, n, m, w);
   Buffer tok(device, n * sizeof(int32_t), Category::kData, "tokens (T)");
-  Buffer x(device, n * C * f, act, "x (T, C)"), ln(device, n * C * f, act, "ln (T, C)");
-  Buffer mean(device, n * f, act, "mean (T)"), rstd(device, n * f, act, "rstd (T)");
-  Buffer qkv(device, n * 3 * C * f, act, "qkv (T, 3C)"), atty(device, n * C * f, act, "atty");
-  Buffer att(device, uint64_t(NH) * n * n * f, act, "att (NH, T, T)");
-  Buffer res(device, n * C * f, act, "res (T, C)");
-  Buffer fch(device, n * fc_max * f, act, "fc (T, F)"), fcg(device, n * fc_max * f, act, "gelu");
+  Buffer x(device, n * C * f, act, "x (T, C)");
+  // GPT-2's attention keeps its probabilities (NH, T, T), the GQA attention its lse (NH, T).
+  int max_nh = 0;
+  for (const BlockParams& b : w.blocks)
+    max_nh = std::max(max_nh, b.nh);
+  Buffer att(device, uint64_t(max_nh) * n * (m.llama() ? 1 : n) * f, act, "att (NH, T, T or 1)");
   Buffer logits(device, n * V * f, act, "logits (T, V)");
+  const RopeParams rope = llama_rope_params(m);
   ops.upload(tok.as<void>(), tokens.data(), n * sizeof(int32_t));
-  ops.embedding_forward(dt, x.as<void>(), tok.as<int32_t>(),
-                        param(by, "wte.weight").compute().value,
-                        param(by, "wpe.weight").compute().value, 1, N, C);
-  for (int l = 0; l < m.n_layer; ++l) {
-    const std::string h = "h." + std::to_string(l) + ".";
-    auto p = [&](const char* name) { return param(by, h + name).compute().value; };
-    const int F = int(param(by, h + "mlp.c_fc.weight").shape[0]);
-    ops.layernorm_forward(dt, ln.as<void>(), mean.as<void>(), rstd.as<void>(), x.as<void>(),
-                          p("ln_1.weight"), p("ln_1.bias"), N, C);
-    ops.matmul_forward(dt, qkv.as<void>(), ln.as<void>(), p("attn.c_attn.weight"),
-                       p("attn.c_attn.bias"), N, C, 3 * C);
-    ops.attention_forward(dt, atty.as<void>(), att.as<void>(), qkv.as<void>(), 1, N, C, NH);
-    ops.matmul_forward(dt, res.as<void>(), atty.as<void>(), p("attn.c_proj.weight"),
-                       p("attn.c_proj.bias"), N, C, C);
-    ops.add_inplace(dt, res.as<void>(), x.as<void>(), n * C);
-    ops.layernorm_forward(dt, ln.as<void>(), mean.as<void>(), rstd.as<void>(), res.as<void>(),
-                          p("ln_2.weight"), p("ln_2.bias"), N, C);
-    ops.matmul_forward(dt, fch.as<void>(), ln.as<void>(), p("mlp.c_fc.weight"), p("mlp.c_fc.bias"),
-                       N, C, F);
-    ops.gelu_forward(dt, fcg.as<void>(), fch.as<void>(), n * F);
-    ops.matmul_forward(dt, x.as<void>(), fcg.as<void>(), p("mlp.c_proj.weight"),
-                       p("mlp.c_proj.bias"), N, F, C);
-    ops.add_inplace(dt, x.as<void>(), res.as<void>(), n * C);
+  ops.embedding_forward(dt, x.as<void>(), tok.as<int32_t>(), w.embed, w.wpe, 1, N, C);
+  for (const BlockParams& b : w.blocks) {
+    const int A = b.nh * hs;
+    run_block(ops, m, b, s, x.as<void>(), N, [&] {
+      if (m.llama()) {
+        ops.rope_forward(dt, s.qkv.as<void>(), 1, N, b.nh, b.nkv, hs, rope);
+        ops.attention_gqa_forward(dt, s.atty.as<void>(), att.as<void>(), s.qkv.as<void>(), 1, N, A,
+                                  b.nh, b.nkv);
+      } else {
+        ops.attention_forward(dt, s.atty.as<void>(), att.as<void>(), s.qkv.as<void>(), 1, N, A,
+                              b.nh);
+      }
+    });
   }
-  ops.layernorm_forward(dt, ln.as<void>(), mean.as<void>(), rstd.as<void>(), x.as<void>(),
-                        param(by, "ln_f.weight").compute().value,
-                        param(by, "ln_f.bias").compute().value, N, C);
-  ops.matmul_forward(dt, logits.as<void>(), ln.as<void>(), param(by, "wte.weight").compute().value,
-                     nullptr, N, C, V);
+  run_head(ops, m, w, s, logits.as<void>(), x.as<void>(), N);
   std::vector<float> host(n * V);
   ops.download(host.data(), logits.as<void>(), host.size() * sizeof(float));
   return host;

@@ -1,15 +1,19 @@
 // Generation from a trained GPT: one token at a time with a KV cache, on the device's op table
 // (core/device/backend.h), so it runs wherever the model trains (CPU, CUDA).
 //
-// The cache holds, for every block, the qkv rows (T, 3C) of the positions fed so far: a new token
-// runs every layer on its one row (embedding at its position, LayerNorms, GEMMs, MLP), appends
-// its qkv row, and attends over the cached rows with the op table's attention_decode: O(t C) per
-// token. forward_logits() is the full recompute every step would otherwise be, and the test holds
-// the two equal.
+// Both architectures: GPT-2's blocks (LayerNorm, GELU MLP, learned positions) and Llama's
+// (RMSNorm, SwiGLU, rotary positions, grouped-query attention), pruned or not. The cache holds,
+// for every block, the qkv rows (T, 3A) of the positions fed so far (A: the block's query heads
+// times the head size): a new token runs every layer on its one row (embedding, norms, GEMMs,
+// MLP), appends its qkv row — a Llama's rotated at its position, its NKV key/value heads repeated
+// for each query head of their group — and attends over the cached rows with the op table's
+// attention_decode: O(t C) per token. forward_logits() is the full recompute every step would
+// otherwise be, and the test holds the two equal.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -22,6 +26,7 @@ class KvDecoder {
   // The model's parameters are read in place (its compute copies, f32 here); the cache and the
   // scratch are activations on the model's device.
   explicit KvDecoder(const Gpt<float>& model);
+  ~KvDecoder();
   // Feeds `token` at the next position (position() < seq_len) and returns the logits (V) of the
   // token after it, on the host.
   std::vector<float> step(int32_t token);
@@ -30,18 +35,9 @@ class KvDecoder {
   void reset() { pos_ = 0; }
 
  private:
-  struct BlockParams {
-    const void *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,
-        *fcprojb;
-    int fc;  // the MLP's width (4C unless pruned)
-  };
-  const Gpt<float>& model_;
-  Device& device_;
-  int C_, NH_, T_, V_;
-  const void *wte_, *wpe_, *lnfw_, *lnfb_;
-  std::vector<BlockParams> blocks_;
-  std::vector<Buffer> cache_;  // per block: qkv (T, 3C)
-  Buffer token_, x_, ln_, mean_, rstd_, atty_, res_, fch_, fcg_, logits_;
+  struct State;  // the parameters' places, the cache and the scratch (generate.cpp)
+  std::unique_ptr<State> s_;
+  int T_, V_;
   int pos_ = 0;
 };
 

@@ -337,11 +337,7 @@ class LlamaBlock final : public Layer<T> {
     rms2w_ = &this->add_param(h + "post_attention_layernorm.weight", {C}, false);
     guw_ = &this->add_param(h + "mlp.gate_up_proj.weight", {2 * I, C}, true);
     downw_ = &this->add_param(h + "mlp.down_proj.weight", {C, I}, true);
-    rope_.theta = m.rope_theta;
-    rope_.factor = m.rope_scaling_factor;
-    rope_.low_freq_factor = m.rope_low_freq_factor;
-    rope_.high_freq_factor = m.rope_high_freq_factor;
-    rope_.original_max_position_embeddings = m.rope_original_max_positions;
+    rope_ = llama_rope_params(m);
   }
 
   // Hugging Face's LlamaPreTrainedModel: every projection normal(0, 0.02), the norms 1.
@@ -1347,6 +1343,16 @@ uint64_t gpt_block_params(const ModelConfig& m, int block) {
   // ln_1, c_attn (3A, C) and its bias, attn c_proj (C, A) and its bias, ln_2, c_fc (H, C) and its
   // bias, mlp c_proj (C, H) and its bias
   return 2 * C + (3 * A * C + 3 * A) + (C * A + C) + 2 * C + (H * C + H) + (C * H + C);
+}
+
+RopeParams llama_rope_params(const ModelConfig& m) {
+  RopeParams p;
+  p.theta = m.rope_theta;
+  p.factor = m.rope_scaling_factor;
+  p.low_freq_factor = m.rope_low_freq_factor;
+  p.high_freq_factor = m.rope_high_freq_factor;
+  p.original_max_position_embeddings = m.rope_original_max_positions;
+  return p;
 }
 
 uint64_t gpt_num_params(const ModelConfig& m) {

@@ -407,6 +407,10 @@ class Gpt {
 using MasterAccess = std::function<void(int layer, const std::function<void()>& f)>;
 
 // Closed forms the tests check the tracker against.
+// A Llama's rotary embeddings as its config sets them ([model] rope_theta, rope_scaling): what
+// its blocks rotate by, in training and in generation.
+RopeParams llama_rope_params(const ModelConfig& m);
+
 uint64_t gpt_num_params(const ModelConfig& m);
 // Every parameter the model of `m` has, in layer_param's order, without building it (an
 // estimate's shapes); tests check it against a built model's.

@@ -16,6 +16,7 @@
 #include "core/model/hf_folder.h"
 #include "core/model/safetensors.h"
 #include "core/run/snapshot.h"
+#include "core/run/snapshot_io.h"
 
 namespace headroom {
 
@@ -38,10 +39,6 @@ ModelConfig model_of_signature(const std::string& sig, const std::string& file) 
     const size_t eq = word.find('=');
     if (eq == std::string::npos) continue;
     const std::string k = word.substr(0, eq);
-    if (word == "arch=llama")  // snapshot_io.cpp's signature of a Llama
-      throw ConfigError(file +
-                        ": a snapshot of an arch = \"llama\" model; headroom sample generates "
-                        "with GPT-2's blocks only, not Llama's yet");
     // A pruned model's per-block widths: "mlp_hidden=64,32" "attn_heads=2,1".
     if (k == "mlp_hidden" || k == "attn_heads") {
       std::vector<int>& out = k == "mlp_hidden" ? m.mlp_hidden : m.attn_heads;
@@ -71,14 +68,21 @@ ModelConfig model_of_signature(const std::string& sig, const std::string& file) 
                                     : nullptr;
     if (slot) *slot = v, ++found;
   }
+  try {
+    read_llama_signature(sig, m);
+  } catch (const std::exception& e) {
+    throw ConfigError(file + ": its model \"" + sig + "\" is not a Llama headroom can build (" +
+                      e.what() + "); pass --config with the model");
+  }
   const auto widths_ok = [&](const std::vector<int>& w, int most) {
     return w.empty() || (int(w.size()) == m.n_layer && std::all_of(w.begin(), w.end(), [&](int x) {
                            return x >= 1 && x <= most;
                          }));
   };
   if (found != 5 || m.n_layer < 1 || m.n_head < 1 || m.n_embd < 1 || m.seq_len < 1 ||
-      m.vocab_size < 1 || m.n_embd % m.n_head != 0 || !widths_ok(m.mlp_hidden, 4 * m.n_embd) ||
-      !widths_ok(m.attn_heads, m.n_head))
+      m.vocab_size < 1 || m.n_embd % m.n_head != 0 ||
+      !widths_ok(m.mlp_hidden, m.default_mlp_width()) || !widths_ok(m.attn_heads, m.n_head) ||
+      (m.llama() && (m.n_kv_head < 1 || m.n_head % m.n_kv_head != 0 || m.intermediate_size < 1)))
     throw ConfigError(file + ": its model \"" + sig +
                       "\" is not a shape headroom can build; pass --config with the model");
   return m;
@@ -197,9 +201,9 @@ void run_sample(const SampleRequest& r, std::ostream& out, std::ostream& log) {
                                           : model_of_weights(weights_file, log);
   } else if (!snapshot_file.empty() && model_config.n_layer > 0) {
     const ModelConfig s = model_of_signature(snap.model, snapshot_file);
-    if (s.n_layer != model_config.n_layer || s.n_head != model_config.n_head ||
-        s.n_embd != model_config.n_embd || s.seq_len != model_config.seq_len ||
-        s.vocab_size != model_config.vocab_size)
+    if (s.arch != model_config.arch || s.n_layer != model_config.n_layer ||
+        s.n_head != model_config.n_head || s.n_embd != model_config.n_embd ||
+        s.seq_len != model_config.seq_len || s.vocab_size != model_config.vocab_size)
       throw ConfigError("snapshot " + snapshot_file + " holds the model \"" + snap.model +
                         "\", not the config's");
     // The config's model, pruned as the snapshot's was (a resume builds it so too).

@@ -1,7 +1,11 @@
 #include "core/run/snapshot_io.h"
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <set>
+#include <sstream>
 
 #include "core/model/hf_folder.h"
 #include "core/model/safetensors.h"
@@ -11,11 +15,24 @@ namespace headroom {
 
 namespace {
 
-// A Llama's shape beyond GPT-2's keys: a snapshot of one resumes into that model only.
+// A double as it prints and parses back to itself.
+std::string exact(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// A Llama's shape beyond GPT-2's keys (read back by read_llama_signature): a snapshot of one
+// resumes into that model only, and `headroom sample` builds it from the snapshot alone.
 std::string llama_signature(const ModelConfig& m) {
-  return " arch=llama n_kv_head=" + std::to_string(m.kv_heads()) +
-         " intermediate_size=" + std::to_string(m.intermediate_size) +
-         " tie_embeddings=" + (m.tie_embeddings ? "true" : "false");
+  std::string s = " arch=llama n_kv_head=" + std::to_string(m.kv_heads()) +
+                  " intermediate_size=" + std::to_string(m.intermediate_size) +
+                  " tie_embeddings=" + (m.tie_embeddings ? "true" : "false") +
+                  " rms_norm_eps=" + exact(m.rms_norm_eps) + " rope_theta=" + exact(m.rope_theta);
+  if (m.rope_scaling_factor > 0.0)
+    s += " rope_scaling=" + exact(m.rope_scaling_factor) + "," + exact(m.rope_low_freq_factor) +
+         "," + exact(m.rope_high_freq_factor) + "," + std::to_string(m.rope_original_max_positions);
+  return s;
 }
 
 // A pruned model's adds its blocks' MLP widths and heads (an unpruned one's reads as it always
@@ -58,6 +75,47 @@ std::vector<uint8_t> bytes_of(Backend& ops, const void* data, uint64_t bytes) {
 }
 
 }  // namespace
+
+bool read_llama_signature(const std::string& sig, ModelConfig& m) {
+  std::istringstream is(sig);
+  std::map<std::string, std::string> kv;
+  std::string word;
+  while (is >> word) {
+    const size_t eq = word.find('=');
+    if (eq != std::string::npos) kv[word.substr(0, eq)] = word.substr(eq + 1);
+  }
+  if (kv["arch"] != "llama") return false;
+  auto number = [&](const std::string& key, bool required) {
+    const auto it = kv.find(key);
+    if (it == kv.end()) {
+      if (required) throw std::invalid_argument("it records no " + key);
+      return std::nan("");
+    }
+    size_t used = 0;
+    const double v = std::stod(it->second, &used);
+    if (used != it->second.size()) throw std::invalid_argument(key + " " + it->second);
+    return v;
+  };
+  m.arch = "llama";
+  m.n_kv_head = int(number("n_kv_head", true));
+  m.intermediate_size = int(number("intermediate_size", true));
+  m.tie_embeddings = kv["tie_embeddings"] == "true";
+  m.rms_norm_eps = number("rms_norm_eps", true);
+  m.rope_theta = number("rope_theta", true);
+  const auto scaling = kv.find("rope_scaling");
+  if (scaling != kv.end()) {
+    std::istringstream list(scaling->second);
+    std::string f[4];
+    for (std::string& x : f)
+      if (!std::getline(list, x, ','))
+        throw std::invalid_argument("rope_scaling " + scaling->second);
+    m.rope_scaling_factor = std::stod(f[0]);
+    m.rope_low_freq_factor = std::stod(f[1]);
+    m.rope_high_freq_factor = std::stod(f[2]);
+    m.rope_original_max_positions = std::stoi(f[3]);
+  }
+  return true;
+}
 
 void adopt_pruned_widths(Config& config, const std::string& resume_dir,
                          std::unique_ptr<SnapshotData>* snapshot, std::string* path) {

@@ -39,6 +39,11 @@ struct RunCounters {
 void adopt_pruned_widths(Config& config, const std::string& resume_dir,
                          std::unique_ptr<SnapshotData>* snapshot, std::string* path);
 
+// The Llama keys a snapshot's model signature records beyond GPT-2's ("... arch=llama n_kv_head=2
+// intermediate_size=64 ..."), into `m`; false (m untouched) for a GPT-2's. std::invalid_argument
+// (or std::stod's) for a Llama signature that misses a key or does not parse.
+bool read_llama_signature(const std::string& sig, ModelConfig& m);
+
 class SnapshotIO {
  public:
   // Everything it reads and writes, the run's; `segments` (what the optimizer updates) and
