@@ -268,5 +268,30 @@ TEST(Sample, CliSamplesTheSameTextTwiceFromOneSeed) {
   EXPECT_TRUE(contains(bad.output, "not a config (.toml)")) << bad.output;
 }
 
+// `headroom sample` from a Llama's snapshot alone (GQA, untied, rope scaling: the snapshot
+// records them) writes what sampling with the config writes.
+TEST(Sample, CliSamplesALlamaFromItsSnapshotAlone) {
+  const std::string dir = test::temp_dir();
+  const std::string cfg = test::write_file(
+      dir, "llama.toml",
+      "[model]\narch = \"llama\"\nn_layer = 2\nn_head = 4\nn_kv_head = 2\nn_embd = 32\n"
+      "intermediate_size = 48\nseq_len = 16\nvocab_size = 256\nrope_theta = 500.0\n"
+      "rms_norm_eps = 1e-6\nrope_scaling_factor = 4.0\nrope_original_max_positions = 8\n"
+      "[train]\nsteps = 3\nmicro_batch = 2\n[snapshot]\ndir = \"" +
+          dir + "/snap\"\nevery = 3\n");
+  const test::RunResult train = test::run_headroom("train -q " + cfg);
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  const std::string tail = " --ids --prompt ab --tokens 20 --top-k 5 --seed 2 2>/dev/null";
+  // stdout alone: the ids.
+  auto ids = [&](const std::string& source) {
+    return test::run_command("(" + std::string(HEADROOM_BINARY) + " sample " + source + tail + ")");
+  };
+  const test::RunResult with_config = ids(cfg), alone = ids(dir + "/snap");
+  ASSERT_EQ(with_config.exit_code, 0) << with_config.output;
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  EXPECT_EQ(alone.output, with_config.output);
+  EXPECT_EQ(std::count(alone.output.begin(), alone.output.end(), ' '), 2 + 20 - 1);  // ids
+  EXPECT_TRUE(test::starts_with(alone.output, "97 98 ")) << alone.output;
+}
 }  // namespace
 }  // namespace headroom
