@@ -445,6 +445,12 @@ class BpeTokenizer final : public Tokenizer {
   std::string decode(const std::vector<int32_t>& ids) const override {
     return spec_.byte_level ? decode_bytes(ids) : decode_text(ids);
   }
+  bool is_byte_fallback(int32_t id) const override {
+    if (spec_.byte_level) return fallback_byte_.count(id) > 0;
+    return id >= 0 && id < vocab_size_ && fallback_byte(text_[size_t(id)]) >= 0 &&
+           std::any_of(spec_.decoder.begin(), spec_.decoder.end(),
+                       [](const DecStep& st) { return st.kind == DecStep::kByteFallback; });
+  }
 
   int vocab_size() const override { return vocab_size_; }
   std::string describe() const override {
@@ -1285,20 +1291,25 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
 
 namespace {
 
-// The length of s less a tail a later token may still change: an incomplete UTF-8 character at
-// its end, and the U+FFFD a byte-fallback run not yet UTF-8 decodes to.
+// The length of s less an incomplete UTF-8 character at its end (a later token's bytes may
+// complete it).
 size_t settled_length(const std::string& s) {
-  size_t k = s.size();
   for (size_t back = 1; back <= 3 && back <= s.size(); ++back) {
     const unsigned char c = static_cast<unsigned char>(s[s.size() - back]);
     if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
     const size_t len = c >= 0xF0 && c < 0xF8 ? 4 : c >= 0xE0 && c < 0xF0 ? 3 : c >= 0xC0 ? 2 : 1;
-    if (len > back) k = s.size() - back;
-    break;
+    return len > back ? s.size() - back : s.size();
   }
-  while (k >= 3 && s.compare(k - 3, 3, "\xEF\xBF\xBD") == 0)
-    k -= 3;
-  return k;
+  return s.size();
+}
+
+// What `text` adds to `shown` (from the first byte that differs, where it does not start so).
+std::string past(const std::string& text, const std::string& shown) {
+  size_t same = 0;
+  const size_t n = std::min(text.size(), shown.size());
+  while (same < n && text[same] == shown[same])
+    ++same;
+  return text.substr(same);
 }
 
 }  // namespace
@@ -1308,25 +1319,20 @@ DecodeStream::DecodeStream(const Tokenizer& tokenizer, std::vector<int32_t> cont
 
 std::string DecodeStream::next(int32_t id) {
   ids_.push_back(id);
+  if (tokenizer_.is_byte_fallback(id)) return std::string();  // the run decodes as a whole
   const std::string text = tokenizer_.decode(ids_);
-  size_t same = 0;  // what is shown and still holds
-  const size_t n = std::min(text.size(), shown_.size());
-  while (same < n && text[same] == shown_[same])
-    ++same;
-  const size_t settled = std::max(settled_length(text), same);
-  std::string out = text.substr(same, settled - same);
-  shown_ = text.substr(0, settled);
+  const std::string settled =
+      text.substr(0, std::max(settled_length(text), std::min(text.size(), shown_.size())));
+  std::string out = past(settled, shown_);
+  shown_ = settled;
   return out;
 }
 
 std::string DecodeStream::finish() {
   const std::string text = tokenizer_.decode(ids_);
-  size_t same = 0;
-  const size_t n = std::min(text.size(), shown_.size());
-  while (same < n && text[same] == shown_[same])
-    ++same;
+  std::string out = past(text, shown_);
   shown_ = text;
-  return text.substr(same);
+  return out;
 }
 
 std::unique_ptr<Tokenizer> make_byte_tokenizer() {

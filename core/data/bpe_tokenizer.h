@@ -54,6 +54,9 @@ class Tokenizer {
   // The text of the tokens (Tokenizer's: their bytes concatenated; for a byte-level BPE the text
   // back, byte for byte).
   virtual std::string decode(const std::vector<int32_t>& ids) const;
+  // Whether the id is a byte-fallback token ("<0xHH>"), which decodes together with the run of
+  // them it is in.
+  virtual bool is_byte_fallback(int32_t /*id*/) const { return false; }
   // One more than the largest id it can produce.
   virtual int vocab_size() const = 0;
   // One line for logs: "bytes (vocab 256)", "byte-level BPE 'tok.json' (vocab 50257, ...)".
@@ -61,11 +64,12 @@ class Tokenizer {
 };
 
 // decode(context + ids) as the ids come, for `headroom sample`: next(id) is the text that id adds,
-// less a tail a later id may still change (an incomplete UTF-8 character; the U+FFFD of a
-// byte-fallback run not yet UTF-8), finish() the rest; together, decode(context + ids) past
-// decode(context). (Where a later id changes text already given, as a byte-fallback run that
-// turns out not UTF-8, the stream goes on from the first byte that differs.) Each id decodes the
-// whole sequence again: a cost linear in its length, small beside the model's step.
+// less a tail a later id may still change (a run of byte-fallback tokens, which decodes as a
+// whole, until a token of another kind ends it; an incomplete UTF-8 character), finish() the
+// rest; together, decode(context + ids) past decode(context) where that is a prefix (a run that
+// goes on from the context's last tokens rewrites their text: the stream goes on from the first
+// byte that differs). Each id decodes the whole sequence again: a cost linear in its length,
+// small beside the model's step.
 class DecodeStream {
  public:
   DecodeStream(const Tokenizer& tokenizer, std::vector<int32_t> context);
