@@ -1,6 +1,7 @@
 #include "core/data/bpe_tokenizer.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@ namespace headroom {
 
 namespace {
 
+#include "core/data/unicode_nfc.inc"
 #include "core/data/unicode_tables.inc"
 
 bool in_ranges(const uint32_t (*ranges)[2], size_t n, uint32_t cp) {
@@ -194,9 +196,124 @@ std::string replace_all(const std::string& s, const std::string& from, const std
   return out.append(s, at, std::string::npos);
 }
 
+// NFC (Unicode's canonical decomposition, then canonical composition; UAX #15), from the
+// tables of unicode_nfc.inc. Bytes that are not UTF-8 pass through, composing with nothing.
+uint32_t combining_class(uint32_t cp) {
+  if (cp < 0x300) return 0;
+  size_t lo = 0, hi = sizeof kCombiningClass / sizeof kCombiningClass[0];
+  while (lo < hi) {  // the last range starting at or before cp
+    const size_t mid = (lo + hi) / 2;
+    if (kCombiningClass[mid][0] <= cp)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo > 0 && cp <= kCombiningClass[lo - 1][1] ? kCombiningClass[lo - 1][2] : 0;
+}
+
+constexpr uint32_t kHangulS = 0xAC00, kHangulL = 0x1100, kHangulV = 0x1161, kHangulT = 0x11A7;
+constexpr uint32_t kHangulLCount = 19, kHangulVCount = 21, kHangulTCount = 28;
+constexpr uint32_t kHangulN = kHangulVCount * kHangulTCount,
+                   kHangulSCount = kHangulLCount * kHangulN;
+
+void decompose(uint32_t cp, std::vector<uint32_t>& out) {
+  if (cp >= kHangulS && cp < kHangulS + kHangulSCount) {
+    const uint32_t s = cp - kHangulS;
+    out.push_back(kHangulL + s / kHangulN);
+    out.push_back(kHangulV + (s % kHangulN) / kHangulTCount);
+    if (s % kHangulTCount) out.push_back(kHangulT + s % kHangulTCount);
+    return;
+  }
+  const auto* end = kDecomposition + sizeof kDecomposition / sizeof kDecomposition[0];
+  const auto* it = std::lower_bound(kDecomposition, end, cp,
+                                    [](const uint32_t(&row)[3], uint32_t c) { return row[0] < c; });
+  if (it == end || (*it)[0] != cp) {
+    out.push_back(cp);
+    return;
+  }
+  decompose((*it)[1], out);
+  if ((*it)[2]) decompose((*it)[2], out);
+}
+
+// The primary composite of a and b; 0 if none.
+uint32_t compose(uint32_t a, uint32_t b) {
+  if (a >= kHangulL && a < kHangulL + kHangulLCount && b >= kHangulV &&
+      b < kHangulV + kHangulVCount)
+    return kHangulS + ((a - kHangulL) * kHangulVCount + (b - kHangulV)) * kHangulTCount;
+  if (a >= kHangulS && a < kHangulS + kHangulSCount && (a - kHangulS) % kHangulTCount == 0 &&
+      b > kHangulT && b < kHangulT + kHangulTCount)
+    return a + (b - kHangulT);
+  const auto* end = kComposition + sizeof kComposition / sizeof kComposition[0];
+  const auto* it =
+      std::lower_bound(kComposition, end, std::make_pair(a, b),
+                       [](const uint32_t(&row)[3], std::pair<uint32_t, uint32_t> k) {
+                         return row[0] != k.first ? row[0] < k.first : row[1] < k.second;
+                       });
+  return it != end && (*it)[0] == a && (*it)[1] == b ? (*it)[2] : 0;
+}
+
+std::string nfc(const std::string& s) {
+  const std::vector<CodePoint> cps = decode_utf8(s);
+  if (std::all_of(cps.begin(), cps.end() - 1, [](const CodePoint& c) { return c.cp < 0x300; }))
+    return s;  // below U+0300 every text is its own NFC
+  std::string out;
+  out.reserve(s.size());
+  std::vector<uint32_t> run;  // decomposed code points since the last invalid byte
+  auto flush = [&] {
+    // Canonical order: each stretch of non-starters sorted by class, stably.
+    for (size_t i = 0; i < run.size();) {
+      if (combining_class(run[i]) == 0) {
+        ++i;
+        continue;
+      }
+      size_t j = i;
+      while (j < run.size() && combining_class(run[j]) != 0)
+        ++j;
+      std::stable_sort(
+          run.begin() + std::ptrdiff_t(i), run.begin() + std::ptrdiff_t(j),
+          [](uint32_t a, uint32_t b) { return combining_class(a) < combining_class(b); });
+      i = j;
+    }
+    // Composition: each character with the last starter, unless a character between blocks it
+    // (a starter, or one of the same or a higher class).
+    std::vector<uint32_t> done;
+    done.reserve(run.size());
+    size_t starter = SIZE_MAX;
+    uint32_t last_class = 0;
+    for (uint32_t c : run) {
+      const uint32_t cc = combining_class(c);
+      if (starter != SIZE_MAX) {
+        const bool adjacent = done.size() == starter + 1;
+        if (adjacent || (last_class != 0 && last_class < cc)) {
+          if (const uint32_t p = compose(done[starter], c)) {
+            done[starter] = p;
+            continue;
+          }
+        }
+      }
+      if (cc == 0) starter = done.size();
+      done.push_back(c);
+      last_class = cc;
+    }
+    for (uint32_t c : done)
+      append_utf8(out, c);
+    run.clear();
+  };
+  for (size_t k = 0; k + 1 < cps.size(); ++k) {
+    if (cps[k].cp == 0xFFFFFFFFu) {
+      flush();
+      out += s[cps[k].at];
+      continue;
+    }
+    decompose(cps[k].cp, run);
+  }
+  flush();
+  return out;
+}
+
 // One step of the normalizer (a Sequence's steps in order).
 struct NormStep {
-  enum Kind { kPrepend, kReplace } kind;
+  enum Kind { kPrepend, kReplace, kNfc } kind;
   std::string from, to;  // Replace: each `from` by `to`; Prepend: `to` before a text not empty
 };
 
@@ -204,8 +321,10 @@ std::string normalize(const std::vector<NormStep>& steps, std::string s) {
   for (const NormStep& st : steps) {
     if (st.kind == NormStep::kPrepend) {
       if (!s.empty()) s.insert(0, st.to);
-    } else {
+    } else if (st.kind == NormStep::kReplace) {
       s = replace_all(s, st.from, st.to);
+    } else {
+      s = nfc(s);
     }
   }
   return s;
@@ -962,10 +1081,14 @@ void read_normalizer(const Reader& r, const nlohmann::json& n, const std::string
     spec.normalizer.push_back({NormStep::kReplace, from, to});
     what += std::string(what.empty() ? "" : " + ") + "Replace " + json_string(from) + " by " +
             json_string(to);
+  } else if (type == "NFC") {
+    spec.normalizer.push_back({NormStep::kNfc, "", ""});
+    what += std::string(what.empty() ? "" : " + ") + "NFC";
   } else {
     r.fail(key, "is of type " + json_string(type) +
-                    ", which headroom does not implement; it reads Prepend, Replace (of a String "
-                    "pattern) and a Sequence of them (Llama 2's, TinyLlama's)");
+                    ", which headroom does not implement; it reads NFC (Qwen2's), Prepend, "
+                    "Replace (of a String pattern) and a Sequence of them (Llama 2's, "
+                    "TinyLlama's)");
   }
 }
 
@@ -1186,9 +1309,6 @@ std::unique_ptr<Tokenizer> from_tokenizer_json(const std::string& path) {
   Spec spec;
   read_pre_tokenizer(r, j, spec);
   if (const nlohmann::json* n = Reader::get(j, "normalizer")) {
-    if (spec.byte_level)
-      throw ConfigError(path + ": has a normalizer (" + n->value("type", "?") +
-                        "); headroom reads byte-level BPE tokenizers without one, as GPT-2's");
     std::string what;
     read_normalizer(r, *n, "normalizer", 0, spec, what);
     spec.notes.insert(spec.notes.begin(), "normalizer " + what);

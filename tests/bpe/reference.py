@@ -9,7 +9,8 @@
 # KIND, byte-level: gpt2 (the default: ByteLevel with its own pattern); llama3 / qwen2: their
 # Split (Llama 3's and Qwen2's regexes, "isolated") before a ByteLevel without its pattern, as
 # their tokenizer.json files have it; llama3 also puts <|endoftext|> before each text (the
-# template of Llama 3's <|begin_of_text|>).
+# template of Llama 3's <|begin_of_text|>); qwen2-nfc: qwen2 as Qwen2's tokenizer.json is, with
+# the NFC normalizer, <|im_start|> and <|im_end|> and a ByteLevel post-processor.
 # KIND, SentencePiece-style BPE over text, laid out as Llama 2's / TinyLlama's tokenizer.json
 # (<unk> <s> </s> as ids 0-2, <0x00>..<0xFF> as 3-258 in the vocabulary, byte_fallback, unk_token
 # <unk>, the template "<s> $A"):
@@ -42,18 +43,25 @@ kind = sys.argv[6] if len(sys.argv) > 6 else "gpt2"
 
 def byte_level():
     tok = Tokenizer(models.BPE())
+    special = ["<|endoftext|>"]
+    if kind == "qwen2-nfc":
+        tok.normalizer = normalizers.NFC()
+        special += ["<|im_start|>", "<|im_end|>"]
     if kind == "gpt2":
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix == "1")
     else:
         tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(PATTERNS[kind]), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(PATTERNS[kind.split("-")[0]]), behavior="isolated",
+                                 invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=prefix == "1", use_regex=False),
         ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=int(vocab_size), min_frequency=1,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<|endoftext|>"], show_progress=False)
+                                  special_tokens=special, show_progress=False)
     tok.train([train], trainer)
+    if kind == "qwen2-nfc":
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
     if kind == "llama3":
         bos = tok.token_to_id("<|endoftext|>")
         tok.post_processor = processors.Sequence([
@@ -118,7 +126,7 @@ def sentencepiece():
     return Tokenizer.from_str(text)
 
 
-tok = byte_level() if kind in ("gpt2", "llama3", "qwen2") else sentencepiece()
+tok = byte_level() if kind in ("gpt2", "llama3", "qwen2", "qwen2-nfc") else sentencepiece()
 with open(cases_path, encoding="utf-8") as f:
     cases = json.load(f)
 ids = [tok.encode(c).ids for c in cases]
