@@ -255,9 +255,13 @@ void run_sample(const SampleRequest& r, std::ostream& out, std::ostream& log) {
       out << (i ? " " : "") << prompt[i];
     generate(model, prompt, r.tokens, r.params, [&](int32_t t) { out << " " << t << std::flush; });
   } else {
+    // The prompt as given, then what each token adds to the decoded text (the tokenizer's
+    // decoder: Llama 2's "▁" as a space, byte-fallback runs as their characters).
     out << r.prompt;
+    DecodeStream text(*tokenizer, prompt);
     generate(model, prompt, r.tokens, r.params,
-             [&](int32_t t) { out << tokenizer->token_bytes(t) << std::flush; });
+             [&](int32_t t) { out << text.next(t) << std::flush; });
+    out << text.finish();
   }
   out << "\n";
 }
