@@ -1,10 +1,12 @@
 // arch = "llama" (issue 33): the presets' parameter counts against the published ones, the config's
 // Llama keys and their errors, the whole model's gradient against central differences in double
 // (grouped-query attention, untied and tied, with and without Llama 3's rope scaling), training
-// lowering the loss, activation checkpointing bitwise, amp, and the planner's closed forms against
-// the tracker byte for byte.
+// lowering the loss, activation checkpointing bitwise, amp, the planner's closed forms against
+// the tracker byte for byte, and structured pruning (SwiGLU units, whole KV groups) removing
+// exactly what it names.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -308,29 +310,205 @@ INSTANTIATE_TEST_SUITE_P(
                                {"train.micro_batch=4"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// Structured pruning is GPT-2's for now: the model refuses it on a Llama block, naming it.
-TEST(LlamaModel, ResizeIsRefusedNamingTheArch) {
-  auto device = Device::create(DeviceConfig{});
-  Gpt<float> model(tiny_llama(false, 0.0), *device, 1);
-  try {
-    model.resize_mlp(1, {0, 1});
-    ADD_FAILURE() << "resize_mlp on a Llama block did not throw";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_TRUE(test::contains(e.what(), "Llama block")) << e.what();
+// ---------------------------------------------------------------------------------------------
+// Structured pruning (Gpt::resize_mlp, resize_heads) on Llama blocks
+
+// Zeroes, in every parameter of `model` named `name`, the rows (axis 0) or columns (axis 1) that
+// `drop` lists.
+void zero_along(Gpt<double>& model, const std::string& name, int axis,
+                const std::vector<int64_t>& drop) {
+  for (Param<double>* p : model.params()) {
+    if (p->name != name) continue;
+    const int64_t rows = p->shape[0], cols = p->shape.size() > 1 ? p->shape[1] : 1;
+    double* w = p->master().value;
+    for (int64_t i : drop)
+      for (int64_t k = 0; k < (axis == 0 ? cols : rows); ++k)
+        (axis == 0 ? w[i * cols + k] : w[k * cols + i]) = 0.0;
+    return;
   }
+  ADD_FAILURE() << "no parameter " << name;
 }
 
-// The pruning plugin refuses a Llama before step 1, naming the arch.
-TEST(LlamaModel, PruningPluginRefusesAtTrainBegin) {
-  const Config c = test::config_from(std::string(kTiny) + "[[plugins]]\nname = \"pruning\"\n",
-                                     {"train.steps=2"});
+// The kept part of a parameter of `model` (its rows or columns `keep`), as a flat vector, from its
+// values or its gradient.
+std::vector<double> kept_part(const Gpt<double>& model, const std::string& name, int axis,
+                              const std::vector<int64_t>& keep, bool grad) {
+  for (Param<double>* p : model.params()) {
+    if (p->name != name) continue;
+    const int64_t rows = p->shape[0], cols = p->shape.size() > 1 ? p->shape[1] : 1;
+    const double* w = grad ? p->master().grad : p->master().value;
+    std::vector<double> out;
+    if (axis == 0) {
+      for (int64_t i : keep)
+        out.insert(out.end(), w + i * cols, w + (i + 1) * cols);
+    } else {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j : keep)
+          out.push_back(w[r * cols + j]);
+    }
+    return out;
+  }
+  ADD_FAILURE() << "no parameter " << name;
+  return {};
+}
+
+std::vector<double> whole(const Gpt<double>& model, const std::string& name, bool grad) {
+  for (Param<double>* p : model.params())
+    if (p->name == name) {
+      const double* w = grad ? p->master().grad : p->master().value;
+      return std::vector<double>(w, w + p->numel);
+    }
+  ADD_FAILURE() << "no parameter " << name;
+  return {};
+}
+
+std::vector<int64_t> complement(const std::vector<int64_t>& keep, int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < n; ++i)
+    if (std::find(keep.begin(), keep.end(), i) == keep.end()) out.push_back(i);
+  return out;
+}
+
+// A pruned Llama computes what the unpruned one does with the pruned units' weights zeroed: block
+// 0 keeps 10 of its 24 SwiGLU units (gate row j, up row I + j, down column j), block 1 the second
+// of its two KV groups (query heads 2 and 3, KV head 1: their q rows, the KV head's k and v rows,
+// the query heads' o_proj columns). The loss and the gradients of every kept weight agree in
+// double to rounding (the GEMMs sum fewer zero terms), and the pruned shapes are the closed
+// form's.
+TEST(LlamaModel, PrunedModelIsTheUnprunedWithThePrunedUnitsZeroed) {
+  const ModelConfig m = tiny_llama(false, 0.0);
+  const int64_t C = m.n_embd, I = m.intermediate_size, hs = C / m.n_head;
+  const int64_t KV = int64_t(m.kv_width());
+  auto device = Device::create(DeviceConfig{});
+  Gpt<double> pruned(m, *device, 7), zeroed(m, *device, 7);
+  std::mt19937_64 rng(3), rng2(3);
+  test::perturb_params(pruned, rng);
+  test::perturb_params(zeroed, rng2);
+
+  const std::vector<uint32_t> units = {0, 2, 3, 7, 8, 11, 15, 19, 20, 23};
+  const std::vector<uint32_t> heads = {2, 3};  // KV group 1 of 2
+  pruned.resize_mlp(1, units);
+  pruned.resize_heads(2, heads);
+  EXPECT_EQ(pruned.config().mlp_hidden, std::vector<int>({10, 24}));
+  EXPECT_EQ(pruned.config().attn_heads, std::vector<int>({4, 2}));
+  EXPECT_EQ(pruned.config().kv_heads(1), 1);
+  EXPECT_EQ(pruned.num_params(), gpt_num_params(pruned.config()));
+  const std::vector<ParamShape> shapes = gpt_param_shapes(pruned.config());
+  const std::vector<Param<double>*> ps = pruned.params();
+  ASSERT_EQ(shapes.size(), ps.size());
+  for (size_t i = 0; i < ps.size(); ++i)
+    EXPECT_EQ(shapes[i].shape, ps[i]->shape) << ps[i]->name;
+
+  // What stays, written from the units' definitions (not from model.cpp's lists).
+  std::vector<int64_t> unit(units.begin(), units.end()), gu_rows = unit;
+  for (int64_t j : unit)
+    gu_rows.push_back(I + j);
+  std::vector<int64_t> q_cols, qkv_rows;
+  for (int64_t h : heads)
+    for (int64_t e = 0; e < hs; ++e)
+      q_cols.push_back(h * hs + e);
+  qkv_rows = q_cols;
+  for (int64_t e = 0; e < hs; ++e)
+    qkv_rows.push_back(C + 1 * hs + e);  // k of KV head 1
+  for (int64_t e = 0; e < hs; ++e)
+    qkv_rows.push_back(C + KV + 1 * hs + e);  // v of KV head 1
+  const std::string gu = "model.layers.0.mlp.gate_up_proj.weight",
+                    down = "model.layers.0.mlp.down_proj.weight",
+                    qkv = "model.layers.1.self_attn.qkv_proj.weight",
+                    o = "model.layers.1.self_attn.o_proj.weight";
+  zero_along(zeroed, gu, 0, complement(gu_rows, 2 * I));
+  zero_along(zeroed, down, 1, complement(unit, I));
+  zero_along(zeroed, qkv, 0, complement(qkv_rows, C + 2 * KV));
+  zero_along(zeroed, o, 1, complement(q_cols, C));
+  // The kept weights moved whole.
+  EXPECT_EQ(whole(pruned, gu, false), kept_part(zeroed, gu, 0, gu_rows, false));
+  EXPECT_EQ(whole(pruned, down, false), kept_part(zeroed, down, 1, unit, false));
+  EXPECT_EQ(whole(pruned, qkv, false), kept_part(zeroed, qkv, 0, qkv_rows, false));
+  EXPECT_EQ(whole(pruned, o, false), kept_part(zeroed, o, 1, q_cols, false));
+
+  const int B = 2, T = 6;
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    tokens[i] = int32_t(rng() % 11);
+    targets[i] = int32_t(rng() % 11);
+  }
+  Batch batch;
+  batch.tokens = tokens.data();
+  batch.targets = targets.data();
+  batch.B = B;
+  batch.T = T;
+  batch.dloss = 1.0 / (B * T);
+  for (Gpt<double>* model : {&pruned, &zeroed}) {
+    model->zero_grad();
+    model->forward(batch);
+    model->backward(batch);
+  }
+  EXPECT_NEAR(pruned.loss(), zeroed.loss(), 1e-13 * zeroed.loss());
+  {  // and the pruned units did matter: the unpruned model's loss differs
+    Gpt<double> full(m, *device, 7);
+    std::mt19937_64 rng3(3);
+    test::perturb_params(full, rng3);
+    EXPECT_GT(std::fabs(full.evaluate(batch) - pruned.loss()), 1e-6);
+  }
+  auto expect_close = [](const std::vector<double>& a, const std::vector<double>& b,
+                         const std::string& what) {
+    ASSERT_EQ(a.size(), b.size()) << what;
+    double scale = 0.0;
+    for (double x : b)
+      scale = std::max(scale, std::fabs(x));
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_NEAR(a[i], b[i], 1e-12 * std::max(scale, 1e-3)) << what << " [" << i << "]";
+  };
+  expect_close(whole(pruned, gu, true), kept_part(zeroed, gu, 0, gu_rows, true), gu);
+  expect_close(whole(pruned, down, true), kept_part(zeroed, down, 1, unit, true), down);
+  expect_close(whole(pruned, qkv, true), kept_part(zeroed, qkv, 0, qkv_rows, true), qkv);
+  expect_close(whole(pruned, o, true), kept_part(zeroed, o, 1, q_cols, true), o);
+  for (Param<double>* p : pruned.params())
+    if (p->name != gu && p->name != down && p->name != qkv && p->name != o)
+      expect_close(whole(pruned, p->name, true), whole(zeroed, p->name, true), p->name);
+  EXPECT_EQ(device->tracker().live(Category::kActivations), 0u);
+}
+
+// The pruned widths' backward against central differences: blocks of other MLP widths (one
+// below n_embd) and of one KV group.
+TEST(LlamaGradient, PrunedWidthsMatchCentralDifferencesInDouble) {
+  ModelConfig m = tiny_llama(false, 0.0);
+  m.mlp_hidden = {10, 24};
+  m.attn_heads = {2, 4};
+  expect_gradient_matches(m);
+}
+
+// Heads go in whole KV groups: a list that splits one is refused, naming the rule, and nothing
+// changes.
+TEST(LlamaModel, ResizeHeadsRefusesAListThatSplitsAKvGroup) {
+  auto device = Device::create(DeviceConfig{});
+  Gpt<float> model(tiny_llama(false, 0.0), *device, 1);
+  for (const std::vector<uint32_t>& keep :
+       {std::vector<uint32_t>{0}, std::vector<uint32_t>{1, 2}, std::vector<uint32_t>{0, 1, 3}}) {
+    try {
+      model.resize_heads(1, keep);
+      ADD_FAILURE() << "a list splitting a KV group was taken";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_TRUE(test::contains(e.what(), "whole key/value groups")) << e.what();
+    }
+  }
+  EXPECT_TRUE(model.config().attn_heads.empty());
+  EXPECT_EQ(model.num_params(), gpt_num_params(tiny_llama(false, 0.0)));
+}
+
+// With one KV group (n_kv_head = 1) mode = "heads" could prune nothing: the plugin refuses before
+// step 1, saying why.
+TEST(LlamaModel, PruningHeadsWithOneKvGroupIsRefusedAtTrainBegin) {
+  const Config c =
+      test::config_from(std::string(kTiny) + "[[plugins]]\nname = \"pruning\"\nmode = \"heads\"\n",
+                        {"train.steps=2", "model.n_kv_head=1"});
   Trainer t(c, TrainOptions{});
   try {
     t.run();
-    ADD_FAILURE() << "pruning ran on a Llama";
+    ADD_FAILURE() << "pruning heads of one KV group ran";
   } catch (const std::exception& e) {
     EXPECT_TRUE(test::contains(e.what(), "TRAIN_BEGIN")) << e.what();
-    EXPECT_TRUE(test::contains(e.what(), "arch = \"llama\"")) << e.what();
+    EXPECT_TRUE(test::contains(e.what(), "n_kv_head = 1")) << e.what();
   }
   EXPECT_TRUE(t.history().empty());
 }

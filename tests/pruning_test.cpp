@@ -11,7 +11,9 @@
 //  - snapshot + resume across pruning steps is bitwise (built-in AdamW, taylor, heads, amp's
 //    layouts, checkpoint, adafactor, adam8bit); --save-weights + init_from round-trips the pruned
 //    model (MLP widths and heads), and `plan` of such a config estimates the pruned model;
-//  - bad keys exit 2 naming the key; a sharded run is refused.
+//  - bad keys exit 2 naming the key; a sharded run is refused;
+//  - arch = "llama": SwiGLU units and whole KV groups, by the same closed forms, kept by their
+//    magnitude sums, training on, resume bitwise, --save-weights refused as a pruned folder.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -470,6 +472,277 @@ TEST(PruningWeights, PrunedHeadsRoundTripThroughTheWeightsFile) {
         << a[i]->name;
   }
   second.run();
+}
+
+// ---------------------------------------------------------------------------------------------
+// arch = "llama": SwiGLU units (gate, up and down together) and heads in whole KV groups
+
+// 2 blocks, n_embd 32, 4 query heads of size 8 in 2 KV groups (G = 2), SwiGLU width 48.
+std::string llama_toml(int n_layer = 2, int n_head = 4, int n_kv_head = 2) {
+  return "[model]\narch = \"llama\"\nn_layer = " + std::to_string(n_layer) +
+         "\nn_head = " + std::to_string(n_head) + "\nn_kv_head = " + std::to_string(n_kv_head) +
+         "\nn_embd = 32\nseq_len = 16\nvocab_size = 64\nintermediate_size = 48\n";
+}
+constexpr int kLC = 32, kLI = 48, kLhs = 8;
+
+// Half the SwiGLU units and half the KV groups, by closed forms: the parameters, gradients and
+// AdamW state of what goes, the activations of the next step, and the closed-form peak of the
+// pruned model against the tracker's, by category.
+TEST(PruningLlama, MlpAndHeadsDropEachCategoryByItsClosedForm) {
+  const int L = 2, B = 2, T = 16;
+  for (const char* mode : {"mlp", "heads"}) {
+    SCOPED_TRACE(mode);
+    const bool heads = std::string(mode) == "heads";
+    const std::string toml =
+        llama_toml(L) + train_toml(3, B) +
+        pruning_toml(std::string("mode = \"") + mode +
+                     "\"\nfinal_sparsity = 0.5\nstart_step = 2\nend_step = 2\n");
+    Trainer t(test::config_from(toml), TrainOptions{});
+    LiveAtStepEnd probe;
+    probe.trainer = &t;
+    probe.reset_peaks_after = 2;
+    t.add_listener(&probe);
+    t.run();
+    ASSERT_EQ(probe.live.size(), 3u);
+    const ModelConfig& m = t.model().config();
+    for (int b = 0; b < L; ++b) {
+      EXPECT_EQ(m.mlp_width(b), heads ? kLI : kLI / 2) << "block " << b;
+      EXPECT_EQ(m.heads(b), heads ? 2 : 4) << "block " << b;
+      EXPECT_EQ(m.kv_heads(b), heads ? 1 : 2) << "block " << b;
+    }
+    // Per block: 24 units of a gate row, an up row and a down column (3C each); or one KV group
+    // of 2 query heads (their 16 q rows and o_proj columns) and its 8 k and 8 v rows (C each).
+    const uint64_t removed =
+        uint64_t(L) * (heads ? 2 * kLhs * kLC * 2 + 2 * kLhs * kLC : uint64_t(kLI / 2) * 3 * kLC);
+    const ByCategory& before = probe.live[0];
+    const ByCategory& after = probe.live[1];
+    EXPECT_EQ(at(before, Category::kParameters) - at(after, Category::kParameters), 4 * removed);
+    EXPECT_EQ(at(before, Category::kGradients) - at(after, Category::kGradients), 4 * removed);
+    EXPECT_EQ(at(before, Category::kOptimizer) - at(after, Category::kOptimizer), 8 * removed);
+    // Activations a token: gate|up (2I) loses 2·24; or qkv (A + 2KV) 32 and the attention output
+    // (A) 16, and the (B, NH, T) log-sum-exp two heads.
+    const std::vector<TimelineSample> tl = t.device().tracker().timeline();
+    const uint64_t N = uint64_t(B) * T;
+    EXPECT_EQ(activations_peak_of_step(tl, 1) - activations_peak_of_step(tl, 3),
+              uint64_t(L) * 4 * (heads ? N * (32 + 16) + uint64_t(B) * 2 * T : N * 2 * (kLI / 2)));
+    Config pruned = test::config_from(toml);
+    if (heads) {
+      pruned.model.attn_heads.assign(L, 2);
+    } else {
+      pruned.model.mlp_hidden.assign(L, kLI / 2);
+    }
+    const PeakEstimate e = estimate_peak(pruned, B);
+    const MemoryTracker& mt = t.device().tracker();
+    for (int i = 0; i < kNumCategories; ++i)
+      EXPECT_EQ(e.at_peak[i], mt.live_at_peak()[i]) << category_name(category_at(i));
+    EXPECT_EQ(gpt_num_params(pruned.model), t.model().num_params());
+  }
+}
+
+// A Llama built at per-block widths (one SwiGLU width below n_embd, one block of one KV group),
+// with and without amp: its parameters' shapes, count and peak by category are the closed forms'.
+TEST(PruningLlama, ClosedFormMatchesAModelBuiltWithPerBlockWidths) {
+  for (const std::string& extra : {std::string(), std::string("[[plugins]]\nname = \"amp\"\n"),
+                                   std::string("[[plugins]]\nname = \"checkpoint\"\n")}) {
+    SCOPED_TRACE(extra);
+    Config c = test::config_from(llama_toml(3) + train_toml(2) + extra);
+    c.model.mlp_hidden = {48, 20, 8};
+    c.model.attn_heads = {4, 2, 2};
+    Trainer t(c, TrainOptions{});
+    t.run();
+    const MemoryTracker& mt = t.device().tracker();
+    const ConfigEstimate e = estimate_config(c);
+    for (int i = 0; i < kNumCategories; ++i)
+      EXPECT_EQ(e.peak.at_peak[i], mt.live_at_peak()[i]) << category_name(category_at(i));
+    EXPECT_EQ(e.peak.total(), mt.peak_total());
+    EXPECT_EQ(gpt_num_params(c.model), t.model().num_params());
+    const std::vector<ParamShape> shapes = gpt_param_shapes(c.model);
+    const std::vector<Param<float>*> params = t.model().params();
+    ASSERT_EQ(shapes.size(), params.size());
+    for (size_t i = 0; i < params.size(); ++i)
+      EXPECT_EQ(shapes[i].shape, params[i]->shape) << params[i]->name;
+  }
+}
+
+// The kept units are the most important by the magnitude sums, and they are kept whole: a run
+// pruned at its last step (2) holds exactly the unpruned run's weights after step 2 (its losses
+// up to the pruning are bitwise those without the plugin) at the units the test ranks first
+// itself — SwiGLU unit j by Σ|gate[j, :]| + Σ|up[j, :]| + Σ|down[:, j]|, KV group g by its query
+// heads' q rows and o_proj columns and its k and v rows. Heads mode keeps both heads of each
+// kept group (and the group's k and v rows), so the GQA layout stays consistent.
+TEST(PruningLlama, KeepsTheHighestScoringUnitsAndWholeKvGroups) {
+  const std::string base = llama_toml(2) + train_toml(2);
+  Trainer plain(test::config_from(base), TrainOptions{});
+  plain.run();
+  auto weights = [](Trainer& t, const std::string& name) {
+    for (Param<float>* p : t.model().params())
+      if (p->name == name)
+        return std::vector<float>(p->master().value, p->master().value + p->numel);
+    ADD_FAILURE() << "no " << name;
+    return std::vector<float>{};
+  };
+  auto row = [](const std::vector<float>& w, int64_t r, int64_t cols) {
+    return std::vector<float>(w.begin() + r * cols, w.begin() + (r + 1) * cols);
+  };
+  // The k highest of `score`, ties to the lower index, ascending.
+  auto top = [](const std::vector<double>& score, size_t k) {
+    std::vector<int64_t> order(score.size());
+    for (size_t i = 0; i < order.size(); ++i)
+      order[i] = int64_t(i);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return score[size_t(a)] > score[size_t(b)]; });
+    order.resize(k);
+    std::sort(order.begin(), order.end());
+    return order;
+  };
+  auto abs_sum = [](const std::vector<float>& v) {
+    double s = 0;
+    for (float x : v)
+      s += std::fabs(double(x));
+    return s;
+  };
+  const int64_t C = kLC, I = kLI, hs = kLhs, A = kLC, KV = 2 * kLhs, G = 2;
+  for (const char* mode : {"mlp", "heads"}) {
+    SCOPED_TRACE(mode);
+    Trainer t(test::config_from(base + pruning_toml(std::string("mode = \"") + mode +
+                                                    "\"\nfinal_sparsity = 0.5\nstart_step = 2\n")),
+              TrainOptions{});
+    t.run();
+    ASSERT_EQ(losses(t), losses(plain));
+    for (int b = 0; b < 2; ++b) {
+      const std::string h = "model.layers." + std::to_string(b) + ".";
+      if (std::string(mode) == "mlp") {
+        const std::vector<float> gu = weights(plain, h + "mlp.gate_up_proj.weight"),
+                                 down = weights(plain, h + "mlp.down_proj.weight");
+        std::vector<double> score(static_cast<size_t>(I));
+        for (int64_t j = 0; j < I; ++j) {
+          double s = abs_sum(row(gu, j, C)) + abs_sum(row(gu, I + j, C));
+          for (int64_t r = 0; r < C; ++r)
+            s += std::fabs(double(down[size_t(r * I + j)]));
+          score[size_t(j)] = s;
+        }
+        const std::vector<int64_t> kept = top(score, size_t(I / 2));
+        std::vector<float> want_gu, want_down;
+        for (int64_t j : kept) {
+          const auto r = row(gu, j, C);
+          want_gu.insert(want_gu.end(), r.begin(), r.end());
+        }
+        for (int64_t j : kept) {
+          const auto r = row(gu, I + j, C);
+          want_gu.insert(want_gu.end(), r.begin(), r.end());
+        }
+        for (int64_t r = 0; r < C; ++r)
+          for (int64_t j : kept)
+            want_down.push_back(down[size_t(r * I + j)]);
+        EXPECT_EQ(weights(t, h + "mlp.gate_up_proj.weight"), want_gu) << "block " << b;
+        EXPECT_EQ(weights(t, h + "mlp.down_proj.weight"), want_down) << "block " << b;
+      } else {
+        const std::vector<float> qkv = weights(plain, h + "self_attn.qkv_proj.weight"),
+                                 o = weights(plain, h + "self_attn.o_proj.weight");
+        std::vector<double> score(2);
+        for (int64_t g = 0; g < 2; ++g) {
+          double s = 0;
+          for (int64_t e = 0; e < G * hs; ++e) {
+            s += abs_sum(row(qkv, g * G * hs + e, C));
+            for (int64_t r = 0; r < C; ++r)
+              s += std::fabs(double(o[size_t(r * A + g * G * hs + e)]));
+          }
+          for (int64_t e = 0; e < hs; ++e)
+            s += abs_sum(row(qkv, A + g * hs + e, C)) + abs_sum(row(qkv, A + KV + g * hs + e, C));
+          score[size_t(g)] = s;
+        }
+        const int64_t g = top(score, 1)[0];
+        std::vector<float> want_qkv, want_o;
+        for (int64_t r : {g * G * hs, A + g * hs, A + KV + g * hs})
+          for (int64_t e = 0; e < (r == g * G * hs ? G * hs : hs); ++e) {
+            const auto x = row(qkv, r + e, C);
+            want_qkv.insert(want_qkv.end(), x.begin(), x.end());
+          }
+        for (int64_t r = 0; r < C; ++r)
+          for (int64_t e = 0; e < G * hs; ++e)
+            want_o.push_back(o[size_t(r * A + g * G * hs + e)]);
+        EXPECT_EQ(weights(t, h + "self_attn.qkv_proj.weight"), want_qkv) << "block " << b;
+        EXPECT_EQ(weights(t, h + "self_attn.o_proj.weight"), want_o) << "block " << b;
+        EXPECT_EQ(t.model().config().heads(b), 2);
+        EXPECT_EQ(t.model().config().kv_heads(b), 1);
+      }
+    }
+  }
+}
+
+// Training goes on after gradual pruning and the loss keeps falling: 50% of the SwiGLU units (or
+// of the KV groups) removed over steps 10 .. 30 of 80 on the synthetic source.
+TEST(PruningLlama, TrainingContinuesAndTheLossFalls) {
+  const std::string base =
+      llama_toml(2) +
+      "[train]\nsteps = 80\nmicro_batch = 8\ngrad_accum = 1\nlr = 1e-2\nwarmup_steps = 5\n"
+      "weight_decay = 0.0\n[data]\nkind = \"synthetic\"\nbranching = 2\n";
+  auto mean = [](const std::vector<double>& l, size_t from, size_t n) {
+    double s = 0;
+    for (size_t i = from; i < from + n; ++i)
+      s += l[i];
+    return s / double(n);
+  };
+  for (const char* mode : {"mlp", "heads"}) {
+    SCOPED_TRACE(mode);
+    Trainer t(test::config_from(base + pruning_toml(std::string("mode = \"") + mode +
+                                                    "\"\nfinal_sparsity = 0.5\nstart_step = 10\n"
+                                                    "end_step = 30\nevery = 10\n")),
+              TrainOptions{});
+    t.run();
+    const std::vector<double> l = losses(t);
+    ASSERT_EQ(l.size(), 80u);
+    for (double x : l)
+      ASSERT_TRUE(std::isfinite(x));
+    const double first = mean(l, 0, 5), after = mean(l, 30, 5), last = mean(l, 75, 5);
+    std::printf("%s: loss first 5 %.4f, steps 31-35 %.4f, last 5 %.4f\n", mode, first, after, last);
+    EXPECT_LT(last, 0.8 * first);
+    EXPECT_LT(last, after);  // it keeps learning after the last pruning step
+    EXPECT_EQ(t.model().config().mlp_width(0), std::string(mode) == "mlp" ? kLI / 2 : kLI);
+    EXPECT_EQ(t.model().config().heads(1), std::string(mode) == "heads" ? 2 : 4);
+  }
+}
+
+// Snapshot + resume across Llama pruning steps is bitwise (the widths in the snapshot's model
+// signature, the plugin's state): mlp and heads, magnitude and taylor, with amp and checkpoint.
+TEST(PruningLlama, SnapshotAndResumeAcrossPruningStepsAreBitwise) {
+  const std::string sched =
+      "initial_sparsity = 0.25\nfinal_sparsity = 0.5\nstart_step = 2\nend_step = 4\nevery = 2\n";
+  for (const std::string& keys :
+       {sched, sched + "importance = \"taylor\"\n", "mode = \"heads\"\n" + sched,
+        "mode = \"heads\"\n" + sched + "importance = \"taylor\"\n",
+        "mode = \"unstructured\"\n" + sched}) {
+    for (const std::string& before : {std::string(), std::string("[[plugins]]\nname = \"amp\"\n"),
+                                      std::string("[[plugins]]\nname = \"checkpoint\"\n")}) {
+      if (!before.empty() && keys.find("unstructured") != std::string::npos) continue;
+      SCOPED_TRACE(keys + before);
+      // Heads: 8 of size 4 in 4 KV groups, so that both pruning steps remove a group (3, then 2
+      // stay), one before the snapshot at step 3 and one after.
+      const bool heads = keys.find("heads") != std::string::npos;
+      const std::string toml =
+          llama_toml(2, heads ? 8 : 4, heads ? 4 : 2) + train_toml(6) + before + pruning_toml(keys);
+      Trainer whole(test::config_from(toml), TrainOptions{});
+      whole.run();
+      for (double l : losses(whole))
+        EXPECT_TRUE(std::isfinite(l));
+      test::expect_resume_is_bitwise(toml, whole);
+    }
+  }
+}
+
+// A pruned Llama has no Hugging Face config (one MLP width and head count) and no .safetensors
+// file of its own: --save-weights DIR/ refuses, as a pruned GPT-2's folder does, naming what keeps
+// the weights.
+TEST(PruningLlama, SaveWeightsToAFolderIsRefusedNamingTheSnapshots) {
+  const std::string dir = test::temp_dir() + "/out/";
+  TrainOptions o;
+  o.save_weights_path = dir;
+  Trainer t(test::config_from(llama_toml(2) + train_toml(2) +
+                              pruning_toml("final_sparsity = 0.5\nstart_step = 1\n")),
+            std::move(o));
+  const std::string msg = test::error_of([&] { t.run(); });
+  EXPECT_TRUE(test::contains(msg, "this model is pruned")) << msg;
+  EXPECT_TRUE(test::contains(msg, "snapshots")) << msg;
 }
 
 TEST(PruningConfig, BadKeysExit2NamingTheKey) {

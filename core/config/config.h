@@ -35,9 +35,10 @@ struct ModelConfig {
   int n_embd = 0;
   int seq_len = 0;
   int vocab_size = 0;
-  // Each block's MLP hidden width (c_fc's rows, c_proj's columns), block 0 first; empty when every
-  // block has GPT-2's 4·n_embd. Not a TOML key: a pruned model's (headroom.resize/1), carried by
-  // snapshots and weights files (`[train] init_from`), which build the model with these widths.
+  // Each block's MLP hidden width (c_fc's rows, c_proj's columns; a Llama's gate and up rows,
+  // down_proj's columns), block 0 first; empty when every block has the arch's width. Not a TOML
+  // key: a pruned model's (headroom.resize/1), carried by snapshots and weights files (`[train]
+  // init_from`), which build the model with these widths.
   std::vector<int> mlp_hidden;
   // Block b's MLP width: mlp_hidden[b], or the arch's (GPT-2's 4·n_embd, Llama's
   // intermediate_size).
@@ -47,7 +48,8 @@ struct ModelConfig {
   }
   int default_mlp_width() const { return llama() ? intermediate_size : 4 * n_embd; }
   // Each block's attention heads, block 0 first; empty when every block has n_head (a pruned
-  // model's, as mlp_hidden). A block of h heads has attention width h·(n_embd / n_head).
+  // model's, as mlp_hidden). A block of h heads has attention width h·(n_embd / n_head); a
+  // Llama's h is a multiple of n_head / n_kv_head (whole KV groups: kv_heads(block)).
   std::vector<int> attn_heads;
   int heads(int block) const {
     return block >= 0 && size_t(block) < attn_heads.size() ? attn_heads[size_t(block)] : n_head;
@@ -93,6 +95,14 @@ struct ModelConfig {
   // Key/value heads (n_kv_head, or n_head when 0) and their width: n_kv_head · head size.
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int kv_width() const { return n_head > 0 ? kv_heads() * (n_embd / n_head) : 0; }
+  // Block b's key/value heads and their width. Heads are pruned in whole key/value groups (a KV
+  // head with the n_head / n_kv_head query heads sharing it), so a block of heads(b) query heads
+  // has heads(b) / (n_head / n_kv_head) KV heads; unpruned, kv_heads().
+  int kv_heads(int block) const {
+    const int group = kv_heads() > 0 ? n_head / kv_heads() : 1;
+    return group > 0 ? heads(block) / group : 0;
+  }
+  int kv_width(int block) const { return n_head > 0 ? kv_heads(block) * (n_embd / n_head) : 0; }
   // The head reads the token embedding: always for GPT-2.
   bool tied() const { return !llama() || tie_embeddings; }
 };

@@ -381,11 +381,15 @@ void load_hf_folder(const std::string& dir, Gpt<float>& model, const MasterAcces
 void save_hf_folder(const std::string& dir, const Gpt<float>& model,
                     const std::vector<std::vector<float>>* host) {
   const ModelConfig& mc = model.config();
+  // A Llama has no .safetensors file of its own (core/run/trainer.cpp): its snapshots keep it.
   if (mc.pruned() || mc.heads_pruned())
     throw ConfigError("--save-weights " + dir +
                       ": this model is pruned (its blocks differ in MLP "
-                      "width or heads), which a Hugging Face config.json cannot describe; save "
-                      "to a .safetensors file instead");
+                      "width or heads), which a Hugging Face config.json cannot describe; " +
+                      (mc.llama() ? std::string("an arch = \"llama\" model is saved only as a "
+                                                "Hugging Face folder, so a pruned one's weights "
+                                                "stay in its snapshots ([snapshot] every)")
+                                  : std::string("save to a .safetensors file instead")));
   const HfNames& names = names_of(mc.arch);
   std::error_code ec;
   fs::create_directories(dir, ec);

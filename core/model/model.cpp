@@ -318,6 +318,9 @@ class Block final : public Layer<T> {
 // W = C + 2·KV), and the SwiGLU MLP's gate and up in one GEMM's output (B, T, 2I). Hugging Face's
 // names, with the two fused projections named for what they fuse: self_attn.qkv_proj (q_proj,
 // k_proj and v_proj stacked by rows) and mlp.gate_up_proj (gate_proj above up_proj).
+// A pruned block (Gpt::resize_mlp, resize_heads) has its own I, and its own NH query heads of
+// NKV KV groups (the group size NH / NKV is the model's): q is then (B, T, A), A = NH·hs <= C,
+// W = A + 2·KV; the comments say C for A.
 
 template <class T>
 class LlamaBlock final : public Layer<T> {
@@ -326,14 +329,19 @@ class LlamaBlock final : public Layer<T> {
       : Layer<T>("block " + std::to_string(index), device, dt),
         m_(m),
         I_(m.mlp_width(index)),
-        NH_(m.n_head),
-        NKV_(m.kv_heads()),
-        W_(m.n_embd + 2 * m.kv_width()) {
-    const int64_t C = m.n_embd, I = I_, W = W_;
+        NH_(m.heads(index)),
+        NKV_(m.kv_heads(index)),
+        A_(m.attn_width(index)),
+        W_(m.attn_width(index) + 2 * m.kv_width(index)) {
+    if (NH_ < 1 || NKV_ < 1 || NH_ != NKV_ * (m.n_head / m.kv_heads()))
+      throw std::invalid_argument("block " + std::to_string(index) + ": " + std::to_string(NH_) +
+                                  " query heads are not whole key/value groups of " +
+                                  std::to_string(m.n_head / m.kv_heads()) + " heads each");
+    const int64_t C = m.n_embd, I = I_, W = W_, A = A_;
     const std::string h = "model.layers." + std::to_string(index) + ".";
     rms1w_ = &this->add_param(h + "input_layernorm.weight", {C}, false);
     qkvw_ = &this->add_param(h + "self_attn.qkv_proj.weight", {W, C}, true);
-    ow_ = &this->add_param(h + "self_attn.o_proj.weight", {C, C}, true);
+    ow_ = &this->add_param(h + "self_attn.o_proj.weight", {C, A}, true);
     rms2w_ = &this->add_param(h + "post_attention_layernorm.weight", {C}, false);
     guw_ = &this->add_param(h + "mlp.gate_up_proj.weight", {2 * I, C}, true);
     downw_ = &this->add_param(h + "mlp.down_proj.weight", {C, I}, true);
@@ -351,20 +359,33 @@ class LlamaBlock final : public Layer<T> {
     fill_normal(d, *downw_, rng, 0.02);
   }
 
+  int hidden() const { return I_; }
+  void set_hidden(int I) { I_ = I; }
+  int heads() const { return NH_; }
+  int kv_heads() const { return NKV_; }
+  // NH query heads, whole KV groups of the model's group size.
+  void set_heads(int NH) {
+    const int hs = m_.n_embd / m_.n_head, group = m_.n_head / m_.kv_heads();
+    NH_ = NH;
+    NKV_ = NH / group;
+    A_ = NH * hs;
+    W_ = A_ + 2 * NKV_ * hs;
+  }
+
   // What the block keeps for backward: the GEMM outputs qkv (rotated, as the attention reads it),
   // res1, gate|up and out, the attention's output and row log-sum-exp (cheap), and the two
   // RMSNorm rstd. Not kept: the RMSNorm outputs and SwiGLU's, computed again in backward into
   // buffers its own gradients have not reached yet, as the GPT-2 block does; forward holds them
   // as one transient (B, T, max(I, C)) workspace.
   void forward(const void* x, const Batch& b) override {
-    const int B = b.B, Tn = b.T, C = m_.n_embd, I = I_, W = W_;
+    const int B = b.B, Tn = b.T, C = m_.n_embd, I = I_, W = W_, A = A_;
     const uint64_t N = uint64_t(B) * Tn;
     const Dtype dt = this->dt_, st = stat_dtype(dt);
     Backend& ops = this->ops();
     rms1_rstd_ = this->save(N, "input_layernorm rstd (B, T)", false, st);
     qkv_ = this->save(N * W, "qkv (B, T, C + 2KV)");
     save_attention(B, Tn);
-    atty_ = this->save(N * C, "attention out (B, T, C)", true);
+    atty_ = this->save(N * A, "attention out (B, T, C)", true);
     res1_ = this->save(N * C, "residual (B, T, C)");
     rms2_rstd_ = this->save(N, "post_attention_layernorm rstd (B, T)", false, st);
     gu_ = this->save(N * 2 * I, "gate|up (B, T, 2I)");
@@ -376,9 +397,9 @@ class LlamaBlock final : public Layer<T> {
 
     rms1_forward(t, x, N, C);
     ops.matmul_forward(dt, qkv_, t, qkvw_->compute().value, nullptr, N, C, W);
-    ops.rope_forward(dt, qkv_, B, Tn, NH_, NKV_, C / NH_, rope_);
+    ops.rope_forward(dt, qkv_, B, Tn, NH_, NKV_, C / m_.n_head, rope_);
     attention_forward(B, Tn);
-    ops.matmul_forward(dt, res1_, atty_, ow_->compute().value, nullptr, N, C, C);
+    ops.matmul_forward(dt, res1_, atty_, ow_->compute().value, nullptr, N, A, C);
     ops.add_inplace(dt, res1_, x, N * C);
     rms2_forward(t, N, C);
     ops.matmul_forward(dt, gu_, t, guw_->compute().value, nullptr, N, C, 2 * I);
@@ -391,13 +412,13 @@ class LlamaBlock final : public Layer<T> {
   void recompute_cheap(const void*, const Batch& b) override {
     const uint64_t N = uint64_t(b.B) * b.T;
     save_attention(b.B, b.T);
-    atty_ = this->save(N * m_.n_embd, "attention out (B, T, C)", true);
+    atty_ = this->save(N * A_, "attention out (B, T, C)", true);
     out_ = nullptr;  // freed by Layer::recompute; backward does not read it
     attention_forward(b.B, b.T);
   }
 
   void backward(void* dx, const void* dout, const void* x, const Batch& b) override {
-    const int B = b.B, Tn = b.T, C = m_.n_embd, I = I_, W = W_;
+    const int B = b.B, Tn = b.T, C = m_.n_embd, I = I_, W = W_, A = A_;
     const uint64_t N = uint64_t(B) * Tn;
     Backend& ops = this->ops();
     const Dtype dt = this->dt_;
@@ -428,12 +449,13 @@ class LlamaBlock final : public Layer<T> {
                          rms2_rstd_, N, C, Grad::kWrite, dout);
 
     // Attention: res1 = x + o_proj(attention(rope(qkv_proj(rmsnorm_1(x)))))
+    // dtmp (B, T, C) holds the attention output's gradient (B, T, A), A <= C.
     ops.matmul_backward(dt, dtmp, ow_->compute().grad, nullptr, dres1, atty_, ow_->compute().value,
-                        N, C, C, Grad::kWrite);
+                        N, A, C, Grad::kWrite);
     void* dqkv = wide;  // d(gate|up) is read for the last time above
     ops.fill(dt, dqkv, N * W, 0.0);
-    ops.attention_gqa_backward(dt, dqkv, dtmp, qkv_, atty_, lse_, B, Tn, C, NH_, NKV_);
-    ops.rope_backward(dt, dqkv, B, Tn, NH_, NKV_, C / NH_, rope_);  // to the unrotated q, k
+    ops.attention_gqa_backward(dt, dqkv, dtmp, qkv_, atty_, lse_, B, Tn, A, NH_, NKV_);
+    ops.rope_backward(dt, dqkv, B, Tn, NH_, NKV_, C / m_.n_head, rope_);  // to the unrotated q, k
     void* rms1 = narrow;  // rmsnorm_1's output (B, T, C), again
     rms1_forward(rms1, x, N, C);
     ops.matmul_backward(dt, dtmp, qkvw_->compute().grad, nullptr, dqkv, rms1,
@@ -451,7 +473,7 @@ class LlamaBlock final : public Layer<T> {
         this->save(uint64_t(B) * NH_ * Tn, "attention lse (B, NH, T)", true, stat_dtype(this->dt_));
   }
   void attention_forward(int B, int Tn) {
-    this->ops().attention_gqa_forward(this->dt_, atty_, lse_, qkv_, B, Tn, m_.n_embd, NH_, NKV_);
+    this->ops().attention_gqa_forward(this->dt_, atty_, lse_, qkv_, B, Tn, A_, NH_, NKV_);
   }
   void rms1_forward(void* out, const void* x, uint64_t N, int C) {
     this->ops().rmsnorm_forward(this->dt_, out, rms1_rstd_, x, rms1w_->compute().value, int(N), C,
@@ -466,7 +488,8 @@ class LlamaBlock final : public Layer<T> {
   int I_;    // the MLP's hidden width
   int NH_;   // query heads
   int NKV_;  // key/value heads
-  int W_;    // qkv's width, C + 2·NKV·hs
+  int A_;    // the query heads' width, NH·hs (C unpruned)
+  int W_;    // qkv's width, A + 2·NKV·hs
   RopeParams rope_;
   Param<T>*rms1w_, *qkvw_, *ow_, *rms2w_, *guw_, *downw_;
   void *rms1_rstd_ = nullptr, *qkv_ = nullptr, *atty_ = nullptr, *res1_ = nullptr,
@@ -1188,20 +1211,16 @@ void check_kept(const std::string& block, const std::vector<uint32_t>& keep, uin
           short_unit + " " + std::to_string(keep[i]) + " at position " + std::to_string(i) + ")");
 }
 
-// resize_mlp / resize_heads: block `layer` of `layers` (std::invalid_argument for another layer).
+// resize_mlp / resize_heads: block `layer` of `layers` (std::invalid_argument for another layer),
+// a GPT-2 Block or a LlamaBlock.
 template <class T>
-Block<T>& block_to_resize(const std::vector<std::unique_ptr<Layer<T>>>& layers, int n_layer,
+Layer<T>& block_to_resize(const std::vector<std::unique_ptr<Layer<T>>>& layers, int n_layer,
                           int layer) {
   if (layer < 1 || layer > n_layer)
     throw std::invalid_argument("layer " + std::to_string(layer) +
                                 " is no transformer block (blocks are layers 1 .. " +
                                 std::to_string(n_layer) + ")");
-  auto* block = dynamic_cast<Block<T>*>(layers[size_t(layer)].get());
-  if (!block)
-    throw std::invalid_argument(layers[size_t(layer)]->name() +
-                                " is a Llama block: structured pruning (resize_mlp, resize_heads) "
-                                "is built for arch = \"gpt2\" only");
-  return *block;
+  return *layers[size_t(layer)];
 }
 
 // The index of layer `layer`'s first parameter in Gpt::params().
@@ -1213,97 +1232,145 @@ size_t first_param(const std::vector<std::unique_ptr<Layer<T>>>& layers, int lay
   return first;
 }
 
+// How one parameter of a block shrinks: its name's tail, new shape, axis and kept indices.
+struct Shrink {
+  const char* tail;
+  std::vector<int64_t> new_shape;
+  int axis;
+  std::vector<uint32_t> keep;
+};
+
+// What `block` (layer `layer`) changes: one ParamResize per parameter a Shrink names.
+template <class T>
+std::vector<ParamResize> resizes_of(const std::vector<std::unique_ptr<Layer<T>>>& layers, int layer,
+                                    const std::vector<Shrink>& shrinks) {
+  const Layer<T>& block = *layers[size_t(layer)];
+  const size_t first = first_param(layers, layer);
+  std::vector<ParamResize> out;
+  const auto& ps = block.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    for (const Shrink& s : shrinks) {
+      if (!ends_with(ps[i]->name, s.tail)) continue;
+      ParamResize r;
+      r.param = first + i;
+      r.layer = layer;
+      r.index = int(i);
+      r.name = ps[i]->name;
+      r.old_shape = ps[i]->shape;
+      r.new_shape = s.new_shape;
+      r.axis = s.axis;
+      r.keep = s.keep;
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+// The kept heads' elements of one section of heads of `hs` elements each.
+std::vector<uint32_t> head_elements(const std::vector<uint32_t>& heads, int64_t hs,
+                                    int64_t offset = 0) {
+  std::vector<uint32_t> out;
+  for (uint32_t h : heads)
+    for (int64_t e = 0; e < hs; ++e)
+      out.push_back(uint32_t(offset + int64_t(h) * hs + e));
+  return out;
+}
+
 }  // namespace
 
 template <class T>
 std::vector<ParamResize> Gpt<T>::resize_mlp(int layer, const std::vector<uint32_t>& keep) {
-  Block<T>& block = block_to_resize(layers_, config_.n_layer, layer);
-  const int H = block.hidden();
+  Layer<T>& block = block_to_resize(layers_, config_.n_layer, layer);
+  auto* gpt2 = dynamic_cast<Block<T>*>(&block);
+  auto* llama = dynamic_cast<LlamaBlock<T>*>(&block);
+  const int H = gpt2 ? gpt2->hidden() : llama->hidden();
   check_kept(block.name(), keep, uint32_t(H), "MLP unit", "its width " + std::to_string(H), "unit");
-  const size_t first = first_param(layers_, layer);
   const int64_t C = config_.n_embd, K = int64_t(keep.size());
   std::vector<ParamResize> out;
-  const auto& ps = block.params();
-  for (size_t i = 0; i < ps.size(); ++i) {
-    const std::string& name = ps[i]->name;
-    ParamResize r;
-    auto ends = [&](const char* tail) { return ends_with(name, tail); };
-    if (ends("mlp.c_fc.weight")) {
-      r.new_shape = {K, C};
-      r.axis = 0;
-    } else if (ends("mlp.c_fc.bias")) {
-      r.new_shape = {K};
-      r.axis = 0;
-    } else if (ends("mlp.c_proj.weight")) {
-      r.new_shape = {C, K};
-      r.axis = 1;
-    } else {
-      continue;
-    }
-    r.param = first + i;
-    r.layer = layer;
-    r.index = int(i);
-    r.name = name;
-    r.old_shape = ps[i]->shape;
-    r.keep = keep;
-    out.push_back(std::move(r));
+  if (gpt2) {
+    out = resizes_of(layers_, layer,
+                     {{"mlp.c_fc.weight", {K, C}, 0, keep},
+                      {"mlp.c_fc.bias", {K}, 0, keep},
+                      {"mlp.c_proj.weight", {C, K}, 1, keep}});
+  } else {
+    // gate_up_proj's rows are gate (H) above up (H): unit j is rows j and H + j.
+    std::vector<uint32_t> rows = keep;
+    for (uint32_t j : keep)
+      rows.push_back(uint32_t(H) + j);
+    out = resizes_of(layers_, layer,
+                     {{"mlp.gate_up_proj.weight", {2 * K, C}, 0, rows},
+                      {"mlp.down_proj.weight", {C, K}, 1, keep}});
   }
   block.shrink_params(out);
-  block.set_hidden(int(K));
-  if (config_.mlp_hidden.empty()) config_.mlp_hidden.assign(size_t(config_.n_layer), int(4 * C));
+  if (gpt2) {
+    gpt2->set_hidden(int(K));
+  } else {
+    llama->set_hidden(int(K));
+  }
+  if (config_.mlp_hidden.empty())
+    config_.mlp_hidden.assign(size_t(config_.n_layer), config_.default_mlp_width());
   config_.mlp_hidden[size_t(layer - 1)] = int(K);
   return out;
 }
 
 template <class T>
 std::vector<ParamResize> Gpt<T>::resize_heads(int layer, const std::vector<uint32_t>& keep) {
-  Block<T>& block = block_to_resize(layers_, config_.n_layer, layer);
-  const int NH = block.heads();
+  Layer<T>& block = block_to_resize(layers_, config_.n_layer, layer);
+  auto* gpt2 = dynamic_cast<Block<T>*>(&block);
+  auto* llama = dynamic_cast<LlamaBlock<T>*>(&block);
+  const int NH = gpt2 ? gpt2->heads() : llama->heads();
   check_kept(block.name(), keep, uint32_t(NH), "attention head",
              "its " + std::to_string(NH) + " heads", "head");
-  const size_t first = first_param(layers_, layer);
   const int64_t C = config_.n_embd, hs = C / config_.n_head, A = int64_t(NH) * hs;
   const int64_t A2 = int64_t(keep.size()) * hs;
   // The kept heads' elements of one (A)-wide section: hs of them a head.
-  std::vector<uint32_t> section;
-  for (uint32_t h : keep)
-    for (int64_t e = 0; e < hs; ++e)
-      section.push_back(uint32_t(int64_t(h) * hs + e));
-  // qkv's rows are q, k, v sections of A each (the attention kernels' layout).
-  std::vector<uint32_t> qkv;
-  for (int64_t part = 0; part < 3; ++part)
-    for (uint32_t e : section)
-      qkv.push_back(uint32_t(part * A + e));
+  const std::vector<uint32_t> section = head_elements(keep, hs);
   std::vector<ParamResize> out;
-  const auto& ps = block.params();
-  for (size_t i = 0; i < ps.size(); ++i) {
-    const std::string& name = ps[i]->name;
-    ParamResize r;
-    auto ends = [&](const char* tail) { return ends_with(name, tail); };
-    if (ends("attn.c_attn.weight")) {
-      r.new_shape = {3 * A2, C};
-      r.axis = 0;
-      r.keep = qkv;
-    } else if (ends("attn.c_attn.bias")) {
-      r.new_shape = {3 * A2};
-      r.axis = 0;
-      r.keep = qkv;
-    } else if (ends("attn.c_proj.weight")) {
-      r.new_shape = {C, A2};
-      r.axis = 1;
-      r.keep = section;
-    } else {
-      continue;
+  if (gpt2) {
+    // qkv's rows are q, k, v sections of A each (the attention kernels' layout).
+    std::vector<uint32_t> qkv;
+    for (int64_t part = 0; part < 3; ++part)
+      for (uint32_t e : section)
+        qkv.push_back(uint32_t(part * A + e));
+    out = resizes_of(layers_, layer,
+                     {{"attn.c_attn.weight", {3 * A2, C}, 0, qkv},
+                      {"attn.c_attn.bias", {3 * A2}, 0, qkv},
+                      {"attn.c_proj.weight", {C, A2}, 1, section}});
+  } else {
+    // Grouped-query attention: KV head g serves query heads g·G .. g·G + G - 1 (G = n_head /
+    // n_kv_head). Heads go in whole groups, so that every KV head left has all its query heads
+    // and the group size stays the model's.
+    const uint32_t G = uint32_t(config_.n_head / config_.kv_heads());
+    std::vector<uint32_t> groups;
+    for (size_t i = 0; i < keep.size(); i += G) {
+      bool whole = i + G <= keep.size() && keep[i] % G == 0;
+      for (uint32_t e = 1; whole && e < G; ++e)
+        whole = keep[i + e] == keep[i] + e;
+      if (!whole)
+        throw std::invalid_argument(
+            block.name() + ": the kept attention heads must be whole key/value groups (each KV " +
+            "head is shared by " + std::to_string(G) + " consecutive query heads, " +
+            "n_head / n_kv_head): head " + std::to_string(keep[i]) + " at position " +
+            std::to_string(i) + " does not start a whole group");
+      groups.push_back(keep[i] / G);
     }
-    r.param = first + i;
-    r.layer = layer;
-    r.index = int(i);
-    r.name = name;
-    r.old_shape = ps[i]->shape;
-    out.push_back(std::move(r));
+    const int64_t KV = int64_t(llama->kv_heads()) * hs, KV2 = int64_t(groups.size()) * hs;
+    // qkv_proj's rows: q (A: the query heads), k (KV), v (KV).
+    std::vector<uint32_t> qkv = section;
+    for (uint32_t e : head_elements(groups, hs, A))
+      qkv.push_back(e);
+    for (uint32_t e : head_elements(groups, hs, A + KV))
+      qkv.push_back(e);
+    out = resizes_of(layers_, layer,
+                     {{"self_attn.qkv_proj.weight", {A2 + 2 * KV2, C}, 0, qkv},
+                      {"self_attn.o_proj.weight", {C, A2}, 1, section}});
   }
   block.shrink_params(out);
-  block.set_heads(int(keep.size()));
+  if (gpt2) {
+    gpt2->set_heads(int(keep.size()));
+  } else {
+    llama->set_heads(int(keep.size()));
+  }
   if (config_.attn_heads.empty())
     config_.attn_heads.assign(size_t(config_.n_layer), config_.n_head);
   config_.attn_heads[size_t(layer - 1)] = int(keep.size());
@@ -1335,9 +1402,10 @@ template class Gpt<double>;
 uint64_t gpt_block_params(const ModelConfig& m, int block) {
   const uint64_t C = m.n_embd, H = uint64_t(m.mlp_width(block));
   if (m.llama()) {
-    // two RMSNorms, qkv_proj (C + 2KV, C), o_proj (C, C), gate_up_proj (2I, C), down_proj (C, I)
-    const uint64_t KV = uint64_t(m.kv_width());
-    return 2 * C + (C + 2 * KV) * C + C * C + 3 * H * C;
+    // two RMSNorms, qkv_proj (A + 2KV, C), o_proj (C, A), gate_up_proj (2I, C), down_proj (C, I);
+    // A = C and KV = kv_width() unpruned
+    const uint64_t A = uint64_t(m.attn_width(block)), KV = uint64_t(m.kv_width(block));
+    return 2 * C + (A + 2 * KV) * C + C * A + 3 * H * C;
   }
   const uint64_t A = uint64_t(m.attn_width(block));
   // ln_1, c_attn (3A, C) and its bias, attn c_proj (C, A) and its bias, ln_2, c_fc (H, C) and its
@@ -1371,14 +1439,13 @@ std::vector<ParamShape> gpt_param_shapes(const ModelConfig& m) {
   using Shapes = std::vector<std::tuple<const char*, std::vector<int64_t>, bool>>;
   if (m.llama()) {
     std::vector<ParamShape> out = {{0, "model.embed_tokens.weight", {m.vocab_size, C}, true}};
-    const int64_t W = C + 2 * int64_t(m.kv_width());
     for (int l = 0; l < m.n_layer; ++l) {
       const std::string h = "model.layers." + std::to_string(l) + ".";
-      const int64_t I = m.mlp_width(l);
+      const int64_t I = m.mlp_width(l), A = m.attn_width(l), W = A + 2 * int64_t(m.kv_width(l));
       for (const auto& [name, shape, decay] :
            Shapes{{"input_layernorm.weight", {C}, false},
                   {"self_attn.qkv_proj.weight", {W, C}, true},
-                  {"self_attn.o_proj.weight", {C, C}, true},
+                  {"self_attn.o_proj.weight", {C, A}, true},
                   {"post_attention_layernorm.weight", {C}, false},
                   {"mlp.gate_up_proj.weight", {2 * I, C}, true},
                   {"mlp.down_proj.weight", {C, I}, true}})
@@ -1417,7 +1484,7 @@ uint64_t gpt_block_workspace_bytes(const ModelConfig& m, int B, int T, Dtype dt,
                                    uint64_t attention_scratch) {
   const uint64_t N = uint64_t(B) * T, C = m.n_embd, H = uint64_t(m.mlp_width(block));
   if (m.llama()) {
-    const uint64_t W = C + 2 * uint64_t(m.kv_width());
+    const uint64_t W = uint64_t(m.attn_width(block)) + 2 * uint64_t(m.kv_width(block));
     return dtype_size(dt) * (N * std::max(2 * H, W) + N * std::max(H, C) + 2 * N * C);
   }
   const uint64_t A = uint64_t(m.attn_width(block));
@@ -1448,11 +1515,13 @@ uint64_t gpt_head_workspace_bytes(const ModelConfig& m, int B, int T, Dtype dt) 
 uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt, int block) {
   const uint64_t N = uint64_t(B) * T, C = m.n_embd, H = uint64_t(m.mlp_width(block));
   if (m.llama()) {
-    // qkv (B, T, C + 2KV), attention out, residual and out (B, T, C) each, gate|up (B, T, 2I);
-    // two RMSNorm rstd (B, T) and the tiled attention's (B, NH, T) log-sum-exp in the statistics'
-    // dtype (the RMSNorm and SwiGLU outputs are computed again in backward).
-    const uint64_t W = C + 2 * uint64_t(m.kv_width()), NH = uint64_t(m.n_head);
-    return dtype_size(dt) * (N * W + 3 * N * C + 2 * N * H) +
+    // qkv (B, T, A + 2KV), attention out (B, T, A), residual and out (B, T, C) each, gate|up
+    // (B, T, 2I); two RMSNorm rstd (B, T) and the tiled attention's (B, NH, T) log-sum-exp in the
+    // statistics' dtype (the RMSNorm and SwiGLU outputs are computed again in backward). A = C,
+    // KV = kv_width() and NH = n_head unpruned.
+    const uint64_t A = uint64_t(m.attn_width(block)), NH = uint64_t(m.heads(block));
+    const uint64_t W = A + 2 * uint64_t(m.kv_width(block));
+    return dtype_size(dt) * (N * W + N * A + 2 * N * C + 2 * N * H) +
            dtype_size(stat_dtype(dt)) * (2 * N + N * NH);
   }
   const uint64_t A = uint64_t(m.attn_width(block));

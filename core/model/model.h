@@ -366,15 +366,21 @@ class Gpt {
   void release_micro_step();
   // Structured pruning of block `layer`'s MLP (layers 1 .. n_layer): keeps the hidden units
   // `keep` names (ascending, distinct, within its width, at least one) — their rows of
-  // mlp.c_fc.weight and mlp.c_fc.bias, their columns of mlp.c_proj.weight — and removes the
-  // rest from every slot (Layer::shrink_params). The block computes with the new width from its
-  // next forward on; config().mlp_hidden says it. Returns what changed, for the optimizer's
-  // state. std::invalid_argument for a bad layer or `keep`; std::logic_error for a sharded layer
-  // or one that holds activations.
+  // mlp.c_fc.weight and mlp.c_fc.bias, their columns of mlp.c_proj.weight; a Llama's rows j and
+  // I + j of mlp.gate_up_proj.weight (gate and up) and column j of mlp.down_proj.weight — and
+  // removes the rest from every slot (Layer::shrink_params). The block computes with the new
+  // width from its next forward on; config().mlp_hidden says it. Returns what changed, for the
+  // optimizer's state. std::invalid_argument for a bad layer or `keep`; std::logic_error for a
+  // sharded layer or one that holds activations.
   std::vector<ParamResize> resize_mlp(int layer, const std::vector<uint32_t>& keep);
   // The same for block `layer`'s attention heads: keeps the heads `keep` names — their q, k and v
   // rows of attn.c_attn.weight and its bias, their columns of attn.c_proj.weight — so the block's
-  // attention width becomes count · (n_embd / n_head); config().attn_heads says it.
+  // attention width becomes count · (n_embd / n_head); config().attn_heads says it. A Llama's
+  // heads go in whole key/value groups: `keep` must list every query head of each group it keeps
+  // (G = n_head / n_kv_head consecutive heads sharing one KV head; std::invalid_argument
+  // otherwise), and the block keeps their q rows and the groups' k and v rows of
+  // self_attn.qkv_proj.weight and their columns of self_attn.o_proj.weight
+  // (config().kv_heads(block) follows).
   std::vector<ParamResize> resize_heads(int layer, const std::vector<uint32_t>& keep);
 
   const ModelConfig& config() const { return config_; }

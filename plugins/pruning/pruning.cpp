@@ -28,19 +28,30 @@
 //    clipped; a vetoed step adds nothing).
 // Ties go to the lower index. Refused (by the host, with its message) on more ranks or with a
 // zero plugin, and with an optimizer-role plugin that cannot resize its state.
+// On a Llama (arch = "llama") a unit is a SwiGLU hidden unit: row j of gate and row j of up (the
+// fused mlp.gate_up_proj, gate above up) and column j of mlp.down_proj go together; its
+// importance is the sum of |w| (or |w·∂L/∂w|) over those three (no biases).
 //
 // mode = "unstructured" — magnitude masks on the weight matrices of the blocks (attn.c_attn,
-// attn.c_proj, mlp.c_fc, mlp.c_proj): at each pruning step the round(s_t·n) smallest |w| of each
-// matrix are masked (the masked ones stay masked); after every update from then on the masked
-// weights are set to zero. This saves no memory: the tensors keep their size and the masks (one
-// byte per weight, device memory of category parameters) add to it. The log says so. Needs f32
-// weights (no compute copy: amp's bf16 copies would keep the unmasked values).
+// attn.c_proj, mlp.c_fc, mlp.c_proj; a Llama's qkv_proj, o_proj, gate_up_proj, down_proj): at each
+// pruning step the round(s_t·n) smallest |w| of each matrix are masked (the masked ones stay
+// masked); after every update from then on the masked weights are set to zero. This saves no
+// memory: the tensors keep their size and the masks (one byte per weight, device memory of category
+// parameters) add to it. The log says so. Needs f32 weights (no compute copy: amp's bf16 copies
+// would keep the unmasked values).
 //
 // mode = "heads" — structured, the same for attention heads: every block keeps
 // round((1 − s_t)·NH0) of its NH0 heads (at least one), ranked by the same sums over a head's
 // q, k and v rows of attn.c_attn (weight and bias: 3·hs rows, hs = n_embd / n_head) and its hs
 // columns of attn.c_proj.weight; core removes the rest (headroom.resize/1 keep_attn_heads), and
 // the block's qkv (B, T, 3A), attention (B, NH, T, T) and output (B, T, A) shrink with them.
+// On a Llama the heads go in whole key/value groups: a group is a KV head and the G = n_head /
+// n_kv_head query heads that share it, and every block keeps round((1 − s_t)·NKV0) of its NKV0
+// groups (at least one), ranked by the sums over the group's q rows, its KV head's k and v rows
+// of self_attn.qkv_proj and its query heads' columns of self_attn.o_proj. So every KV head left
+// keeps all its query heads and the group size stays the model's (the GQA kernels and a
+// Hugging Face config need one); without GQA (n_kv_head = n_head) a group is one head, as GPT-2's.
+// With n_kv_head = 1 there is nothing to prune: refused at TRAIN_BEGIN.
 //
 // State in snapshots: the widths H0, the Taylor sums, the masks, so a resume is bitwise.
 // Training thread only; no locking. Only hr_plugin_entry is exported; no C++ exception crosses
@@ -231,23 +242,18 @@ class Pruning {
   int32_t blocks() const { return s_->num_layers(s_->host) - 2; }
 
   hr_status train_begin() {
-    // A Llama (arch = "llama": Hugging Face's Llama names) has no GPT-2 MLP or fused attention
-    // to shrink: its SwiGLU units (gate, up and down together) and KV groups are not built yet.
-    hr_tensor embed;
-    std::memset(&embed, 0, sizeof embed);
-    embed.struct_size = sizeof embed;
-    if (tensors_->find_param(s_->host, "model.embed_tokens.weight", &embed, nullptr, nullptr) ==
-        HR_OK)
-      return fail(HR_ERROR_UNSUPPORTED,
-                  "this model is arch = \"llama\", and pruning's modes are built for arch = "
-                  "\"gpt2\" only (mlp.c_fc and c_proj, attn.c_attn); remove the plugin, or train "
-                  "a gpt2 model");
     const int32_t L = blocks();
     if (c_.mode != Mode::kUnstructured) {
       if (h0_.empty())  // a fresh run: the widths it began with (a resume loaded them)
         for (int32_t b = 0; b < L; ++b)
-          h0_.push_back(width(b + 1));
+          h0_.push_back(units(b + 1));
       if (int32_t(h0_.size()) != L) return damaged("it is of a model with other blocks");
+      // A Llama's heads go in whole KV groups, and one group must stay.
+      if (c_.mode == Mode::kHeads && L > 0 && is_llama(1) && h0_[0] == 1)
+        return fail(HR_ERROR_UNSUPPORTED,
+                    "mode = \"heads\" removes a Llama's attention heads in whole key/value "
+                    "groups, and this model's blocks have one (n_kv_head = 1), which must stay: "
+                    "nothing could be pruned; use mode = \"mlp\"");
       return HR_OK;
     }
     // Unstructured: f32 weights only (a compute copy would keep the unmasked values).
@@ -315,34 +321,67 @@ class Pruning {
     return tensors_->write(s_->host, dst, src, bytes);
   }
 
-  // The three MLP parameters of block layer `layer`: c_fc.weight, c_fc.bias, c_proj.weight.
-  struct Mlp {
-    int32_t fcw = -1, fcb = -1, projw = -1;
-  };
-  Mlp mlp_of(int32_t layer) const {
-    Mlp m;
+  // The index of block layer `layer`'s parameter whose name ends with `tail`, or -1.
+  int32_t find(int32_t layer, const char* tail) const {
     const int32_t n = s_->layer_num_params(s_->host, layer);
     for (int32_t i = 0; i < n; ++i) {
       const hr_tensor t = param(layer, i);
-      const std::string name = t.name ? t.name : "";
-      if (ends_with(name, "mlp.c_fc.weight")) m.fcw = i;
-      if (ends_with(name, "mlp.c_fc.bias")) m.fcb = i;
-      if (ends_with(name, "mlp.c_proj.weight")) m.projw = i;
+      if (ends_with(t.name ? t.name : "", tail)) return i;
     }
-    if (m.fcw < 0 || m.fcb < 0 || m.projw < 0)
-      throw std::runtime_error("layer " + std::to_string(layer) + " has no MLP to prune");
-    return m;
+    return -1;
+  }
+  int32_t need(int32_t layer, const char* tail, const char* what) const {
+    const int32_t i = find(layer, tail);
+    if (i < 0)
+      throw std::runtime_error("layer " + std::to_string(layer) + " has no " + what +
+                               " to prune (no parameter *" + tail + ")");
+    return i;
+  }
+  // A Llama block (arch = "llama": Hugging Face's Llama names, gate and up fused, q, k and v
+  // fused), else GPT-2's.
+  bool is_llama(int32_t layer) const { return find(layer, "mlp.gate_up_proj.weight") >= 0; }
+
+  // A Llama block's grouped-query attention now, from its shapes: qkv_proj (A + 2·KV, C),
+  // o_proj (C, A), NH heads of hs = A / NH, NKV = KV / hs groups of G = NH / NKV heads.
+  struct Gqa {
+    int32_t qkv = -1, o = -1;
+    uint64_t A = 0, KV = 0, C = 0, NH = 0, hs = 0, NKV = 0, G = 1;
+  };
+  Gqa gqa_of(int32_t layer) const {
+    Gqa g;
+    g.qkv = need(layer, "self_attn.qkv_proj.weight", "attention");
+    g.o = need(layer, "self_attn.o_proj.weight", "attention");
+    const hr_tensor q = param(layer, g.qkv), o = param(layer, g.o);
+    g.C = uint64_t(o.shape[0]);
+    g.A = uint64_t(o.shape[1]);
+    g.KV = (uint64_t(q.shape[0]) - g.A) / 2;
+    g.NH = uint64_t(resize_->attn_heads(s_->host, layer));
+    g.hs = g.A / g.NH;
+    g.NKV = g.KV / g.hs;
+    g.G = g.NH / g.NKV;
+    return g;
   }
 
-  // What the mode prunes: MLP units or heads. How many block layer `layer` has now.
-  int32_t width(int32_t layer) const {
-    return c_.mode == Mode::kHeads ? resize_->attn_heads(s_->host, layer)
-                                   : resize_->mlp_width(s_->host, layer);
+  // What the mode prunes, and how many block layer `layer` has now: MLP units, or attention
+  // heads — a Llama's in whole KV groups (its units are the groups).
+  int32_t units(int32_t layer) const {
+    if (c_.mode != Mode::kHeads) return resize_->mlp_width(s_->host, layer);
+    const int32_t heads = resize_->attn_heads(s_->host, layer);
+    return is_llama(layer) ? heads / int32_t(gqa_of(layer).G) : heads;
   }
-  hr_status keep(int32_t layer, const std::vector<uint32_t>& units) const {
-    return c_.mode == Mode::kHeads
-               ? resize_->keep_attn_heads(s_->host, layer, units.data(), uint32_t(units.size()))
-               : resize_->keep_mlp_units(s_->host, layer, units.data(), uint32_t(units.size()));
+  // The heads (or MLP units) the kept units are: a Llama group's G consecutive query heads.
+  int32_t heads_per_unit(int32_t layer) const {
+    return c_.mode == Mode::kHeads && is_llama(layer) ? int32_t(gqa_of(layer).G) : 1;
+  }
+  hr_status keep(int32_t layer, const std::vector<uint32_t>& kept) const {
+    if (c_.mode != Mode::kHeads)
+      return resize_->keep_mlp_units(s_->host, layer, kept.data(), uint32_t(kept.size()));
+    const uint32_t G = uint32_t(heads_per_unit(layer));
+    std::vector<uint32_t> heads;
+    for (uint32_t u : kept)
+      for (uint32_t e = 0; e < G; ++e)
+        heads.push_back(u * G + e);
+    return resize_->keep_attn_heads(s_->host, layer, heads.data(), uint32_t(heads.size()));
   }
   const char* unit_name() const { return c_.mode == Mode::kHeads ? "heads" : "MLP units"; }
 
@@ -360,25 +399,35 @@ class Pruning {
 
   // Per unit of the block (what the mode prunes): the sum over its elements.
   std::vector<double> unit_sums(int32_t layer, bool with_grad) const {
-    return c_.mode == Mode::kHeads ? head_sums(layer, with_grad) : mlp_sums(layer, with_grad);
+    const bool llama = is_llama(layer);
+    if (c_.mode == Mode::kHeads)
+      return llama ? group_sums(layer, with_grad) : head_sums(layer, with_grad);
+    return llama ? swiglu_sums(layer, with_grad) : mlp_sums(layer, with_grad);
+  }
+
+  // Σ|m[row, :]| of a row-major matrix with `cols` columns.
+  static double row_sum(const std::vector<float>& m, uint64_t row, uint64_t cols) {
+    double s = 0.0;
+    for (uint64_t k = 0; k < cols; ++k)
+      s += std::fabs(double(m[row * cols + k]));
+    return s;
+  }
+  // Σ|m[:, col]| of a row-major (rows, cols) matrix.
+  static double col_sum(const std::vector<float>& m, uint64_t col, uint64_t rows, uint64_t cols) {
+    double s = 0.0;
+    for (uint64_t r = 0; r < rows; ++r)
+      s += std::fabs(double(m[r * cols + col]));
+    return s;
   }
 
   // Per head h: its q, k, v rows of c_attn (3A, C) and its bias, its columns of c_proj (C, A).
   std::vector<double> head_sums(int32_t layer, bool with_grad) const {
-    int32_t qkvw = -1, qkvb = -1, projw = -1;
-    const int32_t n = s_->layer_num_params(s_->host, layer);
-    for (int32_t i = 0; i < n; ++i) {
-      const hr_tensor t = param(layer, i);
-      const std::string name = t.name ? t.name : "";
-      if (ends_with(name, "attn.c_attn.weight")) qkvw = i;
-      if (ends_with(name, "attn.c_attn.bias")) qkvb = i;
-      if (ends_with(name, "attn.c_proj.weight")) projw = i;
-    }
-    if (qkvw < 0 || qkvb < 0 || projw < 0)
-      throw std::runtime_error("layer " + std::to_string(layer) + " has no attention to prune");
+    const int32_t qkvw = need(layer, "attn.c_attn.weight", "attention"),
+                  qkvb = need(layer, "attn.c_attn.bias", "attention"),
+                  projw = need(layer, "attn.c_proj.weight", "attention");
     const hr_tensor w = param(layer, qkvw), b = param(layer, qkvb), p = param(layer, projw);
     const uint64_t A = uint64_t(w.shape[0]) / 3, C = uint64_t(w.shape[1]);
-    const uint64_t NH = uint64_t(width(layer)), hs = A / NH;
+    const uint64_t NH = uint64_t(resize_->attn_heads(s_->host, layer)), hs = A / NH;
     const std::vector<float> a = values(w, with_grad), bb = values(b, with_grad),
                              pp = values(p, with_grad);
     std::vector<double> score(NH, 0.0);
@@ -387,33 +436,60 @@ class Pruning {
       for (uint64_t part = 0; part < 3; ++part)
         for (uint64_t e = 0; e < hs; ++e) {
           const uint64_t row = part * A + h * hs + e;
-          s += std::fabs(double(bb[row]));
-          for (uint64_t k = 0; k < C; ++k)
-            s += std::fabs(double(a[row * C + k]));
+          s += std::fabs(double(bb[row])) + row_sum(a, row, C);
         }
-      for (uint64_t r = 0; r < C; ++r)
-        for (uint64_t e = 0; e < hs; ++e)
-          s += std::fabs(double(pp[r * A + h * hs + e]));
+      for (uint64_t e = 0; e < hs; ++e)
+        s += col_sum(pp, h * hs + e, C, A);
       score[h] = s;
+    }
+    return score;
+  }
+
+  // A Llama's KV group k: its G query heads' q rows of qkv_proj (A + 2·KV, C), its KV head's k
+  // and v rows, and the query heads' columns of o_proj (C, A). No biases.
+  std::vector<double> group_sums(int32_t layer, bool with_grad) const {
+    const Gqa g = gqa_of(layer);
+    const std::vector<float> q = values(param(layer, g.qkv), with_grad),
+                             o = values(param(layer, g.o), with_grad);
+    std::vector<double> score(g.NKV, 0.0);
+    for (uint64_t k = 0; k < g.NKV; ++k) {
+      double s = 0.0;
+      for (uint64_t e = 0; e < g.G * g.hs; ++e) {
+        const uint64_t col = k * g.G * g.hs + e;  // the group's query heads are consecutive
+        s += row_sum(q, col, g.C) + col_sum(o, col, g.C, g.A);
+      }
+      for (uint64_t e = 0; e < g.hs; ++e)
+        s += row_sum(q, g.A + k * g.hs + e, g.C) + row_sum(q, g.A + g.KV + k * g.hs + e, g.C);
+      score[k] = s;
     }
     return score;
   }
 
   // Per MLP unit j: its row of c_fc (H, C) and its bias, its column of c_proj (C, H).
   std::vector<double> mlp_sums(int32_t layer, bool with_grad) const {
-    const Mlp m = mlp_of(layer);
-    const hr_tensor fcw = param(layer, m.fcw), fcb = param(layer, m.fcb),
-                    pw = param(layer, m.projw);
-    const uint64_t H = uint64_t(fcw.shape[0]), C = uint64_t(fcw.shape[1]);
+    const int32_t fcw = need(layer, "mlp.c_fc.weight", "MLP"),
+                  fcb = need(layer, "mlp.c_fc.bias", "MLP"),
+                  projw = need(layer, "mlp.c_proj.weight", "MLP");
+    const hr_tensor w = param(layer, fcw), b = param(layer, fcb), pw = param(layer, projw);
+    const uint64_t H = uint64_t(w.shape[0]), C = uint64_t(w.shape[1]);
     std::vector<double> score(H, 0.0);
-    const std::vector<float> a = values(fcw, with_grad), b = values(fcb, with_grad),
+    const std::vector<float> a = values(w, with_grad), bb = values(b, with_grad),
                              p = values(pw, with_grad);
-    for (uint64_t j = 0; j < H; ++j) {
-      double s = std::fabs(double(b[j]));
-      for (uint64_t k = 0; k < C; ++k)
-        s += std::fabs(double(a[j * C + k])) + std::fabs(double(p[k * H + j]));
-      score[j] = s;
-    }
+    for (uint64_t j = 0; j < H; ++j)
+      score[j] = std::fabs(double(bb[j])) + row_sum(a, j, C) + col_sum(p, j, C, H);
+    return score;
+  }
+
+  // A Llama's SwiGLU unit j: its gate row j and up row I + j of gate_up_proj (2I, C), its
+  // column j of down_proj (C, I).
+  std::vector<double> swiglu_sums(int32_t layer, bool with_grad) const {
+    const hr_tensor gu = param(layer, need(layer, "mlp.gate_up_proj.weight", "MLP")),
+                    down = param(layer, need(layer, "mlp.down_proj.weight", "MLP"));
+    const uint64_t I = uint64_t(gu.shape[0]) / 2, C = uint64_t(gu.shape[1]);
+    const std::vector<float> a = values(gu, with_grad), d = values(down, with_grad);
+    std::vector<double> score(I, 0.0);
+    for (uint64_t j = 0; j < I; ++j)
+      score[j] = row_sum(a, j, C) + row_sum(a, I + j, C) + col_sum(d, j, C, I);
     return score;
   }
 
@@ -450,10 +526,10 @@ class Pruning {
     std::string widths;
     for (int32_t b = 0; b < L; ++b) {
       const int32_t layer = b + 1;
-      const int32_t H = width(layer);
+      const int32_t H = units(layer), per = heads_per_unit(layer);
       const int32_t H0 = h0_[size_t(b)];
       const int32_t keep_n = std::max<int32_t>(1, H0 - int32_t(std::lround(target * double(H0))));
-      widths += (b ? "," : "") + std::to_string(std::min(H, keep_n));
+      widths += (b ? "," : "") + std::to_string(std::min(H, keep_n) * per);
       if (keep_n >= H) continue;
       std::vector<double> score;
       if (c_.taylor && !taylor_.empty() && taylor_[size_t(b)].size() == size_t(H)) {
@@ -470,7 +546,7 @@ class Pruning {
       std::sort(order.begin(), order.end());
       const hr_status st = keep(layer, order);
       if (st != HR_OK) return st;  // the host's message stands
-      removed += uint64_t(H - keep_n);
+      removed += uint64_t(H - keep_n) * uint64_t(per);
     }
     taylor_.clear();  // the next window starts empty
     hr_memory_stats after = before;
@@ -579,7 +655,8 @@ class Pruning {
   const hr_ext_tensors* tensors_;
   const hr_ext_resize* resize_;
   const hr_ext_precision* precision_;
-  std::vector<int32_t> h0_;  // mlp, heads: each block's width (heads) when the run began
+  // mlp, heads: each block's units when the run began (MLP units, heads; a Llama's KV groups)
+  std::vector<int32_t> h0_;
   std::vector<std::vector<double>> taylor_;         // mlp, taylor: per block, per unit
   std::vector<Mask> masks_;                         // unstructured
   std::vector<std::vector<uint8_t>> loaded_masks_;  // from a snapshot, until TRAIN_BEGIN

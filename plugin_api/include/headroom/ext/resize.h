@@ -13,6 +13,13 @@
  * before the new ones are made (their contents pass through host memory), so no moment holds
  * both sizes. Snapshots, weights files and estimates know each block's width.
  *
+ * A Llama block (arch = "llama"): keep_mlp_units keeps SwiGLU unit j's row j (gate) and row
+ * I + j (up) of mlp.gate_up_proj.weight and column j of mlp.down_proj.weight; keep_attn_heads
+ * takes whole key/value groups only (every one of the n_head / n_kv_head consecutive query heads
+ * of each KV head it keeps; HR_ERROR_INVALID for a list that splits one) and keeps their q rows,
+ * the groups' k and v rows of self_attn.qkv_proj.weight and their columns of
+ * self_attn.o_proj.weight. attn_heads counts query heads.
+ *
  * Training thread, from STEP_END or TRAIN_BEGIN only (no activations alive, the step's update
  * done); HR_ERROR_NOT_ALLOWED from any other moment. Refused (HR_ERROR_UNSUPPORTED, with a
  * message, nothing changed) when the run shards its model state (a zero plugin), runs on more
