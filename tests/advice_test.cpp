@@ -82,19 +82,32 @@ INSTANTIATE_TEST_SUITE_P(
                    "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"checkpoint\"\n"}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// Selective keeps the GEMM outputs: HR_DROP_CHEAP is counted as kept, an upper bound.
-TEST(StrategyEstimate, SelectiveIsAnUpperBound) {
-  const Config c = test::config_from(
-      std::string(kModel) + "[[plugins]]\nname = \"checkpoint\"\npolicy = \"selective\"\n",
-      {"train.micro_batch=8"});
-  const ConfigEstimate e = estimate_config(c);
-  ASSERT_EQ(e.plugins.size(), 1u);
-  EXPECT_TRUE(e.plugins[0].ok());
-  EXPECT_EQ(e.mechanisms.drop[1], HR_DROP_CHEAP);
-  EXPECT_EQ(e.mechanisms.drop[0], HR_KEEP_ACTIVATIONS);  // the embedding cannot drop
-  Trainer t(c, TrainOptions{});
-  t.run();
-  EXPECT_GE(e.peak.total(), t.device().tracker().peak_total());
+// Selective keeps the GEMM outputs and drops the cheap tensors (HR_DROP_CHEAP): the closed form
+// holds a block's activations less its cheap ones between its forward and its backward, and in
+// its backward all but its output (freed before the cheap ones are made again). Exact too, with
+// the tiled attention and the naive one (whose probabilities are the cheap tensors), with amp.
+TEST(StrategyEstimate, SelectiveIsTheTrackersPeakByCategory) {
+  for (const char* extra : {"", "[[plugins]]\nname = \"amp\"\n"}) {
+    for (const char* attention : {"model.attention=\"tiled\"", "model.attention=\"naive\""}) {
+      const Config c = test::config_from(std::string(kModel) + extra +
+                                             "[[plugins]]\nname = \"checkpoint\"\npolicy = "
+                                             "\"selective\"\n",
+                                         {"train.micro_batch=8", attention});
+      const ConfigEstimate e = estimate_config(c);
+      ASSERT_EQ(e.plugins.size(), c.plugins.size());
+      for (const PluginEstimate& pe : e.plugins)
+        EXPECT_TRUE(pe.ok()) << pe.plugin;
+      EXPECT_EQ(e.mechanisms.drop[1], HR_DROP_CHEAP);
+      EXPECT_EQ(e.mechanisms.drop[0], HR_KEEP_ACTIVATIONS);  // the embedding cannot drop
+      Trainer t(c, TrainOptions{});
+      t.run();
+      const MemoryTracker& mt = t.device().tracker();
+      for (int i = 0; i < kNumCategories; ++i)
+        EXPECT_EQ(e.peak.at_peak[i], mt.live_at_peak()[i])
+            << extra << attention << " " << category_name(category_at(i));
+      EXPECT_EQ(e.peak.total(), mt.peak_total()) << extra << attention;
+    }
+  }
 }
 
 // A plugin without headroom.estimate/1 (here one built against the frozen ABI 1.0 header, which

@@ -1536,4 +1536,17 @@ uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt
          dtype_size(stat_dtype(dt)) * (4 * N + (tiled ? N * NH : 0));
 }
 
+uint64_t gpt_block_cheap_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt, int block) {
+  // What the blocks save as cheap (Layer::save's `cheap`): the attention's output and what the
+  // attention keeps besides it (save_attention), in the same dtypes as
+  // gpt_block_activation_bytes counts them.
+  const uint64_t N = uint64_t(B) * T, NH = uint64_t(m.heads(block));
+  if (m.llama())
+    return dtype_size(dt) * N * uint64_t(m.n_embd) + dtype_size(stat_dtype(dt)) * N * NH;
+  const uint64_t A = uint64_t(m.attn_width(block));
+  const bool tiled = m.attention != "naive";
+  return dtype_size(dt) * (N * A + (tiled ? 0 : N * NH * T)) +
+         (tiled ? dtype_size(stat_dtype(dt)) * N * NH : 0);
+}
+
 }  // namespace headroom

@@ -439,6 +439,11 @@ uint64_t gpt_loss_chunk_tokens(const ModelConfig& m, uint64_t N, Dtype dt);
 // stat_dtype(dt); with the naive attention its (B, NH, T, T) probabilities in `dt`).
 // Block `block`'s, at its MLP width (ModelConfig::mlp_width); block 0 when not given.
 uint64_t gpt_block_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt, int block = 0);
+// The part of those a selective drop (Drop::kCheap) frees and recompute_cheap() makes again: the
+// attention's output (B, T, attention width) in `dt` and its (B, NH, T) row log-sum-exp in
+// stat_dtype(dt) (the naive attention's (B, NH, T, T) probabilities in `dt`).
+uint64_t gpt_block_cheap_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt,
+                                          int block = 0);
 // Bytes of activations the head saves for a (B, T) micro-batch in compute dtype `dt`: ln_f (B, T,
 // C) and, with [model] loss = "full", the logits (B, T, V), in `dt`; ln_f's two statistics and
 // the per-token losses (B, T) in stat_dtype(dt). The chunked loss keeps no logits.

@@ -377,9 +377,11 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   // the head's ln_f, its statistics and the per-token losses, and with [model] loss = "full"
   // the (B, T, V) logits (the chunked loss keeps none: backward computes them again).
   // Block l's (layer l's) at its MLP width.
-  std::vector<uint64_t> full(H + 1, 0), block_ws(H + 1, 0);
-  for (size_t l = 1; l < H; ++l)
+  std::vector<uint64_t> full(H + 1, 0), cheap(H + 1, 0), block_ws(H + 1, 0);
+  for (size_t l = 1; l < H; ++l) {
     full[l] = gpt_block_activation_bytes(m, s.micro_batch, m.seq_len, s.compute, int(l) - 1);
+    cheap[l] = gpt_block_cheap_activation_bytes(m, s.micro_batch, m.seq_len, s.compute, int(l) - 1);
+  }
   const uint64_t out = es * N * C;  // a block's output; the embedding's
   const uint64_t head = gpt_head_activation_bytes(m, s.micro_batch, m.seq_len, s.compute);
   // Backward holds two (B, T, C) gradient buffers throughout, and each layer its own scratch:
@@ -402,11 +404,19 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     block_ws[l] =
         dres + gpt_block_workspace_bytes(m, s.micro_batch, int(T), s.compute, int(l) - 1, scratch);
   }
-  // A block that drops everything (HR_DROP_ALL) holds only its output between its forward and
-  // its backward; any other (kept, or HR_DROP_CHEAP, counted as kept: an upper bound) its full
-  // activations. In its own backward a block holds them all (recomputed when dropped).
+  // Between its forward and its backward a block that drops everything (HR_DROP_ALL) holds only
+  // its output; one that drops its cheap tensors (HR_DROP_CHEAP, selective) all but those; a kept
+  // one its full activations. In its own backward a block holds them all (recomputed when
+  // dropped), but for a selective drop its output: Layer::recompute frees that before it makes the
+  // cheap tensors again (backward does not read it).
+  auto drop_of = [&](size_t l) { return l < s.drop.size() ? s.drop[l] : HR_KEEP_ACTIVATIONS; };
   auto held = [&](size_t l) {
-    return l < s.drop.size() && s.drop[l] == HR_DROP_ALL ? out : full[l];
+    return drop_of(l) == HR_DROP_ALL     ? out
+           : drop_of(l) == HR_DROP_CHEAP ? full[l] - cheap[l]
+                                         : full[l];
+  };
+  auto in_backward = [&](size_t l) {
+    return drop_of(l) == HR_DROP_CHEAP ? full[l] - out : full[l];
   };
 
   // Sharded gradients (zero2, zero3): a layer's full gradients (fp32 and the compute dtype's)
@@ -462,7 +472,7 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
       act = out + below + head;
       ws = head_ws;
     } else if (l >= 1) {  // the blocks below, its own full activations
-      act = out + below + full[l];
+      act = out + below + in_backward(l);
       ws = block_ws[l];
     } else {  // the embedding holds its output
       act = out;

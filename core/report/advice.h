@@ -50,9 +50,10 @@ struct Mechanisms {
 // plugins.
 Mechanisms mechanisms_of(const Config& config, int world_size = 0);
 
-// The closed form of one rank's peak. Exact on the CPU backend when every layer keeps its
-// activations and when every block drops them all, with the optimizer state and the gradients
-// sharded or not; HR_DROP_CHEAP counts as kept (an upper bound). The rank is this process's when
+// The closed form of one rank's peak. Exact on the CPU backend for each layer kept, dropped whole
+// (HR_DROP_ALL) or dropped selectively (HR_DROP_CHEAP: the cheap tensors,
+// gpt_block_cheap_activation_bytes, freed until the block's backward), with the optimizer state
+// and the gradients sharded or not. The rank is this process's when
 // m.world_size is the launcher's, else rank 0 (the fullest: the padding is in the last ranks').
 PeakEstimate estimate_peak(const Config& config, const Mechanisms& m);
 PeakEstimate estimate_peak(const Config& config, const Mechanisms& m, int rank);

@@ -113,10 +113,9 @@ typedef struct hr_estimate_query {
   const hr_mechanisms* before;                 /* as the plugins before this one leave them */
   uint64_t baseline[HR_MEM_CATEGORY_COUNT_V1]; /* the peak bytes by category with `before` */
   /* Core's closed form: the peak bytes by category (out[HR_MEM_CATEGORY_COUNT_V1]) of a rank with
-   * the mechanisms set as `m`. Exact on the CPU backend for HR_DROP_ALL and every layer kept, with
-   * or without HR_SHARD_OPTIMIZER and HR_SHARD_GRADIENTS; an upper bound for HR_DROP_CHEAP
-   * (counted as kept). HR_SHARD_PARAMETERS follows zero3's schedule as core/report/advice.cpp
-   * draws it. */
+   * the mechanisms set as `m`. Exact on the CPU backend for every layer kept, HR_DROP_ALL and
+   * HR_DROP_CHEAP, with or without HR_SHARD_OPTIMIZER and HR_SHARD_GRADIENTS.
+   * HR_SHARD_PARAMETERS follows zero3's schedule as core/report/advice.cpp draws it. */
   void* context;
   hr_status (*peak)(void* context, const hr_mechanisms* m, uint64_t* out);
   /* At an out-of-memory failure: the failed request, the free bytes then and the largest free
