@@ -150,9 +150,7 @@ RunOutcome run(const std::string& plugin, int steps = 2, int grad_accum = 2) {
   return out;
 }
 
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using test::bitwise_equal;
 
 const RunOutcome& baseline() {
   static const RunOutcome b = run("");

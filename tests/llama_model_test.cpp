@@ -222,9 +222,7 @@ Outcome train(const std::string& extra, const std::vector<std::string>& sets = {
   return out;
 }
 
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using test::bitwise_equal;
 
 TEST(LlamaTraining, TheLossFalls) {
   const Outcome r = train("", {"train.steps=40", "train.micro_batch=8", "train.grad_accum=1",

@@ -288,14 +288,31 @@ TEST(LlamaPluginEstimateDynamicBatch, IsTheSettledRunsPeakByCategory) {
 // ---------------------------------------------------------------------------------------------
 // Training
 
+// Appends `n` elements of dtype `d` at `v` to `out`, each exactly: f32 as it is, a 16-bit dtype as
+// its bit pattern (a whole number a float holds), so that equal vectors mean equal bits.
+void append_exact(std::vector<float>& out, const void* v, Dtype d, uint64_t n) {
+  if (d == Dtype::kF32) {
+    const float* f = static_cast<const float*>(v);
+    out.insert(out.end(), f, f + n);
+  } else {
+    const uint16_t* h = static_cast<const uint16_t*>(v);
+    for (uint64_t i = 0; i < n; ++i)
+      out.push_back(float(h[i]));
+  }
+}
+
 struct GradRecorder final : EventListener {
   Trainer* trainer = nullptr;
-  std::vector<std::vector<float>> grads;  // one per step: every gradient, concatenated
+  // One per step: every gradient the optimizer reads (the masters' or, without masters, the
+  // compute copies'), concatenated.
+  std::vector<std::vector<float>> grads;
   void on_event(const EventInfo& e) override {
     if (e.event != Event::kGradsReady) return;
     std::vector<float> g;
-    for (Param<float>* p : trainer->model().params())
-      if (p->master().grad) g.insert(g.end(), p->master().grad, p->master().grad + p->numel);
+    for (Param<float>* p : trainer->model().params()) {
+      const auto o = p->optimized();
+      if (o.grad) append_exact(g, o.grad, o.grad_dtype, p->numel);
+    }
     grads.push_back(std::move(g));
   }
 };
@@ -303,7 +320,7 @@ struct GradRecorder final : EventListener {
 struct Outcome {
   std::vector<StepState> history;
   std::vector<std::vector<float>> grads;
-  std::vector<std::vector<float>> weights;  // after the run, as the model reads them (f32 view)
+  std::vector<std::vector<float>> weights;  // after the run, what the optimizer updates
   uint64_t peak_activations = 0;
   uint64_t peak = 0;
   std::vector<uint64_t> step1_attempt_starts;
@@ -334,8 +351,11 @@ Outcome train(const std::string& toml, const std::vector<std::string>& sets) {
   const auto access = t.model().master_access(true, false);
   for (size_t l = 0; l < t.model().layers().size(); ++l) {
     auto read = [&] {
-      for (const auto& p : t.model().layers()[l]->params())
-        o.weights.emplace_back(p->master().value, p->master().value + p->numel);
+      for (const auto& p : t.model().layers()[l]->params()) {
+        const auto w = p->optimized();
+        o.weights.emplace_back();
+        if (w.value) append_exact(o.weights.back(), w.value, w.dtype, p->numel);
+      }
     };
     if (access)
       access(int(l), read);
@@ -351,15 +371,14 @@ Outcome train(const std::string& toml, const std::vector<std::string>& sets) {
   return o;
 }
 
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using test::bitwise_equal;
 
 void expect_bitwise(const Outcome& r, const Outcome& base, const std::string& what) {
   ASSERT_EQ(r.history.size(), base.history.size()) << what;
   for (size_t i = 0; i < base.history.size(); ++i)
     EXPECT_EQ(r.history[i].loss, base.history[i].loss) << what << " step " << i + 1;
   ASSERT_EQ(r.grads.size(), base.grads.size()) << what;
+  ASSERT_FALSE(base.grads.empty() || base.grads[0].empty()) << what << ": no gradients recorded";
   for (size_t s = 0; s < base.grads.size(); ++s)
     EXPECT_TRUE(bitwise_equal(r.grads[s], base.grads[s])) << what << " gradients, step " << s + 1;
   ASSERT_EQ(r.weights.size(), base.weights.size()) << what;

@@ -44,6 +44,11 @@ void expect_resume_is_bitwise(const std::string& toml, Trainer& whole) {
         << a[i]->name;
 }
 
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
 std::string temp_dir() {
   char tmpl[] = "/tmp/headroom-test-XXXXXX";
   if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");

@@ -21,6 +21,10 @@ namespace headroom::test {
 // `whole`'s.
 void expect_resume_is_bitwise(const std::string& toml, Trainer& whole);
 
+// The same floats bit for bit (NaNs, signed zeros); two empty vectors are equal. (memcmp on an
+// empty vector's data() would pass it a null pointer, which UBSan reports.)
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b);
+
 // A fresh directory under /tmp for one test.
 std::string temp_dir();
 // The whole file, as bytes ("" when it cannot be read).
