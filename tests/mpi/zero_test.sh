@@ -3,7 +3,7 @@
 #
 #   zero_test.sh PART HEADROOM COMPARE PLUGIN_DIR MPIEXEC
 #
-# PART: bytes | equivalence | resume | advice | demo | errors. Every mpirun runs under `timeout`: a hang
+# PART: bytes | equivalence | resume | advice | demo | errors | llama. Every mpirun runs under `timeout`: a hang
 # fails.
 set -euo pipefail
 part=$1 headroom=$2 compare=$3 plugins=$4 mpiexec=$5
@@ -412,6 +412,109 @@ errors)
   set -e
   [ $rc = 2 ] && grep -q "plugins.zero3.prefetch_layers: must be 0 to 64" <<<"$out" ||
     fail "zero3 prefetch_layers = -1: exit $rc: $out"
+  ;;
+llama)
+  # Every stage on a Llama (RMSNorm, rotary embeddings, SwiGLU; GQA: 4 heads over 2 KV heads; an
+  # untied head) on 3 ranks: the embedding's and the head's 496 elements do not split evenly (the
+  # last rank holds padding). One micro-step a step, so every stage's sums are the data-parallel
+  # run's: losses and weights bitwise, alone, with checkpoint and defrag_allocator, and with amp
+  # bf16; zero3 with every layer sharded too. A zero2 and a zero3 + amp snapshot resume bitwise on
+  # the same ranks, and resharded onto 1 rank they continue as the unbroken 1-rank run does.
+  cat > llama.toml <<'TOML'
+[model]
+arch = "llama"
+n_layer = 2
+n_head = 4
+n_kv_head = 2
+n_embd = 16
+intermediate_size = 20
+seq_len = 7
+vocab_size = 31
+tie_embeddings = false
+
+[train]
+steps = 6
+micro_batch = 1
+optimizer = "adamw"
+lr = 0.01
+seed = 5
+
+[data]
+kind = "synthetic"
+workers = 0
+TOML
+  "$headroom" train llama.toml -q --set train.steps=1 --set train.lr=1e-30 \
+    --save-weights linit/
+  # lzero STAGE FILE [PART]: llama.toml with zero STAGE and PART's lines.
+  lzero() {
+    cp llama.toml "$2"
+    printf '\n[[plugins]]\nname = "zero%s"\n' "$1" >> "$2"
+    if [ "$1" = 3 ]; then printf 'param_persistence_threshold = 100\n' >> "$2"; fi
+    if [ -n "${3:-}" ]; then cat "$3" >> "$2"; fi
+  }
+  same() {  # same WHAT RUN REF: RUN's losses and weights bitwise REF's
+    "$compare" losses "$2.jsonl" "$3.jsonl" 0 || fail "llama, $1: losses"
+    "$compare" weights "$2/model.safetensors" "$3/model.safetensors" linit/model.safetensors 0 ||
+      fail "llama, $1: weights"
+  }
+  printf '\n[[plugins]]\nname = "checkpoint"\npolicy = "every"\n\n[[plugins]]\nname = "defrag_allocator"\n' \
+    > lcd.part
+  printf '\n[[plugins]]\nname = "amp"\ndtype = "bf16"\n' > lbf16.part
+  mpirun -np 3 "$headroom" train llama.toml -q --metrics ld.jsonl --save-weights ld/
+  cat llama.toml lbf16.part > ldb.toml
+  mpirun -np 3 "$headroom" train ldb.toml -q --metrics ldb.jsonl --save-weights ldb/
+  for stage in 1 2 3; do
+    lzero $stage lz.toml
+    mpirun -np 3 "$headroom" train lz.toml -q --metrics lz.jsonl --save-weights lz/
+    same "zero$stage, 3 ranks" lz ld
+    lzero $stage lz.toml lcd.part
+    mpirun -np 3 "$headroom" train lz.toml -q --metrics lz.jsonl --save-weights lz/
+    same "zero$stage + checkpoint + defrag_allocator, 3 ranks" lz ld
+    lzero $stage lz.toml lbf16.part
+    mpirun -np 3 "$headroom" train lz.toml -q --metrics lz.jsonl --save-weights lz/
+    same "zero$stage + amp bf16, 3 ranks" lz ldb
+  done
+  lzero 3 lz.toml
+  mpirun -np 3 "$headroom" train lz.toml -q --set plugins.zero3.param_persistence_threshold=0 \
+    --metrics lz.jsonl --save-weights lz/
+  same "zero3, every layer sharded (the head too)" lz ld
+  # Resume on the same ranks, bitwise; resharded 3 -> 1 (grad_accum 3: the same global batch)
+  # against the unbroken 1-rank run, within the distance of two 1-rank runs that sum the same
+  # gradients in other orders.
+  "$headroom" train llama.toml -q --set train.micro_batch=3 --save-weights lmb/
+  "$headroom" train llama.toml -q --set train.grad_accum=3 --save-weights lga/
+  for z in "2 none" "3 lbf16.part"; do
+    read -r stage extra <<<"$z"
+    [ "$extra" = none ] && extra=""
+    lzero "$stage" lr.toml "$extra"
+    rm -rf lsnaps lat3
+    mpirun -np 3 "$headroom" train lr.toml -q --set snapshot.every=3 --set snapshot.dir=lsnaps \
+      --save-weights lfull/
+    mkdir lat3
+    cp lsnaps/step_000000000003.* lat3/
+    mpirun -np 3 "$headroom" train lr.toml -q --resume lat3 --save-weights lres/
+    cmp lfull/model.safetensors lres/model.safetensors || fail "llama, zero$stage $extra: resumed weights differ"
+    "$headroom" train lr.toml -q --set train.grad_accum=3 --metrics lu1.jsonl \
+      --save-weights lu1/
+    out=$("$headroom" train lr.toml --set train.grad_accum=3 --resume lat3 --metrics lr1.jsonl \
+      --save-weights lr1/)
+    grep -q "resumed from lat3/step_000000000003.hrsnap (step 3), resharded from 3 ranks to 1" \
+      <<<"$out" || fail "llama, zero$stage $extra 3 -> 1: no resharding line in: $out"
+    tail -n 3 lu1.jsonl > lu1.after3.jsonl
+    if [ -z "$extra" ]; then
+      "$compare" losses lr1.jsonl lu1.after3.jsonl 1e-6 || fail "llama, zero$stage 3 -> 1: losses"
+      "$compare" within lr1/model.safetensors lu1/model.safetensors lmb/model.safetensors \
+        lga/model.safetensors || fail "llama, zero$stage 3 -> 1: weights"
+    else
+      # amp bf16: the bf16 gradients of 3 ranks summed differ from one rank's fp32 accumulation
+      # of the same 3 micro-steps by more than fp32 orders do (the unbroken 3-rank run ends 2e-3
+      # from the 1-rank one, 10 times two 1-rank runs' distance): losses within 1e-4, and the
+      # weights no farther from the unbroken 1-rank run than the unbroken 3-rank run is.
+      "$compare" losses lr1.jsonl lu1.after3.jsonl 1e-4 || fail "llama, zero$stage $extra 3 -> 1: losses"
+      "$compare" within lr1/model.safetensors lu1/model.safetensors lfull/model.safetensors \
+        lu1/model.safetensors || fail "llama, zero$stage $extra 3 -> 1: weights"
+    fi
+  done
   ;;
 *)
   fail "unknown part $part"
