@@ -167,10 +167,22 @@ typedef struct hr_event_info {
  * compiled; the host fills what that covers (a zero struct_size counts as ABI 1.0's size). */
 typedef struct hr_tensor {
   uint32_t struct_size;
-  uint32_t dtype;   /* hr_dtype */
-  const char* name; /* parameters: Hugging Face GPT-2 names ("h.3.attn.c_attn.weight") */
+  uint32_t dtype; /* hr_dtype */
+  /* Parameters: Hugging Face's names, GPT-2's without "transformer." ("h.3.attn.c_attn.weight"),
+   * Llama's as they are ("model.layers.3.mlp.down_proj.weight") but for two fused ones:
+   * self_attn.qkv_proj (q_proj, k_proj, v_proj stacked by rows) and mlp.gate_up_proj (gate_proj,
+   * then up_proj). */
+  const char* name;
   int32_t ndim;
   int32_t reserved0; /* zero */
+  /* Row-major, the last dimension contiguous. Every parameter matrix that multiplies an
+   * activation is (out, in), as nn.Linear's weight: GPT-2 attn.c_attn.weight (3C, C),
+   * attn.c_proj.weight (C, C), mlp.c_fc.weight (4C, C), mlp.c_proj.weight (C, 4C) — the
+   * transpose of Hugging Face's Conv1D (in, out), which is what --save-weights writes for these
+   * four. Llama: self_attn.qkv_proj.weight (C + 2 KV, C) (KV = n_kv_head * head size),
+   * self_attn.o_proj.weight (C, C), mlp.gate_up_proj.weight (2I, C), mlp.down_proj.weight (C, I),
+   * as Hugging Face's. Embeddings (vocab, C) and wpe (seq_len, C); lm_head (vocab, C); norms and
+   * biases (n). docs/plugin-guide.md section 9.4 has the table. */
   int64_t shape[HR_MAX_DIMS];
   uint64_t numel;
   void* data;            /* device memory */
