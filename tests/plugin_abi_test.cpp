@@ -1334,6 +1334,43 @@ TEST_F(PluginAbi, OnlyPluginsOfAbi1_6GetEvalEnd) {
   EXPECT_GT(older, 20u) << join(lines);  // they did receive the rest
 }
 
+// load_state's moment (ext/state.h, plugin-guide section 14): once, after create() and after the
+// model is built and the snapshot's values are in it, before TRAIN_BEGIN. load_probe fingerprints
+// every parameter there (layer_param, op_sum_squares): the model has its layers, every parameter
+// and gradient is allocated, and the values are the snapshot's — the fingerprint the plugin took
+// at the snapshot step's STEP_END, bitwise, not a fresh initialisation's.
+TEST_F(PluginAbi, LoadStateSeesTheResumedModel) {
+  const std::string cfg =
+      config(std::string(kTinyModel) + "[snapshot]\nevery = 2\ndir = \"" + file("snaps") + "\"\n" +
+             plugin("load_probe", "out = \"" + file("p.txt") + "\"\n"));
+  ASSERT_EQ(run_headroom("train " + cfg).exit_code, 0);
+  const auto first = read_lines(file("p.txt"));
+  ASSERT_EQ(first.size(), 4u) << join(first);
+  EXPECT_EQ(first[0], "load_probe CREATE layers=0");  // no model in create
+  const std::string fresh = field(first[1], "fp"), saved = field(first[3], "fp");
+  EXPECT_EQ(first[3].rfind("load_probe STEP_END step=2 ", 0), 0u) << first[3];
+  EXPECT_NE(fresh, saved);  // training moved the weights
+
+  fs::remove(file("p.txt"));
+  const auto r = run_headroom("train " + cfg + " --set train.steps=3 --resume " + file("snaps"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = read_lines(file("p.txt"));
+  ASSERT_EQ(lines.size(), 4u) << join(lines);
+  EXPECT_EQ(lines[0], "load_probe CREATE layers=0");
+  // The 3 layers, every parameter with its gradient.
+  const auto load = split(lines[1]);
+  ASSERT_EQ(load.at(1), "LOAD") << lines[1];
+  EXPECT_EQ(field(lines[1], "layers"), "3");
+  EXPECT_GT(std::stoi(field(lines[1], "params")), 0);
+  EXPECT_EQ(field(lines[1], "grads"), field(lines[1], "params")) << lines[1];
+  EXPECT_EQ(field(lines[1], "fp"), saved) << lines[1];
+  EXPECT_EQ(field(lines[1], "saved_fp"), saved) << lines[1];
+  EXPECT_EQ(field(lines[1], "saved_step"), "2");
+  EXPECT_EQ(field(lines[1], "began"), "0");  // before TRAIN_BEGIN
+  EXPECT_EQ(lines[2], "load_probe TRAIN_BEGIN fp=" + saved + " loaded=1");
+  EXPECT_EQ(lines[3].rfind("load_probe STEP_END step=3 ", 0), 0u) << lines[3];
+}
+
 // A compute dtype chosen through headroom.precision/1 in create: the getter says so at
 // TRAIN_BEGIN, and the run trains in it.
 TEST_F(PluginAbi, PrecisionExtensionChoosesTheComputeDtype) {

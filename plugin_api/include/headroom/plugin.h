@@ -464,8 +464,10 @@ typedef struct hr_plugin_descriptor {
    * be NULL: a plugin without save_state has nothing in snapshots.
    * save_state: training thread, after STEP_END of a snapshot step; writes everything the plugin
    * needs to continue exactly (e.g. a loss scale and its counters) through writer->write.
-   * load_state: training thread, once, after create() and before TRAIN_BEGIN of a resumed run;
-   * gets back exactly the bytes save_state wrote. A non-zero status stops the run. */
+   * load_state: training thread, once, in a resumed run whose snapshot holds the plugin's state:
+   * after create(), the model's build and the snapshot's values loaded into it, before
+   * TRAIN_BEGIN; gets back exactly the bytes save_state wrote. The model may be read there
+   * (headroom/ext/state.h says exactly what exists). A non-zero status stops the run. */
   hr_status (*save_state)(void* instance, const hr_state_writer* writer);
   hr_status (*load_state)(void* instance, const void* data, uint64_t size);
 
