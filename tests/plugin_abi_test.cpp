@@ -893,14 +893,27 @@ TEST_F(PluginAbi, AllocatorRefusalAndStatsNameThePlugin) {
   const auto r = run_headroom(
       "train " + config(kTinyModel + recorder("alloc_a", "a.txt", "fail_after = 5\n")));
   EXPECT_EQ(r.exit_code, 3) << r.output;
-  EXPECT_TRUE(test::contains(r.output, "none: the allocator, plugin 'alloc_a', refused"))
+  EXPECT_TRUE(test::contains(r.output,
+                             "memory_limit           none: 'alloc_a' (allocator plugin) "
+                             "refused 64 B (its own policy"))
       << r.output;
   EXPECT_FALSE(test::contains(r.output, "the device refused")) << r.output;
+  // Under a memory_limit it did not reach, the report names the plugin as the refuser.
+  const auto limited = run_headroom(
+      "train " + config(std::string(kTinyModel) + "[device]\nmemory_limit = \"1GiB\"\n" +
+                        recorder("alloc_a", "b.txt", "fail_after = 5\n")));
+  EXPECT_EQ(limited.exit_code, 3) << limited.output;
+  EXPECT_TRUE(test::contains(limited.output, "refused by             'alloc_a' (allocator plugin)"))
+      << limited.output;
 
   const auto d = run_headroom("train " + config(kTinyModel + plugin("defrag_allocator")));
   ASSERT_EQ(d.exit_code, 0) << d.output;
-  EXPECT_TRUE(test::contains(d.output, "allocator plugin 'defrag_allocator': allocated "))
-      << d.output;
+  const size_t at = d.output.find("  'defrag_allocator' (allocator plugin): allocated ");
+  ASSERT_NE(at, std::string::npos) << d.output;
+  const std::string line = d.output.substr(at, d.output.find('\n', at) - at);
+  for (const char* part :
+       {", reserved ", ", largest free block ", " device allocations, ", " retries, ", " refused"})
+    EXPECT_TRUE(test::contains(line, part)) << part << " in " << line;
 }
 
 // The optimizer role replaces AdamW whatever [train] optimizer says: the plugin's plain SGD

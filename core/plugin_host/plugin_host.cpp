@@ -54,7 +54,7 @@ class PluginHost::AllocatorAdapter final : public DeviceAllocator {
     out->ooms = s.ooms;
     return true;
   }
-  std::string name() const override { return "plugin '" + p_.entry.name + "'"; }
+  std::string name() const override { return "'" + p_.entry.name + "' (allocator plugin)"; }
 
  private:
   LoadedPlugin& p_;
