@@ -39,7 +39,7 @@
 static_assert(HR_ABI_VERSION_MAJOR == 1);
 // A new minor version appends fields: pin them in this file (offsets of what exists never move;
 // sizes are exact for the current minor version), then raise this bound.
-static_assert(HR_ABI_VERSION_MINOR <= 5, "pin the new minor version's layout in this file");
+static_assert(HR_ABI_VERSION_MINOR <= 6, "pin the new minor version's layout in this file");
 static_assert(HR_ABI_MAKE_VERSION(1, 0) == 0x00010000u);
 static_assert(HR_ABI_MAKE_VERSION(2, 3) == 0x00020003u);
 static_assert(HR_ABI_MAJOR(0x00020003u) == 2 && HR_ABI_MINOR(0x00020003u) == 3);
@@ -60,6 +60,8 @@ static_assert(HR_EVENT_TRAIN_BEGIN == 0 && HR_EVENT_TRAIN_END == 1 && HR_EVENT_S
               HR_EVENT_BACKWARD_BEGIN == 6 && HR_EVENT_BACKWARD_END == 7 &&
               HR_EVENT_GRADS_READY == 8 && HR_EVENT_OPTIMIZER_STEP == 9 && HR_EVENT_ALLOC == 10 &&
               HR_EVENT_FREE == 11 && HR_EVENT_OOM == 12 && HR_EVENT_COUNT_V1 == 13);
+static_assert(HR_EVENT_BUCKET_LAUNCH == 13 && HR_EVENT_BUCKET_DONE == 14);  // 1.5
+static_assert(HR_EVENT_EVAL_END == 15);                                     // 1.6
 static_assert(HR_MEM_PARAMETERS == 0 && HR_MEM_GRADIENTS == 1 && HR_MEM_OPTIMIZER == 2 &&
               HR_MEM_ACTIVATIONS == 3 && HR_MEM_WORKSPACE == 4 && HR_MEM_DATA == 5 &&
               HR_MEM_COMMUNICATION == 6 && HR_MEM_CATEGORY_COUNT_V1 == 7);
@@ -422,10 +424,12 @@ PIN(hr_step_state, skipped, 64, 4);
 PIN(hr_step_state, reserved0, 68, 4);
 PIN(hr_step_state, micro_steps, 72, 4);  // appended after 1.5's first release
 PIN(hr_step_state, reserved1, 76, 4);
-static_assert(sizeof(hr_ext_step) == 16 && alignof(hr_ext_step) == 8);
+// 1.6 appended stop_run.
+static_assert(sizeof(hr_ext_step) == 24 && alignof(hr_ext_step) == 8);
 PIN(hr_ext_step, struct_size, 0, 4);
 PIN(hr_ext_step, reserved0, 4, 4);
 PIN(hr_ext_step, state, 8, 8);
+PIN(hr_ext_step, stop_run, 16, 8);
 // headroom.batch/1
 static_assert(sizeof(hr_batch_state) == 48 && alignof(hr_batch_state) == 8);
 PIN(hr_batch_state, struct_size, 0, 4);
@@ -586,6 +590,7 @@ PIN_TYPE(hr_ext_tensors, reduce,
          hr_status (*)(hr_host*, const void*, uint32_t, uint64_t, uint32_t, double*));
 PIN_TYPE(hr_ext_tensors, write, hr_status (*)(hr_host*, void*, const void*, uint64_t));
 PIN_TYPE(hr_ext_step, state, hr_status (*)(hr_host*, hr_step_state*));
+PIN_TYPE(hr_ext_step, stop_run, hr_status (*)(hr_host*, const char*));
 PIN_TYPE(hr_ext_batch, state, hr_status (*)(hr_host*, hr_batch_state*));
 PIN_TYPE(hr_ext_batch, restart_step, hr_status (*)(hr_host*, int32_t, const char*));
 PIN_TYPE(hr_ext_batch, set_micro_batch, hr_status (*)(hr_host*, int32_t, const char*));

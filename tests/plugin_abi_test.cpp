@@ -893,14 +893,27 @@ TEST_F(PluginAbi, AllocatorRefusalAndStatsNameThePlugin) {
   const auto r = run_headroom(
       "train " + config(kTinyModel + recorder("alloc_a", "a.txt", "fail_after = 5\n")));
   EXPECT_EQ(r.exit_code, 3) << r.output;
-  EXPECT_TRUE(test::contains(r.output, "none: the allocator, plugin 'alloc_a', refused"))
+  EXPECT_TRUE(test::contains(r.output,
+                             "memory_limit           none: 'alloc_a' (allocator plugin) "
+                             "refused 64 B (its own policy"))
       << r.output;
   EXPECT_FALSE(test::contains(r.output, "the device refused")) << r.output;
+  // Under a memory_limit it did not reach, the report names the plugin as the refuser.
+  const auto limited = run_headroom(
+      "train " + config(std::string(kTinyModel) + "[device]\nmemory_limit = \"1GiB\"\n" +
+                        recorder("alloc_a", "b.txt", "fail_after = 5\n")));
+  EXPECT_EQ(limited.exit_code, 3) << limited.output;
+  EXPECT_TRUE(test::contains(limited.output, "refused by             'alloc_a' (allocator plugin)"))
+      << limited.output;
 
   const auto d = run_headroom("train " + config(kTinyModel + plugin("defrag_allocator")));
   ASSERT_EQ(d.exit_code, 0) << d.output;
-  EXPECT_TRUE(test::contains(d.output, "allocator plugin 'defrag_allocator': allocated "))
-      << d.output;
+  const size_t at = d.output.find("  'defrag_allocator' (allocator plugin): allocated ");
+  ASSERT_NE(at, std::string::npos) << d.output;
+  const std::string line = d.output.substr(at, d.output.find('\n', at) - at);
+  for (const char* part :
+       {", reserved ", ", largest free block ", " device allocations, ", " retries, ", " refused"})
+    EXPECT_TRUE(test::contains(line, part)) << part << " in " << line;
 }
 
 // The optimizer role replaces AdamW whatever [train] optimizer says: the plugin's plain SGD
@@ -1188,6 +1201,187 @@ TEST_F(PluginAbi, StepStateShowsClippingAndVetoes) {
   EXPECT_EQ(split(states[10])[1], "STEP_END");
   EXPECT_EQ(field(states[10], "skipped"), "1") << states[10];
   EXPECT_EQ(field(states[8], "skipped"), "0") << states[8];  // before the veto
+}
+
+// --- ABI 1.6: EVAL_END and stopping the run (headroom.step/1 stop_run) ---------------------------
+
+// A text corpus whose last tenth is the validation data (val_fraction 0.1); byte tokens.
+std::string eval_config(const std::string& dir, int steps) {
+  std::string text;
+  for (int i = 0; i < 2000; ++i)
+    text += char('a' + (i * 7) % 23);
+  const std::string corpus = write_file(dir, "corpus.txt", text);
+  return "[model]\nn_layer = 1\nn_head = 1\nn_embd = 8\nseq_len = 4\nvocab_size = 256\n"
+         "[train]\nsteps = " +
+         std::to_string(steps) +
+         "\nmicro_batch = 1\nlr = 1e-2\nwarmup_steps = 0\nlr_schedule = \"constant\"\n"
+         "eval_every = 1\neval_batches = 2\n"
+         "[data]\nkind = \"text\"\npath = \"" +
+         corpus + "\"\nval_fraction = 0.1\n";
+}
+
+std::vector<nlohmann::json> metrics_rows(const std::string& path) {
+  std::vector<nlohmann::json> rows;
+  for (const auto& line : read_lines(path))
+    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// early_stop with a min_delta no loss can beat: step 1 sets the best, steps 2 and 3 do not improve
+// on it, and at step 3's EVAL_END it asks to stop (patience 2). The run finishes step 3, writes
+// its snapshot ([snapshot] every = 5 had none due), fires TRAIN_END and exits 7 naming the plugin
+// and its reason. Each EVAL_END carried the loss the metrics report as that step's val_loss (the
+// same double) and the tokens of two validation batches. Resumed from the stop's snapshot, the run
+// ends with the weights an unbroken run has, bitwise, and its losses.
+TEST_F(PluginAbi, EarlyStopOnTheValidationLossStopsCleanlyAndResumesBitwise) {
+  const std::string snaps = "[snapshot]\nevery = 5\ndir = \"" + file("snaps") + "\"\n";
+  const std::string base = eval_config(dir, 8) + snaps;
+  const auto stopping = [&](const std::string& keys) {
+    return plugin("early_stop", "out = \"" + file("stop.txt") + "\"\n" + keys);
+  };
+  const auto r =
+      run_headroom("train " + config(base + stopping("patience = 2\nmin_delta = 1e9\n")) +
+                   " --metrics " + file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 7) << r.output;
+  EXPECT_TRUE(test::contains(r.output,
+                             "stopped by plugin 'early_stop' after step 3 of 8: the validation "
+                             "loss has not improved on "))
+      << r.output;
+  EXPECT_TRUE(test::contains(r.output, "(step 1) for 2 evaluations; snapshot ")) << r.output;
+  EXPECT_TRUE(test::contains(
+      r.output, "step_000000000003.hrsnap written (resume with --resume " + file("snaps") + ")"))
+      << r.output;
+
+  const auto lines = read_lines(file("stop.txt"));
+  const auto evals = lines_with(lines, "early_stop EVAL_END");
+  const auto rows = metrics_rows(file("m.jsonl"));
+  ASSERT_EQ(evals.size(), 3u) << join(lines);
+  ASSERT_EQ(rows.size(), 3u) << r.output;  // every row whole, none for a step not run
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(field(evals[i], "step"), std::to_string(i + 1)) << evals[i];
+    EXPECT_EQ(number(evals[i], "loss"), rows[i].at("val_loss").get<double>()) << evals[i];
+    EXPECT_EQ(field(evals[i], "tokens"), "8") << evals[i];  // 2 batches of 1 x 4
+  }
+  EXPECT_EQ(field(evals[2], "bad"), "2");
+  ASSERT_EQ(lines_with(lines, "early_stop STOP").size(), 1u) << join(lines);
+  EXPECT_EQ(lines_with(lines, "early_stop STOP")[0], "early_stop STOP step=3");
+  EXPECT_EQ(lines.back(), "early_stop TRAIN_END step=3") << join(lines);
+  ASSERT_TRUE(fs::exists(file("snaps/step_000000000003.hrsnap")));
+
+  // Resumed without a stop in sight (patience 100), and an unbroken run of 8 steps.
+  const std::string patient = stopping("patience = 100\n");
+  const auto resumed =
+      run_headroom("train " + config(base + patient) + " --resume " + file("snaps") +
+                   " --metrics " + file("resumed.jsonl") + " --save-weights " + file("r.st"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(lines_with(read_lines(file("stop.txt")), "early_stop LOAD").at(0),
+            "early_stop LOAD best=" + field(evals[0], "loss") + " best_step=1 bad=2");
+  fs::remove_all(file("snaps"));
+  const auto whole = run_headroom("train " + config(base + patient) + " --metrics " +
+                                  file("whole.jsonl") + " --save-weights " + file("w.st"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const auto a = losses(file("whole.jsonl")), b = losses(file("resumed.jsonl"));
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 5u);  // steps 4 .. 8
+  for (size_t i = 0; i < 5; ++i)
+    EXPECT_EQ(a[i + 3], b[i]) << "step " << i + 4;
+  EXPECT_FALSE(file_bytes(file("w.st")).empty());
+  EXPECT_TRUE(file_bytes(file("w.st")) == file_bytes(file("r.st")))
+      << "the resumed run's weights differ from the unbroken run's";
+}
+
+// A stop asked for at TRAIN_BEGIN: no step runs, nothing to snapshot, exit 7.
+TEST_F(PluginAbi, StopRunAtTrainBeginStopsBeforeStepOne) {
+  const auto r = run_headroom(
+      "train " +
+      config(eval_config(dir, 4) + "[snapshot]\nevery = 1\ndir = \"" + file("snaps") + "\"\n" +
+             plugin("early_stop",
+                    "out = \"" + file("stop.txt") + "\"\nstop_at_train_begin = true\n")) +
+      " --metrics " + file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 7) << r.output;
+  EXPECT_TRUE(test::contains(r.output,
+                             "stopped by plugin 'early_stop' after step 0 of 4: asked at "
+                             "TRAIN_BEGIN; no step completed, so no snapshot"))
+      << r.output;
+  EXPECT_TRUE(metrics_rows(file("m.jsonl")).empty());
+  EXPECT_EQ(read_lines(file("stop.txt")).back(), "early_stop TRAIN_END step=0");
+}
+
+// Every event bit subscribed (~0): a plugin built for 1.6 gets EVAL_END after each evaluation,
+// with the metrics' val_loss; the same plugin built against the frozen 1.5 and 1.4 headers never
+// does (nor anything above BUCKET_DONE, or for 1.4 above OOM), and runs at its own version.
+TEST_F(PluginAbi, OnlyPluginsOfAbi1_6GetEvalEnd) {
+  const auto r = run_headroom(
+      "train " +
+      config(eval_config(dir, 2) + plugin("all_events", "out = \"" + file("e.txt") + "\"\n") +
+             plugin("all_events_v1_5", "out = \"" + file("e.txt") + "\"\n") +
+             plugin("all_events_v1_4", "out = \"" + file("e.txt") + "\"\n")) +
+      " --metrics " + file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = read_lines(file("e.txt"));
+  const auto rows = metrics_rows(file("m.jsonl"));
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(lines_with(lines, "all_events CREATE").at(0), "all_events CREATE abi=1.6");
+  EXPECT_EQ(lines_with(lines, "all_events_v1_5 CREATE").at(0), "all_events_v1_5 CREATE abi=1.5");
+  EXPECT_EQ(lines_with(lines, "all_events_v1_4 CREATE").at(0), "all_events_v1_4 CREATE abi=1.4");
+  const auto evals = lines_with(lines, "all_events EVENT 15 ");
+  ASSERT_EQ(evals.size(), 2u) << join(lines);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(field(evals[i], "step"), std::to_string(i + 1));
+    EXPECT_EQ(number(evals[i], "loss"), rows[i].at("val_loss").get<double>()) << evals[i];
+    EXPECT_EQ(field(evals[i], "tokens"), "8");
+  }
+  size_t older = 0;
+  for (const auto& line : lines) {
+    const auto w = split(line);
+    if (w.size() < 3 || w[1] != "EVENT" || w[0] == "all_events") continue;
+    ++older;
+    const int event = std::stoi(w[2]);
+    EXPECT_LT(event, w[0] == "all_events_v1_5" ? HR_EVENT_EVAL_END : HR_EVENT_COUNT_V1) << line;
+  }
+  EXPECT_GT(older, 20u) << join(lines);  // they did receive the rest
+}
+
+// load_state's moment (ext/state.h, plugin-guide section 14): once, after create() and after the
+// model is built and the snapshot's values are in it, before TRAIN_BEGIN. load_probe fingerprints
+// every parameter there (layer_param, op_sum_squares): the model has its layers, every parameter
+// and gradient is allocated, and the values are the snapshot's — the fingerprint the plugin took
+// at the snapshot step's STEP_END, bitwise, not a fresh initialisation's.
+TEST_F(PluginAbi, LoadStateSeesTheResumedModel) {
+  const std::string cfg =
+      config(std::string(kTinyModel) + "[snapshot]\nevery = 2\ndir = \"" + file("snaps") + "\"\n" +
+             plugin("load_probe", "out = \"" + file("p.txt") + "\"\n"));
+  ASSERT_EQ(run_headroom("train " + cfg).exit_code, 0);
+  const auto first = read_lines(file("p.txt"));
+  ASSERT_EQ(first.size(), 4u) << join(first);
+  EXPECT_EQ(first[0], "load_probe CREATE layers=0");  // no model in create
+  const std::string fresh = field(first[1], "fp"), saved = field(first[3], "fp");
+  EXPECT_EQ(first[3].rfind("load_probe STEP_END step=2 ", 0), 0u) << first[3];
+  EXPECT_NE(fresh, saved);  // training moved the weights
+
+  fs::remove(file("p.txt"));
+  const auto r = run_headroom("train " + cfg + " --set train.steps=3 --resume " + file("snaps"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = read_lines(file("p.txt"));
+  ASSERT_EQ(lines.size(), 4u) << join(lines);
+  EXPECT_EQ(lines[0], "load_probe CREATE layers=0");
+  // The 3 layers, every parameter with its gradient.
+  const auto load = split(lines[1]);
+  ASSERT_EQ(load.at(1), "LOAD") << lines[1];
+  EXPECT_EQ(field(lines[1], "layers"), "3");
+  EXPECT_GT(std::stoi(field(lines[1], "params")), 0);
+  EXPECT_EQ(field(lines[1], "grads"), field(lines[1], "params")) << lines[1];
+  EXPECT_EQ(field(lines[1], "fp"), saved) << lines[1];
+  EXPECT_EQ(field(lines[1], "saved_fp"), saved) << lines[1];
+  EXPECT_EQ(field(lines[1], "saved_step"), "2");
+  EXPECT_EQ(field(lines[1], "began"), "0");  // before TRAIN_BEGIN
+  EXPECT_EQ(lines[2], "load_probe TRAIN_BEGIN fp=" + saved + " loaded=1");
+  EXPECT_EQ(lines[3].rfind("load_probe STEP_END step=3 ", 0), 0u) << lines[3];
 }
 
 // A compute dtype chosen through headroom.precision/1 in create: the getter says so at

@@ -30,15 +30,14 @@ std::string OomReport::str() const {
     add("memory_limit", limit);
   } else if (!allocator.empty()) {
     // No wall of ours: the allocator role said no (its own policy, or the device refused it).
-    s += "  memory_limit           none: the allocator, " + allocator +
-         ", refused the allocation of " + format_bytes(requested) + "\n";
+    s += "  memory_limit           none: " + allocator + " refused " + format_bytes(requested) +
+         " (its own policy, or the device it allocates from)\n";
   } else {
     // No wall of ours: the device itself (the host's malloc, the CUDA driver) said no.
     s += "  memory_limit           none: the device refused the allocation of " +
          format_bytes(requested) + " itself\n";
   }
-  if (limit && !allocator.empty())
-    s += "  refused by             the allocator, " + allocator + "\n";
+  if (limit && !allocator.empty()) s += "  refused by             " + allocator + "\n";
   add("live", live_total);
   add("reserved-but-unused", reserved_unused);
   if (limit) add("free under the limit", free_bytes());

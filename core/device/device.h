@@ -31,8 +31,8 @@ struct OomReport {
   // The largest contiguous free block: what one allocation could still get. Below `requested`
   // while free_bytes() is not, the memory is fragmented (defrag_allocator is the cure).
   uint64_t largest_free = 0;
-  // Who refused the request when an allocator serves every allocation ("plugin
-  // 'defrag_allocator'"); empty when the backend itself allocates.
+  // Who refused the request when an allocator serves every allocation ("'defrag_allocator'
+  // (allocator plugin)"); empty when the backend itself allocates.
   std::string allocator;
   // What the run adds (the micro-batch a plugin had lowered it to): one line, or empty.
   std::string note;
@@ -88,7 +88,7 @@ class DeviceAllocator {
     (void)out;
     return false;
   }
-  // Who allocates, for the messages: "plugin 'defrag_allocator'".
+  // Who allocates, for the messages: "'defrag_allocator' (allocator plugin)".
   virtual std::string name() const = 0;
 };
 

@@ -6,7 +6,9 @@
 static_assert(static_cast<int>(headroom::Event::kOom) == HR_EVENT_OOM, "event ids drifted");
 static_assert(static_cast<int>(headroom::Event::kBucketDone) == HR_EVENT_BUCKET_DONE,
               "event ids drifted");
-static_assert(headroom::kNumEvents == HR_EVENT_BUCKET_DONE + 1, "event count drifted");
+static_assert(static_cast<int>(headroom::Event::kEvalEnd) == HR_EVENT_EVAL_END,
+              "event ids drifted");
+static_assert(headroom::kNumEvents == HR_EVENT_EVAL_END + 1, "event count drifted");
 static_assert(static_cast<int>(headroom::Category::kCommunication) == HR_MEM_COMMUNICATION,
               "category ids drifted");
 static_assert(headroom::kNumCategories == HR_MEM_CATEGORY_COUNT_V1, "category count drifted");
@@ -45,6 +47,8 @@ const char* event_name(Event e) {
       return "BUCKET_LAUNCH";
     case Event::kBucketDone:
       return "BUCKET_DONE";
+    case Event::kEvalEnd:
+      return "EVAL_END";
   }
   return "UNKNOWN";
 }

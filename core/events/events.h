@@ -27,8 +27,11 @@ enum class Event : int {
   // GRADS_READY). `bytes`: the bucket's; `layer`: its lowest layer.
   kBucketLaunch,
   kBucketDone,
+  // An evaluation of the validation loss (train.eval_every) finished, after its step's STEP_END:
+  // `loss` the validation loss (the mean over ranks), `tokens` this rank's token count.
+  kEvalEnd,
 };
-constexpr int kNumEvents = 15;
+constexpr int kNumEvents = 16;
 const char* event_name(Event e);  // "TRAIN_BEGIN", ...
 
 struct EventInfo {
@@ -41,7 +44,8 @@ struct EventInfo {
   uint64_t bytes = 0;
   Category category = Category::kWorkspace;
   // BACKWARD_END: the micro-step's mean loss over its tokens, and its token count; GRADS_READY and
-  // STEP_END: the step's, over all its micro-steps' tokens. 0 for other events. Read on the host
+  // STEP_END: the step's, over all its micro-steps' tokens; EVAL_END: the validation loss and
+  // its tokens. 0 for other events. Read on the host
   // where the head computes the loss (once a micro-step): no device sync of its own.
   double loss = 0.0;
   uint64_t tokens = 0;

@@ -27,13 +27,20 @@ std::string signal_name(int signal);
 // Thrown by Trainer::run once an interrupted run has written what it has.
 class Interrupted : public std::runtime_error {
  public:
-  Interrupted(int signal, const std::string& what) : std::runtime_error(what), signal_(signal) {}
-  int signal() const { return signal_; }
-  // 128 + signal: 130 for SIGINT, 143 for SIGTERM, as shells report them.
-  int exit_code() const { return 128 + signal_; }
+  Interrupted(int signal, const std::string& what)
+      : std::runtime_error(what), signal_(signal), exit_code_(128 + signal) {}
+  int signal() const { return signal_; }  // 0 for a stop no signal asked for
+  // 128 + signal: 130 for SIGINT, 143 for SIGTERM, as shells report them; a stop of another
+  // origin (a plugin's, core/run/run_control.h) has its own.
+  int exit_code() const { return exit_code_; }
+
+ protected:
+  Interrupted(int signal, int exit_code, const std::string& what)
+      : std::runtime_error(what), signal_(signal), exit_code_(exit_code) {}
 
  private:
   int signal_;
+  int exit_code_;
 };
 
 }  // namespace headroom

@@ -1,5 +1,6 @@
 // headroom.step/1 (headroom/ext/step.h): where the current optimizer step stands.
 #include <cstddef>
+#include <string>
 
 #include "core/plugin_host/services.h"
 #include "headroom/ext/step.h"
@@ -34,8 +35,20 @@ static hr_status step_state(hr_host* h, hr_step_state* out) {
   return HR_OK;
 }
 
+constexpr Rule kStepStopRun = {HR_EXT_STEP " stop_run", kAnyone, When::kAnyTime, kNotAllowed};
+static hr_status step_stop_run(hr_host* h, const char* reason) {
+  // One line of the plugin's words, for the run's last message.
+  std::string why = reason ? std::string(reason) : std::string();
+  why = why.substr(0, why.find_first_of("\r\n"));
+  if (why.size() > 500) why = why.substr(0, 500) + "...";
+  if (why.empty()) why = "no reason given";
+  run(h).step->request_stop(plugin(h).entry.name, why);
+  return HR_OK;
+}
+
 extern const hr_ext_step kStepExtension;
-const hr_ext_step kStepExtension = {sizeof(hr_ext_step), 0, checked<kStepState, step_state>};
+const hr_ext_step kStepExtension = {sizeof(hr_ext_step), 0, checked<kStepState, step_state>,
+                                    checked<kStepStopRun, step_stop_run>};
 
 }  // namespace services
 }  // namespace headroom

@@ -220,6 +220,28 @@ std::string format_abi_version(uint32_t v) {
   return std::to_string(HR_ABI_MAJOR(v)) + "." + std::to_string(HR_ABI_MINOR(v));
 }
 
+// The ABI version that brought each event. A plugin receives only the events of the version it
+// negotiated: a bit of its descriptor's events for a newer one is dropped when it loads.
+namespace {
+constexpr struct {
+  int event;
+  uint32_t since;
+} kEventSince[] = {
+    {HR_EVENT_BUCKET_LAUNCH, HR_ABI_MAKE_VERSION(1, 5)},
+    {HR_EVENT_BUCKET_DONE, HR_ABI_MAKE_VERSION(1, 5)},
+    {HR_EVENT_EVAL_END, HR_ABI_MAKE_VERSION(1, 6)},
+};
+static_assert(sizeof kEventSince / sizeof kEventSince[0] == kNumEvents - HR_EVENT_COUNT_V1,
+              "every event after ABI 1.0's needs its version here");
+}  // namespace
+
+uint64_t events_of_abi(uint32_t abi) {
+  uint64_t mask = HR_EVENT_BIT(HR_EVENT_COUNT_V1) - 1;  // ABI 1.0's
+  for (const auto& e : kEventSince)
+    if (abi >= e.since) mask |= HR_EVENT_BIT(e.event);
+  return mask;
+}
+
 std::string describe_events(uint64_t mask) {
   std::string s;
   for (int e = 0; e < kNumEvents; ++e) {
@@ -364,6 +386,7 @@ std::unique_ptr<LoadedPlugin> load_library(const std::string& file, const std::s
   // version the host speaks, which is what the services table says.
   p->abi = std::min(claimed ? claimed : args.descriptor->abi_version, kHostAbiMax);
   p->desc = read_sized(args.descriptor);
+  p->desc.events &= events_of_abi(p->abi);  // none newer than the version it speaks
   const hr_plugin_descriptor& d = p->desc;
 
   // Every callback the descriptor must have, by field name.

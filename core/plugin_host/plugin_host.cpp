@@ -54,7 +54,7 @@ class PluginHost::AllocatorAdapter final : public DeviceAllocator {
     out->ooms = s.ooms;
     return true;
   }
-  std::string name() const override { return "plugin '" + p_.entry.name + "'"; }
+  std::string name() const override { return "'" + p_.entry.name + "' (allocator plugin)"; }
 
  private:
   LoadedPlugin& p_;
@@ -492,13 +492,20 @@ std::vector<OfferedExtension> PluginCatalog::offered(const char* id) const {
 void PluginHost::load_states(const std::map<std::string, std::vector<uint8_t>>& states,
                              const std::string& snapshot) {
   const std::string from = snapshot.empty() ? "the snapshot" : "the snapshot " + snapshot;
+  // Every state has its plugin in this config before any plugin loads one.
   for (const auto& [name, bytes] : states) {
-    LoadedPlugin* p = nullptr;
-    for (auto& q : plugins_)
-      if (q->entry.name == name) p = q.get();
-    if (!p)
+    (void)bytes;
+    if (std::none_of(plugins_.begin(), plugins_.end(),
+                     [&](const auto& q) { return q->entry.name == name; }))
       throw ConfigError("--resume: " + from + " holds the state of plugin '" + name +
                         "', which this config does not load; add it to [[plugins]]");
+  }
+  // In TOML order, as the events; a plugin without a state in the snapshot is not called.
+  for (auto& q : plugins_) {
+    const auto it = states.find(q->entry.name);
+    if (it == states.end()) continue;
+    LoadedPlugin* p = q.get();
+    const std::vector<uint8_t>& bytes = it->second;
     if (!p->load_state)
       throw ConfigError(p->where() + ": --resume: " + from + " holds its state, but '" + p->file +
                         "' cannot load state (its descriptor has no load_state, and it offers "

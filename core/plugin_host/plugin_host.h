@@ -154,7 +154,8 @@ class PluginHost final : public EventListener {
   // Each plugin's state for a snapshot, by plugin name (plugins without save_state, or
   // headroom.state/1, have none).
   std::map<std::string, std::vector<uint8_t>> save_states();
-  // Hands each plugin its saved state from `snapshot` (the file, for messages; may be empty). A
+  // Hands each plugin its saved state from `snapshot` (the file, for messages; may be empty), in
+  // TOML order; a plugin the snapshot holds no state of is not called. A
   // state for a plugin this run does not load, or for one that cannot load state, is a
   // ConfigError; so is a load_state returning HR_ERROR_CONFIG, naming the plugin and carrying its
   // message. Any other failure is a PluginFailure.

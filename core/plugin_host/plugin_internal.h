@@ -32,6 +32,10 @@ namespace headroom {
 constexpr uint32_t kHostAbiMin = HR_ABI_MAKE_VERSION(1, 0);
 constexpr uint32_t kHostAbiMax = HR_ABI_VERSION;
 
+// The HR_EVENT_BIT()s of the events a plugin that negotiated ABI `abi` can know (loader.cpp):
+// the only ones it is given.
+uint64_t events_of_abi(uint32_t abi);
+
 // Copies what the writer's struct_size covers into a zeroed struct of the reader's layout.
 template <class S>
 S read_sized(const S* src) {

@@ -52,6 +52,12 @@ class StepControl {
   virtual ~StepControl() = default;
   virtual void veto_step(const std::string& plugin, const std::string& reason) = 0;
   virtual void request_retry(const std::string& plugin, const std::string& reason) = 0;
+  // headroom.step/1's stop_run: the run stops cleanly before its next step (ext/step.h). A run
+  // without steps has nothing to stop.
+  virtual void request_stop(const std::string& plugin, const std::string& reason) {
+    (void)plugin;
+    (void)reason;
+  }
   // Where the current step stands (core/events/step_state.h); before the first, StepState{}.
   virtual const StepState& step_state() const = 0;
 };

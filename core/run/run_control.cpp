@@ -32,6 +32,24 @@ Interrupted RunControl::stop(int signal, int64_t step, bool mid_step, int micro_
   return Interrupted(signal, what);
 }
 
+PluginStopped RunControl::plugin_stop(const std::string& plugin, const std::string& reason,
+                                      int64_t step) {
+  const int64_t completed = step - 1;
+  const std::string saved = snapshots_.write_at_stop(completed, false);
+  std::string what = (plugin.empty() ? std::string("stopped by a plugin of another rank")
+                                     : "stopped by plugin '" + plugin + "'") +
+                     " after step " + std::to_string(completed) + " of " +
+                     std::to_string(config_.train.steps);
+  if (!plugin.empty()) what += ": " + reason;
+  if (!saved.empty()) {
+    what += "; " + saved + " (resume with --resume " + config_.snapshot.dir + ")";
+  } else {
+    what += config_.snapshot.every > 0 ? "; no step completed, so no snapshot"
+                                       : "; no snapshot ([snapshot] every = 0)";
+  }
+  return PluginStopped(what);
+}
+
 Diverged RunControl::diverged(const StepState& s) const {
   const TrainConfig& t = config_.train;
   std::string msg = "training diverged at step " + std::to_string(s.step) + ": the loss is " +

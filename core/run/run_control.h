@@ -21,6 +21,14 @@ class Diverged : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Thrown by Trainer::run when a plugin stopped the run (headroom.step/1 stop_run) and the run has
+// written what it has, as for a signal: exit code 7 (docs/guide/exit-codes.md).
+class PluginStopped : public Interrupted {
+ public:
+  static constexpr int kExitCode = 7;
+  explicit PluginStopped(const std::string& what) : Interrupted(0, kExitCode, what) {}
+};
+
 class RunControl {
  public:
   RunControl(const Config& config, SnapshotIO& snapshots)
@@ -33,6 +41,10 @@ class RunControl {
   // `mid_step`: its `micro_steps_done` of `micro_steps` are dropped, and the step is read again
   // on resume.
   Interrupted stop(int signal, int64_t step, bool mid_step, int micro_steps_done, int micro_steps);
+  // A plugin's stop request (`plugin` its name, `reason` its words; `plugin` empty: a plugin of
+  // another rank asked), honoured before `step`: a snapshot of step - 1 as for a signal, and the
+  // PluginStopped to throw once TRAIN_END has fired.
+  PluginStopped plugin_stop(const std::string& plugin, const std::string& reason, int64_t step);
   // Step `s` computed a non-finite loss or gradient norm and nothing vetoed it: the update is not
   // applied, and the message says what to do.
   Diverged diverged(const StepState& s) const;

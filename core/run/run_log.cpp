@@ -135,7 +135,7 @@ std::string RunLog::memory_report() const {
   // What the allocator role holds at the end (its ABI 1.2 stats hook), when it keeps any.
   AllocatorStats a;
   if (device_.allocator_stats(&a))
-    s += "  allocator " + device_.allocator()->name() + ": allocated " + format_bytes(a.allocated) +
+    s += "  " + device_.allocator()->name() + ": allocated " + format_bytes(a.allocated) +
          ", reserved " + format_bytes(a.reserved) + ", largest free block " +
          format_bytes(a.largest_free_block) + ", " + std::to_string(a.device_allocs) +
          " device allocations, " + std::to_string(a.retries) + " retries, " +

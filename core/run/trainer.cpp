@@ -284,6 +284,7 @@ void Trainer::run_steps() {
   for (int64_t step = first; step <= config_.train.steps; ++step) {
     // A safe point: the previous step is complete (and snapshotted, if its turn came).
     if (const int sig = control_->stop_requested()) stop(sig, step, false);
+    if (plugin_stop_requested()) stop_by_plugin(step);  // headroom.step/1 stop_run
     begin_step(step);  // STEP_BEGIN; gradients zeroed; the step's micro-batch
     for (state_.micro_step = 1; state_.micro_step <= state_.grad_accum; ++state_.micro_step) {
       try {
@@ -398,14 +399,21 @@ void Trainer::end_step() {
     ops.synchronize();  // the last micro-step is done with the batch buffers
     set_phase(Phase::Kind::kEval);
     // Nothing when a stop request ended it: the loop stops at the next step's safe point.
-    const std::optional<double> loss =
+    const std::optional<Evaluation> eval =
         validation_->evaluate(*model_, plan_->validation_batch(), plan_->staging_inputs(0),
                               plan_->staging_targets(0), state_.step);
-    state_.evaluated = loss.has_value();
-    state_.val_loss = loss.value_or(0.0);
-    if (loss && (counters_.best_val_step == 0 || state_.val_loss < counters_.best_val_loss)) {
+    state_.evaluated = eval.has_value();
+    state_.val_loss = eval ? eval->loss : 0.0;
+    if (eval && (counters_.best_val_step == 0 || state_.val_loss < counters_.best_val_loss)) {
       counters_.best_val_loss = state_.val_loss;
       counters_.best_val_step = state_.step;
+    }
+    if (eval) {  // the loss the metrics row reports as val_loss
+      EventInfo info;
+      info.event = Event::kEvalEnd;
+      info.loss = eval->loss;
+      info.tokens = eval->tokens;
+      fire(info);
     }
   }
   state_.step_ms = now_ms() - state_.start_ms;
@@ -432,6 +440,24 @@ void Trainer::stop(int signal, int64_t step, bool mid_step) {
   state_.micro_step = 0;
   set_phase(Phase::Kind::kDone);
   Interrupted e = control_->stop(signal, step, mid_step, micro_steps_done, state_.grad_accum);
+  state_.step = step - 1;  // the last completed step
+  fire(Event::kTrainEnd);
+  throw e;
+}
+
+bool Trainer::plugin_stop_requested() {
+  uint64_t asked = stop_plugin_.empty() ? 0 : 1;
+  // With ranks, one rank's request stops them all after the same step. Only a run with plugins
+  // can have one: a run without pays no collective.
+  if (comm_->world_size() > 1 && plugins_ && plugins_->size() > 0) comm_->all_max_host(&asked, 1);
+  return asked != 0;
+}
+
+void Trainer::stop_by_plugin(int64_t step) {
+  state_.step = step;
+  state_.micro_step = 0;
+  set_phase(Phase::Kind::kDone);
+  PluginStopped e = control_->plugin_stop(stop_plugin_, stop_reason_, step);
   state_.step = step - 1;  // the last completed step
   fire(Event::kTrainEnd);
   throw e;
@@ -569,6 +595,12 @@ void Trainer::on_oom(const OomReport& report) {
 
 // ---------------------------------------------------------------------------------------------
 // What plugins read of the run and ask of it
+
+void Trainer::request_stop(const std::string& plugin, const std::string& reason) {
+  if (!stop_plugin_.empty()) return;  // the first request wins
+  stop_plugin_ = plugin;
+  stop_reason_ = reason;
+}
 
 void Trainer::veto_step(const std::string& plugin, const std::string& reason) {
   if (state_.phase == StepState::Phase::kEnd) return;  // from STEP_END on: too late, ignored

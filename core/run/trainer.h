@@ -121,6 +121,10 @@ class Trainer final : private LayerEvents,
   // A stop request seen at a safe point of `step` (`mid_step`: after one of its micro-steps):
   // snapshot, TRAIN_END, then Interrupted.
   [[noreturn]] void stop(int signal, int64_t step, bool mid_step);
+  // Whether a plugin asked the run to stop (headroom.step/1 stop_run), on any rank; and the stop
+  // before `step` it asked for (a snapshot as for a signal; PluginStopped, exit code 7).
+  bool plugin_stop_requested();
+  [[noreturn]] void stop_by_plugin(int64_t step);
 
   void fire(Event event, int layer = -1);
   void fire(EventInfo info);
@@ -150,6 +154,7 @@ class Trainer final : private LayerEvents,
   Communicator* plugin_communicator() override { return comm_.get(); }
   void veto_step(const std::string& plugin, const std::string& reason) override;
   void request_retry(const std::string&, const std::string&) override { plan_->request_retry(); }
+  void request_stop(const std::string& plugin, const std::string& reason) override;
   const StepState& step_state() const override { return state_; }
 
   Config config_;
@@ -160,6 +165,8 @@ class Trainer final : private LayerEvents,
   StepState state_;
   std::vector<StepState> history_;
   RunCounters counters_;
+  // The first plugin that asked the run to stop, and its reason ("" while none has).
+  std::string stop_plugin_, stop_reason_;
   RunChoices choices_;
   Resizer resizer_{config_};
   std::vector<EventListener*> listeners_;

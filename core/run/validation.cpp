@@ -17,8 +17,8 @@ Validation::Validation(const Config& config, Communicator& comm, std::ostream* l
   start_ = data_->state();
 }
 
-std::optional<double> Validation::evaluate(Gpt<float>& model, Batch batch, int32_t* host_inputs,
-                                           int32_t* host_targets, int64_t step) {
+std::optional<Evaluation> Validation::evaluate(Gpt<float>& model, Batch batch, int32_t* host_inputs,
+                                               int32_t* host_targets, int64_t step) {
   Backend& ops = model.device().backend();
   const int B = config_.train.micro_batch, T = batch.T;
   const int b = batch.B;
@@ -51,7 +51,7 @@ std::optional<double> Validation::evaluate(Gpt<float>& model, Batch batch, int32
   }
   double loss = tokens ? sum / double(tokens) : 0.0;
   if (comm_.world_size() > 1) comm_.all_reduce_host(&loss, 1, ReduceOp::kAverage);
-  return loss;
+  return Evaluation{loss, tokens};
 }
 
 }  // namespace headroom

@@ -17,6 +17,12 @@
 
 namespace headroom {
 
+// One evaluation: the mean loss over the validation tokens (over ranks), and this rank's tokens.
+struct Evaluation {
+  double loss = 0.0;
+  uint64_t tokens = 0;
+};
+
 class Validation {
  public:
   // The validation data of [data] (a file, shards, or a held-out tail), for this rank. ConfigError
@@ -34,8 +40,8 @@ class Validation {
   // `host_targets`: staging buffers of a configured micro-batch, which `batch` uploads from.
   // Nothing when a stop request (of any rank: every rank leaves at the same batch) ends it
   // between its batches; `step`, the step it follows, for that log line.
-  std::optional<double> evaluate(Gpt<float>& model, Batch batch, int32_t* host_inputs,
-                                 int32_t* host_targets, int64_t step);
+  std::optional<Evaluation> evaluate(Gpt<float>& model, Batch batch, int32_t* host_inputs,
+                                     int32_t* host_targets, int64_t step);
 
  private:
   const Config& config_;

@@ -51,6 +51,8 @@ constexpr int kExitOutOfMemory = 3;
 constexpr int kExitOutput = 4;
 constexpr int kExitDiverged = 5;
 constexpr int kExitPeerFailed = 6;
+// 7: a plugin stopped the run (headroom.step/1 stop_run): PluginStopped::exit_code(), as a
+// signal's Interrupted carries 128 + signal.
 
 // A number flag checked as the config's numbers are: finite (no nan, no inf) and from lo to hi.
 // CLI11's Range alone lets NaN through (every comparison with it is false).

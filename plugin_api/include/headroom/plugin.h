@@ -35,7 +35,7 @@ extern "C" {
  * Versions */
 
 #define HR_ABI_VERSION_MAJOR 1
-#define HR_ABI_VERSION_MINOR 5
+#define HR_ABI_VERSION_MINOR 6
 /* One number: major in the high 16 bits, minor in the low 16. */
 #define HR_ABI_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define HR_ABI_VERSION HR_ABI_MAKE_VERSION(HR_ABI_VERSION_MAJOR, HR_ABI_VERSION_MINOR)
@@ -77,8 +77,13 @@ typedef int32_t hr_status;
  * allocation and free, OOM when an allocation fails. With more than one rank (data parallelism):
  * BUCKET_LAUNCH when a gradient bucket's all-reduce starts, in the step's last micro-step right
  * after the BACKWARD_END of the lowest layer feeding it, and BUCKET_DONE when it has been waited
- * for, before GRADS_READY. Plugins receive each event in the order the
- * TOML lists them. docs/design.md in headroom's source draws the whole loop. */
+ * for, before GRADS_READY. EVAL_END (ABI 1.6) after each evaluation of the validation loss
+ * ([train] eval_every), after the STEP_END of the step it follows. Plugins receive each event in
+ * the order the TOML lists them. docs/design.md in headroom's source draws the whole loop.
+ *
+ * A plugin receives only the events of the ABI version it negotiated: 0 .. 12 from 1.0, BUCKET_*
+ * from 1.5, EVAL_END from 1.6. A bit of hr_plugin_descriptor.events for an event newer than that
+ * is ignored, so a plugin that subscribes to every bit never meets an event it cannot know. */
 typedef enum hr_event {
   HR_EVENT_TRAIN_BEGIN = 0,
   HR_EVENT_TRAIN_END = 1,
@@ -93,11 +98,16 @@ typedef enum hr_event {
   HR_EVENT_ALLOC = 10,
   HR_EVENT_FREE = 11,
   HR_EVENT_OOM = 12,
-  HR_EVENT_COUNT_V1 = 13, /* the events of ABI 1.0 to 1.5; the ones below came after */
+  HR_EVENT_COUNT_V1 = 13, /* the events of ABI 1.0 (0 .. 12); the ones below came after */
   /* World size > 1 only; never fired by a host of one rank. hr_event_info's `bytes` is the
    * bucket's size (its gradients in fp32), `layer` the lowest layer whose gradients it holds. */
   HR_EVENT_BUCKET_LAUNCH = 13, /* its all-reduce (average over ranks) started */
-  HR_EVENT_BUCKET_DONE = 14    /* its all-reduce waited for; the gradients copied back */
+  HR_EVENT_BUCKET_DONE = 14,   /* its all-reduce waited for; the gradients copied back */
+  /* ABI 1.6: an evaluation of the validation loss ([train] eval_every; every rank) finished.
+   * `step` is the step it follows; `loss` the mean validation loss over its tokens (the mean
+   * over ranks: what the metrics report as val_loss), `tokens` the tokens this rank evaluated.
+   * Not fired for an evaluation a stop request cut short (it is not counted either). */
+  HR_EVENT_EVAL_END = 15
 } hr_event;
 
 /* For hr_plugin_descriptor.events: HR_EVENT_BIT(HR_EVENT_STEP_END) | ... */
@@ -156,7 +166,8 @@ typedef struct hr_event_info {
   uint32_t reserved0; /* zero */
   /* ABI 1.5 (HR_HAS_FIELD). BACKWARD_END: the micro-step's mean loss over its tokens and its
    * token count. GRADS_READY and STEP_END: the step's mean loss over all its micro-steps' tokens
-   * and the step's token count. Other events: loss 0, tokens 0. */
+   * and the step's token count. EVAL_END (1.6): the validation loss and its tokens. Other
+   * events: loss 0, tokens 0. */
   double loss;
   uint64_t tokens;
 } hr_event_info;
@@ -167,10 +178,22 @@ typedef struct hr_event_info {
  * compiled; the host fills what that covers (a zero struct_size counts as ABI 1.0's size). */
 typedef struct hr_tensor {
   uint32_t struct_size;
-  uint32_t dtype;   /* hr_dtype */
-  const char* name; /* parameters: Hugging Face GPT-2 names ("h.3.attn.c_attn.weight") */
+  uint32_t dtype; /* hr_dtype */
+  /* Parameters: Hugging Face's names, GPT-2's without "transformer." ("h.3.attn.c_attn.weight"),
+   * Llama's as they are ("model.layers.3.mlp.down_proj.weight") but for two fused ones:
+   * self_attn.qkv_proj (q_proj, k_proj, v_proj stacked by rows) and mlp.gate_up_proj (gate_proj,
+   * then up_proj). */
+  const char* name;
   int32_t ndim;
   int32_t reserved0; /* zero */
+  /* Row-major, the last dimension contiguous. Every parameter matrix that multiplies an
+   * activation is (out, in), as nn.Linear's weight: GPT-2 attn.c_attn.weight (3C, C),
+   * attn.c_proj.weight (C, C), mlp.c_fc.weight (4C, C), mlp.c_proj.weight (C, 4C) — the
+   * transpose of Hugging Face's Conv1D (in, out), which is what --save-weights writes for these
+   * four. Llama: self_attn.qkv_proj.weight (C + 2 KV, C) (KV = n_kv_head * head size),
+   * self_attn.o_proj.weight (C, C), mlp.gate_up_proj.weight (2I, C), mlp.down_proj.weight (C, I),
+   * as Hugging Face's. Embeddings (vocab, C) and wpe (seq_len, C); lm_head (vocab, C); norms and
+   * biases (n). docs/plugin-guide.md section 9.4 has the table. */
   int64_t shape[HR_MAX_DIMS];
   uint64_t numel;
   void* data;            /* device memory */
@@ -441,8 +464,10 @@ typedef struct hr_plugin_descriptor {
    * be NULL: a plugin without save_state has nothing in snapshots.
    * save_state: training thread, after STEP_END of a snapshot step; writes everything the plugin
    * needs to continue exactly (e.g. a loss scale and its counters) through writer->write.
-   * load_state: training thread, once, after create() and before TRAIN_BEGIN of a resumed run;
-   * gets back exactly the bytes save_state wrote. A non-zero status stops the run. */
+   * load_state: training thread, once, in a resumed run whose snapshot holds the plugin's state:
+   * after create(), the model's build and the snapshot's values loaded into it, before
+   * TRAIN_BEGIN; gets back exactly the bytes save_state wrote. The model may be read there
+   * (headroom/ext/state.h says exactly what exists). A non-zero status stops the run. */
   hr_status (*save_state)(void* instance, const hr_state_writer* writer);
   hr_status (*load_state)(void* instance, const void* data, uint64_t size);
 

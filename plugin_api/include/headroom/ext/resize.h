@@ -2,14 +2,14 @@
  *
  * The mechanism the pruning plugin drives. keep_mlp_units removes hidden units of one transformer
  * block's MLP: the rows of mlp.c_fc.weight and mlp.c_fc.bias and the columns of
- * mlp.c_proj.weight (ours are (out, in), as llm.c) of every unit not kept. keep_attn_heads
- * removes attention heads the same way: a head's q, k and v rows of attn.c_attn.weight and its
- * bias (hs = n_embd / n_head rows in each of the three sections) and its hs columns of
- * attn.c_proj.weight; the block's attention then runs its remaining heads. Everything attached to
- * them shrinks with them, in place of the old: the f32 masters, the compute copies (amp), the
- * gradients of either dtype, the optimizer's state (the built-in AdamW's m and v, SGD's momentum;
- * an optimizer-role plugin's through its hr_optimizer_hooks.resize) and, from the block's next
- * forward on, its MLP activations (B, T, H) and backward scratch. The old buffers are freed
+ * mlp.c_proj.weight (ours are (out, in), as llm.c: hr_tensor in plugin.h) of every unit not kept.
+ * keep_attn_heads removes attention heads the same way: a head's q, k and v rows of
+ * attn.c_attn.weight and its bias (hs = n_embd / n_head rows in each of the three sections) and its
+ * hs columns of attn.c_proj.weight; the block's attention then runs its remaining heads. Everything
+ * attached to them shrinks with them, in place of the old: the f32 masters, the compute copies
+ * (amp), the gradients of either dtype, the optimizer's state (the built-in AdamW's m and v, SGD's
+ * momentum; an optimizer-role plugin's through its hr_optimizer_hooks.resize) and, from the block's
+ * next forward on, its MLP activations (B, T, H) and backward scratch. The old buffers are freed
  * before the new ones are made (their contents pass through host memory), so no moment holds
  * both sizes. Snapshots, weights files and estimates know each block's width.
  *

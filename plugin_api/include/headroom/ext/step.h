@@ -1,4 +1,5 @@
-/* headroom.step/1 — where the current optimizer step stands (ABI 1.5).
+/* headroom.step/1 — where the current optimizer step stands (ABI 1.5), and stopping the run
+ * (appended in ABI 1.6: stop_run).
  *
  * Training thread, from any event. What is not known yet at the event reads as documented. */
 #ifndef HEADROOM_EXT_STEP_H
@@ -38,6 +39,18 @@ typedef struct hr_ext_step {
   uint32_t struct_size;
   uint32_t reserved0;
   hr_status (*state)(hr_host* host, hr_step_state* out);
+  /* Appended (ABI 1.6; check HR_HAS_FIELD(table, hr_ext_step, stop_run)). Stops the run cleanly,
+   * as a first SIGINT does, but after the current step: the step in progress finishes (its
+   * update, STEP_END, its evaluation and EVAL_END, its snapshot when due), then, before the next
+   * step begins, the run writes a snapshot of it when [snapshot] is on (unless it already has
+   * one), fires TRAIN_END, closes every output whole and exits with code 7, saying
+   *   "stopped by plugin '<name>' after step S of N: <reason>; ..."
+   * and where the snapshot is. `reason`: one line, copied (NULL: "no reason given"). From
+   * create() or TRAIN_BEGIN the run stops before step 1; during the last step, or from TRAIN_END,
+   * it changes nothing (the run completes, exit 0). The first request wins; later ones (of any
+   * plugin) are ignored. With ranks, a request on any rank stops every rank after the same step.
+   * Any plugin, any time; HR_OK. */
+  hr_status (*stop_run)(hr_host* host, const char* reason);
 } hr_ext_step;
 
 #ifdef __cplusplus

@@ -1,0 +1,94 @@
+/* Test plugin that subscribes to every bit of hr_plugin_descriptor.events (~0), built three times:
+ * against the frozen v1.4 header (all_events_v1_4), the frozen v1.5 one (all_events_v1_5) and
+ * today's (all_events). A host gives a plugin only the events of the ABI version it negotiated,
+ * so the 1.4 build never sees BUCKET_* (1.5) and neither frozen build sees EVAL_END (1.6).
+ * Appends to `out`, for every event but ALLOC and FREE:
+ *
+ *   <name> CREATE abi=1.<minor>
+ *   <name> EVENT <number> step=<step> loss=<%.17g> tokens=<n>
+ *
+ * It uses only what ABI 1.0 offers besides hr_event_info's loss and tokens, which it reads when
+ * its header has them (1.5 on) and the host's struct_size covers them. */
+#include <headroom/plugin.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifndef PLUGIN_NAME
+#error "define PLUGIN_NAME"
+#endif
+#ifndef PLUGIN_MINOR
+#error "define PLUGIN_MINOR (the minor of the header it must be built against)"
+#endif
+#if HR_ABI_VERSION_MAJOR != 1 || HR_ABI_VERSION_MINOR != PLUGIN_MINOR
+#error "built against another header than PLUGIN_MINOR says"
+#endif
+
+typedef struct all_events {
+  const hr_host_services* services;
+  FILE* out;
+} all_events;
+
+static hr_status on_event(void* instance, const hr_event_info* info) {
+  all_events* p = (all_events*)instance;
+  double loss = 0.0;
+  unsigned long long tokens = 0;
+  if (info->event == HR_EVENT_ALLOC || info->event == HR_EVENT_FREE) return HR_OK;
+#if PLUGIN_MINOR >= 5
+  if (HR_HAS_FIELD(info, hr_event_info, tokens)) {
+    loss = info->loss;
+    tokens = (unsigned long long)info->tokens;
+  }
+#endif
+  fprintf(p->out, "%s EVENT %u step=%lld loss=%.17g tokens=%llu\n", PLUGIN_NAME,
+          (unsigned)info->event, (long long)info->step, loss, tokens);
+  fflush(p->out);
+  return HR_OK;
+}
+
+static hr_status create(const hr_host_services* s, void** instance) {
+  char path[4096] = {0};
+  hr_status st;
+  all_events* p = (all_events*)calloc(1, sizeof *p);
+  if (!p) return HR_ERROR_OUT_OF_MEMORY;
+  p->services = s;
+  st = s->config_string(s->host, "out", path, sizeof path);
+  if (st != HR_OK || path[0] == '\0') {
+    free(p);
+    return st != HR_OK ? st : s->config_error(s->host, "out", PLUGIN_NAME " needs `out`");
+  }
+  p->out = fopen(path, "a");
+  if (!p->out) {
+    free(p);
+    s->set_error(s->host, PLUGIN_NAME ": cannot open `out`");
+    return HR_ERROR;
+  }
+  fprintf(p->out, "%s CREATE abi=%u.%u\n", PLUGIN_NAME, (unsigned)HR_ABI_MAJOR(s->abi_version),
+          (unsigned)HR_ABI_MINOR(s->abi_version));
+  fflush(p->out);
+  *instance = p;
+  return HR_OK;
+}
+
+static void destroy(void* instance) {
+  all_events* p = (all_events*)instance;
+  fclose(p->out);
+  free(p);
+}
+
+static const hr_plugin_descriptor kDescriptor = {
+    .struct_size = sizeof(hr_plugin_descriptor),
+    .abi_version = HR_ABI_VERSION,
+    .name = PLUGIN_NAME,
+    .version = "1.0.0",
+    .description = "test plugin: subscribes to every event bit",
+    .events = ~(uint64_t)0,
+    .roles = 0,
+    .create = create,
+    .destroy = destroy,
+    .on_event = on_event,
+    .allocator = NULL,
+    .optimizer = NULL};
+
+HR_PLUGIN_EXPORT hr_status hr_plugin_entry(hr_entry_args* args) {
+  return hr_negotiate(args, &kDescriptor);
+}
