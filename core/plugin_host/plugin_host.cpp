@@ -493,8 +493,10 @@ void PluginHost::load_states(const std::map<std::string, std::vector<uint8_t>>& 
                              const std::string& snapshot) {
   const std::string from = snapshot.empty() ? "the snapshot" : "the snapshot " + snapshot;
   // Every state has its plugin in this config before any plugin loads one.
-  for (const auto& [name, bytes] : states) {
-    (void)bytes;
+  for (const auto& state : states) {
+    // A plain reference, not a structured binding: C++17 lambdas may not capture those (clang
+    // refuses; the fuzz build compiles this file with clang).
+    const std::string& name = state.first;
     if (std::none_of(plugins_.begin(), plugins_.end(),
                      [&](const auto& q) { return q->entry.name == name; }))
       throw ConfigError("--resume: " + from + " holds the state of plugin '" + name +
