@@ -39,7 +39,7 @@
 static_assert(HR_ABI_VERSION_MAJOR == 1);
 // A new minor version appends fields: pin them in this file (offsets of what exists never move;
 // sizes are exact for the current minor version), then raise this bound.
-static_assert(HR_ABI_VERSION_MINOR <= 6, "pin the new minor version's layout in this file");
+static_assert(HR_ABI_VERSION_MINOR <= 7, "pin the new minor version's layout in this file");
 static_assert(HR_ABI_MAKE_VERSION(1, 0) == 0x00010000u);
 static_assert(HR_ABI_MAKE_VERSION(2, 3) == 0x00020003u);
 static_assert(HR_ABI_MAJOR(0x00020003u) == 2 && HR_ABI_MINOR(0x00020003u) == 3);
@@ -65,6 +65,7 @@ static_assert(HR_EVENT_EVAL_END == 15);                                     // 1
 static_assert(HR_MEM_PARAMETERS == 0 && HR_MEM_GRADIENTS == 1 && HR_MEM_OPTIMIZER == 2 &&
               HR_MEM_ACTIVATIONS == 3 && HR_MEM_WORKSPACE == 4 && HR_MEM_DATA == 5 &&
               HR_MEM_COMMUNICATION == 6 && HR_MEM_CATEGORY_COUNT_V1 == 7);
+static_assert(HR_MEM_PLUGIN == 7 && HR_MEM_CATEGORY_COUNT == 8);  // 1.7
 static_assert(HR_DTYPE_F32 == 0 && HR_DTYPE_BF16 == 1 && HR_DTYPE_F16 == 2 && HR_DTYPE_F64 == 3 &&
               HR_DTYPE_I32 == 4);
 
@@ -117,7 +118,7 @@ PIN_TYPE(hr_tensor, data, void*);
 PIN_TYPE(hr_tensor, grad, void*);
 
 // --- hr_memory_stats --------------------------------------------------------------------------
-static_assert(sizeof(hr_memory_stats) == 152 && alignof(hr_memory_stats) == 8);
+static_assert(sizeof(hr_memory_stats) == 168 && alignof(hr_memory_stats) == 8);
 PIN(hr_memory_stats, struct_size, 0, 4);
 PIN(hr_memory_stats, reserved0, 4, 4);
 PIN(hr_memory_stats, limit, 8, 8);
@@ -126,6 +127,8 @@ PIN(hr_memory_stats, peak_bytes, 24, 8);
 PIN(hr_memory_stats, live_by_category, 32, 56);
 PIN(hr_memory_stats, peak_by_category, 88, 56);
 PIN(hr_memory_stats, num_allocs, 144, 8);
+PIN(hr_memory_stats, live_plugin, 152, 8);  // 1.7
+PIN(hr_memory_stats, peak_plugin, 160, 8);
 PIN_TYPE(hr_memory_stats, live_by_category, uint64_t[7]);
 PIN_TYPE(hr_memory_stats, peak_by_category, uint64_t[7]);
 
@@ -510,7 +513,7 @@ PIN(hr_estimate_param, ndim, 16, 4);
 PIN(hr_estimate_param, weight_decay, 20, 4);
 PIN(hr_estimate_param, shape, 24, 64);
 PIN(hr_estimate_param, numel, 88, 8);
-static_assert(sizeof(hr_mechanisms) == 80 && alignof(hr_mechanisms) == 8);
+static_assert(sizeof(hr_mechanisms) == 88 && alignof(hr_mechanisms) == 8);
 PIN(hr_mechanisms, struct_size, 0, 4);
 PIN(hr_mechanisms, compute_dtype, 4, 4);
 PIN(hr_mechanisms, micro_batch, 8, 4);
@@ -528,6 +531,7 @@ PIN(hr_mechanisms, master_weights, 60, 4);
 PIN(hr_mechanisms, state_dtype, 64, 4);
 PIN(hr_mechanisms, reserved1, 68, 4);
 PIN(hr_mechanisms, optimizer_bytes, 72, 8);
+PIN(hr_mechanisms, plugin_bytes, 80, 8);  // 1.7
 static_assert(sizeof(hr_estimate_query) == 120 && alignof(hr_estimate_query) == 8);
 PIN(hr_estimate_query, struct_size, 0, 4);
 PIN(hr_estimate_query, reserved0, 4, 4);

@@ -122,6 +122,37 @@ TEST(PlanMeasure, AnOutOfTreePluginsBytesPerBlockArePredictedToTheByte) {
     EXPECT_EQ(m.by_category[i], f.at_peak[i]) << category_name(category_at(i));
 }
 
+// A plugin's own memory (HR_MEM_PLUGIN, ABI 1.7) is its own category in the closed form (its
+// estimate's hr_mechanisms.plugin_bytes), the dry run and the full run's tracker, all three equal
+// by category; weight_ema holds an f32 shadow of every parameter, and nothing else moves.
+TEST(PlanMeasure, APluginsOwnMemoryIsItsOwnCategoryInEveryPrediction) {
+  const std::string lib = std::string(HEADROOM_TEST_PLUGIN_DIR) + "/weight_ema.so";
+  const std::string ema = "[[plugins]]\nname = \"weight_ema\"\npath = \"" + lib + "\"\nout = \"" +
+                          test::temp_dir() + "/ema.txt\"\n";
+  const Config plain = test::config_from(kModel);
+  const Config c = test::config_from(std::string(kModel) + ema);
+  const int plug = static_cast<int>(Category::kPlugin);
+  const uint64_t shadow = 4 * gpt_num_params(c.model);
+  const ConfigEstimate e = estimate_config(c);
+  ASSERT_EQ(e.plugins.size(), 1u);
+  EXPECT_TRUE(e.plugins[0].offered);
+  EXPECT_EQ(e.peak.at_peak[plug], shadow);
+  const ConfigEstimate without = estimate_config(plain);
+  for (int i = 0; i < kNumCategories; ++i) {
+    if (i == plug) continue;
+    EXPECT_EQ(e.peak.at_peak[i], without.peak.at_peak[i]) << category_name(category_at(i));
+  }
+  const FullRun f = full_run(c);
+  const Measured d = measure(c);
+  EXPECT_EQ(d.method, Measured::Method::kDirect) << d.why_extrapolated;
+  for (int i = 0; i < kNumCategories; ++i) {
+    EXPECT_EQ(f.at_peak[i], e.peak.at_peak[i]) << category_name(category_at(i));
+    EXPECT_EQ(d.by_category[i], e.peak.at_peak[i]) << category_name(category_at(i));
+  }
+  EXPECT_EQ(d.peak, e.peak.total());
+  EXPECT_EQ(f.peak, e.peak.total());
+}
+
 // Every policy and mode of every plugin that runs on one rank, at several block counts, each way
 // the planner measures: the config itself, dry, is its full run to the byte; so is the fit over
 // micro_batch at the configured blocks (what a host too small for the config itself gets), but

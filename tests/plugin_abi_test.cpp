@@ -1326,7 +1326,7 @@ TEST_F(PluginAbi, OnlyPluginsOfAbi1_6GetEvalEnd) {
   const auto lines = read_lines(file("e.txt"));
   const auto rows = metrics_rows(file("m.jsonl"));
   ASSERT_EQ(rows.size(), 2u);
-  EXPECT_EQ(lines_with(lines, "all_events CREATE").at(0), "all_events CREATE abi=1.6");
+  EXPECT_EQ(lines_with(lines, "all_events CREATE").at(0), "all_events CREATE abi=1.7");
   EXPECT_EQ(lines_with(lines, "all_events_v1_5 CREATE").at(0), "all_events_v1_5 CREATE abi=1.5");
   EXPECT_EQ(lines_with(lines, "all_events_v1_4 CREATE").at(0), "all_events_v1_4 CREATE abi=1.4");
   const auto evals = lines_with(lines, "all_events EVENT 15 ");
@@ -1345,6 +1345,73 @@ TEST_F(PluginAbi, OnlyPluginsOfAbi1_6GetEvalEnd) {
     EXPECT_LT(event, w[0] == "all_events_v1_5" ? HR_EVENT_EVAL_END : HR_EVENT_COUNT_V1) << line;
   }
   EXPECT_GT(older, 20u) << join(lines);  // they did receive the rest
+}
+
+// A plugin's own memory (ABI 1.7): weight_ema's shadows are HR_MEM_PLUGIN, which the metrics,
+// memory_stats and the end-of-run report show as "plugin", under the plugin's name, beside an
+// optimizer category that is the run's without the plugin. A plugin that negotiated 1.6 sees
+// those buffers' ALLOC events as HR_MEM_OPTIMIZER (it has no category 7); one of 1.7 sees 7.
+TEST_F(PluginAbi, APluginsOwnMemoryIsItsOwnCategoryUnderItsName) {
+  const std::string model =
+      "[model]\nn_layer = 2\nn_head = 2\nn_embd = 16\nseq_len = 8\nvocab_size = 32\n"
+      "[train]\nsteps = 2\nmicro_batch = 2\n";
+  const auto plain = run_headroom("train " + config(model) + " --metrics " + file("p.jsonl"));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const auto r =
+      run_headroom("train " +
+                   config(model + recorder("weight_ema", "ema.txt") +
+                          recorder("all_events", "e.txt") + recorder("all_events_v1_6", "e.txt")) +
+                   " --metrics " + file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto base = metrics_rows(file("p.jsonl")).back();
+  const auto row = metrics_rows(file("m.jsonl")).back();
+  const auto& by = row.at("mem_peak_by_category");
+  const uint64_t params = by.at("parameters").get<uint64_t>();  // f32 weights: 4 B each
+  EXPECT_EQ(by.at("plugin").get<uint64_t>(), params);
+  EXPECT_EQ(row.at("mem_peak_by_plugin").at("weight_ema").get<uint64_t>(), params);
+  EXPECT_EQ(base.at("mem_peak_by_category").at("plugin").get<uint64_t>(), 0u);
+  EXPECT_FALSE(base.contains("mem_peak_by_plugin"));
+  for (const char* c : {"parameters", "gradients", "optimizer", "activations", "workspace"})
+    EXPECT_EQ(by.at(c), base.at("mem_peak_by_category").at(c)) << c;
+  EXPECT_EQ(row.at("mem_peak_bytes").get<uint64_t>(),
+            base.at("mem_peak_bytes").get<uint64_t>() + params);
+  // The end-of-run report: the category, then the plugin that holds it.
+  EXPECT_TRUE(test::contains(r.output, "\n  plugin      ")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "    'weight_ema'")) << r.output;
+  // memory_stats (1.7): live_plugin holds them, the optimizer's entry does not.
+  const auto stats = lines_with(read_lines(file("ema.txt")), "weight_ema STATS");
+  ASSERT_EQ(stats.size(), 2u);
+  for (const auto& line : stats) {
+    EXPECT_EQ(std::stoull(field(line, "live_plugin")), params) << line;
+    EXPECT_EQ(std::stoull(field(line, "peak_plugin")), params) << line;
+  }
+  const auto events = read_lines(file("e.txt"));
+  const auto now = lines_with(events, "all_events CATEGORIES");
+  const auto older = lines_with(events, "all_events_v1_6 CATEGORIES");
+  ASSERT_EQ(now.size(), 1u) << join(events);
+  ASSERT_EQ(older.size(), 1u) << join(events);
+  const unsigned long seen_now = std::stoul(split(now[0]).at(2));
+  const unsigned long seen_older = std::stoul(split(older[0]).at(2));
+  EXPECT_TRUE(seen_now & (1ul << HR_MEM_PLUGIN)) << now[0];
+  EXPECT_FALSE(seen_older & (1ul << HR_MEM_PLUGIN)) << older[0];
+  EXPECT_TRUE(seen_older & (1ul << HR_MEM_OPTIMIZER)) << older[0];
+}
+
+// Under a memory limit the shadows do not fit beside: the out-of-memory report lists the plugin
+// category and the plugin that holds it.
+TEST_F(PluginAbi, TheOutOfMemoryReportNamesThePluginHoldingItsOwnMemory) {
+  const std::string model =
+      "[model]\nn_layer = 2\nn_head = 2\nn_embd = 16\nseq_len = 8\nvocab_size = 32\n"
+      "[train]\nsteps = 2\nmicro_batch = 2\n";
+  const auto plain = run_headroom("train " + config(model) + " --metrics " + file("p.jsonl"));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const uint64_t peak = metrics_rows(file("p.jsonl")).back().at("mem_peak_bytes").get<uint64_t>();
+  const auto r = run_headroom(
+      "train " + config(model + "[device]\nmemory_limit = " + std::to_string(peak + 4096) + "\n" +
+                        recorder("weight_ema", "ema.txt")));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "\n    plugin      ")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "      'weight_ema'")) << r.output;
 }
 
 // load_state's moment (ext/state.h, plugin-guide section 14): once, after create() and after the

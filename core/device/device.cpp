@@ -49,6 +49,13 @@ std::string OomReport::str() const {
     std::snprintf(line, sizeof line, "    %-20s %14s %14s\n", category_name(category_at(i)),
                   format_bytes(live[i]).c_str(), format_bytes(peak[i]).c_str());
     s += line;
+    if (category_at(i) != Category::kPlugin) continue;
+    for (const auto& [name, bytes] : plugin_live) {
+      if (!bytes) continue;
+      std::snprintf(line, sizeof line, "      %-18s %14s\n", ("'" + name + "'").c_str(),
+                    format_bytes(bytes).c_str());
+      s += line;
+    }
   }
   if (!note.empty()) s += "  " + note + "\n";
   return s;
@@ -63,15 +70,16 @@ OutOfMemory::OutOfMemory(OomReport report)
     : std::runtime_error("out of memory: " + report.what), report_(std::move(report)) {}
 
 void* Device::allocate(uint64_t bytes, Category category, const std::string& what) {
-  return allocate_impl(bytes, category, what, true);
+  return allocate_impl(bytes, category, what, {}, true);
 }
 
-void* Device::try_allocate(uint64_t bytes, Category category, const std::string& what) {
-  return allocate_impl(bytes, category, what, false);
+void* Device::try_allocate(uint64_t bytes, Category category, const std::string& what,
+                           const std::string& owner) {
+  return allocate_impl(bytes, category, what, owner, false);
 }
 
 void* Device::allocate_impl(uint64_t bytes, Category category, const std::string& what,
-                            bool report) {
+                            const std::string& owner, bool report) {
   void* ptr = nullptr;
   if (within_budget(bytes))
     ptr = allocator_ ? allocator_->allocate(bytes, category, backend().native_stream())
@@ -83,8 +91,9 @@ void* Device::allocate_impl(uint64_t bytes, Category category, const std::string
       o->on_oom(r);
     throw OutOfMemory(std::move(r));
   }
-  blocks_.emplace(ptr, Block{bytes, category});
-  tracker_.on_alloc(category, bytes);
+  const std::string& by = category == Category::kPlugin ? owner : std::string();
+  blocks_.emplace(ptr, Block{bytes, category, by});
+  tracker_.on_alloc(category, bytes, by);
   try {
     for (AllocationObserver* o : observers_)
       o->on_alloc(ptr, bytes, category, what);
@@ -113,6 +122,8 @@ OomReport Device::oom_report(uint64_t bytes, Category category, const std::strin
   r.live = tracker_.live_by_category();
   r.peak = tracker_.peak_by_category();
   r.phase = tracker_.phase();
+  for (const auto& [name, o] : tracker_.plugin_owners())
+    r.plugin_live[name] = o.live;
   // Within the budget, the allocator said no; past it, the budget did (the allocator was not
   // asked).
   if (allocator_ && within_budget(bytes)) r.allocator = allocator_->name();
@@ -146,7 +157,7 @@ void Device::free(void* ptr) {
   } else {
     backend_free(ptr);
   }
-  tracker_.on_free(b.category, b.bytes);
+  tracker_.on_free(b.category, b.bytes, b.owner);
   for (AllocationObserver* o : observers_)
     o->on_free(ptr, b.bytes, b.category);
 }

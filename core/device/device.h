@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -36,6 +37,8 @@ struct OomReport {
   std::string allocator;
   // What the run adds (the micro-batch a plugin had lowered it to): one line, or empty.
   std::string note;
+  // Category::kPlugin by the plugin that holds it: live bytes at the failed request.
+  std::map<std::string, uint64_t> plugin_live;
 
   // The bytes under the limit that nothing holds: limit - live - reserved_unused (0 without one).
   uint64_t free_bytes() const;
@@ -116,8 +119,10 @@ class Device {
   // left) it notifies the observers and throws OutOfMemory; nothing is allocated then.
   void* allocate(uint64_t bytes, Category category, const std::string& what);
   // The same, returning nullptr instead of firing OOM and throwing: for a caller that handles
-  // its own failure (a plugin's services->alloc).
-  void* try_allocate(uint64_t bytes, Category category, const std::string& what);
+  // its own failure (a plugin's services->alloc). `owner`: with Category::kPlugin, the plugin
+  // whose buffer it is (the tracker keeps the category by plugin).
+  void* try_allocate(uint64_t bytes, Category category, const std::string& what,
+                     const std::string& owner = {});
   void free(void* ptr);
 
   // The allocator every buffer comes from from now on; nullptr restores the backend's own. Set it
@@ -163,7 +168,8 @@ class Device {
   virtual bool backend_enforces_limit() const { return false; }
 
  private:
-  void* allocate_impl(uint64_t bytes, Category category, const std::string& what, bool report);
+  void* allocate_impl(uint64_t bytes, Category category, const std::string& what,
+                      const std::string& owner, bool report);
   // What memory looks like when `bytes` of `category` could not be had.
   OomReport oom_report(uint64_t bytes, Category category, const std::string& what) const;
   // Whether `bytes` more fit the memory limit as a budget of live bytes (always, where the backend
@@ -173,6 +179,7 @@ class Device {
   struct Block {
     uint64_t bytes;
     Category category;
+    std::string owner;  // Category::kPlugin: the plugin's name
   };
   uint64_t limit_;
   std::unique_ptr<Backend> dry_;

@@ -20,6 +20,8 @@ const char* category_name(Category c) {
       return "data";
     case Category::kCommunication:
       return "communication";
+    case Category::kPlugin:
+      return "plugin";
   }
   return "unknown";
 }
@@ -59,24 +61,35 @@ uint64_t TimelineSample::total() const {
   return t;
 }
 
-void MemoryTracker::on_alloc(Category c, uint64_t bytes) {
+void MemoryTracker::on_alloc(Category c, uint64_t bytes, const std::string& owner) {
   const int i = static_cast<int>(c);
   live_[i] += bytes;
   live_total_ += bytes;
   ++num_allocs_;
   peak_[i] = std::max(peak_[i], live_[i]);
+  if (!owner.empty()) {
+    OwnerBytes& o = owners_[owner];
+    o.live += bytes;
+    o.peak = std::max(o.peak, o.live);
+  }
   if (live_total_ > peak_total_) {
     peak_total_ = live_total_;
     peak_phase_ = phase_;
     live_at_peak_ = live_;
+    for (auto& [name, o] : owners_)
+      o.at_peak = o.live;
   }
   if (live_total_ > current_.total()) current_.live = live_;
 }
 
-void MemoryTracker::on_free(Category c, uint64_t bytes) {
+void MemoryTracker::on_free(Category c, uint64_t bytes, const std::string& owner) {
   const int i = static_cast<int>(c);
   live_[i] -= std::min(live_[i], bytes);
   live_total_ -= std::min(live_total_, bytes);
+  if (!owner.empty()) {
+    auto it = owners_.find(owner);
+    if (it != owners_.end()) it->second.live -= std::min(it->second.live, bytes);
+  }
 }
 
 void MemoryTracker::set_phase(const Phase& phase) {
@@ -97,6 +110,8 @@ void MemoryTracker::reset_peaks() {
   peak_total_ = live_total_;
   live_at_peak_ = live_;
   peak_phase_ = phase_;
+  for (auto& [name, o] : owners_)
+    o.peak = o.at_peak = o.live;
 }
 
 }  // namespace headroom

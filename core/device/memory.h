@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -18,8 +19,11 @@ enum class Category : int {
   kWorkspace,
   kData,
   kCommunication,
+  // A plugin's own memory that is none of the above (HR_MEM_PLUGIN, ABI 1.7): the tracker also
+  // keeps it by the plugin that holds it.
+  kPlugin,
 };
-constexpr int kNumCategories = 7;
+constexpr int kNumCategories = 8;
 using ByCategory = std::array<uint64_t, kNumCategories>;
 
 const char* category_name(Category c);  // "parameters", "gradients", ...
@@ -49,10 +53,19 @@ struct TimelineSample {
   uint64_t total() const;
 };
 
+// One plugin's own memory (Category::kPlugin).
+struct OwnerBytes {
+  uint64_t live = 0;
+  uint64_t peak = 0;     // its own highest
+  uint64_t at_peak = 0;  // what it held at the tracker's peak total
+};
+
 class MemoryTracker {
  public:
-  void on_alloc(Category c, uint64_t bytes);
-  void on_free(Category c, uint64_t bytes);
+  // `owner`: for Category::kPlugin, the plugin that holds the buffer (its bytes are also kept
+  // under its name); empty for everything else.
+  void on_alloc(Category c, uint64_t bytes, const std::string& owner = {});
+  void on_free(Category c, uint64_t bytes, const std::string& owner = {});
   // Closes the current phase's timeline sample and starts a new one.
   void set_phase(const Phase& phase);
   const Phase& phase() const { return phase_; }
@@ -71,6 +84,9 @@ class MemoryTracker {
 
   uint64_t num_allocs() const { return num_allocs_; }
 
+  // Category::kPlugin by the plugin that holds it, every plugin that ever allocated any.
+  const std::map<std::string, OwnerBytes>& plugin_owners() const { return owners_; }
+
   // One sample per phase, the current one included.
   std::vector<TimelineSample> timeline() const;
 
@@ -84,6 +100,7 @@ class MemoryTracker {
   uint64_t live_total_ = 0;
   uint64_t peak_total_ = 0;
   uint64_t num_allocs_ = 0;
+  std::map<std::string, OwnerBytes> owners_;
   Phase phase_;
   Phase peak_phase_;
   std::vector<TimelineSample> timeline_;

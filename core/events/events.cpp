@@ -11,7 +11,9 @@ static_assert(static_cast<int>(headroom::Event::kEvalEnd) == HR_EVENT_EVAL_END,
 static_assert(headroom::kNumEvents == HR_EVENT_EVAL_END + 1, "event count drifted");
 static_assert(static_cast<int>(headroom::Category::kCommunication) == HR_MEM_COMMUNICATION,
               "category ids drifted");
-static_assert(headroom::kNumCategories == HR_MEM_CATEGORY_COUNT_V1, "category count drifted");
+static_assert(static_cast<int>(headroom::Category::kPlugin) == HR_MEM_PLUGIN,
+              "category ids drifted");
+static_assert(headroom::kNumCategories == HR_MEM_CATEGORY_COUNT, "category count drifted");
 
 namespace headroom {
 

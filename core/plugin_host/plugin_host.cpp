@@ -33,7 +33,7 @@ class PluginHost::AllocatorAdapter final : public DeviceAllocator {
   explicit AllocatorAdapter(LoadedPlugin& p) : p_(p) {}
   void* allocate(uint64_t bytes, Category category, void* stream) override {
     const InHook in(p_);
-    return p_.allocator.allocate(p_.instance, bytes, uint32_t(category), stream);
+    return p_.allocator.allocate(p_.instance, bytes, category_for(p_, category), stream);
   }
   void deallocate(void* ptr, uint64_t bytes, void* stream) override {
     const InHook in(p_);
@@ -289,6 +289,7 @@ void PluginHost::on_event(const EventInfo& e) {
   } current(*this, int(e.event), e.layer);
   for (auto& p : plugins_) {
     if (!p->created || !(p->desc.events & HR_EVENT_BIT(info.event))) continue;
+    info.category = category_for(*p, e.category);
     const hr_status s = p->desc.on_event(p->instance, &info);
     if (s == HR_OK) continue;
     if (p->run_failure) {  // a service met the run's own failure for it: the run's path for it

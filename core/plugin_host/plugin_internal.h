@@ -157,6 +157,14 @@ struct LoadedPlugin {
   }
 };
 
+// A category as the plugin's ABI version knows it: HR_MEM_PLUGIN (ABI 1.7) reads as
+// HR_MEM_OPTIMIZER to a plugin that negotiated an older version, where plugins kept their own
+// memory before (headroom/plugin.h).
+inline uint32_t category_for(const LoadedPlugin& p, Category c) {
+  if (c == Category::kPlugin && p.abi < HR_ABI_MAKE_VERSION(1, 7)) return HR_MEM_OPTIMIZER;
+  return uint32_t(c);
+}
+
 // --- loader.cpp ---
 // Loads `file` and asks its entry point for the descriptor (and, for a 1.5 plugin, the role hooks
 // and state it offers as extensions). Throws ConfigError prefixed by `where` (when not empty),

@@ -118,13 +118,19 @@ static hr_status config_error(hr_host* h, const char* key, const char* message) 
 constexpr Rule kAlloc = {"alloc", kAnyone, When::kNotInAllocation, kNotAllowed};
 static void* alloc(hr_host* h, uint64_t bytes, uint32_t category, const char* what) {
   LoadedPlugin& p = plugin(h);
-  if (category >= uint32_t(kNumCategories)) {
-    p.error = "alloc: category " + std::to_string(category) + " is not an hr_mem_category";
+  const uint32_t known =
+      p.abi >= HR_ABI_MAKE_VERSION(1, 7) ? HR_MEM_CATEGORY_COUNT : HR_MEM_CATEGORY_COUNT_V1;
+  if (category >= known) {
+    p.error = "alloc: category " + std::to_string(category) + " is not an hr_mem_category" +
+              (category < HR_MEM_CATEGORY_COUNT
+                   ? " of ABI " + format_abi_version(p.abi) + " (HR_MEM_PLUGIN came with ABI 1.7)"
+                   : "");
     return nullptr;
   }
   try {
-    void* ptr = run(h).device->try_allocate(bytes, category_at(int(category)),
-                                            p.entry.name + ": " + (what ? what : "buffer"));
+    void* ptr =
+        run(h).device->try_allocate(bytes, category_at(int(category)),
+                                    p.entry.name + ": " + (what ? what : "buffer"), p.entry.name);
     if (!ptr) {
       p.error = "alloc: " + format_bytes(bytes) + " do not fit in device memory";
       return nullptr;
@@ -174,11 +180,18 @@ static hr_status memory_stats(hr_host* h, hr_memory_stats* out) {
   s.limit = d.memory_limit();
   s.live_bytes = t.live_total();
   s.peak_bytes = t.peak_total();
-  for (int i = 0; i < kNumCategories; ++i) {
+  for (int i = 0; i < HR_MEM_CATEGORY_COUNT_V1; ++i) {
     s.live_by_category[i] = t.live_by_category()[i];
     s.peak_by_category[i] = t.peak_by_category()[i];
   }
   s.num_allocs = t.num_allocs();
+  s.live_plugin = t.live(Category::kPlugin);
+  s.peak_plugin = t.peak(Category::kPlugin);
+  // A plugin of an older version knows no plugin category: the optimizer's holds it, as it did.
+  if (plugin(h).abi < HR_ABI_MAKE_VERSION(1, 7)) {
+    s.live_by_category[HR_MEM_OPTIMIZER] += s.live_plugin;
+    s.peak_by_category[HR_MEM_OPTIMIZER] += s.peak_plugin;
+  }
   write_sized(out, s);
   return HR_OK;
 }

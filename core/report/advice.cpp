@@ -52,6 +52,7 @@ struct CMechanisms {
     c.master_weights = m.masters ? 1 : 0;
     c.state_dtype = uint32_t(m.state);
     c.optimizer_bytes = m.optimizer_bytes;
+    c.plugin_bytes = m.plugin_bytes;
   }
   CMechanisms(const CMechanisms&) = delete;
   CMechanisms& operator=(const CMechanisms&) = delete;
@@ -98,6 +99,7 @@ bool from_c(const hr_mechanisms& c, size_t num_layers, const Mechanisms& fallbac
     p.state = m.state;
     if (!precision_problem(p).empty()) return false;
   }
+  if (HR_HAS_FIELD(&c, hr_mechanisms, plugin_bytes)) m.plugin_bytes = c.plugin_bytes;
   const uint32_t stages[] = {0, kShardOpt, kShardOpt | kShardGrads,
                              kShardOpt | kShardGrads | kShardParams};
   if (m.world_size < 1 || m.world_size > (1 << 20) ||
@@ -208,6 +210,8 @@ PluginEstimate ask(const Config& config, const OfferedExtension& ext, void* inst
   pe.after = std::move(after);
   for (int i = 0; i < HR_MEM_CATEGORY_COUNT_V1; ++i)
     pe.peak.at_peak[i] = r.bytes[i];
+  // The plugin category is not among ABI 1.0's seven: what the plugins say they hold.
+  pe.peak.at_peak[int(Category::kPlugin)] = pe.after.plugin_bytes;
   pe.makes_usable = r.makes_usable;
   pe.step_time_factor = r.step_time_factor;
   pe.what.assign(r.what, strnlen(r.what, sizeof r.what));
@@ -368,6 +372,8 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
                                                ? s.optimizer_bytes
                                                : dtype_size(s.state) * states * mine_total;
   at(base.at_peak, Category::kData) = 2 * sizeof(int32_t) * N;  // inputs and targets
+  // The plugins' own memory, held the whole run (hr_mechanisms.plugin_bytes).
+  at(base.at_peak, Category::kPlugin) = s.plugin_bytes;
   // Data parallelism (more than one rank, nothing sharded: the sharding plugin reduces the
   // gradients itself): the gradient buckets partition the parameters, one fp32 copy of every
   // gradient, allocated once (core/run/trainer.cpp, build_buckets).

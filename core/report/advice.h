@@ -44,6 +44,8 @@ struct Mechanisms {
   // An optimizer-role plugin's state bytes on this rank, or kBuiltinOptimizer: AdamW / SGD.
   static constexpr uint64_t kBuiltinOptimizer = UINT64_MAX;
   uint64_t optimizer_bytes = kBuiltinOptimizer;
+  // What the plugins hold in Category::kPlugin for the whole run (hr_mechanisms.plugin_bytes).
+  uint64_t plugin_bytes = 0;
 };
 // The config's micro_batch and grad_accum, fp32, every layer keeping its activations, nothing
 // sharded, at `world_size` ranks (0: the launcher's, rank_info()): the run as it is without

@@ -17,8 +17,8 @@ namespace {
 // Bottom to top: what lives the whole run first, so the part that moves — activations and
 // workspace — is the top of the stack and its shape reads directly.
 constexpr Category kStackOrder[] = {
-    Category::kParameters,    Category::kGradients, Category::kOptimizer,   Category::kData,
-    Category::kCommunication, Category::kWorkspace, Category::kActivations,
+    Category::kParameters, Category::kGradients,     Category::kOptimizer, Category::kPlugin,
+    Category::kData,       Category::kCommunication, Category::kWorkspace, Category::kActivations,
 };
 static_assert(sizeof kStackOrder / sizeof kStackOrder[0] == kNumCategories, "every category");
 
@@ -38,6 +38,8 @@ const char* colour(Category c) {
       return "#9c755f";
     case Category::kCommunication:
       return "#ff9da7";
+    case Category::kPlugin:
+      return "#b07aa1";
   }
   return "#bab0ac";
 }

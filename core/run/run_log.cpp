@@ -75,6 +75,13 @@ void RunLog::step(const StepState& r, int64_t skipped_steps, double best_val_los
     for (int i = 0; i < kNumCategories; ++i)
       by[category_name(category_at(i))] = mt.peak_by_category()[i];
     j["mem_peak_by_category"] = by;
+    // The plugin category by the plugin that holds it (its own peak), when any plugin holds some.
+    if (!mt.plugin_owners().empty()) {
+      nlohmann::json owners = nlohmann::json::object();
+      for (const auto& [name, o] : mt.plugin_owners())
+        owners[name] = o.peak;
+      j["mem_peak_by_plugin"] = owners;
+    }
     if (!peaks.empty()) j["mem_peak_bytes_by_rank"] = peaks;
     metrics_->write(j.dump() + "\n");
     metrics_->flush();
@@ -131,6 +138,12 @@ std::string RunLog::memory_report() const {
                   format_bytes(mt.live_at_peak()[i]).c_str(),
                   format_bytes(mt.peak_by_category()[i]).c_str());
     s += line;
+    if (category_at(i) != Category::kPlugin) continue;
+    for (const auto& [name, o] : mt.plugin_owners()) {
+      std::snprintf(line, sizeof line, "    %-14s %14s %14s\n", ("'" + name + "'").c_str(),
+                    format_bytes(o.at_peak).c_str(), format_bytes(o.peak).c_str());
+      s += line;
+    }
   }
   // What the allocator role holds at the end (its ABI 1.2 stats hook), when it keeps any.
   AllocatorStats a;

@@ -35,7 +35,7 @@ extern "C" {
  * Versions */
 
 #define HR_ABI_VERSION_MAJOR 1
-#define HR_ABI_VERSION_MINOR 6
+#define HR_ABI_VERSION_MINOR 7
 /* One number: major in the high 16 bits, minor in the low 16. */
 #define HR_ABI_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define HR_ABI_VERSION HR_ABI_MAKE_VERSION(HR_ABI_VERSION_MAJOR, HR_ABI_VERSION_MINOR)
@@ -122,7 +122,17 @@ typedef enum hr_mem_category {
   HR_MEM_WORKSPACE = 4,
   HR_MEM_DATA = 5,
   HR_MEM_COMMUNICATION = 6,
-  HR_MEM_CATEGORY_COUNT_V1 = 7
+  HR_MEM_CATEGORY_COUNT_V1 = 7, /* the categories of ABI 1.0 (0 .. 6) */
+  /* ABI 1.7: a plugin's own memory that is none of the above (a weight EMA's shadow copy, a
+   * plugin's scratch buffers): only services->alloc of a plugin that negotiated 1.7 or later
+   * takes it. The tracker, the memory report, the metrics and the out-of-memory report show it as
+   * "plugin", split by the plugin that holds it; the planner adds what each plugin's estimate
+   * says it holds (hr_mechanisms.plugin_bytes, headroom/ext/estimate.h). A plugin that
+   * negotiated an older version never sees this value: ALLOC and FREE events, the allocator
+   * role's allocate and memory_stats give it HR_MEM_OPTIMIZER instead, where plugins kept their
+   * own memory before 1.7. */
+  HR_MEM_PLUGIN = 7,
+  HR_MEM_CATEGORY_COUNT = 8 /* the categories of this header */
 } hr_mem_category;
 
 typedef enum hr_dtype {
@@ -218,6 +228,13 @@ typedef struct hr_memory_stats {
   uint64_t live_by_category[HR_MEM_CATEGORY_COUNT_V1];
   uint64_t peak_by_category[HR_MEM_CATEGORY_COUNT_V1];
   uint64_t num_allocs; /* device allocations so far */
+  /* Appended (ABI 1.7, HR_HAS_FIELD): HR_MEM_PLUGIN's live and peak bytes, which the arrays
+   * above (ABI 1.0's seven) cannot hold. A plugin that negotiated 1.7 or later finds them here
+   * and nowhere else: live_bytes is the sum of live_by_category and live_plugin. A plugin that
+   * negotiated an older version finds them added to the HR_MEM_OPTIMIZER entries instead (the
+   * peak as the sum of the two categories' own peaks). */
+  uint64_t live_plugin;
+  uint64_t peak_plugin;
 } hr_memory_stats;
 
 /* The optimizer role's step: update every parameter from its gradient. */
@@ -268,7 +285,11 @@ typedef struct hr_host_services {
   /* Device memory in a category, through the same path as the host's own (the memory limit,
    * the tracker, ALLOC / FREE events). NULL when it does not fit (no OOM event is fired for a
    * plugin's own request). free takes only pointers from alloc. Not from ALLOC, FREE or OOM hooks
-   * or allocator hooks: those run inside an allocation, and must not start another. */
+   * or allocator hooks: those run inside an allocation, and must not start another. A buffer
+   * that belongs to no category of core's (a shadow copy of the weights, a plugin's scratch) is
+   * HR_MEM_PLUGIN (ABI 1.7), which the reports show under the plugin's name; an optimizer-role
+   * plugin's state is HR_MEM_OPTIMIZER. NULL with a message for a category the plugin's version
+   * does not have. */
   void* (*alloc)(hr_host* host, uint64_t bytes, uint32_t category, const char* what);
   void (*free)(hr_host* host, void* ptr);
   /* The backend's own memory, for the allocator role only: what the allocator builds its pools

@@ -7,6 +7,9 @@
  *   <name> CREATE abi=1.<minor>
  *   <name> EVENT <number> step=<step> loss=<%.17g> tokens=<n>
  *
+ * and before TRAIN_END's EVENT line, the categories its ALLOC events carried (bit c for category
+ * c): `<name> CATEGORIES <mask>`. A plugin older than 1.7 never sees HR_MEM_PLUGIN (7).
+ *
  * It uses only what ABI 1.0 offers besides hr_event_info's loss and tokens, which it reads when
  * its header has them (1.5 on) and the host's struct_size covers them. */
 #include <headroom/plugin.h>
@@ -26,13 +29,17 @@
 typedef struct all_events {
   const hr_host_services* services;
   FILE* out;
+  unsigned long categories; /* bit c: an ALLOC of category c */
 } all_events;
 
 static hr_status on_event(void* instance, const hr_event_info* info) {
   all_events* p = (all_events*)instance;
   double loss = 0.0;
   unsigned long long tokens = 0;
+  if (info->event == HR_EVENT_ALLOC && info->category < 32) p->categories |= 1ul << info->category;
   if (info->event == HR_EVENT_ALLOC || info->event == HR_EVENT_FREE) return HR_OK;
+  if (info->event == HR_EVENT_TRAIN_END)
+    fprintf(p->out, "%s CATEGORIES %lu\n", PLUGIN_NAME, p->categories);
 #if PLUGIN_MINOR >= 5
   if (HR_HAS_FIELD(info, hr_event_info, tokens)) {
     loss = info->loss;

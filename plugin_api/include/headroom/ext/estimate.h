@@ -102,6 +102,12 @@ typedef struct hr_mechanisms {
   /* The optimizer state of a rank in bytes when a plugin takes the optimizer role (its estimate
    * sets it from model->param_tensors), or HR_OPTIMIZER_BYTES_BUILTIN: core's AdamW / SGD. */
   uint64_t optimizer_bytes;
+  /* Appended (ABI 1.7): the bytes the plugins hold in HR_MEM_PLUGIN (their own memory) on this
+   * rank, for the whole run: each plugin's estimate adds what it holds to what the plugins before
+   * it left (0 from core). Core counts them at every moment of the step, so the peak's plugin
+   * category is this value; query->peak's out[] (ABI 1.0's seven categories) leaves it out, and
+   * so may hr_estimate_result.bytes. */
+  uint64_t plugin_bytes;
 } hr_mechanisms;
 
 #define HR_OPTIMIZER_BYTES_BUILTIN UINT64_MAX
