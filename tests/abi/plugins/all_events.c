@@ -8,7 +8,9 @@
  *   <name> EVENT <number> step=<step> loss=<%.17g> tokens=<n>
  *
  * and before TRAIN_END's EVENT line, the categories its ALLOC events carried (bit c for category
- * c): `<name> CATEGORIES <mask>`. A plugin older than 1.7 never sees HR_MEM_PLUGIN (7).
+ * c): `<name> CATEGORIES <mask>`. A plugin older than 1.7 never sees HR_MEM_PLUGIN (7). At
+ * TRAIN_BEGIN it asks for 64 bytes of category 7, which only a 1.7 plugin gets, and frees them:
+ * `<name> ALLOC7 granted|refused`.
  *
  * It uses only what ABI 1.0 offers besides hr_event_info's loss and tokens, which it reads when
  * its header has them (1.5 on) and the host's struct_size covers them. */
@@ -40,6 +42,13 @@ static hr_status on_event(void* instance, const hr_event_info* info) {
   if (info->event == HR_EVENT_ALLOC || info->event == HR_EVENT_FREE) return HR_OK;
   if (info->event == HR_EVENT_TRAIN_END)
     fprintf(p->out, "%s CATEGORIES %lu\n", PLUGIN_NAME, p->categories);
+  if (info->event == HR_EVENT_TRAIN_BEGIN) {
+    /* Category 7 (HR_MEM_PLUGIN from 1.7): a plugin of an older version may not ask for it. */
+    const hr_host_services* s = p->services;
+    void* b = s->alloc(s->host, 64, 7, "category 7 probe");
+    fprintf(p->out, "%s ALLOC7 %s\n", PLUGIN_NAME, b ? "granted" : "refused");
+    if (b) s->free(s->host, b);
+  }
 #if PLUGIN_MINOR >= 5
   if (HR_HAS_FIELD(info, hr_event_info, tokens)) {
     loss = info->loss;
