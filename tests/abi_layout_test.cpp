@@ -14,6 +14,7 @@
 #include "headroom/ext/batch.h"
 #include "headroom/ext/comm.h"
 #include "headroom/ext/estimate.h"
+#include "headroom/ext/ops.h"
 #include "headroom/ext/precision.h"
 #include "headroom/ext/recompute.h"
 #include "headroom/ext/resize.h"
@@ -342,12 +343,17 @@ PIN_ID(HR_EXT_PRECISION, "headroom.precision/1");
 PIN_ID(HR_EXT_RECOMPUTE, "headroom.recompute/1");
 PIN_ID(HR_EXT_RESIZE, "headroom.resize/1");
 PIN_ID(HR_EXT_TENSORS, "headroom.tensors/1");
+PIN_ID(HR_EXT_OPS, "headroom.ops/1");
 PIN_ID(HR_EXT_STEP, "headroom.step/1");
 PIN_ID(HR_EXT_COMM, "headroom.comm/1");
 PIN_ID(HR_EXT_STATE, "headroom.state/1");
 PIN_ID(HR_EXT_ALLOCATOR, "headroom.allocator/1");
 PIN_ID(HR_EXT_OPTIMIZER, "headroom.optimizer/1");
 PIN_ID(HR_EXT_ESTIMATE, "headroom.estimate/1");
+static_assert(HR_OP_ADD == 0 && HR_OP_SUB == 1 && HR_OP_MUL == 2 && HR_OP_DIV == 3 &&
+              HR_OP_MAX == 4 && HR_OP_MIN == 5);
+static_assert(HR_OP_SIGN == 0 && HR_OP_SQRT == 1 && HR_OP_ABS == 2 && HR_OP_NEG == 3 &&
+              HR_OP_RECIPROCAL == 4);
 static_assert(HR_REDUCE_SUM == 0 && HR_REDUCE_MAX == 1 && HR_REDUCE_MAX_ABS == 2 &&
               HR_REDUCE_SUM_SQUARES == 3);
 static_assert(HR_READ_MAX_BYTES == (uint64_t(1) << 20));
@@ -413,6 +419,14 @@ PIN(hr_ext_tensors, find_param, 8, 8);
 PIN(hr_ext_tensors, read, 16, 8);
 PIN(hr_ext_tensors, reduce, 24, 8);
 PIN(hr_ext_tensors, write, 32, 8);
+static_assert(sizeof(hr_ext_ops) == 48 && alignof(hr_ext_ops) == 8);
+PIN(hr_ext_ops, struct_size, 0, 4);
+PIN(hr_ext_ops, reserved0, 4, 4);
+PIN(hr_ext_ops, binary, 8, 8);
+PIN(hr_ext_ops, unary, 16, 8);
+PIN(hr_ext_ops, lerp, 24, 8);
+PIN(hr_ext_ops, affine, 32, 8);
+PIN(hr_ext_ops, adamw, 40, 8);
 static_assert(sizeof(hr_step_state) == 80 && alignof(hr_step_state) == 8);
 PIN(hr_step_state, struct_size, 0, 4);
 PIN(hr_step_state, micro_step, 4, 4);
@@ -593,6 +607,17 @@ PIN_TYPE(hr_ext_tensors, read, hr_status (*)(hr_host*, void*, const void*, uint6
 PIN_TYPE(hr_ext_tensors, reduce,
          hr_status (*)(hr_host*, const void*, uint32_t, uint64_t, uint32_t, double*));
 PIN_TYPE(hr_ext_tensors, write, hr_status (*)(hr_host*, void*, const void*, uint64_t));
+PIN_TYPE(hr_ext_ops, binary,
+         hr_status (*)(hr_host*, uint32_t, void*, const void*, const void*, uint32_t, uint64_t));
+PIN_TYPE(hr_ext_ops, unary,
+         hr_status (*)(hr_host*, uint32_t, void*, const void*, uint32_t, uint64_t));
+PIN_TYPE(hr_ext_ops, lerp,
+         hr_status (*)(hr_host*, void*, const void*, const void*, double, uint32_t, uint64_t));
+PIN_TYPE(hr_ext_ops, affine,
+         hr_status (*)(hr_host*, void*, const void*, double, double, uint32_t, uint64_t));
+PIN_TYPE(hr_ext_ops, adamw,
+         hr_status (*)(hr_host*, void*, const void*, void*, void*, uint64_t, uint32_t, uint32_t,
+                       uint32_t, double, double, double, double, double, int64_t, uint32_t));
 PIN_TYPE(hr_ext_step, state, hr_status (*)(hr_host*, hr_step_state*));
 PIN_TYPE(hr_ext_step, stop_run, hr_status (*)(hr_host*, const char*));
 PIN_TYPE(hr_ext_batch, state, hr_status (*)(hr_host*, hr_batch_state*));

@@ -866,6 +866,95 @@ TEST_F(CudaBackendOps, AccumulateWidensEveryDtypeIntoF32) {
   }
 }
 
+// headroom.ops/1's element-wise ops (kernels/cuda/pointwise.cu) against the CPU backend's, bit for
+// bit: both compute kernels/common/pointwise.h's function of each element. Inputs include zeros,
+// negatives (sqrt's NaN) and, for binary, equal pairs (max / min ties).
+class CudaPointwise : public CudaBackendOps {
+ protected:
+  std::unique_ptr<Backend> cpu_ = make_cpu_backend(1);
+  static constexpr size_t kN = 4099;
+  std::vector<float> inputs(Dtype dt) {
+    auto x = normal(kN, dt, 2.0f);
+    x[0] = 0.0f;
+    x[1] = -0.0f;
+    x[2] = -4.0f;
+    return x;
+  }
+  // The CPU backend's result of `op` on host images of x (and y), as bytes of dt.
+  template <class F>
+  std::vector<uint8_t> on_cpu(Dtype dt, const std::vector<float>& x, const std::vector<float>& y,
+                              F&& op) {
+    std::vector<uint8_t> bx = encode(x, dt), by = encode(y, dt), out(kN * dtype_size(dt));
+    op(*cpu_, out.data(), bx.data(), by.data());
+    return out;
+  }
+};
+
+TEST_F(CudaPointwise, BinaryEveryOpAndDtypeIsTheCpusBitwise) {
+  for (const Dtype dt : kAllDtypes) {
+    for (const BinaryOp op : {BinaryOp::kAdd, BinaryOp::kSub, BinaryOp::kMul, BinaryOp::kDiv,
+                              BinaryOp::kMax, BinaryOp::kMin}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " op " + std::to_string(uint32_t(op)));
+      const auto x = inputs(dt);
+      auto y = normal(kN, dt, 2.0f);
+      y[3] = x[3];  // a tie
+      void* d_z = poisoned(kN, dt);
+      ops_->binary(op, dt, d_z, to_device(x, dt), to_device(y, dt), kN);
+      const auto want = on_cpu(dt, x, y, [&](Backend& b, void* z, const void* px, const void* py) {
+        b.binary(op, dt, z, px, py, kN);
+      });
+      expect_same_bytes("binary", bytes_of(d_z, kN * dtype_size(dt)), want);
+    }
+  }
+}
+
+TEST_F(CudaPointwise, UnaryEveryOpAndDtypeIsTheCpusBitwise) {
+  for (const Dtype dt : kAllDtypes) {
+    for (const UnaryOp op :
+         {UnaryOp::kSign, UnaryOp::kSqrt, UnaryOp::kAbs, UnaryOp::kNeg, UnaryOp::kReciprocal}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " op " + std::to_string(uint32_t(op)));
+      const auto x = inputs(dt);
+      void* d_x = to_device(x, dt);
+      ops_->unary(op, dt, d_x, d_x, kN);  // in place
+      const auto want = on_cpu(dt, x, x, [&](Backend& b, void* y, const void* px, const void*) {
+        b.unary(op, dt, y, px, kN);
+      });
+      expect_same_bytes("unary", bytes_of(d_x, kN * dtype_size(dt)), want);
+    }
+  }
+}
+
+TEST_F(CudaPointwise, LerpAndAffineEveryDtypeAreTheCpusBitwise) {
+  for (const Dtype dt : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto x = inputs(dt), y = normal(kN, dt, 2.0f);
+    void* d_z = poisoned(kN, dt);
+    ops_->lerp(dt, d_z, to_device(x, dt), to_device(y, dt), 0.9f, kN);
+    expect_same_bytes("lerp", bytes_of(d_z, kN * dtype_size(dt)),
+                      on_cpu(dt, x, y, [&](Backend& b, void* z, const void* px, const void* py) {
+                        b.lerp(dt, z, px, py, 0.9f, kN);
+                      }));
+    void* d_y = poisoned(kN, dt);
+    ops_->affine(dt, d_y, to_device(x, dt), 0.999f, 1e-8f, kN);
+    expect_same_bytes("affine", bytes_of(d_y, kN * dtype_size(dt)),
+                      on_cpu(dt, x, y, [&](Backend& b, void* out, const void* px, const void*) {
+                        b.affine(dt, out, px, 0.999f, 1e-8f, kN);
+                      }));
+  }
+}
+
+// The ops only enqueue: no host wait is counted for them.
+TEST_F(CudaPointwise, OpsAddNoHostSyncs) {
+  const auto x = inputs(Dtype::kF32);
+  void* d_x = to_device(x, Dtype::kF32);
+  const uint64_t before = ops_->host_syncs();
+  ops_->binary(BinaryOp::kMul, Dtype::kF32, d_x, d_x, d_x, kN);
+  ops_->unary(UnaryOp::kSign, Dtype::kF32, d_x, d_x, kN);
+  ops_->lerp(Dtype::kF32, d_x, d_x, d_x, 0.5f, kN);
+  ops_->affine(Dtype::kF32, d_x, d_x, 2.0f, 1.0f, kN);
+  EXPECT_EQ(ops_->host_syncs(), before);
+}
+
 TEST_F(CudaBackendOps, SumSquaresEveryDtype) {
   // Large enough that every block of the fixed grid strides several times; and the tiny cases.
   for (const Dtype dt : kAllDtypes) {

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/pointwise.h"
 #include "kernels/common/rope.h"
 
 namespace headroom {
@@ -226,6 +227,19 @@ class Backend {
   // Any NaN or infinity in any of the spans (what any_nonfinite over each would say, or-ed), with
   // one wait for the host: amp's overflow check over all gradients.
   virtual bool any_nonfinite_many(const std::vector<Span>& spans) = 0;
+
+  // --- headroom.ops/1's element-wise ops (headroom/ext/ops.h), f32, bf16 or f16 ----------------
+  // Each element computed in f32 by kernels/common/pointwise.h (the same function on both
+  // backends), rounded to dt to nearest even. An output may be an input's very buffer (in place),
+  // not a partial overlap. No host wait: they only enqueue.
+  // z (n) = x op y
+  virtual void binary(BinaryOp op, Dtype dt, void* z, const void* x, const void* y, uint64_t n) = 0;
+  // y (n) = op(x)
+  virtual void unary(UnaryOp op, Dtype dt, void* y, const void* x, uint64_t n) = 0;
+  // z (n) = x + w (y - x)
+  virtual void lerp(Dtype dt, void* z, const void* x, const void* y, float w, uint64_t n) = 0;
+  // y (n) = a x + b
+  virtual void affine(Dtype dt, void* y, const void* x, float a, float b, uint64_t n) = 0;
 
   // --- memory ---------------------------------------------------------------------------------
   // Device to device; the two ranges must not overlap (cudaMemcpyAsync's rule).

@@ -164,6 +164,55 @@ void require_float(Dtype d, const char* op) {
   if (d == Dtype::kI32) throw OpError(std::string(op) + ": needs a floating-point dtype, got i32");
 }
 
+// The storage of headroom.ops/1's element-wise ops: element i widened to float, a float rounded
+// back to nearest even.
+struct F32Io {
+  static float get(const void* p, uint64_t i) { return static_cast<const float*>(p)[i]; }
+  static void put(void* p, uint64_t i, float v) { static_cast<float*>(p)[i] = v; }
+};
+struct Bf16Io {
+  static float get(const void* p, uint64_t i) {
+    return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+  }
+  static void put(void* p, uint64_t i, float v) { static_cast<uint16_t*>(p)[i] = float_to_bf16(v); }
+};
+struct F16Io {
+  static float get(const void* p, uint64_t i) {
+    return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+  }
+  static void put(void* p, uint64_t i, float v) { static_cast<uint16_t*>(p)[i] = float_to_f16(v); }
+};
+
+// Runs fn with the Io of dt (f32, bf16, f16); OpError for any other dtype.
+template <class Fn>
+void pointwise_dispatch(Dtype dt, const char* op, Fn&& fn) {
+  switch (dt) {
+    case Dtype::kF32:
+      fn(F32Io{});
+      return;
+    case Dtype::kBF16:
+      fn(Bf16Io{});
+      return;
+    case Dtype::kF16:
+      fn(F16Io{});
+      return;
+    default:
+      break;
+  }
+  throw OpError(std::string(op) + ": needs f32, bf16 or f16, got " + dtype_name(dt));
+}
+
+// out[i] = f(i) for i in [0, n), on the threads when n is large. Each i reads its inputs before
+// it writes its output, so an output may be an input's buffer.
+template <class Io, class F>
+void pointwise_map(void* out, uint64_t n, F&& f) {
+  const int64_t count = int64_t(n);
+#pragma omp parallel for schedule(static) if (count >= (int64_t(1) << 15)) \
+    num_threads(cpu::threads())
+  for (int64_t i = 0; i < count; ++i)
+    Io::put(out, uint64_t(i), f(uint64_t(i)));
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) { cpu::set_threads(threads); }
@@ -438,6 +487,32 @@ class CpuBackend final : public Backend {
     }
     for (uint64_t i = 0; i < n; ++i)
       store(y, dt, i, load(y, dt, i) + a * load(x, dt, i));
+  }
+  void binary(BinaryOp op, Dtype dt, void* z, const void* x, const void* y, uint64_t n) override {
+    pointwise_dispatch(dt, "binary", [&](auto io) {
+      using Io = decltype(io);
+      pointwise_map<Io>(
+          z, n, [&](uint64_t i) { return pointwise::binary(op, Io::get(x, i), Io::get(y, i)); });
+    });
+  }
+  void unary(UnaryOp op, Dtype dt, void* y, const void* x, uint64_t n) override {
+    pointwise_dispatch(dt, "unary", [&](auto io) {
+      using Io = decltype(io);
+      pointwise_map<Io>(y, n, [&](uint64_t i) { return pointwise::unary(op, Io::get(x, i)); });
+    });
+  }
+  void lerp(Dtype dt, void* z, const void* x, const void* y, float w, uint64_t n) override {
+    pointwise_dispatch(dt, "lerp", [&](auto io) {
+      using Io = decltype(io);
+      pointwise_map<Io>(
+          z, n, [&](uint64_t i) { return pointwise::lerp(Io::get(x, i), Io::get(y, i), w); });
+    });
+  }
+  void affine(Dtype dt, void* y, const void* x, float a, float b, uint64_t n) override {
+    pointwise_dispatch(dt, "affine", [&](auto io) {
+      using Io = decltype(io);
+      pointwise_map<Io>(y, n, [&](uint64_t i) { return pointwise::affine(Io::get(x, i), a, b); });
+    });
   }
   void accumulate(float* y, const void* x, Dtype x_dt, uint64_t n) override {
     require_float(x_dt, "accumulate");

@@ -58,6 +58,10 @@ class DryBackend final : public Backend {
                          float) override {}
   void scale(Dtype, void*, uint64_t, double) override {}
   void axpy(Dtype, void*, const void*, uint64_t, double) override {}
+  void binary(BinaryOp, Dtype, void*, const void*, const void*, uint64_t) override {}
+  void unary(UnaryOp, Dtype, void*, const void*, uint64_t) override {}
+  void lerp(Dtype, void*, const void*, const void*, float, uint64_t) override {}
+  void affine(Dtype, void*, const void*, float, float, uint64_t) override {}
   void accumulate(float*, const void*, Dtype, uint64_t) override {}
   double sum_squares(Dtype, const void*, uint64_t) override {
     count_host_sync();

@@ -8,6 +8,7 @@
 #include "headroom/ext/batch.h"
 #include "headroom/ext/comm.h"
 #include "headroom/ext/model.h"
+#include "headroom/ext/ops.h"
 #include "headroom/ext/precision.h"
 #include "headroom/ext/recompute.h"
 #include "headroom/ext/resize.h"
@@ -29,6 +30,7 @@ extern const hr_ext_shard kShardExtension;          // ext_shard.cpp
 extern const hr_ext_batch kBatchExtension;          // ext_batch.cpp
 extern const hr_ext_resize kResizeExtension;        // ext_resize.cpp
 extern const hr_ext_model kModelExtension;          // ext_model.cpp
+extern const hr_ext_ops kOpsExtension;              // ext_ops.cpp
 
 namespace {
 
@@ -48,6 +50,7 @@ const Extension kExtensions[] = {
     {HR_EXT_BATCH, &kBatchExtension},
     {HR_EXT_RESIZE, &kResizeExtension},
     {HR_EXT_MODEL, &kModelExtension},
+    {HR_EXT_OPS, &kOpsExtension},
 };
 
 }  // namespace

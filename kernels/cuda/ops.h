@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/common/pointwise.h"
 #include "kernels/common/rope.h"
 
 // cuBLAS's handle types, forward-declared so that includers need no cuBLAS header
@@ -231,6 +232,23 @@ void sum_squares(double* out, double* scratch, const T* x, size_t n, cudaStream_
 // it: one flag over many tensors).
 template <class T>
 void any_nonfinite(int* flag, const T* x, size_t n, cudaStream_t stream, bool clear = true);
+
+// --- pointwise.cu: headroom.ops/1's element-wise ops ------------------------------------------
+// Each element is kernels/common/pointwise.h's function in f32 of the widened inputs, rounded to T
+// to nearest even: the CPU backend's bits. An output may be an input's very buffer (in place),
+// never a partial overlap. n may be 0.
+// z (n) = x op y
+template <class T>
+void binary(BinaryOp op, T* z, const T* x, const T* y, size_t n, cudaStream_t stream);
+// y (n) = op(x)
+template <class T>
+void unary(UnaryOp op, T* y, const T* x, size_t n, cudaStream_t stream);
+// z (n) = x + w (y - x)
+template <class T>
+void lerp(T* z, const T* x, const T* y, float w, size_t n, cudaStream_t stream);
+// y (n) = a x + b
+template <class T>
+void affine(T* y, const T* x, float a, float b, size_t n, cudaStream_t stream);
 
 // --- optimizer.cu (float parameters, gradients and state) --------------------------------------
 // AdamW, torch.optim.AdamW semantics, t the 1-based step (bias corrections computed on the host in

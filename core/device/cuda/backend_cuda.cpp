@@ -415,6 +415,34 @@ class CudaBackend final : public Backend {
       cuda::axpy(as<S>(y), as<S>(x), n, a, stream());
     });
   }
+  void binary(BinaryOp op, Dtype dt, void* z, const void* x, const void* y, uint64_t n) override {
+    on_device();
+    dispatch(dt, "binary", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::binary(op, as<S>(z), as<S>(x), as<S>(y), n, stream());
+    });
+  }
+  void unary(UnaryOp op, Dtype dt, void* y, const void* x, uint64_t n) override {
+    on_device();
+    dispatch(dt, "unary", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::unary(op, as<S>(y), as<S>(x), n, stream());
+    });
+  }
+  void lerp(Dtype dt, void* z, const void* x, const void* y, float w, uint64_t n) override {
+    on_device();
+    dispatch(dt, "lerp", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::lerp(as<S>(z), as<S>(x), as<S>(y), w, n, stream());
+    });
+  }
+  void affine(Dtype dt, void* y, const void* x, float a, float b, uint64_t n) override {
+    on_device();
+    dispatch(dt, "affine", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::affine(as<S>(y), as<S>(x), a, b, n, stream());
+    });
+  }
   void accumulate(float* y, const void* x, Dtype x_dt, uint64_t n) override {
     on_device();
     dispatch(x_dt, "accumulate", [&](auto tag) {
