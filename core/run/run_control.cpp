@@ -33,14 +33,15 @@ Interrupted RunControl::stop(int signal, int64_t step, bool mid_step, int micro_
 }
 
 PluginStopped RunControl::plugin_stop(const std::string& plugin, const std::string& reason,
-                                      int64_t step) {
+                                      int64_t step, int other_rank) {
   const int64_t completed = step - 1;
   const std::string saved = snapshots_.write_at_stop(completed, false);
-  std::string what = (plugin.empty() ? std::string("stopped by a plugin of another rank")
-                                     : "stopped by plugin '" + plugin + "'") +
+  std::string what = "stopped by plugin '" + plugin + "'" +
+                     (other_rank >= 0 ? " of rank " + std::to_string(other_rank) : "") +
                      " after step " + std::to_string(completed) + " of " +
                      std::to_string(config_.train.steps);
-  if (!plugin.empty()) what += ": " + reason;
+  what += other_rank >= 0 ? " (its reason is in rank " + std::to_string(other_rank) + "'s output)"
+                          : ": " + reason;
   if (!saved.empty()) {
     what += "; " + saved + " (resume with --resume " + config_.snapshot.dir + ")";
   } else {

@@ -41,10 +41,11 @@ class RunControl {
   // `mid_step`: its `micro_steps_done` of `micro_steps` are dropped, and the step is read again
   // on resume.
   Interrupted stop(int signal, int64_t step, bool mid_step, int micro_steps_done, int micro_steps);
-  // A plugin's stop request (`plugin` its name, `reason` its words; `plugin` empty: a plugin of
-  // another rank asked), honoured before `step`: a snapshot of step - 1 as for a signal, and the
-  // PluginStopped to throw once TRAIN_END has fired.
-  PluginStopped plugin_stop(const std::string& plugin, const std::string& reason, int64_t step);
+  // A plugin's stop request (`plugin` its name, `reason` its words; `other_rank` >= 0: the plugin
+  // of that rank asked, and its reason is in that rank's output), honoured before `step`: a
+  // snapshot of step - 1 as for a signal, and the PluginStopped to throw once TRAIN_END has fired.
+  PluginStopped plugin_stop(const std::string& plugin, const std::string& reason, int64_t step,
+                            int other_rank = -1);
   // Step `s` computed a non-finite loss or gradient norm and nothing vetoed it: the update is not
   // applied, and the message says what to do.
   Diverged diverged(const StepState& s) const;

@@ -446,10 +446,24 @@ void Trainer::stop(int signal, int64_t step, bool mid_step) {
 }
 
 bool Trainer::plugin_stop_requested() {
-  uint64_t asked = stop_plugin_.empty() ? 0 : 1;
   // With ranks, one rank's request stops them all after the same step. Only a run with plugins
-  // can have one: a run without pays no collective.
-  if (comm_->world_size() > 1 && plugins_ && plugins_->size() > 0) comm_->all_max_host(&asked, 1);
+  // can have one: a run without pays no collective. Every rank lists the same plugins (the ranks
+  // agree on the config), so a request travels as (rank + 1, the plugin's place in the list + 1),
+  // and the other ranks can name who asked; the highest asking rank's is the one they name.
+  if (comm_->world_size() == 1 || !plugins_ || plugins_->size() == 0)
+    return !stop_plugin_.empty();
+  const std::vector<std::string> names = plugins_->names();
+  uint64_t asked = 0;
+  if (!stop_plugin_.empty()) {
+    const auto at = std::find(names.begin(), names.end(), stop_plugin_);
+    asked = (uint64_t(comm_->rank()) + 1) << 32 | uint64_t(at - names.begin() + 1);
+  }
+  comm_->all_max_host(&asked, 1);
+  if (asked != 0 && stop_plugin_.empty()) {
+    const uint64_t index = (asked & 0xFFFFFFFFu) - 1;
+    stop_by_rank_ = int(asked >> 32) - 1;
+    stop_plugin_ = index < names.size() ? names[index] : "?";
+  }
   return asked != 0;
 }
 
@@ -457,7 +471,7 @@ void Trainer::stop_by_plugin(int64_t step) {
   state_.step = step;
   state_.micro_step = 0;
   set_phase(Phase::Kind::kDone);
-  PluginStopped e = control_->plugin_stop(stop_plugin_, stop_reason_, step);
+  PluginStopped e = control_->plugin_stop(stop_plugin_, stop_reason_, step, stop_by_rank_);
   state_.step = step - 1;  // the last completed step
   fire(Event::kTrainEnd);
   throw e;

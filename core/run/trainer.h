@@ -167,6 +167,7 @@ class Trainer final : private LayerEvents,
   RunCounters counters_;
   // The first plugin that asked the run to stop, and its reason ("" while none has).
   std::string stop_plugin_, stop_reason_;
+  int stop_by_rank_ = -1;  // another rank's plugin asked (its reason is in that rank's output)
   RunChoices choices_;
   Resizer resizer_{config_};
   std::vector<EventListener*> listeners_;

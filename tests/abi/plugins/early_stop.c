@@ -4,7 +4,9 @@
  * best loss and count are its snapshot state (headroom.state/1), so a resumed run goes on counting.
  *
  * Keys: out (string, required), patience (int >= 1, default 3), min_delta (float >= 0, default 0),
- * stop_at_train_begin (bool: ask at TRAIN_BEGIN instead, default false). Appends to `out`:
+ * stop_at_train_begin (bool: ask at TRAIN_BEGIN instead, default false), stop_at_step (int: ask
+ * at that step's STEP_END instead, default 0: never), only_rank (int: ask only on that rank,
+ * default -1: every rank). Appends to `out`:
  *
  *   early_stop EVAL_END step=<step> loss=<%.17g> tokens=<n> best=<%.17g> bad=<n>
  *   early_stop STOP step=<step>                 when it asked the host to stop
@@ -24,6 +26,7 @@ typedef struct early_stop {
   int64_t patience;
   double min_delta;
   int32_t stop_at_train_begin;
+  int64_t stop_at_step, only_rank;
   /* the state */
   int64_t best_step; /* 0: no evaluation yet */
   double best;
@@ -53,8 +56,13 @@ static hr_status on_event(void* instance, const hr_event_info* info) {
   early_stop* p = (early_stop*)instance;
   char line[256];
   hr_status st;
+  const int asks = p->only_rank < 0 || p->services->rank(p->services->host) == p->only_rank;
   if (info->event == HR_EVENT_TRAIN_BEGIN)
-    return p->stop_at_train_begin ? stop(p, 0, "asked at TRAIN_BEGIN") : HR_OK;
+    return asks && p->stop_at_train_begin ? stop(p, 0, "asked at TRAIN_BEGIN") : HR_OK;
+  if (info->event == HR_EVENT_STEP_END)
+    return asks && p->stop_at_step > 0 && info->step == p->stop_at_step
+               ? stop(p, info->step, "asked at the STEP_END of stop_at_step")
+               : HR_OK;
   if (info->event == HR_EVENT_TRAIN_END) {
     snprintf(line, sizeof line, "TRAIN_END step=%lld", (long long)info->step);
     return append(p, line);
@@ -87,10 +95,13 @@ static hr_status create(const hr_host_services* s, void** instance) {
   if (!p) return HR_ERROR_OUT_OF_MEMORY;
   p->services = s;
   p->patience = 3;
+  p->only_rank = -1;
   if ((st = s->config_string(s->host, "out", p->out, sizeof p->out)) != HR_OK ||
       (st = s->config_int(s->host, "patience", &p->patience)) != HR_OK ||
       (st = s->config_float(s->host, "min_delta", &p->min_delta)) != HR_OK ||
-      (st = s->config_bool(s->host, "stop_at_train_begin", &p->stop_at_train_begin)) != HR_OK) {
+      (st = s->config_bool(s->host, "stop_at_train_begin", &p->stop_at_train_begin)) != HR_OK ||
+      (st = s->config_int(s->host, "stop_at_step", &p->stop_at_step)) != HR_OK ||
+      (st = s->config_int(s->host, "only_rank", &p->only_rank)) != HR_OK) {
     free(p);
     return st;
   }
@@ -158,8 +169,8 @@ static const hr_plugin_descriptor kDescriptor = {
     .name = "early_stop",
     .version = "1.0.0",
     .description = "test plugin: stops the run when the validation loss stops improving",
-    .events = HR_EVENT_BIT(HR_EVENT_TRAIN_BEGIN) | HR_EVENT_BIT(HR_EVENT_EVAL_END) |
-              HR_EVENT_BIT(HR_EVENT_TRAIN_END),
+    .events = HR_EVENT_BIT(HR_EVENT_TRAIN_BEGIN) | HR_EVENT_BIT(HR_EVENT_STEP_END) |
+              HR_EVENT_BIT(HR_EVENT_EVAL_END) | HR_EVENT_BIT(HR_EVENT_TRAIN_END),
     .create = create,
     .destroy = destroy,
     .on_event = on_event,

@@ -48,8 +48,9 @@ typedef struct hr_ext_step {
    * and where the snapshot is. `reason`: one line, copied (NULL: "no reason given"). From
    * create() or TRAIN_BEGIN the run stops before step 1; during the last step, or from TRAIN_END,
    * it changes nothing (the run completes, exit 0). The first request wins; later ones (of any
-   * plugin) are ignored. With ranks, a request on any rank stops every rank after the same step.
-   * Any plugin, any time; HR_OK. */
+   * plugin) are ignored. With ranks, a request on any rank stops every rank after the same step;
+   * the other ranks say "stopped by plugin '<name>' of rank R after step S of N (its reason is in
+   * rank R's output)". Any plugin, any time; HR_OK. */
   hr_status (*stop_run)(hr_host* host, const char* reason);
 } hr_ext_step;
 
