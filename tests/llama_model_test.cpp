@@ -4,13 +4,24 @@
 // lowering the loss, activation checkpointing bitwise, amp, the planner's closed forms against
 // the tracker byte for byte, and structured pruning (SwiGLU units, whole KV groups) removing
 // exactly what it names.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/device/device.h"
@@ -68,6 +79,74 @@ TEST(LlamaPresets, PlanOnLlama31_8bPrintsItsCountWithoutAllocating) {
   const ConfigEstimate e = estimate_config(c);
   // f32 masters and gradients, AdamW's two moments: 16 bytes a parameter at least.
   EXPECT_GE(e.peak.total(), 16 * uint64_t(8030261248));
+}
+
+// `headroom plan --measure` on the 8B shapes: the dry runs map their buffers without backing and
+// write no values (core/device/dry_backend.h), so a host of a few GiB measures a model of 131 GiB,
+// in seconds. The dry run's bytes by category are the closed form's, for "none" and for amp +
+// checkpoint; the child's peak resident memory (wait4's ru_maxrss) is far below them.
+TEST(LlamaPresets, PlanMeasureOnLlama31_8bRunsDryInLittleHostMemoryAndIsTheClosedForm) {
+  // ru_maxrss counts the test process's own pages at the spawn (the child starts as its copy):
+  // meaningful only while those are few, as when ctest runs this test alone.
+  const uint64_t limit = uint64_t(1) << 30;
+  {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    uint64_t rss_kb = 0;
+    while (std::getline(status, line))
+      if (line.rfind("VmRSS:", 0) == 0) rss_kb = std::stoull(line.substr(6));
+    if (rss_kb * 1024 > limit / 2)
+      GTEST_SKIP() << "this process already holds " << rss_kb
+                   << " KiB: the child's peak would be ours (run the test alone)";
+  }
+  const std::string dir = test::temp_dir();
+  const std::string model =
+      "[model]\npreset = \"llama-3.1-8b\"\nseq_len = 2048\n[train]\nmicro_batch = 1\n";
+  const std::pair<const char*, std::string> remedies[] = {
+      {"none", ""},
+      {"amp_checkpoint", "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"checkpoint\"\n"},
+  };
+  for (const auto& [name, plugins] : remedies) {
+    const std::string cfg = test::write_file(dir, std::string(name) + ".toml", model + plugins);
+    const std::string out = dir + "/" + name + ".json";
+    posix_spawn_file_actions_t io;
+    posix_spawn_file_actions_init(&io);
+    posix_spawn_file_actions_addopen(&io, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&io, 1, 2);
+    const char* argv[] = {HEADROOM_BINARY, "plan", cfg.c_str(), "--measure", "--json", nullptr};
+    pid_t pid = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(posix_spawn(&pid, HEADROOM_BINARY, &io, nullptr, const_cast<char**>(argv), environ),
+              0);
+    posix_spawn_file_actions_destroy(&io);
+    int status = 0;
+    struct rusage ru {};
+    ASSERT_EQ(wait4(pid, &status, 0, &ru), pid);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::ifstream in(out);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // 3: the prediction does not fit this host (0 on one that holds it).
+    ASSERT_TRUE(WIFEXITED(status) && (WEXITSTATUS(status) == 3 || WEXITSTATUS(status) == 0))
+        << name << "\n"
+        << text;
+    const size_t at = text.find("{\"peak_bytes\":");
+    ASSERT_NE(at, std::string::npos) << name << "\n" << text;
+    const nlohmann::json j = nlohmann::json::parse(text.substr(at, text.find('\n', at) - at));
+    const ConfigEstimate e = estimate_config(test::config_from(model + plugins));
+    for (int i = 0; i < kNumCategories; ++i) {
+      const char* c = category_name(category_at(i));
+      EXPECT_EQ(j.at("by_category").at(c).get<uint64_t>(), e.peak.at_peak[i]) << name << ": " << c;
+    }
+    const uint64_t peak = j.at("peak_bytes").get<uint64_t>();
+    EXPECT_EQ(peak, e.peak.total()) << name;
+    EXPECT_GT(peak, uint64_t(131) << 30) << name;  // both remedies hold more than 131 GiB
+    const uint64_t rss = uint64_t(ru.ru_maxrss) * 1024;
+    EXPECT_LT(rss, limit) << name << ": peak RSS " << rss << " B for a dry run of " << peak << " B";
+    EXPECT_LT(rss, peak / 100) << name;
+    std::printf("%s: plan --measure: %llu B predicted, %.2f s, peak RSS %.1f MiB\n", name,
+                static_cast<unsigned long long>(peak), seconds, double(rss) / (1 << 20));
+  }
 }
 
 const char* const kTiny =

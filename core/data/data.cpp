@@ -211,7 +211,14 @@ MarkovChain::MarkovChain(int vocab_size, int branching, uint64_t seed)
       prob_[size_t(i) * k_ + j] /= total;
   }
   start_ = int32_t(rng() % uint64_t(vocab_));
+}
 
+double MarkovChain::entropy_rate() const {
+  std::call_once(entropy_once_, [this] { entropy_rate_ = compute_entropy_rate(); });
+  return entropy_rate_;
+}
+
+double MarkovChain::compute_entropy_rate() const {
   // The long-run distribution of a stream started at start_: Cesaro average of the distribution
   // over time (correct even for a periodic or reducible chain).
   std::vector<double> p(vocab_, 0.0), q(vocab_), avg(vocab_, 0.0);
@@ -229,14 +236,16 @@ MarkovChain::MarkovChain(int vocab_size, int branching, uint64_t seed)
       for (int i = 0; i < vocab_; ++i)
         avg[i] += p[i] / averaged;
   }
+  double rate = 0.0;
   for (int i = 0; i < vocab_; ++i) {
     double h = 0.0;
     for (int j = 0; j < k_; ++j) {
       const double pj = prob_[size_t(i) * k_ + j];
       if (pj > 0) h -= pj * std::log(pj);
     }
-    entropy_rate_ += avg[i] * h;
+    rate += avg[i] * h;
   }
+  return rate;
 }
 
 int32_t MarkovChain::sample(int32_t from, std::mt19937_64& rng) const {

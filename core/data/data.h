@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -38,7 +39,9 @@ class MarkovChain {
   int32_t start() const { return start_; }
   int vocab_size() const { return vocab_; }
   int32_t sample(int32_t from, std::mt19937_64& rng) const;
-  double entropy_rate() const { return entropy_rate_; }
+  // Computed at the first call (the long-run distribution takes 2000 passes over the chain: seconds
+  // at a Llama vocabulary, which a run that never asks, e.g. plan --measure's dry runs, skips).
+  double entropy_rate() const;
   // The successors of `from` and their probabilities.
   const int32_t* successors(int32_t from) const { return &next_[size_t(from) * k_]; }
   const double* probabilities(int32_t from) const { return &prob_[size_t(from) * k_]; }
@@ -49,7 +52,10 @@ class MarkovChain {
   int32_t start_;
   std::vector<int32_t> next_;  // (V, k)
   std::vector<double> prob_;   // (V, k)
-  double entropy_rate_ = 0.0;
+  double compute_entropy_rate() const;
+
+  mutable std::once_flag entropy_once_;
+  mutable double entropy_rate_ = 0.0;
 };
 
 // Throws ConfigError (naming the config file and line) when the data cannot be used: an unreadable

@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -195,6 +196,7 @@ class CpuDevice final : public Device {
 
   void* backend_allocate(uint64_t bytes) override {
     if (arena_) return arena_->allocate(bytes);
+    if (dry()) return dry_allocate(bytes);
     // 64-byte alignment for vector loads; aligned_alloc wants a multiple of the alignment.
     if (bytes > UINT64_MAX - 63) return nullptr;  // rounding up would wrap: no host has it
     const uint64_t rounded = std::max<uint64_t>(64, (bytes + 63) / 64 * 64);
@@ -202,7 +204,10 @@ class CpuDevice final : public Device {
   }
   void backend_free(void* ptr) override {
     if (!arena_) {
-      std::free(ptr);
+      const auto it = dry_maps_.find(ptr);
+      if (it == dry_maps_.end()) return std::free(ptr);
+      munmap(ptr, it->second);
+      dry_maps_.erase(it);
     } else if (!arena_->free(ptr)) {
       std::fprintf(stderr, "headroom: backend_free of %p, which the arena never handed out\n", ptr);
     }
@@ -244,8 +249,24 @@ class CpuDevice final : public Device {
   bool backend_enforces_limit() const override { return arena_ != nullptr; }
 
  private:
+  // A dry run's buffer (plan --measure): address space reserved without backing, as the arena's
+  // mappings are (MAP_NORESERVE). The dry op table writes no values (core/device/dry_backend.h),
+  // so its pages are never touched and an 8B model's variants cost no host memory. Page-aligned,
+  // which is 64-byte aligned; each mapping's size is kept for its munmap.
+  void* dry_allocate(uint64_t bytes) {
+    static const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
+    if (bytes > UINT64_MAX - page) return nullptr;
+    const uint64_t rounded = std::max<uint64_t>(page, (bytes + page - 1) / page * page);
+    void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    dry_maps_.emplace(p, rounded);
+    return p;
+  }
+
   std::unique_ptr<Arena> arena_;
   std::unique_ptr<Backend> backend_;
+  std::unordered_map<void*, uint64_t> dry_maps_;  // dry_allocate's mappings and their sizes
 };
 
 }  // namespace

@@ -80,15 +80,17 @@ class DryBackend final : public Backend {
     return false;
   }
 
+  // --- values: nothing ---------------------------------------------------------------------------
+  // Filling, casting, copying and uploading place no memory: they only write values, which a dry
+  // run never reads. Skipped, they leave the buffers untouched, so the CPU device's dry buffers
+  // (mapped without backing) commit no host memory: the weights' upload, the optimizer's zeroed
+  // state, the casts of amp's copies and zero's shard copies cost nothing.
+  void fill(Dtype, void*, uint64_t, double) override {}
+  void cast(void*, Dtype, const void*, Dtype, uint64_t) override {}
+  void copy(void*, const void*, uint64_t) override {}
+  void upload(void*, const void*, uint64_t) override {}
+
   // --- memory: the real backend's ---------------------------------------------------------------
-  void fill(Dtype dt, void* x, uint64_t n, double value) override { real_.fill(dt, x, n, value); }
-  void cast(void* dst, Dtype dst_dt, const void* src, Dtype src_dt, uint64_t n) override {
-    real_.cast(dst, dst_dt, src, src_dt, n);
-  }
-  void copy(void* dst, const void* src, uint64_t bytes) override { real_.copy(dst, src, bytes); }
-  void upload(void* dst, const void* src, uint64_t bytes) override {
-    real_.upload(dst, src, bytes);
-  }
   void download(void* dst, const void* src, uint64_t bytes) override {
     if (bytes > 0) count_host_sync();  // as the backends count it
     real_.download(dst, src, bytes);
