@@ -450,19 +450,19 @@ bool Trainer::plugin_stop_requested() {
   // can have one: a run without pays no collective. Every rank lists the same plugins (the ranks
   // agree on the config), so a request travels as (rank + 1, the plugin's place in the list + 1),
   // and the other ranks can name who asked; the highest asking rank's is the one they name.
-  if (comm_->world_size() == 1 || !plugins_ || plugins_->size() == 0)
-    return !stop_plugin_.empty();
-  const std::vector<std::string> names = plugins_->names();
+  if (comm_->world_size() == 1 || !plugins_ || plugins_->size() == 0) return !stop_plugin_.empty();
+  const std::vector<PluginEntry>& listed = config_.plugins;
   uint64_t asked = 0;
   if (!stop_plugin_.empty()) {
-    const auto at = std::find(names.begin(), names.end(), stop_plugin_);
-    asked = (uint64_t(comm_->rank()) + 1) << 32 | uint64_t(at - names.begin() + 1);
+    const auto at = std::find_if(listed.begin(), listed.end(),
+                                 [&](const PluginEntry& e) { return e.name == stop_plugin_; });
+    asked = (uint64_t(comm_->rank()) + 1) << 32 | uint64_t(at - listed.begin() + 1);
   }
   comm_->all_max_host(&asked, 1);
   if (asked != 0 && stop_plugin_.empty()) {
     const uint64_t index = (asked & 0xFFFFFFFFu) - 1;
     stop_by_rank_ = int(asked >> 32) - 1;
-    stop_plugin_ = index < names.size() ? names[index] : "?";
+    stop_plugin_ = index < listed.size() ? listed[index].name : "?";
   }
   return asked != 0;
 }
