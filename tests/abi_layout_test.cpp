@@ -427,7 +427,7 @@ PIN(hr_ext_ops, unary, 16, 8);
 PIN(hr_ext_ops, lerp, 24, 8);
 PIN(hr_ext_ops, affine, 32, 8);
 PIN(hr_ext_ops, adamw, 40, 8);
-static_assert(sizeof(hr_step_state) == 80 && alignof(hr_step_state) == 8);
+static_assert(sizeof(hr_step_state) == 88 && alignof(hr_step_state) == 8);
 PIN(hr_step_state, struct_size, 0, 4);
 PIN(hr_step_state, micro_step, 4, 4);
 PIN(hr_step_state, step, 8, 8);
@@ -441,6 +441,8 @@ PIN(hr_step_state, skipped, 64, 4);
 PIN(hr_step_state, reserved0, 68, 4);
 PIN(hr_step_state, micro_steps, 72, 4);  // appended after 1.5's first release
 PIN(hr_step_state, reserved1, 76, 4);
+PIN(hr_step_state, dry, 80, 4);  // 1.7
+PIN(hr_step_state, reserved2, 84, 4);
 // 1.6 appended stop_run.
 static_assert(sizeof(hr_ext_step) == 24 && alignof(hr_ext_step) == 8);
 PIN(hr_ext_step, struct_size, 0, 4);

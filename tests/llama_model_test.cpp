@@ -83,8 +83,9 @@ TEST(LlamaPresets, PlanOnLlama31_8bPrintsItsCountWithoutAllocating) {
 
 // `headroom plan --measure` on the 8B shapes: the dry runs map their buffers without backing and
 // write no values (core/device/dry_backend.h), so a host of a few GiB measures a model of 131 GiB,
-// in seconds. The dry run's bytes by category are the closed form's, for "none" and for amp +
-// checkpoint; the child's peak resident memory (wait4's ru_maxrss) is far below them.
+// in seconds. The dry run's bytes by category are the closed form's, for "none", amp +
+// checkpoint, adam8bit and adafactor; the child's peak resident memory (wait4's ru_maxrss) is far
+// below them.
 TEST(LlamaPresets, PlanMeasureOnLlama31_8bRunsDryInLittleHostMemoryAndIsTheClosedForm) {
   // ru_maxrss counts the test process's own pages at the spawn (the child starts as its copy):
   // meaningful only while those are few, as when ctest runs this test alone.
@@ -105,6 +106,10 @@ TEST(LlamaPresets, PlanMeasureOnLlama31_8bRunsDryInLittleHostMemoryAndIsTheClose
   const std::pair<const char*, std::string> remedies[] = {
       {"none", ""},
       {"amp_checkpoint", "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"checkpoint\"\n"},
+      // Optimizers whose update loops are their own: they skip them in a dry run (ABI 1.7,
+      // hr_step_state.dry), or the run would write every page of the 8B model.
+      {"adam8bit", "[[plugins]]\nname = \"adam8bit\"\n"},
+      {"adafactor", "[[plugins]]\nname = \"adafactor\"\n"},
   };
   for (const auto& [name, plugins] : remedies) {
     const std::string cfg = test::write_file(dir, std::string(name) + ".toml", model + plugins);
@@ -140,7 +145,7 @@ TEST(LlamaPresets, PlanMeasureOnLlama31_8bRunsDryInLittleHostMemoryAndIsTheClose
     }
     const uint64_t peak = j.at("peak_bytes").get<uint64_t>();
     EXPECT_EQ(peak, e.peak.total()) << name;
-    EXPECT_GT(peak, uint64_t(131) << 30) << name;  // both remedies hold more than 131 GiB
+    EXPECT_GT(peak, uint64_t(64) << 30) << name;  // every remedy here holds more than 64 GiB
     const uint64_t rss = uint64_t(ru.ru_maxrss) * 1024;
     EXPECT_LT(rss, limit) << name << ": peak RSS " << rss << " B for a dry run of " << peak << " B";
     EXPECT_LT(rss, peak / 100) << name;

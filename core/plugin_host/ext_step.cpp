@@ -31,6 +31,7 @@ static hr_status step_state(hr_host* h, hr_step_state* out) {
   s.clip_coef = norm_known ? r.clip_coef : 1.0;
   s.skipped = r.skipped ? 1 : 0;
   s.micro_steps = r.grad_accum;
+  s.dry = run(h).device->dry() ? 1 : 0;
   write_sized(out, s, offsetof(hr_step_state, struct_size) + sizeof(uint32_t));
   return HR_OK;
 }

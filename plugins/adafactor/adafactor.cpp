@@ -59,6 +59,7 @@
 #include <headroom/plugin.h>
 
 #include "common/bf16.h"
+#include "common/dry_run.h"
 #include "common/hook_guard.h"
 #include "common/offer_reads.h"
 #include "common/optimizer_hooks.h"
@@ -134,6 +135,7 @@ class Adafactor {
   Adafactor(const hr_host_services* s, const Settings& c) : s_(s), c_(c) {
     if (HR_HAS_FIELD(s_, hr_host_services, get_extension) && s_->get_extension)
       tensors_ = static_cast<const hr_ext_tensors*>(s_->get_extension(s_->host, HR_EXT_TENSORS));
+    dry_ = headroom_plugin::dry_run(s_);
   }
   ~Adafactor() {
     for (Slot& slot : slots_)
@@ -152,6 +154,7 @@ class Adafactor {
       if (st != HR_OK) return st;
     }
     ++t_;
+    if (dry_) return HR_OK;  // plan --measure: the state's bytes, no update (common/dry_run.h)
     const double t = double(t_);
     const double beta2 = 1.0 - std::pow(t, c_.decay_rate);
     double rel = info->lr;
@@ -417,7 +420,7 @@ class Adafactor {
                                     .c_str());
         return HR_ERROR_OUT_OF_MEMORY;
       }
-      std::fill(slot.buf, slot.buf + slot.floats, 0.0f);
+      if (!dry_) std::fill(slot.buf, slot.buf + slot.floats, 0.0f);
     }
     slots_ = std::move(slots);
     allocated_ = true;
@@ -470,6 +473,7 @@ class Adafactor {
   const hr_ext_tensors* tensors_ = nullptr;
   std::vector<Slot> slots_;
   bool allocated_ = false;
+  bool dry_ = false;            // a dry run (plan --measure): allocate, never compute
   int64_t t_ = 0;               // updates done
   adafactor::Scratch scratch_;  // the passes' partial sums and column factors (host memory)
 };

@@ -62,6 +62,7 @@
 
 #include "adam8bit/kernels.h"
 #include "common/bf16.h"
+#include "common/dry_run.h"
 #include "common/hook_guard.h"
 #include "common/offer_estimate.h"
 #include "common/offer_reads.h"
@@ -134,6 +135,7 @@ class Adam8bit {
     if (HR_HAS_FIELD(s, hr_host_services, get_extension) && s->get_extension)
       tensors_ = static_cast<const hr_ext_tensors*>(s->get_extension(s->host, HR_EXT_TENSORS));
     cpu_ = std::strcmp(s->device_kind(s->host), "cpu") == 0;
+    dry_ = headroom_plugin::dry_run(s);
     const std::vector<float> mm = adam8bit::dynamic_map(true), mv = adam8bit::dynamic_map(false);
     const std::vector<float> tm = adam8bit::thresholds(mm), tv = adam8bit::thresholds(mv);
     host_maps_.insert(host_maps_.end(), mm.begin(), mm.end());
@@ -158,6 +160,7 @@ class Adam8bit {
     }
     hr_status st = allocate();
     if (st != HR_OK) return st;
+    if (dry_) return HR_OK;  // plan --measure: the state's bytes, no update (common/dry_run.h)
     const float* maps = static_cast<const float*>(maps_);
     for (size_t k = 0; k < tensors.size(); ++k) {
       Tensor& t = tensors[k];
@@ -483,6 +486,7 @@ class Adam8bit {
     for (Tensor& t : tensors) {
       t.buf = s_->alloc(s_->host, t.bytes, HR_MEM_OPTIMIZER, ("adam8bit " + t.name).c_str());
       if (!t.buf) return no_memory(t.name, t.bytes);
+      if (dry_) continue;       // values nothing reads
       init.assign(t.bytes, 0);  // fp32 zeros, absmax 0
       if (t.q8) {
         const uint64_t codes = 8 * adam8bit::num_blocks(t.numel);
@@ -506,6 +510,7 @@ class Adam8bit {
   Config c_;
   const hr_ext_tensors* tensors_ = nullptr;
   bool cpu_ = true;
+  bool dry_ = false;              // a dry run (plan --measure): allocate, never compute
   std::vector<float> host_maps_;  // map_m, map_v, thresholds_m, thresholds_v: kMapBytes
   // quantize()'s buckets of each map (host memory, the plugin's own: 256 KiB each, not device
   // state).

@@ -33,6 +33,14 @@ typedef struct hr_step_state {
    * when the step runs at a smaller micro-batch (headroom.batch/1). */
   int32_t micro_steps;
   int32_t reserved1;
+  /* Appended (ABI 1.7; check struct_size): 1 in a dry run (`headroom plan --measure`): every
+   * allocation and free happens as in the real run, but no op computes and no buffer holds values
+   * anyone reads (the host backs them with memory it never commits). A plugin with loops of its
+   * own over device memory (an optimizer's update on the CPU) skips them then, and keeps every
+   * allocation, so that the dry run measures it and costs the host no memory. 0 otherwise. Any
+   * time from create() on. */
+  int32_t dry;
+  int32_t reserved2;
 } hr_step_state;
 
 typedef struct hr_ext_step {
