@@ -80,7 +80,54 @@ std::unique_ptr<Communicator> make_local_communicator(Device& device) {
   return comm_detail::make_self_communicator(device);
 }
 
+namespace {
+
+// A dry run's communicator (Device::dry(): `headroom plan --measure`): the collectives on device
+// buffers move nothing, as the dry op table computes nothing, so that a dry run of zero on an 8B
+// model neither sends its gigabytes through MPI nor commits the pages MPI would read and write.
+// Host values (the loss, a stop request, the peaks) and the barrier still go across the ranks:
+// every rank takes the same decisions as in the real run.
+class DryCommunicator : public Communicator {
+ public:
+  explicit DryCommunicator(std::unique_ptr<Communicator> real) : real_(std::move(real)) {}
+  const RankInfo& ranks() const override { return real_->ranks(); }
+  const char* kind() const override { return real_->kind(); }
+  CommRequest all_reduce(void*, uint64_t, Dtype, ReduceOp) override { return {}; }
+  CommRequest reduce_scatter(const void*, void*, uint64_t, Dtype, ReduceOp) override { return {}; }
+  CommRequest all_gather(const void*, void*, uint64_t, Dtype) override { return {}; }
+  CommRequest broadcast(void*, uint64_t, Dtype, int) override { return {}; }
+  CommRequest barrier() override { return real_->barrier(); }
+  void all_reduce_host(double* values, int n, ReduceOp op) override {
+    real_->all_reduce_host(values, n, op);
+  }
+  void all_max_host(uint64_t* values, int n) override { real_->all_max_host(values, n); }
+  std::vector<uint64_t> all_gather_host(uint64_t value) override {
+    return real_->all_gather_host(value);
+  }
+  void* stream() override { return real_->stream(); }
+  void announce_failure(const std::string& what) noexcept override {
+    real_->announce_failure(what);
+  }
+
+ private:
+  std::unique_ptr<Communicator> real_;
+};
+
+std::unique_ptr<Communicator> make_real_communicator(Device& device,
+                                                     const DistributedConfig& config);
+
+}  // namespace
+
 std::unique_ptr<Communicator> make_communicator(Device& device, const DistributedConfig& config) {
+  std::unique_ptr<Communicator> c = make_real_communicator(device, config);
+  if (device.dry() && c->world_size() > 1) return std::make_unique<DryCommunicator>(std::move(c));
+  return c;
+}
+
+namespace {
+
+std::unique_ptr<Communicator> make_real_communicator(Device& device,
+                                                     const DistributedConfig& config) {
   const RankInfo& ranks = rank_info();
   if (ranks.world_size == 1) return comm_detail::make_self_communicator(device);
 #if HEADROOM_HAVE_MPI
@@ -102,5 +149,7 @@ std::unique_ptr<Communicator> make_communicator(Device& device, const Distribute
                     "and Open MPI installed: scripts/setup)");
 #endif
 }
+
+}  // namespace
 
 }  // namespace headroom

@@ -136,7 +136,9 @@ const RankInfo& rank_info();
 // CUDA. Buffers it owns are tagged Category::kCommunication (today none does: the MPI one reduces
 // in place, NCCL in its own memory). Every rank must call it at the same point (it is collective).
 // Throws ConfigError when the run is launched on several ranks but this build has no MPI, or on
-// CUDA without NCCL (MPI cannot be assumed to read device pointers).
+// CUDA without NCCL (MPI cannot be assumed to read device pointers). On a dry device
+// (`plan --measure`) with several ranks, the collectives on device buffers move nothing; the host
+// values and the barrier still cross the ranks.
 std::unique_ptr<Communicator> make_communicator(Device& device, const DistributedConfig& config);
 // The stop request (SIGINT / SIGTERM: core/os/interrupt.h) of any rank, or 0: a max over the
 // ranks (a collective, so every rank stops at the same point of a loop of collectives, such as

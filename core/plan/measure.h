@@ -105,8 +105,10 @@ constexpr uint64_t kHostAvailable = UINT64_MAX;
 // not depend on it). When the config itself fits `host_bytes` (its closed form and a quarter more,
 // for what plugins hold that the closed form does not know; the CPU device's memory is the
 // host's) and its memory_limit, it runs itself, dry: exact whatever a policy does with the number
-// of blocks (checkpoint's sqrt is not affine in them). Otherwise, or when that run is refused:
-// the 2×2 grid, the fit, the check point. host_bytes 0 always extrapolates. Throws PlanRefused.
+// of blocks (checkpoint's sqrt is not affine in them). A dry run on the CPU device with the
+// host's memory (kHostAvailable) always runs the config itself: its buffers commit no memory.
+// Otherwise, or when that run is refused: the 2×2 grid, the fit, the check point. host_bytes 0
+// always extrapolates. Throws PlanRefused.
 Measured measure(const Config& config, Arithmetic arithmetic = Arithmetic::kDry,
                  uint64_t host_bytes = kHostAvailable);
 

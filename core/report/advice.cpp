@@ -452,14 +452,15 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   };
   // Sharded parameters (zero3, prefetch p; plugins/zero/zero.cpp's window): a layer is gathered
   // whole — its fp32 values, or with compute copies only its compute copy — while it or one of
-  // the next p computations reads it; the head reads the tied wte, so the embedding too. Layer
-  // l's backward so holds layers max(l - p, 0) .. l gathered, and the embedding when the head's
-  // backward is among them.
+  // the next p computations reads it; the head reads the tied wte, so the embedding too (an
+  // untied head, a Llama's lm_head, reads its own). Layer l's backward so holds layers
+  // max(l - p, 0) .. l gathered, and the tied embedding when the head's backward is among them.
+  const bool tied = m.tied();
   auto gathered = [&](size_t l) {
     uint64_t b = 0;
     const size_t from = l > size_t(s.prefetch_layers) ? l - size_t(s.prefetch_layers) : 0;
     for (size_t k = 0; k <= H; ++k)
-      if (gathers[k] && ((k >= from && k <= l) || (k == 0 && l == H)))
+      if (gathers[k] && ((k >= from && k <= l) || (k == 0 && l == H && tied)))
         b += (copies ? es : kF32) * padded[k];
     return b;
   };

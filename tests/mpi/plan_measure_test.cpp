@@ -5,6 +5,8 @@
 // (PlanMeasure.EveryPolicyAndModeAtSeveralBlockCounts).
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -100,6 +102,34 @@ TEST(ZeroMeasure, EveryStageAtSeveralBlockCountsIsEachRanksTrackerPeak) {
                     static_cast<unsigned long long>(full_peak), error_pct(d.peak, full_peak),
                     error_pct(b.peak, full_peak), error_pct(x.peak, full_peak));
     }
+  }
+}
+
+// llama-3.1-8b (seq_len 2048, micro_batch 1, amp + checkpoint) with zero1, zero2 and zero3 on
+// every rank: the config itself runs dry (its buffers commit no memory and its collectives move
+// nothing: core/comm/comm.h), and each rank's bytes by category are its closed form's, to the
+// byte, with this process far below them in resident memory.
+TEST(ZeroMeasure, Llama31_8bRunsDryOnEveryRankAsItsClosedForm) {
+  ASSERT_TRUE(rank_info().launched) << "run me under mpirun";
+  const std::string model =
+      "[model]\npreset = \"llama-3.1-8b\"\nseq_len = 2048\n[train]\nmicro_batch = 1\n"
+      "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"checkpoint\"\n";
+  for (const char* zero : {"zero1", "zero2", "zero3"}) {
+    const Config c = test::config_from(model + "[[plugins]]\nname = \"" + zero + "\"\n");
+    const Measured m = measure(c);
+    EXPECT_EQ(m.method, Measured::Method::kDirect) << zero << ": " << m.why_extrapolated;
+    const ConfigEstimate e = estimate_config(c);
+    for (int i = 0; i < kNumCategories; ++i)
+      EXPECT_EQ(m.by_category[i], e.peak.at_peak[i])
+          << zero << " rank " << rank_info().rank << ": " << category_name(category_at(i));
+    EXPECT_EQ(m.peak, e.peak.total()) << zero;
+    EXPECT_GT(m.peak, uint64_t(32) << 30) << zero;  // the model state alone, at 2 or 3 ranks
+    struct rusage ru {};
+    getrusage(RUSAGE_SELF, &ru);
+    EXPECT_LT(uint64_t(ru.ru_maxrss) * 1024, uint64_t(1) << 30) << zero << ": peak RSS";
+    if (rank_info().rank == 0)
+      std::printf("%s: %llu B a rank, peak RSS %.1f MiB\n", zero,
+                  static_cast<unsigned long long>(m.peak), double(ru.ru_maxrss) / 1024);
   }
 }
 

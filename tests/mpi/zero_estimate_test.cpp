@@ -32,6 +32,14 @@ const char* kLlama =
     "intermediate_size = 20\nseq_len = 7\nvocab_size = 31\ntie_embeddings = false\n"
     "[train]\nsteps = 2\nmicro_batch = 2\noptimizer = \"adamw\"\nlr = 0.01\nseed = 5\n"
     "[data]\nkind = \"synthetic\"\nworkers = 0\n";
+// The same with a vocabulary that makes the untied head the largest layer, so that the peak is in
+// the head's backward: zero3 gathers the lm_head there, not the embedding (which only a tied head
+// reads; the closed form counted it on 2026-12-05 for untied heads too).
+const char* kLlamaWideVocab =
+    "[model]\narch = \"llama\"\nn_layer = 2\nn_head = 4\nn_kv_head = 2\nn_embd = 16\n"
+    "intermediate_size = 20\nseq_len = 7\nvocab_size = 509\ntie_embeddings = false\n"
+    "[train]\nsteps = 2\nmicro_batch = 2\noptimizer = \"adamw\"\nlr = 0.01\nseed = 5\n"
+    "[data]\nkind = \"synthetic\"\nworkers = 0\n";
 
 struct Case {
   const char* name;
@@ -110,6 +118,10 @@ INSTANTIATE_TEST_SUITE_P(
              "[[plugins]]\nname = \"zero3\"\nparam_persistence_threshold = 0\n"
              "[[plugins]]\nname = \"amp\"\n",
              "1", kLlama},
+        Case{"LlamaZero3WideUntiedHeadAmpCheckpoint",
+             "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"checkpoint\"\n"
+             "[[plugins]]\nname = \"zero3\"\nparam_persistence_threshold = 100\n",
+             "1", kLlamaWideVocab},
         Case{"LlamaZero2CheckpointSqrtAmpFp16",
              "[[plugins]]\nname = \"zero2\"\n[[plugins]]\nname = \"checkpoint\"\n"
              "policy = \"sqrt\"\n[[plugins]]\nname = \"amp\"\ndtype = \"fp16\"\n",
