@@ -213,13 +213,29 @@ void pointwise_map(void* out, uint64_t n, F&& f) {
     Io::put(out, uint64_t(i), f(uint64_t(i)));
 }
 
+// bf16 and f16 linear layers go to kernels/cpu/matmul.h's 16-bit path: oneDNN's matmul on the
+// 16-bit tensors where it is fast (AMX, AVX-512 BF16), else the widened f32 GEMM, GEMM by GEMM.
+// HEADROOM_CPU_BF16_GEMM=0 keeps them on the widened path of every other op.
+bool lowp_gemm(Dtype dt) {
+  return (dt == Dtype::kBF16 || dt == Dtype::kF16) && cpu::lowp_gemm_enabled();
+}
+cpu::Lowp lowp(Dtype dt) {
+  return dt == Dtype::kBF16 ? cpu::Lowp::kBF16 : cpu::Lowp::kF16;
+}
+uint16_t* u16(void* p) {
+  return static_cast<uint16_t*>(p);
+}
+const uint16_t* u16(const void* p) {
+  return static_cast<const uint16_t*>(p);
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) { cpu::set_threads(threads); }
   std::string describe() const override {
     const int n = cpu::threads();
-    return "GEMM " + cpu::gemm_library() + "; " + std::to_string(n) + " thread" +
-           (n == 1 ? "" : "s") + " (OpenMP)";
+    return "GEMM " + cpu::gemm_library() + "; " + cpu::lowp_gemm_library(cpu::Lowp::kBF16) + "; " +
+           std::to_string(n) + " thread" + (n == 1 ? "" : "s") + " (OpenMP)";
   }
   void embedding_forward(Dtype dt, void* out, const int32_t* tokens, const void* wte,
                          const void* wpe, int B, int T, int C) override {
@@ -261,6 +277,10 @@ class CpuBackend final : public Backend {
   }
   void matmul_forward(Dtype dt, void* out, const void* inp, const void* weight, const void* bias,
                       int N, int C, int OC) override {
+    if (lowp_gemm(dt)) {
+      cpu::matmul_forward_lowp(lowp(dt), u16(out), u16(inp), u16(weight), u16(bias), N, C, OC);
+      return;
+    }
     dispatch(dt, "matmul_forward", [&](auto&& a) {
       cpu::matmul_forward(a.out(out, uint64_t(N) * OC, false), a.in(inp, uint64_t(N) * C),
                           a.in(weight, uint64_t(OC) * C), a.in(bias, OC), N, C, OC);
@@ -270,6 +290,11 @@ class CpuBackend final : public Backend {
                        const void* inp, const void* weight, int N, int C, int OC,
                        Grad dinp_mode) override {
     const bool acc = dinp_mode == Grad::kAccumulate;
+    if (lowp_gemm(dt)) {
+      cpu::matmul_backward_lowp(lowp(dt), u16(dinp), u16(dweight), u16(dbias), u16(dout), u16(inp),
+                                u16(weight), N, C, OC, acc);
+      return;
+    }
     dispatch(dt, "matmul_backward", [&](auto&& a) {
       cpu::matmul_backward(a.out(dinp, uint64_t(N) * C, acc),
                            a.out(dweight, uint64_t(OC) * C, true), a.out(dbias, OC, true),
