@@ -51,8 +51,9 @@ struct Key {
   bool trans_a, trans_b;
   int M, N, K, lda, ldb, ldc;
   bool bias, accumulate, c_f32;
+  int threads;  // oneDNN sizes a primitive's work split for the threads it was created under
   auto tie() const {
-    return std::tie(dt, trans_a, trans_b, M, N, K, lda, ldb, ldc, bias, accumulate, c_f32);
+    return std::tie(dt, trans_a, trans_b, M, N, K, lda, ldb, ldc, bias, accumulate, c_f32, threads);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -130,13 +131,14 @@ inline bool gemm_lowp(Lowp dt, bool trans_a, bool trans_b, int M, int N, int K, 
                       int lda, const uint16_t* B, int ldb, const uint16_t* bias, bool accumulate,
                       void* C, int ldc, bool c_f32 = false) {
   if (!lowp_gemm_enabled()) return false;
-  const lowp_detail::Key key{dt,  trans_a, trans_b,         M,          N,    K, lda,
-                             ldb, ldc,     bias != nullptr, accumulate, c_f32};
+  // oneDNN runs on the calling thread's OpenMP team, as dnnl_sgemm does (gemm.h).
+  if (!in_parallel() && max_threads() != threads()) omp_set_num_threads(threads());
+  const lowp_detail::Key key{dt,         trans_a, trans_b,      M,   N,
+                             K,          lda,     ldb,          ldc, bias != nullptr,
+                             accumulate, c_f32,   max_threads()};
   const std::shared_ptr<lowp_detail::Entry> e = lowp_detail::entry(key);
   if (!e->usable) return false;
   GemmTimer timer({trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, true}, !in_parallel());
-  // oneDNN runs on the calling thread's OpenMP team, as dnnl_sgemm does (gemm.h).
-  if (!in_parallel() && max_threads() != threads()) omp_set_num_threads(threads());
   dnnl::engine& eng = lowp_detail::engine();
   dnnl::memory a(e->a, eng, const_cast<uint16_t*>(A));
   dnnl::memory b(e->b, eng, const_cast<uint16_t*>(B));
@@ -159,8 +161,8 @@ inline std::string lowp_gemm_library(Lowp dt) {
   const char* name = dt == Lowp::kBF16 ? "bf16" : "f16";
   if (!lowp_gemm_enabled())
     return std::string(name) + " GEMMs widened to f32 (HEADROOM_CPU_BF16_GEMM=0)";
-  const std::shared_ptr<lowp_detail::Entry> e =
-      lowp_detail::entry({dt, false, true, 256, 256, 256, 256, 256, 256, false, false, false});
+  const std::shared_ptr<lowp_detail::Entry> e = lowp_detail::entry(
+      {dt, false, true, 256, 256, 256, 256, 256, 256, false, false, false, max_threads()});
   if (e->usable) return std::string(name) + " GEMMs by oneDNN matmul (" + e->impl + ")";
   return std::string(name) + " GEMMs widened to f32 (oneDNN offers " + e->impl + ")";
 }
