@@ -8,7 +8,9 @@
 // non-GEMM kernel timed on its own at the same shapes, times the number of calls a step makes.
 // Then every GEMM shape the step called is timed alone through the same library (best of 3 after
 // a warm-up call): the library's own sgemm rate on the step's shapes, against what the step got
-// from it. Everything is measured in this one run, side by side.
+// from it. Everything is measured in this one run, side by side. With amp bf16 the linear
+// layers' GEMMs are bf16 (kernels/cpu/gemm_lowp.h: the `bf` rows), timed alone in bf16 too
+// (without the forward's bias input).
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -25,6 +27,7 @@
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/cpu/profile.h"
 
@@ -174,7 +177,21 @@ double gemm_alone(const cpu::GemmShape& g, std::mt19937& rng) {
   const size_t b = size_t(g.trans_b ? g.N : g.K) * g.ldb;
   auto A = random_vector(a, rng), B = random_vector(b, rng);
   auto C = random_vector(size_t(g.M) * g.ldc, rng);
+  auto bf16 = [](const std::vector<float>& v) {
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+      h[i] = float_to_bf16(v[i]);
+    return h;
+  };
+  const std::vector<uint16_t> A16 = g.lowp ? bf16(A) : std::vector<uint16_t>();
+  const std::vector<uint16_t> B16 = g.lowp ? bf16(B) : std::vector<uint16_t>();
+  std::vector<uint16_t> C16 = g.lowp ? bf16(C) : std::vector<uint16_t>();
   auto call = [&] {
+    if (g.lowp) {
+      cpu::gemm_lowp_or_widened(cpu::Lowp::kBF16, g.trans_a, g.trans_b, g.M, g.N, g.K, A16.data(),
+                                g.lda, B16.data(), g.ldb, nullptr, g.accumulate, C16.data(), g.ldc);
+      return;
+    }
     cpu::gemm(g.trans_a, g.trans_b, g.M, g.N, g.K, 1.0f, A.data(), g.lda, B.data(), g.ldb,
               g.accumulate ? 1.0f : 0.0f, C.data(), g.ldc);
   };
@@ -204,7 +221,7 @@ void gemm_shapes(const cpu::GemmProfile& profile, int steps) {
   std::sort(lines.begin(), lines.end(),
             [](const Line& x, const Line& y) { return x.st.seconds > y.st.seconds; });
   std::printf("\nGEMM shapes (row-major C (M,N) = op(A) op(B); +C accumulates), per step:\n");
-  std::printf("%-3s %-3s %6s %6s %6s %3s %7s %10s %12s %12s %7s\n", "opA", "opB", "M", "N", "K",
+  std::printf("%-3s %-3s %6s %6s %6s %5s %7s %10s %12s %12s %7s\n", "opA", "opB", "M", "N", "K",
               "+C", "calls", "ms", "GFLOP/s step", "GFLOP/s alone", "step/alone");
   double in_step = 0.0, at_alone = 0.0, flops = 0.0;
   for (const Line& l : lines) {
@@ -213,12 +230,13 @@ void gemm_shapes(const cpu::GemmProfile& profile, int steps) {
     in_step += s;
     at_alone += calls * l.alone_s;
     flops += calls * f;
-    std::printf("%-3s %-3s %6d %6d %6d %3s %7.0f %10.1f %12.1f %12.1f %6.0f%%\n",
+    std::printf("%-3s %-3s %6d %6d %6d %5s %7.0f %10.1f %12.1f %12.1f %6.0f%%\n",
                 l.g.trans_a ? "T" : "N", l.g.trans_b ? "T" : "N", l.g.M, l.g.N, l.g.K,
-                l.g.accumulate ? "+C" : "", calls, s * 1e3, calls * f / s / 1e9,
-                f / l.alone_s / 1e9, 100 * (calls * f / s) / (f / l.alone_s));
+                l.g.lowp ? (l.g.accumulate ? "bf+C" : "bf") : (l.g.accumulate ? "+C" : ""), calls,
+                s * 1e3, calls * f / s / 1e9, f / l.alone_s / 1e9,
+                100 * (calls * f / s) / (f / l.alone_s));
   }
-  std::printf("%-36s %10.1f %12.1f %12.1f %6.0f%%\n", "all shapes, as the step weighs them",
+  std::printf("%-38s %10.1f %12.1f %12.1f %6.0f%%\n", "all shapes, as the step weighs them",
               in_step * 1e3, flops / in_step / 1e9, flops / at_alone / 1e9,
               100 * at_alone / in_step);
 }

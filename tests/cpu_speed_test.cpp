@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "kernels/cpu/crossentropy.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gelu.h"
+#include "kernels/cpu/gemm_lowp.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
@@ -421,6 +423,118 @@ TEST(CpuThreads, RunsAreDeterministicForAThreadCount) {
   const std::vector<double> two = losses("2"), again = losses("2"), one = losses("1");
   EXPECT_EQ(two, again);
   EXPECT_LT(test::relative_error(two, one), 1e-6);
+}
+
+// The 16-bit GEMMs (kernels/cpu/gemm_lowp.h: oneDNN's matmul where it is fast, the widened f32
+// GEMM elsewhere) against a double-precision product of the same 16-bit operands: within the
+// rounding of the output to the 16-bit dtype plus f32 accumulation, over both transposes, odd
+// sizes, bias, accumulation onto C, bf16 and f16.
+TEST(LowpGemm, MatchesADoubleReferenceOverTransposesAndShapes) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  struct Dims {
+    int M, N, K;
+  };
+  const Dims shapes[] = {{1, 1, 1}, {7, 13, 5}, {37, 80, 48}, {64, 64, 64}, {129, 257, 95}};
+  for (const cpu::Lowp dt : {cpu::Lowp::kBF16, cpu::Lowp::kF16}) {
+    const bool bf = dt == cpu::Lowp::kBF16;
+    SCOPED_TRACE(bf ? "bf16" : "f16");
+    std::printf("%s\n", cpu::lowp_gemm_library(dt).c_str());
+    auto to16 = [bf](float f) { return bf ? float_to_bf16(f) : float_to_f16(f); };
+    auto to32 = [bf](uint16_t h) { return bf ? bf16_to_float(h) : f16_to_float(h); };
+    auto random16 = [&](size_t n) {
+      std::vector<uint16_t> v(n);
+      for (uint16_t& x : v)
+        x = to16(nd(rng));
+      return v;
+    };
+    for (const Dims& d : shapes)
+      for (int t = 0; t < 4; ++t)
+        for (int mode = 0; mode < 3; ++mode) {  // 0: plain, 1: + bias, 2: + C
+          const bool ta = t & 1, tb = t & 2, bias = mode == 1, acc = mode == 2;
+          SCOPED_TRACE(::testing::Message() << d.M << "x" << d.N << "x" << d.K << " ta " << ta
+                                            << " tb " << tb << " mode " << mode);
+          const int lda = ta ? d.M : d.K, ldb = tb ? d.K : d.N, ldc = d.N;
+          const auto A = random16(size_t(d.M) * d.K), B = random16(size_t(d.K) * d.N);
+          const auto bv = random16(size_t(d.N));
+          const auto C0 = random16(size_t(d.M) * d.N);
+          std::vector<uint16_t> C = C0;
+          cpu::gemm_lowp_or_widened(dt, ta, tb, d.M, d.N, d.K, A.data(), lda, B.data(), ldb,
+                                    bias ? bv.data() : nullptr, acc, C.data(), ldc);
+          for (int m = 0; m < d.M; ++m)
+            for (int n = 0; n < d.N; ++n) {
+              double ref = acc ? to32(C0[size_t(m) * ldc + n]) : bias ? to32(bv[n]) : 0.0;
+              double mag = std::fabs(ref);
+              for (int k = 0; k < d.K; ++k) {
+                const double a = to32(A[ta ? size_t(k) * lda + m : size_t(m) * lda + k]);
+                const double b = to32(B[tb ? size_t(n) * ldb + k : size_t(k) * ldb + n]);
+                ref += a * b;
+                mag += std::fabs(a * b);
+              }
+              const double got = to32(C[size_t(m) * ldc + n]);
+              // Half an ulp of the output's rounding (bf16: 2^-9, f16: 2^-12 relative), plus f32
+              // accumulation (K terms).
+              const double tol = (bf ? 0x1p-8 : 0x1p-11) * std::fabs(ref) + 1e-6 * mag + 1e-7;
+              ASSERT_NEAR(got, ref, tol) << "at " << m << "," << n;
+            }
+        }
+  }
+}
+
+// The CPU backend's bf16 linear layer against its f32 one on the widened operands: forward and
+// both weight and input gradients within bf16 rounding; the bias gradient bitwise (summed in f32
+// rows in order, rounded once, as the widened path does).
+TEST(LowpGemm, Bf16MatmulLayerMatchesTheF32LayerOnWidenedOperands) {
+  auto device = Device::create(DeviceConfig{});
+  Backend& ops = device->backend();
+  const int N = 67, C = 96, OC = 130;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto bf16 = [&](size_t n) {
+    std::vector<uint16_t> v(n);
+    for (uint16_t& x : v)
+      x = float_to_bf16(nd(rng));
+    return v;
+  };
+  auto wide = [](const std::vector<uint16_t>& v) {
+    std::vector<float> f(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+      f[i] = bf16_to_float(v[i]);
+    return f;
+  };
+  auto close = [](const std::vector<uint16_t>& got, const std::vector<float>& ref, int K,
+                  const char* what) {
+    double worst = 0.0;
+    for (size_t i = 0; i < ref.size(); ++i)
+      worst = std::max(worst, std::fabs(double(bf16_to_float(got[i])) - ref[i]) /
+                                  (std::fabs(ref[i]) + 1e-3 * std::sqrt(double(K))));
+    EXPECT_LT(worst, 1.0 / 128) << what;
+  };
+  const auto inp = bf16(size_t(N) * C), w = bf16(size_t(OC) * C), b = bf16(OC);
+  const auto dout = bf16(size_t(N) * OC);
+  const auto dinp0 = bf16(size_t(N) * C), dw0 = bf16(size_t(OC) * C), db0 = bf16(OC);
+  std::vector<uint16_t> out(size_t(N) * OC), dinp = dinp0, dw = dw0, db = db0;
+  ops.matmul_forward(Dtype::kBF16, out.data(), inp.data(), w.data(), b.data(), N, C, OC);
+  ops.matmul_backward(Dtype::kBF16, dinp.data(), dw.data(), db.data(), dout.data(), inp.data(),
+                      w.data(), N, C, OC);
+  const auto finp = wide(inp), fw = wide(w), fb = wide(b), fdout = wide(dout);
+  std::vector<float> fout(out.size()), fdinp = wide(dinp0), fdw = wide(dw0), fdb = wide(db0);
+  ops.matmul_forward(Dtype::kF32, fout.data(), finp.data(), fw.data(), fb.data(), N, C, OC);
+  ops.matmul_backward(Dtype::kF32, fdinp.data(), fdw.data(), fdb.data(), fdout.data(), finp.data(),
+                      fw.data(), N, C, OC);
+  close(out, fout, C, "out");
+  close(dinp, fdinp, OC, "dinp");
+  close(dw, fdw, N, "dweight");
+  for (int o = 0; o < OC; ++o)
+    ASSERT_EQ(db[o], float_to_bf16(fdb[o])) << "dbias " << o;
+  // Written, not accumulated: the same as accumulating onto zeros.
+  std::vector<uint16_t> dinp_w(dinp0), dinp_z(dinp0.size(), 0), dw1 = dw0, dw2 = dw0;
+  ops.matmul_backward(Dtype::kBF16, dinp_w.data(), dw1.data(), nullptr, dout.data(), inp.data(),
+                      w.data(), N, C, OC, Grad::kWrite);
+  ops.matmul_backward(Dtype::kBF16, dinp_z.data(), dw2.data(), nullptr, dout.data(), inp.data(),
+                      w.data(), N, C, OC);
+  EXPECT_EQ(dinp_w, dinp_z);
+  EXPECT_EQ(dw1, dw2);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -52,6 +53,60 @@ uint16_t to_low(Dtype dt, float f) {
   return dt == Dtype::kBF16 ? float_to_bf16(f) : float_to_f16(f);
 }
 
+// The widened copies' float buffers, kept between ops: a step widens the same shapes over and
+// over, and a fresh allocation of that size is a fresh mmap, paged in (and zeroed) again each
+// time. A buffer is reused for a request of at least half its size; at most kPoolBytes stay.
+class FloatPool {
+ public:
+  struct Buf {
+    std::unique_ptr<float[]> p;
+    uint64_t n = 0;
+  };
+  static Buf take(uint64_t n) {
+    {
+      std::lock_guard<std::mutex> lock(mu());
+      std::vector<Buf>& free = bufs();
+      size_t best = free.size();
+      for (size_t i = 0; i < free.size(); ++i)
+        if (free[i].n >= n && free[i].n / 2 <= n &&
+            (best == free.size() || free[i].n < free[best].n))
+          best = i;
+      if (best != free.size()) {
+        Buf b = std::move(free[best]);
+        free.erase(free.begin() + std::ptrdiff_t(best));
+        held() -= b.n;
+        return b;
+      }
+    }
+    return {std::unique_ptr<float[]>(new float[n]), n};
+  }
+  static void give(Buf b) {
+    std::lock_guard<std::mutex> lock(mu());
+    std::vector<Buf>& free = bufs();
+    held() += b.n;
+    free.push_back(std::move(b));
+    while (held() * sizeof(float) > kPoolBytes) {  // the oldest go first
+      held() -= free.front().n;
+      free.erase(free.begin());
+    }
+  }
+
+ private:
+  static constexpr uint64_t kPoolBytes = uint64_t(256) << 20;
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static std::vector<Buf>& bufs() {
+    static std::vector<Buf> v;
+    return v;
+  }
+  static uint64_t& held() {
+    static uint64_t h = 0;
+    return h;
+  }
+};
+
 // Tensors of a 16-bit dtype, widened to float for one op: in() copies, out() registers a float
 // buffer that finish() rounds back into the tensor. Statistics are f32 already. The conversions
 // are kernels/cpu/convert.h (vectorized, on the threads). An output's buffer starts zeroed, as
@@ -60,9 +115,15 @@ uint16_t to_low(Dtype dt, float f) {
 class Widened {
  public:
   explicit Widened(Dtype dt) : dt_(dt) {}
+  Widened(const Widened&) = delete;
+  Widened& operator=(const Widened&) = delete;
+  ~Widened() {
+    for (FloatPool::Buf& b : buffers_)
+      FloatPool::give(std::move(b));
+  }
   const float* in(const void* x, uint64_t n) {
     if (!x) return nullptr;
-    float* f = buffer(n);
+    float* f = buffer(n, false);
     const uint16_t* h = static_cast<const uint16_t*>(x);
     dt_ == Dtype::kBF16 ? cpu::widen_bf16(h, f, n) : cpu::widen_f16(h, f, n);
     return f;
@@ -70,7 +131,7 @@ class Widened {
   // `load`: the op reads the tensor too (an accumulating gradient, an in-place update).
   float* out(void* x, uint64_t n, bool load) {
     if (!x) return nullptr;
-    float* f = load ? const_cast<float*>(in(x, n)) : buffer(n);
+    float* f = load ? const_cast<float*>(in(x, n)) : buffer(n, true);
     outs_.push_back({x, f, n});
     return f;
   }
@@ -89,9 +150,13 @@ class Widened {
     const float* src;
     uint64_t n;
   };
-  float* buffer(uint64_t n) { return buffers_.emplace_back(new float[n]()).get(); }
+  float* buffer(uint64_t n, bool zero) {
+    float* f = buffers_.emplace_back(FloatPool::take(n)).p.get();
+    if (zero) std::memset(f, 0, n * sizeof(float));
+    return f;
+  }
   Dtype dt_;
-  std::vector<std::unique_ptr<float[]>> buffers_;
+  std::vector<FloatPool::Buf> buffers_;
   std::vector<Out> outs_;
 };
 
@@ -213,13 +278,29 @@ void pointwise_map(void* out, uint64_t n, F&& f) {
     Io::put(out, uint64_t(i), f(uint64_t(i)));
 }
 
+// bf16 and f16 linear layers go to kernels/cpu/matmul.h's 16-bit path: oneDNN's matmul on the
+// 16-bit tensors where it is fast (AMX, AVX-512 BF16), else the widened f32 GEMM, GEMM by GEMM.
+// HEADROOM_CPU_BF16_GEMM=0 keeps them on the widened path of every other op.
+bool lowp_gemm(Dtype dt) {
+  return (dt == Dtype::kBF16 || dt == Dtype::kF16) && cpu::lowp_gemm_enabled();
+}
+cpu::Lowp lowp(Dtype dt) {
+  return dt == Dtype::kBF16 ? cpu::Lowp::kBF16 : cpu::Lowp::kF16;
+}
+uint16_t* u16(void* p) {
+  return static_cast<uint16_t*>(p);
+}
+const uint16_t* u16(const void* p) {
+  return static_cast<const uint16_t*>(p);
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) { cpu::set_threads(threads); }
   std::string describe() const override {
     const int n = cpu::threads();
-    return "GEMM " + cpu::gemm_library() + "; " + std::to_string(n) + " thread" +
-           (n == 1 ? "" : "s") + " (OpenMP)";
+    return "GEMM " + cpu::gemm_library() + "; " + cpu::lowp_gemm_library(cpu::Lowp::kBF16) + "; " +
+           std::to_string(n) + " thread" + (n == 1 ? "" : "s") + " (OpenMP)";
   }
   void embedding_forward(Dtype dt, void* out, const int32_t* tokens, const void* wte,
                          const void* wpe, int B, int T, int C) override {
@@ -261,6 +342,10 @@ class CpuBackend final : public Backend {
   }
   void matmul_forward(Dtype dt, void* out, const void* inp, const void* weight, const void* bias,
                       int N, int C, int OC) override {
+    if (lowp_gemm(dt)) {
+      cpu::matmul_forward_lowp(lowp(dt), u16(out), u16(inp), u16(weight), u16(bias), N, C, OC);
+      return;
+    }
     dispatch(dt, "matmul_forward", [&](auto&& a) {
       cpu::matmul_forward(a.out(out, uint64_t(N) * OC, false), a.in(inp, uint64_t(N) * C),
                           a.in(weight, uint64_t(OC) * C), a.in(bias, OC), N, C, OC);
@@ -270,6 +355,11 @@ class CpuBackend final : public Backend {
                        const void* inp, const void* weight, int N, int C, int OC,
                        Grad dinp_mode) override {
     const bool acc = dinp_mode == Grad::kAccumulate;
+    if (lowp_gemm(dt)) {
+      cpu::matmul_backward_lowp(lowp(dt), u16(dinp), u16(dweight), u16(dbias), u16(dout), u16(inp),
+                                u16(weight), N, C, OC, acc);
+      return;
+    }
     dispatch(dt, "matmul_backward", [&](auto&& a) {
       cpu::matmul_backward(a.out(dinp, uint64_t(N) * C, acc),
                            a.out(dweight, uint64_t(OC) * C, true), a.out(dbias, OC, true),
@@ -463,6 +553,22 @@ class CpuBackend final : public Backend {
       std::memmove(dst, src, n * dtype_size(dst_dt));
       return;
     }
+    // f32 <-> bf16/f16 (amp's compute copies, every step): kernels/cpu/convert.h, on the threads,
+    // bitwise the conversions below (through double, f32 and back is exact).
+    const bool low_dst = dst_dt == Dtype::kBF16 || dst_dt == Dtype::kF16;
+    const bool low_src = src_dt == Dtype::kBF16 || src_dt == Dtype::kF16;
+    if (src_dt == Dtype::kF32 && low_dst) {
+      const float* f = static_cast<const float*>(src);
+      uint16_t* h = static_cast<uint16_t*>(dst);
+      dst_dt == Dtype::kBF16 ? cpu::round_bf16(f, h, n) : cpu::round_f16(f, h, n);
+      return;
+    }
+    if (low_src && dst_dt == Dtype::kF32) {
+      const uint16_t* h = static_cast<const uint16_t*>(src);
+      float* f = static_cast<float*>(dst);
+      src_dt == Dtype::kBF16 ? cpu::widen_bf16(h, f, n) : cpu::widen_f16(h, f, n);
+      return;
+    }
     for (uint64_t i = 0; i < n; ++i)
       store(dst, dst_dt, i, load(src, src_dt, i));
   }
@@ -516,6 +622,8 @@ class CpuBackend final : public Backend {
   }
   void accumulate(float* y, const void* x, Dtype x_dt, uint64_t n) override {
     require_float(x_dt, "accumulate");
+    if (x_dt == Dtype::kBF16) return cpu::accumulate_bf16(y, static_cast<const uint16_t*>(x), n);
+    if (x_dt == Dtype::kF32) return cpu::accumulate_f32(y, static_cast<const float*>(x), n);
     for (uint64_t i = 0; i < n; ++i)
       y[i] += static_cast<float>(load(x, x_dt, i));
   }

@@ -31,6 +31,21 @@ HEADROOM_CPU_CLONES inline void round_bf16(const float* in, uint16_t* out, size_
   }
 }
 
+// y (n,) f32 += x (n,) bf16 widened: one rounded f32 add an element (amp's gradient
+// accumulation).
+HEADROOM_CPU_CLONES inline void accumulate_bf16(float* y, const uint16_t* x, size_t n) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n))
+  for (size_t i = 0; i < n; i++)
+    y[i] += bits_float(uint32_t(x[i]) << 16);
+}
+
+// y (n,) f32 += x (n,) f32.
+HEADROOM_CPU_CLONES inline void accumulate_f32(float* y, const float* x, size_t n) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n))
+  for (size_t i = 0; i < n; i++)
+    y[i] += x[i];
+}
+
 // (n,) f16 <-> (n,) f32: the scalar conversions on the threads (their branches stay).
 inline void widen_f16(const uint16_t* in, float* out, size_t n) {
 #pragma omp parallel for schedule(static) num_threads(threads_for(n))

@@ -16,7 +16,8 @@ struct GemmShape {
   bool trans_a = false, trans_b = false;
   int M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0;
   bool accumulate = false;  // beta != 0
-  auto key() const { return std::tie(trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate); }
+  bool lowp = false;        // bf16/f16 operands through oneDNN's matmul (gemm_lowp.h), else f32
+  auto key() const { return std::tie(trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, lowp); }
   bool operator<(const GemmShape& o) const { return key() < o.key(); }
 };
 
