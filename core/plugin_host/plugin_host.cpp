@@ -242,13 +242,6 @@ bool PluginHost::provides_optimizer() const {
   return false;
 }
 
-std::vector<std::string> PluginHost::names() const {
-  std::vector<std::string> out;
-  for (const auto& p : plugins_)
-    out.push_back(p->entry.name);
-  return out;
-}
-
 std::string PluginHost::optimizer_plugin() const {
   for (const auto& p : plugins_)
     if (p->desc.roles & HR_ROLE_OPTIMIZER) return p->entry.name;

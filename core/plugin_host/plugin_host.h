@@ -163,8 +163,6 @@ class PluginHost final : public EventListener {
                    const std::string& snapshot = "");
 
   size_t size() const { return plugins_.size(); }
-  // The plugins' names, in TOML order.
-  std::vector<std::string> names() const;
   // What the created plugins offer under `id`, in TOML order.
   std::vector<OfferedExtension> offered(const char* id) const;
   // The HR_ROLE_*s the config's plugins take, together.
