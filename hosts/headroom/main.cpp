@@ -484,8 +484,9 @@ int main(int argc, char** argv) {
                    "a listed plugin (repeatable)");
   PlanFlags plan_flags;
   plan->add_flag("--measure", plan_flags.measure,
-                 "predict the peak from two-step dry runs of the config's own setup at "
-                 "micro_batch 1-2 with 1-2 blocks, fitted and extrapolated");
+                 "predict the peak from a two-step dry run of the config itself (on the CPU "
+                 "always; elsewhere when it fits), else of variants at micro_batch 1-2 with "
+                 "1-2 blocks, fitted and extrapolated");
   plan->add_flag("--search", plan_flags.search,
                  "with --measure: measure micro_batch x grad_accum splits and the installed "
                  "plugins' proposals, and pick the fastest that fits");
