@@ -27,6 +27,7 @@
 #include "core/device/device.h"
 #include "core/events/events.h"
 #include "core/model/model.h"
+#include "core/plan/measure.h"
 #include "core/plan/plan.h"
 #include "core/report/advice.h"
 #include "core/run/trainer.h"
@@ -151,6 +152,38 @@ TEST(LlamaPresets, PlanMeasureOnLlama31_8bRunsDryInLittleHostMemoryAndIsTheClose
     EXPECT_LT(rss, peak / 100) << name;
     std::printf("%s: plan --measure: %llu B predicted, %.2f s, peak RSS %.1f MiB\n", name,
                 static_cast<unsigned long long>(peak), seconds, double(rss) / (1 << 20));
+  }
+}
+
+// docs/results/llama.md's tables (bench/llama/plan_table.sh): every single-rank remedy of both
+// presets, run dry as the config itself in this process, is its closed form by category, to the
+// byte (the zero rows are tests/mpi/plan_measure_test.cpp's, under mpirun).
+TEST(LlamaPresets, EveryRemedyOfTheResultsTablesRunsDryAsItsClosedForm) {
+  auto plugin = [](const char* name, const char* keys = "") {
+    return std::string("[[plugins]]\nname = \"") + name + "\"\n" + keys;
+  };
+  const std::pair<const char*, std::string> remedies[] = {
+      {"none", ""},
+      {"amp bf16", plugin("amp")},
+      {"amp, 8 bytes", plugin("amp", "master_weights = false\nstate_dtype = \"bf16\"\n")},
+      {"checkpoint", plugin("checkpoint")},
+      {"amp + checkpoint", plugin("amp") + plugin("checkpoint")},
+      {"adam8bit + amp + checkpoint", plugin("amp") + plugin("checkpoint") + plugin("adam8bit")},
+      {"adafactor + amp + checkpoint", plugin("amp") + plugin("checkpoint") + plugin("adafactor")},
+  };
+  for (const char* preset : {"llama-3.2-1b", "llama-3.1-8b"}) {
+    for (const auto& [name, plugins] : remedies) {
+      const Config c =
+          test::config_from(std::string("[model]\npreset = \"") + preset +
+                            "\"\nseq_len = 2048\n[train]\nmicro_batch = 1\n" + plugins);
+      const Measured m = measure(c);
+      EXPECT_EQ(m.method, Measured::Method::kDirect) << preset << ", " << name;
+      const ConfigEstimate e = estimate_config(c);
+      for (int i = 0; i < kNumCategories; ++i)
+        EXPECT_EQ(m.by_category[i], e.peak.at_peak[i])
+            << preset << ", " << name << ": " << category_name(category_at(i));
+      EXPECT_EQ(m.peak, e.peak.total()) << preset << ", " << name;
+    }
   }
 }
 
