@@ -1347,14 +1347,18 @@ TEST_F(PluginAbi, OnlyPluginsOfAbi1_6GetEvalEnd) {
   EXPECT_GT(older, 20u) << join(lines);  // they did receive the rest
 }
 
+// The model of the plugin memory tests: big enough that weight_ema's shadows (28,928 bytes)
+// stand out.
+const char* const kEmaModel =
+    "[model]\nn_layer = 2\nn_head = 2\nn_embd = 16\nseq_len = 8\nvocab_size = 32\n"
+    "[train]\nsteps = 2\nmicro_batch = 2\n";
+
 // A plugin's own memory (ABI 1.7): weight_ema's shadows are HR_MEM_PLUGIN, which the metrics,
 // memory_stats and the end-of-run report show as "plugin", under the plugin's name, beside an
 // optimizer category that is the run's without the plugin. A plugin that negotiated 1.6 sees
 // those buffers' ALLOC events as HR_MEM_OPTIMIZER (it has no category 7); one of 1.7 sees 7.
 TEST_F(PluginAbi, APluginsOwnMemoryIsItsOwnCategoryUnderItsName) {
-  const std::string model =
-      "[model]\nn_layer = 2\nn_head = 2\nn_embd = 16\nseq_len = 8\nvocab_size = 32\n"
-      "[train]\nsteps = 2\nmicro_batch = 2\n";
+  const std::string model = kEmaModel;
   const auto plain = run_headroom("train " + config(model) + " --metrics " + file("p.jsonl"));
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   const auto r =
@@ -1406,9 +1410,7 @@ TEST_F(PluginAbi, APluginsOwnMemoryIsItsOwnCategoryUnderItsName) {
 // Under a memory limit the shadows do not fit beside: the out-of-memory report lists the plugin
 // category and the plugin that holds it.
 TEST_F(PluginAbi, TheOutOfMemoryReportNamesThePluginHoldingItsOwnMemory) {
-  const std::string model =
-      "[model]\nn_layer = 2\nn_head = 2\nn_embd = 16\nseq_len = 8\nvocab_size = 32\n"
-      "[train]\nsteps = 2\nmicro_batch = 2\n";
+  const std::string model = kEmaModel;
   const auto plain = run_headroom("train " + config(model) + " --metrics " + file("p.jsonl"));
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   const uint64_t peak = metrics_rows(file("p.jsonl")).back().at("mem_peak_bytes").get<uint64_t>();
