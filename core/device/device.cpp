@@ -204,6 +204,7 @@ class CpuDevice final : public Device {
   }
   void backend_free(void* ptr) override {
     if (!arena_) {
+      if (dry_maps_.empty()) return std::free(ptr);  // a run that computes: no lookup a free
       const auto it = dry_maps_.find(ptr);
       if (it == dry_maps_.end()) return std::free(ptr);
       munmap(ptr, it->second);
