@@ -151,6 +151,40 @@ TEST_F(CudaTrain, DeviceIndexOutOfRangeIsAConfigError) {
   EXPECT_NE(message.find("CUDA device(s) present"), std::string::npos) << message;
 }
 
+// The CUDA backend is a library of its own (core/device/cuda_module.h), loaded on the first CUDA
+// device: a CPU run maps no CUDA library (cuBLAS's start-up alone cost every process 0.25 s).
+TEST(CudaModule, ACpuRunLoadsNoCudaLibrary) {
+  Trainer trainer(test::config_from(kTinyRun, {"train.steps=2"}), TrainOptions{});
+  trainer.run();
+  const std::string maps = test::read_file("/proc/self/maps");
+  ASSERT_FALSE(maps.empty());
+  for (const char* lib : {"libheadroom_cuda", "libcublas", "libcudart", "libnccl"})
+    EXPECT_FALSE(test::contains(maps, lib)) << lib << " is mapped after a CPU run";
+}
+
+// Without libheadroom_cuda.so beside libheadroom.so, asking for "cuda" is a config error (exit 2)
+// naming the file it looked for, not a crash; the CPU still trains.
+TEST(CudaModule, AMissingBackendLibraryIsAConfigErrorNamingIt) {
+  const std::string dir = test::temp_dir();
+  const std::string bin = std::string(HEADROOM_BINARY);
+  const std::string lib = bin.substr(0, bin.rfind('/')) + "/../lib/libheadroom.so";
+  ASSERT_EQ(test::run_command("mkdir -p '" + dir + "/lib' && cp '" + lib + "' '" + dir + "/lib/'")
+                .exit_code,
+            0);
+  const std::string cfg =
+      test::write_file(dir, "cuda.toml", std::string(kTinyRun) + "[device]\nkind = \"cuda\"\n");
+  const std::string env = "LD_LIBRARY_PATH='" + dir + "/lib' ";
+  const test::RunResult r =
+      test::run_command(env + "'" + bin + "' train '" + cfg + "' --set train.steps=1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "cuda.toml:")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, dir + "/lib/libheadroom_cuda.so")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "does not load")) << r.output;
+  const test::RunResult cpu = test::run_command(env + "'" + bin + "' train '" + cfg +
+                                                "' --set device.kind=cpu --set train.steps=1 -q");
+  EXPECT_EQ(cpu.exit_code, 0) << cpu.output;
+}
+
 }  // namespace
 }  // namespace headroom
 

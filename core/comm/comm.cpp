@@ -10,6 +10,9 @@
 #if HEADROOM_HAVE_MPI
 #include "core/comm/mpi_comm.h"
 #endif
+#if HEADROOM_HAVE_NCCL
+#include "core/device/cuda_module.h"
+#endif
 
 namespace headroom {
 
@@ -151,5 +154,16 @@ std::unique_ptr<Communicator> make_real_communicator(Device& device,
 }
 
 }  // namespace
+
+#if HEADROOM_HAVE_NCCL
+// NCCL's communicator is in the CUDA backend's library (core/comm/nccl_comm.cpp, built into
+// libheadroom_cuda.so; core/device/cuda_module.h), loaded by then: only a CUDA device asks for it.
+std::unique_ptr<Communicator> comm_detail::make_nccl_communicator(Device& device,
+                                                                  const DistributedConfig& config) {
+  using Make = Communicator* (*)(Device&, const DistributedConfig&);
+  return std::unique_ptr<Communicator>(
+      cuda_module_function<Make>("headroom_cuda_make_nccl_communicator")(device, config));
+}
+#endif
 
 }  // namespace headroom

@@ -210,9 +210,11 @@ void NcclRequest::wait() {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(Device& device,
-                                                     const DistributedConfig& config) {
-  return std::make_unique<NcclCommunicator>(device, config);
+// The module's factory (core/device/cuda_module.h): make_nccl_communicator in libheadroom
+// (core/comm/comm.cpp) calls it. C linkage: the name dlsym looks up, whatever the namespace.
+extern "C" __attribute__((visibility("default"))) Communicator*
+headroom_cuda_make_nccl_communicator(Device& device, const DistributedConfig& config) {
+  return new NcclCommunicator(device, config);
 }
 
 }  // namespace comm_detail

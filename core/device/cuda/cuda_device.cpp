@@ -322,7 +322,11 @@ class CudaDevice final : public Device {
 
 }  // namespace
 
-std::unique_ptr<Device> make_cuda_device(const DeviceConfig& config) {
+// The module's factory (core/device/cuda_module.h): make_cuda_device in libheadroom calls it.
+// Throws ConfigError when no CUDA device with that index is present. C linkage: the name dlsym
+// looks up, whatever the namespace.
+extern "C" __attribute__((visibility("default"))) Device* headroom_cuda_make_device(
+    const DeviceConfig& config) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
@@ -346,7 +350,7 @@ std::unique_ptr<Device> make_cuda_device(const DeviceConfig& config) {
     throw ConfigError("device.index = " + std::to_string(config.index) + ": only " +
                       std::to_string(count) + " CUDA device(s) present (0.." +
                       std::to_string(count - 1) + ")");
-  return std::make_unique<CudaDevice>(config);
+  return new CudaDevice(config);
 }
 
 }  // namespace headroom
