@@ -124,6 +124,10 @@ TEST(AmpBf16, HalvesTheActivationPeakAndHoldsTheClosedFormModelState) {
 }
 
 TEST(AmpBf16, LossAfter300StepsIsWithinTwoPercentOfFp32) {
+#ifdef HEADROOM_SANITIZE_BUILD
+  GTEST_SKIP() << "300 steps of the same code: a numerical result the release pass checks; the "
+                  "sanitizer pass runs every amp path in the shorter amp tests";
+#endif
   const Outcome f32 = run(model_toml() + train_toml(300));
   const Outcome bf16 = run(model_toml() + train_toml(300) + amp_toml("dtype = \"bf16\"\n"));
   const double a = f32.history.back().loss, b = bf16.history.back().loss;
