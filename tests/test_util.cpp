@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
@@ -49,10 +51,67 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
+namespace {
+
+// The temporary directories of the test now running: removed when it ends, kept (and named) when
+// it failed, for a look at what it left. (Left behind, the suite's runs filled /tmp with 9 GiB.)
+struct TempDirs {
+  std::mutex mutex;
+  std::vector<std::string> dirs;
+};
+TempDirs& temp_dirs() {
+  static TempDirs* dirs = new TempDirs();  // never destroyed: listeners run until exit
+  return *dirs;
+}
+
+class TempDirCleaner : public ::testing::EmptyTestEventListener {
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    TempDirs& t = temp_dirs();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    for (const std::string& dir : t.dirs) {
+      if (info.result()->Failed()) {
+        std::printf("[ kept     ] %s (the failed test's files)\n", dir.c_str());
+        continue;
+      }
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+    t.dirs.clear();
+  }
+};
+
+// Registered before main: every test program that links test_util.cpp gets it.
+const bool temp_dir_cleaner_registered = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new TempDirCleaner());
+  return true;
+}();
+
+}  // namespace
+
 std::string temp_dir() {
   char tmpl[] = "/tmp/headroom-test-XXXXXX";
   if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+  TempDirs& t = temp_dirs();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.dirs.push_back(tmpl);
   return tmpl;
+}
+
+std::string process_temp_dir() {
+  static const std::string dir = [] {
+    char tmpl[] = "/tmp/headroom-test-XXXXXX";
+    if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+    return std::string(tmpl);
+  }();
+  static const bool removed_at_exit = [] {
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    });
+    return true;
+  }();
+  (void)removed_at_exit;
+  return dir;
 }
 
 std::string read_file(const std::string& path) {

@@ -25,8 +25,11 @@ void expect_resume_is_bitwise(const std::string& toml, Trainer& whole);
 // empty vector's data() would pass it a null pointer, which UBSan reports.)
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b);
 
-// A fresh directory under /tmp for one test.
+// A fresh directory under /tmp for one test: removed when the test ends, kept when it failed.
 std::string temp_dir();
+// One directory under /tmp for what tests of one process share (a result made once and cached):
+// removed when the process exits.
+std::string process_temp_dir();
 // The whole file, as bytes ("" when it cannot be read).
 std::string read_file(const std::string& path);
 // The command lines (not blank, not comments) of the first ```sh block after `heading` in the

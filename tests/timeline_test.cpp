@@ -35,7 +35,7 @@ struct RealRun {
 const RealRun& real_run() {
   static const RealRun r = [] {
     RealRun out;
-    out.path = test::temp_dir() + "/timeline.html";
+    out.path = test::process_temp_dir() + "/timeline.html";
     TrainOptions o;
     o.memory_timeline_path = out.path;
     Trainer trainer(test::config_from(kRun), std::move(o));
