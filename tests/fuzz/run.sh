@@ -50,13 +50,13 @@ trap cleanup EXIT
 # The same flags as the libheadroom build for its dependencies (toml++ is compiled, not header-only).
 dep_cflags="$(pkg-config --cflags tomlplusplus nlohmann_json 2>/dev/null || true)"
 dep_libs="$(pkg-config --libs tomlplusplus 2>/dev/null || true)"
-cxxflags=(-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
+cxxflags=(-std=c++17 -g1 -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
           -fno-sanitize-recover=all -I"$root" -I"$root/plugin_api/include" -pthread)
 # The objects: instrumented as the targets are, without libFuzzer's main; the optimisation level
 # is per object (below). The builds were most of this script's time: -O0 compiles
 # core/model/model.cpp in 26 s where -O1 takes 70 (2 loaded cores, 2026-12-04), but an input runs
 # up to 10 times slower through code built at -O0, so the code under test stays at -O1.
-objflags=(-std=c++17 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined
+objflags=(-std=c++17 -g1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined
           -fno-sanitize-recover=all -I"$root" -I"$root/plugin_api/include" -pthread)
 jobs="${HEADROOM_FUZZ_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 launcher=()
