@@ -1326,7 +1326,7 @@ TEST_F(PluginAbi, OnlyPluginsOfAbi1_6GetEvalEnd) {
   const auto lines = read_lines(file("e.txt"));
   const auto rows = metrics_rows(file("m.jsonl"));
   ASSERT_EQ(rows.size(), 2u);
-  EXPECT_EQ(lines_with(lines, "all_events CREATE").at(0), "all_events CREATE abi=1.7");
+  EXPECT_EQ(lines_with(lines, "all_events CREATE").at(0), "all_events CREATE abi=1.8");
   EXPECT_EQ(lines_with(lines, "all_events_v1_5 CREATE").at(0), "all_events_v1_5 CREATE abi=1.5");
   EXPECT_EQ(lines_with(lines, "all_events_v1_4 CREATE").at(0), "all_events_v1_4 CREATE abi=1.4");
   const auto evals = lines_with(lines, "all_events EVENT 15 ");
