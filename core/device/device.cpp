@@ -38,8 +38,9 @@ std::string OomReport::str() const {
          " (its own policy, or the device it allocates from)\n";
   } else {
     // No wall of ours: the device itself (the host's malloc, the CUDA driver) said no.
-    s += "  memory_limit           none: the device refused the allocation of " +
-         format_bytes(requested) + " itself\n";
+    s += std::string(host ? "  host memory_limit      none: the host"
+                          : "  memory_limit           none: the device") +
+         " refused the allocation of " + format_bytes(requested) + " itself\n";
   }
   if (limit && !allocator.empty()) s += "  refused by             " + allocator + "\n";
   add("live", live_total);
@@ -211,7 +212,13 @@ class CpuDevice final : public Device {
   void* backend_allocate(uint64_t bytes) override {
     if (arena_) return arena_->allocate(bytes);
     if (dry()) return dry_allocate(bytes);
-    if (pinned_from_) return pinned_from_->host_alloc(bytes);
+    if (pinned_from_) {
+      try {
+        return pinned_from_->host_alloc(bytes);
+      } catch (const std::exception&) {
+        return nullptr;  // page-locked memory refused (cudaMallocHost): out of memory on the host
+      }
+    }
     // 64-byte alignment for vector loads; aligned_alloc wants a multiple of the alignment.
     if (bytes > UINT64_MAX - 63) return nullptr;  // rounding up would wrap: no host has it
     const uint64_t rounded = std::max<uint64_t>(64, (bytes + 63) / 64 * 64);
