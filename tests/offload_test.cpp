@@ -150,6 +150,22 @@ TEST(OffloadOptimizer, SgdWithMomentumIsBitwise) {
   EXPECT_EQ(at(off.host_peak, Category::kOptimizer), at(plain.device_peak, Category::kOptimizer));
 }
 
+// Structured pruning shrinks the parameters mid-run: the host optimizer's state and copies follow,
+// and the run is still bitwise the one without offload.
+TEST(OffloadOptimizer, PruningIsBitwise) {
+  const std::string base = model_toml() + train_toml(4) +
+                           "[[plugins]]\nname = \"pruning\"\nmode = \"mlp\"\n"
+                           "final_sparsity = 0.5\nstart_step = 1\nend_step = 3\nevery = 1\n";
+  const Outcome plain = run(base);
+  const Outcome off = run(base + offload_toml());
+  expect_same_training(plain, off);
+  EXPECT_EQ(at(off.device_peak, Category::kOptimizer), 0u);
+  uint64_t psi = 0;  // the pruned model's
+  for (const OptSegment& s : off.segments)
+    psi += s.numel;
+  EXPECT_LT(psi, 106240u) << "the model was pruned";
+}
+
 TEST(OffloadOptimizer, NoneChangesNothing) {
   const std::string base = model_toml() + train_toml(2);
   const Outcome plain = run(base);

@@ -64,6 +64,29 @@ void HostOptimizer::step(const std::vector<OptSegment>& segments, double lr, int
   uploads_pending_ = true;
 }
 
+void HostOptimizer::resize(const std::vector<OptSegment>& segments,
+                           const std::vector<ParamResize>& changes) {
+  if (on_host_.empty()) return;  // nothing made yet: made at the new sizes
+  if (uploads_pending_) device_.backend().synchronize();
+  uploads_pending_ = false;
+  for (const ParamResize& r : changes) {
+    const OptSegment& s = segments.at(r.param);
+    values_.at(r.param).reset();
+    grads_.at(r.param).reset();
+    values_[r.param] = Buffer(host_, s.numel * dtype_size(s.value_dtype), Category::kParameters,
+                              s.name + " (host copy)");
+    grads_[r.param] = Buffer(host_, s.numel * dtype_size(s.grad_dtype), Category::kGradients,
+                             s.name + " gradient (host copy)");
+  }
+  on_host_ = segments;
+  for (size_t k = 0; k < on_host_.size(); ++k) {
+    on_host_[k].value = values_[k].as<void>();
+    on_host_[k].grad = grads_[k].as<void>();
+  }
+  values_current_ = false;
+  inner_->resize(on_host_, changes);
+}
+
 std::vector<Optimizer::StateTensor> HostOptimizer::state(const std::vector<OptSegment>& segments) {
   allocate(segments);
   return inner_->state(on_host_);

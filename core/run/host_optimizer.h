@@ -30,6 +30,12 @@ class HostOptimizer final : public Optimizer {
   void step(const std::vector<OptSegment>& segments, double lr, int64_t step) override;
   std::vector<StateTensor> state(const std::vector<OptSegment>& segments) override;
   bool fold_grad_scale(float scale) override { return inner_->fold_grad_scale(scale); }
+  // Pruning shrank parameters: the inner optimizer's state keeps their kept elements (on the
+  // host), the host copies are made again at the new sizes and the weights read from the device
+  // at the next update.
+  bool can_resize() const override { return inner_->can_resize(); }
+  void resize(const std::vector<OptSegment>& segments,
+              const std::vector<ParamResize>& changes) override;
 
  private:
   // The host copies of `segments` (values and gradients), made at the first call.
