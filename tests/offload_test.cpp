@@ -166,6 +166,18 @@ TEST(OffloadOptimizer, PruningIsBitwise) {
   EXPECT_LT(psi, 106240u) << "the model was pruned";
 }
 
+// With activation recomputation: bitwise the run with checkpointing alone.
+TEST(OffloadOptimizer, WithCheckpointIsBitwise) {
+  const std::string base =
+      model_toml() + train_toml(3) + "[[plugins]]\nname = \"checkpoint\"\npolicy = \"every\"\n";
+  const Outcome plain = run(base);
+  const Outcome off = run(base + offload_toml());
+  expect_same_training(plain, off);
+  EXPECT_EQ(at(off.device_peak, Category::kActivations),
+            at(plain.device_peak, Category::kActivations));
+  EXPECT_EQ(at(off.device_peak, Category::kOptimizer), 0u);
+}
+
 TEST(OffloadOptimizer, NoneChangesNothing) {
   const std::string base = model_toml() + train_toml(2);
   const Outcome plain = run(base);
@@ -276,6 +288,7 @@ TEST(OffloadPlugin, BadKeysExit2NamingTheKeyAndWhatIsValid) {
            {offload_toml() + "[host]\nmemory_limit = \"lots\"\n", "host.memory_limit"},
            {offload_toml() + "[host]\nlimit = \"1GiB\"\n", "unknown key 'limit' in [host]"},
            {offload_toml() + "[[plugins]]\nname = \"adam8bit\"\n", "takes the optimizer role"},
+           {offload_toml() + "[[plugins]]\nname = \"zero1\"\n", "shards the model state"},
        }) {
     const std::string cfg = test::write_file(dir, "bad.toml", base + bad.toml);
     const auto r = test::run_headroom("train " + cfg + " -q");
