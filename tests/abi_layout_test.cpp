@@ -40,7 +40,7 @@
 static_assert(HR_ABI_VERSION_MAJOR == 1);
 // A new minor version appends fields: pin them in this file (offsets of what exists never move;
 // sizes are exact for the current minor version), then raise this bound.
-static_assert(HR_ABI_VERSION_MINOR <= 7, "pin the new minor version's layout in this file");
+static_assert(HR_ABI_VERSION_MINOR <= 8, "pin the new minor version's layout in this file");
 static_assert(HR_ABI_MAKE_VERSION(1, 0) == 0x00010000u);
 static_assert(HR_ABI_MAKE_VERSION(2, 3) == 0x00020003u);
 static_assert(HR_ABI_MAJOR(0x00020003u) == 2 && HR_ABI_MINOR(0x00020003u) == 3);
@@ -529,7 +529,7 @@ PIN(hr_estimate_param, ndim, 16, 4);
 PIN(hr_estimate_param, weight_decay, 20, 4);
 PIN(hr_estimate_param, shape, 24, 64);
 PIN(hr_estimate_param, numel, 88, 8);
-static_assert(sizeof(hr_mechanisms) == 88 && alignof(hr_mechanisms) == 8);
+static_assert(sizeof(hr_mechanisms) == 96 && alignof(hr_mechanisms) == 8);
 PIN(hr_mechanisms, struct_size, 0, 4);
 PIN(hr_mechanisms, compute_dtype, 4, 4);
 PIN(hr_mechanisms, micro_batch, 8, 4);
@@ -547,7 +547,9 @@ PIN(hr_mechanisms, master_weights, 60, 4);
 PIN(hr_mechanisms, state_dtype, 64, 4);
 PIN(hr_mechanisms, reserved1, 68, 4);
 PIN(hr_mechanisms, optimizer_bytes, 72, 8);
-PIN(hr_mechanisms, plugin_bytes, 80, 8);  // 1.7
+PIN(hr_mechanisms, plugin_bytes, 80, 8);     // 1.7
+PIN(hr_mechanisms, optimizer_place, 88, 4);  // 1.8
+PIN(hr_mechanisms, reserved2, 92, 4);
 static_assert(sizeof(hr_estimate_query) == 120 && alignof(hr_estimate_query) == 8);
 PIN(hr_estimate_query, struct_size, 0, 4);
 PIN(hr_estimate_query, reserved0, 4, 4);
@@ -676,7 +678,7 @@ TEST(PluginAbiLayout, NegotiateByMajorVersion) {
   hr_entry_args args{};
   args.struct_size = sizeof args;
   args.host_abi_min = HR_ABI_MAKE_VERSION(1, 0);
-  args.host_abi_max = HR_ABI_MAKE_VERSION(1, 7);
+  args.host_abi_max = HR_ABI_MAKE_VERSION(1, 8);
   EXPECT_EQ(hr_negotiate(&args, &descriptor), HR_OK);
   EXPECT_EQ(args.plugin_abi, HR_ABI_VERSION);
   EXPECT_EQ(args.descriptor, &descriptor);

@@ -86,7 +86,8 @@ TEST_F(ConfigFileTest, UnknownKeyInDevice) {
 
 // Every section, [snapshot] included, and [[plugins]] said to be an array of tables.
 const char* kSectionList =
-    "[model], [train], [data], [device], [snapshot], [distributed], [[plugins]] (an array of "
+    "[model], [train], [data], [device], [host], [snapshot], [distributed], [[plugins]] (an array "
+    "of "
     "tables, one "
     "[[plugins]] entry per plugin)";
 

@@ -1314,11 +1314,13 @@ TEST_F(PluginAbi, StopRunAtTrainBeginStopsBeforeStepOne) {
 
 // Every event bit subscribed (~0): a plugin built for 1.6 gets EVAL_END after each evaluation,
 // with the metrics' val_loss; the same plugin built against the frozen 1.5 and 1.4 headers never
-// does (nor anything above BUCKET_DONE, or for 1.4 above OOM), and runs at its own version.
+// does (nor anything above BUCKET_DONE, or for 1.4 above OOM), and runs at its own version. Built
+// against the frozen 1.7 header it still loads in this 1.8 host and gets EVAL_END too.
 TEST_F(PluginAbi, OnlyPluginsOfAbi1_6GetEvalEnd) {
   const auto r = run_headroom(
       "train " +
       config(eval_config(dir, 2) + plugin("all_events", "out = \"" + file("e.txt") + "\"\n") +
+             plugin("all_events_v1_7", "out = \"" + file("e.txt") + "\"\n") +
              plugin("all_events_v1_5", "out = \"" + file("e.txt") + "\"\n") +
              plugin("all_events_v1_4", "out = \"" + file("e.txt") + "\"\n")) +
       " --metrics " + file("m.jsonl"));
@@ -1326,9 +1328,11 @@ TEST_F(PluginAbi, OnlyPluginsOfAbi1_6GetEvalEnd) {
   const auto lines = read_lines(file("e.txt"));
   const auto rows = metrics_rows(file("m.jsonl"));
   ASSERT_EQ(rows.size(), 2u);
-  EXPECT_EQ(lines_with(lines, "all_events CREATE").at(0), "all_events CREATE abi=1.7");
+  EXPECT_EQ(lines_with(lines, "all_events CREATE").at(0), "all_events CREATE abi=1.8");
+  EXPECT_EQ(lines_with(lines, "all_events_v1_7 CREATE").at(0), "all_events_v1_7 CREATE abi=1.7");
   EXPECT_EQ(lines_with(lines, "all_events_v1_5 CREATE").at(0), "all_events_v1_5 CREATE abi=1.5");
   EXPECT_EQ(lines_with(lines, "all_events_v1_4 CREATE").at(0), "all_events_v1_4 CREATE abi=1.4");
+  EXPECT_EQ(lines_with(lines, "all_events_v1_7 EVENT 15 ").size(), 2u) << join(lines);
   const auto evals = lines_with(lines, "all_events EVENT 15 ");
   ASSERT_EQ(evals.size(), 2u) << join(lines);
   for (size_t i = 0; i < 2; ++i) {
@@ -1339,7 +1343,8 @@ TEST_F(PluginAbi, OnlyPluginsOfAbi1_6GetEvalEnd) {
   size_t older = 0;
   for (const auto& line : lines) {
     const auto w = split(line);
-    if (w.size() < 3 || w[1] != "EVENT" || w[0] == "all_events") continue;
+    if (w.size() < 3 || w[1] != "EVENT" || w[0] == "all_events" || w[0] == "all_events_v1_7")
+      continue;
     ++older;
     const int event = std::stoi(w[2]);
     EXPECT_LT(event, w[0] == "all_events_v1_5" ? HR_EVENT_EVAL_END : HR_EVENT_COUNT_V1) << line;

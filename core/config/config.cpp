@@ -309,6 +309,7 @@ class Validator {
     if (auto* t = root["train"].as_table()) train(*t, c.train);
     if (auto* t = root["data"].as_table()) data(*t, c.data);
     if (auto* t = root["device"].as_table()) device(*t, c.device);
+    if (auto* t = root["host"].as_table()) host(*t, c.device);
     if (auto* t = root["snapshot"].as_table()) snapshot(*t, c.snapshot);
     if (auto* t = root["distributed"].as_table()) distributed(*t, c.distributed);
     if (auto* n = root.get("plugins")) plugins(*n, c.plugins);
@@ -876,22 +877,35 @@ class Validator {
     }
     c.index_set = get_int_as(t, s, "index", 0, kIntMax, c.index);
     get_int_as(t, s, "threads", 0, 4096, c.threads);
-    if (const toml::node* n = t.get("memory_limit")) {
+    if (const toml::node* n = t.get("memory_limit")) c.memory_limit = memory_limit(s, *n);
+  }
+
+  // [host]: the host place's wall.
+  void host(const toml::table& t, DeviceConfig& c) {
+    const std::string s = "host";
+    check_keys(s, t);
+    if (const toml::node* n = t.get("memory_limit")) c.host_memory_limit = memory_limit(s, *n);
+  }
+
+  // `section`.memory_limit: a size string, a number of bytes, or "none" (0).
+  uint64_t memory_limit(const std::string& s, const toml::node& node) {
+    const toml::node* n = &node;
+    const std::string key = s + ".memory_limit";
+    uint64_t limit = 0;
+    {
       const std::string w = where(s, "memory_limit", *n);
       if (n->is_integer()) {
         const int64_t v = n->as_integer()->get();
         if (v < 0) {
-          throw ConfigError(w + ": device.memory_limit must be >= 0 bytes (0 or \"none\" for no " +
+          throw ConfigError(w + ": " + key + " must be >= 0 bytes (0 or \"none\" for no " +
                             "limit) or a size string like \"64MiB\", got " + std::to_string(v));
         }
-        c.memory_limit = static_cast<uint64_t>(v);
+        limit = static_cast<uint64_t>(v);
       } else if (n->is_string()) {
         const std::string v = n->as_string()->get();
-        if (v == "none") {
-          c.memory_limit = 0;
-        } else {
+        if (v != "none") {
           try {
-            c.memory_limit = parse_size(v, w + ": device.memory_limit");
+            limit = parse_size(v, w + ": " + key);
           } catch (const ConfigError& e) {
             throw ConfigError(std::string(e.what()) +
                               "; also valid: an integer number of bytes, or \"none\" for no limit");
@@ -901,11 +915,12 @@ class Validator {
         type_error(s, "memory_limit", *n,
                    "a size string like \"64MiB\", an integer number of bytes, or \"none\"");
       }
-      if (c.memory_limit > kMaxDeviceBytes)
-        throw ConfigError(
-            w + ": device.memory_limit must be at most " + std::to_string(kMaxDeviceBytes) +
-            " bytes (256 TiB, more than any device holds), got " + std::to_string(c.memory_limit));
+      if (limit > kMaxDeviceBytes)
+        throw ConfigError(w + ": " + key + " must be at most " + std::to_string(kMaxDeviceBytes) +
+                          " bytes (256 TiB, more than any machine holds), got " +
+                          std::to_string(limit));
     }
+    return limit;
   }
 
   void distributed(const toml::table& t, DistributedConfig& c) {
@@ -1316,6 +1331,10 @@ std::string format_config(const Config& c) {
   const uint64_t ml = c.device.memory_limit;
   kv("memory_limit", ml == 0 ? std::string("\"none\"") : size_value(ml));
   if (c.device.threads != 0) kv("threads", num(c.device.threads));
+  if (c.device.host_memory_limit != 0) {
+    os << "\n[host]\n";
+    kv("memory_limit", size_value(c.device.host_memory_limit));
+  }
 
   os << "\n[snapshot]\n";
   kv("every", num(c.snapshot.every));

@@ -182,6 +182,9 @@ struct DeviceConfig {
   // its local rank.
   bool index_set = false;
   uint64_t memory_limit = 0;  // bytes; 0 = no limit
+  // [host] memory_limit: the wall of the host place beside the device (host memory the run keeps
+  // in its host ledger: offloaded optimizer state); bytes, 0 = no limit.
+  uint64_t host_memory_limit = 0;
   // The CPU backend's threads (element-wise kernels and GEMMs); 0 = OpenMP's default, which is
   // OMP_NUM_THREADS when set, else the cores available.
   int threads = 0;

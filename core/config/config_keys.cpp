@@ -194,6 +194,18 @@ std::vector<ConfigSection> make_sections() {
             "set, else the cores available; results are deterministic for a thread count",
             {}},
        }},
+      {"host",
+       false,
+       "The host place beside the device: the host memory the run keeps in its host ledger "
+       "(page-locked on CUDA; what the offload plugin moves there), and its wall.",
+       {
+           {"memory_limit",
+            T::kSize,
+            "the host memory the run's host ledger may hold, or \"none\"; past it a run stops "
+            "with an out-of-memory report naming the host (exit 3), at most 256 TiB. On the CPU "
+            "backend a ledger of its own over the same RAM as the device's",
+            {}},
+       }},
       {"snapshot",
        false,
        "Training snapshots, for `train --resume`.",

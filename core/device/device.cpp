@@ -15,6 +15,7 @@ namespace headroom {
 
 void Device::set_dry(bool dry) {
   dry_ = dry ? make_dry_backend(own_backend()) : nullptr;
+  if (host_) host_->set_dry(dry);
 }
 
 std::string OomReport::str() const {
@@ -24,19 +25,22 @@ std::string OomReport::str() const {
     std::snprintf(line, sizeof line, "  %-22s %14s\n", label, format_bytes(b).c_str());
     s += line;
   };
-  s += "out of memory: " + what + "\n";
+  const bool host = place == "host";
+  s += (host ? "out of memory on the host: " : "out of memory: ") + what + "\n";
   add("requested", requested);
+  s += "  place                  " + place + "\n";
   s += "  category               " + std::string(category_name(category)) + "\n";
   if (limit) {
-    add("memory_limit", limit);
+    add(host ? "host memory_limit" : "memory_limit", limit);
   } else if (!allocator.empty()) {
     // No wall of ours: the allocator role said no (its own policy, or the device refused it).
     s += "  memory_limit           none: " + allocator + " refused " + format_bytes(requested) +
          " (its own policy, or the device it allocates from)\n";
   } else {
     // No wall of ours: the device itself (the host's malloc, the CUDA driver) said no.
-    s += "  memory_limit           none: the device refused the allocation of " +
-         format_bytes(requested) + " itself\n";
+    s += std::string(host ? "  host memory_limit      none: the host"
+                          : "  memory_limit           none: the device") +
+         " refused the allocation of " + format_bytes(requested) + " itself\n";
   }
   if (limit && !allocator.empty()) s += "  refused by             " + allocator + "\n";
   add("live", live_total);
@@ -115,6 +119,7 @@ bool Device::within_budget(uint64_t bytes) const {
 
 OomReport Device::oom_report(uint64_t bytes, Category category, const std::string& what) const {
   OomReport r;
+  r.place = place_;
   r.requested = bytes;
   r.category = category;
   r.what = what;
@@ -186,6 +191,16 @@ class CpuDevice final : public Device {
  public:
   CpuDevice(uint64_t limit, int threads) : Device(limit), backend_(make_cpu_backend(threads)) {
     if (limit > 0) arena_ = std::make_unique<Arena>(limit);
+    keep_large_blocks_in_heap();
+  }
+  // The host place beside `device`: its buffers from the device's Backend::host_alloc
+  // (page-locked on CUDA), its wall `limit` a budget of live bytes (no arena: host memory has no
+  // shape a GPU's would), its op table the CPU backend's.
+  CpuDevice(uint64_t limit, int threads, Backend& device)
+      : Device(limit, "host"), backend_(make_cpu_backend(threads)), pinned_from_(&device) {
+    keep_large_blocks_in_heap();
+  }
+  void keep_large_blocks_in_heap() {
     // Activations are allocated and freed every micro-step. Keep large blocks in the heap instead
     // of mmap/munmap-ing them each time, which would zero fresh pages on every step.
     mallopt(M_MMAP_THRESHOLD, 1 << 30);
@@ -197,6 +212,13 @@ class CpuDevice final : public Device {
   void* backend_allocate(uint64_t bytes) override {
     if (arena_) return arena_->allocate(bytes);
     if (dry()) return dry_allocate(bytes);
+    if (pinned_from_) {
+      try {
+        return pinned_from_->host_alloc(bytes);
+      } catch (const std::exception&) {
+        return nullptr;  // page-locked memory refused (cudaMallocHost): out of memory on the host
+      }
+    }
     // 64-byte alignment for vector loads; aligned_alloc wants a multiple of the alignment.
     if (bytes > UINT64_MAX - 63) return nullptr;  // rounding up would wrap: no host has it
     const uint64_t rounded = std::max<uint64_t>(64, (bytes + 63) / 64 * 64);
@@ -204,9 +226,11 @@ class CpuDevice final : public Device {
   }
   void backend_free(void* ptr) override {
     if (!arena_) {
-      if (dry_maps_.empty()) return std::free(ptr);  // a run that computes: no lookup a free
+      if (dry_maps_.empty())  // a run that computes: no lookup a free
+        return pinned_from_ ? pinned_from_->host_free(ptr) : std::free(ptr);
       const auto it = dry_maps_.find(ptr);
-      if (it == dry_maps_.end()) return std::free(ptr);
+      if (it == dry_maps_.end())
+        return pinned_from_ ? pinned_from_->host_free(ptr) : std::free(ptr);
       munmap(ptr, it->second);
       dry_maps_.erase(it);
     } else if (!arena_->free(ptr)) {
@@ -267,6 +291,7 @@ class CpuDevice final : public Device {
 
   std::unique_ptr<Arena> arena_;
   std::unique_ptr<Backend> backend_;
+  Backend* pinned_from_ = nullptr;  // the host place: the device whose host_alloc it uses
   std::unordered_map<void*, uint64_t> dry_maps_;  // dry_allocate's mappings and their sizes
 };
 
@@ -281,6 +306,14 @@ uint64_t attention_scratch_numel(const std::string& kind, int B, int T, int NH) 
 }
 
 std::unique_ptr<Device> Device::create(const DeviceConfig& config) {
+  std::unique_ptr<Device> d = create_device(config);
+  // The host place beside it, a ledger and wall of its own ([host] memory_limit).
+  d->host_ =
+      std::make_unique<CpuDevice>(config.host_memory_limit, config.threads, d->own_backend());
+  return d;
+}
+
+std::unique_ptr<Device> Device::create_device(const DeviceConfig& config) {
   if (config.kind == "cpu") {
     if (config.index != 0)
       throw ConfigError("device.index = " + std::to_string(config.index) +

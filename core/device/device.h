@@ -18,6 +18,9 @@ namespace headroom {
 
 // What was asked for when an allocation failed, and what memory held at that moment.
 struct OomReport {
+  // Where the memory ran out (docs/design.md "Places"): "device", or "host" for the host ledger
+  // ([host] memory_limit).
+  std::string place = "device";
   uint64_t requested = 0;
   Category category = Category::kWorkspace;
   std::string what;  // the buffer: "block 3 activations: att (B, NH, T, T)"
@@ -100,6 +103,12 @@ class DeviceAllocator {
 // estimates made without a device: the CPU's one (T, T) at a time, CUDA's (NH, T, T).
 uint64_t attention_scratch_numel(const std::string& kind, int B, int T, int NH);
 
+// A place memory lives in, with its ledger (the tracker by category) and its own wall. The device
+// is one; the host is another (docs/design.md "Places"): Device::create makes the device and the
+// host place beside it, a CPU device over host memory (page-locked on CUDA: the device's
+// Backend::host_alloc) whose wall is [host] memory_limit as a budget of live bytes and whose op
+// table is the CPU backend's, so that the same kernels compute on either. On the CPU backend the
+// two are distinct ledgers over the same RAM.
 class Device {
  public:
   // Throws ConfigError for a kind this build cannot run.
@@ -107,6 +116,11 @@ class Device {
   virtual ~Device() = default;
 
   virtual std::string kind() const = 0;
+  // "device", or "host" for the host place: what the reports call this memory.
+  const std::string& place() const { return place_; }
+  // The host place beside this device (Device::create made it); nullptr for the host place
+  // itself and for a device made otherwise.
+  Device* host_place() const { return host_.get(); }
   uint64_t memory_limit() const { return limit_; }
   // The op table that computes on this device's memory: the device's own, or the dry one that
   // wraps it after set_dry(true) (core/device/dry_backend.h: same memory, no arithmetic).
@@ -124,6 +138,13 @@ class Device {
   void* try_allocate(uint64_t bytes, Category category, const std::string& what,
                      const std::string& owner = {});
   void free(void* ptr);
+  // Whether `ptr` is a buffer this place handed out (and has not taken back).
+  bool holds(const void* ptr) const { return blocks_.count(ptr) != 0; }
+  // The op table that reads and writes `ptr`: the host place's for a buffer of it, else this
+  // device's (a snapshot's optimizer state lives in either place).
+  Backend& backend_for(const void* ptr) {
+    return host_ && host_->holds(ptr) ? host_->backend() : backend();
+  }
 
   // The allocator every buffer comes from from now on; nullptr restores the backend's own. Set it
   // before the first allocation: a buffer is returned to the allocator that made it.
@@ -161,13 +182,16 @@ class Device {
   void remove_observer(AllocationObserver* observer);
 
  protected:
-  explicit Device(uint64_t limit) : limit_(limit) {}
+  explicit Device(uint64_t limit, std::string place = "device")
+      : place_(std::move(place)), limit_(limit) {}
   virtual Backend& own_backend() = 0;
   // True when the backend's own memory is the wall (the CPU arena): an allocation fails when the
   // backend has no place for it. Otherwise the limit is checked against the tracker's live bytes.
   virtual bool backend_enforces_limit() const { return false; }
 
  private:
+  // The device of config.kind alone, without its host place.
+  static std::unique_ptr<Device> create_device(const DeviceConfig& config);
   void* allocate_impl(uint64_t bytes, Category category, const std::string& what,
                       const std::string& owner, bool report);
   // What memory looks like when `bytes` of `category` could not be had.
@@ -181,7 +205,9 @@ class Device {
     Category category;
     std::string owner;  // Category::kPlugin: the plugin's name
   };
+  std::string place_;
   uint64_t limit_;
+  std::unique_ptr<Device> host_;  // the host place (Device::create)
   std::unique_ptr<Backend> dry_;
   DeviceAllocator* allocator_ = nullptr;
   MemoryTracker tracker_;

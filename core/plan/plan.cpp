@@ -28,6 +28,20 @@ PlanResult plan(const Config& given) {
   r.text = "model " + (m.preset.empty() ? std::string("(explicit)") : m.preset) + ", arch " +
            m.arch + ", " + std::to_string(gpt_num_params(m)) + " parameters\n" + format_estimate(e);
   const uint64_t total = e.peak.total();
+  // The host ledger's wall ([host] memory_limit), when something lives there.
+  const uint64_t host_limit = config.device.host_memory_limit, host_total = e.peak.host_total();
+  if (host_limit && host_total) {
+    if (host_total > host_limit) {
+      r.fits = false;
+      r.text += "does not fit [host] memory_limit " + format_bytes(host_limit) +
+                ": the host ledger needs about " + format_bytes(host_total) + ", over by " +
+                format_bytes(host_total - host_limit) +
+                "; raise it, or keep the optimizer on the device\n";
+    } else {
+      r.text += "host ledger fits [host] memory_limit " + format_bytes(host_limit) + " with " +
+                format_bytes(host_limit - host_total) + " to spare\n";
+    }
+  }
   // On the CPU the device's memory is the host's: what the host can give now is a wall as well,
   // when it is the lower one (or there is no memory_limit).
   const HostMemory host = config.device.kind == "cpu" ? host_available_memory() : HostMemory{};
@@ -67,6 +81,13 @@ PlanResult plan(const Config& given) {
 }
 
 std::string oom_advice(const Config& config, const OomReport& report) {
+  if (report.place == "host") {
+    // The host ledger's wall: what lives there is the offloaded optimizer's (closed form).
+    const ConfigEstimate e = estimate_config(config);
+    return "the host ledger needs about " + format_bytes(e.peak.host_total()) + "; [host] " +
+           "memory_limit " + format_bytes(report.limit) +
+           "; raise [host] memory_limit, or keep the optimizer on the device (no offload)\n";
+  }
   OomNumbers oom;
   oom.requested = report.requested;
   oom.free_bytes = report.free_bytes();

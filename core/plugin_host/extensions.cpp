@@ -8,6 +8,7 @@
 #include "headroom/ext/batch.h"
 #include "headroom/ext/comm.h"
 #include "headroom/ext/model.h"
+#include "headroom/ext/offload.h"
 #include "headroom/ext/ops.h"
 #include "headroom/ext/precision.h"
 #include "headroom/ext/recompute.h"
@@ -31,6 +32,7 @@ extern const hr_ext_batch kBatchExtension;          // ext_batch.cpp
 extern const hr_ext_resize kResizeExtension;        // ext_resize.cpp
 extern const hr_ext_model kModelExtension;          // ext_model.cpp
 extern const hr_ext_ops kOpsExtension;              // ext_ops.cpp
+extern const hr_ext_offload kOffloadExtension;      // ext_offload.cpp
 
 namespace {
 
@@ -51,6 +53,7 @@ const Extension kExtensions[] = {
     {HR_EXT_RESIZE, &kResizeExtension},
     {HR_EXT_MODEL, &kModelExtension},
     {HR_EXT_OPS, &kOpsExtension},
+    {HR_EXT_OFFLOAD, &kOffloadExtension},
 };
 
 }  // namespace

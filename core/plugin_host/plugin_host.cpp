@@ -353,6 +353,7 @@ class CreatedPlugins::Run final : public StepControl,
     r.precision = this;
     r.shard = this;
     r.batch = this;
+    r.place = &place_;
     r.checking_only = true;
     return r;
   }
@@ -421,6 +422,7 @@ class CreatedPlugins::Run final : public StepControl,
   Precision precision_;
   StepState step_;  // a checked config runs no step
   std::string shard_by_;
+  PlaceRecord place_;  // recorded, as the trainer's RunChoices does
 };
 
 CreatedPlugins::CreatedPlugins(const Config& config) {

@@ -48,8 +48,8 @@ S read_sized(const S* src) {
 }
 
 // A struct's size in ABI 1.0: what a caller that left struct_size zero is taken to hold.
-// hr_tensor grew in 1.5 (grad_dtype); hr_memory_stats has not grown since 1.0. The extensions'
-// structs pass theirs to write_sized (their first version's).
+// hr_tensor grew in 1.5 (grad_dtype), hr_memory_stats in 1.7 (live_plugin, peak_plugin). The
+// extensions' structs pass theirs to write_sized (their first version's).
 template <class S>
 constexpr size_t v1_0_size_of() {
   return sizeof(S);
@@ -57,6 +57,11 @@ constexpr size_t v1_0_size_of() {
 template <>
 constexpr size_t v1_0_size_of<hr_tensor>() {
   return offsetof(hr_tensor, grad_dtype);
+}
+// hr_memory_stats grew in 1.7 (live_plugin, peak_plugin): a 1.6 caller's struct ends before them.
+template <>
+constexpr size_t v1_0_size_of<hr_memory_stats>() {
+  return offsetof(hr_memory_stats, live_plugin);
 }
 
 // Writes a host-side struct into the caller's, only as far as the caller's struct_size reaches

@@ -71,6 +71,14 @@ class NoResize final : public ModelResize {
   }
 };
 
+class NoPlace final : public PlaceChoice {
+ public:
+  void set_optimizer_place(const std::string& plugin, bool) override {
+    throw std::logic_error(plugin + ": this run has no optimizer to place");
+  }
+  bool optimizer_on_host() const override { return false; }
+};
+
 }  // namespace
 
 RunInterfaces with_defaults(const RunInterfaces& run) {
@@ -82,6 +90,7 @@ RunInterfaces with_defaults(const RunInterfaces& run) {
   static NoSharding no_sharding;
   static NoBatch no_batch;
   static NoResize no_resize;
+  static NoPlace no_place;
   RunInterfaces r = run;
   if (!r.model) r.model = &no_model;
   if (!r.comm) r.comm = &no_comm;
@@ -90,6 +99,7 @@ RunInterfaces with_defaults(const RunInterfaces& run) {
   if (!r.shard) r.shard = &no_sharding;
   if (!r.batch) r.batch = &no_batch;
   if (!r.resize) r.resize = &no_resize;
+  if (!r.place) r.place = &no_place;
   return r;
 }
 

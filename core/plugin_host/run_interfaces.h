@@ -140,6 +140,41 @@ class ModelResize {
                             const std::vector<uint32_t>& keep) = 0;
 };
 
+// headroom.offload/1's choice: where the built-in optimizer keeps its state and the f32 weights
+// it updates. None: set_optimizer_place throws std::logic_error ("this run has no optimizer to
+// place") and the place is the device's.
+class PlaceChoice {
+ public:
+  virtual ~PlaceChoice() = default;
+  // From `plugin`'s create() only: std::logic_error after the optimizer is made, or when another
+  // plugin chose already.
+  virtual void set_optimizer_place(const std::string& plugin, bool host) = 0;
+  virtual bool optimizer_on_host() const = 0;
+};
+
+// The record a PlaceChoice keeps: who chose, and what.
+class PlaceRecord final : public PlaceChoice {
+ public:
+  void set_optimizer_place(const std::string& plugin, bool host) override {
+    if (frozen_)
+      throw std::logic_error(plugin +
+                             ": the optimizer is made already; its place is chosen from "
+                             "create()");
+    if (!by_.empty() && by_ != plugin)
+      throw std::logic_error(plugin + ": the optimizer's place was chosen already, by " + by_ +
+                             "; two plugins cannot both choose it");
+    by_ = plugin;
+    host_ = host;
+  }
+  bool optimizer_on_host() const override { return host_; }
+  const std::string& chosen_by() const { return by_; }  // "" when no plugin chose
+  void freeze() { frozen_ = true; }
+
+ private:
+  bool host_ = false, frozen_ = false;
+  std::string by_;
+};
+
 // One run as the plugin host sees it. Every pointer must outlive the plugin host; null: the run
 // has none (above).
 struct RunInterfaces {
@@ -151,6 +186,7 @@ struct RunInterfaces {
   ShardChoice* shard = nullptr;
   BatchControl* batch = nullptr;
   ModelResize* resize = nullptr;
+  PlaceChoice* place = nullptr;
   // The plugins are created only to be checked or asked for estimates (validate_plugins,
   // `headroom plan`, the advice), often many times and at one rank whatever the run's: their
   // debug and info lines are not the run's and are not printed.

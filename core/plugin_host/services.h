@@ -185,6 +185,9 @@ hr_status set_compute_dtype(hr_host* h, uint32_t dtype);
 hr_status set_loss_scale(hr_host* h, double scale);
 hr_status drop_activations(hr_host* h, int32_t index, uint32_t what);
 hr_status layer_param(hr_host* h, int32_t index, int32_t i, hr_tensor* out);
+// memory_stats of one place's ledger (the device's, or the host's for headroom.offload/1), as
+// far as the caller's struct reaches and as the plugin's ABI version knows the categories.
+hr_status place_memory_stats(hr_host* h, const Device& place, hr_memory_stats* out);
 
 // services->get_extension: the host extension's table for `id` (extensions.cpp, the registry);
 // NULL for an id it does not have.

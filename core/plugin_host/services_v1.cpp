@@ -171,8 +171,11 @@ void raw_free(hr_host* h, void* ptr) {
 
 constexpr Rule kMemoryStats = {"memory_stats", kAnyone, When::kAnyTime, kNotAllowed};
 static hr_status memory_stats(hr_host* h, hr_memory_stats* out) {
+  return place_memory_stats(h, *run(h).device, out);
+}
+
+hr_status place_memory_stats(hr_host* h, const Device& d, hr_memory_stats* out) {
   if (!out) return HR_ERROR_INVALID;
-  const Device& d = *run(h).device;
   const MemoryTracker& t = d.tracker();
   hr_memory_stats s;
   std::memset(&s, 0, sizeof s);

@@ -9,6 +9,7 @@
 
 #include "core/comm/comm.h"
 #include "core/model/model.h"
+#include "headroom/ext/offload.h"
 #include "headroom/ext/shard.h"
 
 namespace headroom {
@@ -53,6 +54,7 @@ struct CMechanisms {
     c.state_dtype = uint32_t(m.state);
     c.optimizer_bytes = m.optimizer_bytes;
     c.plugin_bytes = m.plugin_bytes;
+    c.optimizer_place = m.optimizer_on_host ? HR_PLACE_HOST : HR_PLACE_DEVICE;
   }
   CMechanisms(const CMechanisms&) = delete;
   CMechanisms& operator=(const CMechanisms&) = delete;
@@ -100,6 +102,10 @@ bool from_c(const hr_mechanisms& c, size_t num_layers, const Mechanisms& fallbac
     if (!precision_problem(p).empty()) return false;
   }
   if (HR_HAS_FIELD(&c, hr_mechanisms, plugin_bytes)) m.plugin_bytes = c.plugin_bytes;
+  if (HR_HAS_FIELD(&c, hr_mechanisms, optimizer_place)) {
+    if (c.optimizer_place != HR_PLACE_DEVICE && c.optimizer_place != HR_PLACE_HOST) return false;
+    m.optimizer_on_host = c.optimizer_place == HR_PLACE_HOST;
+  }
   const uint32_t stages[] = {0, kShardOpt, kShardOpt | kShardGrads,
                              kShardOpt | kShardGrads | kShardParams};
   if (m.world_size < 1 || m.world_size > (1 << 20) ||
@@ -212,6 +218,8 @@ PluginEstimate ask(const Config& config, const OfferedExtension& ext, void* inst
     pe.peak.at_peak[i] = r.bytes[i];
   // The plugin category is not among ABI 1.0's seven: what the plugins say they hold.
   pe.peak.at_peak[int(Category::kPlugin)] = pe.after.plugin_bytes;
+  // The host ledger is core's closed form of what the mechanisms put there.
+  pe.peak.host = estimate_peak(config, pe.after).host;
   pe.makes_usable = r.makes_usable;
   pe.step_time_factor = r.step_time_factor;
   pe.what.assign(r.what, strnlen(r.what, sizeof r.what));
@@ -278,6 +286,13 @@ std::string factor_str(double f) {
 }
 
 }  // namespace
+
+uint64_t PeakEstimate::host_total() const {
+  uint64_t t = 0;
+  for (uint64_t b : host)
+    t += b;
+  return t;
+}
 
 uint64_t PeakEstimate::total() const {
   uint64_t t = 0;
@@ -368,9 +383,19 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   PeakEstimate base;
   const TrainConfig& t = config.train;
   const uint64_t states = t.optimizer == "adamw" ? 2 : (t.momentum > 0 ? 1 : 0);
-  at(base.at_peak, Category::kOptimizer) = s.optimizer_bytes != Mechanisms::kBuiltinOptimizer
-                                               ? s.optimizer_bytes
-                                               : dtype_size(s.state) * states * mine_total;
+  const uint64_t state_bytes = s.optimizer_bytes != Mechanisms::kBuiltinOptimizer
+                                   ? s.optimizer_bytes
+                                   : dtype_size(s.state) * states * mine_total;
+  if (s.optimizer_on_host && s.optimizer_bytes == Mechanisms::kBuiltinOptimizer) {
+    // The built-in optimizer on the host place (core/run/host_optimizer.h): the device holds
+    // none of its state; the host holds the state, an f32 copy of what it updates (the masters,
+    // or the weights) and a copy of every gradient, whole (nothing is sharded with it).
+    at(base.host, Category::kOptimizer) = state_bytes;
+    at(base.host, Category::kParameters) = (copies && !s.masters ? es : kF32) * mine_total;
+    at(base.host, Category::kGradients) = grads_el * mine_total;
+  } else {
+    at(base.at_peak, Category::kOptimizer) = state_bytes;
+  }
   at(base.at_peak, Category::kData) = 2 * sizeof(int32_t) * N;  // inputs and targets
   // The plugins' own memory, held the whole run (hr_mechanisms.plugin_bytes).
   at(base.at_peak, Category::kPlugin) = s.plugin_bytes;
@@ -766,6 +791,17 @@ std::string format_estimate(const ConfigEstimate& e) {
     s += line;
   }
   std::snprintf(line, sizeof line, "  %-16s %14s\n", "total", format_bytes(e.peak.total()).c_str());
+  s += line;
+  if (e.peak.host_total() == 0) return s;
+  s += "estimated host memory (the host ledger):\n";
+  for (int i = 0; i < kNumCategories; ++i) {
+    if (!e.peak.host[i]) continue;
+    std::snprintf(line, sizeof line, "  %-16s %14s\n", category_name(category_at(i)),
+                  format_bytes(e.peak.host[i]).c_str());
+    s += line;
+  }
+  std::snprintf(line, sizeof line, "  %-16s %14s\n", "total",
+                format_bytes(e.peak.host_total()).c_str());
   return s + line;
 }
 

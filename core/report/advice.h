@@ -22,7 +22,12 @@ namespace headroom {
 // activation still held) or of a block's backward, whichever is higher.
 struct PeakEstimate {
   ByCategory at_peak{};
+  // The host ledger's bytes by category (docs/design.md "Places"): what the host place holds the
+  // whole run (the optimizer on the host: an f32 copy of the weights, the gradients' copies, the
+  // state), so its peak. Not in total(), which is the device's.
+  ByCategory host{};
   uint64_t total() const;
+  uint64_t host_total() const;
 };
 
 // What core's mechanisms are set to, as far as the peak is concerned (hr_mechanisms).
@@ -46,6 +51,8 @@ struct Mechanisms {
   uint64_t optimizer_bytes = kBuiltinOptimizer;
   // What the plugins hold in Category::kPlugin for the whole run (hr_mechanisms.plugin_bytes).
   uint64_t plugin_bytes = 0;
+  // The built-in optimizer on the host place (hr_mechanisms.optimizer_place HR_PLACE_HOST).
+  bool optimizer_on_host = false;
 };
 // The config's micro_batch and grad_accum, fp32, every layer keeping its activations, nothing
 // sharded, at `world_size` ranks (0: the launcher's, rank_info()): the run as it is without

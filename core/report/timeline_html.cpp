@@ -837,4 +837,11 @@ void write_timeline_html(const std::string& path, const std::vector<TimelineSamp
   out.commit();
 }
 
+std::string host_timeline_path(const std::string& path) {
+  const std::string ext = ".html";
+  if (path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0)
+    return path.substr(0, path.size() - ext.size()) + ".host.html";
+  return path + ".host.html";
+}
+
 }  // namespace headroom

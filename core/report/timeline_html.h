@@ -49,6 +49,10 @@ struct TimelineBucket {
 std::vector<TimelineBucket> downsample_timeline(const std::vector<TimelineSample>& samples,
                                                 size_t max_points);
 
+// Where the host ledger's timeline goes beside the device's at `path`: "t.html" -> "t.host.html"
+// (".host.html" appended when `path` does not end in ".html").
+std::string host_timeline_path(const std::string& path);
+
 // The HTML document.
 std::string render_timeline_html(const std::vector<TimelineSample>& samples,
                                  const TimelineHtmlOptions& options);

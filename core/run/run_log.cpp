@@ -83,6 +83,16 @@ void RunLog::step(const StepState& r, int64_t skipped_steps, double best_val_los
       j["mem_peak_by_plugin"] = owners;
     }
     if (!peaks.empty()) j["mem_peak_bytes_by_rank"] = peaks;
+    // The host ledger (docs/design.md "Places"), as the device's above.
+    if (const Device* host = device_.host_place()) {
+      const MemoryTracker& ht = host->tracker();
+      j["host_live_bytes"] = ht.live_total();
+      j["host_peak_bytes"] = ht.peak_total();
+      nlohmann::json hby = nlohmann::json::object();
+      for (int i = 0; i < kNumCategories; ++i)
+        hby[category_name(category_at(i))] = ht.peak_by_category()[i];
+      j["host_peak_by_category"] = hby;
+    }
     metrics_->write(j.dump() + "\n");
     metrics_->flush();
   }
@@ -142,6 +152,22 @@ std::string RunLog::memory_report() const {
     for (const auto& [name, o] : mt.plugin_owners()) {
       std::snprintf(line, sizeof line, "    %-14s %14s %14s\n", ("'" + name + "'").c_str(),
                     format_bytes(o.at_peak).c_str(), format_bytes(o.peak).c_str());
+      s += line;
+    }
+  }
+  // The host ledger, when it held anything or has a wall.
+  const Device* host = device_.host_place();
+  if (host && (host->tracker().num_allocs() > 0 || host->memory_limit() > 0)) {
+    const MemoryTracker& ht = host->tracker();
+    s += "  host: peak " + format_bytes(ht.peak_total());
+    if (host->memory_limit()) s += " of [host] memory_limit " + format_bytes(host->memory_limit());
+    s += ", at " + ht.peak_phase().str() + "\n";
+    for (int i = 0; i < kNumCategories; ++i) {
+      if (!ht.peak_by_category()[i]) continue;
+      std::snprintf(line, sizeof line, "  %-16s %14s %14s\n",
+                    ("host " + std::string(category_name(category_at(i)))).c_str(),
+                    format_bytes(ht.live_at_peak()[i]).c_str(),
+                    format_bytes(ht.peak_by_category()[i]).c_str());
       s += line;
     }
   }

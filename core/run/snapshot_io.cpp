@@ -214,7 +214,7 @@ std::string SnapshotIO::write(int64_t step, const std::string& data_state,
   std::map<std::string, std::vector<uint8_t>> own;
   if (sharded_state())
     for (const Optimizer::StateTensor& s : p_.optimizer.state(p_.segments))
-      own[s.name] = bytes_of(p_.device.backend(), s.data, s.bytes());
+      own[s.name] = bytes_of(p_.device.backend_for(s.data), s.data, s.bytes());
   if (world > 1) {
     // Each rank's own part (its data position, its shards) first, then, once every rank's is
     // written, rank 0 writes the replicated state: a step_<N>.hrsnap in the folder means every
@@ -243,7 +243,7 @@ std::string SnapshotIO::write(int64_t step, const std::string& data_state,
   }
   if (!sharded_state())
     for (const Optimizer::StateTensor& s : p_.optimizer.state(p_.segments))
-      d.tensors[s.name] = bytes_of(p_.device.backend(), s.data, s.bytes());
+      d.tensors[s.name] = bytes_of(p_.device.backend_for(s.data), s.data, s.bytes());
   d.plugins = plugin_states;
   const std::string path =
       headroom::write_snapshot(p_.config.snapshot.dir, d, p_.config.snapshot.keep);
@@ -315,7 +315,7 @@ int64_t SnapshotIO::resume() {
   // Every tensor the run has must be in the snapshot, with the same size; nothing else may be.
   // Sharded optimizer state is in this rank's part instead; resharded state was assembled above.
   // A target: a parameter (its masters made whole layer by layer inside masters(), sharded or
-  // not) or an optimizer state tensor (this rank's, always on the device).
+  // not) or an optimizer state tensor (this rank's, on the device or the host place).
   struct Target {
     std::string name;
     Param<float>* param = nullptr;
@@ -339,7 +339,8 @@ int64_t SnapshotIO::resume() {
   auto upload_state = [&](const std::map<std::string, std::vector<uint8_t>>& tensors,
                           const std::vector<Target>& targets) {
     for (const Target& t : targets)
-      if (!t.param) ops.upload(t.data, tensors.at(t.name).data(), t.bytes);
+      if (!t.param)
+        p_.device.backend_for(t.data).upload(t.data, tensors.at(t.name).data(), t.bytes);
   };
   std::vector<Target> replicated, own;
   for (Param<float>* p : p_.model.params())
@@ -353,7 +354,7 @@ int64_t SnapshotIO::resume() {
       it = names.count(it->first) ? std::next(it) : d.tensors.erase(it);
     for (const Optimizer::StateTensor& s : p_.optimizer.state(p_.segments)) {
       const std::vector<uint8_t>& bytes = resharded->bytes(s.name);
-      ops.upload(s.data, bytes.data(), bytes.size());
+      p_.device.backend_for(s.data).upload(s.data, bytes.data(), bytes.size());
     }
   } else {
     for (const Optimizer::StateTensor& s : p_.optimizer.state(p_.segments))

@@ -9,6 +9,7 @@
 #include "core/config/hf_config.h"
 #include "core/model/hf_folder.h"
 #include "core/report/timeline_html.h"
+#include "core/run/host_optimizer.h"
 #include "core/run/rank_agreement.h"
 #include "core/run/snapshot.h"
 #include "headroom/plugin.h"
@@ -133,6 +134,7 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   run.shard = &choices_;
   run.batch = plan_.get();
   run.resize = &resizer_;
+  run.place = &places_;
   plugins_->create(run);
   add_listener(plugins_.get());
   const Precision& precision = choices_.precision();
@@ -156,9 +158,31 @@ Trainer::Trainer(const Config& config, TrainOptions options)
                       "' shards the parameters, which validation cannot read yet; use a plugin "
                       "that shards only the optimizer state or the gradients, or set "
                       "eval_every = 0");
-  optimizer_ = plugins_->provides_optimizer()
-                   ? plugins_->make_optimizer()
-                   : make_optimizer(config_.train, *device_, precision.state);
+  // The built-in optimizer on the host place when a plugin put it there (headroom.offload/1):
+  // its state in the host ledger, its update by the CPU kernels there.
+  places_.freeze();
+  const bool host_optimizer = places_.optimizer_on_host();
+  // Where the plugin that chose the place was listed, for the messages.
+  std::string place_where;
+  for (const PluginEntry& e : config_.plugins)
+    if (e.name == places_.chosen_by()) place_where = e.pos.str() + ": ";
+  if (host_optimizer && plugins_->provides_optimizer())
+    throw ConfigError(
+        place_where + "plugin '" + places_.chosen_by() +
+        "' puts the built-in optimizer ([train] optimizer) on the host, but plugin '" +
+        plugins_->optimizer_plugin() + "' takes the optimizer role: use one of the two");
+  if (host_optimizer && shard_what)
+    throw ConfigError(place_where + "plugin '" + places_.chosen_by() +
+                      "': the optimizer on the host runs without sharding so far; plugin '" +
+                      shard_plugin + "' shards the model state");
+  if (host_optimizer)
+    optimizer_ = std::make_unique<HostOptimizer>(
+        *device_, *device_->host_place(),
+        make_optimizer(config_.train, *device_->host_place(), precision.state));
+  else
+    optimizer_ = plugins_->provides_optimizer()
+                     ? plugins_->make_optimizer()
+                     : make_optimizer(config_.train, *device_, precision.state);
   log_ = std::make_unique<RunLog>(config_, *device_, *comm_, options_.metrics_path, root_log(),
                                   options_.live_progress);
   std::unique_ptr<SnapshotData> resumed;
@@ -494,9 +518,18 @@ void Trainer::write_memory_timeline(const OomReport* oom) {
   TimelineHtmlOptions o;
   o.title = config_.file;
   o.memory_limit = device_->memory_limit();
-  o.oom = oom;
+  o.oom = oom && oom->place == "device" ? oom : nullptr;
   o.detail_step = options_.memory_timeline_step;
   write_timeline_html(options_.memory_timeline_path, device_->tracker().timeline(), o);
+  // The host ledger's timeline beside it (<path>.host.html), when the host held anything.
+  const Device* host = device_->host_place();
+  if (!host || host->tracker().num_allocs() == 0) return;
+  TimelineHtmlOptions h = o;
+  h.title = config_.file + " (host memory)";
+  h.memory_limit = host->memory_limit();
+  h.oom = oom && oom->place == "host" ? oom : nullptr;
+  write_timeline_html(host_timeline_path(options_.memory_timeline_path), host->tracker().timeline(),
+                      h);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -539,6 +572,7 @@ void Trainer::set_phase(Phase::Kind kind, int layer) {
   p.step = state_.step;
   p.micro_step = state_.micro_step;
   device_->tracker().set_phase(p);
+  if (Device* host = device_->host_place()) host->tracker().set_phase(p);
 }
 
 void Trainer::forward_begin(int layer) {

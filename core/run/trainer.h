@@ -169,6 +169,7 @@ class Trainer final : private LayerEvents,
   std::string stop_plugin_, stop_reason_;
   int stop_by_rank_ = -1;  // another rank's plugin asked (its reason is in that rank's output)
   RunChoices choices_;
+  PlaceRecord places_;  // headroom.offload/1: where the built-in optimizer lives
   Resizer resizer_{config_};
   std::vector<EventListener*> listeners_;
   // Before the device: it is destroyed after it, so it sees the frees of everything the device

@@ -35,7 +35,7 @@ extern "C" {
  * Versions */
 
 #define HR_ABI_VERSION_MAJOR 1
-#define HR_ABI_VERSION_MINOR 7
+#define HR_ABI_VERSION_MINOR 8
 /* One number: major in the high 16 bits, minor in the low 16. */
 #define HR_ABI_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define HR_ABI_VERSION HR_ABI_MAKE_VERSION(HR_ABI_VERSION_MAJOR, HR_ABI_VERSION_MINOR)
@@ -113,7 +113,8 @@ typedef enum hr_event {
 /* For hr_plugin_descriptor.events: HR_EVENT_BIT(HR_EVENT_STEP_END) | ... */
 #define HR_EVENT_BIT(e) (((uint64_t)1) << (e))
 
-/* What a device buffer holds. Every device allocation carries exactly one. */
+/* What a buffer holds. Every device allocation carries exactly one; so does every byte of the
+ * host ledger (ABI 1.8, headroom/ext/offload.h), which keeps the same categories. */
 typedef enum hr_mem_category {
   HR_MEM_PARAMETERS = 0,
   HR_MEM_GRADIENTS = 1,

@@ -108,6 +108,12 @@ typedef struct hr_mechanisms {
    * category is this value; query->peak's out[] (ABI 1.0's seven categories) leaves it out, and
    * so may hr_estimate_result.bytes. */
   uint64_t plugin_bytes;
+  /* Appended (ABI 1.8): where the built-in optimizer keeps its state and the f32 weights it
+   * updates (headroom/ext/offload.h): HR_PLACE_DEVICE (0, core's default) or HR_PLACE_HOST (1:
+   * the device holds no optimizer state; the host ledger holds it, an f32 copy of every
+   * parameter and one staging buffer of the largest parameter's gradient). */
+  uint32_t optimizer_place;
+  uint32_t reserved2;
 } hr_mechanisms;
 
 #define HR_OPTIMIZER_BYTES_BUILTIN UINT64_MAX

@@ -1,0 +1,50 @@
+// headroom.offload/1 (headroom/ext/offload.h): where the built-in optimizer keeps its state, and
+// the host ledger's statistics.
+#include "core/plugin_host/services.h"
+#include "headroom/ext/offload.h"
+
+namespace headroom {
+namespace services {
+
+constexpr Rule kSetOptimizerPlace = {HR_EXT_OFFLOAD " set_optimizer_place", kAnyone, When::kCreate,
+                                     kNotAllowed};
+static hr_status set_optimizer_place(hr_host* h, uint32_t place) {
+  LoadedPlugin& p = plugin(h);
+  if (place != HR_PLACE_DEVICE && place != HR_PLACE_HOST) {
+    p.error = "set_optimizer_place: place " + std::to_string(place) +
+              " is none of HR_PLACE_DEVICE (0) and HR_PLACE_HOST (1)";
+    return HR_ERROR_INVALID;
+  }
+  try {
+    run(h).place->set_optimizer_place(p.entry.name, place == HR_PLACE_HOST);
+    return HR_OK;
+  } catch (const std::exception& e) {
+    p.error = std::string("set_optimizer_place: ") + e.what();
+    return HR_ERROR_INVALID;
+  }
+}
+
+constexpr Rule kOptimizerPlace = {HR_EXT_OFFLOAD " optimizer_place", kAnyone, When::kAnyTime,
+                                  kNotAllowed};
+static uint32_t optimizer_place(hr_host* h) {
+  return run(h).place->optimizer_on_host() ? HR_PLACE_HOST : HR_PLACE_DEVICE;
+}
+
+constexpr Rule kHostMemoryStats = {HR_EXT_OFFLOAD " host_memory_stats", kAnyone, When::kAnyTime,
+                                   kNotAllowed};
+static hr_status host_memory_stats(hr_host* h, hr_memory_stats* out) {
+  const Device* host = run(h).device->host_place();
+  if (!host) {
+    plugin(h).error = "host_memory_stats: this run has no host place";
+    return HR_ERROR_UNSUPPORTED;
+  }
+  return place_memory_stats(h, *host, out);
+}
+
+extern const hr_ext_offload kOffloadExtension;
+const hr_ext_offload kOffloadExtension = {
+    sizeof(hr_ext_offload), 0, checked<kSetOptimizerPlace, set_optimizer_place>,
+    checked<kOptimizerPlace, optimizer_place>, checked<kHostMemoryStats, host_memory_stats>};
+
+}  // namespace services
+}  // namespace headroom

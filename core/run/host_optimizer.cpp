@@ -1,0 +1,95 @@
+#include "core/run/host_optimizer.h"
+
+namespace headroom {
+
+ByCategory host_optimizer_bytes(const std::vector<OptSegment>& segments, uint64_t state_tensors,
+                                Dtype state) {
+  ByCategory b{};
+  for (const OptSegment& s : segments) {
+    b[int(Category::kParameters)] += s.numel * dtype_size(s.value_dtype);
+    b[int(Category::kGradients)] += s.numel * dtype_size(s.grad_dtype);
+    b[int(Category::kOptimizer)] += state_tensors * s.numel * dtype_size(state);
+  }
+  return b;
+}
+
+HostOptimizer::HostOptimizer(Device& device, Device& host, std::unique_ptr<Optimizer> inner)
+    : device_(device), host_(host), inner_(std::move(inner)) {
+  rounding_seed_ = inner_->rounding_seed();
+}
+
+HostOptimizer::~HostOptimizer() {
+  // The device may still read a host copy it was last uploaded from.
+  if (uploads_pending_) device_.backend().synchronize();
+}
+
+void HostOptimizer::allocate(const std::vector<OptSegment>& segments) {
+  if (!on_host_.empty() || segments.empty()) return;
+  // Made whole or not at all: an allocation past the host's wall leaves nothing half made.
+  std::vector<OptSegment> on_host = segments;
+  std::vector<Buffer> values, grads;
+  values.reserve(segments.size());
+  grads.reserve(segments.size());
+  for (OptSegment& s : on_host) {
+    values.emplace_back(host_, s.numel * dtype_size(s.value_dtype), Category::kParameters,
+                        s.name + " (host copy)");
+    grads.emplace_back(host_, s.numel * dtype_size(s.grad_dtype), Category::kGradients,
+                       s.name + " gradient (host copy)");
+    s.value = values.back().as<void>();
+    s.grad = grads.back().as<void>();
+  }
+  values_ = std::move(values);
+  grads_ = std::move(grads);
+  on_host_ = std::move(on_host);
+}
+
+void HostOptimizer::step(const std::vector<OptSegment>& segments, double lr, int64_t step) {
+  allocate(segments);
+  Backend& ops = device_.backend();
+  // The last update's uploads read the host copies: done before they change again.
+  if (uploads_pending_) ops.synchronize();
+  uploads_pending_ = false;
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const OptSegment& d = segments[k];
+    const OptSegment& h = on_host_[k];
+    if (!values_current_) ops.download(h.value, d.value, d.numel * dtype_size(d.value_dtype));
+    ops.download(h.grad, d.grad, d.numel * dtype_size(d.grad_dtype));
+  }
+  values_current_ = true;
+  inner_->set_rounding_seed(rounding_seed_);
+  inner_->step(on_host_, lr, step);
+  for (size_t k = 0; k < segments.size(); ++k)
+    ops.upload(segments[k].value, on_host_[k].value,
+               segments[k].numel * dtype_size(segments[k].value_dtype));
+  uploads_pending_ = true;
+}
+
+void HostOptimizer::resize(const std::vector<OptSegment>& segments,
+                           const std::vector<ParamResize>& changes) {
+  if (on_host_.empty()) return;  // nothing made yet: made at the new sizes
+  if (uploads_pending_) device_.backend().synchronize();
+  uploads_pending_ = false;
+  for (const ParamResize& r : changes) {
+    const OptSegment& s = segments.at(r.param);
+    values_.at(r.param).reset();
+    grads_.at(r.param).reset();
+    values_[r.param] = Buffer(host_, s.numel * dtype_size(s.value_dtype), Category::kParameters,
+                              s.name + " (host copy)");
+    grads_[r.param] = Buffer(host_, s.numel * dtype_size(s.grad_dtype), Category::kGradients,
+                             s.name + " gradient (host copy)");
+  }
+  on_host_ = segments;
+  for (size_t k = 0; k < on_host_.size(); ++k) {
+    on_host_[k].value = values_[k].as<void>();
+    on_host_[k].grad = grads_[k].as<void>();
+  }
+  values_current_ = false;
+  inner_->resize(on_host_, changes);
+}
+
+std::vector<Optimizer::StateTensor> HostOptimizer::state(const std::vector<OptSegment>& segments) {
+  allocate(segments);
+  return inner_->state(on_host_);
+}
+
+}  // namespace headroom

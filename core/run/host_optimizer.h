@@ -1,0 +1,55 @@
+// The built-in optimizer on the host place (headroom.offload/1's HR_PLACE_HOST, ZeRO-Offload's
+// layout): its state and an f32 copy of the weights it updates live in the host ledger, the
+// gradients are read back into host memory before each update, the update runs there on the CPU
+// backend's kernels (the same ones the CPU device runs, so the results are bitwise the same) and
+// the new weights go back to the device on the copy stream.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/device/device.h"
+#include "core/optim/optim.h"
+
+namespace headroom {
+
+// Host bytes by category that HostOptimizer holds for `segments` with `state_tensors` f32-or-
+// state-dtype tensors of each segment's size (AdamW 2, SGD with momentum 1, else 0): an f32 (the
+// value dtype) copy of each segment (parameters), a copy of each segment's gradient (gradients),
+// the state (optimizer). The closed form core/report/advice.cpp computes from shapes.
+ByCategory host_optimizer_bytes(const std::vector<OptSegment>& segments, uint64_t state_tensors,
+                                Dtype state);
+
+class HostOptimizer final : public Optimizer {
+ public:
+  // `inner`: the built-in optimizer made over `host` (make_optimizer(train, host, state)), whose
+  // state it allocates there.
+  HostOptimizer(Device& device, Device& host, std::unique_ptr<Optimizer> inner);
+  ~HostOptimizer() override;
+
+  void step(const std::vector<OptSegment>& segments, double lr, int64_t step) override;
+  std::vector<StateTensor> state(const std::vector<OptSegment>& segments) override;
+  bool fold_grad_scale(float scale) override { return inner_->fold_grad_scale(scale); }
+  // Pruning shrank parameters: the inner optimizer's state keeps their kept elements (on the
+  // host), the host copies are made again at the new sizes and the weights read from the device
+  // at the next update.
+  bool can_resize() const override { return inner_->can_resize(); }
+  void resize(const std::vector<OptSegment>& segments,
+              const std::vector<ParamResize>& changes) override;
+
+ private:
+  // The host copies of `segments` (values and gradients), made at the first call.
+  void allocate(const std::vector<OptSegment>& segments);
+
+  Device& device_;
+  Device& host_;
+  std::unique_ptr<Optimizer> inner_;
+  std::vector<Buffer> values_, grads_;  // host: per segment
+  std::vector<OptSegment> on_host_;     // the segments over the host copies
+  // The host copies of the weights hold the device's: false until the first update of this
+  // process reads them (after a resume or init_from loaded the device's), true after.
+  bool values_current_ = false;
+  bool uploads_pending_ = false;  // the last update's uploads may still read the host copies
+};
+
+}  // namespace headroom

@@ -1,0 +1,302 @@
+// The host place and the offload plugin (issue 34, its first two points), loaded by the real
+// plugin host from the TOML list:
+//  - the host ledger: [host] memory_limit is a wall of its own (exit 3, a report naming the host),
+//    the metrics carry host_peak_bytes by category, the end-of-run report and the timeline show it;
+//  - optimizer = "host": the built-in optimizer's state and an f32 copy of its weights live in the
+//    host ledger, and the run is bitwise the run without offload (losses, every weight), with amp
+//    too; the device's bytes drop by exactly the optimizer state, the host's equal the closed
+//    form (core/run/host_optimizer.h, and the planner's, core/report/advice.cpp); a resume from a
+//    snapshot is bitwise;
+//  - what is not built yet (nvme, parameters, activations) and what cannot combine with it are
+//    refused before step 1, naming the key or the plugins.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/config/config.h"
+#include "core/model/model.h"
+#include "core/optim/optim.h"
+#include "core/report/advice.h"
+#include "core/run/host_optimizer.h"
+#include "core/run/trainer.h"
+#include "tests/test_util.h"
+
+namespace headroom {
+namespace {
+
+std::string model_toml() {
+  return "[model]\nn_layer = 2\nn_head = 2\nn_embd = 64\nseq_len = 32\nvocab_size = 64\n";
+}
+
+std::string train_toml(int steps, const std::string& extra = "") {
+  return "[train]\nsteps = " + std::to_string(steps) +
+         "\nmicro_batch = 4\ngrad_accum = 2\nlr = 3e-3\nwarmup_steps = 2\ngrad_clip = 0.5\n" +
+         extra;
+}
+
+std::string offload_toml(const std::string& keys = "") {
+  return "[[plugins]]\nname = \"offload\"\n" + keys;
+}
+
+std::string amp_toml() {
+  return "[[plugins]]\nname = \"amp\"\ndtype = \"bf16\"\n";
+}
+
+uint64_t at(const ByCategory& b, Category c) {
+  return b[int(c)];
+}
+
+struct Outcome {
+  std::vector<double> losses;
+  std::vector<std::vector<unsigned char>> weights;  // every parameter's updated values (masters)
+  std::vector<std::vector<unsigned char>> compute;  // and what the layers read
+  ByCategory device_peak{}, host_peak{};
+  uint64_t device_peak_total = 0;
+  uint64_t host_allocs = 0;
+  std::vector<OptSegment> segments;
+};
+
+Outcome run(const std::string& toml) {
+  Trainer t(test::config_from(toml), TrainOptions{});
+  t.run();
+  Outcome r;
+  for (const StepState& s : t.history())
+    r.losses.push_back(s.loss);
+  for (Param<float>* p : t.model().params()) {
+    const auto bytes = [](const void* data, uint64_t n) {
+      const auto* b = static_cast<const unsigned char*>(data);
+      return std::vector<unsigned char>(b, b + n);
+    };
+    const auto m = p->optimized();
+    r.weights.push_back(bytes(m.value, p->numel * dtype_size(m.dtype)));
+    r.compute.push_back(bytes(p->compute().value, p->numel * dtype_size(p->compute_dtype)));
+  }
+  r.device_peak = t.device().tracker().peak_by_category();
+  r.device_peak_total = t.device().tracker().peak_total();
+  r.host_peak = t.device().host_place()->tracker().peak_by_category();
+  r.host_allocs = t.device().host_place()->tracker().num_allocs();
+  r.segments = whole_params(t.model().params());
+  return r;
+}
+
+void expect_same_training(const Outcome& a, const Outcome& b) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i)
+    EXPECT_EQ(a.losses[i], b.losses[i]) << "step " << i + 1;  // bitwise: == on doubles
+  ASSERT_EQ(a.weights.size(), b.weights.size());
+  for (size_t i = 0; i < a.weights.size(); ++i) {
+    EXPECT_TRUE(a.weights[i] == b.weights[i]) << "parameter " << i;
+    EXPECT_TRUE(a.compute[i] == b.compute[i]) << "parameter " << i;
+  }
+}
+
+// The closed form of the host ledger: core's planner, from the config's shapes.
+ByCategory planned_host(const std::string& toml) {
+  return estimate_config(test::config_from(toml)).peak.host;
+}
+
+void expect_offload_moves_exactly_the_optimizer(const std::string& base, uint64_t state_bytes_el) {
+  const Outcome plain = run(base);
+  const Outcome off = run(base + offload_toml("optimizer = \"host\"\n"));
+  expect_same_training(plain, off);
+  // The device: every category as without offload but the optimizer's state, which is gone.
+  for (int i = 0; i < kNumCategories; ++i) {
+    if (category_at(i) == Category::kOptimizer) continue;
+    EXPECT_EQ(off.device_peak[i], plain.device_peak[i]) << category_name(category_at(i));
+  }
+  uint64_t psi = 0;
+  for (const OptSegment& s : off.segments)
+    psi += s.numel;
+  EXPECT_EQ(at(plain.device_peak, Category::kOptimizer), 2 * state_bytes_el * psi);  // m and v
+  EXPECT_EQ(at(off.device_peak, Category::kOptimizer), 0u);
+  // The host: the state, an f32 copy of the weights, a copy of the gradients; nothing else.
+  const ByCategory closed = host_optimizer_bytes(off.segments, 2, Dtype::kF32);
+  EXPECT_EQ(at(closed, Category::kOptimizer), 2 * state_bytes_el * psi);
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(off.host_peak[i], closed[i]) << "host " << category_name(category_at(i));
+  const ByCategory planned = planned_host(base + offload_toml("optimizer = \"host\"\n"));
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(planned[i], closed[i]) << "planned host " << category_name(category_at(i));
+  // Without offload the host ledger holds nothing.
+  EXPECT_EQ(plain.host_allocs, 0u);
+  std::printf(
+      "psi %llu: device optimizer %llu -> 0 B; host parameters %llu, gradients %llu, "
+      "optimizer %llu B\n",
+      (unsigned long long)psi, (unsigned long long)at(plain.device_peak, Category::kOptimizer),
+      (unsigned long long)at(off.host_peak, Category::kParameters),
+      (unsigned long long)at(off.host_peak, Category::kGradients),
+      (unsigned long long)at(off.host_peak, Category::kOptimizer));
+}
+
+TEST(OffloadOptimizer, Fp32IsBitwiseAndMovesExactlyTheStateToTheHost) {
+  expect_offload_moves_exactly_the_optimizer(model_toml() + train_toml(4), 4);
+}
+
+TEST(OffloadOptimizer, AmpBf16IsBitwiseAndMovesExactlyTheStateToTheHost) {
+  expect_offload_moves_exactly_the_optimizer(model_toml() + train_toml(4) + amp_toml(), 4);
+}
+
+TEST(OffloadOptimizer, SgdWithMomentumIsBitwise) {
+  const std::string base = model_toml() + train_toml(3, "optimizer = \"sgd\"\nmomentum = 0.9\n");
+  const Outcome plain = run(base);
+  const Outcome off = run(base + offload_toml());  // optimizer = "host" is the default
+  expect_same_training(plain, off);
+  EXPECT_EQ(at(off.device_peak, Category::kOptimizer), 0u);
+  EXPECT_EQ(at(off.host_peak, Category::kOptimizer), at(plain.device_peak, Category::kOptimizer));
+}
+
+// Structured pruning shrinks the parameters mid-run: the host optimizer's state and copies follow,
+// and the run is still bitwise the one without offload.
+TEST(OffloadOptimizer, PruningIsBitwise) {
+  const std::string base = model_toml() + train_toml(4) +
+                           "[[plugins]]\nname = \"pruning\"\nmode = \"mlp\"\n"
+                           "final_sparsity = 0.5\nstart_step = 1\nend_step = 3\nevery = 1\n";
+  const Outcome plain = run(base);
+  const Outcome off = run(base + offload_toml());
+  expect_same_training(plain, off);
+  EXPECT_EQ(at(off.device_peak, Category::kOptimizer), 0u);
+  uint64_t psi = 0;  // the pruned model's
+  for (const OptSegment& s : off.segments)
+    psi += s.numel;
+  EXPECT_LT(psi, 106240u) << "the model was pruned";
+}
+
+// With activation recomputation: bitwise the run with checkpointing alone.
+TEST(OffloadOptimizer, WithCheckpointIsBitwise) {
+  const std::string base =
+      model_toml() + train_toml(3) + "[[plugins]]\nname = \"checkpoint\"\npolicy = \"every\"\n";
+  const Outcome plain = run(base);
+  const Outcome off = run(base + offload_toml());
+  expect_same_training(plain, off);
+  EXPECT_EQ(at(off.device_peak, Category::kActivations),
+            at(plain.device_peak, Category::kActivations));
+  EXPECT_EQ(at(off.device_peak, Category::kOptimizer), 0u);
+}
+
+TEST(OffloadOptimizer, NoneChangesNothing) {
+  const std::string base = model_toml() + train_toml(2);
+  const Outcome plain = run(base);
+  const Outcome none = run(base + offload_toml("optimizer = \"none\"\n"));
+  expect_same_training(plain, none);
+  EXPECT_EQ(none.device_peak, plain.device_peak);
+  EXPECT_EQ(none.host_allocs, 0u);
+}
+
+TEST(OffloadOptimizer, ResumeFromASnapshotIsBitwise) {
+  for (const std::string& extra : {std::string(), amp_toml()}) {
+    const std::string toml = model_toml() + train_toml(4) + extra + offload_toml();
+    Trainer whole(test::config_from(toml), TrainOptions{});
+    whole.run();
+    test::expect_resume_is_bitwise(toml, whole);
+  }
+}
+
+// The host ledger's wall: out of memory there is exit 3 with a report naming the host; the
+// metrics, the end-of-run report and the timeline show the ledger.
+TEST(HostPlace, MemoryLimitIsAWallWithItsOwnReport) {
+  const std::string dir = test::temp_dir();
+  const std::string base = model_toml() + train_toml(2) + offload_toml();
+  const ByCategory host = planned_host(base);
+  uint64_t need = 0;
+  for (uint64_t b : host)
+    need += b;
+  ASSERT_GT(need, 0u);
+
+  // Just enough: trains, and says what the host held.
+  const std::string fits = test::write_file(
+      dir, "fits.toml", base + "[host]\nmemory_limit = " + std::to_string(need) + "\n");
+  auto r = test::run_headroom("train " + fits + " --metrics " + dir +
+                              "/m.jsonl --memory-timeline " + dir + "/t.html");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "host: peak")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "of [host] memory_limit")) << r.output;
+  std::ifstream metrics(dir + "/m.jsonl");
+  std::string line, last;
+  while (std::getline(metrics, line))
+    last = line;
+  const auto j = nlohmann::json::parse(last);
+  EXPECT_EQ(j.at("host_peak_bytes").get<uint64_t>(), need);
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(j.at("host_peak_by_category").at(category_name(category_at(i))).get<uint64_t>(),
+              host[i]);
+  const std::string html = test::read_file(dir + "/t.host.html");
+  EXPECT_TRUE(test::contains(html, "host memory")) << "the host ledger's timeline";
+  EXPECT_TRUE(test::contains(html, "series-optimizer"));
+
+  // One byte less: out of memory on the host, exit 3, the report naming the place.
+  const std::string tight = test::write_file(
+      dir, "tight.toml", base + "[host]\nmemory_limit = " + std::to_string(need - 1) + "\n");
+  r = test::run_headroom("train " + tight + " -q");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "out of memory on the host:")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "place                  host")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "host memory_limit")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "raise [host] memory_limit")) << r.output;
+
+  // plan says the same before anything runs.
+  r = test::run_headroom("plan " + tight);
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "does not fit [host] memory_limit")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "estimated host memory")) << r.output;
+}
+
+// The host ledger is a ledger of its own on the CPU backend: the device's wall does not count
+// what the host holds. A device limit the run without offload does not fit (its optimizer state
+// is over it) fits with it.
+TEST(HostPlace, TwoLedgersOverTheSameRam) {
+  const std::string plain = model_toml() + train_toml(2);  // step 2's backward holds the state
+  const std::string base = plain + offload_toml();
+  const Outcome off = run(base);
+  const uint64_t limit = off.device_peak_total + (64 << 10);  // the arena's first-fit slack
+  ASSERT_LT(limit, off.device_peak_total + at(off.host_peak, Category::kOptimizer));
+  Config c = test::config_from(base);
+  c.device.memory_limit = limit;
+  Trainer t(c, TrainOptions{});
+  t.run();
+  EXPECT_EQ(t.device().tracker().peak(Category::kOptimizer), 0u);
+  EXPECT_EQ(t.device().host_place()->tracker().peak(Category::kOptimizer),
+            at(off.host_peak, Category::kOptimizer));
+  Config without = test::config_from(plain);
+  without.device.memory_limit = limit;
+  EXPECT_THROW(
+      {
+        Trainer w(without, TrainOptions{});
+        w.run();
+      },
+      OutOfMemory);
+}
+
+TEST(OffloadPlugin, BadKeysExit2NamingTheKeyAndWhatIsValid) {
+  const std::string dir = test::temp_dir();
+  const std::string base = model_toml() + train_toml(1);
+  struct Bad {
+    std::string toml, expect;
+  };
+  for (const Bad& bad : std::vector<Bad>{
+           {offload_toml("optimizer = \"nvme\"\n"), "not built yet; valid: \"none\", \"host\""},
+           {offload_toml("optimizer = \"disk\"\n"), "valid: \"none\", \"host\""},
+           {offload_toml("optimizer = 1\n"), "optimizer"},
+           {offload_toml("parameters = \"host\"\n"), "valid: \"none\""},
+           {offload_toml("activations = true\n"), "valid: false"},
+           {offload_toml("pin_memory = false\n"), "unknown key 'pin_memory'"},
+           {offload_toml() + "[host]\nmemory_limit = -5\n", "host.memory_limit must be >= 0"},
+           {offload_toml() + "[host]\nmemory_limit = \"lots\"\n", "host.memory_limit"},
+           {offload_toml() + "[host]\nlimit = \"1GiB\"\n", "unknown key 'limit' in [host]"},
+           {offload_toml() + "[[plugins]]\nname = \"adam8bit\"\n", "takes the optimizer role"},
+           {offload_toml() + "[[plugins]]\nname = \"zero1\"\n", "shards the model state"},
+       }) {
+    const std::string cfg = test::write_file(dir, "bad.toml", base + bad.toml);
+    const auto r = test::run_headroom("train " + cfg + " -q");
+    EXPECT_EQ(r.exit_code, 2) << bad.toml << r.output;
+    EXPECT_TRUE(test::contains(r.output, bad.expect)) << bad.toml << r.output;
+    EXPECT_TRUE(test::contains(r.output, "bad.toml")) << "names the file: " << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace headroom
