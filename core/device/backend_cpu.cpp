@@ -19,6 +19,7 @@
 #include "kernels/common/dtype.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_tiled.h"
+#include "kernels/cpu/bf16_ops.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/crossentropy.h"
 #include "kernels/cpu/embedding.h"
@@ -285,6 +286,16 @@ void pointwise_map(void* out, uint64_t n, F&& f) {
 bool lowp_gemm(Dtype dt) {
   return (dt == Dtype::kBF16 || dt == Dtype::kF16) && cpu::lowp_gemm_enabled();
 }
+// bf16 element-wise and row-wise ops (GELU, the residual add, LayerNorm, the loss) go to
+// kernels/cpu/bf16_ops.h: computed on the bf16 tensors where they are, one parallel region an op,
+// bitwise the widened path. HEADROOM_CPU_BF16_EW=0 keeps them widened (a benchmark's "before").
+bool bf16_direct(Dtype dt) {
+  static const bool on = [] {
+    const char* e = std::getenv("HEADROOM_CPU_BF16_EW");
+    return !(e && std::string(e) == "0");
+  }();
+  return dt == Dtype::kBF16 && on;
+}
 cpu::Lowp lowp(Dtype dt) {
   return dt == Dtype::kBF16 ? cpu::Lowp::kBF16 : cpu::Lowp::kF16;
 }
@@ -327,6 +338,11 @@ class CpuBackend final : public Backend {
                          const void* weight, const void* bias, int N, int C) override {
     cpu::OpTimer timer_("layernorm_forward", dtype_name(dt));
     const uint64_t n = uint64_t(N) * C;
+    if (bf16_direct(dt) && weight && bias) {
+      cpu::layernorm_forward_bf16(u16(out), static_cast<float*>(mean), static_cast<float*>(rstd),
+                                  u16(inp), u16(weight), u16(bias), N, C);
+      return;
+    }
     dispatch(dt, "layernorm_forward", [&](auto&& a) {
       cpu::layernorm_forward(a.out(out, n, false), a.stat(mean), a.stat(rstd), a.in(inp, n),
                              a.in(weight, C), a.in(bias, C), N, C);
@@ -339,6 +355,14 @@ class CpuBackend final : public Backend {
     const uint64_t n = uint64_t(N) * C;
     const bool acc = dinp_mode == Grad::kAccumulate;
     if (acc && dres) throw OpError("layernorm_backward: dres is for Grad::kWrite only");
+    // An input gradient over an input (never in the model) takes the widened path, which copies
+    // the inputs first.
+    if (bf16_direct(dt) && dinp != dout && dinp != inp) {
+      cpu::layernorm_backward_bf16(u16(dinp), u16(dweight), u16(dbias), u16(dout), u16(inp),
+                                   u16(weight), static_cast<const float*>(mean),
+                                   static_cast<const float*>(rstd), N, C, acc, u16(dres));
+      return;
+    }
     dispatch(dt, "layernorm_backward", [&](auto&& a) {
       cpu::layernorm_backward(a.out(dinp, n, acc), a.out(dweight, C, true), a.out(dbias, C, true),
                               a.in(dout, n), a.in(inp, n), a.in(weight, C), a.stat(mean),
@@ -494,6 +518,7 @@ class CpuBackend final : public Backend {
   }
   void gelu_forward(Dtype dt, void* out, const void* inp, uint64_t n) override {
     cpu::OpTimer timer_("gelu_forward", dtype_name(dt));
+    if (bf16_direct(dt)) return cpu::gelu_forward_bf16(u16(out), u16(inp), n);
     dispatch(dt, "gelu_forward",
              [&](auto&& a) { cpu::gelu_forward(a.out(out, n, false), a.in(inp, n), n); });
   }
@@ -501,18 +526,23 @@ class CpuBackend final : public Backend {
                      Grad dinp_mode) override {
     cpu::OpTimer timer_("gelu_backward", dtype_name(dt));
     const bool acc = dinp_mode == Grad::kAccumulate;
+    if (bf16_direct(dt)) return cpu::gelu_backward_bf16(u16(dinp), u16(inp), u16(dout), n, acc);
     dispatch(dt, "gelu_backward", [&](auto&& a) {
       cpu::gelu_backward(a.out(dinp, n, acc), a.in(inp, n), a.in(dout, n), n, acc);
     });
   }
   void add_inplace(Dtype dt, void* dst, const void* src, uint64_t n) override {
     cpu::OpTimer timer_("add_inplace", dtype_name(dt));
+    if (bf16_direct(dt)) return cpu::add_inplace_bf16(u16(dst), u16(src), n);
     dispatch(dt, "add_inplace",
              [&](auto&& a) { cpu::add_inplace(a.out(dst, n, true), a.in(src, n), n); });
   }
   void crossentropy_forward_backward(Dtype dt, void* logits, void* losses, const int32_t* targets,
                                      int N, int V, double dloss) override {
     cpu::OpTimer timer_("crossentropy_forward_backward", dtype_name(dt));
+    if (bf16_direct(dt))
+      return cpu::crossentropy_forward_backward_bf16(u16(logits), static_cast<float*>(losses),
+                                                     targets, N, V, static_cast<float>(dloss));
     dispatch(dt, "crossentropy_forward_backward", [&](auto&& a) {
       auto* l = a.out(logits, uint64_t(N) * V, true);
       using T = std::remove_pointer_t<decltype(l)>;

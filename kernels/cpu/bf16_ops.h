@@ -1,0 +1,247 @@
+// Element-wise and row-wise kernels on bf16 storage (issue 36, item 2): each reads its bf16
+// tensors, widens in registers (or a row at a time into a thread's small float buffer), computes
+// exactly the f32 kernel's arithmetic in float, and rounds to nearest even as it writes. One
+// parallel region an op, where the widened path (core/device/backend_cpu.cpp's Widened) runs one
+// to widen each input, one to zero each output, the f32 kernel's, and one to round each output
+// back, through (B, T, C)-sized float copies in memory.
+//
+// Bitwise the widened path: the same float operations on the same values in the same order (the
+// row sums in double stay serial, in their order), and the same rounding (convert.h's, branch-free
+// so that the loops vectorize). The conversions are the integer ones, not AVX-512 BF16's
+// VCVTNEPS2BF16: that instruction flushes denormal inputs and outputs to zero, so it would round
+// differently from kernels/common/dtype.h (and the CUDA kernels) on tiny values; on these loops,
+// bound by memory, the integer rounding costs the same few instructions per 16 lanes.
+// Compiled for AVX-512, AVX2 and the baseline (HEADROOM_CPU_CLONES), the same bits on each.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kernels/common/dtype.h"
+#include "kernels/common/elementwise.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/reduce.h"
+
+namespace headroom::cpu {
+
+namespace bf16 {
+
+// bf16 -> float, exact.
+inline float widen(uint16_t h) {
+  return bits_float(uint32_t(h) << 16);
+}
+
+// float -> bf16 to nearest even, NaN a quiet NaN: float_to_bf16 without its branch (convert.h).
+inline uint16_t round(float f) {
+  const uint32_t u = float_bits(f);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x0040u;
+  return uint16_t((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+}
+
+inline void widen_row(const uint16_t* in, float* out, int n) {
+  for (int i = 0; i < n; i++)
+    out[i] = widen(in[i]);
+}
+
+}  // namespace bf16
+
+// out (N) = gelu(inp (N)); out may be inp.
+HEADROOM_CPU_CLONES inline void gelu_forward_bf16(uint16_t* out, const uint16_t* inp, size_t N) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(N))
+  for (size_t i = 0; i < N; i++)
+    out[i] = bf16::round(gelu_tanh(bf16::widen(inp[i])));
+}
+
+// dinp (N) += gelu'(inp) * dout; with !accumulate, dinp = 0 + gelu'(inp) * dout (gelu.h).
+HEADROOM_CPU_CLONES inline void gelu_backward_bf16(uint16_t* dinp, const uint16_t* inp,
+                                                   const uint16_t* dout, size_t N,
+                                                   bool accumulate) {
+  if (accumulate) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(N))
+    for (size_t i = 0; i < N; i++)
+      dinp[i] = bf16::round(bf16::widen(dinp[i]) +
+                            gelu_tanh_grad(bf16::widen(inp[i])) * bf16::widen(dout[i]));
+  } else {
+#pragma omp parallel for schedule(static) num_threads(threads_for(N))
+    for (size_t i = 0; i < N; i++)
+      dinp[i] = bf16::round(0.0f + gelu_tanh_grad(bf16::widen(inp[i])) * bf16::widen(dout[i]));
+  }
+}
+
+// dst (N) += src (N)
+HEADROOM_CPU_CLONES inline void add_inplace_bf16(uint16_t* dst, const uint16_t* src, size_t N) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(N))
+  for (size_t i = 0; i < N; i++)
+    dst[i] = bf16::round(bf16::widen(dst[i]) + bf16::widen(src[i]));
+}
+
+// layernorm_forward (layernorm.h) on bf16 inp, weight, bias and out; mean and rstd (N) f32 (either
+// may be null). Each row is widened into a thread's float buffer and normalised as the f32 kernel
+// does it.
+HEADROOM_CPU_CLONES inline void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd,
+                                                       const uint16_t* inp, const uint16_t* weight,
+                                                       const uint16_t* bias, int N, int C) {
+  const double eps = 1e-5;
+  std::unique_ptr<float[]> wb(new float[2 * size_t(C)]);
+  float *w = wb.get(), *b = w + C;
+  bf16::widen_row(weight, w, C);
+  bf16::widen_row(bias, b, C);
+#pragma omp parallel num_threads(threads_for(size_t(N) * C))
+  {
+    std::unique_ptr<float[]> row(new float[size_t(C)]);
+    float* x = row.get();
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; n++) {
+      bf16::widen_row(inp + static_cast<size_t>(n) * C, x, C);
+      uint16_t* y = out + static_cast<size_t>(n) * C;
+      double sum = 0.0;
+      for (int i = 0; i < C; i++) {
+        sum += x[i];
+      }
+      const double m = sum / C;
+      double sq = 0.0;
+      for (int i = 0; i < C; i++) {
+        const double d = x[i] - m;
+        sq += d * d;
+      }
+      const double s = 1.0 / std::sqrt(sq / C + eps);
+      const float mT = float(m);
+      const float sT = float(s);
+      for (int i = 0; i < C; i++) {
+        y[i] = bf16::round((x[i] - mT) * sT * w[i] + b[i]);
+      }
+      if (mean != nullptr) mean[n] = mT;
+      if (rstd != nullptr) rstd[n] = sT;
+    }
+  }
+}
+
+// layernorm_backward (layernorm.h) on bf16 tensors; mean and rstd f32. dweight and dbias
+// accumulate in float over every row and are rounded once, as the widened path's float copies;
+// with !accumulate, dinp = dres + that (dres may be null: 0 + that). dweight and dbias may be
+// null together (no parameter gradients).
+HEADROOM_CPU_CLONES inline void layernorm_backward_bf16(uint16_t* dinp, uint16_t* dweight,
+                                                        uint16_t* dbias, const uint16_t* dout,
+                                                        const uint16_t* inp, const uint16_t* weight,
+                                                        const float* mean, const float* rstd, int N,
+                                                        int C, bool accumulate,
+                                                        const uint16_t* dres) {
+  std::unique_ptr<float[]> params(new float[3 * size_t(C)]);
+  float *w = params.get(), *dw = w + C, *db = dw + C;
+  bf16::widen_row(weight, w, C);
+  const bool params_grad = dweight != nullptr && dbias != nullptr;
+  if (params_grad) {
+    bf16::widen_row(dweight, dw, C);
+    bf16::widen_row(dbias, db, C);
+  }
+  constexpr int kCols = 64;
+  const int blocks = (C + kCols - 1) / kCols;
+#pragma omp parallel num_threads(threads_for(size_t(N) * C))
+  {
+    std::unique_ptr<float[]> rows(new float[2 * size_t(C)]);
+    float *x = rows.get(), *dy = x + C;
+    // The input gradient, a row at a time (nowait: the parameter gradients below read only the
+    // inputs).
+#pragma omp for schedule(static) nowait
+    for (int n = 0; n < N; n++) {
+      bf16::widen_row(inp + static_cast<size_t>(n) * C, x, C);
+      bf16::widen_row(dout + static_cast<size_t>(n) * C, dy, C);
+      uint16_t* dx = dinp + static_cast<size_t>(n) * C;
+      const float m = mean[n];
+      const float s = rstd[n];
+      double sum_dnorm = 0.0;
+      double sum_dnorm_norm = 0.0;
+      for (int i = 0; i < C; i++) {
+        const float norm = (x[i] - m) * s;
+        const float dnorm = w[i] * dy[i];
+        sum_dnorm += dnorm;
+        sum_dnorm_norm += static_cast<double>(dnorm) * norm;
+      }
+      const float mean_dnorm = float(sum_dnorm / C);
+      const float mean_dnorm_norm = float(sum_dnorm_norm / C);
+      if (accumulate) {
+        for (int i = 0; i < C; i++) {
+          const float norm = (x[i] - m) * s;
+          const float dnorm = w[i] * dy[i];
+          dx[i] =
+              bf16::round(bf16::widen(dx[i]) + (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s);
+        }
+      } else {
+        const uint16_t* dr = dres ? dres + static_cast<size_t>(n) * C : nullptr;
+        for (int i = 0; i < C; i++) {
+          const float norm = (x[i] - m) * s;
+          const float dnorm = w[i] * dy[i];
+          dx[i] = bf16::round((dr ? bf16::widen(dr[i]) : 0.0f) +
+                              (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s);
+        }
+      }
+    }
+    // The parameter gradients: each column summed over the rows in order, by column blocks.
+#pragma omp for schedule(static)
+    for (int blk = 0; blk < (params_grad ? blocks : 0); blk++) {
+      const int i0 = blk * kCols, i1 = i0 + kCols < C ? i0 + kCols : C;
+      for (int n = 0; n < N; n++) {
+        const uint16_t* xr = inp + static_cast<size_t>(n) * C;
+        const uint16_t* dyr = dout + static_cast<size_t>(n) * C;
+        const float m = mean[n];
+        const float s = rstd[n];
+        for (int i = i0; i < i1; i++) {
+          const float d = bf16::widen(dyr[i]);
+          const float norm = (bf16::widen(xr[i]) - m) * s;
+          db[i] += d;
+          dw[i] += norm * d;
+        }
+      }
+    }
+  }
+  for (int i = 0; params_grad && i < C; i++) {
+    dweight[i] = bf16::round(dw[i]);
+    dbias[i] = bf16::round(db[i]);
+  }
+}
+
+// crossentropy_forward_backward (crossentropy.h) on bf16 logits (N,V), overwritten with their
+// gradient; losses (N) f32. Each row is widened into a thread's float buffer, computed there as
+// the f32 kernel computes it in place, and rounded back.
+HEADROOM_CPU_CLONES inline void crossentropy_forward_backward_bf16(uint16_t* logits, float* losses,
+                                                                   const int32_t* targets, int N,
+                                                                   int V, float dloss) {
+#pragma omp parallel num_threads(threads_for(size_t(N) * V))
+  {
+    std::unique_ptr<float[]> buf(new float[size_t(V)]);
+    float* row = buf.get();
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; n++) {
+      uint16_t* r16 = logits + static_cast<size_t>(n) * V;
+      const int32_t target = targets[n];
+      if (target < 0) {
+        for (int i = 0; i < V; i++) {
+          r16[i] = 0;
+        }
+        losses[n] = 0.0f;
+        continue;
+      }
+      bf16::widen_row(r16, row, V);
+      const float maxv = detail::max_of(row, V);
+      const double target_shifted = static_cast<double>(row[target]) - maxv;
+      for (int i = 0; i < V; i++) {
+        row[i] = headroom::detail::hr_exp_minus_abs(row[i] - maxv);
+      }
+      const double sum = detail::sum_of(row, V);
+      losses[n] = float(std::log(sum) - target_shifted);
+      const float scale = float(static_cast<double>(dloss) / sum);
+      for (int i = 0; i < V; i++) {
+        row[i] *= scale;
+      }
+      row[target] -= dloss;
+      for (int i = 0; i < V; i++) {
+        r16[i] = bf16::round(row[i]);
+      }
+    }
+  }
+}
+
+}  // namespace headroom::cpu
