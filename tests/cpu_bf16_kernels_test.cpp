@@ -4,6 +4,7 @@
 // thread; and the CPU backend's bf16 ops, which route to them, against the same reference.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "kernels/common/dtype.h"
 #include "kernels/cpu/bf16_ops.h"
 #include "kernels/cpu/crossentropy.h"
+#include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/parallel.h"
@@ -209,6 +211,41 @@ TEST(CpuBf16Kernels, CrossEntropyIsTheWidenedF32Kernel) {
       cpu::crossentropy_forward_backward_bf16(l.data(), loss.data(), targets.data(), N, V, dloss);
       expect_same(l, round_all(lf), "crossentropy gradient");
       expect_same(loss, lossf, "crossentropy losses");
+    }
+  }
+}
+
+TEST(CpuBf16Kernels, EmbeddingIsTheWidenedF32Kernel) {
+  for (int t : {1, 3}) {
+    Threads th(t);
+    for (const auto& btc : {std::array<int, 3>{1, 1, 5}, std::array<int, 3>{2, 7, 77},
+                            std::array<int, 3>{4, 64, 96}}) {
+      const int B = btc[0], Tn = btc[1], C = btc[2], V = 50, N = B * Tn;
+      std::vector<int32_t> tokens(static_cast<size_t>(N));
+      for (int i = 0; i < N; ++i)
+        tokens[size_t(i)] = int32_t((uint32_t(i) * 2654435761u >> 7) % 23);  // repeats
+      for (bool with_wpe : {true, false}) {
+        const U16 wte = random_bf16(size_t(V) * C, 30), wpe = random_bf16(size_t(Tn) * C, 31);
+        const U16 dout = random_bf16(size_t(N) * C, 32, 0.1f);
+        const U16 dwte0 = random_bf16(size_t(V) * C, 33, 0.1f);
+        const U16 dwpe0 = random_bf16(size_t(Tn) * C, 34, 0.1f);
+        F32 wtef = widen(wte), wpef = widen(wpe), outf(size_t(N) * C);
+        cpu::embedding_forward(outf.data(), tokens.data(), wtef.data(),
+                               with_wpe ? wpef.data() : nullptr, B, Tn, C);
+        U16 out(size_t(N) * C);
+        cpu::embedding_forward_bf16(out.data(), tokens.data(), wte.data(),
+                                    with_wpe ? wpe.data() : nullptr, B, Tn, C);
+        expect_same(out, round_all(outf), "embedding_forward");
+
+        F32 doutf = widen(dout), dwtef = widen(dwte0), dwpef = widen(dwpe0);
+        cpu::embedding_backward(dwtef.data(), with_wpe ? dwpef.data() : nullptr, doutf.data(),
+                                tokens.data(), B, Tn, C);
+        U16 dwte = dwte0, dwpe = dwpe0;
+        cpu::embedding_backward_bf16(dwte.data(), with_wpe ? dwpe.data() : nullptr, dout.data(),
+                                     tokens.data(), B, Tn, C);
+        expect_same(dwte, round_all(dwtef), "embedding_backward dwte");
+        expect_same(dwpe, round_all(dwpef), "embedding_backward dwpe");
+      }
     }
   }
 }

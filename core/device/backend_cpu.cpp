@@ -286,7 +286,8 @@ void pointwise_map(void* out, uint64_t n, F&& f) {
 bool lowp_gemm(Dtype dt) {
   return (dt == Dtype::kBF16 || dt == Dtype::kF16) && cpu::lowp_gemm_enabled();
 }
-// bf16 element-wise and row-wise ops (GELU, the residual add, LayerNorm, the loss) go to
+// bf16 element-wise and row-wise ops (GELU, the residual add, LayerNorm, the loss, the
+// embedding) go to
 // kernels/cpu/bf16_ops.h: computed on the bf16 tensors where they are, one parallel region an op,
 // bitwise the widened path. HEADROOM_CPU_BF16_EW=0 keeps them widened (a benchmark's "before").
 bool bf16_direct(Dtype dt) {
@@ -317,6 +318,8 @@ class CpuBackend final : public Backend {
   void embedding_forward(Dtype dt, void* out, const int32_t* tokens, const void* wte,
                          const void* wpe, int B, int T, int C) override {
     cpu::OpTimer timer_("embedding_forward", dtype_name(dt));
+    if (bf16_direct(dt))
+      return cpu::embedding_forward_bf16(u16(out), tokens, u16(wte), u16(wpe), B, T, C);
     const uint64_t N = uint64_t(B) * T;
     dispatch(dt, "embedding_forward", [&](auto&& a) {
       // The token table is read only at the tokens' rows; widening all of it would cost V·C.
@@ -327,6 +330,8 @@ class CpuBackend final : public Backend {
   void embedding_backward(Dtype dt, void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
                           int B, int T, int C) override {
     cpu::OpTimer timer_("embedding_backward", dtype_name(dt));
+    if (bf16_direct(dt))
+      return cpu::embedding_backward_bf16(u16(dwte), u16(dwpe), u16(dout), tokens, B, T, C);
     const uint64_t N = uint64_t(B) * T;
     dispatch(dt, "embedding_backward", [&](auto&& a) {
       cpu::embedding_backward(a.out(dwte, vocab_rows(tokens, N) * C, true),

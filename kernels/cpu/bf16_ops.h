@@ -14,10 +14,13 @@
 // Compiled for AVX-512, AVX2 and the baseline (HEADROOM_CPU_CLONES), the same bits on each.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <numeric>
+#include <vector>
 
 #include "kernels/common/dtype.h"
 #include "kernels/common/elementwise.h"
@@ -240,6 +243,78 @@ HEADROOM_CPU_CLONES inline void crossentropy_forward_backward_bf16(uint16_t* log
       for (int i = 0; i < V; i++) {
         r16[i] = bf16::round(row[i]);
       }
+    }
+  }
+}
+
+// embedding_forward (embedding.h) on bf16 tables and output: out = wte[token] + wpe[t] (wpe null:
+// wte[token]), added in float and rounded. Only the tokens' rows are read.
+HEADROOM_CPU_CLONES inline void embedding_forward_bf16(uint16_t* out, const int32_t* tokens,
+                                                       const uint16_t* wte, const uint16_t* wpe,
+                                                       int B, int Tn, int C) {
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads_for(size_t(B) * Tn * C))
+  for (int b = 0; b < B; b++) {
+    for (int t = 0; t < Tn; t++) {
+      const size_t bt = static_cast<size_t>(b) * Tn + t;
+      uint16_t* o = out + bt * C;
+      const uint16_t* e = wte + static_cast<size_t>(tokens[bt]) * C;
+      if (wpe == nullptr) {
+        for (int i = 0; i < C; i++)
+          o[i] = bf16::round(bf16::widen(e[i]));
+        continue;
+      }
+      const uint16_t* p = wpe + static_cast<size_t>(t) * C;
+      for (int i = 0; i < C; i++)
+        o[i] = bf16::round(bf16::widen(e[i]) + bf16::widen(p[i]));
+    }
+  }
+}
+
+// embedding_backward (embedding.h) on bf16 tensors: each gradient row the batch touches is
+// widened once, gets its dout rows added in float in (b, t) order (the order of the f32 kernel's
+// additions to each element), and is rounded once; rows no token names are not touched (the
+// widened path rounds them back unchanged). dwte or dwpe may be null.
+HEADROOM_CPU_CLONES inline void embedding_backward_bf16(uint16_t* dwte, uint16_t* dwpe,
+                                                        const uint16_t* dout, const int32_t* tokens,
+                                                        int B, int Tn, int C) {
+  const int N = B * Tn;
+  // The positions in (b, t) order, grouped by token: each group is one dwte row's additions.
+  std::vector<int> order(size_t(N), 0);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return tokens[x] < tokens[y]; });
+  std::vector<int> starts;  // where each token's group begins in order, then N
+  for (int k = 0; k < N; k++)
+    if (k == 0 || tokens[order[size_t(k)]] != tokens[order[size_t(k) - 1]]) starts.push_back(k);
+  starts.push_back(N);
+  const int groups = dwte ? int(starts.size()) - 1 : 0;
+  const int positions = dwpe ? Tn : 0;
+#pragma omp parallel num_threads(threads_for(size_t(N) * C))
+  {
+    std::unique_ptr<float[]> buf(new float[size_t(C)]);
+    float* acc = buf.get();
+#pragma omp for schedule(static) nowait
+    for (int g = 0; g < groups; g++) {
+      uint16_t* row = dwte + static_cast<size_t>(tokens[order[size_t(starts[size_t(g)])]]) * C;
+      bf16::widen_row(row, acc, C);
+      for (int k = starts[size_t(g)]; k < starts[size_t(g) + 1]; k++) {
+        const uint16_t* d = dout + static_cast<size_t>(order[size_t(k)]) * C;
+        for (int i = 0; i < C; i++)
+          acc[i] += bf16::widen(d[i]);
+      }
+      for (int i = 0; i < C; i++)
+        row[i] = bf16::round(acc[i]);
+    }
+#pragma omp for schedule(static)
+    for (int t = 0; t < positions; t++) {
+      uint16_t* row = dwpe + static_cast<size_t>(t) * C;
+      bf16::widen_row(row, acc, C);
+      for (int b = 0; b < B; b++) {
+        const uint16_t* d = dout + (static_cast<size_t>(b) * Tn + t) * C;
+        for (int i = 0; i < C; i++)
+          acc[i] += bf16::widen(d[i]);
+      }
+      for (int i = 0; i < C; i++)
+        row[i] = bf16::round(acc[i]);
     }
   }
 }
