@@ -14,6 +14,7 @@
 
 #include "core/device/backend.h"
 #include "kernels/common/dtype.h"
+#include "kernels/cpu/attention_tiled.h"
 #include "kernels/cpu/bf16_ops.h"
 #include "kernels/cpu/crossentropy.h"
 #include "kernels/cpu/embedding.h"
@@ -246,6 +247,42 @@ TEST(CpuBf16Kernels, EmbeddingIsTheWidenedF32Kernel) {
         expect_same(dwte, round_all(dwtef), "embedding_backward dwte");
         expect_same(dwpe, round_all(dwpef), "embedding_backward dwpe");
       }
+    }
+  }
+}
+
+// The tiled attention (and its grouped-query form): the same tile GEMMs on float copies at the
+// same strides, so bitwise the widened kernel; several tiles, a partial last one.
+TEST(CpuBf16Kernels, TiledAttentionIsTheWidenedF32Kernel) {
+  for (int t : {1, 3}) {
+    Threads th(t);
+    for (const auto& shape :
+         {std::array<int, 6>{1, 5, 8, 2, 2, 64},  // B, T, C, NH, NKV, tile
+          std::array<int, 6>{2, 70, 48, 4, 4, 16}, std::array<int, 6>{3, 37, 64, 4, 2, 8},
+          std::array<int, 6>{1, 130, 96, 2, 2, 64}}) {
+      const int B = shape[0], Tn = shape[1], C = shape[2], NH = shape[3], NKV = shape[4],
+                tile = shape[5];
+      const int W = C + 2 * (C / NH) * NKV;
+      const size_t nq = size_t(B) * Tn * W, no = size_t(B) * Tn * C;
+      const U16 qkv = random_bf16(nq, uint32_t(nq) + 40);
+      F32 qkvf = widen(qkv), outf(no), lsef(size_t(B) * NH * Tn);
+      cpu::attention_tiled_forward(outf.data(), lsef.data(), qkvf.data(), B, Tn, C, NH, tile, NKV);
+      U16 out(no);
+      F32 lse(size_t(B) * NH * Tn);
+      cpu::attention_tiled_forward_bf16(out.data(), lse.data(), qkv.data(), B, Tn, C, NH, tile,
+                                        NKV);
+      expect_same(out, round_all(outf), "attention_tiled_forward out");
+      expect_same(lse, lsef, "attention_tiled_forward lse");
+
+      const U16 dout = random_bf16(no, uint32_t(no) + 41, 0.1f);
+      const U16 dqkv0 = random_bf16(nq, uint32_t(nq) + 42, 0.1f);
+      F32 doutf = widen(dout), dqkvf = widen(dqkv0), outw = widen(out);
+      cpu::attention_tiled_backward(dqkvf.data(), doutf.data(), qkvf.data(), outw.data(),
+                                    lse.data(), B, Tn, C, NH, tile, NKV);
+      U16 dqkv = dqkv0;
+      cpu::attention_tiled_backward_bf16(dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                         lse.data(), B, Tn, C, NH, tile, NKV);
+      expect_same(dqkv, round_all(dqkvf), "attention_tiled_backward dqkv");
     }
   }
 }

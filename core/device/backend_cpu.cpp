@@ -287,7 +287,7 @@ bool lowp_gemm(Dtype dt) {
   return (dt == Dtype::kBF16 || dt == Dtype::kF16) && cpu::lowp_gemm_enabled();
 }
 // bf16 element-wise and row-wise ops (GELU, the residual add, LayerNorm, the loss, the
-// embedding) go to
+// embedding, the tiled attention) go to
 // kernels/cpu/bf16_ops.h: computed on the bf16 tensors where they are, one parallel region an op,
 // bitwise the widened path. HEADROOM_CPU_BF16_EW=0 keeps them widened (a benchmark's "before").
 bool bf16_direct(Dtype dt) {
@@ -425,6 +425,9 @@ class CpuBackend final : public Backend {
   void attention_tiled_forward(Dtype dt, void* out, void* lse, const void* qkv, int B, int T, int C,
                                int NH) override {
     cpu::OpTimer timer_("attention_tiled_forward", dtype_name(dt));
+    if (bf16_direct(dt))
+      return cpu::attention_tiled_forward_bf16(u16(out), static_cast<float*>(lse), u16(qkv), B, T,
+                                               C, NH);
     const uint64_t N = uint64_t(B) * T;
     dispatch(dt, "attention_tiled_forward", [&](auto&& a) {
       cpu::attention_tiled_forward(a.out(out, N * C, false), a.stat(lse), a.in(qkv, N * 3 * C), B,
@@ -435,6 +438,9 @@ class CpuBackend final : public Backend {
                                 const void* out, const void* lse, int B, int T, int C,
                                 int NH) override {
     cpu::OpTimer timer_("attention_tiled_backward", dtype_name(dt));
+    if (bf16_direct(dt))
+      return cpu::attention_tiled_backward_bf16(u16(dqkv), u16(dout), u16(qkv), u16(out),
+                                                static_cast<const float*>(lse), B, T, C, NH);
     const uint64_t N = uint64_t(B) * T;
     dispatch(dt, "attention_tiled_backward", [&](auto&& a) {
       cpu::attention_tiled_backward(a.out(dqkv, N * 3 * C, true), a.in(dout, N * C),
@@ -504,6 +510,9 @@ class CpuBackend final : public Backend {
   void attention_gqa_forward(Dtype dt, void* out, void* lse, const void* qkv, int B, int T, int C,
                              int NH, int NKV) override {
     cpu::OpTimer timer_("attention_gqa_forward", dtype_name(dt));
+    if (bf16_direct(dt))
+      return cpu::attention_tiled_forward_bf16(u16(out), static_cast<float*>(lse), u16(qkv), B, T,
+                                               C, NH, cpu::kAttentionTile, NKV);
     const uint64_t N = uint64_t(B) * T, W = uint64_t(C) + 2 * uint64_t(C) / NH * NKV;
     dispatch(dt, "attention_gqa_forward", [&](auto&& a) {
       cpu::attention_tiled_forward(a.out(out, N * C, false), a.stat(lse), a.in(qkv, N * W), B, T, C,
@@ -514,6 +523,10 @@ class CpuBackend final : public Backend {
                               const void* out, const void* lse, int B, int T, int C, int NH,
                               int NKV) override {
     cpu::OpTimer timer_("attention_gqa_backward", dtype_name(dt));
+    if (bf16_direct(dt))
+      return cpu::attention_tiled_backward_bf16(u16(dqkv), u16(dout), u16(qkv), u16(out),
+                                                static_cast<const float*>(lse), B, T, C, NH,
+                                                cpu::kAttentionTile, NKV);
     const uint64_t N = uint64_t(B) * T, W = uint64_t(C) + 2 * uint64_t(C) / NH * NKV;
     dispatch(dt, "attention_gqa_backward", [&](auto&& a) {
       cpu::attention_tiled_backward(a.out(dqkv, N * W, true), a.in(dout, N * C), a.in(qkv, N * W),

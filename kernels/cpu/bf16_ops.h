@@ -24,6 +24,7 @@
 
 #include "kernels/common/dtype.h"
 #include "kernels/common/elementwise.h"
+#include "kernels/cpu/attention_tiled.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/reduce.h"
 
@@ -47,6 +48,30 @@ inline uint16_t round(float f) {
 inline void widen_row(const uint16_t* in, float* out, int n) {
   for (int i = 0; i < n; i++)
     out[i] = widen(in[i]);
+}
+
+// rows x width elements at a row stride, widened to (or rounded from) the same places of a float
+// buffer.
+inline void widen_cols(const uint16_t* in, float* out, int rows, int width, int stride) {
+  for (int r = 0; r < rows; r++)
+    widen_row(in + static_cast<size_t>(r) * stride, out + static_cast<size_t>(r) * stride, width);
+}
+inline void round_cols(const float* in, uint16_t* out, int rows, int width, int stride) {
+  for (int r = 0; r < rows; r++) {
+    const float* x = in + static_cast<size_t>(r) * stride;
+    uint16_t* y = out + static_cast<size_t>(r) * stride;
+    for (int i = 0; i < width; i++)
+      y[i] = round(x[i]);
+  }
+}
+
+// A float buffer of at least n elements, kept by the calling thread between calls (the OpenMP
+// pool's threads live on): its pages are not faulted in again every op.
+inline float* thread_buffer(int which, size_t n) {
+  static thread_local std::vector<float> bufs[4];
+  std::vector<float>& b = bufs[which];
+  if (b.size() < n) b.resize(n);
+  return b.data();
 }
 
 }  // namespace bf16
@@ -315,6 +340,102 @@ HEADROOM_CPU_CLONES inline void embedding_backward_bf16(uint16_t* dwte, uint16_t
       }
       for (int i = 0; i < C; i++)
         row[i] = bf16::round(acc[i]);
+    }
+  }
+}
+
+// attention_tiled_forward (attention_tiled.h) on bf16 qkv and out; lse f32. Each (batch, head)
+// widens its q, k and v columns into the thread's float copy of the batch's (T, 3C) rows, at the
+// same places (so the tile GEMMs see the same shapes and strides), runs the f32 kernel's head,
+// and rounds its output columns back.
+HEADROOM_CPU_CLONES inline void attention_tiled_forward_bf16(uint16_t* out, float* lse,
+                                                             const uint16_t* qkv, int B, int Tn,
+                                                             int C, int NH,
+                                                             int tile = kAttentionTile,
+                                                             int NKV = 0) {
+  if (NKV == 0) NKV = NH;
+  const int hs = C / NH, group = NH / NKV;
+  const int C3 = C + 2 * NKV * hs;
+  const float scale = float(1.0 / std::sqrt(static_cast<double>(hs)));
+  const int nt = kGemmInParallel ? threads_for(size_t(B) * NH * Tn * Tn / 2) : 1;
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<float> s(static_cast<size_t>(tile) * tile), m(tile), l(tile);
+    float* fqkv = bf16::thread_buffer(0, static_cast<size_t>(Tn) * C3);
+    float* fout = bf16::thread_buffer(1, static_cast<size_t>(Tn) * C);
+#pragma omp for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++) {
+      for (int h = 0; h < NH; h++) {
+        const detail::QkvHead<uint16_t> hd(qkv, nullptr, b, h, Tn, C, hs, group);
+        const detail::QkvHead<float> lf(fqkv, nullptr, 0, h, Tn, C, hs, group);
+        bf16::widen_cols(hd.q, fqkv + (lf.q - fqkv), Tn, hs, C3);
+        bf16::widen_cols(hd.k, fqkv + (lf.k - fqkv), Tn, hs, C3);
+        bf16::widen_cols(hd.v, fqkv + (lf.v - fqkv), Tn, hs, C3);
+        float* fo = fout + lf.o_off;
+        detail::attention_tiled_forward_head(fo, lse + (static_cast<size_t>(b) * NH + h) * Tn, lf.q,
+                                             lf.k, lf.v, Tn, C, hs, C3, tile, scale, s.data(),
+                                             m.data(), l.data());
+        bf16::round_cols(fo, out + hd.o_off, Tn, hs, C);
+      }
+    }
+  }
+}
+
+// attention_tiled_backward (attention_tiled.h) on bf16 tensors (dqkv accumulated); lse f32. Each
+// (batch, key/value head) group widens its heads' q, k, v, their current gradients, dout and out
+// into the thread's float copies at the same places, runs the f32 kernel's heads in order, and
+// rounds its gradient columns back once.
+HEADROOM_CPU_CLONES inline void attention_tiled_backward_bf16(
+    uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
+    const float* lse, int B, int Tn, int C, int NH, int tile = kAttentionTile, int NKV = 0) {
+  if (NKV == 0) NKV = NH;
+  const int hs = C / NH, group = NH / NKV;
+  const int C3 = C + 2 * NKV * hs;
+  const float scale = float(1.0 / std::sqrt(static_cast<double>(hs)));
+  const int nt = kGemmInParallel ? threads_for(size_t(B) * NH * Tn * Tn / 2) : 1;
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<float> p(static_cast<size_t>(tile) * tile), dp(static_cast<size_t>(tile) * tile),
+        dsum(tile);
+    float* fqkv = bf16::thread_buffer(0, static_cast<size_t>(Tn) * C3);
+    float* fdqkv = bf16::thread_buffer(2, static_cast<size_t>(Tn) * C3);
+    float* fout = bf16::thread_buffer(1, static_cast<size_t>(Tn) * C);
+    float* fdout = bf16::thread_buffer(3, static_cast<size_t>(Tn) * C);
+#pragma omp for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++) {
+      for (int kvh = 0; kvh < NKV; kvh++) {
+        const int h0 = kvh * group, h1 = h0 + group;
+        for (int h = h0; h < h1; h++) {  // widen: k, v (and their gradients) with the first head
+          const detail::QkvHead<uint16_t> hd(qkv, dqkv, b, h, Tn, C, hs, group);
+          const detail::QkvHead<float> lf(fqkv, fdqkv, 0, h, Tn, C, hs, group);
+          bf16::widen_cols(hd.q, fqkv + (lf.q - fqkv), Tn, hs, C3);
+          bf16::widen_cols(hd.dq, lf.dq, Tn, hs, C3);
+          if (h == h0) {
+            bf16::widen_cols(hd.k, fqkv + (lf.k - fqkv), Tn, hs, C3);
+            bf16::widen_cols(hd.v, fqkv + (lf.v - fqkv), Tn, hs, C3);
+            bf16::widen_cols(hd.dk, lf.dk, Tn, hs, C3);
+            bf16::widen_cols(hd.dv, lf.dv, Tn, hs, C3);
+          }
+          bf16::widen_cols(out + hd.o_off, fout + lf.o_off, Tn, hs, C);
+          bf16::widen_cols(dout + hd.o_off, fdout + lf.o_off, Tn, hs, C);
+        }
+        for (int h = h0; h < h1; h++) {
+          const detail::QkvHead<float> lf(fqkv, fdqkv, 0, h, Tn, C, hs, group);
+          detail::attention_tiled_backward_head(
+              lf.dq, lf.dk, lf.dv, fdout + lf.o_off, lf.q, lf.k, lf.v, fout + lf.o_off,
+              lse + (static_cast<size_t>(b) * NH + h) * Tn, Tn, C, hs, C3, tile, scale, p.data(),
+              dp.data(), dsum.data());
+        }
+        for (int h = h0; h < h1; h++) {
+          const detail::QkvHead<uint16_t> hd(qkv, dqkv, b, h, Tn, C, hs, group);
+          const detail::QkvHead<float> lf(fqkv, fdqkv, 0, h, Tn, C, hs, group);
+          bf16::round_cols(lf.dq, hd.dq, Tn, hs, C3);
+          if (h == h0) {
+            bf16::round_cols(lf.dk, hd.dk, Tn, hs, C3);
+            bf16::round_cols(lf.dv, hd.dv, Tn, hs, C3);
+          }
+        }
+      }
     }
   }
 }
