@@ -1,6 +1,6 @@
 // CPU training-step benchmark: tokens/s, and where the step time goes.
 //
-//   build/bin/bench_cpu_step CONFIG [--set section.key=value]... [--steps N] [--warmup W]
+//   build/bin/bench_cpu_step CONFIG [--set section.key=value]... [--steps N] [--warmup W] [--quick]
 //
 // Runs W + N optimizer steps of the config through the real trainer and measures the last N:
 // tokens/s, the share of step time inside the GEMM library's calls (timed around each call made
@@ -10,7 +10,9 @@
 // a warm-up call): the library's own sgemm rate on the step's shapes, against what the step got
 // from it. Everything is measured in this one run, side by side. With amp bf16 the linear
 // layers' GEMMs are bf16 (kernels/cpu/gemm_lowp.h: the `bf` rows), timed alone in bf16 too
-// (without the forward's bias input).
+// (without the forward's bias input). And every backend op the measured steps called, timed call
+// by call with the conversions around it (cpu::OpProfile): where the non-GEMM time goes in the step
+// itself. --quick prints only the step, its GEMM time and the ops.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
