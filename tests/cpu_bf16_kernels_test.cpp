@@ -251,8 +251,10 @@ TEST(CpuBf16Kernels, EmbeddingIsTheWidenedF32Kernel) {
   }
 }
 
-// The tiled attention (and its grouped-query form): the same tile GEMMs on float copies at the
-// same strides, so bitwise the widened kernel; several tiles, a partial last one.
+// The tiled attention (and its grouped-query form): the same tile GEMMs on float copies of one
+// head (or one key/value group) at a time, bitwise the widened kernel here (the tile GEMMs' row
+// strides differ: the GEMM library gives the same bits for them); several tiles, a partial last
+// one, and gpt2-124m's heads.
 TEST(CpuBf16Kernels, TiledAttentionIsTheWidenedF32Kernel) {
   for (int t : {1, 3}) {
     Threads th(t);

@@ -50,16 +50,18 @@ inline void widen_row(const uint16_t* in, float* out, int n) {
     out[i] = widen(in[i]);
 }
 
-// rows x width elements at a row stride, widened to (or rounded from) the same places of a float
-// buffer.
-inline void widen_cols(const uint16_t* in, float* out, int rows, int width, int stride) {
+// rows x width elements, row strides in_stride and out_stride, widened (or rounded).
+inline void widen_cols(const uint16_t* in, float* out, int rows, int width, int in_stride,
+                       int out_stride) {
   for (int r = 0; r < rows; r++)
-    widen_row(in + static_cast<size_t>(r) * stride, out + static_cast<size_t>(r) * stride, width);
+    widen_row(in + static_cast<size_t>(r) * in_stride, out + static_cast<size_t>(r) * out_stride,
+              width);
 }
-inline void round_cols(const float* in, uint16_t* out, int rows, int width, int stride) {
+inline void round_cols(const float* in, uint16_t* out, int rows, int width, int in_stride,
+                       int out_stride) {
   for (int r = 0; r < rows; r++) {
-    const float* x = in + static_cast<size_t>(r) * stride;
-    uint16_t* y = out + static_cast<size_t>(r) * stride;
+    const float* x = in + static_cast<size_t>(r) * in_stride;
+    uint16_t* y = out + static_cast<size_t>(r) * out_stride;
     for (int i = 0; i < width; i++)
       y[i] = round(x[i]);
   }
@@ -345,9 +347,9 @@ HEADROOM_CPU_CLONES inline void embedding_backward_bf16(uint16_t* dwte, uint16_t
 }
 
 // attention_tiled_forward (attention_tiled.h) on bf16 qkv and out; lse f32. Each (batch, head)
-// widens its q, k and v columns into the thread's float copy of the batch's (T, 3C) rows, at the
-// same places (so the tile GEMMs see the same shapes and strides), runs the f32 kernel's head,
-// and rounds its output columns back.
+// widens its q, k and v columns into the thread's float buffer (T, 3 hs), runs the f32 kernel's
+// head on it, and rounds its output columns back. The buffers hold one head, so they stay small
+// (and in cache) whatever the model's width.
 HEADROOM_CPU_CLONES inline void attention_tiled_forward_bf16(uint16_t* out, float* lse,
                                                              const uint16_t* qkv, int B, int Tn,
                                                              int C, int NH,
@@ -361,21 +363,20 @@ HEADROOM_CPU_CLONES inline void attention_tiled_forward_bf16(uint16_t* out, floa
 #pragma omp parallel num_threads(nt)
   {
     std::vector<float> s(static_cast<size_t>(tile) * tile), m(tile), l(tile);
-    float* fqkv = bf16::thread_buffer(0, static_cast<size_t>(Tn) * C3);
-    float* fout = bf16::thread_buffer(1, static_cast<size_t>(Tn) * C);
+    // q | k | v of one head, row stride 3 hs; its output, row stride hs.
+    float* fqkv = bf16::thread_buffer(0, static_cast<size_t>(Tn) * 3 * hs);
+    float* fout = bf16::thread_buffer(1, static_cast<size_t>(Tn) * hs);
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
       for (int h = 0; h < NH; h++) {
         const detail::QkvHead<uint16_t> hd(qkv, nullptr, b, h, Tn, C, hs, group);
-        const detail::QkvHead<float> lf(fqkv, nullptr, 0, h, Tn, C, hs, group);
-        bf16::widen_cols(hd.q, fqkv + (lf.q - fqkv), Tn, hs, C3);
-        bf16::widen_cols(hd.k, fqkv + (lf.k - fqkv), Tn, hs, C3);
-        bf16::widen_cols(hd.v, fqkv + (lf.v - fqkv), Tn, hs, C3);
-        float* fo = fout + lf.o_off;
-        detail::attention_tiled_forward_head(fo, lse + (static_cast<size_t>(b) * NH + h) * Tn, lf.q,
-                                             lf.k, lf.v, Tn, C, hs, C3, tile, scale, s.data(),
-                                             m.data(), l.data());
-        bf16::round_cols(fo, out + hd.o_off, Tn, hs, C);
+        bf16::widen_cols(hd.q, fqkv, Tn, hs, C3, 3 * hs);
+        bf16::widen_cols(hd.k, fqkv + hs, Tn, hs, C3, 3 * hs);
+        bf16::widen_cols(hd.v, fqkv + 2 * hs, Tn, hs, C3, 3 * hs);
+        detail::attention_tiled_forward_head(fout, lse + (static_cast<size_t>(b) * NH + h) * Tn,
+                                             fqkv, fqkv + hs, fqkv + 2 * hs, Tn, hs, hs, 3 * hs,
+                                             tile, scale, s.data(), m.data(), l.data());
+        bf16::round_cols(fout, out + hd.o_off, Tn, hs, hs, C);
       }
     }
   }
@@ -383,58 +384,58 @@ HEADROOM_CPU_CLONES inline void attention_tiled_forward_bf16(uint16_t* out, floa
 
 // attention_tiled_backward (attention_tiled.h) on bf16 tensors (dqkv accumulated); lse f32. Each
 // (batch, key/value head) group widens its heads' q, k, v, their current gradients, dout and out
-// into the thread's float copies at the same places, runs the f32 kernel's heads in order, and
-// rounds its gradient columns back once.
+// into the thread's float buffers, laid out as the qkv of a model of those heads alone (G = group
+// query heads of hs, one key/value head: rows of G hs + 2 hs), runs the f32 kernel's heads in
+// order, and rounds its gradient columns back once.
 HEADROOM_CPU_CLONES inline void attention_tiled_backward_bf16(
     uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
     const float* lse, int B, int Tn, int C, int NH, int tile = kAttentionTile, int NKV = 0) {
   if (NKV == 0) NKV = NH;
   const int hs = C / NH, group = NH / NKV;
   const int C3 = C + 2 * NKV * hs;
+  const int Cg = group * hs, W = Cg + 2 * hs;  // the group's own C and row stride
   const float scale = float(1.0 / std::sqrt(static_cast<double>(hs)));
   const int nt = kGemmInParallel ? threads_for(size_t(B) * NH * Tn * Tn / 2) : 1;
 #pragma omp parallel num_threads(nt)
   {
     std::vector<float> p(static_cast<size_t>(tile) * tile), dp(static_cast<size_t>(tile) * tile),
         dsum(tile);
-    float* fqkv = bf16::thread_buffer(0, static_cast<size_t>(Tn) * C3);
-    float* fdqkv = bf16::thread_buffer(2, static_cast<size_t>(Tn) * C3);
-    float* fout = bf16::thread_buffer(1, static_cast<size_t>(Tn) * C);
-    float* fdout = bf16::thread_buffer(3, static_cast<size_t>(Tn) * C);
+    float* fqkv = bf16::thread_buffer(0, static_cast<size_t>(Tn) * W);
+    float* fdqkv = bf16::thread_buffer(2, static_cast<size_t>(Tn) * W);
+    float* fout = bf16::thread_buffer(1, static_cast<size_t>(Tn) * Cg);
+    float* fdout = bf16::thread_buffer(3, static_cast<size_t>(Tn) * Cg);
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
       for (int kvh = 0; kvh < NKV; kvh++) {
-        const int h0 = kvh * group, h1 = h0 + group;
-        for (int h = h0; h < h1; h++) {  // widen: k, v (and their gradients) with the first head
+        const int h0 = kvh * group;
+        const detail::QkvHead<uint16_t> g0(qkv, dqkv, b, h0, Tn, C, hs, group);
+        const detail::QkvHead<float> l0(fqkv, fdqkv, 0, 0, Tn, Cg, hs, group);
+        bf16::widen_cols(g0.k, fqkv + (l0.k - fqkv), Tn, hs, C3, W);
+        bf16::widen_cols(g0.v, fqkv + (l0.v - fqkv), Tn, hs, C3, W);
+        bf16::widen_cols(g0.dk, l0.dk, Tn, hs, C3, W);
+        bf16::widen_cols(g0.dv, l0.dv, Tn, hs, C3, W);
+        for (int h = h0; h < h0 + group; h++) {
           const detail::QkvHead<uint16_t> hd(qkv, dqkv, b, h, Tn, C, hs, group);
-          const detail::QkvHead<float> lf(fqkv, fdqkv, 0, h, Tn, C, hs, group);
-          bf16::widen_cols(hd.q, fqkv + (lf.q - fqkv), Tn, hs, C3);
-          bf16::widen_cols(hd.dq, lf.dq, Tn, hs, C3);
-          if (h == h0) {
-            bf16::widen_cols(hd.k, fqkv + (lf.k - fqkv), Tn, hs, C3);
-            bf16::widen_cols(hd.v, fqkv + (lf.v - fqkv), Tn, hs, C3);
-            bf16::widen_cols(hd.dk, lf.dk, Tn, hs, C3);
-            bf16::widen_cols(hd.dv, lf.dv, Tn, hs, C3);
-          }
-          bf16::widen_cols(out + hd.o_off, fout + lf.o_off, Tn, hs, C);
-          bf16::widen_cols(dout + hd.o_off, fdout + lf.o_off, Tn, hs, C);
+          const detail::QkvHead<float> lf(fqkv, fdqkv, 0, h - h0, Tn, Cg, hs, group);
+          bf16::widen_cols(hd.q, fqkv + (lf.q - fqkv), Tn, hs, C3, W);
+          bf16::widen_cols(hd.dq, lf.dq, Tn, hs, C3, W);
+          bf16::widen_cols(out + hd.o_off, fout + lf.o_off, Tn, hs, C, Cg);
+          bf16::widen_cols(dout + hd.o_off, fdout + lf.o_off, Tn, hs, C, Cg);
         }
-        for (int h = h0; h < h1; h++) {
-          const detail::QkvHead<float> lf(fqkv, fdqkv, 0, h, Tn, C, hs, group);
+        for (int h = h0; h < h0 + group; h++) {
+          const detail::QkvHead<float> lf(fqkv, fdqkv, 0, h - h0, Tn, Cg, hs, group);
           detail::attention_tiled_backward_head(
               lf.dq, lf.dk, lf.dv, fdout + lf.o_off, lf.q, lf.k, lf.v, fout + lf.o_off,
-              lse + (static_cast<size_t>(b) * NH + h) * Tn, Tn, C, hs, C3, tile, scale, p.data(),
+              lse + (static_cast<size_t>(b) * NH + h) * Tn, Tn, Cg, hs, W, tile, scale, p.data(),
               dp.data(), dsum.data());
         }
-        for (int h = h0; h < h1; h++) {
+        for (int h = h0; h < h0 + group; h++) {
           const detail::QkvHead<uint16_t> hd(qkv, dqkv, b, h, Tn, C, hs, group);
-          const detail::QkvHead<float> lf(fqkv, fdqkv, 0, h, Tn, C, hs, group);
-          bf16::round_cols(lf.dq, hd.dq, Tn, hs, C3);
-          if (h == h0) {
-            bf16::round_cols(lf.dk, hd.dk, Tn, hs, C3);
-            bf16::round_cols(lf.dv, hd.dv, Tn, hs, C3);
-          }
+          const detail::QkvHead<float> lf(fqkv, fdqkv, 0, h - h0, Tn, Cg, hs, group);
+          bf16::round_cols(lf.dq, hd.dq, Tn, hs, W, C3);
         }
+        bf16::round_cols(l0.dk, g0.dk, Tn, hs, W, C3);
+        bf16::round_cols(l0.dv, g0.dv, Tn, hs, W, C3);
       }
     }
   }
