@@ -1,6 +1,6 @@
 // CPU training-step benchmark: tokens/s, and where the step time goes.
 //
-//   build/bin/bench_cpu_step CONFIG [--set section.key=value]... [--steps N] [--warmup W]
+//   build/bin/bench_cpu_step CONFIG [--set section.key=value]... [--steps N] [--warmup W] [--quick]
 //
 // Runs W + N optimizer steps of the config through the real trainer and measures the last N:
 // tokens/s, the share of step time inside the GEMM library's calls (timed around each call made
@@ -10,7 +10,9 @@
 // a warm-up call): the library's own sgemm rate on the step's shapes, against what the step got
 // from it. Everything is measured in this one run, side by side. With amp bf16 the linear
 // layers' GEMMs are bf16 (kernels/cpu/gemm_lowp.h: the `bf` rows), timed alone in bf16 too
-// (without the forward's bias input).
+// (without the forward's bias input). And every backend op the measured steps called, timed call
+// by call with the conversions around it (cpu::OpProfile): where the non-GEMM time goes in the step
+// itself. --quick prints only the step, its GEMM time and the ops.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -48,10 +50,13 @@ class MeasureWindow final : public EventListener {
     if (e.event == Event::kStepBegin && e.step == first_step_) {
       cpu::gemm_profile().reset();
       cpu::gemm_profile().enabled = true;
+      cpu::op_profile().reset();
+      cpu::op_profile().enabled = true;
       start_ = Clock::now();
     } else if (e.event == Event::kTrainEnd) {
       elapsed_ = seconds_since(start_);
       cpu::gemm_profile().enabled = false;
+      cpu::op_profile().enabled = false;
     }
   }
   double elapsed() const { return elapsed_; }
@@ -207,6 +212,27 @@ double gemm_alone(const cpu::GemmShape& g, std::mt19937& rng) {
   return best;
 }
 
+// The step's backend ops, op by op (matmul_* include their GEMMs), most expensive first.
+void backend_ops(const cpu::OpProfile& profile, int steps, double step_s, double gemm_s) {
+  std::vector<std::pair<std::string, cpu::GemmShapeStats>> ops(profile.ops.begin(),
+                                                               profile.ops.end());
+  std::sort(ops.begin(), ops.end(),
+            [](const auto& x, const auto& y) { return x.second.seconds > y.second.seconds; });
+  std::printf("\nBackend ops in the step (wall time per step, conversions included):\n");
+  double all = 0.0;
+  for (const auto& [name, st] : ops) {
+    const double s = st.seconds / steps;
+    all += s;
+    std::printf("%-38s %7.0f calls %10.1f ms  %5.1f%%\n", name.c_str(), double(st.calls) / steps,
+                s * 1e3, 100 * s / step_s);
+  }
+  std::printf("%-38s %10.1f ms  %5.1f%%\n", "all backend ops", all * 1e3, 100 * all / step_s);
+  std::printf("%-38s %10.1f ms  %5.1f%%\n", "outside the backend's ops", (step_s - all) * 1e3,
+              100 * (step_s - all) / step_s);
+  std::printf("%-38s %10.1f ms  (GEMM %.1f ms)\n", "non-GEMM (step time minus GEMM)",
+              (step_s - gemm_s) * 1e3, gemm_s * 1e3);
+}
+
 // The step's GEMMs shape by shape: in the step, and alone.
 void gemm_shapes(const cpu::GemmProfile& profile, int steps) {
   struct Line {
@@ -251,6 +277,8 @@ int main(int argc, char** argv) {
   app.add_option("config", file, "the TOML config")->required();
   app.add_option("--set", sets, "override a config key: --set section.key=value");
   app.add_option("--steps", steps, "measured optimizer steps")->check(CLI::PositiveNumber);
+  bool quick = false;
+  app.add_flag("--quick", quick, "skip timing the kernels and the GEMM shapes alone");
   app.add_option("--warmup", warmup, "steps run before measuring")->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
@@ -275,6 +303,7 @@ int main(int argc, char** argv) {
     const double step_s = elapsed / steps;
     const double tokens = double(c.train.micro_batch) * c.model.seq_len * c.train.grad_accum;
     const cpu::GemmProfile gemm = cpu::gemm_profile();
+    const cpu::OpProfile op_profile = cpu::op_profile();
     const double gemm_s = gemm.seconds / steps;
     std::printf("config: %s  n_layer=%d n_head=%d n_embd=%d seq_len=%d vocab=%d  %llu params\n",
                 file.c_str(), c.model.n_layer, c.model.n_head, c.model.n_embd, c.model.seq_len,
@@ -292,7 +321,7 @@ int main(int argc, char** argv) {
                 gemm.flops / gemm.seconds / 1e9);
 
     double accounted = gemm_s;
-    for (const Row& r : non_gemm_kernels(c, num_params)) {
+    for (const Row& r : quick ? std::vector<Row>() : non_gemm_kernels(c, num_params)) {
       std::printf("%-26s %8.1f ms  %5.1f%%\n", r.what.c_str(), r.seconds_per_step * 1e3,
                   100 * r.seconds_per_step / step_s);
       accounted += r.seconds_per_step;
@@ -302,7 +331,8 @@ int main(int argc, char** argv) {
         "%-26s %8.1f ms  %5.1f%%  (step time minus all of the above: embedding, "
         "residual adds, zeroing and copying gradients, allocation, data)\n",
         "other", other * 1e3, 100 * other / step_s);
-    gemm_shapes(gemm, steps);
+    backend_ops(op_profile, steps, step_s, gemm_s);
+    if (!quick) gemm_shapes(gemm, steps);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cpu_step: %s\n", e.what());
     return 2;

@@ -19,6 +19,7 @@
 #include "kernels/common/dtype.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_tiled.h"
+#include "kernels/cpu/bf16_ops.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/crossentropy.h"
 #include "kernels/cpu/embedding.h"
@@ -26,6 +27,7 @@
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
+#include "kernels/cpu/profile.h"
 #include "kernels/cpu/residual.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
@@ -284,6 +286,17 @@ void pointwise_map(void* out, uint64_t n, F&& f) {
 bool lowp_gemm(Dtype dt) {
   return (dt == Dtype::kBF16 || dt == Dtype::kF16) && cpu::lowp_gemm_enabled();
 }
+// bf16 element-wise and row-wise ops (GELU, the residual add, LayerNorm, the loss, the
+// embedding, the tiled attention) go to
+// kernels/cpu/bf16_ops.h: computed on the bf16 tensors where they are, one parallel region an op,
+// bitwise the widened path. HEADROOM_CPU_BF16_EW=0 keeps them widened (a benchmark's "before").
+bool bf16_direct(Dtype dt) {
+  static const bool on = [] {
+    const char* e = std::getenv("HEADROOM_CPU_BF16_EW");
+    return !(e && std::string(e) == "0");
+  }();
+  return dt == Dtype::kBF16 && on;
+}
 cpu::Lowp lowp(Dtype dt) {
   return dt == Dtype::kBF16 ? cpu::Lowp::kBF16 : cpu::Lowp::kF16;
 }
@@ -304,6 +317,9 @@ class CpuBackend final : public Backend {
   }
   void embedding_forward(Dtype dt, void* out, const int32_t* tokens, const void* wte,
                          const void* wpe, int B, int T, int C) override {
+    cpu::OpTimer timer_("embedding_forward", dtype_name(dt));
+    if (bf16_direct(dt))
+      return cpu::embedding_forward_bf16(u16(out), tokens, u16(wte), u16(wpe), B, T, C);
     const uint64_t N = uint64_t(B) * T;
     dispatch(dt, "embedding_forward", [&](auto&& a) {
       // The token table is read only at the tokens' rows; widening all of it would cost V·C.
@@ -313,6 +329,9 @@ class CpuBackend final : public Backend {
   }
   void embedding_backward(Dtype dt, void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
                           int B, int T, int C) override {
+    cpu::OpTimer timer_("embedding_backward", dtype_name(dt));
+    if (bf16_direct(dt))
+      return cpu::embedding_backward_bf16(u16(dwte), u16(dwpe), u16(dout), tokens, B, T, C);
     const uint64_t N = uint64_t(B) * T;
     dispatch(dt, "embedding_backward", [&](auto&& a) {
       cpu::embedding_backward(a.out(dwte, vocab_rows(tokens, N) * C, true),
@@ -322,7 +341,13 @@ class CpuBackend final : public Backend {
   }
   void layernorm_forward(Dtype dt, void* out, void* mean, void* rstd, const void* inp,
                          const void* weight, const void* bias, int N, int C) override {
+    cpu::OpTimer timer_("layernorm_forward", dtype_name(dt));
     const uint64_t n = uint64_t(N) * C;
+    if (bf16_direct(dt) && weight && bias) {
+      cpu::layernorm_forward_bf16(u16(out), static_cast<float*>(mean), static_cast<float*>(rstd),
+                                  u16(inp), u16(weight), u16(bias), N, C);
+      return;
+    }
     dispatch(dt, "layernorm_forward", [&](auto&& a) {
       cpu::layernorm_forward(a.out(out, n, false), a.stat(mean), a.stat(rstd), a.in(inp, n),
                              a.in(weight, C), a.in(bias, C), N, C);
@@ -331,9 +356,18 @@ class CpuBackend final : public Backend {
   void layernorm_backward(Dtype dt, void* dinp, void* dweight, void* dbias, const void* dout,
                           const void* inp, const void* weight, const void* mean, const void* rstd,
                           int N, int C, Grad dinp_mode, const void* dres) override {
+    cpu::OpTimer timer_("layernorm_backward", dtype_name(dt));
     const uint64_t n = uint64_t(N) * C;
     const bool acc = dinp_mode == Grad::kAccumulate;
     if (acc && dres) throw OpError("layernorm_backward: dres is for Grad::kWrite only");
+    // An input gradient over an input (never in the model) takes the widened path, which copies
+    // the inputs first.
+    if (bf16_direct(dt) && dinp != dout && dinp != inp) {
+      cpu::layernorm_backward_bf16(u16(dinp), u16(dweight), u16(dbias), u16(dout), u16(inp),
+                                   u16(weight), static_cast<const float*>(mean),
+                                   static_cast<const float*>(rstd), N, C, acc, u16(dres));
+      return;
+    }
     dispatch(dt, "layernorm_backward", [&](auto&& a) {
       cpu::layernorm_backward(a.out(dinp, n, acc), a.out(dweight, C, true), a.out(dbias, C, true),
                               a.in(dout, n), a.in(inp, n), a.in(weight, C), a.stat(mean),
@@ -342,6 +376,7 @@ class CpuBackend final : public Backend {
   }
   void matmul_forward(Dtype dt, void* out, const void* inp, const void* weight, const void* bias,
                       int N, int C, int OC) override {
+    cpu::OpTimer timer_("matmul_forward", dtype_name(dt));
     if (lowp_gemm(dt)) {
       cpu::matmul_forward_lowp(lowp(dt), u16(out), u16(inp), u16(weight), u16(bias), N, C, OC);
       return;
@@ -354,6 +389,7 @@ class CpuBackend final : public Backend {
   void matmul_backward(Dtype dt, void* dinp, void* dweight, void* dbias, const void* dout,
                        const void* inp, const void* weight, int N, int C, int OC,
                        Grad dinp_mode) override {
+    cpu::OpTimer timer_("matmul_backward", dtype_name(dt));
     const bool acc = dinp_mode == Grad::kAccumulate;
     if (lowp_gemm(dt)) {
       cpu::matmul_backward_lowp(lowp(dt), u16(dinp), u16(dweight), u16(dbias), u16(dout), u16(inp),
@@ -369,6 +405,7 @@ class CpuBackend final : public Backend {
   }
   void attention_forward(Dtype dt, void* out, void* att, const void* qkv, int B, int T, int C,
                          int NH) override {
+    cpu::OpTimer timer_("attention_forward", dtype_name(dt));
     const uint64_t N = uint64_t(B) * T;
     dispatch(dt, "attention_forward", [&](auto&& a) {
       cpu::attention_forward(a.out(out, N * C, false), a.out(att, N * NH * T, false),
@@ -377,6 +414,7 @@ class CpuBackend final : public Backend {
   }
   void attention_backward(Dtype dt, void* dqkv, void* scratch, const void* dout, const void* qkv,
                           const void* att, int B, int T, int C, int NH) override {
+    cpu::OpTimer timer_("attention_backward", dtype_name(dt));
     const uint64_t N = uint64_t(B) * T;
     dispatch(dt, "attention_backward", [&](auto&& a) {
       cpu::attention_backward(
@@ -386,6 +424,10 @@ class CpuBackend final : public Backend {
   }
   void attention_tiled_forward(Dtype dt, void* out, void* lse, const void* qkv, int B, int T, int C,
                                int NH) override {
+    cpu::OpTimer timer_("attention_tiled_forward", dtype_name(dt));
+    if (bf16_direct(dt))
+      return cpu::attention_tiled_forward_bf16(u16(out), static_cast<float*>(lse), u16(qkv), B, T,
+                                               C, NH);
     const uint64_t N = uint64_t(B) * T;
     dispatch(dt, "attention_tiled_forward", [&](auto&& a) {
       cpu::attention_tiled_forward(a.out(out, N * C, false), a.stat(lse), a.in(qkv, N * 3 * C), B,
@@ -395,6 +437,10 @@ class CpuBackend final : public Backend {
   void attention_tiled_backward(Dtype dt, void* dqkv, const void* dout, const void* qkv,
                                 const void* out, const void* lse, int B, int T, int C,
                                 int NH) override {
+    cpu::OpTimer timer_("attention_tiled_backward", dtype_name(dt));
+    if (bf16_direct(dt))
+      return cpu::attention_tiled_backward_bf16(u16(dqkv), u16(dout), u16(qkv), u16(out),
+                                                static_cast<const float*>(lse), B, T, C, NH);
     const uint64_t N = uint64_t(B) * T;
     dispatch(dt, "attention_tiled_backward", [&](auto&& a) {
       cpu::attention_tiled_backward(a.out(dqkv, N * 3 * C, true), a.in(dout, N * C),
@@ -404,6 +450,7 @@ class CpuBackend final : public Backend {
   }
   uint64_t attention_scratch_numel(int, int T, int) const override { return uint64_t(T) * T; }
   void attention_decode(Dtype dt, void* out, const void* qkv, int T, int C, int NH) override {
+    cpu::OpTimer timer_("attention_decode", dtype_name(dt));
     dispatch(dt, "attention_decode", [&](auto&& a) {
       cpu::attention_decode(a.out(out, uint64_t(C), false), a.in(qkv, uint64_t(T) * 3 * C), T, C,
                             NH);
@@ -412,6 +459,7 @@ class CpuBackend final : public Backend {
   bool llama_ops() const override { return true; }
   void rmsnorm_forward(Dtype dt, void* out, void* rstd, const void* inp, const void* weight, int N,
                        int C, double eps) override {
+    cpu::OpTimer timer_("rmsnorm_forward", dtype_name(dt));
     const uint64_t n = uint64_t(N) * C;
     dispatch(dt, "rmsnorm_forward", [&](auto&& a) {
       cpu::rmsnorm_forward(a.out(out, n, false), a.stat(rstd), a.in(inp, n), a.in(weight, C), N, C,
@@ -421,6 +469,7 @@ class CpuBackend final : public Backend {
   void rmsnorm_backward(Dtype dt, void* dinp, void* dweight, const void* dout, const void* inp,
                         const void* weight, const void* rstd, int N, int C, Grad dinp_mode,
                         const void* dres) override {
+    cpu::OpTimer timer_("rmsnorm_backward", dtype_name(dt));
     const uint64_t n = uint64_t(N) * C;
     const bool acc = dinp_mode == Grad::kAccumulate;
     if (acc && dres) throw OpError("rmsnorm_backward: dres is for Grad::kWrite only");
@@ -430,12 +479,14 @@ class CpuBackend final : public Backend {
     });
   }
   void swiglu_forward(Dtype dt, void* out, const void* gu, int N, int H) override {
+    cpu::OpTimer timer_("swiglu_forward", dtype_name(dt));
     const uint64_t n = uint64_t(N) * H;
     dispatch(dt, "swiglu_forward",
              [&](auto&& a) { cpu::swiglu_forward(a.out(out, n, false), a.in(gu, 2 * n), N, H); });
   }
   void swiglu_backward(Dtype dt, void* dgu, const void* gu, const void* dout, int N, int H,
                        Grad dgu_mode) override {
+    cpu::OpTimer timer_("swiglu_backward", dtype_name(dt));
     const uint64_t n = uint64_t(N) * H;
     const bool acc = dgu_mode == Grad::kAccumulate;
     dispatch(dt, "swiglu_backward", [&](auto&& a) {
@@ -444,18 +495,24 @@ class CpuBackend final : public Backend {
   }
   void rope_forward(Dtype dt, void* qkv, int B, int T, int NH, int NKV, int hs,
                     const RopeParams& p) override {
+    cpu::OpTimer timer_("rope_forward", dtype_name(dt));
     const uint64_t n = uint64_t(B) * T * (NH + 2 * NKV) * hs;
     dispatch(dt, "rope_forward",
              [&](auto&& a) { cpu::rope_forward(a.out(qkv, n, true), B, T, NH, NKV, hs, p); });
   }
   void rope_backward(Dtype dt, void* dqkv, int B, int T, int NH, int NKV, int hs,
                      const RopeParams& p) override {
+    cpu::OpTimer timer_("rope_backward", dtype_name(dt));
     const uint64_t n = uint64_t(B) * T * (NH + 2 * NKV) * hs;
     dispatch(dt, "rope_backward",
              [&](auto&& a) { cpu::rope_backward(a.out(dqkv, n, true), B, T, NH, NKV, hs, p); });
   }
   void attention_gqa_forward(Dtype dt, void* out, void* lse, const void* qkv, int B, int T, int C,
                              int NH, int NKV) override {
+    cpu::OpTimer timer_("attention_gqa_forward", dtype_name(dt));
+    if (bf16_direct(dt))
+      return cpu::attention_tiled_forward_bf16(u16(out), static_cast<float*>(lse), u16(qkv), B, T,
+                                               C, NH, cpu::kAttentionTile, NKV);
     const uint64_t N = uint64_t(B) * T, W = uint64_t(C) + 2 * uint64_t(C) / NH * NKV;
     dispatch(dt, "attention_gqa_forward", [&](auto&& a) {
       cpu::attention_tiled_forward(a.out(out, N * C, false), a.stat(lse), a.in(qkv, N * W), B, T, C,
@@ -465,6 +522,11 @@ class CpuBackend final : public Backend {
   void attention_gqa_backward(Dtype dt, void* dqkv, const void* dout, const void* qkv,
                               const void* out, const void* lse, int B, int T, int C, int NH,
                               int NKV) override {
+    cpu::OpTimer timer_("attention_gqa_backward", dtype_name(dt));
+    if (bf16_direct(dt))
+      return cpu::attention_tiled_backward_bf16(u16(dqkv), u16(dout), u16(qkv), u16(out),
+                                                static_cast<const float*>(lse), B, T, C, NH,
+                                                cpu::kAttentionTile, NKV);
     const uint64_t N = uint64_t(B) * T, W = uint64_t(C) + 2 * uint64_t(C) / NH * NKV;
     dispatch(dt, "attention_gqa_backward", [&](auto&& a) {
       cpu::attention_tiled_backward(a.out(dqkv, N * W, true), a.in(dout, N * C), a.in(qkv, N * W),
@@ -473,22 +535,32 @@ class CpuBackend final : public Backend {
     });
   }
   void gelu_forward(Dtype dt, void* out, const void* inp, uint64_t n) override {
+    cpu::OpTimer timer_("gelu_forward", dtype_name(dt));
+    if (bf16_direct(dt)) return cpu::gelu_forward_bf16(u16(out), u16(inp), n);
     dispatch(dt, "gelu_forward",
              [&](auto&& a) { cpu::gelu_forward(a.out(out, n, false), a.in(inp, n), n); });
   }
   void gelu_backward(Dtype dt, void* dinp, const void* inp, const void* dout, uint64_t n,
                      Grad dinp_mode) override {
+    cpu::OpTimer timer_("gelu_backward", dtype_name(dt));
     const bool acc = dinp_mode == Grad::kAccumulate;
+    if (bf16_direct(dt)) return cpu::gelu_backward_bf16(u16(dinp), u16(inp), u16(dout), n, acc);
     dispatch(dt, "gelu_backward", [&](auto&& a) {
       cpu::gelu_backward(a.out(dinp, n, acc), a.in(inp, n), a.in(dout, n), n, acc);
     });
   }
   void add_inplace(Dtype dt, void* dst, const void* src, uint64_t n) override {
+    cpu::OpTimer timer_("add_inplace", dtype_name(dt));
+    if (bf16_direct(dt)) return cpu::add_inplace_bf16(u16(dst), u16(src), n);
     dispatch(dt, "add_inplace",
              [&](auto&& a) { cpu::add_inplace(a.out(dst, n, true), a.in(src, n), n); });
   }
   void crossentropy_forward_backward(Dtype dt, void* logits, void* losses, const int32_t* targets,
                                      int N, int V, double dloss) override {
+    cpu::OpTimer timer_("crossentropy_forward_backward", dtype_name(dt));
+    if (bf16_direct(dt))
+      return cpu::crossentropy_forward_backward_bf16(u16(logits), static_cast<float*>(losses),
+                                                     targets, N, V, static_cast<float>(dloss));
     dispatch(dt, "crossentropy_forward_backward", [&](auto&& a) {
       auto* l = a.out(logits, uint64_t(N) * V, true);
       using T = std::remove_pointer_t<decltype(l)>;
@@ -498,15 +570,18 @@ class CpuBackend final : public Backend {
 
   void adamw_update(float* param, const float* grad, float* m, float* v, uint64_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int64_t t) override {
+    cpu::OpTimer timer_("adamw_update", nullptr);
     cpu::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
   }
   void sgd_update(float* param, const float* grad, float* momentum_buf, uint64_t n, float lr,
                   float momentum, float weight_decay) override {
+    cpu::OpTimer timer_("sgd_update", nullptr);
     cpu::sgd_update(param, grad, momentum_buf, n, lr, momentum, weight_decay);
   }
   void adamw_update_stored(const Stored& o, void* param, const void* grad, void* m, void* v,
                            uint64_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, int64_t t) override {
+    cpu::OpTimer timer_("adamw_update_stored", nullptr);
     if (o.all_f32())
       return cpu::adamw_update(static_cast<float*>(param), static_cast<const float*>(grad),
                                static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1, beta2,
@@ -523,6 +598,7 @@ class CpuBackend final : public Backend {
   }
   void sgd_update_stored(const Stored& o, void* param, const void* grad, void* momentum_buf,
                          uint64_t n, float lr, float momentum, float weight_decay) override {
+    cpu::OpTimer timer_("sgd_update_stored", nullptr);
     if (o.all_f32())
       return cpu::sgd_update(static_cast<float*>(param), static_cast<const float*>(grad),
                              static_cast<float*>(momentum_buf), n, lr, momentum, weight_decay,
@@ -538,6 +614,7 @@ class CpuBackend final : public Backend {
   }
 
   void fill(Dtype dt, void* x, uint64_t n, double value) override {
+    cpu::OpTimer timer_("fill", dtype_name(dt));
     require_dtype(dt, "fill");
     if (value == 0.0) {  // +0.0 is all zero bits in every dtype
       std::memset(x, 0, n * dtype_size(dt));
@@ -547,6 +624,7 @@ class CpuBackend final : public Backend {
       store(x, dt, i, value);
   }
   void cast(void* dst, Dtype dst_dt, const void* src, Dtype src_dt, uint64_t n) override {
+    cpu::OpTimer timer_("cast", dtype_name(dst_dt));
     require_dtype(dst_dt, "cast");
     require_dtype(src_dt, "cast");
     if (dst_dt == src_dt) {
@@ -573,6 +651,7 @@ class CpuBackend final : public Backend {
       store(dst, dst_dt, i, load(src, src_dt, i));
   }
   void scale(Dtype dt, void* x, uint64_t n, double s) override {
+    cpu::OpTimer timer_("scale", dtype_name(dt));
     require_float(dt, "scale");
     if (dt == Dtype::kF32) {
       cpu::scale_inplace(static_cast<float*>(x), n, static_cast<float>(s));
@@ -582,6 +661,7 @@ class CpuBackend final : public Backend {
       store(x, dt, i, load(x, dt, i) * s);
   }
   void axpy(Dtype dt, void* y, const void* x, uint64_t n, double a) override {
+    cpu::OpTimer timer_("axpy", dtype_name(dt));
     require_float(dt, "axpy");
     if (dt == Dtype::kF32) {
       float* fy = static_cast<float*>(y);
@@ -595,6 +675,7 @@ class CpuBackend final : public Backend {
       store(y, dt, i, load(y, dt, i) + a * load(x, dt, i));
   }
   void binary(BinaryOp op, Dtype dt, void* z, const void* x, const void* y, uint64_t n) override {
+    cpu::OpTimer timer_("binary", dtype_name(dt));
     pointwise_dispatch(dt, "binary", [&](auto io) {
       using Io = decltype(io);
       pointwise_map<Io>(
@@ -602,12 +683,14 @@ class CpuBackend final : public Backend {
     });
   }
   void unary(UnaryOp op, Dtype dt, void* y, const void* x, uint64_t n) override {
+    cpu::OpTimer timer_("unary", dtype_name(dt));
     pointwise_dispatch(dt, "unary", [&](auto io) {
       using Io = decltype(io);
       pointwise_map<Io>(y, n, [&](uint64_t i) { return pointwise::unary(op, Io::get(x, i)); });
     });
   }
   void lerp(Dtype dt, void* z, const void* x, const void* y, float w, uint64_t n) override {
+    cpu::OpTimer timer_("lerp", dtype_name(dt));
     pointwise_dispatch(dt, "lerp", [&](auto io) {
       using Io = decltype(io);
       pointwise_map<Io>(
@@ -615,12 +698,14 @@ class CpuBackend final : public Backend {
     });
   }
   void affine(Dtype dt, void* y, const void* x, float a, float b, uint64_t n) override {
+    cpu::OpTimer timer_("affine", dtype_name(dt));
     pointwise_dispatch(dt, "affine", [&](auto io) {
       using Io = decltype(io);
       pointwise_map<Io>(y, n, [&](uint64_t i) { return pointwise::affine(Io::get(x, i), a, b); });
     });
   }
   void accumulate(float* y, const void* x, Dtype x_dt, uint64_t n) override {
+    cpu::OpTimer timer_("accumulate", dtype_name(x_dt));
     require_float(x_dt, "accumulate");
     if (x_dt == Dtype::kBF16) return cpu::accumulate_bf16(y, static_cast<const uint16_t*>(x), n);
     if (x_dt == Dtype::kF32) return cpu::accumulate_f32(y, static_cast<const float*>(x), n);
@@ -628,10 +713,12 @@ class CpuBackend final : public Backend {
       y[i] += static_cast<float>(load(x, x_dt, i));
   }
   double sum_squares(Dtype dt, const void* x, uint64_t n) override {
+    cpu::OpTimer timer_("sum_squares", dtype_name(dt));
     count_host_sync();
     return sum_squares_one(dt, x, n);
   }
   double sum_squares_many(const std::vector<Span>& spans) override {
+    cpu::OpTimer timer_("sum_squares_many", nullptr);
     count_host_sync();
     for (const Span& s : spans)
       require_float(s.dtype, "sum_squares");
@@ -659,10 +746,12 @@ class CpuBackend final : public Backend {
     return s;
   }
   bool any_nonfinite(Dtype dt, const void* x, uint64_t n) override {
+    cpu::OpTimer timer_("any_nonfinite", dtype_name(dt));
     count_host_sync();
     return any_nonfinite_one(dt, x, n);
   }
   bool any_nonfinite_many(const std::vector<Span>& spans) override {
+    cpu::OpTimer timer_("any_nonfinite_many", nullptr);
     count_host_sync();
     for (const Span& s : spans)
       require_float(s.dtype, "nonfinite");

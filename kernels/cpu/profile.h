@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <tuple>
 
 namespace headroom::cpu {
@@ -66,6 +67,54 @@ class GemmTimer {
  private:
   bool on_;
   GemmShape shape_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// The CPU backend's ops, timed one call at a time (wall clock, the widening and rounding around
+// an op included) when enabled: where a step's non-GEMM time goes, op by op and dtype by dtype.
+// An op called inside another op's timing (a scale inside an update) counts in the outer one.
+struct OpProfile {
+  bool enabled = false;
+  int depth = 0;
+  std::map<std::string, GemmShapeStats> ops;
+  void reset() { ops.clear(), depth = 0; }
+};
+
+inline OpProfile& op_profile() {
+  static OpProfile profile;
+  return profile;
+}
+
+// Times one backend op under `name` (a string literal) and `dtype` (its dtype's name or null).
+class OpTimer {
+ public:
+  OpTimer(const char* name, const char* dtype) {
+    OpProfile& p = op_profile();
+    if (!p.enabled) return;
+    nested_ = true;
+    if (p.depth++ > 0) return;
+    on_ = true;
+    name_ = name;
+    dtype_ = dtype;
+    start_ = std::chrono::steady_clock::now();
+  }
+  ~OpTimer() {
+    OpProfile& p = op_profile();
+    if (nested_ && p.depth > 0) --p.depth;
+    if (!on_) return;
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    GemmShapeStats& st = p.ops[dtype_ ? std::string(name_) + " " + dtype_ : std::string(name_)];
+    ++st.calls;
+    st.seconds += s;
+  }
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+
+ private:
+  bool on_ = false, nested_ = false;
+  const char* name_ = nullptr;
+  const char* dtype_ = nullptr;
   std::chrono::steady_clock::time_point start_;
 };
 
