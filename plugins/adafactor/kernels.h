@@ -18,6 +18,16 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+// GCC 12's AVX-512 intrinsics read an uninitialized "undefined" vector (_mm512_undefined_*) that
+// -Wuninitialized flags where they are inlined (GCC bug 105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
 namespace adafactor {
 
 // One parameter and its state.
@@ -126,6 +136,86 @@ inline Scale scale_of(const Hyper& h, double theta_sq, double u_sq, uint64_t n) 
   return {lr / std::max(1.0, rms_u / h.clip_threshold), h.weight_decay * lr};
 }
 
+// The factored passes' inner loops on AVX-512 (8 doubles a vector, one for each of the kLanes
+// partial sums), where the CPU has it: GCC does not vectorize the interleaved partial sums. The
+// same operations in the same order as the scalar loops, so the same bits; each returns how far
+// it went (a multiple of kLanes), the scalar loops doing the rest.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HR_ADAFACTOR_AVX512 1
+#define HR_ADAFACTOR_AVX512_TARGET __attribute__((target("avx512f")))
+static_assert(kLanes == 8, "one AVX-512 vector of doubles holds the kLanes partial sums");
+
+inline bool have_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+}
+
+// Elements k .. k + 7 widened to double.
+template <bool Bf16>
+HR_ADAFACTOR_AVX512_TARGET inline __m512d load8(const void* p, uint64_t k) {
+  if constexpr (Bf16) {
+    const __m256i w = _mm256_cvtepu16_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + k)));
+    return _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+  } else {
+    return _mm512_cvtps_pd(_mm256_loadu_ps(static_cast<const float*>(p) + k));
+  }
+}
+
+// Pass 1 over the row at base: racc += g^2 + eps1, cs[j] += it, tacc += theta^2.
+template <bool Theta16, bool Grad16>
+HR_ADAFACTOR_AVX512_TARGET uint64_t pass1_row_avx512(const Tensor& t, uint64_t base, uint64_t C,
+                                                     double eps1, double* cs, double* racc,
+                                                     double* tacc) {
+  const __m512d e = _mm512_set1_pd(eps1);
+  __m512d r = _mm512_loadu_pd(racc), th2 = _mm512_loadu_pd(tacc);
+  uint64_t j = 0;
+  for (; j + kLanes <= C; j += kLanes) {
+    const __m512d g = load8<Grad16>(t.grad, base + j), th = load8<Theta16>(t.theta, base + j);
+    const __m512d q = _mm512_add_pd(_mm512_mul_pd(g, g), e);
+    r = _mm512_add_pd(r, q);
+    _mm512_storeu_pd(cs + j, _mm512_add_pd(_mm512_loadu_pd(cs + j), q));
+    th2 = _mm512_add_pd(th2, _mm512_mul_pd(th, th));
+  }
+  _mm512_storeu_pd(racc, r);
+  _mm512_storeu_pd(tacc, th2);
+  return j;
+}
+
+// Pass 2 over the row at base: acc += u^2, u = g rf cf[j].
+template <bool Grad16>
+HR_ADAFACTOR_AVX512_TARGET uint64_t pass2_row_avx512(const Tensor& t, uint64_t base, uint64_t C,
+                                                     double rf, const double* cf, double* acc) {
+  const __m512d f = _mm512_set1_pd(rf);
+  __m512d a = _mm512_loadu_pd(acc);
+  uint64_t j = 0;
+  for (; j + kLanes <= C; j += kLanes) {
+    const __m512d u =
+        _mm512_mul_pd(_mm512_mul_pd(load8<Grad16>(t.grad, base + j), f), _mm512_loadu_pd(cf + j));
+    a = _mm512_add_pd(a, _mm512_mul_pd(u, u));
+  }
+  _mm512_storeu_pd(acc, a);
+  return j;
+}
+
+// Pass 3 over the row at base, f32 theta and no first moment: theta - decay theta - u.
+template <bool Grad16>
+HR_ADAFACTOR_AVX512_TARGET uint64_t pass3_row_avx512(const Tensor& t, uint64_t base, uint64_t C,
+                                                     double rf, const double* cf, double decay) {
+  const __m512d f = _mm512_set1_pd(rf), d = _mm512_set1_pd(decay);
+  float* theta = static_cast<float*>(t.theta) + base;
+  uint64_t j = 0;
+  for (; j + kLanes <= C; j += kLanes) {
+    const __m512d u =
+        _mm512_mul_pd(_mm512_mul_pd(load8<Grad16>(t.grad, base + j), f), _mm512_loadu_pd(cf + j));
+    const __m512d th = _mm512_cvtps_pd(_mm256_loadu_ps(theta + j));
+    _mm256_storeu_ps(theta + j,
+                     _mm512_cvtpd_ps(_mm512_sub_pd(_mm512_sub_pd(th, _mm512_mul_pd(d, th)), u)));
+  }
+  return j;
+}
+#endif
+
 // A matrix (rows, cols): row and column means of g^2 + eps1, the second moment estimated as
 // row_i col_j / mean(row).
 template <bool Theta16, bool Grad16>
@@ -133,6 +223,9 @@ HR_PLUGIN_CPU_CLONES void update_factored(const Tensor& t, const Hyper& h, Scrat
   const uint64_t R = t.rows, C = t.cols;
   const int64_t blocks = int64_t((R + kRowBlock - 1) / kRowBlock);
   const double keep = h.beta2, take = 1.0 - h.beta2, eps1 = h.eps1;
+#ifdef HR_ADAFACTOR_AVX512
+  const bool avx512 = have_avx512();
+#endif
   s.col_part.assign(uint64_t(blocks) * C, 0.0);
   s.piece.assign(std::max<uint64_t>(R, uint64_t(blocks)), 0.0);
   std::vector<double> theta_part(uint64_t(blocks), 0.0);
@@ -155,6 +248,9 @@ HR_PLUGIN_CPU_CLONES void update_factored(const Tensor& t, const Hyper& h, Scrat
         tacc[lane] += th * th;
       };
       uint64_t j = 0;
+#ifdef HR_ADAFACTOR_AVX512
+      if (avx512) j = pass1_row_avx512<Theta16, Grad16>(t, base, C, eps1, cs, racc, tacc);
+#endif
       for (; j + kLanes <= C; j += kLanes)
         for (uint64_t l = 0; l < kLanes; ++l)
           element(j + l, l);
@@ -170,12 +266,16 @@ HR_PLUGIN_CPU_CLONES void update_factored(const Tensor& t, const Hyper& h, Scrat
   for (uint64_t i = 0; i < R; ++i)
     row_sum += double(t.row[i]);
   const double row_mean = row_sum / double(R);
-  s.col_factor.resize(C);
+  // Each column's sum over the row blocks in order, the blocks' rows read in turn.
+  s.col_factor.assign(C, 0.0);
+  double* col_sum = s.col_factor.data();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const double* part = s.col_part.data() + uint64_t(b) * C;
+    for (uint64_t j = 0; j < C; ++j)
+      col_sum[j] += part[j];
+  }
   for (uint64_t j = 0; j < C; ++j) {
-    double cs = 0.0;
-    for (int64_t b = 0; b < blocks; ++b)
-      cs += s.col_part[uint64_t(b) * C + j];
-    t.col[j] = float(keep * double(t.col[j]) + take * (cs / double(R)));
+    t.col[j] = float(keep * double(t.col[j]) + take * (col_sum[j] / double(R)));
     s.col_factor[j] = 1.0 / std::sqrt(double(t.col[j]));
   }
   const double* cf = s.col_factor.data();
@@ -184,10 +284,21 @@ HR_PLUGIN_CPU_CLONES void update_factored(const Tensor& t, const Hyper& h, Scrat
   for (int64_t i = 0; i < int64_t(R); ++i) {
     const uint64_t base = uint64_t(i) * C;
     const double rf = 1.0 / std::sqrt(double(t.row[i]) / row_mean);
-    s.piece[uint64_t(i)] = lane_sum(C, [&](uint64_t j) {
+    auto u_sq = [&](uint64_t j) {
       const double u = load<Grad16>(t.grad, base + j) * rf * cf[j];
       return u * u;
-    });
+    };
+#ifdef HR_ADAFACTOR_AVX512
+    if (avx512) {  // lane_sum's partial sums, the vector part first
+      double acc[kLanes] = {};
+      uint64_t j = pass2_row_avx512<Grad16>(t, base, C, rf, cf, acc);
+      for (; j < C; ++j)
+        acc[j % kLanes] += u_sq(j);
+      s.piece[uint64_t(i)] = add_lanes(acc);
+      continue;
+    }
+#endif
+    s.piece[uint64_t(i)] = lane_sum(C, u_sq);
   }
   const Scale sc = scale_of(h, sum_of(theta_part, uint64_t(blocks)), sum_of(s.piece, R), t.numel);
   // Pass 3, by rows: the update.
@@ -195,7 +306,13 @@ HR_PLUGIN_CPU_CLONES void update_factored(const Tensor& t, const Hyper& h, Scrat
   for (int64_t i = 0; i < int64_t(R); ++i) {
     const uint64_t base = uint64_t(i) * C;
     const double rf = sc.scale / std::sqrt(double(t.row[i]) / row_mean);
-    for (uint64_t j = 0; j < C; ++j)
+    uint64_t j = 0;
+#ifdef HR_ADAFACTOR_AVX512
+    if constexpr (!Theta16) {
+      if (avx512 && !t.m) j = pass3_row_avx512<Grad16>(t, base, C, rf, cf, sc.decay);
+    }
+#endif
+    for (; j < C; ++j)
       apply<Theta16>(t, h, sc.decay, base + j, load<Grad16>(t.grad, base + j) * rf * cf[j]);
   }
 }
