@@ -150,6 +150,17 @@ inline bool have_avx512() {
   return yes;
 }
 
+// A row pass reads one or two streams with little arithmetic on them, and the hardware
+// prefetcher alone left it well under the memory bandwidth AdamW's one pass reaches (on wte's
+// 50257 x 768, one thread: the factored update 1.7 times AdamW's time without, 1.15 with): each
+// loop also prefetches its streams kPrefetchBytes ahead, once every 16 elements. A prefetch never
+// faults, past the end of an array included.
+constexpr uint64_t kPrefetchBytes = 4096;
+template <bool Bf16>
+HR_ADAFACTOR_AVX512_TARGET inline void prefetch(const void* p, uint64_t k) {
+  _mm_prefetch(static_cast<const char*>(p) + k * (Bf16 ? 2 : 4) + kPrefetchBytes, _MM_HINT_T0);
+}
+
 // Elements k .. k + 7 widened to double.
 template <bool Bf16>
 HR_ADAFACTOR_AVX512_TARGET inline __m512d load8(const void* p, uint64_t k) {
@@ -171,6 +182,10 @@ HR_ADAFACTOR_AVX512_TARGET uint64_t pass1_row_avx512(const Tensor& t, uint64_t b
   __m512d r = _mm512_loadu_pd(racc), th2 = _mm512_loadu_pd(tacc);
   uint64_t j = 0;
   for (; j + kLanes <= C; j += kLanes) {
+    if (j % 16 == 0) {
+      prefetch<Grad16>(t.grad, base + j);
+      prefetch<Theta16>(t.theta, base + j);
+    }
     const __m512d g = load8<Grad16>(t.grad, base + j), th = load8<Theta16>(t.theta, base + j);
     const __m512d q = _mm512_add_pd(_mm512_mul_pd(g, g), e);
     r = _mm512_add_pd(r, q);
@@ -190,6 +205,7 @@ HR_ADAFACTOR_AVX512_TARGET uint64_t pass2_row_avx512(const Tensor& t, uint64_t b
   __m512d a = _mm512_loadu_pd(acc);
   uint64_t j = 0;
   for (; j + kLanes <= C; j += kLanes) {
+    if (j % 16 == 0) prefetch<Grad16>(t.grad, base + j);
     const __m512d u =
         _mm512_mul_pd(_mm512_mul_pd(load8<Grad16>(t.grad, base + j), f), _mm512_loadu_pd(cf + j));
     a = _mm512_add_pd(a, _mm512_mul_pd(u, u));
@@ -206,6 +222,10 @@ HR_ADAFACTOR_AVX512_TARGET uint64_t pass3_row_avx512(const Tensor& t, uint64_t b
   float* theta = static_cast<float*>(t.theta) + base;
   uint64_t j = 0;
   for (; j + kLanes <= C; j += kLanes) {
+    if (j % 16 == 0) {
+      prefetch<Grad16>(t.grad, base + j);
+      prefetch<false>(theta, j);
+    }
     const __m512d u =
         _mm512_mul_pd(_mm512_mul_pd(load8<Grad16>(t.grad, base + j), f), _mm512_loadu_pd(cf + j));
     const __m512d th = _mm512_cvtps_pd(_mm256_loadu_ps(theta + j));

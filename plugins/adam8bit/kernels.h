@@ -513,6 +513,10 @@ struct Avx512Step {
   const int* table_v;
 };
 
+// How far ahead update64 prefetches the weights and gradients (a prefetch never faults, past the
+// end of an array included).
+constexpr uint64_t kPrefetchBytes = 4096;
+
 // 64 values of the previous block to requantize alongside (where qm, qv are set): its m, v and
 // the reciprocals of their absmax, and where their codes go.
 struct Requant {
@@ -539,6 +543,17 @@ HR_ADAM8BIT_AVX512_TARGET inline void update64(const ParamRef& p, const State8& 
   const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF);
   __m512 mv[4], vv[4];
   __m512i codes_m[4], codes_v[4];
+  // The streams kPrefetchBytes ahead (the codes a quarter of that): the hardware prefetcher alone
+  // left the step under the memory bandwidth AdamW's update reaches (measured on 16M elements,
+  // one thread: 1.05-1.1 times AdamW's time without, 0.8-0.95 with).
+  constexpr uint64_t kData = DataDtype == HR_DTYPE_BF16 ? 2 : 4;
+  constexpr uint64_t kGrad = GradDtype == HR_DTYPE_BF16 ? 2 : 4;
+  for (uint64_t l = 0; l < 64 * kData; l += 64)
+    _mm_prefetch(static_cast<const char*>(p.data) + i * kData + kPrefetchBytes + l, _MM_HINT_T0);
+  for (uint64_t l = 0; l < 64 * kGrad; l += 64)
+    _mm_prefetch(static_cast<const char*>(p.grad) + i * kGrad + kPrefetchBytes + l, _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(s.qm + i) + kPrefetchBytes / 4, _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(s.qv + i) + kPrefetchBytes / 4, _MM_HINT_T0);
   dequantize64(*a.pm, s.qm + i, am, mv);
   dequantize64(*a.pv, s.qv + i, av, vv);
   for (uint64_t k = 0; k < 4; ++k) {
