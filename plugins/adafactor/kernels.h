@@ -63,6 +63,10 @@ struct Scratch {
 constexpr uint64_t kLanes = 8;      // partial sums inside a row or chunk
 constexpr uint64_t kRowBlock = 32;  // rows of one piece of the factored pass 1
 constexpr uint64_t kChunk = 4096;   // elements of one piece of a vector's passes
+// Under 2^14 elements a tensor's passes stay on the calling thread (as the host's element-wise
+// kernels do, kernels/cpu/parallel.h): waking the threads for each of its passes costs more, the
+// more so on a loaded machine (the biases and LayerNorms of a transformer).
+constexpr uint64_t kParallelMin = uint64_t(1) << 14;
 
 template <bool Bf16>
 inline double load(const void* p, uint64_t k) {
@@ -250,7 +254,7 @@ HR_PLUGIN_CPU_CLONES void update_factored(const Tensor& t, const Hyper& h, Scrat
   s.piece.assign(std::max<uint64_t>(R, uint64_t(blocks)), 0.0);
   std::vector<double> theta_part(uint64_t(blocks), 0.0);
   // Pass 1, by row blocks: each row's sum, the block's column sums, the block's sum(theta^2).
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (t.numel >= kParallelMin)
   for (int64_t b = 0; b < blocks; ++b) {
     double* cs = s.col_part.data() + uint64_t(b) * C;  // (C,)
     double theta_sq = 0.0;
@@ -300,7 +304,7 @@ HR_PLUGIN_CPU_CLONES void update_factored(const Tensor& t, const Hyper& h, Scrat
   }
   const double* cf = s.col_factor.data();
   // Pass 2, by rows: sum(u^2).
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (t.numel >= kParallelMin)
   for (int64_t i = 0; i < int64_t(R); ++i) {
     const uint64_t base = uint64_t(i) * C;
     const double rf = 1.0 / std::sqrt(double(t.row[i]) / row_mean);
@@ -322,7 +326,7 @@ HR_PLUGIN_CPU_CLONES void update_factored(const Tensor& t, const Hyper& h, Scrat
   }
   const Scale sc = scale_of(h, sum_of(theta_part, uint64_t(blocks)), sum_of(s.piece, R), t.numel);
   // Pass 3, by rows: the update.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (t.numel >= kParallelMin)
   for (int64_t i = 0; i < int64_t(R); ++i) {
     const uint64_t base = uint64_t(i) * C;
     const double rf = sc.scale / std::sqrt(double(t.row[i]) / row_mean);
@@ -346,7 +350,7 @@ HR_PLUGIN_CPU_CLONES void update_vector(const Tensor& t, const Hyper& h, Scratch
   s.piece.assign(2 * uint64_t(chunks), 0.0);  // [sum(u^2) | sum(theta^2)] of each chunk
   double* u_part = s.piece.data();
   double* theta_part = u_part + chunks;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t c = 0; c < chunks; ++c) {
     const uint64_t lo = uint64_t(c) * kChunk, len = std::min(kChunk, n - lo);
     for (uint64_t j = 0; j < len; ++j) {
@@ -368,7 +372,7 @@ HR_PLUGIN_CPU_CLONES void update_vector(const Tensor& t, const Hyper& h, Scratch
     theta_sq += theta_part[c];
   }
   const Scale sc = scale_of(h, theta_sq, u_sq, n);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t k = 0; k < int64_t(n); ++k)
     apply<Theta16>(t, h, sc.decay, uint64_t(k),
                    sc.scale * load<Grad16>(t.grad, uint64_t(k)) / std::sqrt(double(t.v[k])));
