@@ -9,7 +9,8 @@
 //  - adafactor's update (plugins/adafactor/kernels.h: factored second moments, no first moment,
 //    Hugging Face's defaults).
 // The three run in turn, `--reps` rounds (interleaved, so a change of load hits each alike); the
-// table gives each one's median and its ratio to AdamW's. Every kernel runs on `--threads`
+// table gives each one's median and its ratio to AdamW's, and the median (and range) of its
+// ratio to AdamW's time in the same round. Every kernel runs on `--threads`
 // OpenMP threads, the host's [device] threads.
 //
 //   build/bin/bench_optimizer_kernels [--reps 5] [--threads 2]
@@ -184,11 +185,19 @@ int main(int argc, char** argv) {
   }
   std::printf("gpt2-124m, %llu parameters, f32 weights and gradients, %d threads, median of %d\n\n",
               static_cast<unsigned long long>(params), threads, reps);
-  std::printf("| optimizer | step | against AdamW | ns a parameter |\n|---|---:|---:|---:|\n");
+  std::printf(
+      "| optimizer | step | against AdamW | ns a parameter | against AdamW, round by round "
+      "(median, range) |\n|---|---:|---:|---:|---:|\n");
   const double base = median(variants.front().seconds);
   for (const Variant& v : variants) {
     const double m = median(v.seconds);
-    std::printf("| %s | %.3f s | %.2f | %.2f |\n", v.name, m, m / base, 1e9 * m / double(params));
+    std::vector<double> ratio;  // to AdamW of the same round: a change of load hits both alike
+    for (size_t r = 0; r < v.seconds.size(); ++r)
+      ratio.push_back(v.seconds[r] / variants.front().seconds[r]);
+    std::printf("| %s | %.3f s | %.2f | %.2f | %.2f (%.2f-%.2f) |\n", v.name, m, m / base,
+                1e9 * m / double(params), median(ratio),
+                *std::min_element(ratio.begin(), ratio.end()),
+                *std::max_element(ratio.begin(), ratio.end()));
   }
   return 0;
 }

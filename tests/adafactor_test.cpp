@@ -502,14 +502,15 @@ TEST(Adafactor, BadKeysExit2NamingTheKey) {
 
 // The update's passes run on the OpenMP threads (plugins/adafactor/kernels.h): 1 and 3 threads
 // give the same bits, for a matrix whose rows are not a multiple of the row block nor its columns
-// of the lanes, and a vector of more than two chunks; f32 and bf16 weights, with and without the
-// first moment, 4 steps each. (That the passes are the algorithm is
+// of the lanes, and a vector of more than two chunks (both over kParallelMin elements: smaller
+// tensors stay on one thread); f32 and bf16 weights, with and without the first moment, 4 steps
+// each. (That the passes are the algorithm is
 // LossesMatchADoublePrecisionReferenceOver20Steps.)
 TEST(Adafactor, KernelHasTheSameBitsOnAnyThreadCount) {
   struct Case {
     uint64_t rows, cols;
   };
-  for (const Case shape : {Case{70, 45}, Case{0, 9000}})
+  for (const Case shape : {Case{700, 45}, Case{0, 41000}})
     for (const bool theta16 : {false, true})
       for (const bool first_moment : {false, true}) {
         const uint64_t n = shape.rows ? shape.rows * shape.cols : shape.cols;

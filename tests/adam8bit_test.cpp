@@ -151,6 +151,23 @@ TEST(Adam8bitQuant, BucketedQuantizeIsTheBinarySearch) {
       std::printf("no AVX2 on this CPU: the scalar loops alone run\n");
     }
 #endif
+#ifdef HR_ADAM8BIT_AVX512
+    // The AVX-512 quantization (step_blocks_avx512's), where the CPU has AVX-512 VBMI: the same
+    // codes on every finite value above.
+    if (adam8bit::have_avx512()) {
+      std::vector<float> finite;
+      for (const float x : xs)
+        if (std::isfinite(x)) finite.push_back(x);
+      std::vector<uint8_t> q(finite.size());
+      const uint64_t done =
+          adam8bit::quantize_avx512(b, finite.data(), 1.0f, finite.size(), q.data());
+      EXPECT_EQ(done, finite.size() / 64 * 64);
+      int differ = 0;
+      for (uint64_t i = 0; i < done; ++i)
+        differ += q[i] != adam8bit::quantize(th.data(), finite[i]);
+      EXPECT_EQ(differ, 0) << "AVX-512 quantize, of " << done << " values";
+    }
+#endif
   }
 }
 
@@ -365,6 +382,87 @@ TEST(Adam8bitKernel, SameBitsOnAnyThreadCount) {
     EXPECT_EQ(0, std::memcmp(one.q.am.data(), three.q.am.data(), one.q.am.size() * sizeof(float)));
     EXPECT_EQ(0, std::memcmp(one.q.av.data(), three.q.av.data(), one.q.av.size() * sizeof(float)));
   }
+}
+
+// Where the CPU has AVX-512 VBMI, step_8bit does its full blocks in step_blocks_avx512 (byte-plane
+// dequantization, the requantization of a block interleaved with the next one's update): the same
+// bits as the scalar / AVX2 block (step_block) on every dtype, over 8 steps of a tensor with a
+// partial last block, blocks at scales from 2^-40 to 2^19, all-zero blocks (absmax 0), tiny ones
+// (1e-30: an absmax whose reciprocal overflows), and a NaN and an infinite gradient (the blocks
+// quantize_block does): weights (NaN as NaN), codes and absmax.
+template <uint32_t Data, uint32_t Grad>
+void expect_avx512_is_scalar_block() {
+  const uint64_t n = 37 * 256 + 101;
+  Maps maps;
+  struct Run {
+    std::vector<float> p32;
+    std::vector<uint16_t> p16;
+    Q8 q;
+  };
+  std::mt19937_64 rng(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> p0(n);
+  for (float& x : p0)
+    x = 0.02f * normal(rng);
+  auto start = [&] {  // a prvalue: the state's pointers stay its own
+    Run r{p0, std::vector<uint16_t>(n), Q8(maps, n)};
+    for (uint64_t i = 0; i < n; ++i)
+      r.p16[i] = bf::round_nearest_even(p0[i]);
+    return r;
+  };
+  Run fast = start(), slow = start();
+  std::vector<float> g(n);
+  std::vector<uint16_t> g16(n);
+  int differ = 0;
+  for (int t = 1; t <= 8; ++t) {
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t b = i / 256, j = i % 256;
+      g[i] = normal(rng) * std::ldexp(1.0f, int((b * 7919 + uint64_t(t)) % 60) - 40);
+      if (b % 11 == 3) g[i] = 0.0f;
+      if (b % 13 == 5 && t == 3 && j == 17) g[i] = std::numeric_limits<float>::quiet_NaN();
+      if (b % 17 == 6 && t == 4 && j == 33) g[i] = std::numeric_limits<float>::infinity();
+      if (b % 19 == 7 && t == 5) g[i] = 1e-30f * normal(rng);
+      g16[i] = bf::round_nearest_even(g[i]);
+    }
+    adam8bit::Hyper h = adam8bit::make_hyper(1e-3, 0.9, 0.999, 1e-8, 0.01, t);
+    h.round_key = bf::stream_key(5, uint64_t(t), 0);
+    for (Run* r : {&fast, &slow}) {
+      adam8bit::ParamRef ref;
+      ref.data = Data == HR_DTYPE_BF16 ? static_cast<void*>(r->p16.data()) : r->p32.data();
+      ref.dtype = Data;
+      ref.grad = Grad == HR_DTYPE_BF16 ? static_cast<const void*>(g16.data()) : g.data();
+      ref.grad_dtype = Grad;
+      ref.numel = n;
+      if (r == &fast) {
+        adam8bit::step_8bit(ref, r->q.st, h);
+      } else {
+        for (uint64_t b = 0; b < adam8bit::num_blocks(n); ++b)
+          adam8bit::step_block<Data, Grad>(ref, r->q.st, h, b);
+      }
+    }
+    for (uint64_t i = 0; i < n; ++i) {
+      const float a = fast.p32[i], b = slow.p32[i];
+      differ += !(std::memcmp(&a, &b, 4) == 0 || (std::isnan(a) && std::isnan(b)));
+    }
+    differ += fast.p16 != slow.p16;
+    differ += fast.q.qm != slow.q.qm;
+    differ += fast.q.qv != slow.q.qv;
+    differ += std::memcmp(fast.q.am.data(), slow.q.am.data(), fast.q.am.size() * 4) != 0;
+    differ += std::memcmp(fast.q.av.data(), slow.q.av.data(), fast.q.av.size() * 4) != 0;
+  }
+  EXPECT_EQ(differ, 0) << "data dtype " << Data << ", gradient dtype " << Grad;
+}
+
+TEST(Adam8bitKernel, Avx512BlocksAreTheScalarBlock) {
+#ifdef HR_ADAM8BIT_AVX512
+  if (!adam8bit::have_avx512()) GTEST_SKIP() << "no AVX-512 VBMI on this CPU";
+  expect_avx512_is_scalar_block<HR_DTYPE_F32, HR_DTYPE_F32>();
+  expect_avx512_is_scalar_block<HR_DTYPE_BF16, HR_DTYPE_F32>();
+  expect_avx512_is_scalar_block<HR_DTYPE_F32, HR_DTYPE_BF16>();
+  expect_avx512_is_scalar_block<HR_DTYPE_BF16, HR_DTYPE_BF16>();
+#else
+  GTEST_SKIP() << "not an x86-64 GCC build";
+#endif
 }
 
 // bitsandbytes' test_optimizer8bit as written (weights randn * 0.1, gradients randn * 0.01, lr
