@@ -331,6 +331,8 @@ void load_hf_folder(const std::string& dir, Gpt<float>& model, const MasterAcces
   std::vector<ParamShape> shapes;
   std::map<std::string, const Param<float>*> params;
   for (const Param<float>* p : model.params()) {
+    // A Hugging Face folder is a base model: LoRA adapters keep their init.
+    if (is_adapter_param(p->name)) continue;
     shapes.push_back({0, p->name, p->shape, false});
     params[p->name] = p;
   }
@@ -366,7 +368,8 @@ void load_hf_folder(const std::string& dir, Gpt<float>& model, const MasterAcces
   for (size_t l = 0; l < model.layers().size(); ++l) {
     const auto write = [&] {
       for (const auto& p : model.layers()[l]->params())
-        ops.upload(p->master().value, host.at(p.get()).data(), 4 * p->numel);
+        if (host.count(p.get()))
+          ops.upload(p->master().value, host.at(p.get()).data(), 4 * p->numel);
       ops.synchronize();
     };
     if (access) {

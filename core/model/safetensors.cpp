@@ -548,8 +548,9 @@ void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAc
   }
   size_t missing = 0;
   std::string first_missing;
+  // LoRA adapters a file does not hold (a base model's) keep their init.
   for (const auto& [name, p] : params)
-    if (!found.count(name) && missing++ == 0) first_missing = name;
+    if (!found.count(name) && !is_adapter_param(name) && missing++ == 0) first_missing = name;
   if (missing > 0)
     throw ConfigError(where + "missing tensor " + first_missing +
                       (missing > 1 ? " (and " + std::to_string(missing - 1) + " more)" : ""));
@@ -596,6 +597,7 @@ void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAc
   for (size_t l = 0; l < model.layers().size(); ++l) {
     const auto write = [&] {
       for (const auto& p : model.layers()[l]->params()) {
+        if (!host.count(p.get())) continue;  // an adapter the file does not hold
         const std::vector<float>& v = host.at(p.get());
         ops.upload(p->master().value, v.data(), 4 * p->numel);
       }

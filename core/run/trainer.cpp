@@ -29,7 +29,7 @@ std::string rank_output_path(const std::string& path, int rank) {
 }  // namespace
 
 Trainer::Trainer(const Config& config, TrainOptions options)
-    : config_(config), options_(std::move(options)) {
+    : config_(config), options_(std::move(options)), choices_(config_.model) {
   // The ranks come from the launcher (mpirun, srun); a process started alone is rank 0 of 1.
   const RankInfo& ranks = rank_info();
   const bool ranked = ranks.world_size > 1;
@@ -131,6 +131,7 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   run.step = this;
   run.precision = &choices_;
   run.shard = &choices_;
+  run.adapters = &choices_;
   run.batch = plan_.get();
   run.resize = &resizer_;
   plugins_->create(run);
@@ -156,6 +157,24 @@ Trainer::Trainer(const Config& config, TrainOptions options)
                       "' shards the parameters, which validation cannot read yet; use a plugin "
                       "that shards only the optimizer state or the gradients, or set "
                       "eval_every = 0");
+  // Frozen parameters ([train] freeze): each pattern matches a parameter of this model. They run
+  // on one rank, unsharded, with a built-in optimizer so far: the shards, the gradient buckets
+  // and the optimizer plugins (which update every layer_param) assume every parameter trains.
+  check_freeze(config_.model, config_.train);
+  if (!config_.train.freeze.empty() || !choices_.lora().empty()) {
+    const std::string why = ranked       ? std::to_string(ranks.world_size) + " ranks"
+                            : shard_what ? "a zero plugin ('" + shard_plugin + "')"
+                            : plugins_->provides_optimizer() ? "an optimizer plugin"
+                                                             : "";
+    const std::string by = !config_.train.freeze.empty()
+                               ? config_.train.freeze_pos[0].str() + ": train.freeze"
+                               : "plugin '" + choices_.lora_by() + "' (LoRA adapters)";
+    if (!why.empty())
+      throw ConfigError(by +
+                        ": frozen parameters run on one rank with the built-in optimizers so "
+                        "far, and this run has " +
+                        why + "; run without it");
+  }
   optimizer_ = plugins_->provides_optimizer()
                    ? plugins_->make_optimizer()
                    : make_optimizer(config_.train, *device_, precision.state);
@@ -179,14 +198,19 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     }
     model_ = std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed, precision,
                                           shard_what ? uint64_t(comm_->world_size()) : 1,
-                                          (shard_what & kShardGradients) != 0, placed);
+                                          (shard_what & kShardGradients) != 0, placed,
+                                          Tuning{config_.train.freeze, choices_.lora()});
     choices_.freeze(sharding_.get());
+    uint64_t trainable = 0;
+    for (const Param<float>* p : model_->trainable_params())
+      trainable += p->numel;
+    log_->set_params(model_->num_params(), trainable);
     if (sharding_) {
       sharding_->attach(*model_);
       segments_ = sharding_->segments();
       grads_ = make_sharded_grad_sync(*sharding_, shard_plugin);
     } else {
-      segments_ = whole_params(model_->params());
+      segments_ = whole_params(model_->trainable_params());
       // A plugin with the gradient-reduction role reduces them itself (headroom.comm/1).
       grads_ = ranked && !plugins_->provides_gradient_reduction()
                    ? make_bucket_grad_sync(*device_, *comm_, *model_,
