@@ -170,6 +170,58 @@ TEST_P(LoraParity, LossAndAdapterGradientsMatchPeft) {
             << worst << " over " << compared << " tensors\n";
 }
 
+// A LoRA run's --save-weights DIR/ is its adapter in PEFT's format: PeftModel.from_pretrained on
+// the base loads it and gives the loss headroom's trained model gives on the same batch.
+TEST(LoraSave, PeftLoadsTheSavedAdapter) {
+  const Reference r = make_reference("gpt2");
+  if (!r.skip.empty()) GTEST_SKIP() << r.skip;
+  const std::string saved = r.dir + "/adapter/";
+  TrainOptions o;
+  o.save_weights_path = saved;
+  Trainer t(test::config_from("[train]\ninit_from = \"" + r.dir +
+                              "/base\"\nsteps = 3\nmicro_batch = 2\nlr = 0.05\n"
+                              "warmup_steps = 0\n[[plugins]]\nname = \"lora\"\nr = 4\n"
+                              "alpha = 8.0\ntarget_modules = [\"c_attn\", \"c_proj\", \"c_fc\"]\n"),
+            std::move(o));
+  t.run();
+  const json config = json::parse(test::read_file(saved + "adapter_config.json"));
+  EXPECT_EQ(config["peft_type"], "LORA");
+  EXPECT_EQ(config["r"], 4);
+  EXPECT_EQ(config["lora_alpha"], 8.0);
+  EXPECT_EQ(config["fan_in_fan_out"], true);
+  EXPECT_EQ(config["base_model_name_or_path"], r.dir + "/base");
+  size_t tensors = 0;
+  for (const SafetensorsEntry& e : read_safetensors_header(saved + "adapter_model.safetensors")) {
+    EXPECT_EQ(e.name.rfind("base_model.model.transformer.h.", 0), 0u) << e.name;
+    ++tensors;
+  }
+  EXPECT_EQ(tensors, r.ref["adapters"].get<size_t>());
+
+  Batch b;
+  b.tokens = r.tokens.data();
+  b.targets = r.targets.data();
+  b.B = r.B;
+  b.T = r.T;
+  b.dloss = 1.0;
+  const double ours = t.model().evaluate(b);
+  const std::string python = std::string(HEADROOM_SOURCE_DIR) + "/.venv-test/bin/python";
+  const test::RunResult run =
+      test::run_command(python + " " + HEADROOM_SOURCE_DIR + "/tests/hf/lora_reference.py check " +
+                        "gpt2 " + r.dir + " " + saved);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const double theirs =
+      json::parse(test::read_file(r.dir + "/lora_check.json"))["loss"].get<double>();
+  EXPECT_LE(std::abs(ours - theirs), 1e-5 * std::abs(theirs))
+      << "headroom " << ours << ", PEFT with the saved adapter " << theirs;
+  // The adapters trained: the base alone gives another loss, so the equality above is theirs.
+  std::unique_ptr<Device> device = Device::create(DeviceConfig{});
+  Gpt<float> base(t.model().config(), *device, 1);
+  load_weights(r.dir + "/base", base);
+  const double base_loss = base.evaluate(b);
+  EXPECT_GT(std::abs(ours - base_loss), 1e-4 * base_loss);
+  std::cout << "[ parity ] lora saved adapter: loss " << ours << ", PEFT " << theirs << "\n";
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, LoraParity, ::testing::Values("gpt2", "llama"),
                          [](const auto& info) { return info.param; });
 

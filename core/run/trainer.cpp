@@ -8,6 +8,7 @@
 
 #include "core/config/hf_config.h"
 #include "core/model/hf_folder.h"
+#include "core/model/safetensors.h"
 #include "core/report/timeline_html.h"
 #include "core/run/rank_agreement.h"
 #include "core/run/snapshot.h"
@@ -339,7 +340,17 @@ void Trainer::run_steps() {
   }
   set_phase(Phase::Kind::kDone);
   fire(Event::kTrainEnd);
-  if (!options_.save_weights_path.empty()) snapshots_->save_weights(options_.save_weights_path);
+  if (!options_.save_weights_path.empty()) {
+    // A LoRA run's folder is its adapter, in PEFT's format (one rank, unsharded: the model is
+    // whole here); its base is init_from's.
+    if (!choices_.lora().empty() && names_hf_folder(options_.save_weights_path)) {
+      const auto host = download_params(*model_, model_->master_access(true, false));
+      save_peft_adapter(options_.save_weights_path, *model_, choices_.lora(),
+                        config_.train.init_from, &host);
+    } else {
+      snapshots_->save_weights(options_.save_weights_path);
+    }
+  }
 }
 
 void Trainer::begin_step(int64_t step) {

@@ -11,6 +11,11 @@
                                       (r, in), lora_B (out, r)); the loss on a fixed batch
                                       (OUT/batch.json) and every adapter's gradient
                                       (OUT/lora_grads.safetensors, OUT/lora_reference.json)
+    lora_reference.py check ARCH OUT SAVED
+                                      OUT/base with the adapter headroom saved in PEFT's format
+                                      (SAVED: adapter_model.safetensors, adapter_config.json)
+                                      through PeftModel.from_pretrained: its loss on the batch
+                                      (OUT/lora_check.json)
 
 Exit 77 (with a message) when torch, transformers or peft cannot be imported: the test skips.
 """
@@ -85,6 +90,19 @@ def make(arch, out):
                    "adapters": len(adapters)}, f)
 
 
+def check(arch, out, saved):
+    tokens, targets = reference.batch(out)
+    base = reference.load(arch, f"{out}/base")
+    model = peft.PeftModel.from_pretrained(base, saved).eval()
+    with torch.no_grad():
+        loss = reference.loss_of(model, tokens, targets).item()
+    with open(f"{out}/lora_check.json", "w") as f:
+        json.dump({"loss": loss}, f)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    make(sys.argv[2], sys.argv[3])
+    if sys.argv[1] == "make":
+        make(sys.argv[2], sys.argv[3])
+    else:
+        check(sys.argv[2], sys.argv[3], sys.argv[4])
