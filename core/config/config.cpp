@@ -756,6 +756,23 @@ class Validator {
     get_int(t, s, "eval_every", 0, kInt64Max, c.eval_every);
     if (const toml::node* n = t.get("eval_every")) c.eval_every_pos = pos_of(s, "eval_every", *n);
     get_int_as(t, s, "eval_batches", 1, 1 << 20, c.eval_batches);
+    if (const toml::node* n = t.get("freeze")) {
+      const toml::array* arr = n->as_array();
+      if (!arr) type_error(s, "freeze", *n, "an array of strings ([\"h.*.mlp.*\", ...])");
+      c.freeze.clear();
+      c.freeze_pos.clear();
+      for (const toml::node& e : *arr) {
+        if (!e.is_string() || e.as_string()->get().empty())
+          throw ConfigError(
+              where(s, "freeze", e) +
+              ": train.freeze: each entry must be a non-empty string, a glob over "
+              "Hugging Face parameter names (\"h.*.mlp.*\"), got " +
+              (e.is_string() ? std::string("an empty string") : type_name_with_article(e)));
+        c.freeze.push_back(e.as_string()->get());
+        SourcePos pos = pos_of(s, "freeze", e);
+        c.freeze_pos.push_back(pos);
+      }
+    }
     if (c.min_lr > c.lr) {
       const toml::node* n = t.get("min_lr");
       const std::string w = n ? where(s, "min_lr", *n) : where(s, "lr", *t.get("lr"));
@@ -1301,6 +1318,12 @@ std::string format_config(const Config& c) {
   if (!t.init_from.empty()) kv("init_from", toml_string(t.init_from));
   kv("eval_every", num(t.eval_every));
   kv("eval_batches", num(t.eval_batches));
+  if (!t.freeze.empty()) {
+    std::string list = "[";
+    for (size_t i = 0; i < t.freeze.size(); ++i)
+      list += (i ? ", " : "") + toml_string(t.freeze[i]);
+    kv("freeze", list + "]");
+  }
 
   os << "\n[data]\n";
   kv("kind", toml_string(c.data.kind));

@@ -131,6 +131,10 @@ struct TrainConfig {
   int64_t eval_every = 0;
   int eval_batches = 8;
   SourcePos eval_every_pos;
+  // Hugging Face name globs of the parameters that do not train (core/model/model.h
+  // freeze_matches), each with where it was written.
+  std::vector<std::string> freeze;
+  std::vector<SourcePos> freeze_pos;
 };
 
 struct DataConfig {

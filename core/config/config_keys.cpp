@@ -127,6 +127,12 @@ std::vector<ConfigSection> make_sections() {
             "Hugging Face folder (config.json with model.safetensors or an index and its shards; "
             "[model]'s shape from config.json when [model] gives none); F32, BF16, F16",
             {}},
+           {"freeze",
+            T::kStrings,
+            "parameters that do not train: globs over their Hugging Face names (* any characters, "
+            "dots included; \"wte.weight\", \"h.*.mlp.*\"); no gradient, optimizer state or "
+            "master copy for them; each must match a parameter",
+            {}},
            {"eval_every",
             T::kInteger,
             "the validation loss every this many steps and after the last; 0 = never; text and "

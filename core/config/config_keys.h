@@ -20,6 +20,7 @@ enum class KeyType {
   kPath,        // a string naming a file, folder or glob, relative to the config file
   kSize,        // "64MiB", or an integer number of bytes
   kSizeString,  // "25MiB": a size written as a string only
+  kStrings,     // an array of strings
 };
 
 struct ConfigKey {

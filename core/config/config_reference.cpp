@@ -60,6 +60,8 @@ std::string type_text(const ConfigKey& k) {
       return "size or bytes";
     case KeyType::kSizeString:
       return "size";
+    case KeyType::kStrings:
+      return "array of strings";
   }
   return "";
 }

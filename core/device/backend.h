@@ -72,7 +72,8 @@ class Backend {
   virtual void matmul_forward(Dtype dt, void* out, const void* inp, const void* weight,
                               const void* bias, int N, int C, int OC) = 0;
   // dinp (N,C) += dout · weight; dweight (OC,C) += dout^T · inp; dbias (OC) += column sums.
-  // dinp and dbias may be null. Grad::kWrite: dinp = dout · weight, its contents ignored.
+  // dinp and dbias may be null, and dweight (a frozen weight: no weight-gradient GEMM runs).
+  // Grad::kWrite: dinp = dout · weight, its contents ignored.
   virtual void matmul_backward(Dtype dt, void* dinp, void* dweight, void* dbias, const void* dout,
                                const void* inp, const void* weight, int N, int C, int OC,
                                Grad dinp_mode = Grad::kAccumulate) = 0;

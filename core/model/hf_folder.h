@@ -40,6 +40,16 @@ void check_hf_folder(const std::string& dir, const ModelConfig& m);
 void save_hf_folder(const std::string& dir, const Gpt<float>& model,
                     const std::vector<std::vector<float>>* host = nullptr);
 
+// A LoRA run's adapter in Hugging Face PEFT's format: `dir`/adapter_model.safetensors (every
+// adapter's A and B, F32, under PEFT's names: "base_model.model.transformer.h.0.attn.c_attn.
+// lora_A.weight") and `dir`/adapter_config.json (peft_type LORA, r, lora_alpha, target_modules,
+// fan_in_fan_out for GPT-2's Conv1D, base_model_name_or_path `base`), creating `dir`:
+// PeftModel.from_pretrained(base, dir) loads it. `host` as save_hf_folder's. ConfigError for a
+// model without adapters or adapters of more than one rank and alpha.
+void save_peft_adapter(const std::string& dir, const Gpt<float>& model,
+                       const std::vector<LoraSpec>& lora, const std::string& base,
+                       const std::vector<std::vector<float>>* host = nullptr);
+
 // init_from's loader: a folder (load_hf_folder) or a safetensors file (load_safetensors).
 void load_weights(const std::string& path, Gpt<float>& model, const MasterAccess& access = nullptr);
 

@@ -1,5 +1,6 @@
 #include "core/model/model.h"
 
+#include <fnmatch.h>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -183,16 +184,16 @@ class Block final : public Layer<T> {
     void* t = transient.as<void>();
 
     ln1_forward(t, x, N, C);
-    ops.matmul_forward(dt, qkv_, t, qkvw_->compute().value, qkvb_->compute().value, N, C, 3 * A);
+    this->linear_forward(qkv_, t, *qkvw_, qkvb_, N, C, 3 * A);
     attention_forward(B, Tn, A, NH);
     // The projection is written straight into res1 and the residual added in place: no separate
     // (B, T, C) buffer for the projection, which backward does not need.
-    ops.matmul_forward(dt, res1_, atty_, projw_->compute().value, projb_->compute().value, N, A, C);
+    this->linear_forward(res1_, atty_, *projw_, projb_, N, A, C);
     ops.add_inplace(dt, res1_, x, N * C);
     ln2_forward(t, N, C);
-    ops.matmul_forward(dt, fch_, t, fcw_->compute().value, fcb_->compute().value, N, C, H);
+    this->linear_forward(fch_, t, *fcw_, fcb_, N, C, H);
     ops.gelu_forward(dt, t, fch_, N * H);
-    ops.matmul_forward(dt, out_, t, fcprojw_->compute().value, fcprojb_->compute().value, N, H, C);
+    this->linear_forward(out_, t, *fcprojw_, fcprojb_, N, H, C);
     ops.add_inplace(dt, out_, res1_, N * C);
   }
 
@@ -233,22 +234,19 @@ class Block final : public Layer<T> {
     // GELU's output (B, T, 4C), again, in dfc's buffer until dfc is written over it.
     void* gelu = dfch;
     ops.gelu_forward(dt, gelu, fch_, N * H);
-    ops.matmul_backward(dt, dgelu, fcprojw_->compute().grad, fcprojb_->compute().grad, dout, gelu,
-                        fcprojw_->compute().value, N, H, C, Grad::kWrite);
+    this->linear_backward(dgelu, dout, gelu, *fcprojw_, fcprojb_, N, H, C, Grad::kWrite);
     ops.gelu_backward(dt, dfch, fch_, dgelu, N * H, Grad::kWrite);
     // ln_2's output (B, T, C), again, in dres1's buffer until ln_2's backward writes dres1.
     void* ln2 = dres1;
     ln2_forward(ln2, N, C);
-    ops.matmul_backward(dt, dtmp, fcw_->compute().grad, fcb_->compute().grad, dfch, ln2,
-                        fcw_->compute().value, N, C, H, Grad::kWrite);
+    this->linear_backward(dtmp, dfch, ln2, *fcw_, fcb_, N, C, H, Grad::kWrite);
     // dres1 = dout (the residual path) + ln_2's input gradient
     ops.layernorm_backward(dt, dres1, ln2w_->compute().grad, ln2b_->compute().grad, dtmp, res1_,
                            ln2w_->compute().value, ln2_mean_, ln2_rstd_, N, C, Grad::kWrite, dout);
 
     // Attention: res1 = x + proj(attention(qkv(ln_1(x))))
     // dtmp (B, T, C) holds the attention output's gradient (B, T, A), A <= C.
-    ops.matmul_backward(dt, dtmp, projw_->compute().grad, projb_->compute().grad, dres1, atty_,
-                        projw_->compute().value, N, A, C, Grad::kWrite);
+    this->linear_backward(dtmp, dres1, atty_, *projw_, projb_, N, A, C, Grad::kWrite);
     void* dqkv = dgelu;  // (B, T, 3C) fits in the (B, T, max(4C, 3C)) buffer, free again by now
     ops.fill(dt, dqkv, N * 3 * A, 0.0);
     if (tiled_) {
@@ -259,8 +257,7 @@ class Block final : public Layer<T> {
     // ln_1's output (B, T, C), again, in dfc's buffer (read for the last time above).
     void* ln1 = dfch;
     ln1_forward(ln1, x, N, C);
-    ops.matmul_backward(dt, dtmp, qkvw_->compute().grad, qkvb_->compute().grad, dqkv, ln1,
-                        qkvw_->compute().value, N, C, 3 * A, Grad::kWrite);
+    this->linear_backward(dtmp, dqkv, ln1, *qkvw_, qkvb_, N, C, 3 * A, Grad::kWrite);
     // dx = dres1 (the residual path) + ln_1's input gradient
     ops.layernorm_backward(dt, dx, ln1w_->compute().grad, ln1b_->compute().grad, dtmp, x,
                            ln1w_->compute().value, ln1_mean_, ln1_rstd_, N, C, Grad::kWrite, dres1);
@@ -396,15 +393,15 @@ class LlamaBlock final : public Layer<T> {
     void* t = transient.as<void>();
 
     rms1_forward(t, x, N, C);
-    ops.matmul_forward(dt, qkv_, t, qkvw_->compute().value, nullptr, N, C, W);
+    this->linear_forward(qkv_, t, *qkvw_, nullptr, N, C, W);
     ops.rope_forward(dt, qkv_, B, Tn, NH_, NKV_, C / m_.n_head, rope_);
     attention_forward(B, Tn);
-    ops.matmul_forward(dt, res1_, atty_, ow_->compute().value, nullptr, N, A, C);
+    this->linear_forward(res1_, atty_, *ow_, nullptr, N, A, C);
     ops.add_inplace(dt, res1_, x, N * C);
     rms2_forward(t, N, C);
-    ops.matmul_forward(dt, gu_, t, guw_->compute().value, nullptr, N, C, 2 * I);
+    this->linear_forward(gu_, t, *guw_, nullptr, N, C, 2 * I);
     ops.swiglu_forward(dt, t, gu_, N, I);
-    ops.matmul_forward(dt, out_, t, downw_->compute().value, nullptr, N, I, C);
+    this->linear_forward(out_, t, *downw_, nullptr, N, I, C);
     ops.add_inplace(dt, out_, res1_, N * C);
   }
 
@@ -436,30 +433,26 @@ class LlamaBlock final : public Layer<T> {
     // MLP: out = res1 + down(swiglu(gu)), gu = gate_up(rmsnorm_2(res1)).
     void* h = wide;  // SwiGLU's output (B, T, I), again
     ops.swiglu_forward(dt, h, gu_, N, I);
-    ops.matmul_backward(dt, narrow, downw_->compute().grad, nullptr, dout, h,
-                        downw_->compute().value, N, I, C, Grad::kWrite);
+    this->linear_backward(narrow, dout, h, *downw_, nullptr, N, I, C, Grad::kWrite);
     void* dgu = wide;  // over h, read for the last time above
     ops.swiglu_backward(dt, dgu, gu_, narrow, N, I, Grad::kWrite);
     void* rms2 = narrow;  // rmsnorm_2's output (B, T, C), again
     rms2_forward(rms2, N, C);
-    ops.matmul_backward(dt, dtmp, guw_->compute().grad, nullptr, dgu, rms2, guw_->compute().value,
-                        N, C, 2 * I, Grad::kWrite);
+    this->linear_backward(dtmp, dgu, rms2, *guw_, nullptr, N, C, 2 * I, Grad::kWrite);
     // dres1 = dout (the residual path) + rmsnorm_2's input gradient
     ops.rmsnorm_backward(dt, dres1, rms2w_->compute().grad, dtmp, res1_, rms2w_->compute().value,
                          rms2_rstd_, N, C, Grad::kWrite, dout);
 
     // Attention: res1 = x + o_proj(attention(rope(qkv_proj(rmsnorm_1(x)))))
     // dtmp (B, T, C) holds the attention output's gradient (B, T, A), A <= C.
-    ops.matmul_backward(dt, dtmp, ow_->compute().grad, nullptr, dres1, atty_, ow_->compute().value,
-                        N, A, C, Grad::kWrite);
+    this->linear_backward(dtmp, dres1, atty_, *ow_, nullptr, N, A, C, Grad::kWrite);
     void* dqkv = wide;  // d(gate|up) is read for the last time above
     ops.fill(dt, dqkv, N * W, 0.0);
     ops.attention_gqa_backward(dt, dqkv, dtmp, qkv_, atty_, lse_, B, Tn, A, NH_, NKV_);
     ops.rope_backward(dt, dqkv, B, Tn, NH_, NKV_, C / m_.n_head, rope_);  // to the unrotated q, k
     void* rms1 = narrow;  // rmsnorm_1's output (B, T, C), again
     rms1_forward(rms1, x, N, C);
-    ops.matmul_backward(dt, dtmp, qkvw_->compute().grad, nullptr, dqkv, rms1,
-                        qkvw_->compute().value, N, C, W, Grad::kWrite);
+    this->linear_backward(dtmp, dqkv, rms1, *qkvw_, nullptr, N, C, W, Grad::kWrite);
     // dx = dres1 (the residual path) + rmsnorm_1's input gradient
     ops.rmsnorm_backward(dt, dx, rms1w_->compute().grad, dtmp, x, rms1w_->compute().value,
                          rms1_rstd_, N, C, Grad::kWrite, dres1);
@@ -767,8 +760,32 @@ Param<T>& Layer<T>::add_param(const std::string& name, std::vector<int64_t> shap
 }
 
 template <class T>
+void Layer<T>::freeze(const std::function<bool(const std::string&)>& frozen) {
+  if (flat_.value || flat_.compute || frozen_.value || frozen_.compute)
+    throw std::logic_error(name_ + ": freeze after allocate_params");
+  flat_.numel = frozen_.numel = 0;
+  for (auto& p : params_) {
+    p->frozen = frozen(p->name);
+    FlatStorage& into = p->frozen ? frozen_ : flat_;
+    p->flat = &into;
+    p->offset = into.numel;
+    into.numel += p->numel;
+  }
+}
+
+template <class T>
 void Layer<T>::allocate_params(uint64_t ranks, bool grads) {
+  // The frozen weights: T-typed values for the init (or the weights themselves without compute
+  // copies; Gpt releases them once cast into the compute copy), never gradients.
+  frozen_.padded = frozen_.numel;
+  if (frozen_.numel > 0) {
+    allocate_frozen_masters();
+    if (dt_ != dtype_of<T>())
+      frozen_.compute = Buffer(device_, frozen_.numel * dtype_size(dt_), Category::kParameters,
+                               name_ + " frozen parameters (" + dtype_name(dt_) + ")");
+  }
   flat_.padded = (flat_.numel + ranks - 1) / ranks * ranks;
+  if (flat_.numel == 0) return;  // every parameter frozen: no flat buffers, no gradients
   flat_.value =
       Buffer(device_, flat_.padded * sizeof(T), Category::kParameters, name_ + " parameters");
   ops().fill(dtype_of<T>(), flat_.value.as<T>(), flat_.padded, 0.0);  // the padding stays zero
@@ -804,6 +821,8 @@ template <class T>
 void Layer<T>::shrink_params(const std::vector<ParamResize>& changes) {
   if (flat_.padded != flat_.numel)
     throw std::logic_error(name_ + ": a layer padded for sharding cannot be resized");
+  if (has_frozen())
+    throw std::logic_error(name_ + ": a layer with frozen parameters cannot be resized (so far)");
   if (!saved_.empty())
     throw std::logic_error(name_ + ": cannot be resized while it holds activations");
   // The new layout: every parameter at its new size, in the same order.
@@ -895,14 +914,26 @@ void Layer<T>::release_masters() {
 
 template <class T>
 void Layer<T>::allocate_masters() {
-  if (flat_.value) return;
+  if (flat_.value || flat_.padded == 0) return;
   flat_.value = Buffer(device_, flat_.padded * sizeof(T), Category::kParameters,
                        name_ + " parameters (gathered)");
 }
 
 template <class T>
+void Layer<T>::allocate_frozen_masters() {
+  if (frozen_.value || frozen_.numel == 0) return;
+  frozen_.value = Buffer(device_, frozen_.numel * sizeof(T), Category::kParameters,
+                         name_ + " frozen parameters");
+}
+
+template <class T>
+void Layer<T>::release_frozen_masters() {
+  if (frozen_.compute) frozen_.value.reset();  // without compute copies they are the weights
+}
+
+template <class T>
 void Layer<T>::allocate_compute() {
-  if (flat_.compute || dt_ == dtype_of<T>()) return;
+  if (flat_.compute || dt_ == dtype_of<T>() || flat_.padded == 0) return;
   flat_.compute = Buffer(device_, flat_.padded * dtype_size(dt_), Category::kParameters,
                          name_ + " parameters (" + dtype_name(dt_) + ", gathered)");
 }
@@ -929,7 +960,8 @@ void Layer<T>::ensure_grads() {
 
 template <class T>
 void Layer<T>::make_compute_grads() {
-  if (dt_ == dtype_of<T>() || precision_.grad_in_compute || flat_.compute_grad) return;
+  if (dt_ == dtype_of<T>() || precision_.grad_in_compute || flat_.compute_grad || flat_.numel == 0)
+    return;
   flat_.compute_grad = Buffer(device_, flat_.padded * dtype_size(dt_), Category::kGradients,
                               name_ + " gradients (" + dtype_name(dt_) + ", one micro-step)");
   ops().fill(dt_, flat_.compute_grad.as<void>(), flat_.padded, 0.0);
@@ -964,6 +996,96 @@ Buffer Layer<T>::workspace(uint64_t numel, const char* what) {
                 name_ + " backward: " + what);
 }
 
+template <class T>
+void Layer<T>::add_adapter(const AdapterSite& site, int rank, double scale) {
+  const Param<T>* w = nullptr;
+  for (const auto& p : params_)
+    if (p->name == site.weight) w = p.get();
+  if (!w) throw std::logic_error(name_ + " has no parameter " + site.weight);
+  for (const Adapter& a : adapters_)
+    if (a.weight == w && a.row0 == site.row0) return;  // targeted twice: one adapter
+  Param<T>& A = add_param(site.module + ".lora_A.weight", {rank, site.in}, true);
+  Param<T>& B = add_param(site.module + ".lora_B.weight", {site.rows, rank}, true);
+  adapters_.push_back({w, site.row0, site.rows, rank, scale, &A, &B});
+}
+
+template <class T>
+void Layer<T>::init_adapters(uint64_t rng_seed) {
+  // PEFT's reset_lora_parameters: kaiming_uniform_(A, a=sqrt(5)), whose bound is
+  // gain · sqrt(3 / fan_in) with gain = sqrt(2 / (1 + a^2)): 1 / sqrt(in); B zero. Uniforms from
+  // mt19937_64's raw bits (53 of them), the same on every standard library.
+  std::mt19937_64 rng(rng_seed);
+  for (const Adapter& a : adapters_) {
+    const double bound = 1.0 / std::sqrt(double(a.A->shape[1]));
+    std::vector<T> v(a.A->numel);
+    for (T& x : v)
+      x = T((2.0 * double(rng() >> 11) * 0x1p-53 - 1.0) * bound);
+    upload(device_, *a.A, v);
+    upload(device_, *a.B, std::vector<T>(a.B->numel, T(0)));
+  }
+}
+
+template <class T>
+void Layer<T>::scaled_b(const Adapter& a, int OC, Buffer& buf) {
+  const uint64_t n = uint64_t(OC) * uint64_t(a.rank), es = dtype_size(dt_);
+  buf = Buffer(device_, n * es, Category::kWorkspace, name_ + " lora: scaled B (OC, r)");
+  Backend& o = ops();
+  if (a.rows != OC) o.fill(dt_, buf.as<void>(), n, 0.0);
+  o.copy(buf.as<char>() + uint64_t(a.row0) * a.rank * es, a.B->compute().value,
+         uint64_t(a.rows) * a.rank * es);
+  o.scale(dt_, buf.as<void>(), n, a.scale);
+}
+
+template <class T>
+void Layer<T>::linear_forward(void* out, const void* inp, const Param<T>& w, const Param<T>* b,
+                              uint64_t N, int C, int OC) {
+  Backend& o = ops();
+  o.matmul_forward(dt_, out, inp, w.compute().value, b ? b->compute().value : nullptr, int(N), C,
+                   OC);
+  for (const Adapter& a : adapters_) {
+    if (a.weight != &w) continue;
+    const int r = int(a.rank);
+    Buffer t(device_, N * r * dtype_size(dt_), Category::kWorkspace, name_ + " lora: A x (N, r)");
+    o.matmul_forward(dt_, t.as<void>(), inp, a.A->compute().value, nullptr, int(N), C, r);
+    Buffer bs;
+    scaled_b(a, OC, bs);
+    Buffer u(device_, N * OC * dtype_size(dt_), Category::kWorkspace,
+             name_ + " lora: B A x (N, OC)");
+    o.matmul_forward(dt_, u.as<void>(), t.as<void>(), bs.as<void>(), nullptr, int(N), r, OC);
+    o.add_inplace(dt_, out, u.as<void>(), N * OC);
+  }
+}
+
+template <class T>
+void Layer<T>::linear_backward(void* dinp, const void* dout, const void* inp, const Param<T>& w,
+                               const Param<T>* b, uint64_t N, int C, int OC, Grad mode) {
+  Backend& o = ops();
+  // A frozen weight's gradient is null: the weight-gradient GEMM does not run.
+  o.matmul_backward(dt_, dinp, w.compute().grad, b ? b->compute().grad : nullptr, dout, inp,
+                    w.compute().value, int(N), C, OC, mode);
+  for (const Adapter& a : adapters_) {
+    if (a.weight != &w) continue;
+    const int r = int(a.rank);
+    const uint64_t es = dtype_size(dt_);
+    Buffer t(device_, N * r * es, Category::kWorkspace, name_ + " lora: A x (N, r)");
+    o.matmul_forward(dt_, t.as<void>(), inp, a.A->compute().value, nullptr, int(N), C, r);
+    Buffer bs;
+    scaled_b(a, OC, bs);
+    // dt = dout · (s B) (N, r); d(B) in the GEMM's (OC, r) layout, of which B's rows are added
+    // into its gradient, times s.
+    Buffer dt(device_, N * r * es, Category::kWorkspace, name_ + " lora: d(A x) (N, r)");
+    Buffer db(device_, uint64_t(OC) * r * es, Category::kWorkspace, name_ + " lora: dB (OC, r)");
+    o.fill(dt_, db.as<void>(), uint64_t(OC) * r, 0.0);
+    o.matmul_backward(dt_, dt.as<void>(), db.as<void>(), nullptr, dout, t.as<void>(), bs.as<void>(),
+                      int(N), r, OC, Grad::kWrite);
+    o.axpy(dt_, a.B->compute().grad, db.as<char>() + uint64_t(a.row0) * r * es,
+           uint64_t(a.rows) * r, a.scale);
+    // dA += dt^T · inp; dinp += dt · A
+    o.matmul_backward(dt_, dinp, a.A->compute().grad, nullptr, dt.as<void>(), inp,
+                      a.A->compute().value, int(N), C, r, Grad::kAccumulate);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Gpt
 
@@ -984,7 +1106,7 @@ std::string precision_problem(const Precision& p) {
 template <class T>
 Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, const Precision& precision,
             uint64_t shard_ranks, bool grads_on_demand,
-            const std::function<void(Layer<T>&)>& placed)
+            const std::function<void(Layer<T>&)>& placed, const Tuning& tuning)
     : config_(config), device_(device), dt_(precision.compute), precision_(precision) {
   const Dtype compute = precision.compute;
   const bool ok = compute == dtype_of<T>() || (dtype_of<T>() == Dtype::kF32 &&
@@ -1021,6 +1143,28 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, const Prec
   // Llama's untied lm_head); each layer allocated just before its turn and placed right after it.
   NormalRng rng(seed);
   const double proj_std = 0.02 / std::sqrt(2.0 * config.n_layer);
+  // LoRA adapters where a target names a module, then the frozen parameters: with adapters,
+  // everything but them.
+  if (!tuning.lora.empty()) {
+    const std::vector<AdapterSite> sites = gpt_adapter_sites(config);
+    for (const LoraSpec& spec : tuning.lora) {
+      if (spec.rank < 1) throw std::invalid_argument("LoRA rank must be at least 1");
+      bool any = false;
+      for (const AdapterSite& site : sites) {
+        if (!lora_target_matches(spec.target, site.module)) continue;
+        any = true;
+        layers_[size_t(site.layer)]->add_adapter(site, spec.rank, spec.alpha / spec.rank);
+      }
+      if (!any)
+        throw std::invalid_argument("LoRA target \"" + spec.target + "\" names no module of this " +
+                                    config.arch + " model");
+    }
+  }
+  if (!tuning.empty())
+    for (auto& layer : layers_)
+      layer->freeze([&](const std::string& name) {
+        return is_frozen(tuning.freeze, name) || (!tuning.lora.empty() && !is_adapter_param(name));
+      });
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer<T>& layer = *layers_[l];
     layer.allocate_params(shard_ranks, !grads_on_demand);
@@ -1033,6 +1177,9 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, const Prec
       } else {
         static_cast<Block<T>&>(layer).init(rng, proj_std);
       }
+      // The adapters from a stream of their own: the base weights are those of the same seed
+      // without them.
+      if (layer.has_adapters()) layer.init_adapters(seed ^ (0x4c6f5241ULL + l));
     } else {
       h.init(rng);
     }
@@ -1042,6 +1189,14 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, const Prec
                             dtype_of<T>(), f.padded);
     // Without masters the f32 values were only the init's: the weights are the compute copy.
     if (!precision.masters) layer.release_masters();
+    // Frozen weights have no masters beside a compute copy either.
+    const FlatStorage& z = layer.frozen_flat();
+    if (z.compute) {
+      device.backend().cast(z.compute.template as<void>(), dt_, z.value.template as<void>(),
+                            dtype_of<T>(), z.numel);
+      device.backend().synchronize();
+      layer.release_frozen_masters();
+    }
     if (placed) placed(layer);
   }
 }
@@ -1127,6 +1282,7 @@ void Gpt<T>::accumulate_compute_grads(int layer) {
     if (!has_compute_copies() || precision_.grad_in_compute) return;
     Layer<T>& lay = *layers_[size_t(layer)];
     const FlatStorage& f = lay.flat();
+    if (!f.grad) return;  // every parameter of the layer frozen
     Backend& ops = device_.backend();
     ops.accumulate(f.grad.as<float>(), f.compute_grad.as<void>(), dt_, f.padded);  // f32 += cgrad
     lay.release_compute_grads();  // the next micro-step's backward makes them again, zeroed
@@ -1138,23 +1294,43 @@ void Gpt<T>::accumulate_compute_grads(int layer) {
 template <class T>
 std::function<void(int, const std::function<void()>&)> Gpt<T>::master_access(bool gather,
                                                                              bool scatter) {
-  if (precision_.masters) return nullptr;
+  // Frozen weights beside compute copies have no masters either (Param::frozen).
+  const bool frozen_copies = has_compute_copies() && has_frozen();
+  if (precision_.masters && !frozen_copies) return nullptr;
   return [this, gather, scatter](int l, const std::function<void()>& f) {
     Layer<T>& lay = *layers_[size_t(l)];
     const FlatStorage& fs = lay.flat();
-    lay.allocate_masters();
+    const FlatStorage& zs = lay.frozen_flat();
+    const bool flat = !precision_.masters && fs.padded > 0;
+    const bool frozen = zs.numel > 0 && zs.compute;
+    if (flat) lay.allocate_masters();
+    if (frozen) lay.allocate_frozen_masters();
     struct Release {  // however f ends
       Layer<T>& layer;
-      ~Release() { layer.release_masters(); }
-    } release{lay};
+      bool flat, frozen;
+      ~Release() {
+        if (flat) layer.release_masters();
+        if (frozen) layer.release_frozen_masters();
+      }
+    } release{lay, flat, frozen};
     Backend& ops = device_.backend();
-    if (gather)
-      ops.cast(fs.value.template as<void>(), dtype_of<T>(), fs.compute.template as<void>(), dt_,
-               fs.padded);
+    auto to_masters = [&](const FlatStorage& s) {
+      ops.cast(s.value.template as<void>(), dtype_of<T>(), s.compute.template as<void>(), dt_,
+               s.padded);
+    };
+    auto to_compute = [&](const FlatStorage& s) {
+      ops.cast(s.compute.template as<void>(), dt_, s.value.template as<void>(), dtype_of<T>(),
+               s.padded);
+    };
+    if (gather) {
+      if (flat) to_masters(fs);
+      if (frozen) to_masters(zs);
+    }
     f();
-    if (scatter)
-      ops.cast(fs.compute.template as<void>(), dt_, fs.value.template as<void>(), dtype_of<T>(),
-               fs.padded);
+    if (scatter) {
+      if (flat) to_compute(fs);
+      if (frozen) to_compute(zs);
+    }
     ops.synchronize();
   };
 }
@@ -1387,6 +1563,21 @@ std::vector<Param<T>*> Gpt<T>::params() const {
 }
 
 template <class T>
+std::vector<Param<T>*> Gpt<T>::trainable_params() const {
+  std::vector<Param<T>*> out;
+  for (Param<T>* p : params())
+    if (!p->frozen) out.push_back(p);
+  return out;
+}
+
+template <class T>
+bool Gpt<T>::has_frozen() const {
+  for (const auto& layer : layers_)
+    if (layer->has_frozen()) return true;
+  return false;
+}
+
+template <class T>
 uint64_t Gpt<T>::num_params() const {
   uint64_t n = 0;
   for (Param<T>* p : params())
@@ -1478,6 +1669,112 @@ std::vector<ParamShape> gpt_param_shapes(const ModelConfig& m) {
   out.push_back({m.n_layer + 1, "ln_f.weight", {C}, false});
   out.push_back({m.n_layer + 1, "ln_f.bias", {C}, false});
   return out;
+}
+
+std::vector<AdapterSite> gpt_adapter_sites(const ModelConfig& m) {
+  std::vector<AdapterSite> out;
+  const int64_t C = m.n_embd;
+  for (int b = 0; b < m.n_layer; ++b) {
+    const int layer = b + 1;
+    const int64_t A = m.attn_width(b), H = m.mlp_width(b);
+    if (m.llama()) {
+      const std::string h = "model.layers." + std::to_string(b) + ".";
+      const int64_t KV = m.kv_width(b);
+      const std::string qkv = h + "self_attn.qkv_proj.weight", gu = h + "mlp.gate_up_proj.weight";
+      out.push_back({layer, h + "self_attn.q_proj", qkv, 0, A, C});
+      out.push_back({layer, h + "self_attn.k_proj", qkv, A, KV, C});
+      out.push_back({layer, h + "self_attn.v_proj", qkv, A + KV, KV, C});
+      out.push_back({layer, h + "self_attn.o_proj", h + "self_attn.o_proj.weight", 0, C, A});
+      out.push_back({layer, h + "mlp.gate_proj", gu, 0, H, C});
+      out.push_back({layer, h + "mlp.up_proj", gu, H, H, C});
+      out.push_back({layer, h + "mlp.down_proj", h + "mlp.down_proj.weight", 0, C, H});
+    } else {
+      const std::string h = "h." + std::to_string(b) + ".";
+      out.push_back({layer, h + "attn.c_attn", h + "attn.c_attn.weight", 0, 3 * A, C});
+      out.push_back({layer, h + "attn.c_proj", h + "attn.c_proj.weight", 0, C, A});
+      out.push_back({layer, h + "mlp.c_fc", h + "mlp.c_fc.weight", 0, H, C});
+      out.push_back({layer, h + "mlp.c_proj", h + "mlp.c_proj.weight", 0, C, H});
+    }
+  }
+  return out;
+}
+
+bool lora_target_matches(const std::string& target, const std::string& module) {
+  if (target.empty()) return false;
+  if (module == target) return true;
+  return module.size() > target.size() &&
+         module.compare(module.size() - target.size(), target.size(), target) == 0 &&
+         module[module.size() - target.size() - 1] == '.';
+}
+
+void check_lora(const ModelConfig& m, const LoraSpec& spec) {
+  if (spec.rank < 1)
+    throw std::invalid_argument("rank " + std::to_string(spec.rank) + " (valid: 1 or more)");
+  if (!(spec.alpha > 0) || !std::isfinite(spec.alpha))
+    throw std::invalid_argument("alpha must be a finite number > 0");
+  const std::vector<AdapterSite> sites = gpt_adapter_sites(m);
+  bool any = false;
+  for (const AdapterSite& s : sites)
+    any = any || lora_target_matches(spec.target, s.module);
+  if (!any) {
+    // The modules of one block by their last two parts, as PEFT's target_modules may name them.
+    std::string names, last;
+    for (const AdapterSite& s : sites) {
+      if (s.layer != 1) continue;
+      const size_t dot = s.module.rfind('.'), prev = s.module.rfind('.', dot - 1);
+      names += (names.empty() ? "" : ", ") + s.module.substr(prev + 1);
+      if (last.empty()) last = s.module.substr(dot + 1);
+    }
+    throw std::invalid_argument("\"" + spec.target + "\" names no module of this " + m.arch +
+                                " model (valid: " + names +
+                                ", or the part after a dot of one, as \"" + last + "\")");
+  }
+}
+
+bool is_adapter_param(const std::string& name) {
+  return ends_with(name, ".lora_A.weight") || ends_with(name, ".lora_B.weight");
+}
+
+bool freeze_matches(const std::string& pattern, const std::string& name) {
+  return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+}
+
+bool is_frozen(const std::vector<std::string>& patterns, const std::string& name) {
+  for (const std::string& p : patterns)
+    if (freeze_matches(p, name)) return true;
+  return false;
+}
+
+void check_freeze(const ModelConfig& m, const TrainConfig& t) {
+  if (t.freeze.empty()) return;
+  const std::vector<ParamShape> shapes = gpt_param_shapes(m);
+  auto where = [&](size_t i) {
+    return i < t.freeze_pos.size() ? t.freeze_pos[i].str() + ": " : std::string();
+  };
+  for (size_t i = 0; i < t.freeze.size(); ++i) {
+    bool any = false;
+    for (const ParamShape& s : shapes)
+      any = any || freeze_matches(t.freeze[i], s.name);
+    if (any) continue;
+    // Some names of the first block, and the ones outside the blocks, as examples.
+    std::string names;
+    for (const ParamShape& s : shapes) {
+      if (s.layer > 1 && s.layer <= m.n_layer) continue;
+      names += (names.empty() ? "" : ", ") + s.name;
+    }
+    throw ConfigError(where(i) + "train.freeze: \"" + t.freeze[i] +
+                      "\" matches no parameter of this " + m.arch +
+                      " model (a glob over Hugging Face names: * any characters, dots "
+                      "included, ? one; its names: " +
+                      names + ", the other blocks' alike)");
+  }
+  size_t frozen = 0;
+  for (const ParamShape& s : shapes)
+    frozen += is_frozen(t.freeze, s.name);
+  if (frozen == shapes.size())
+    throw ConfigError(where(0) +
+                      "train.freeze freezes every parameter of the model: nothing "
+                      "would train; leave at least one out");
 }
 
 uint64_t gpt_block_workspace_bytes(const ModelConfig& m, int B, int T, Dtype dt, int block,

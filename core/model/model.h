@@ -85,6 +85,11 @@ struct Param {
   std::string name;            // Hugging Face GPT-2 name: "h.3.attn.c_attn.weight"
   std::vector<int64_t> shape;  // ours is (out, in) for matrices, as llm.c
   bool decay = false;          // weight decay applies: matrices and embeddings, not biases or gains
+  // Frozen ([train] freeze): no gradient, no optimizer state, no master beside a compute copy
+  // (with compute copies the weights are the compute copy alone); it lives in its layer's frozen
+  // storage (Layer::frozen_flat), apart from the trainable parameters' flat buffers, and the
+  // layer's backward computes no gradient for it (the GEMM's weight gradient is skipped).
+  bool frozen = false;
   uint64_t numel = 0;
   uint64_t offset = 0;                // elements from the start of its layer's flat buffers
   const FlatStorage* flat = nullptr;  // its layer's
@@ -142,6 +147,43 @@ struct ParamResize {
 // `elem` bytes from `src` to `dst` (new_shape's elements).
 void gather_kept(const ParamResize& r, const void* src, void* dst, size_t elem);
 
+// Where a low-rank adapter (LoRA, Hu et al. 2021) can sit: one linear module of Hugging Face's,
+// the rows [row0, row0 + rows) of one of our GEMMs' outputs (a fused GEMM holds several: a Llama's
+// q_proj, k_proj and v_proj are rows of self_attn.qkv_proj), whose input has `in` features.
+struct AdapterSite {
+  int layer = 0;
+  std::string module;  // "h.0.attn.c_attn", "model.layers.0.self_attn.q_proj"
+  std::string weight;  // our parameter: "h.0.attn.c_attn.weight", "...self_attn.qkv_proj.weight"
+  int64_t row0 = 0, rows = 0, in = 0;
+};
+// Every site of the model of `m`, block by block (GPT-2: attn.c_attn, attn.c_proj, mlp.c_fc,
+// mlp.c_proj; Llama: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj).
+std::vector<AdapterSite> gpt_adapter_sites(const ModelConfig& m);
+// One entry of PEFT's target_modules: the sites whose module is `target` or ends with "." target
+// ("c_proj" is both GPT-2 projections, "attn.c_proj" the attention's alone).
+bool lora_target_matches(const std::string& target, const std::string& module);
+// LoRA on the modules `target` names: y += (alpha / rank) · B (A x), A (rank, in) initialised as
+// PEFT does (Kaiming-uniform with a = sqrt(5): uniform in ±1/sqrt(in)), B (rows, rank) zero.
+// Their parameters are "<module>.lora_A.weight" and "<module>.lora_B.weight"; everything else of
+// the model is frozen.
+struct LoraSpec {
+  std::string target;
+  int rank = 8;
+  double alpha = 8;
+};
+// What a run trains of the model: every parameter, or all but those [train] freeze names, or
+// only the adapters a plugin adds (headroom.adapters/1).
+struct Tuning {
+  std::vector<std::string> freeze;  // Hugging Face name globs (freeze_matches)
+  std::vector<LoraSpec> lora;
+  bool empty() const { return freeze.empty() && lora.empty(); }
+};
+// std::invalid_argument, saying what is valid, for a rank below 1, an alpha that is not finite and
+// > 0, or a target that names no module of the model of `m`.
+void check_lora(const ModelConfig& m, const LoraSpec& spec);
+// Whether `name` is an adapter's parameter ("....lora_A.weight", "....lora_B.weight").
+bool is_adapter_param(const std::string& name);
+
 // One tensor a layer keeps from forward for backward.
 struct SavedActivation {
   Buffer buffer;
@@ -170,7 +212,21 @@ class Layer {
 
   const std::string& name() const { return name_; }
   const std::vector<std::unique_ptr<Param<T>>>& params() const { return params_; }
+  // The trainable parameters' flat buffers (empty, numel 0, when every parameter is frozen).
   const FlatStorage& flat() const { return flat_; }
+  // The frozen parameters' storage: their weights (`value` in T without compute copies, else
+  // `compute` in the compute dtype alone), never gradients; numel 0 when none is frozen.
+  const FlatStorage& frozen_flat() const { return frozen_; }
+  // Moves every parameter `frozen` says yes to into the frozen storage (Param::frozen), the others
+  // staying in the flat buffers in order. Before allocate_params; std::logic_error after.
+  void freeze(const std::function<bool(const std::string&)>& frozen);
+  bool has_frozen() const { return frozen_.numel > 0; }
+  // Adds a low-rank adapter at `site` (one of this layer's): its A and B as parameters at the end
+  // of the flat buffers. Before allocate_params. init_adapters() gives them PEFT's init.
+  void add_adapter(const AdapterSite& site, int rank, double scale);
+  // A uniform in ±1/sqrt(in) from `rng_seed`'s stream, B zero: into the masters (T values).
+  void init_adapters(uint64_t rng_seed);
+  bool has_adapters() const { return !adapters_.empty(); }
 
   // Allocates the flat buffers of the parameters the constructor added (zeroed gradients, unless
   // `grads` is false: sharded gradients are made by ensure_grads when the backward needs them),
@@ -182,7 +238,8 @@ class Layer {
   void release_grads();
   void ensure_grads();
   bool has_grads() const {
-    return bool(flat_.grad) || (precision_.grad_in_compute && flat_.compute_grad);
+    return flat_.numel == 0 || bool(flat_.grad) ||
+           (precision_.grad_in_compute && flat_.compute_grad);
   }
   // The compute-dtype gradients of one micro-step (gradients accumulated in T): made, zeroed,
   // before the layer's backward (layer 0's before the head's: the tied wte) and freed once added
@@ -196,6 +253,10 @@ class Layer {
   void release_parameters();
   void release_masters();  // the masters alone: a whole compute copy stays (amp, zero1/zero2)
   void allocate_masters();
+  // The frozen parameters' T-typed values beside their compute copy, made around an access to
+  // the model whole (Gpt::master_access) and released after: frozen weights have no masters.
+  void allocate_frozen_masters();
+  void release_frozen_masters();
   void allocate_compute();
   Dtype compute_dtype() const { return dt_; }
   const Precision& precision() const { return precision_; }
@@ -268,6 +329,14 @@ class Layer {
   virtual void recompute_cheap(const void*, const Batch&) {}
   // A scratch buffer of the compute dtype for backward, freed when the Buffer goes out of scope.
   Buffer workspace(uint64_t numel, const char* what);
+  // A linear layer's GEMM and its adapters: out (N, OC) = inp (N, C) · w^T + b, plus each
+  // adapter's (alpha / r) · B (A inp) on its rows. Its backward: the GEMM's (Grad `mode` for dinp;
+  // no weight gradient for a frozen w), then each adapter's A and B gradients and its part of
+  // dinp (added). The adapters keep nothing from forward: A inp (N, r) is computed again.
+  void linear_forward(void* out, const void* inp, const Param<T>& w, const Param<T>* b, uint64_t N,
+                      int C, int OC);
+  void linear_backward(void* dinp, const void* dout, const void* inp, const Param<T>& w,
+                       const Param<T>* b, uint64_t N, int C, int OC, Grad mode);
   Backend& ops() { return device_.backend(); }
 
   std::string name_;
@@ -276,6 +345,17 @@ class Layer {
   Precision precision_;
   std::vector<std::unique_ptr<Param<T>>> params_;
   FlatStorage flat_;
+  FlatStorage frozen_;  // the frozen parameters' weights
+  struct Adapter {
+    const Param<T>* weight;
+    int64_t row0, rows, rank;
+    double scale;
+    Param<T>* A;  // (rank, in)
+    Param<T>* B;  // (rows, rank)
+  };
+  std::vector<Adapter> adapters_;
+  // B scaled by `scale` in the GEMM's (OC, rank) layout (zero outside its rows), in `buf`.
+  void scaled_b(const Adapter& a, int OC, Buffer& buf);
   std::vector<SavedActivation> saved_;
   // Dropped after forward: backward runs forward again (kAll) or recompute_cheap (kCheap) first.
   enum class Recompute { kNone, kAll, kCheap };
@@ -307,9 +387,13 @@ class Gpt {
   // `placed`, when set, gets each layer as soon as it is allocated and initialised, in order, the
   // next layer not yet allocated (core/shard/sharding.h keeps only its shard of a layer's
   // parameters, so the whole model never exists at once).
+  // `tuning`: the parameters [train] freeze's globs match are frozen (Param::frozen); with LoRA
+  // adapters (tuning.lora) every parameter but theirs is. std::invalid_argument for a LoRA target
+  // that names no module of the model.
   Gpt(const ModelConfig& config, Device& device, uint64_t seed,
       const Precision& precision = Precision(dtype_of<T>()), uint64_t shard_ranks = 1,
-      bool grads_on_demand = false, const std::function<void(Layer<T>&)>& placed = nullptr);
+      bool grads_on_demand = false, const std::function<void(Layer<T>&)>& placed = nullptr,
+      const Tuning& tuning = {});
   ~Gpt();
 
   // Every layer's forward, for training: backward follows, and the loss is known once the head's
@@ -387,7 +471,10 @@ class Gpt {
   Device& device() const { return device_; }
   const std::vector<std::unique_ptr<Layer<T>>>& layers() const { return layers_; }
   std::vector<Param<T>*> params() const;
+  // The parameters that train (params() without the frozen ones): what the optimizer updates.
+  std::vector<Param<T>*> trainable_params() const;
   uint64_t num_params() const;
+  bool has_frozen() const;
   // The other layer whose parameters layer l's forward and backward read, or -1: the head reads
   // the embedding's token embedding (tied), so the head's is 0.
   // An untied Llama's head reads its own lm_head: -1 for every layer.
@@ -427,6 +514,15 @@ struct ParamShape {
   bool decay;
 };
 std::vector<ParamShape> gpt_param_shapes(const ModelConfig& m);
+// Whether Hugging Face parameter name `name` matches glob `pattern` ([train] freeze): `*` any run
+// of characters (dots included: "h.*.mlp.*"), `?` one, `[...]` one of a set.
+bool freeze_matches(const std::string& pattern, const std::string& name);
+// Whether any of `patterns` matches `name`.
+bool is_frozen(const std::vector<std::string>& patterns, const std::string& name);
+// Checks [train] freeze against the model of `m`: a ConfigError naming the pattern's
+// file:line:column for one that matches no parameter (with some of the names it could match),
+// and for one that freezes every parameter.
+void check_freeze(const ModelConfig& m, const TrainConfig& t);
 // The chunked loss's default chunk: as many tokens as have this many bytes of logits (gpt2's V in
 // fp32: 333 tokens). Smaller chunks cost step time on the CPU: each chunk's d(wte) GEMM reads and
 // writes all of d(wte) (V, C) (docs/results/activations.md).

@@ -63,6 +63,11 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// model.h's is_adapter_param, here too: this file links without model.cpp (its fuzz target).
+bool is_lora_param(const std::string& name) {
+  return ends_with(name, ".lora_A.weight") || ends_with(name, ".lora_B.weight");
+}
+
 // Hugging Face's GPT-2 uses Conv1D (a Linear with a transposed weight) for these four, so their
 // weights are stored (in, out) where ours are (out, in).
 bool is_conv1d_weight(const std::string& name) {
@@ -548,8 +553,9 @@ void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAc
   }
   size_t missing = 0;
   std::string first_missing;
+  // LoRA adapters a file does not hold (a base model's) keep their init.
   for (const auto& [name, p] : params)
-    if (!found.count(name) && missing++ == 0) first_missing = name;
+    if (!found.count(name) && !is_lora_param(name) && missing++ == 0) first_missing = name;
   if (missing > 0)
     throw ConfigError(where + "missing tensor " + first_missing +
                       (missing > 1 ? " (and " + std::to_string(missing - 1) + " more)" : ""));
@@ -596,6 +602,7 @@ void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAc
   for (size_t l = 0; l < model.layers().size(); ++l) {
     const auto write = [&] {
       for (const auto& p : model.layers()[l]->params()) {
+        if (!host.count(p.get())) continue;  // an adapter the file does not hold
         const std::vector<float>& v = host.at(p.get());
         ops.upload(p->master().value, v.data(), 4 * p->numel);
       }

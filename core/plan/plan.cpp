@@ -7,6 +7,26 @@
 
 namespace headroom {
 
+namespace {
+
+// ", N trainable ([train] freeze)" when some parameters are frozen; a pattern that matches
+// nothing is the ConfigError train would give.
+std::string trainable_note(const Config& config) {
+  if (config.train.freeze.empty()) return "";
+  check_freeze(config.model, config.train);
+  uint64_t trainable = 0;
+  for (const ParamShape& p : gpt_param_shapes(config.model)) {
+    if (is_frozen(config.train.freeze, p.name)) continue;
+    uint64_t n = 1;
+    for (int64_t d : p.shape)
+      n *= uint64_t(d);
+    trainable += n;
+  }
+  return ", " + std::to_string(trainable) + " trainable (the others frozen by train.freeze)";
+}
+
+}  // namespace
+
 PlanResult plan(const Config& given) {
   // A run that starts from a pruned model's weights ([train] init_from) builds the model at
   // their per-block MLP widths: so does its estimate. A file that cannot be read is train's to
@@ -26,7 +46,8 @@ PlanResult plan(const Config& given) {
   // shape is planned without allocating it).
   const ModelConfig& m = config.model;
   r.text = "model " + (m.preset.empty() ? std::string("(explicit)") : m.preset) + ", arch " +
-           m.arch + ", " + std::to_string(gpt_num_params(m)) + " parameters\n" + format_estimate(e);
+           m.arch + ", " + std::to_string(gpt_num_params(m)) + " parameters" +
+           trainable_note(config) + "\n" + format_estimate(e);
   const uint64_t total = e.peak.total();
   // The host ledger's wall ([host] memory_limit), when something lives there.
   const uint64_t host_limit = config.device.host_memory_limit, host_total = e.peak.host_total();

@@ -5,8 +5,10 @@
 #include <cstring>
 
 #include "core/plugin_host/services.h"
+#include "headroom/ext/adapters.h"
 #include "headroom/ext/batch.h"
 #include "headroom/ext/comm.h"
+#include "headroom/ext/config.h"
 #include "headroom/ext/model.h"
 #include "headroom/ext/offload.h"
 #include "headroom/ext/ops.h"
@@ -33,6 +35,8 @@ extern const hr_ext_resize kResizeExtension;        // ext_resize.cpp
 extern const hr_ext_model kModelExtension;          // ext_model.cpp
 extern const hr_ext_ops kOpsExtension;              // ext_ops.cpp
 extern const hr_ext_offload kOffloadExtension;      // ext_offload.cpp
+extern const hr_ext_adapters kAdaptersExtension;    // ext_adapters.cpp
+extern const hr_ext_config kConfigExtension;        // ext_config.cpp
 
 namespace {
 
@@ -54,6 +58,8 @@ const Extension kExtensions[] = {
     {HR_EXT_MODEL, &kModelExtension},
     {HR_EXT_OPS, &kOpsExtension},
     {HR_EXT_OFFLOAD, &kOffloadExtension},
+    {HR_EXT_ADAPTERS, &kAdaptersExtension},
+    {HR_EXT_CONFIG, &kConfigExtension},
 };
 
 }  // namespace

@@ -343,9 +343,11 @@ std::map<std::string, std::vector<uint8_t>> PluginHost::save_states() {
 class CreatedPlugins::Run final : public StepControl,
                                   public PrecisionChoice,
                                   public ShardChoice,
-                                  public BatchControl {
+                                  public BatchControl,
+                                  public AdapterChoice {
  public:
-  Run(Device& device, const TrainConfig& train) : device_(device), train_(train) {}
+  Run(Device& device, const TrainConfig& train, const ModelConfig& model)
+      : device_(device), train_(train), model_(model) {}
   RunInterfaces interfaces() {
     RunInterfaces r;
     r.device = &device_;
@@ -354,6 +356,7 @@ class CreatedPlugins::Run final : public StepControl,
     r.shard = this;
     r.batch = this;
     r.place = &place_;
+    r.adapters = this;
     r.checking_only = true;
     return r;
   }
@@ -412,10 +415,13 @@ class CreatedPlugins::Run final : public StepControl,
       throw std::logic_error(plugin + ": the persistence threshold is set after partitioning");
   }
   Sharding* sharding() override { return nullptr; }
+  // The adapters' targets are checked against the config's model, as the trainer checks them.
+  void add_lora(const std::string&, const LoraSpec& spec) override { check_lora(model_, spec); }
 
  private:
   Device& device_;
   TrainConfig train_;
+  ModelConfig model_;
   Dtype dtype_ = Dtype::kF32;
   double loss_scale_ = 1.0;
   std::string dtype_by_;
@@ -430,7 +436,7 @@ CreatedPlugins::CreatedPlugins(const Config& config) {
   cpu.kind = "cpu";
   if (config.device.kind == "cpu") cpu.memory_limit = config.device.memory_limit;
   device_ = Device::create(cpu);
-  run_ = std::make_unique<Run>(*device_, config.train);
+  run_ = std::make_unique<Run>(*device_, config.train, config.model);
   host_ = std::make_unique<PluginHost>(config);
   host_->create(run_->interfaces());
 }

@@ -61,6 +61,11 @@ class NoBatch final : public BatchControl {
   }
 };
 
+class NoAdapters final : public AdapterChoice {
+ public:
+  void add_lora(const std::string&, const LoraSpec&) override {}
+};
+
 class NoResize final : public ModelResize {
  public:
   void resize_mlp(const std::string& plugin, int, const std::vector<uint32_t>&) override {
@@ -91,6 +96,7 @@ RunInterfaces with_defaults(const RunInterfaces& run) {
   static NoBatch no_batch;
   static NoResize no_resize;
   static NoPlace no_place;
+  static NoAdapters no_adapters;
   RunInterfaces r = run;
   if (!r.model) r.model = &no_model;
   if (!r.comm) r.comm = &no_comm;
@@ -100,6 +106,7 @@ RunInterfaces with_defaults(const RunInterfaces& run) {
   if (!r.batch) r.batch = &no_batch;
   if (!r.resize) r.resize = &no_resize;
   if (!r.place) r.place = &no_place;
+  if (!r.adapters) r.adapters = &no_adapters;
   return r;
 }
 

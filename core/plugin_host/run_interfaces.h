@@ -101,6 +101,17 @@ class ShardChoice {
   virtual Sharding* sharding() = 0;
 };
 
+// headroom.adapters/1's choices: the low-rank adapters plugins add beside the model's GEMMs
+// (LoRA), the base frozen with them. None: they change nothing (a run without a model to adapt).
+class AdapterChoice {
+ public:
+  virtual ~AdapterChoice() = default;
+  // Only before the model is built (std::logic_error after); std::invalid_argument for a rank
+  // below 1, an alpha that is not finite and > 0, or a target that names no module of the run's
+  // model.
+  virtual void add_lora(const std::string& plugin, const LoraSpec& spec) = 0;
+};
+
 // headroom.batch/1: the steps' micro-batch (the step's restarts and memory are its StepState's).
 // None: the micro-batch is 1 of 1, and restart_step and set_micro_batch throw std::logic_error
 // ("this run has no steps to restart" / "to size").
@@ -187,6 +198,7 @@ struct RunInterfaces {
   BatchControl* batch = nullptr;
   ModelResize* resize = nullptr;
   PlaceChoice* place = nullptr;
+  AdapterChoice* adapters = nullptr;
   // The plugins are created only to be checked or asked for estimates (validate_plugins,
   // `headroom plan`, the advice), often many times and at one rank whatever the run's: their
   // debug and info lines are not the run's and are not printed.

@@ -355,6 +355,18 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   for (size_t l = 1; l < H; ++l)
     numel[l] = gpt_block_params(m, int(l) - 1);
   numel[H] = m.llama() ? C + (m.tied() ? 0 : V * C) : 2 * C;
+  // Frozen parameters ([train] freeze) are out of the layers' flat buffers: their weights alone
+  // (f32, or with compute copies the compute dtype alone), no gradients, no optimizer state.
+  std::vector<uint64_t> frozen(H + 1, 0);
+  if (!config.train.freeze.empty())
+    for (const ParamShape& p : gpt_param_shapes(m)) {
+      if (!is_frozen(config.train.freeze, p.name)) continue;
+      uint64_t n = 1;
+      for (int64_t d : p.shape)
+        n *= uint64_t(d);
+      frozen[size_t(p.layer)] += n;
+      numel[size_t(p.layer)] -= n;
+    }
   const uint64_t W = uint64_t(std::max(1, s.world_size)), r = uint64_t(std::max(0, rank));
   const bool sh_opt = (s.shard & kShardOpt) != 0;
   const bool sh_grad = sh_opt && (s.shard & kShardGrads);
@@ -378,6 +390,7 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
                    : copies && sh_opt ? es * padded[l] + kF32 * shard[l]
                                       : weights_el * padded[l];
     grads_rest += sh_grad ? kF32 * shard[l] : grads_el * padded[l];
+    params_rest += (copies ? es : kF32) * frozen[l];
   }
 
   PeakEstimate base;

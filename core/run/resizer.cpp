@@ -34,7 +34,7 @@ void Resizer::resize(const std::string& plugin,
         "the optimizer-role plugin cannot resize its state (its "
         "hr_optimizer_hooks has no resize)");
   const std::vector<ParamResize> changes = resize();
-  *segments_ = whole_params(model_->params());
+  *segments_ = whole_params(model_->trainable_params());
   optimizer_->resize(*segments_, changes);
   config_.model.mlp_hidden = model_->config().mlp_hidden;
   config_.model.attn_heads = model_->config().attn_heads;

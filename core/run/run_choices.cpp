@@ -50,6 +50,19 @@ void RunChoices::set_partition(const std::string& plugin, uint32_t what) {
   shard_plugin_ = plugin;
 }
 
+void RunChoices::add_lora(const std::string& plugin, const LoraSpec& spec) {
+  if (frozen_)
+    throw std::logic_error(plugin +
+                           ": adapters can only be added while the plugin is created, before the "
+                           "model is built");
+  check_lora(model_, spec);
+  if (!lora_by_.empty() && lora_by_ != plugin)
+    throw std::logic_error(plugin + ": the adapters are " + lora_by_ +
+                           "'s; two plugins cannot both add them");
+  lora_.push_back(spec);
+  lora_by_ = plugin;
+}
+
 void RunChoices::set_persist_below(const std::string& plugin, uint64_t elements) {
   if (frozen_ || plugin != shard_plugin_ || !(shard_what_ & kShardParameters))
     throw std::logic_error(plugin +

@@ -12,8 +12,11 @@
 
 namespace headroom {
 
-class RunChoices final : public PrecisionChoice, public ShardChoice {
+class RunChoices final : public PrecisionChoice, public ShardChoice, public AdapterChoice {
  public:
+  // The model the run builds, which add_lora's targets must name modules of.
+  explicit RunChoices(const ModelConfig& model) : model_(model) {}
+
   // The model is built (with `sharding`, the mechanism, when something is sharded; else null):
   // from now on the choices are fixed.
   void freeze(Sharding* sharding) {
@@ -37,6 +40,10 @@ class RunChoices final : public PrecisionChoice, public ShardChoice {
   // unless finite and > 0).
   void set_loss_scale(const std::string& plugin, double scale) override;
   Sharding* sharding() override { return sharding_; }
+  void add_lora(const std::string& plugin, const LoraSpec& spec) override;
+  // The adapters plugins added, in order, and the plugin that added them ("" when none).
+  const std::vector<LoraSpec>& lora() const { return lora_; }
+  const std::string& lora_by() const { return lora_by_; }
 
   const Precision& precision() const override { return precision_; }
   // The plugin that chose the layout, for messages; "" when none did.
@@ -55,6 +62,9 @@ class RunChoices final : public PrecisionChoice, public ShardChoice {
   uint64_t shard_persist_below_ = 0;
   std::string shard_plugin_;
   double loss_scale_ = 1.0;
+  ModelConfig model_;
+  std::vector<LoraSpec> lora_;
+  std::string lora_by_;
 };
 
 }  // namespace headroom

@@ -47,6 +47,8 @@ void RunLog::step(const StepState& r, int64_t skipped_steps, double best_val_los
     // The first record a run writes says what computed it (the GEMM library and its kernel).
     if (!metrics_header_written_) {
       j["backend"] = device_.kind() + ": " + device_.backend().describe();
+      j["params"] = params_;
+      j["trainable_params"] = trainable_params_;
       metrics_header_written_ = true;
     }
     j["loss"] = r.loss;

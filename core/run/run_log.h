@@ -26,6 +26,12 @@ class RunLog {
   // The run's steps begin (the first is `first_step`, > 1 after a resume): the progress line's
   // pace is measured from now.
   void start(int64_t first_step);
+  // The model's parameters and those that train (all but the frozen ones, [train] freeze): the
+  // first metrics record carries them.
+  void set_params(uint64_t params, uint64_t trainable) {
+    params_ = params;
+    trainable_params_ = trainable;
+  }
   // Step `s` has ended: its metrics row and, when its turn comes, its progress line. Every rank
   // calls it (rank 0's row carries every rank's peak: a collective). `skipped_steps` and
   // `best_val_loss`: the run's so far.
@@ -40,6 +46,7 @@ class RunLog {
   Device& device_;
   Communicator& comm_;
   std::unique_ptr<AppendFile> metrics_;
+  uint64_t params_ = 0, trainable_params_ = 0;
   bool metrics_header_written_ = false;  // the first record carries the backend's description
   std::ostream* log_;
   bool live_progress_;

@@ -280,6 +280,27 @@ int64_t SnapshotIO::resume() {
   if (d.step >= p_.config.train.steps)
     throw refuse("is at step " + std::to_string(d.step) +
                  ", already at train.steps = " + std::to_string(p_.config.train.steps));
+  // A frozen base is this run's own (train.init_from's, or the seed's init): a snapshot trained on
+  // other frozen weights is refused, naming the first that differs, rather than resumed on its
+  // base while the config names another.
+  if (p_.model.has_frozen()) {
+    const std::vector<std::vector<float>> now = download_params(p_.model, masters(true, false));
+    const std::vector<Param<float>*> params = p_.model.params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i]->frozen) continue;
+      const auto it = d.tensors.find(params[i]->name);
+      if (it == d.tensors.end()) continue;  // the check below names what is missing
+      const std::vector<float>& v = now[i];
+      if (it->second.size() != v.size() * sizeof(float) ||
+          std::memcmp(it->second.data(), v.data(), it->second.size()) != 0)
+        throw refuse("was trained on another frozen base: its " + params[i]->name +
+                     " differs from this run's (" +
+                     (p_.config.train.init_from.empty()
+                          ? std::string("the init of train.seed")
+                          : "train.init_from " + p_.config.train.init_from) +
+                     ")");
+    }
+  }
   const int world = p_.comm.world_size();
   const int written_by = snapshot_world_size(d.data_state);
   if (theirs.sharded_over != 0 && theirs.sharded_over != written_by)

@@ -8,6 +8,7 @@
 
 #include "core/config/hf_config.h"
 #include "core/model/hf_folder.h"
+#include "core/model/safetensors.h"
 #include "core/report/timeline_html.h"
 #include "core/run/host_optimizer.h"
 #include "core/run/rank_agreement.h"
@@ -30,7 +31,7 @@ std::string rank_output_path(const std::string& path, int rank) {
 }  // namespace
 
 Trainer::Trainer(const Config& config, TrainOptions options)
-    : config_(config), options_(std::move(options)) {
+    : config_(config), options_(std::move(options)), choices_(config_.model) {
   // The ranks come from the launcher (mpirun, srun); a process started alone is rank 0 of 1.
   const RankInfo& ranks = rank_info();
   const bool ranked = ranks.world_size > 1;
@@ -132,6 +133,7 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   run.step = this;
   run.precision = &choices_;
   run.shard = &choices_;
+  run.adapters = &choices_;
   run.batch = plan_.get();
   run.resize = &resizer_;
   run.place = &places_;
@@ -158,6 +160,24 @@ Trainer::Trainer(const Config& config, TrainOptions options)
                       "' shards the parameters, which validation cannot read yet; use a plugin "
                       "that shards only the optimizer state or the gradients, or set "
                       "eval_every = 0");
+  // Frozen parameters ([train] freeze): each pattern matches a parameter of this model. They run
+  // on one rank, unsharded, with a built-in optimizer so far: the shards, the gradient buckets
+  // and the optimizer plugins (which update every layer_param) assume every parameter trains.
+  check_freeze(config_.model, config_.train);
+  if (!config_.train.freeze.empty() || !choices_.lora().empty()) {
+    const std::string why = ranked       ? std::to_string(ranks.world_size) + " ranks"
+                            : shard_what ? "a zero plugin ('" + shard_plugin + "')"
+                            : plugins_->provides_optimizer() ? "an optimizer plugin"
+                                                             : "";
+    const std::string by = !config_.train.freeze.empty()
+                               ? config_.train.freeze_pos[0].str() + ": train.freeze"
+                               : "plugin '" + choices_.lora_by() + "' (LoRA adapters)";
+    if (!why.empty())
+      throw ConfigError(by +
+                        ": frozen parameters run on one rank with the built-in optimizers so "
+                        "far, and this run has " +
+                        why + "; run without it");
+  }
   // The built-in optimizer on the host place when a plugin put it there (headroom.offload/1):
   // its state in the host ledger, its update by the CPU kernels there.
   places_.freeze();
@@ -175,6 +195,10 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     throw ConfigError(place_where + "plugin '" + places_.chosen_by() +
                       "': the optimizer on the host runs without sharding so far; plugin '" +
                       shard_plugin + "' shards the model state");
+  if (host_optimizer && (!config_.train.freeze.empty() || !choices_.lora().empty()))
+    throw ConfigError(place_where + "plugin '" + places_.chosen_by() +
+                      "': the optimizer on the host updates every parameter so far; this run "
+                      "has frozen parameters (train.freeze or LoRA adapters)");
   if (host_optimizer)
     optimizer_ = std::make_unique<HostOptimizer>(
         *device_, *device_->host_place(),
@@ -203,14 +227,19 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     }
     model_ = std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed, precision,
                                           shard_what ? uint64_t(comm_->world_size()) : 1,
-                                          (shard_what & kShardGradients) != 0, placed);
+                                          (shard_what & kShardGradients) != 0, placed,
+                                          Tuning{config_.train.freeze, choices_.lora()});
     choices_.freeze(sharding_.get());
+    uint64_t trainable = 0;
+    for (const Param<float>* p : model_->trainable_params())
+      trainable += p->numel;
+    log_->set_params(model_->num_params(), trainable);
     if (sharding_) {
       sharding_->attach(*model_);
       segments_ = sharding_->segments();
       grads_ = make_sharded_grad_sync(*sharding_, shard_plugin);
     } else {
-      segments_ = whole_params(model_->params());
+      segments_ = whole_params(model_->trainable_params());
       // A plugin with the gradient-reduction role reduces them itself (headroom.comm/1).
       grads_ = ranked && !plugins_->provides_gradient_reduction()
                    ? make_bucket_grad_sync(*device_, *comm_, *model_,
@@ -339,7 +368,17 @@ void Trainer::run_steps() {
   }
   set_phase(Phase::Kind::kDone);
   fire(Event::kTrainEnd);
-  if (!options_.save_weights_path.empty()) snapshots_->save_weights(options_.save_weights_path);
+  if (!options_.save_weights_path.empty()) {
+    // A LoRA run's folder is its adapter, in PEFT's format (one rank, unsharded: the model is
+    // whole here); its base is init_from's.
+    if (!choices_.lora().empty() && names_hf_folder(options_.save_weights_path)) {
+      const auto host = download_params(*model_, model_->master_access(true, false));
+      save_peft_adapter(options_.save_weights_path, *model_, choices_.lora(),
+                        config_.train.init_from, &host);
+    } else {
+      snapshots_->save_weights(options_.save_weights_path);
+    }
+  }
 }
 
 void Trainer::begin_step(int64_t step) {

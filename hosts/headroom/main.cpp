@@ -127,6 +127,7 @@ void check_init_from(const headroom::Config& config) {
 int cmd_check(const std::string& file, const std::vector<std::string>& sets) {
   const headroom::Config config = headroom::load_config(file, sets);
   headroom::validate_plugins(config);  // each plugin checks its own keys, as in `train`
+  headroom::check_freeze(config.model, config.train);  // [train] freeze's patterns, as in `train`
   // What `train` opens before its first step is opened here too, so that a config `check` accepts
   // is one `train` starts: the data (files, shards, their tokenizer) and the init_from weights.
   headroom::make_data_source(config.data, config.model, config.train.micro_batch,

@@ -89,6 +89,8 @@ HEADROOM_CPU_CLONES void layernorm_backward(T* dinp, T* dweight, T* dbias, const
       }
     }
   }
+  // Frozen gains and biases (both null): the input gradient alone.
+  if (dweight == nullptr && dbias == nullptr) return;
   constexpr int kCols = 64;  // a block of columns: contiguous, vectorizes over i
   const int blocks = (C + kCols - 1) / kCols;
 #pragma omp parallel for schedule(static) num_threads(threads_for(size_t(N) * C))
@@ -101,8 +103,8 @@ HEADROOM_CPU_CLONES void layernorm_backward(T* dinp, T* dweight, T* dbias, const
       const T s = rstd[n];
       for (int i = i0; i < i1; i++) {
         const T norm = (x[i] - m) * s;
-        dbias[i] += dy[i];
-        dweight[i] += norm * dy[i];
+        if (dbias != nullptr) dbias[i] += dy[i];
+        if (dweight != nullptr) dweight[i] += norm * dy[i];
       }
     }
   }

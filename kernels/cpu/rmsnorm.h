@@ -63,6 +63,8 @@ HEADROOM_CPU_CLONES void rmsnorm_backward(T* dinp, T* dweight, const T* dout, co
     }
   }
   // The weight's gradient, a sum over the rows: split over columns, each summed in row order.
+  // None for a frozen weight (null).
+  if (dweight == nullptr) return;
   constexpr int kCols = 64;
   const int blocks = (C + kCols - 1) / kCols;
 #pragma omp parallel for schedule(static) num_threads(threads_for(size_t(N) * C))

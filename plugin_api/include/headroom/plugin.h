@@ -309,7 +309,8 @@ typedef struct hr_host_services {
    * ALLOC, FREE or OOM hooks). A parameter's data (the f32
    * masters) is NULL while its layer's masters are sharded across ranks (headroom.shard/1 with
    * a compute copy, or HR_SHARD_PARAMETERS), and its grad NULL while only a gradient shard
-   * exists. */
+   * exists, and always for a frozen parameter ([train] freeze, headroom.adapters/1's base): it
+   * has no gradient, and with a compute copy its data is that copy (its dtype says so). */
   int32_t (*num_layers)(hr_host* host);
   hr_status (*layer_name)(hr_host* host, int32_t layer, char* out, size_t size);
   int32_t (*layer_num_params)(hr_host* host, int32_t layer);

@@ -1,0 +1,235 @@
+// Frozen parameters ([train] freeze, core/model/model.h Param::frozen): no gradient, optimizer
+// state or master copy; the backward skips their weight gradients and still passes the input
+// gradient down. Bytes against the closed form, frozen weights bitwise unchanged by training,
+// gradients of the rest as a model with nothing frozen computes them, an exact resume, and the
+// config's errors.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/device/device.h"
+#include "core/model/model.h"
+#include "core/model/safetensors.h"
+#include "core/plan/plan.h"
+#include "core/report/advice.h"
+#include "core/run/trainer.h"
+#include "tests/test_util.h"
+
+namespace headroom {
+namespace {
+
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)
+
+const char* kToy =
+    "[model]\nn_layer = 3\nn_head = 2\nn_embd = 32\nseq_len = 16\nvocab_size = 64\n"
+    "[train]\nsteps = 4\nmicro_batch = 2\ngrad_accum = 2\nlr = 1e-2\n"
+    "freeze = [\"wte.weight\", \"h.*.mlp.*\", \"h.1.ln_?.*\"]\n";
+
+std::vector<uint8_t> bytes_of(Device& d, const void* p, size_t n) {
+  std::vector<uint8_t> out(n);
+  d.backend().download(out.data(), p, n);
+  return out;
+}
+
+uint64_t trainable_numel(const Gpt<float>& model) {
+  uint64_t n = 0;
+  for (const Param<float>* p : model.trainable_params())
+    n += p->numel;
+  return n;
+}
+
+// The tracker at the peak equals the closed form by category, and at rest the gradients and
+// AdamW's moments are those of the trainable parameters alone, to the byte.
+void expect_bytes(const std::string& toml, uint64_t weight_bytes, uint64_t frozen_weight_bytes) {
+  const Config c = test::config_from(toml);
+  Trainer t(c, TrainOptions{});
+  t.run();
+  const MemoryTracker& mt = t.device().tracker();
+  const PeakEstimate e = estimate_config(c).peak;
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(e.at_peak[i], mt.live_at_peak()[i]) << category_name(category_at(i));
+  EXPECT_EQ(e.total(), mt.peak_total());
+  const uint64_t trainable = trainable_numel(t.model());
+  const uint64_t frozen = t.model().num_params() - trainable;
+  ASSERT_GT(frozen, 0u);
+  ASSERT_GT(trainable, 0u);
+  const auto& live = mt.live_by_category();
+  EXPECT_EQ(live[int(Category::kGradients)], 4 * trainable);
+  EXPECT_EQ(live[int(Category::kOptimizer)], 8 * trainable);
+  EXPECT_EQ(live[int(Category::kParameters)],
+            weight_bytes * trainable + frozen_weight_bytes * frozen);
+}
+
+TEST(Freeze, BytesEqualTheClosedFormFp32) {
+  expect_bytes(kToy, 4, 4);
+}
+
+// amp (bf16, fp32 masters and gradients): a frozen weight is its bf16 copy alone.
+TEST(Freeze, BytesEqualTheClosedFormWithAmp) {
+  expect_bytes(std::string(kToy) + "[[plugins]]\nname = \"amp\"\n", 6, 2);
+}
+
+// Training moves every trainable parameter and no frozen one, bitwise; the frozen ones have no
+// gradient and are out of the optimizer's segments.
+TEST(Freeze, FrozenWeightsAreBitwiseUnchangedWhileTheRestTrain) {
+  const Config c = test::config_from(kToy);
+  std::unique_ptr<Device> d0 = Device::create(DeviceConfig{});
+  Gpt<float> init(c.model, *d0, c.train.seed);  // the same init: freezing moves no random draw
+  Trainer t(c, TrainOptions{});
+  t.run();
+  const auto before = init.params();
+  const auto after = t.model().params();
+  ASSERT_EQ(before.size(), after.size());
+  int frozen = 0, trained = 0;
+  for (size_t i = 0; i < after.size(); ++i) {
+    const Param<float>& p = *after[i];
+    ASSERT_EQ(p.name, before[i]->name);
+    const size_t n = p.numel * sizeof(float);
+    const bool same =
+        bytes_of(t.device(), p.master().value, n) == bytes_of(*d0, before[i]->master().value, n);
+    if (is_frozen(c.train.freeze, p.name)) {
+      ++frozen;
+      EXPECT_TRUE(p.frozen) << p.name;
+      EXPECT_TRUE(same) << p.name << " is frozen but changed";
+      EXPECT_EQ(p.master().grad, nullptr) << p.name;
+      EXPECT_EQ(p.compute().grad, nullptr) << p.name;
+    } else {
+      ++trained;
+      EXPECT_FALSE(p.frozen) << p.name;
+      EXPECT_FALSE(same) << p.name << " trains but did not change";
+    }
+  }
+  // wte; each block's four MLP tensors; block 1's ln_1 and ln_2 weight and bias.
+  EXPECT_EQ(frozen, 1 + 3 * 4 + 4);
+  EXPECT_GT(trained, 0);
+}
+
+// The backward of a model with frozen parameters computes the others' gradients exactly as the
+// same model with nothing frozen: the input gradients pass through the frozen layers unchanged.
+TEST(Freeze, TrainableGradientsAreThoseOfTheUnfrozenModel) {
+  const Config c = test::config_from(kToy);
+  std::unique_ptr<Device> device = Device::create(DeviceConfig{});
+  Gpt<float> whole(c.model, *device, 7);
+  Gpt<float> part(c.model, *device, 7, Precision(), 1, false, nullptr, Tuning{c.train.freeze, {}});
+  const int B = 2, T = c.model.seq_len;
+  std::vector<int32_t> tokens(size_t(B) * T), targets(size_t(B) * T);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = int32_t((i * 7 + 3) % 64);
+    targets[i] = int32_t((i * 5 + 1) % 64);
+  }
+  Batch b;
+  b.tokens = tokens.data();
+  b.targets = targets.data();
+  b.B = B;
+  b.T = T;
+  b.dloss = 1.0 / double(B * T);
+  for (Gpt<float>* m : {&whole, &part}) {
+    m->zero_grad();
+    m->forward(b);
+    m->backward(b);
+  }
+  EXPECT_EQ(whole.loss(), part.loss());
+  const auto a = whole.params(), p = part.params();
+  int compared = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i]->frozen) continue;
+    ++compared;
+    EXPECT_EQ(std::memcmp(a[i]->master().grad, p[i]->master().grad, p[i]->numel * sizeof(float)), 0)
+        << p[i]->name;
+  }
+  EXPECT_GT(compared, 0);
+}
+
+// The first metrics record says how many parameters the model has and how many train.
+TEST(Freeze, MetricsCountTheTrainableParameters) {
+  const std::string dir = test::temp_dir();
+  TrainOptions o;
+  o.metrics_path = dir + "/metrics.jsonl";
+  Trainer t(test::config_from(kToy), std::move(o));
+  t.run();
+  const std::string text = test::read_file(dir + "/metrics.jsonl");
+  const nlohmann::json first = nlohmann::json::parse(text.substr(0, text.find('\n')));
+  EXPECT_EQ(first["params"].get<uint64_t>(), t.model().num_params());
+  EXPECT_EQ(first["trainable_params"].get<uint64_t>(), trainable_numel(t.model()));
+  EXPECT_LT(trainable_numel(t.model()), t.model().num_params());
+}
+
+TEST(Freeze, ResumeIsBitwise) {
+  Trainer whole(test::config_from(kToy), TrainOptions{});
+  whole.run();
+  test::expect_resume_is_bitwise(kToy, whole);
+}
+
+// A snapshot trained on one frozen base does not resume on another: init_from another file.
+TEST(Freeze, AResumeOnAnotherFrozenBaseIsRefused) {
+  const std::string dir = test::temp_dir();
+  const Config c = test::config_from(kToy);
+  std::unique_ptr<Device> device = Device::create(DeviceConfig{});
+  for (const int seed : {5, 6}) {
+    Gpt<float> m(c.model, *device, uint64_t(seed));
+    save_safetensors(dir + "/base" + std::to_string(seed) + ".safetensors", m);
+  }
+  auto toml = [&](int seed) {
+    return std::string(kToy) + "init_from = \"" + dir + "/base" + std::to_string(seed) +
+           ".safetensors\"\n[snapshot]\nevery = 2\ndir = \"" + dir + "/s\"\n";
+  };
+  Trainer(test::config_from(toml(5), {"train.steps=2"}), TrainOptions{}).run();
+  TrainOptions other;
+  other.resume_dir = dir + "/s";
+  const std::string e =
+      test::error_of([&] { Trainer(test::config_from(toml(6)), std::move(other)).run(); });
+  EXPECT_HAS(e,
+             "was trained on another frozen base: its wte.weight differs from this run's "
+             "(train.init_from " +
+                 dir + "/base6.safetensors)");
+  TrainOptions same;
+  same.resume_dir = dir + "/s";
+  Trainer(test::config_from(toml(5)), std::move(same)).run();  // its own base: resumes
+}
+
+TEST(Freeze, PlanCountsTheTrainableParameters) {
+  const PlanResult r = plan(test::config_from(kToy));
+  std::unique_ptr<Device> device = Device::create(DeviceConfig{});
+  const Config c = test::config_from(kToy);
+  Gpt<float> m(c.model, *device, 1, Precision(), 1, false, nullptr, Tuning{c.train.freeze, {}});
+  EXPECT_HAS(r.text, std::to_string(trainable_numel(m)) + " trainable");
+}
+
+TEST(Freeze, APatternThatMatchesNothingNamesItsPlace) {
+  const std::string toml =
+      "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nseq_len = 16\nvocab_size = 64\n"
+      "[train]\nsteps = 1\nfreeze = [\"wte.weight\",\n  \"h.*.mlp.c_fcc.*\"]\n";
+  const std::string e = test::error_of([&] { Trainer t(test::config_from(toml), TrainOptions{}); });
+  EXPECT_HAS(e, "test.toml:10:3: train.freeze: \"h.*.mlp.c_fcc.*\" matches no parameter");
+  EXPECT_HAS(e, "h.0.mlp.c_fc.weight");  // what it could match
+  const std::string p = test::error_of([&] { plan(test::config_from(toml)); });
+  EXPECT_HAS(p, "test.toml:10:3: train.freeze");
+}
+
+TEST(Freeze, BadValuesAreConfigErrors) {
+  const std::string model =
+      "[model]\nn_layer = 1\nn_head = 2\nn_embd = 32\nseq_len = 16\nvocab_size = 64\n[train]\n";
+  EXPECT_HAS(test::error_of([&] { test::config_from(model + "freeze = \"wte.weight\"\n"); }),
+             "test.toml:8:");
+  EXPECT_HAS(test::error_of([&] { test::config_from(model + "freeze = [\"wte.weight\", 3]\n"); }),
+             "test.toml:8:25: train.freeze: each entry must be a non-empty string");
+  const std::string all = test::error_of(
+      [&] { Trainer t(test::config_from(model + "freeze = [\"*\"]\n"), TrainOptions{}); });
+  EXPECT_HAS(all, "test.toml:8:11: train.freeze freezes every parameter");
+  // Frozen parameters with a zero plugin: refused, saying so.
+  const std::string zero = test::error_of([&] {
+    Trainer t(
+        test::config_from(model + "freeze = [\"wte.weight\"]\n[[plugins]]\nname = \"zero1\"\n"),
+        TrainOptions{});
+  });
+  EXPECT_HAS(zero, "train.freeze: frozen parameters run on one rank");
+}
+
+}  // namespace
+}  // namespace headroom
