@@ -110,6 +110,9 @@ TEST(ConfigReference, DefaultsHaveTheirKeysTypes) {
         case KeyType::kSizeString:
           ok = value.is_string();
           break;
+        case KeyType::kStrings:
+          ok = value.is_array() && value.as_array()->is_homogeneous(toml::node_type::string);
+          break;
         case KeyType::kChoice: {
           const std::string v = value.value_or(std::string());
           ok = value.is_string() &&
