@@ -9,28 +9,15 @@
 // parameters, so the inner loops have no dtype branch.
 #pragma once
 
-#include "../common/bf16.h"
-#include "../common/cpu_clones.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-// GCC 12's AVX-512 intrinsics read an uninitialized "undefined" vector (_mm512_undefined_*) that
-// -Wuninitialized flags where they are inlined (GCC bug 105593, fixed in 13).
-#if !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-#endif
+#include "../common/bf16.h"
+#include "../common/cpu_clones.h"
+#include "../common/x86_intrinsics.h"
 
 namespace adafactor {
 
