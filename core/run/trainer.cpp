@@ -164,7 +164,8 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   // on one rank, unsharded, with a built-in optimizer so far: the shards, the gradient buckets
   // and the optimizer plugins (which update every layer_param) assume every parameter trains.
   check_freeze(config_.model, config_.train);
-  if (!config_.train.freeze.empty() || !choices_.lora().empty()) {
+  const bool some_frozen = !config_.train.freeze.empty() || !choices_.lora().empty();
+  if (some_frozen) {
     const std::string why = ranked       ? std::to_string(ranks.world_size) + " ranks"
                             : shard_what ? "a zero plugin ('" + shard_plugin + "')"
                             : plugins_->provides_optimizer() ? "an optimizer plugin"
@@ -195,7 +196,7 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     throw ConfigError(place_where + "plugin '" + places_.chosen_by() +
                       "': the optimizer on the host runs without sharding so far; plugin '" +
                       shard_plugin + "' shards the model state");
-  if (host_optimizer && (!config_.train.freeze.empty() || !choices_.lora().empty()))
+  if (host_optimizer && some_frozen)
     throw ConfigError(place_where + "plugin '" + places_.chosen_by() +
                       "': the optimizer on the host updates every parameter so far; this run "
                       "has frozen parameters (train.freeze or LoRA adapters)");
