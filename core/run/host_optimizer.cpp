@@ -13,6 +13,20 @@ ByCategory host_optimizer_bytes(const std::vector<OptSegment>& segments, uint64_
   return b;
 }
 
+namespace {
+
+// A segment's host copies: its values and its gradient, in the host ledger.
+Buffer host_values(Device& host, const OptSegment& s) {
+  return Buffer(host, s.numel * dtype_size(s.value_dtype), Category::kParameters,
+                s.name + " (host copy)");
+}
+Buffer host_grad(Device& host, const OptSegment& s) {
+  return Buffer(host, s.numel * dtype_size(s.grad_dtype), Category::kGradients,
+                s.name + " gradient (host copy)");
+}
+
+}  // namespace
+
 HostOptimizer::HostOptimizer(Device& device, Device& host, std::unique_ptr<Optimizer> inner)
     : device_(device), host_(host), inner_(std::move(inner)) {
   rounding_seed_ = inner_->rounding_seed();
@@ -31,10 +45,8 @@ void HostOptimizer::allocate(const std::vector<OptSegment>& segments) {
   values.reserve(segments.size());
   grads.reserve(segments.size());
   for (OptSegment& s : on_host) {
-    values.emplace_back(host_, s.numel * dtype_size(s.value_dtype), Category::kParameters,
-                        s.name + " (host copy)");
-    grads.emplace_back(host_, s.numel * dtype_size(s.grad_dtype), Category::kGradients,
-                       s.name + " gradient (host copy)");
+    values.push_back(host_values(host_, s));
+    grads.push_back(host_grad(host_, s));
     s.value = values.back().as<void>();
     s.grad = grads.back().as<void>();
   }
@@ -73,10 +85,8 @@ void HostOptimizer::resize(const std::vector<OptSegment>& segments,
     const OptSegment& s = segments.at(r.param);
     values_.at(r.param).reset();
     grads_.at(r.param).reset();
-    values_[r.param] = Buffer(host_, s.numel * dtype_size(s.value_dtype), Category::kParameters,
-                              s.name + " (host copy)");
-    grads_[r.param] = Buffer(host_, s.numel * dtype_size(s.grad_dtype), Category::kGradients,
-                             s.name + " gradient (host copy)");
+    values_[r.param] = host_values(host_, s);
+    grads_[r.param] = host_grad(host_, s);
   }
   on_host_ = segments;
   for (size_t k = 0; k < on_host_.size(); ++k) {
