@@ -21,6 +21,7 @@
 #include "core/model/safetensors.h"
 #include "core/plugin_host/plugin_host.h"
 #include "core/run/trainer.h"
+#include "tests/lora_reference.h"
 #include "tests/test_util.h"
 
 namespace headroom {
@@ -47,47 +48,6 @@ std::vector<float> host_of(Device& d, const void* p, uint64_t n) {
   return v;
 }
 
-// tests/hf/lora_reference.py make ARCH: the base folder, the adapters, the batch, PEFT's loss and
-// gradients; `skip` says why there is none.
-struct Reference {
-  std::string dir, skip;
-  json ref;
-  std::vector<int32_t> tokens, targets;
-  int B = 0, T = 0;
-};
-
-Reference make_reference(const std::string& arch) {
-  Reference r;
-  const std::string python = std::string(HEADROOM_SOURCE_DIR) + "/.venv-test/bin/python";
-  const test::RunResult can =
-      test::run_command(python + " -c \"import torch, transformers, peft\"");
-  if (can.exit_code != 0) {
-    r.skip = "torch, transformers and peft are not importable from " + python +
-             " (the test-only reference; scripts/setup installs it): " + can.output;
-    return r;
-  }
-  r.dir = test::temp_dir();
-  const test::RunResult run =
-      test::run_command(python + " " + HEADROOM_SOURCE_DIR + "/tests/hf/lora_reference.py make " +
-                        arch + " " + r.dir);
-  if (run.exit_code == 77) {
-    r.skip = run.output;
-    return r;
-  }
-  EXPECT_EQ(run.exit_code, 0) << run.output;
-  r.ref = json::parse(test::read_file(r.dir + "/lora_reference.json"));
-  const json b = json::parse(test::read_file(r.dir + "/batch.json"));
-  for (const auto& row : b["tokens"])
-    for (const auto& v : row)
-      r.tokens.push_back(v.get<int32_t>());
-  for (const auto& row : b["targets"])
-    for (const auto& v : row)
-      r.targets.push_back(v.get<int32_t>());
-  r.B = int(b["tokens"].size());
-  r.T = int(b["tokens"][0].size());
-  return r;
-}
-
 class LoraParity : public ::testing::TestWithParam<std::string> {};
 
 // PEFT's LoraConfig (rank 4, alpha 8, every linear module of the blocks, B drawn nonzero) on the
@@ -96,7 +56,7 @@ class LoraParity : public ::testing::TestWithParam<std::string> {};
 // no gradient.
 TEST_P(LoraParity, LossAndAdapterGradientsMatchPeft) {
   const std::string arch = GetParam();
-  const Reference r = make_reference(arch);
+  const test::Reference r = test::make_reference(arch);
   if (!r.skip.empty()) GTEST_SKIP() << r.skip;
   const Config config = test::config_from("[train]\ninit_from = \"" + r.dir + "/base\"\n");
   ASSERT_EQ(config.model.arch, arch);
@@ -173,7 +133,7 @@ TEST_P(LoraParity, LossAndAdapterGradientsMatchPeft) {
 // A LoRA run's --save-weights DIR/ is its adapter in PEFT's format: PeftModel.from_pretrained on
 // the base loads it and gives the loss headroom's trained model gives on the same batch.
 TEST(LoraSave, PeftLoadsTheSavedAdapter) {
-  const Reference r = make_reference("gpt2");
+  const test::Reference r = test::make_reference("gpt2");
   if (!r.skip.empty()) GTEST_SKIP() << r.skip;
   const std::string saved = r.dir + "/adapter/";
   TrainOptions o;

@@ -675,10 +675,13 @@ class Validator {
     const std::string v = n ? n->value<std::string>().value_or("") : "";
     if (v.empty()) return {};
     const auto ov = overrides_.find("train.init_from");
-    const std::string dir = resolve_path(v, ov != overrides_.end() ? std::string() : base_dir_);
+    std::string dir = resolve_path(v, ov != overrides_.end() ? std::string() : base_dir_);
     if (!is_hf_folder(dir)) return {};
     HfModelConfig hf;
     try {
+      // A PEFT adapter folder: the shape is its base's (none for a base of train.seed's init).
+      if (is_peft_adapter_folder(dir)) dir = read_peft_adapter_config(dir).base;
+      if (dir.empty()) return {};
       hf = read_hf_config(dir);
     } catch (const ConfigError& e) {
       throw ConfigError(where("train", "init_from", *n) + ": train.init_from: " + e.what());

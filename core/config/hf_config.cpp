@@ -444,4 +444,75 @@ std::string hf_config_json(const std::string& arch, const std::vector<HfModelCon
   return arch_row(arch).write(shape).dump(2) + "\n";
 }
 
+bool is_peft_adapter_folder(const std::string& dir) {
+  std::error_code ec;
+  return !dir.empty() && fs::is_directory(dir, ec) &&
+         fs::exists(fs::path(dir) / "adapter_config.json", ec);
+}
+
+PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
+  PeftAdapterConfig a;
+  a.file = (fs::path(dir) / "adapter_config.json").string();
+  const std::string& file = a.file;
+  // adapter_config.json is a few hundred bytes; anything far larger is not one.
+  constexpr uintmax_t kMaxBytes = 1u << 20;
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(file, ec);
+  if (ec) throw ConfigError(file + ": cannot be read: " + ec.message());
+  if (size > kMaxBytes)
+    throw ConfigError(file + ": is " + std::to_string(size) +
+                      " bytes, far more than an adapter_config.json holds");
+  std::ifstream in(file, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw ConfigError(file + ": cannot be read");
+  nlohmann::json c;
+  try {
+    c = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ConfigError(file + ": is not JSON: " + e.what());
+  }
+  if (!c.is_object()) throw ConfigError(file + ": is not a JSON object");
+  const auto what = [&](const char* key) {
+    const auto it = c.find(key);
+    return it == c.end() ? std::string("missing") : it->dump();
+  };
+  const auto type = c.find("peft_type");
+  if (type == c.end() || !type->is_string() || type->get<std::string>() != "LORA")
+    throw ConfigError(file + ": peft_type is " + what("peft_type") +
+                      "; headroom continues LoRA adapters only (\"LORA\")");
+  for (const char* key : {"r", "lora_alpha"})
+    if (!c.contains(key) || !c[key].is_number())
+      throw ConfigError(file + ": " + key + " is " + what(key) + ", expected a number");
+  a.r = c["r"].get<double>();
+  a.alpha = c["lora_alpha"].get<double>();
+  const auto t = c.find("target_modules");
+  if (t != c.end() && t->is_string()) {
+    a.targets.push_back(t->get<std::string>());
+  } else if (t != c.end() && t->is_array() &&
+             std::all_of(t->begin(), t->end(),
+                         [](const nlohmann::json& v) { return v.is_string(); })) {
+    for (const nlohmann::json& v : *t)
+      a.targets.push_back(v.get<std::string>());
+  } else {
+    throw ConfigError(file + ": target_modules is " + what("target_modules") +
+                      ", expected a list of module names");
+  }
+  std::sort(a.targets.begin(), a.targets.end());
+  const auto b = c.find("base_model_name_or_path");
+  if (b != c.end() && !b->is_null() && !b->is_string())
+    throw ConfigError(file + ": base_model_name_or_path is " + b->dump() + ", expected a string");
+  const std::string v = b != c.end() && b->is_string() ? b->get<std::string>() : "";
+  if (!v.empty()) {
+    fs::path p(v);
+    if (p.is_relative()) p = fs::path(dir) / p;
+    if (!fs::is_directory(p, ec))
+      throw ConfigError(file + ": base_model_name_or_path \"" + v + "\" is not a folder here (" +
+                        p.string() +
+                        "); headroom reads a base model from a local Hugging Face folder: "
+                        "download it and set base_model_name_or_path to its path");
+    a.base = fs::absolute(p, ec).string();
+  }
+  return a;
+}
+
 }  // namespace headroom

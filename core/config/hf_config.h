@@ -56,6 +56,26 @@ double model_shape_value(const ModelConfig& m, const std::string& key);
 // `k`'s value as [model] writes it ("12", "1e-05", "true"), for messages.
 std::string shape_value_str(const HfModelConfig::Key& k, double value);
 
+// A Hugging Face PEFT adapter folder's adapter_config.json (a LoRA adapter beside its
+// adapter_model.safetensors), as far as continuing it needs.
+struct PeftAdapterConfig {
+  std::string file;  // DIR/adapter_config.json, for messages
+  // The base model folder it was trained on: base_model_name_or_path, absolute as written or
+  // relative to DIR; "" when it names none (headroom's own runs from train.seed's init).
+  std::string base;
+  double r = 0, alpha = 0;
+  std::vector<std::string> targets;  // target_modules, sorted
+};
+
+// True when `dir` is a folder with an adapter_config.json: a PEFT adapter, not a base model.
+bool is_peft_adapter_folder(const std::string& dir);
+
+// Reads DIR/adapter_config.json. ConfigError naming the file for one missing, unreadable or far
+// too large, JSON that does not parse, a peft_type other than "LORA", r, lora_alpha or
+// target_modules missing or of another type, or a base_model_name_or_path that is not a folder
+// here (a Hub id: headroom reads local folders).
+PeftAdapterConfig read_peft_adapter_config(const std::string& dir);
+
 // The ModelConfig of the shape `hf` gives (everything else default).
 ModelConfig model_config_of(const HfModelConfig& hf);
 

@@ -403,6 +403,7 @@ void save_hf_folder(const std::string& dir, const Gpt<float>& model,
   save_safetensors((fs::path(dir) / "model.safetensors").string(), model, host,
                    [&](const std::string& ours, int64_t rows) {
                      std::vector<TensorPiece> out;
+                     if (is_adapter_param(ours)) return out;  // a base model's folder
                      for (const Piece& pc : names.pieces(ours, rows, mc))
                        out.push_back({names.prefix + pc.hf_name, pc.row, pc.rows});
                      return out;
@@ -418,48 +419,6 @@ void load_weights(const std::string& path, Gpt<float>& model, const MasterAccess
   } else {
     load_safetensors(path, model, access);
   }
-}
-
-void save_peft_adapter(const std::string& dir, const Gpt<float>& model,
-                       const std::vector<LoraSpec>& lora, const std::string& base,
-                       const std::vector<std::vector<float>>* host) {
-  if (lora.empty()) throw ConfigError("--save-weights " + dir + ": this model has no adapters");
-  for (const LoraSpec& s : lora)
-    if (s.rank != lora.front().rank || s.alpha != lora.front().alpha)
-      throw ConfigError("--save-weights " + dir +
-                        ": PEFT's adapter_config.json takes one r and lora_alpha for all "
-                        "targets; these adapters have several");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec)
-    throw OutputError("--save-weights " + dir + ": cannot create the folder: " + ec.message());
-  // PEFT's keys: the wrapped model's names (GPT-2's under transformer.) below base_model.model.
-  const std::string prefix =
-      std::string("base_model.model.") + (model.config().llama() ? "" : "transformer.");
-  save_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), model, host,
-                   [&](const std::string& ours, int64_t rows) {
-                     return is_adapter_param(ours)
-                                ? std::vector<TensorPiece>{{prefix + ours, 0, rows}}
-                                : std::vector<TensorPiece>{};
-                   });
-  nlohmann::ordered_json c;
-  c["peft_type"] = "LORA";
-  c["task_type"] = "CAUSAL_LM";
-  c["base_model_name_or_path"] = base;
-  c["r"] = lora.front().rank;
-  c["lora_alpha"] = lora.front().alpha;
-  c["lora_dropout"] = 0.0;
-  std::vector<std::string> targets;
-  for (const LoraSpec& s : lora)
-    targets.push_back(s.target);
-  c["target_modules"] = targets;
-  c["fan_in_fan_out"] = !model.config().llama();  // GPT-2's Conv1D stores (in, out)
-  c["bias"] = "none";
-  c["inference_mode"] = true;
-  AtomicFile config((fs::path(dir) / "adapter_config.json").string(),
-                    "--save-weights adapter_config.json");
-  config.write(c.dump(2) + "\n");
-  config.commit();
 }
 
 void save_weights_to(const std::string& path, const Gpt<float>& model,

@@ -34,21 +34,12 @@ void load_hf_folder(const std::string& dir, Gpt<float>& model,
 void check_hf_folder(const std::string& dir, const ModelConfig& m);
 
 // Writes `dir`/config.json and `dir`/model.safetensors (F32, Hugging Face names and layouts, the
-// tied head left out as `transformers` saves it), creating `dir`. `host`: the parameters' values
+// tied head and any LoRA adapters left out: a base model, as `transformers` saves it), creating
+// `dir`. `host`: the parameters' values
 // as download_params reads them (null: read the device). ConfigError for a model Hugging Face's
 // config.json cannot describe (a pruned one); OutputError when it cannot be written.
 void save_hf_folder(const std::string& dir, const Gpt<float>& model,
                     const std::vector<std::vector<float>>* host = nullptr);
-
-// A LoRA run's adapter in Hugging Face PEFT's format: `dir`/adapter_model.safetensors (every
-// adapter's A and B, F32, under PEFT's names: "base_model.model.transformer.h.0.attn.c_attn.
-// lora_A.weight") and `dir`/adapter_config.json (peft_type LORA, r, lora_alpha, target_modules,
-// fan_in_fan_out for GPT-2's Conv1D, base_model_name_or_path `base`), creating `dir`:
-// PeftModel.from_pretrained(base, dir) loads it. `host` as save_hf_folder's. ConfigError for a
-// model without adapters or adapters of more than one rank and alpha.
-void save_peft_adapter(const std::string& dir, const Gpt<float>& model,
-                       const std::vector<LoraSpec>& lora, const std::string& base,
-                       const std::vector<std::vector<float>>* host = nullptr);
 
 // init_from's loader: a folder (load_hf_folder) or a safetensors file (load_safetensors).
 void load_weights(const std::string& path, Gpt<float>& model, const MasterAccess& access = nullptr);

@@ -14,6 +14,7 @@
 #include "core/data/bpe_tokenizer.h"
 #include "core/device/device.h"
 #include "core/model/hf_folder.h"
+#include "core/model/peft_adapter.h"
 #include "core/model/safetensors.h"
 #include "core/run/snapshot.h"
 #include "core/run/snapshot_io.h"
@@ -180,6 +181,10 @@ void run_sample(const SampleRequest& r, std::ostream& out, std::ostream& log) {
       snap = read_newest_snapshot(config.snapshot.dir, &snapshot_file);
     } else if (!config.train.init_from.empty()) {
       weights_file = config.train.init_from;
+      if (is_peft_adapter_folder(weights_file))
+        throw ConfigError(config.train.init_from_pos.str() + ": train.init_from " + weights_file +
+                          " is a PEFT adapter folder, which sampling does not apply: sample "
+                          "from the merged weights (headroom train --save-weights DIR/ --merge)");
     }
   } else if (ends_with(r.source, ".hrsnap")) {
     snap = read_snapshot(r.source);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/model/hf_folder.h"
+#include "core/model/peft_adapter.h"
 #include "core/model/safetensors.h"
 #include "core/run/snapshot.h"
 
@@ -158,15 +159,25 @@ SnapshotIO::SnapshotIO(Parts parts, std::string resume_dir, std::unique_ptr<Snap
 
 SnapshotIO::~SnapshotIO() = default;
 
-void SnapshotIO::load_init_from() {
+void SnapshotIO::load_init_from(const std::vector<LoraSpec>& lora) {
   const TrainConfig& t = p_.config.train;
   if (t.init_from.empty()) return;
+  // A PEFT adapter folder continues a LoRA run: its base (a folder, or train.seed's init), then
+  // its adapters.
+  const bool adapter = is_peft_adapter_folder(t.init_from);
+  std::string base = t.init_from;
   try {
-    load_weights(t.init_from, p_.model, masters(false, true));
+    if (adapter) base = read_peft_adapter_config(t.init_from).base;
+    if (!base.empty()) load_weights(base, p_.model, masters(false, true));
+    if (adapter) load_peft_adapter(t.init_from, p_.model, lora, masters(false, true));
   } catch (const ConfigError& e) {
     throw ConfigError(t.init_from_pos.str() + ": train.init_from: " + e.what());
   }
-  if (p_.log)
+  if (!p_.log) return;
+  if (adapter)
+    *p_.log << "init_from: a PEFT adapter from " << t.init_from << " on the base "
+            << (base.empty() ? "of train.seed's init" : base) << "\n";
+  else
     *p_.log << "init_from: loaded " << p_.model.params().size() << " tensors ("
             << p_.model.num_params() << " parameters) from " << t.init_from << "\n";
 }

@@ -71,9 +71,10 @@ class SnapshotIO {
   SnapshotIO(const SnapshotIO&) = delete;
   SnapshotIO& operator=(const SnapshotIO&) = delete;
 
-  // [train] init_from's weights into the model (every rank keeps its shard of sharded masters).
-  // ConfigError naming init_from for a file that does not fit the model.
-  void load_init_from();
+  // [train] init_from's weights into the model (every rank keeps its shard of sharded masters):
+  // a weights file or folder, or a PEFT adapter folder (its base, then its adapters, which must
+  // be `lora`'s). ConfigError naming init_from for one that does not fit the model.
+  void load_init_from(const std::vector<LoraSpec>& lora);
   // The first step to run: 1, or after --resume's newest snapshot (loaded: parameters, optimizer
   // state, data position, plugin states, counters) the one after it. At the world size and
   // sharding it was written at, each rank reads its own part, bitwise; else it is resharded.

@@ -8,6 +8,7 @@
 
 #include "core/config/hf_config.h"
 #include "core/model/hf_folder.h"
+#include "core/model/peft_adapter.h"
 #include "core/model/safetensors.h"
 #include "core/report/timeline_html.h"
 #include "core/run/host_optimizer.h"
@@ -164,6 +165,10 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   // on one rank, unsharded, with a built-in optimizer so far: the shards, the gradient buckets
   // and the optimizer plugins (which update every layer_param) assume every parameter trains.
   check_freeze(config_.model, config_.train);
+  if (options_.merge && choices_.lora().empty())
+    throw ConfigError(
+        "--merge folds LoRA adapters into the weights they adapt, but this run has "
+        "none: list the lora plugin in [[plugins]], or leave --merge out");
   const bool some_frozen = !config_.train.freeze.empty() || !choices_.lora().empty();
   if (some_frozen) {
     const std::string why = ranked       ? std::to_string(ranks.world_size) + " ranks"
@@ -265,7 +270,7 @@ Trainer::Trainer(const Config& config, TrainOptions options)
                         *loader_, *plugins_, counters_, root_log(), options_.live_progress},
       options_.resume_dir, std::move(resumed), resumed_path);
   control_ = std::make_unique<RunControl>(config_, *snapshots_);
-  snapshots_->load_init_from();
+  snapshots_->load_init_from(choices_.lora());
 }
 
 Trainer::~Trainer() {
@@ -370,12 +375,19 @@ void Trainer::run_steps() {
   set_phase(Phase::Kind::kDone);
   fire(Event::kTrainEnd);
   if (!options_.save_weights_path.empty()) {
-    // A LoRA run's folder is its adapter, in PEFT's format (one rank, unsharded: the model is
-    // whole here); its base is init_from's.
-    if (!choices_.lora().empty() && names_hf_folder(options_.save_weights_path)) {
+    const std::vector<LoraSpec>& lora = choices_.lora();
+    if (options_.merge) {
+      // PEFT's merge_and_unload: a base model with the adapters folded in.
       const auto host = download_params(*model_, model_->master_access(true, false));
-      save_peft_adapter(options_.save_weights_path, *model_, choices_.lora(),
-                        config_.train.init_from, &host);
+      save_merged_weights(options_.save_weights_path, *model_, lora, host);
+    } else if (!lora.empty() && names_hf_folder(options_.save_weights_path)) {
+      // A LoRA run's folder is its adapter, in PEFT's format (one rank, unsharded: the model is
+      // whole here), on init_from's base (an adapter folder's own base when it continued one).
+      const std::string& from = config_.train.init_from;
+      const auto host = download_params(*model_, model_->master_access(true, false));
+      save_peft_adapter(options_.save_weights_path, *model_, lora,
+                        is_peft_adapter_folder(from) ? read_peft_adapter_config(from).base : from,
+                        &host);
     } else {
       snapshots_->save_weights(options_.save_weights_path);
     }

@@ -42,6 +42,9 @@ struct TrainOptions {
   bool live_progress = false;   // rewrite one progress line (a terminal) instead of printing lines
   std::string resume_dir;       // continue from the newest snapshot in this folder
   std::string save_weights_path;  // write the final weights here (safetensors)
+  // A LoRA run's --save-weights: the merged weights (PEFT's merge_and_unload) instead of the
+  // adapter. A run without adapters refuses it.
+  bool merge = false;
   // Every allocation and free of the run, as an allocation trace (core/report/alloc_trace.h).
   std::string record_allocs_path;
   // The memory timeline as self-contained HTML (core/report/timeline_html.h), written at the end of

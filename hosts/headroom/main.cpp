@@ -101,6 +101,13 @@ void check_init_from(const headroom::Config& config) {
   std::vector<headroom::SafetensorsEntry> entries;
   try {
     // A Hugging Face folder: its config.json, index and shards' headers, as the load checks them.
+    // A PEFT adapter folder: its base folder (none: train.seed's init); the adapters are checked
+    // against the run's lora plugin when the run loads them.
+    if (headroom::is_peft_adapter_folder(path)) {
+      const std::string base = headroom::read_peft_adapter_config(path).base;
+      if (!base.empty()) headroom::check_hf_folder(base, config.model);
+      return;
+    }
     if (headroom::is_hf_folder(path)) return headroom::check_hf_folder(path, config.model);
     entries = headroom::read_safetensors_header(path);
   } catch (const headroom::ConfigError& e) {
@@ -279,6 +286,7 @@ struct TrainFlags {
   int64_t timeline_step = 0;
   bool quiet = false;
   bool verbose = false;
+  bool merge = false;
 };
 
 // "; wrote metrics m.jsonl, memory timeline t.html": what a run that stopped early still wrote.
@@ -302,6 +310,7 @@ int cmd_train(const std::string& file, const std::vector<std::string>& sets,
   options.metrics_path = flags.metrics;
   options.resume_dir = flags.resume;
   options.save_weights_path = flags.save_weights;
+  options.merge = flags.merge;
   options.record_allocs_path = flags.record_allocs;
   options.memory_timeline_path = flags.memory_timeline;
   options.memory_timeline_step = flags.timeline_step;
@@ -462,7 +471,13 @@ int main(int argc, char** argv) {
   train->add_option("--save-weights", flags.save_weights,
                     "write the trained weights to FILE (safetensors, Hugging Face GPT-2 names), or "
                     "to DIR/ (a path ending in / or a folder): config.json and model.safetensors, "
-                    "a folder transformers' from_pretrained loads");
+                    "a folder transformers' from_pretrained loads; a LoRA run's DIR/ is its "
+                    "adapter in PEFT's format (adapter_config.json, adapter_model.safetensors)");
+  train
+      ->add_flag("--merge", flags.merge,
+                 "with --save-weights, a LoRA run writes the merged weights (the adapters folded "
+                 "into the weights they adapt, as PEFT's merge_and_unload) instead of the adapter")
+      ->needs("--save-weights");
   train->add_option("--record-allocs", flags.record_allocs,
                     "write every device allocation and free to FILE, for `headroom replay`");
   train->add_option("--memory-timeline", flags.memory_timeline,

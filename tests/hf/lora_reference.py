@@ -16,6 +16,11 @@
                                       (SAVED: adapter_model.safetensors, adapter_config.json)
                                       through PeftModel.from_pretrained: its loss on the batch
                                       (OUT/lora_check.json)
+    lora_reference.py merge ARCH OUT SAVED MERGED
+                                      the same, merged by PEFT's merge_and_unload, against the
+                                      merged folder headroom wrote (MERGED): the largest absolute
+                                      and relative difference over every tensor, and the tensors
+                                      compared or missing (OUT/lora_merge.json)
 
 Exit 77 (with a message) when torch, transformers or peft cannot be imported: the test skips.
 """
@@ -100,9 +105,31 @@ def check(arch, out, saved):
         json.dump({"loss": loss}, f)
 
 
+def merge(arch, out, saved, merged):
+    from safetensors.torch import load_file
+    base = reference.load(arch, f"{out}/base")
+    model = peft.PeftModel.from_pretrained(base, saved).merge_and_unload()
+    theirs = {n: t.detach() for n, t in model.state_dict().items()}
+    ours = load_file(f"{merged}/model.safetensors")
+    worst_abs = worst_rel = 0.0
+    missing = [n for n in ours if n not in theirs]
+    compared = 0
+    for n, t in ours.items():
+        if n in theirs:
+            d = (t.double() - theirs[n].double()).abs().max().item()
+            worst_abs = max(worst_abs, d)
+            worst_rel = max(worst_rel, d / max(theirs[n].double().abs().max().item(), 1e-30))
+            compared += 1
+    with open(f"{out}/lora_merge.json", "w") as f:
+        json.dump({"compared": compared, "missing": missing, "max_abs": worst_abs,
+                   "max_rel": worst_rel}, f)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "merge":
+        merge(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
     else:
         check(sys.argv[2], sys.argv[3], sys.argv[4])

@@ -1,0 +1,65 @@
+// tests/hf/lora_reference.py's side of the LoRA tests (tests/lora_test.cpp,
+// tests/peft_adapter_test.cpp): a random base folder, PEFT's adapters on it, a batch, and PEFT's
+// loss and gradients, made by the test-only Python reference in .venv-test.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/test_util.h"
+
+namespace headroom {
+namespace test {
+
+// The Python that runs the reference (.venv-test's).
+inline std::string reference_python() {
+  return std::string(HEADROOM_SOURCE_DIR) + "/.venv-test/bin/python";
+}
+
+// tests/hf/lora_reference.py make ARCH: the base folder, the adapters, the batch, PEFT's loss and
+// gradients; `skip` says why there is none.
+struct Reference {
+  std::string dir, skip;
+  nlohmann::json ref;
+  std::vector<int32_t> tokens, targets;
+  int B = 0, T = 0;
+};
+
+inline Reference make_reference(const std::string& arch) {
+  Reference r;
+  const std::string python = reference_python();
+  const test::RunResult can =
+      test::run_command(python + " -c \"import torch, transformers, peft\"");
+  if (can.exit_code != 0) {
+    r.skip = "torch, transformers and peft are not importable from " + python +
+             " (the test-only reference; scripts/setup installs it): " + can.output;
+    return r;
+  }
+  r.dir = test::temp_dir();
+  const test::RunResult run =
+      test::run_command(python + " " + HEADROOM_SOURCE_DIR + "/tests/hf/lora_reference.py make " +
+                        arch + " " + r.dir);
+  if (run.exit_code == 77) {
+    r.skip = run.output;
+    return r;
+  }
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  r.ref = nlohmann::json::parse(test::read_file(r.dir + "/lora_reference.json"));
+  const nlohmann::json b = nlohmann::json::parse(test::read_file(r.dir + "/batch.json"));
+  for (const auto& row : b["tokens"])
+    for (const auto& v : row)
+      r.tokens.push_back(v.get<int32_t>());
+  for (const auto& row : b["targets"])
+    for (const auto& v : row)
+      r.targets.push_back(v.get<int32_t>());
+  r.B = int(b["tokens"].size());
+  r.T = int(b["tokens"][0].size());
+  return r;
+}
+
+}  // namespace test
+}  // namespace headroom
