@@ -17,6 +17,7 @@
 #include "core/model/safetensors.h"
 #include "core/plan/plan.h"
 #include "core/report/advice.h"
+#include "core/run/snapshot.h"
 #include "core/run/trainer.h"
 #include "tests/test_util.h"
 
@@ -184,10 +185,17 @@ TEST(Freeze, AResumeOnAnotherFrozenBaseIsRefused) {
   other.resume_dir = dir + "/s";
   const std::string e =
       test::error_of([&] { Trainer(test::config_from(toml(6)), std::move(other)).run(); });
-  EXPECT_HAS(e,
-             "was trained on another frozen base: its wte.weight differs from this run's "
-             "(train.init_from " +
-                 dir + "/base6.safetensors)");
+  EXPECT_HAS(e, "was trained on another frozen base: train.init_from " + dir +
+                    "/base5.safetensors, 17 tensors of checksum ");
+  EXPECT_HAS(e, ", but this run's is train.init_from " + dir + "/base6.safetensors, 17 tensors");
+  // The snapshot names its base and holds none of it.
+  std::string newest;
+  const SnapshotData d = read_newest_snapshot(dir + "/s", &newest);
+  ASSERT_TRUE(d.frozen_base.has_value());
+  EXPECT_EQ(d.frozen_base->init_from, dir + "/base5.safetensors");
+  EXPECT_EQ(d.frozen_base->tensors, 17u);
+  for (const auto& [name, bytes] : d.tensors)
+    EXPECT_FALSE(is_frozen(c.train.freeze, name)) << name << " is frozen, yet in the snapshot";
   TrainOptions same;
   same.resume_dir = dir + "/s";
   Trainer(test::config_from(toml(5)), std::move(same)).run();  // its own base: resumes

@@ -293,5 +293,57 @@ TEST(Sample, CliSamplesALlamaFromItsSnapshotAlone) {
   EXPECT_EQ(std::count(alone.output.begin(), alone.output.end(), ' '), 2 + 20 - 1);  // ids
   EXPECT_TRUE(test::starts_with(alone.output, "97 98 ")) << alone.output;
 }
+// A run on a frozen base writes its trainable parameters alone; `headroom sample` from its
+// snapshot takes the base from where the run took it (train.seed's init, or init_from's file) and
+// writes what sampling from the run's full weights writes. A LoRA run's snapshot is refused,
+// pointing at --merge.
+TEST(Sample, CliSamplesARunOnAFrozenBaseFromItsSnapshot) {
+  const std::string dir = test::temp_dir();
+  const std::string model =
+      "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nseq_len = 16\nvocab_size = 256\n";
+  const std::string base = dir + "/base.safetensors";
+  ASSERT_EQ(test::run_headroom("train -q " +
+                               test::write_file(dir, "b.toml", model + "[train]\nsteps = 2\n") +
+                               " --save-weights " + base)
+                .exit_code,
+            0);
+  const std::string tail = " --ids --prompt ab --tokens 12 --top-k 5 --seed 2 2>/dev/null";
+  auto ids = [&](const std::string& source) {
+    return test::run_command("(" + std::string(HEADROOM_BINARY) + " sample " + source + tail + ")");
+  };
+  for (const std::string& init : {std::string(), "init_from = \"" + base + "\"\n"}) {
+    const std::string sub = dir + (init.empty() ? "/seed" : "/file");
+    const std::string cfg = test::write_file(
+        dir, init.empty() ? "seed.toml" : "file.toml",
+        model + "[train]\nsteps = 3\nseed = 7\nlr = 1e-2\nfreeze = [\"wte.weight\", \"h.0.*\"]\n" +
+            init + "[snapshot]\ndir = \"" + sub + "\"\nevery = 3\n");
+    const test::RunResult train =
+        test::run_headroom("train -q " + cfg + " --save-weights " + sub + ".safetensors");
+    ASSERT_EQ(train.exit_code, 0) << train.output;
+    const test::RunResult alone = ids(sub), full = ids(sub + ".safetensors --config " + cfg);
+    ASSERT_EQ(alone.exit_code, 0) << alone.output;
+    EXPECT_EQ(alone.output, full.output) << (init.empty() ? "on the seed's init" : "on a file");
+  }
+  // The base file changed since: refused, saying so.
+  ASSERT_EQ(test::run_headroom("train -q " +
+                               test::write_file(dir, "b2.toml", model + "[train]\nsteps = 1\n") +
+                               " --save-weights " + base)
+                .exit_code,
+            0);
+  const test::RunResult changed =
+      test::run_headroom("sample " + dir + "/file --prompt a --tokens 1");
+  EXPECT_EQ(changed.exit_code, 2) << changed.output;
+  EXPECT_TRUE(contains(changed.output, "that is no longer what it was")) << changed.output;
+  // A LoRA run's snapshot: its adapters are not applied by sampling.
+  const std::string lora = test::write_file(
+      dir, "lora.toml",
+      model + "[train]\nsteps = 1\n[snapshot]\ndir = \"" + dir +
+          "/lora\"\nevery = 1\n[[plugins]]\nname = \"lora\"\nr = 2\ntarget_modules = \"c_attn\"\n");
+  ASSERT_EQ(test::run_headroom("train -q " + lora).exit_code, 0);
+  const test::RunResult adapters =
+      test::run_headroom("sample " + dir + "/lora --prompt a --tokens 1");
+  EXPECT_EQ(adapters.exit_code, 2) << adapters.output;
+  EXPECT_TRUE(contains(adapters.output, "--save-weights DIR/ --merge")) << adapters.output;
+}
 }  // namespace
 }  // namespace headroom

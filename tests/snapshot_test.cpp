@@ -480,6 +480,31 @@ INSTANTIATE_TEST_SUITE_P(
                      "skipped_steps 11 is out of range"},
         ManifestCase{"MissingKey", [](J& m) { m.erase("model"); }, "the manifest has no 'model'"},
         ManifestCase{"UnknownKey", [](J& m) { m["extra"] = 1; }, "unknown manifest key 'extra'"},
+        ManifestCase{"FrozenBaseNotObject", [](J& m) { m["frozen_base"] = 3; },
+                     "frozen_base is 3, not a JSON object"},
+        ManifestCase{"FrozenBaseChecksumNotHex",
+                     [](J& m) {
+                       m["frozen_base"] = {
+                           {"init_from", ""}, {"seed", 1}, {"checksum", "xyz"}, {"tensors", 2}};
+                     },
+                     "frozen_base.checksum \"xyz\" is not 16 hex digits"},
+        ManifestCase{"FrozenBaseNoTensors",
+                     [](J& m) {
+                       m["frozen_base"] = {{"init_from", ""},
+                                           {"seed", 1},
+                                           {"checksum", "0123456789abcdef"},
+                                           {"tensors", 0}};
+                     },
+                     "frozen_base.tensors is 0"},
+        ManifestCase{"FrozenBaseUnknownKey",
+                     [](J& m) {
+                       m["frozen_base"] = {{"init_from", ""},
+                                           {"seed", 1},
+                                           {"checksum", "0123456789abcdef"},
+                                           {"tensors", 2},
+                                           {"path", "x"}};
+                     },
+                     "unknown manifest key 'path''s frozen_base"},
         ManifestCase{"ModelEmpty", [](J& m) { m["model"] = ""; }, "model is empty"},
         ManifestCase{"OptimizerNotString", [](J& m) { m["optimizer"] = 3; },
                      "optimizer is 3, not a string"},

@@ -147,8 +147,27 @@ bool has_snapshot(const std::string& dir) {
 
 void load_snapshot_params(const SnapshotData& d, const std::string& file, Gpt<float>& model) {
   Backend& ops = model.device().backend();
+  for (const auto& [name, bytes] : d.tensors)
+    if (is_adapter_param(name))
+      throw ConfigError("snapshot " + file + ": holds LoRA adapters (" + name +
+                        "), which sampling does not apply: sample from the merged weights "
+                        "(headroom train --save-weights DIR/ --merge)");
+  // A run on a frozen base wrote its trainable parameters alone: the base comes from where it
+  // came from then (the model was made with its seed), and must still be what it was.
+  if (d.frozen_base && !d.frozen_base->init_from.empty())
+    load_weights(d.frozen_base->init_from, model);
+  uint64_t base = kChecksumBasis, base_tensors = 0;
   for (Param<float>* p : model.params()) {
     const auto it = d.tensors.find(p->name);
+    if (it == d.tensors.end() && d.frozen_base) {
+      std::vector<float> v(p->numel);
+      ops.download(v.data(), p->master().value, 4 * p->numel);
+      base = checksum_bytes(reinterpret_cast<const uint8_t*>(p->name.data()), p->name.size() + 1,
+                            base);
+      base = checksum_bytes(reinterpret_cast<const uint8_t*>(v.data()), 4 * v.size(), base);
+      ++base_tensors;
+      continue;
+    }
     if (it == d.tensors.end())
       throw ConfigError("snapshot " + file + ": holds no parameter " + p->name);
     if (it->second.size() != p->numel * sizeof(float))
@@ -157,6 +176,14 @@ void load_snapshot_params(const SnapshotData& d, const std::string& file, Gpt<fl
                         std::to_string(p->numel * sizeof(float)));
     ops.upload(p->master().value, it->second.data(), it->second.size());
   }
+  if (d.frozen_base && (base != d.frozen_base->checksum || base_tensors != d.frozen_base->tensors))
+    throw ConfigError("snapshot " + file + ": was trained on a frozen base (" +
+                      (d.frozen_base->init_from.empty()
+                           ? "the init of train.seed " + std::to_string(d.frozen_base->seed)
+                           : d.frozen_base->init_from) +
+                      ") that is no longer what it was: its " + std::to_string(base_tensors) +
+                      " tensors differ from the " + std::to_string(d.frozen_base->tensors) +
+                      " the snapshot's checksum was of");
   model.sync_compute_params();
 }
 
@@ -231,7 +258,11 @@ void run_sample(const SampleRequest& r, std::ostream& out, std::ostream& log) {
                       std::to_string(model_config.vocab_size));
 
   std::unique_ptr<Device> device = Device::create(config.device);
-  Gpt<float> model(model_config, *device, config.train.seed);
+  // A snapshot of a run on train.seed's frozen init: that seed's model is its base.
+  const uint64_t seed = snap.frozen_base && snap.frozen_base->init_from.empty()
+                            ? snap.frozen_base->seed
+                            : config.train.seed;
+  Gpt<float> model(model_config, *device, seed);
   if (!snapshot_file.empty()) {
     load_snapshot_params(snap, snapshot_file, model);
     log << "headroom: sampling from snapshot " << snapshot_file << " (step " << snap.step << ")\n";

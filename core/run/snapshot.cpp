@@ -28,12 +28,10 @@ constexpr char kMagicPrefix[6] = {'H', 'R', 'S', 'N', 'A', 'P'};
 constexpr const char* kSuffix = ".hrsnap";
 constexpr const char* kPrefix = "step_";
 constexpr size_t kStepDigits = 12;
-constexpr uint64_t kFnvBasis = 1469598103934665603ull;
+constexpr uint64_t kFnvBasis = kChecksumBasis;
 
 uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h) {
-  for (size_t i = 0; i < n; ++i)
-    h = (h ^ p[i]) * 1099511628211ull;
-  return h;
+  return checksum_bytes(p, n, h);
 }
 
 void put_u64(uint8_t* p, uint64_t v) {
@@ -283,7 +281,7 @@ class Reader {
     if (!m.is_object()) throw bad("the manifest is " + describe(m) + ", not a JSON object");
     only_keys(m,
               {"step", "skipped_steps", "data_state", "model", "optimizer", "tensors", "plugins",
-               "payload_bytes", "best_val_loss", "best_val_step"},
+               "payload_bytes", "best_val_loss", "best_val_step", "frozen_base"},
               "");
     SnapshotData d;
     const uint64_t payload = count(key(m, "payload_bytes", ""), "payload_bytes");
@@ -312,6 +310,22 @@ class Reader {
     d.data_state = string(key(m, "data_state", ""), "data_state", false);
     d.model = string(key(m, "model", ""), "model", true);
     d.optimizer = string(key(m, "optimizer", ""), "optimizer", true);
+    if (m.contains("frozen_base")) {
+      const nlohmann::json& b = m["frozen_base"];
+      const std::string where = "'s frozen_base";
+      if (!b.is_object()) throw bad("frozen_base is " + describe(b) + ", not a JSON object");
+      only_keys(b, {"init_from", "seed", "checksum", "tensors"}, where);
+      SnapshotData::FrozenBase f;
+      f.init_from = string(key(b, "init_from", where), "frozen_base.init_from", false);
+      f.seed = count(key(b, "seed", where), "frozen_base.seed");
+      const std::string sum = string(key(b, "checksum", where), "frozen_base.checksum", true);
+      if (sum.size() != 16 || sum.find_first_not_of("0123456789abcdef") != std::string::npos)
+        throw bad("frozen_base.checksum \"" + sum.substr(0, 40) + "\" is not 16 hex digits");
+      f.checksum = std::stoull(sum, nullptr, 16);
+      f.tensors = count(key(b, "tensors", where), "frozen_base.tensors");
+      if (f.tensors == 0) throw bad("frozen_base.tensors is 0: a frozen base has a tensor");
+      d.frozen_base = f;
+    }
     uint64_t at = 0;
     take(key(m, "tensors", ""), "tensors", "tensor", d.tensors, payload, &at);
     take(key(m, "plugins", ""), "plugins", "plugin state", d.plugins, payload, &at);
@@ -329,6 +343,12 @@ class Reader {
 
 }  // namespace
 
+uint64_t checksum_bytes(const uint8_t* p, size_t n, uint64_t h) {
+  for (size_t i = 0; i < n; ++i)
+    h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
 uint64_t snapshot_checksum(const uint8_t* data, size_t size) {
   if (size < kSnapshotHeaderBytes) return 0;
   return fnv1a(data + kSnapshotHeaderBytes, size - kSnapshotHeaderBytes,
@@ -344,6 +364,12 @@ SnapshotData parse_snapshot(const uint8_t* data, size_t size, const std::string&
 
 namespace {
 
+std::string checksum_hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 // `d` in format 02 at `path`, through AtomicFile (`what` names it in errors).
 void write_container(const std::string& path, const SnapshotData& d, const char* what) {
   // Manifest: where each tensor and plugin state sits in the payload.
@@ -357,6 +383,11 @@ void write_container(const std::string& path, const SnapshotData& d, const char*
   m["data_state"] = d.data_state;
   m["model"] = d.model;
   m["optimizer"] = d.optimizer;
+  if (d.frozen_base)
+    m["frozen_base"] = {{"init_from", d.frozen_base->init_from},
+                        {"seed", d.frozen_base->seed},
+                        {"checksum", checksum_hex(d.frozen_base->checksum)},
+                        {"tensors", d.frozen_base->tensors}};
   uint64_t offset = 0;
   auto place = [&](const std::map<std::string, std::vector<uint8_t>>& items) {
     nlohmann::json list = nlohmann::json::array();

@@ -40,6 +40,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,22 @@ struct SnapshotData {
   // 0: none yet (the manifest then has no "best_val_loss").
   double best_val_loss = 0.0;
   int64_t best_val_step = 0;
+  // A run on a frozen base ([train] freeze, lora) writes its trainable parameters alone and names
+  // its base instead (manifest "frozen_base"): where the base came from and a checksum of its
+  // values (frozen_base_checksum), which a resume checks against its own base.
+  struct FrozenBase {
+    std::string init_from;  // train.init_from (a PEFT adapter folder's base); "" for train.seed's
+    uint64_t seed = 0;      // train.seed, whose init is the base when init_from is ""
+    uint64_t checksum = 0;
+    uint64_t tensors = 0;  // the frozen parameters, none of them in `tensors`
+  };
+  std::optional<FrozenBase> frozen_base;
 };
+
+// FNV-1a (64 bits) of `n` bytes, continuing from `h` (the offset basis to start): the snapshot's
+// own checksum and a frozen base's. It tells bases apart; it does not authenticate them.
+constexpr uint64_t kChecksumBasis = 1469598103934665603ull;
+uint64_t checksum_bytes(const uint8_t* p, size_t n, uint64_t h = kChecksumBasis);
 
 // The size of the fixed header (magic, manifest_len, checksum).
 constexpr size_t kSnapshotHeaderBytes = 24;

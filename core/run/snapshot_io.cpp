@@ -182,6 +182,40 @@ void SnapshotIO::load_init_from(const std::vector<LoraSpec>& lora) {
             << p_.model.num_params() << " parameters) from " << t.init_from << "\n";
 }
 
+SnapshotData::FrozenBase SnapshotIO::frozen_base(const std::vector<std::vector<float>>& host) {
+  SnapshotData::FrozenBase b;
+  const TrainConfig& t = p_.config.train;
+  b.init_from = is_peft_adapter_folder(t.init_from) ? read_peft_adapter_config(t.init_from).base
+                                                    : t.init_from;
+  b.seed = t.seed;
+  // Over each frozen parameter's name and values, in model order: computed once, the base never
+  // changes.
+  if (!base_checksum_) {
+    const std::vector<Param<float>*> params = p_.model.params();
+    uint64_t h = kChecksumBasis, n = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i]->frozen) continue;
+      const std::string& name = params[i]->name;
+      h = checksum_bytes(reinterpret_cast<const uint8_t*>(name.data()), name.size() + 1, h);
+      h = checksum_bytes(reinterpret_cast<const uint8_t*>(host.at(i).data()),
+                         host[i].size() * sizeof(float), h);
+      ++n;
+    }
+    base_checksum_ = std::make_pair(h, n);
+  }
+  b.checksum = base_checksum_->first;
+  b.tensors = base_checksum_->second;
+  return b;
+}
+
+std::string SnapshotIO::base_str(const SnapshotData::FrozenBase& b) {
+  char sum[17];
+  std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(b.checksum));
+  return (b.init_from.empty() ? "the init of train.seed " + std::to_string(b.seed)
+                              : "train.init_from " + b.init_from) +
+         ", " + std::to_string(b.tensors) + " tensors of checksum " + sum;
+}
+
 int64_t SnapshotIO::resume_or_start() {
   return resume_dir_.empty() ? 1 : resume() + 1;
 }
@@ -248,7 +282,11 @@ std::string SnapshotIO::write(int64_t step, const std::string& data_state,
   d.model = model_signature(p_.config.model);
   d.optimizer = optimizer_signature();
   const std::vector<Param<float>*> params = p_.model.params();
+  // A frozen base is named, not copied: its weights never change, and a LoRA run's base is most
+  // of the model.
+  if (p_.model.has_frozen()) d.frozen_base = frozen_base(host);
   for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i]->frozen) continue;
     const auto* b = reinterpret_cast<const uint8_t*>(host[i].data());
     d.tensors[params[i]->name].assign(b, b + host[i].size() * sizeof(float));
   }
@@ -292,25 +330,21 @@ int64_t SnapshotIO::resume() {
     throw refuse("is at step " + std::to_string(d.step) +
                  ", already at train.steps = " + std::to_string(p_.config.train.steps));
   // A frozen base is this run's own (train.init_from's, or the seed's init): a snapshot trained on
-  // other frozen weights is refused, naming the first that differs, rather than resumed on its
-  // base while the config names another.
-  if (p_.model.has_frozen()) {
-    const std::vector<std::vector<float>> now = download_params(p_.model, masters(true, false));
-    const std::vector<Param<float>*> params = p_.model.params();
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (!params[i]->frozen) continue;
-      const auto it = d.tensors.find(params[i]->name);
-      if (it == d.tensors.end()) continue;  // the check below names what is missing
-      const std::vector<float>& v = now[i];
-      if (it->second.size() != v.size() * sizeof(float) ||
-          std::memcmp(it->second.data(), v.data(), it->second.size()) != 0)
-        throw refuse("was trained on another frozen base: its " + params[i]->name +
-                     " differs from this run's (" +
-                     (p_.config.train.init_from.empty()
-                          ? std::string("the init of train.seed")
-                          : "train.init_from " + p_.config.train.init_from) +
-                     ")");
-    }
+  // other frozen weights is refused, naming both, rather than resumed on a base the config does
+  // not name.
+  if (d.frozen_base || p_.model.has_frozen()) {
+    if (!p_.model.has_frozen())
+      throw refuse("was trained on a frozen base (" + base_str(*d.frozen_base) +
+                   "), but this run freezes nothing ([train] freeze, the lora plugin)");
+    const SnapshotData::FrozenBase ours =
+        frozen_base(download_params(p_.model, masters(true, false)));
+    if (!d.frozen_base)
+      throw refuse("holds every parameter, but this run freezes " + std::to_string(ours.tensors) +
+                   " of them: it was written by a run without frozen parameters (or by a "
+                   "headroom of before 2026-12-06, which copied the base into each snapshot)");
+    if (d.frozen_base->checksum != ours.checksum || d.frozen_base->tensors != ours.tensors)
+      throw refuse("was trained on another frozen base: " + base_str(*d.frozen_base) +
+                   ", but this run's is " + base_str(ours));
   }
   const int world = p_.comm.world_size();
   const int written_by = snapshot_world_size(d.data_state);
@@ -376,7 +410,7 @@ int64_t SnapshotIO::resume() {
   };
   std::vector<Target> replicated, own;
   for (Param<float>* p : p_.model.params())
-    replicated.push_back({p->name, p, nullptr, p->numel * sizeof(float)});
+    if (!p->frozen) replicated.push_back({p->name, p, nullptr, p->numel * sizeof(float)});
   if (resharded) {
     // The replicated file's optimizer state (an unsharded snapshot's) went into the resharder.
     std::set<std::string> names;
@@ -403,7 +437,8 @@ int64_t SnapshotIO::resume() {
   for (size_t l = 0; l < p_.model.layers().size(); ++l) {
     const auto write = [&] {
       for (const auto& p : p_.model.layers()[l]->params())
-        ops.upload(p->master().value, d.tensors.at(p->name).data(), p->numel * sizeof(float));
+        if (!p->frozen)  // the base is this run's already (checked above)
+          ops.upload(p->master().value, d.tensors.at(p->name).data(), p->numel * sizeof(float));
       ops.synchronize();  // `d` holds the bytes until here
     };
     if (access) {

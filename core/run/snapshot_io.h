@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/comm/comm.h"
@@ -18,11 +20,11 @@
 #include "core/model/model.h"
 #include "core/optim/optim.h"
 #include "core/plugin_host/plugin_host.h"
+#include "core/run/snapshot.h"
 #include "core/shard/sharding.h"
 
 namespace headroom {
 
-struct SnapshotData;
 class StateResharder;
 
 // What a run counts across its steps and snapshots keep.
@@ -101,6 +103,11 @@ class SnapshotIO {
   int64_t newest_step() const { return newest_step_; }
 
  private:
+  // What a snapshot says of this run's frozen base, from `host` (every parameter's values, in
+  // model order).
+  SnapshotData::FrozenBase frozen_base(const std::vector<std::vector<float>>& host);
+  // "train.init_from DIR, 148 tensors of checksum 0123456789abcdef", for messages.
+  static std::string base_str(const SnapshotData::FrozenBase& b);
   std::string write(int64_t step, const std::string& data_state,
                     const std::map<std::string, std::vector<uint8_t>>& plugin_states);
   int64_t resume();
@@ -131,6 +138,8 @@ class SnapshotIO {
   std::string resumed_path_;
   std::string newest_path_;
   int64_t newest_step_ = 0;
+  // The frozen base's checksum and tensor count, once computed (frozen_base).
+  std::optional<std::pair<uint64_t, uint64_t>> base_checksum_;
   std::string step_start_data_;
   std::map<std::string, std::vector<uint8_t>> step_start_plugins_;
 };
