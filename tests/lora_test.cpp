@@ -282,13 +282,14 @@ TEST(LoraPlugin, ConfigErrorsNameTheirPlace) {
   EXPECT_HAS(error("target_modules = [\"c_attn\", 3]\n"),
              "plugins.lora.target_modules: entry 2 is an integer, expected a string");
   EXPECT_HAS(error("target_modules = [\"c_attn\"]\nrank = 4\n"), "rank");  // unknown key
-  // With a zero plugin: refused, naming the plugin.
-  const std::string zero = test::error_of([&] {
+  // With an optimizer plugin: refused, naming the plugin.
+  const std::string plugin = test::error_of([&] {
     Trainer t(test::config_from(kToy + lora_table("target_modules = [\"c_attn\"]\n") +
-                                "[[plugins]]\nname = \"zero1\"\n"),
+                                "[[plugins]]\nname = \"adam8bit\"\n"),
               {});
   });
-  EXPECT_HAS(zero, "plugin 'lora' (LoRA adapters): frozen parameters run on one rank");
+  EXPECT_HAS(plugin,
+             "plugin 'lora' (LoRA adapters): frozen parameters run with the built-in optimizers");
 }
 
 }  // namespace

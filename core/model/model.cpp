@@ -1322,10 +1322,10 @@ std::function<void(int, const std::function<void()>&)> Gpt<T>::master_access(boo
       ops.cast(s.compute.template as<void>(), dt_, s.value.template as<void>(), dtype_of<T>(),
                s.padded);
     };
-    if (gather) {
-      if (flat) to_masters(fs);
-      if (frozen) to_masters(zs);
-    }
+    if (gather && flat) to_masters(fs);
+    // Frozen masters are made from the weights whatever the caller asked: a loader that writes
+    // some parameters (a snapshot's trainable ones, an adapter) scatters the rest back unchanged.
+    if (frozen) to_masters(zs);
     f();
     if (scatter) {
       if (flat) to_compute(fs);

@@ -74,6 +74,7 @@ BucketGradSync::BucketGradSync(Device& device, Communicator& comm, const Gpt<flo
     const auto& ps = layers[size_t(l)]->params();
     for (auto it = ps.rbegin(); it != ps.rend(); ++it) {
       Param<float>* p = it->get();
+      if (p->frozen) continue;  // no gradient: every rank holds the same weights
       cur.params.push_back(p);
       cur.bytes += p->numel * sizeof(float);
       cur.lowest_layer = l;

@@ -532,8 +532,11 @@ std::string SnapshotIO::optimizer_signature() const {
 }
 
 MasterAccess SnapshotIO::masters(bool gather, bool scatter) {
-  // Sharded masters are gathered; a model without masters makes them from its bf16 weights.
-  return p_.sharding ? p_.sharding->master_access(gather, scatter)
-                     : p_.model.master_access(gather, scatter);
+  // Sharded masters are gathered; a model without masters makes them from its bf16 weights, and
+  // frozen weights beside compute copies from those (never sharded: inside the gather).
+  MasterAccess model = p_.model.master_access(gather, scatter);
+  MasterAccess shard = p_.sharding ? p_.sharding->master_access(gather, scatter) : nullptr;
+  if (!shard || !model) return shard ? shard : model;
+  return [shard, model](int l, const std::function<void()>& f) { shard(l, [&] { model(l, f); }); };
 }
 }  // namespace headroom

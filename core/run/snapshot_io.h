@@ -102,6 +102,13 @@ class SnapshotIO {
   const std::string& newest() const { return newest_path_; }
   int64_t newest_step() const { return newest_step_; }
 
+  // Every layer's masters made whole one at a time for what reads or writes the model whole
+  // (zero3 and amp keep shards; core/shard/sharding.h with_masters): gathered first (`gather`, a
+  // collective: every rank calls it) and/or scattered back into the shards after (`scatter`).
+  // Frozen weights beside compute copies are made f32 inside it too. Empty when the masters are
+  // whole.
+  MasterAccess masters(bool gather, bool scatter);
+
  private:
   // What a snapshot says of this run's frozen base, from `host` (every parameter's values, in
   // model order).
@@ -120,11 +127,6 @@ class SnapshotIO {
   std::unique_ptr<StateResharder> reshard_optimizer_state(const SnapshotData& d,
                                                           const std::string& path, int written_by,
                                                           std::string* data_state);
-  // Every layer's masters made whole one at a time for what reads or writes the model whole
-  // (zero3 and amp keep shards; core/shard/sharding.h with_masters): gathered first (`gather`, a
-  // collective: every rank calls it) and/or scattered back into the shards after (`scatter`).
-  // Empty when the masters are whole.
-  MasterAccess masters(bool gather, bool scatter);
   // The optimizer state is sharded over more than one rank: snapshots keep it in the rank parts.
   bool sharded_state() const;
   // What a snapshot's "optimizer" says: "adamw", "adamw sharded over 2 ranks", "plugin 'lion'"

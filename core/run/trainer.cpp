@@ -171,17 +171,14 @@ Trainer::Trainer(const Config& config, TrainOptions options)
         "none: list the lora plugin in [[plugins]], or leave --merge out");
   const bool some_frozen = !config_.train.freeze.empty() || !choices_.lora().empty();
   if (some_frozen) {
-    const std::string why = ranked       ? std::to_string(ranks.world_size) + " ranks"
-                            : shard_what ? "a zero plugin ('" + shard_plugin + "')"
-                            : plugins_->provides_optimizer() ? "an optimizer plugin"
-                                                             : "";
+    const std::string why = plugins_->provides_optimizer() ? "an optimizer plugin" : "";
     const std::string by = !config_.train.freeze.empty()
                                ? config_.train.freeze_pos[0].str() + ": train.freeze"
                                : "plugin '" + choices_.lora_by() + "' (LoRA adapters)";
     if (!why.empty())
       throw ConfigError(by +
-                        ": frozen parameters run on one rank with the built-in optimizers so "
-                        "far, and this run has " +
+                        ": frozen parameters run with the built-in optimizers so far, and this "
+                        "run has " +
                         why + "; run without it");
   }
   // The built-in optimizer on the host place when a plugin put it there (headroom.offload/1):
@@ -376,20 +373,24 @@ void Trainer::run_steps() {
   fire(Event::kTrainEnd);
   if (!options_.save_weights_path.empty()) {
     const std::vector<LoraSpec>& lora = choices_.lora();
-    if (options_.merge) {
-      // PEFT's merge_and_unload: a base model with the adapters folded in.
-      const auto host = download_params(*model_, model_->master_access(true, false));
-      save_merged_weights(options_.save_weights_path, *model_, lora, host);
-    } else if (!lora.empty() && names_hf_folder(options_.save_weights_path)) {
-      // A LoRA run's folder is its adapter, in PEFT's format (one rank, unsharded: the model is
-      // whole here), on init_from's base (an adapter folder's own base when it continued one).
-      const std::string& from = config_.train.init_from;
-      const auto host = download_params(*model_, model_->master_access(true, false));
-      save_peft_adapter(options_.save_weights_path, *model_, lora,
-                        is_peft_adapter_folder(from) ? read_peft_adapter_config(from).base : from,
-                        &host);
+    const std::string& path = options_.save_weights_path;
+    if (options_.merge || (!lora.empty() && names_hf_folder(path))) {
+      // Every rank reads (gathering sharded masters is a collective); rank 0 writes.
+      const bool root = comm_->rank() == 0;
+      const auto host = download_params(*model_, snapshots_->masters(true, false), root);
+      if (root && options_.merge) {
+        // PEFT's merge_and_unload: a base model with the adapters folded in.
+        save_merged_weights(path, *model_, lora, host);
+      } else if (root) {
+        // A LoRA run's folder is its adapter, in PEFT's format, on init_from's base (an adapter
+        // folder's own base when it continued one).
+        const std::string& from = config_.train.init_from;
+        save_peft_adapter(path, *model_, lora,
+                          is_peft_adapter_folder(from) ? read_peft_adapter_config(from).base : from,
+                          &host);
+      }
     } else {
-      snapshots_->save_weights(options_.save_weights_path);
+      snapshots_->save_weights(path);
     }
   }
 }

@@ -59,7 +59,9 @@ void Sharding::place(Layer<float>& l) {
                            std::to_string(W) + " ranks");
   LayerShard ls;
   ls.shard = f.padded / W;
-  ls.whole = !(what_ & kShardParameters) || f.numel < persist_below_;
+  // A layer whose every parameter is frozen has nothing to shard: its weights are in its frozen
+  // storage, replicated, and it has no gradient.
+  ls.whole = !(what_ & kShardParameters) || f.numel < persist_below_ || f.numel == 0;
   Backend& ops = device_.backend();
   if (what_ & kShardGradients) {
     ls.grad = Buffer(device_, ls.shard * sizeof(float), Category::kGradients,
@@ -102,6 +104,7 @@ void Sharding::attach(Gpt<float>& model) {
     // This rank's range [lo, hi) of the layer, cut at the parameters' boundaries.
     const uint64_t lo = r * ls.shard, hi = lo + ls.shard;
     for (const auto& p : layer(int(l)).params()) {
+      if (p->frozen) continue;  // in the layer's frozen storage, replicated: never sharded
       const uint64_t a = std::max(lo, p->offset), b = std::min(hi, p->offset + p->numel);
       if (a >= b) continue;
       OptSegment s;
@@ -150,6 +153,10 @@ void Sharding::backward_done(int layer) {
 void Sharding::reduce_gradients(int l) {
   const uint64_t S = shard_numel(l);
   const FlatStorage& f = layer(l).flat();
+  if (f.padded == 0) {  // every parameter frozen: no gradient
+    layers_[size_t(l)].reduced = true;
+    return;
+  }
   if (!f.grad)
     throw std::logic_error("layer " + std::to_string(l) +
                            " has no gradients to reduce (reduced already since its backward)");
@@ -182,6 +189,10 @@ void Sharding::gather_parameters(int l) {
   LayerShard& ls = layers_[size_t(l)];
   Layer<float>& lay = layer(l);
   const FlatStorage& f = lay.flat();
+  if (f.padded == 0) {  // every parameter frozen: replicated, nothing sharded
+    ls.gathered = true;
+    return;
+  }
   if (ls.whole) {
     // In place: the masters' updated ranges, or with sharded masters (amp) the compute copy's,
     // cast into it by updated().

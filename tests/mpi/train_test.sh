@@ -3,7 +3,7 @@
 #
 #   train_test.sh PART HEADROOM COMPARE PLUGIN_DIR MPIEXEC
 #
-# PART: equivalence | buckets | resume | failure. Every mpirun runs under `timeout`: a hang fails.
+# PART: equivalence | buckets | resume | failure | reducer | frozen. Every mpirun runs under `timeout`: a hang fails.
 set -euo pipefail
 part=$1 headroom=$2 compare=$3 plugins=$4 mpiexec=$5
 work=$(mktemp -d "${TMPDIR:-/tmp}/headroom_mpi_train.XXXXXX")
@@ -219,6 +219,52 @@ resume)
   set -e
   [ $rc != 0 ] || fail "resume without rank 1's part succeeded"
   grep -q "rank 1's part" <<<"$out" || fail "missing part: $out"
+  ;;
+frozen)
+  # Frozen parameters across ranks: [train] freeze and the lora plugin's base are replicated and
+  # never reduced. Data parallel equals one rank of the whole batch; zero1, zero2 and zero3 (the
+  # frozen weights stay whole in their own storage, a fully frozen layer has nothing to shard)
+  # equal data parallel bitwise; a LoRA run with zero2 and amp resumes bitwise, and its adapter is
+  # saved from the gathered masters.
+  strip() { sed 's/"step_ms[^,]*,//; s/"tokens_per_s[^,]*,//; s/"data_wait_ms[^,]*,//; s/"comm_wait_ms[^,]*,//' "$@"; }
+  cp cfg.toml fz.toml
+  sed -i 's/^seed = 3$/seed = 3\nfreeze = ["wte.weight", "h.0.*"]/' fz.toml
+  grep -q '^freeze' fz.toml || fail "fz.toml has no freeze"
+  mpirun -np 2 "$headroom" train fz.toml -q --metrics dp.jsonl --save-weights dp.safetensors
+  "$headroom" train fz.toml -q --set train.micro_batch=4 --metrics mb.jsonl --save-weights mb.safetensors
+  "$headroom" train fz.toml -q --set train.grad_accum=2 --metrics ga.jsonl --save-weights ga.safetensors
+  "$compare" losses dp.jsonl mb.jsonl 1e-6 || fail "frozen, 2 ranks against 1: losses"
+  "$compare" within dp.safetensors mb.safetensors mb.safetensors ga.safetensors ||
+    fail "frozen, 2 ranks against 1: weights"
+  for z in 1 2 3; do
+    cp fz.toml z$z.toml
+    printf '\n[[plugins]]\nname = "zero%s"\n' $z >> z$z.toml
+    mpirun -np 2 "$headroom" train z$z.toml -q --metrics z$z.jsonl --save-weights z$z.safetensors
+    "$compare" losses z$z.jsonl dp.jsonl 0 || fail "frozen with zero$z: losses"
+    cmp z$z.safetensors dp.safetensors || fail "frozen with zero$z: weights differ from data parallel's"
+  done
+  lora() {  # lora FILE EXTRA-PLUGIN...
+    sed '/^\[distributed\]/,$d' cfg.toml > "$1"
+    printf '[[plugins]]\nname = "lora"\nr = 2\ntarget_modules = ["c_attn", "c_fc"]\n[[plugins]]\nname = "amp"\n' >> "$1"
+    for p in "${@:2}"; do printf '[[plugins]]\nname = "%s"\n' "$p" >> "$1"; done
+  }
+  lora la.toml
+  lora lz.toml zero2
+  printf '[snapshot]\ndir = "snaps"\nevery = 10\n' >> lz.toml
+  mpirun -np 2 "$headroom" train la.toml -q --metrics la.jsonl --save-weights la/
+  mpirun -np 2 "$headroom" train lz.toml -q --metrics lz.jsonl --save-weights lz/
+  "$compare" losses lz.jsonl la.jsonl 0 || fail "lora with zero2 and amp: losses"
+  cmp la/adapter_model.safetensors lz/adapter_model.safetensors ||
+    fail "lora with zero2: the adapter differs from data parallel's"
+  mkdir at10
+  cp snaps/step_000000000010.* at10/
+  mpirun -np 2 "$headroom" train lz.toml -q --resume at10 --metrics resumed.jsonl --save-weights resumed/
+  tail -n 10 lz.jsonl | strip > a
+  strip resumed.jsonl > b
+  "$compare" losses b a 0 || fail "lora with zero2 and amp: resumed losses differ"
+  cmp lz/adapter_model.safetensors resumed/adapter_model.safetensors ||
+    fail "lora with zero2 and amp: the resumed adapter differs"
+  echo "frozen: data parallel, zero1/2/3 and a LoRA resume across 2 ranks as one rank's"
   ;;
 failure)
   recorder_table >> cfg.toml
