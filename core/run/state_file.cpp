@@ -1,0 +1,313 @@
+#include "core/run/state_file.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "core/config/config.h"
+#include "core/os/output_file.h"
+
+namespace headroom {
+
+namespace {
+
+uint64_t round_up(uint64_t n, uint64_t to) {
+  return (n + to - 1) / to * to;
+}
+
+std::string os_reason(int err) {
+  return std::strerror(err);
+}
+
+// The ring's depth: a chain is at most kMaxChunks writes and kMaxChunks reads, and one chain is in
+// flight at a time.
+constexpr unsigned kMaxChunks = 64;
+constexpr unsigned kRingEntries = 2 * kMaxChunks;
+// The smallest I/O: below it the per-request cost shows (fio's rates at 1 MiB blocks are the
+// disk's).
+constexpr uint64_t kMinChunk = uint64_t(1) << 20;
+
+}  // namespace
+
+std::string file_system_name(const std::string& dir) {
+  struct statfs s;
+  if (statfs(dir.c_str(), &s) != 0) return "unknown";
+  switch (static_cast<unsigned long>(s.f_type)) {
+    case TMPFS_MAGIC:
+      return "tmpfs";
+    case EXT4_SUPER_MAGIC:
+      return "ext4";  // ext2 and ext3 share it
+    case XFS_SUPER_MAGIC:
+      return "xfs";
+    case BTRFS_SUPER_MAGIC:
+      return "btrfs";
+    case OVERLAYFS_SUPER_MAGIC:
+      return "overlayfs";
+    case NFS_SUPER_MAGIC:
+      return "nfs";
+    case RAMFS_MAGIC:
+      return "ramfs";
+    default: {
+      char hex[32];
+      std::snprintf(hex, sizeof hex, "0x%lx", static_cast<unsigned long>(s.f_type));
+      return std::string("file system magic ") + hex;
+    }
+  }
+}
+
+std::string check_state_dir(const std::string& dir, DirectIo mode, bool* direct) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) return "\"" + dir + "\": " + os_reason(errno);
+  if (!S_ISDIR(st.st_mode)) return "\"" + dir + "\" is not a folder";
+  // A probe file: what open() says is what the real file will meet.
+  std::string probe = dir + "/.headroom-probe-XXXXXX";
+  const int fd = mkstemp(probe.data());
+  if (fd < 0) return "\"" + dir + "\" is not writable: " + os_reason(errno);
+  close(fd);
+  *direct = false;
+  std::string problem;
+  if (mode != DirectIo::kOff) {
+    const int d = open(probe.c_str(), O_RDWR | O_DIRECT);
+    if (d >= 0) {
+      close(d);
+      *direct = true;
+    } else if (mode == DirectIo::kOn) {
+      problem = "\"" + dir + "\" is on " + file_system_name(dir) + ", which refuses O_DIRECT (" +
+                os_reason(errno) + "); valid there: \"auto\" (buffered I/O) or false";
+    }
+  }
+  unlink(probe.c_str());
+  return problem;
+}
+
+struct StateFile::Ring {
+  io_uring ring;
+  explicit Ring(const std::string& path) {
+    const int r = io_uring_queue_init(kRingEntries, &ring, 0);
+    if (r < 0)
+      throw OutputError("optimizer state file " + path + ": io_uring_queue_init: " + os_reason(-r));
+  }
+  ~Ring() { io_uring_queue_exit(&ring); }
+};
+
+// One request of a chain: `bytes` at file offset `offset` from or to `data`.
+struct StateFile::Op {
+  bool write;
+  unsigned char* data;
+  uint64_t bytes, offset;
+  int64_t result = 0;  // the completion's: bytes moved, or -errno
+};
+
+StateFile::StateFile(Device& host, const std::string& dir, DirectIo mode, int rank,
+                     const std::string& who, std::ostream* log)
+    : host_(host), dir_(dir), who_(who) {
+  const std::string problem = check_state_dir(dir, mode, &direct_);
+  if (!problem.empty()) throw ConfigError(who + problem);
+  if (mode == DirectIo::kAuto && !direct_ && log)
+    *log << "offload: the optimizer state file in " << dir
+         << " is read and written buffered: " << file_system_name(dir) << " refuses O_DIRECT\n";
+  path_ =
+      dir + "/headroom-" + std::to_string(getpid()) + "-rank" + std::to_string(rank) + ".optstate";
+}
+
+StateFile::~StateFile() {
+  try {
+    unmap();
+  } catch (const std::exception&) {  // the file goes next: nothing of it is kept
+  }
+  ring_.reset();
+  if (fd_ >= 0) {
+    close(fd_);
+    unlink(path_.c_str());
+  }
+}
+
+void StateFile::open(const std::vector<uint64_t>& numels, int tensors, Dtype dtype) {
+  if (fd_ >= 0) throw std::logic_error("the optimizer state file is open already");
+  if (tensors < 0 || tensors > 8) throw std::logic_error("optimizer state: 0 to 8 tensors");
+  numels_ = numels;
+  tensors_ = tensors;
+  dtype_ = dtype;
+  offsets_.clear();
+  uint64_t largest = 0;
+  file_bytes_ = 0;
+  for (uint64_t n : numels) {
+    offsets_.push_back(file_bytes_);
+    const uint64_t slot = state_slot_bytes(n, tensors, dtype);
+    file_bytes_ += slot;
+    largest = std::max(largest, slot);
+  }
+  // At most kMaxChunks requests a slot, none smaller than kMinChunk.
+  chunk_ = std::max(kMinChunk, round_up((largest + kMaxChunks - 1) / kMaxChunks, kStatePage));
+  const int fd =
+      ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | (direct_ ? O_DIRECT : 0), 0600);
+  if (fd < 0)
+    throw OutputError("optimizer state file " + path_ + ": cannot create it: " + os_reason(errno));
+  fd_ = fd;  // from here on the destructor removes it
+  if (file_bytes_ > 0) {
+    // Every block now: a disk that cannot hold the state says so before step 1. posix_fallocate
+    // returns the error (it does not set errno); the blocks it allocates read as zeros.
+    const int r = posix_fallocate(fd_, 0, off_t(file_bytes_));
+    if (r != 0)
+      throw OutputError("optimizer state file " + path_ + ": cannot hold its " +
+                        format_bytes(file_bytes_) + " on " + file_system_name(dir_) + ": " +
+                        os_reason(r));
+  }
+  ring_ = std::make_unique<Ring>(path_);
+  for (int b = 0; b < 2 && largest > 0; ++b) {
+    staging_[b] = Buffer(host_, largest + kStatePage, Category::kOptimizer,
+                         "optimizer state staging " + std::to_string(b) + " (NVMe tier)");
+    const uintptr_t p = reinterpret_cast<uintptr_t>(staging_[b].as<void>());
+    aligned_[b] = reinterpret_cast<unsigned char*>(round_up(p, kStatePage));
+  }
+}
+
+void StateFile::state_pointers(unsigned char* base, size_t k, void** out) const {
+  const uint64_t tensor = round_up(numels_[k] * dtype_size(dtype_), kStatePage);
+  for (int j = 0; j < tensors_; ++j)
+    out[j] = base + uint64_t(j) * tensor;
+}
+
+void StateFile::add_ops(std::vector<Op>& ops, bool write, size_t k, unsigned char* buffer) const {
+  const uint64_t slot = state_slot_bytes(numels_[k], tensors_, dtype_);
+  for (uint64_t at = 0; at < slot; at += chunk_)
+    ops.push_back({write, buffer + at, std::min(chunk_, slot - at), offsets_[k] + at});
+}
+
+// A chain in order (each request linked to the next: a segment's write-back before the next read
+// into the same buffer), submitted; finish() waits for it whole.
+void StateFile::submit(std::vector<Op>& ops) {
+  if (ops.empty()) return;
+  io_uring& ring = ring_->ring;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+    if (!sqe) throw std::logic_error("optimizer state file: a chain longer than the ring");
+    if (ops[i].write)
+      io_uring_prep_write(sqe, fd_, ops[i].data, unsigned(ops[i].bytes), ops[i].offset);
+    else
+      io_uring_prep_read(sqe, fd_, ops[i].data, unsigned(ops[i].bytes), ops[i].offset);
+    io_uring_sqe_set_data64(sqe, i);
+    if (i + 1 < ops.size()) sqe->flags |= IOSQE_IO_LINK;
+  }
+  const int r = io_uring_submit(&ring);
+  if (r < 0)
+    throw OutputError("optimizer state file " + path_ + ": io_uring_submit: " + os_reason(-r));
+  in_flight_ = ops.size();
+}
+
+// Every completion of the chain in flight; then a request the kernel moved only part of (or
+// cancelled, after a short one before it) is finished with plain pread/pwrite, in order.
+void StateFile::finish(std::vector<Op>& ops) {
+  io_uring& ring = ring_->ring;
+  while (in_flight_ > 0) {
+    io_uring_cqe* cqe = nullptr;
+    const int r = io_uring_wait_cqe(&ring, &cqe);
+    if (r == -EINTR) continue;
+    if (r < 0)
+      throw OutputError("optimizer state file " + path_ + ": io_uring_wait_cqe: " + os_reason(-r));
+    ops.at(io_uring_cqe_get_data64(cqe)).result = cqe->res;
+    io_uring_cqe_seen(&ring, cqe);
+    --in_flight_;
+  }
+  for (Op& op : ops) {
+    if (op.result == int64_t(op.bytes)) continue;
+    uint64_t moved = op.result > 0 ? uint64_t(op.result) : 0;
+    bool failed =
+        op.result < 0 && op.result != -ECANCELED && op.result != -EAGAIN && op.result != -EINTR;
+    while (!failed && moved < op.bytes) {
+      const ssize_t n =
+          op.write ? pwrite(fd_, op.data + moved, op.bytes - moved, off_t(op.offset + moved))
+                   : pread(fd_, op.data + moved, op.bytes - moved, off_t(op.offset + moved));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        op.result = n == 0 ? -EIO : -errno;  // the file is preallocated: no end before its size
+        failed = true;
+      } else {
+        moved += uint64_t(n);
+      }
+    }
+    if (failed)
+      throw OutputError(
+          "optimizer state file " + path_ + ": " + (op.write ? "writing " : "reading ") +
+          format_bytes(op.bytes) + " at offset " + std::to_string(op.offset) + ": " +
+          os_reason(int(-op.result)) +
+          (op.result == -ENOSPC ? " (the disk is full; the snapshots written so far are intact)"
+                                : ""));
+  }
+}
+
+void StateFile::stream(const std::function<void(size_t k, void* const* state)>& update, Pass pass) {
+  if (fd_ < 0) throw std::logic_error("the optimizer state file is not open");
+  unmap();
+  const size_t n = numels_.size();
+  const bool reads = pass != Pass::kWrite, writes = pass != Pass::kRead;
+  std::vector<Op> ops;
+  if (reads && n > 0) {
+    add_ops(ops, false, 0, aligned_[0]);
+    submit(ops);
+    finish(ops);
+  }
+  void* state[8];
+  for (size_t k = 0; k < n; ++k) {
+    unsigned char* other = aligned_[(k + 1) % 2];
+    // In flight while segment k is updated: segment k-1's write-back from the other buffer, then
+    // segment k+1's read into it.
+    ops.clear();
+    if (writes && k >= 1) add_ops(ops, true, k - 1, other);
+    if (reads && k + 1 < n) add_ops(ops, false, k + 1, other);
+    submit(ops);
+    state_pointers(aligned_[k % 2], k, state);
+    try {
+      update(k, state);
+    } catch (...) {
+      // The kernel must be done with the buffers before anything frees them.
+      try {
+        finish(ops);
+      } catch (const std::exception&) {  // the update's error is the one to report
+      }
+      throw;
+    }
+    finish(ops);
+  }
+  if (writes && n > 0) {
+    ops.clear();
+    add_ops(ops, true, n - 1, aligned_[(n - 1) % 2]);
+    submit(ops);
+    finish(ops);
+  }
+}
+
+std::vector<void*> StateFile::map() {
+  if (fd_ < 0) throw std::logic_error("the optimizer state file is not open");
+  if (!mapping_ && file_bytes_ > 0) {
+    void* p = mmap(nullptr, file_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED)
+      throw OutputError("optimizer state file " + path_ + ": mmap: " + os_reason(errno));
+    mapping_ = p;
+  }
+  std::vector<void*> out(numels_.size() * size_t(tensors_));
+  for (size_t k = 0; k < numels_.size(); ++k)
+    state_pointers(static_cast<unsigned char*>(mapping_) + offsets_[k], k,
+                   out.data() + k * size_t(tensors_));
+  return out;
+}
+
+void StateFile::unmap() {
+  if (!mapping_) return;
+  // What a resume wrote into the mapping reaches the file before O_DIRECT reads it.
+  const int r = msync(mapping_, file_bytes_, MS_SYNC);
+  const int err = errno;
+  munmap(mapping_, file_bytes_);
+  mapping_ = nullptr;
+  if (r != 0) throw OutputError("optimizer state file " + path_ + ": msync: " + os_reason(err));
+}
+
+}  // namespace headroom
