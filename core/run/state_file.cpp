@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -54,7 +55,7 @@ std::string file_system_name(const std::string& dir) {
     case NFS_SUPER_MAGIC:
       return "nfs";
     case RAMFS_MAGIC:
-      return "ramfs";
+      return "ramfs";  // no O_DIRECT; tmpfs has it from Linux 6.6
     default: {
       char hex[32];
       std::snprintf(hex, sizeof hex, "0x%lx", static_cast<unsigned long>(s.f_type));
@@ -114,8 +115,11 @@ StateFile::StateFile(Device& host, const std::string& dir, DirectIo mode, int ra
   if (mode == DirectIo::kAuto && !direct_ && log)
     *log << "offload: the optimizer state file in " << dir
          << " is read and written buffered: " << file_system_name(dir) << " refuses O_DIRECT\n";
-  path_ =
-      dir + "/headroom-" + std::to_string(getpid()) + "-rank" + std::to_string(rank) + ".optstate";
+  // The pid and a count of this process's files: two runs may share the folder, and one process
+  // may hold two trainers (tests do).
+  static std::atomic<int> made{0};
+  path_ = dir + "/headroom-" + std::to_string(getpid()) + "-" + std::to_string(made++) + "-rank" +
+          std::to_string(rank) + ".optstate";
 }
 
 StateFile::~StateFile() {

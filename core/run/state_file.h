@@ -3,7 +3,8 @@
 //
 // Its layout, and the host bytes it holds, are core/optim/state_layout.h's.
 //
-// The file, dir/headroom-<pid>-rank<R>.optstate, is made and preallocated whole (posix_fallocate)
+// The file, dir/headroom-<pid>-<n>-rank<R>.optstate (n: the
+// process's count of such files, 0 for its first), is made and preallocated whole (posix_fallocate)
 // when it is opened, before step 1: a disk too small for it fails there (OutputError, exit 4), not
 // half way through an update. It is removed when the StateFile is destroyed: at the end of the run
 // and on every exit that unwinds (an error, a stop request).
@@ -32,7 +33,7 @@ enum class DirectIo { kAuto, kOn, kOff };
 // The name of the file system `dir` is on ("tmpfs", "ext4", "xfs", ..., else its magic number).
 std::string file_system_name(const std::string& dir);
 // Whether `dir` can hold the tier's file: "" when it can, else what is wrong ("no such folder",
-// "not writable: Permission denied", "the file system (tmpfs) refuses O_DIRECT ..."). *direct:
+// "not writable: Permission denied", "... is on ramfs, which refuses O_DIRECT ..."). *direct:
 // whether O_DIRECT will be used (kAuto: where the file system takes it). Probes with a small file
 // it removes again.
 std::string check_state_dir(const std::string& dir, DirectIo mode, bool* direct);

@@ -18,7 +18,7 @@
 //                          # its library is
 //   direct_io = "auto"     # "nvme" only: "auto" O_DIRECT where the file system allows it (else
 //                          # buffered, one log line says so), true (a file system that refuses
-//                          # it, tmpfs, is an error), false
+//                          # it — ramfs, tmpfs before Linux 6.6 — is an error), false
 //   pin_memory = true      # the host place is page-locked on CUDA; false is a later step
 //   parameters = "none"    # only "none" so far ("host" and "nvme" are later steps)
 //   activations = false    # only false so far
@@ -64,7 +64,24 @@ hr_status read_string(const hr_host_services* s, const char* key, std::string* v
   return HR_OK;
 }
 
-constexpr unsigned long kTmpfsMagic = 0x01021994;  // linux/magic.h TMPFS_MAGIC
+// The file systems that refuse O_DIRECT by name (linux/magic.h); others by their magic number.
+std::string file_system_name(const std::string& dir) {
+  struct statfs fs;
+  if (statfs(dir.c_str(), &fs) != 0) return "an unknown file system";
+  switch ((unsigned long)fs.f_type) {
+    case 0x01021994:
+      return "tmpfs";
+    case 0x858458f6:
+      return "ramfs";
+    case 0x794c7630:
+      return "overlayfs";
+    default: {
+      char hex[48];
+      std::snprintf(hex, sizeof hex, "a file system of magic 0x%lx", (unsigned long)fs.f_type);
+      return hex;
+    }
+  }
+}
 
 // What is wrong with `dir` as the NVMe tier's folder under `direct_io`, or "" (core checks it
 // again when it makes the file; here, so that the message names the key). *refuses_direct: the
@@ -85,9 +102,7 @@ std::string check_folder(const std::string& dir, uint32_t direct_io, bool* refus
       close(d);
     } else {
       const int err = errno;
-      struct statfs fs;
-      const bool tmpfs = statfs(dir.c_str(), &fs) == 0 && (unsigned long)fs.f_type == kTmpfsMagic;
-      problem = "true, but \"" + dir + "\" is on " + (tmpfs ? "tmpfs" : "a file system") +
+      problem = "true, but \"" + dir + "\" is on " + file_system_name(dir) +
                 ", which refuses O_DIRECT (" + std::strerror(err) +
                 "); valid there: \"auto\" (buffered I/O) or false";
       *refuses_direct = true;

@@ -53,7 +53,7 @@ typedef struct hr_ext_offload {
   /* Appended (check HR_HAS_FIELD). From create() only: the NVMe tier, HR_PLACE_NVME. The place is
    * HR_PLACE_HOST's (an f32 copy of the weights and the gradients' staging in the host ledger),
    * but the optimizer's state lives in one file per rank under the folder `dir`
-   * (dir/headroom-rank<R>.optstate, made and preallocated before step 1, removed at the end of
+   * (dir/headroom-<pid>-<n>-rank<R>.optstate, made and preallocated before step 1, removed at the end of
    * the run and on an error exit), streamed at each update segment by segment through two host
    * buffers (category optimizer) with io_uring: the next segment's state is read while this
    * one's is updated, and written back after. `direct_io`: HR_DIRECT_IO_AUTO, _ON or _OFF.
