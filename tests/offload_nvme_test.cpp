@@ -259,6 +259,20 @@ TEST(OffloadNvme, SnapshotsMoveBetweenPlaces) {
   test::expect_resume_is_bitwise(plain + nvme_toml(dir), whole);
 }
 
+// Pruning resizes the parameters; the file's layout is fixed: refused, saying why.
+TEST(OffloadNvme, PruningIsRefusedSayingWhy) {
+  const std::string dir = test::temp_dir();
+  const std::string cfg =
+      test::write_file(dir, "prune.toml",
+                       model_toml() + train_toml(3) + nvme_toml(dir) +
+                           "[[plugins]]\nname = \"pruning\"\nmode = \"mlp\"\nfinal_sparsity = 0.5\n"
+                           "start_step = 1\nend_step = 2\nevery = 1\n");
+  const auto r = test::run_headroom("train -q " + cfg);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "resizing with it is not built yet")) << r.output;
+  EXPECT_EQ(files_in(dir).size(), 1u) << "only the config: the state file is removed";
+}
+
 TEST(OffloadNvme, PlanPrintsTheHostLedger) {
   const std::string dir = test::temp_dir();
   const std::string cfg =

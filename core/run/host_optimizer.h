@@ -41,6 +41,7 @@ class HostOptimizer final : public Optimizer {
   // at the next update.
   // Not with the NVMe tier so far (the file's layout is fixed when it is made).
   bool can_resize() const override { return !file_ && inner_->can_resize(); }
+  bool state_in_file() const { return file_ != nullptr; }
   void resize(const std::vector<OptSegment>& segments,
               const std::vector<ParamResize>& changes) override;
 
