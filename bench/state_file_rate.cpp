@@ -8,8 +8,9 @@
 //    optimizer update does, with the I/O alone (the AdamW kernel's time is
 //    bench_optimizer_kernels').
 // Each pass `--reps` rounds in turn; the table gives each pass's median time and MB/s (the
-// update's: bytes read plus written). The passes are io_uring chains of at most 64 requests a
-// segment, each at least 1 MiB (the largest segment's, wte's, 4.7 MiB), one chain in flight:
+// update's: bytes read plus written). The passes are io_uring chains of at most 32 requests a
+// tensor range, each at least 1 MiB (a piece is 1 Mi elements: 4 MiB of each f32 tensor, so 4
+// requests of 1 MiB), one chain in flight:
 // fio's matching job is --ioengine=io_uring --iodepth=1 --bs=1M (bench/offload.sh).
 //
 //   build/bin/bench_state_file --dir /mnt/nvme [--reps 3] [--direct auto|on|off]
@@ -69,7 +70,7 @@ int main(int argc, char** argv) {
                                      : headroom::DirectIo::kAuto,
                    0, "--dir: ", &std::cerr);
     const std::vector<uint64_t> numels = gpt2_124m();
-    file.open(numels, 2, headroom::Dtype::kF32);
+    file.open(numels, 2, headroom::Dtype::kF32, true);
     const double mb = double(file.file_bytes()) / 1e6;
     struct Pass {
       const char* name;
@@ -80,7 +81,7 @@ int main(int argc, char** argv) {
     std::vector<Pass> passes = {{"write", StateFile::Pass::kWrite, mb, {}},
                                 {"read", StateFile::Pass::kRead, mb, {}},
                                 {"update (read + write)", StateFile::Pass::kReadWrite, 2 * mb, {}}};
-    const auto none = [](size_t, void* const*) {};
+    const auto none = [](size_t, uint64_t, uint64_t, void* const*) {};
     for (int r = 0; r < reps; ++r)
       for (Pass& p : passes) {
         const auto t0 = Clock::now();

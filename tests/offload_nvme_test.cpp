@@ -133,7 +133,8 @@ void expect_nvme_is_bitwise(const std::string& base, const std::string& dir, int
   for (const OptSegment& s : off.segments)
     numels.push_back(s.numel);
   ByCategory closed = host_optimizer_bytes(off.segments, 0, state);
-  closed[int(Category::kOptimizer)] = state_file_host_bytes(numels, tensors, state);
+  closed[int(Category::kOptimizer)] =
+      state_file_host_bytes(numels, tensors, state, streams_in_pieces(off.segments, state));
   for (int i = 0; i < kNumCategories; ++i)
     EXPECT_EQ(off.host_peak[i], closed[i]) << "host " << category_name(category_at(i));
   const ByCategory planned = estimate_config(test::config_from(with)).peak.host;
@@ -158,6 +159,22 @@ TEST(OffloadNvme, AmpBf16IsBitwiseWithTheStateInAFile) {
   // bf16 state: its stochastic rounding streams per segment, as on the device.
   expect_nvme_is_bitwise(model_toml() + train_toml(3) + amp_toml() + "state_dtype = \"bf16\"\n",
                          dir, 2, Dtype::kBF16);
+}
+
+// A parameter larger than a piece (wte: 20000 x 64 = 1.28 M elements, kStateChunk 1 Mi): streamed
+// in two pieces, bitwise, and the host holds two pieces' staging, not the whole wte's state.
+TEST(OffloadNvme, ALargeParameterStreamsInPiecesBitwise) {
+  const std::string dir = test::temp_dir();
+  const std::string model =
+      "[model]\nn_layer = 1\nn_head = 2\nn_embd = 64\nseq_len = 16\nvocab_size = 20000\n";
+  ASSERT_GT(uint64_t(20000 * 64), kStateChunk);
+  expect_nvme_is_bitwise(model + train_toml(3), dir, 2, Dtype::kF32);
+  const uint64_t piece = state_file_host_bytes({20000 * 64}, 2, Dtype::kF32, true);
+  EXPECT_EQ(piece, 2 * (2 * kStateChunk * 4 + kStatePage));
+  EXPECT_LT(piece, state_file_host_bytes({20000 * 64}, 2, Dtype::kF32, false));
+  // With amp's bf16 state the update rounds stochastically: whole segments, bitwise still.
+  expect_nvme_is_bitwise(model + train_toml(2) + amp_toml() + "state_dtype = \"bf16\"\n", dir, 2,
+                         Dtype::kBF16);
 }
 
 TEST(OffloadNvme, SgdIsBitwiseWithAndWithoutMomentum) {

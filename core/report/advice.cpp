@@ -419,7 +419,11 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
           n *= uint64_t(d);
         numels.push_back(n);
       }
-      at(base.host, Category::kOptimizer) = state_file_host_bytes(numels, int(states), s.state);
+      // In pieces where nothing rounds stochastically (f32 state and weights: not amp without
+      // masters), else whole parameters (core/run/host_optimizer.h streams_in_pieces).
+      const bool pieces = s.state == Dtype::kF32 && !(copies && !s.masters);
+      at(base.host, Category::kOptimizer) =
+          state_file_host_bytes(numels, int(states), s.state, pieces);
     }
     at(base.host, Category::kParameters) = (copies && !s.masters ? es : kF32) * mine_total;
     at(base.host, Category::kGradients) = grads_el * mine_total;

@@ -2,6 +2,13 @@
 
 namespace headroom {
 
+bool streams_in_pieces(const std::vector<OptSegment>& segments, Dtype state) {
+  if (state != Dtype::kF32) return false;
+  for (const OptSegment& s : segments)
+    if (s.value_dtype != Dtype::kF32) return false;
+  return true;
+}
+
 ByCategory host_optimizer_bytes(const std::vector<OptSegment>& segments, uint64_t state_tensors,
                                 Dtype state) {
   ByCategory b{};
@@ -55,7 +62,8 @@ void HostOptimizer::allocate(const std::vector<OptSegment>& segments) {
     std::vector<uint64_t> numels;
     for (const OptSegment& s : segments)
       numels.push_back(s.numel);
-    file_->open(numels, int(inner_->state_kinds().size()), inner_->state_dtype());
+    file_->open(numels, int(inner_->state_kinds().size()), inner_->state_dtype(),
+                streams_in_pieces(segments, inner_->state_dtype()));
   }
   values_ = std::move(values);
   grads_ = std::move(grads);
@@ -77,8 +85,15 @@ void HostOptimizer::step(const std::vector<OptSegment>& segments, double lr, int
   values_current_ = true;
   inner_->set_rounding_seed(rounding_seed_);
   if (file_)
-    file_->stream([&](size_t k, void* const* state) {
-      inner_->step_segment(on_host_[k], k, state, lr, step);
+    file_->stream([&](size_t k, uint64_t first, uint64_t n, void* const* state) {
+      // Elements [first, first + n) of segment k: the same rounding stream (k), so a whole
+      // segment is bitwise step()'s, and a piece is where nothing rounds stochastically.
+      OptSegment piece = on_host_[k];
+      piece.value =
+          static_cast<unsigned char*>(piece.value) + first * dtype_size(piece.value_dtype);
+      piece.grad = static_cast<unsigned char*>(piece.grad) + first * dtype_size(piece.grad_dtype);
+      piece.numel = n;
+      inner_->step_segment(piece, k, state, lr, step);
     });
   else
     inner_->step(on_host_, lr, step);

@@ -25,6 +25,11 @@ namespace headroom {
 ByCategory host_optimizer_bytes(const std::vector<OptSegment>& segments, uint64_t state_tensors,
                                 Dtype state);
 
+// Whether the NVMe tier streams `segments` in pieces of kStateChunk elements
+// (core/optim/state_layout.h): when nothing rounds stochastically (f32 weights and state), else
+// whole segments.
+bool streams_in_pieces(const std::vector<OptSegment>& segments, Dtype state);
+
 class HostOptimizer final : public Optimizer {
  public:
   // `inner`: the built-in optimizer made over `host` (make_optimizer(train, host, state)), whose

@@ -28,10 +28,10 @@ std::string os_reason(int err) {
   return std::strerror(err);
 }
 
-// The ring's depth: a chain is at most kMaxChunks writes and kMaxChunks reads, and one chain is in
-// flight at a time.
-constexpr unsigned kMaxChunks = 64;
-constexpr unsigned kRingEntries = 2 * kMaxChunks;
+// A tensor's range is at most kMaxRequests requests; a chain is a piece's writes and the next
+// one's reads (up to kMaxTensors tensors each), one chain in flight at a time.
+constexpr unsigned kMaxRequests = 32, kMaxTensors = 4;
+constexpr unsigned kRingEntries = 2 * kMaxTensors * kMaxRequests;
 // The smallest I/O: below it the per-request cost shows (fio's rates at 1 MiB blocks are the
 // disk's).
 constexpr uint64_t kMinChunk = uint64_t(1) << 20;
@@ -134,23 +134,28 @@ StateFile::~StateFile() {
   }
 }
 
-void StateFile::open(const std::vector<uint64_t>& numels, int tensors, Dtype dtype) {
+void StateFile::open(const std::vector<uint64_t>& numels, int tensors, Dtype dtype, bool chunked) {
   if (fd_ >= 0) throw std::logic_error("the optimizer state file is open already");
-  if (tensors < 0 || tensors > 8) throw std::logic_error("optimizer state: 0 to 8 tensors");
+  if (tensors < 0 || tensors > int(kMaxTensors))
+    throw std::logic_error("optimizer state: 0 to 4 tensors a segment");
   numels_ = numels;
   tensors_ = tensors;
   dtype_ = dtype;
   offsets_.clear();
-  uint64_t largest = 0;
+  pieces_.clear();
   file_bytes_ = 0;
-  for (uint64_t n : numels) {
+  for (size_t k = 0; k < numels.size(); ++k) {
     offsets_.push_back(file_bytes_);
-    const uint64_t slot = state_slot_bytes(n, tensors, dtype);
-    file_bytes_ += slot;
-    largest = std::max(largest, slot);
+    file_bytes_ += state_slot_bytes(numels[k], tensors, dtype);
+    const uint64_t step = state_piece_numel(numels[k], chunked);
+    for (uint64_t first = 0; first < numels[k]; first += step)
+      pieces_.push_back({k, first, std::min(step, numels[k] - first)});
   }
-  // At most kMaxChunks requests a slot, none smaller than kMinChunk.
-  chunk_ = std::max(kMinChunk, round_up((largest + kMaxChunks - 1) / kMaxChunks, kStatePage));
+  const uint64_t largest = state_file_host_bytes(numels, tensors, dtype, chunked) / 2;
+  // At most kMaxRequests requests a tensor's range, none smaller than kMinChunk.
+  const uint64_t range =
+      largest > kStatePage ? (largest - kStatePage) / uint64_t(std::max(tensors, 1)) : 0;
+  chunk_ = std::max(kMinChunk, round_up((range + kMaxRequests - 1) / kMaxRequests, kStatePage));
   const int fd =
       ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | (direct_ ? O_DIRECT : 0), 0600);
   if (fd < 0)
@@ -167,23 +172,34 @@ void StateFile::open(const std::vector<uint64_t>& numels, int tensors, Dtype dty
   }
   ring_ = std::make_unique<Ring>(path_);
   for (int b = 0; b < 2 && largest > 0; ++b) {
-    staging_[b] = Buffer(host_, largest + kStatePage, Category::kOptimizer,
+    staging_[b] = Buffer(host_, largest, Category::kOptimizer,
                          "optimizer state staging " + std::to_string(b) + " (NVMe tier)");
     const uintptr_t p = reinterpret_cast<uintptr_t>(staging_[b].as<void>());
     aligned_[b] = reinterpret_cast<unsigned char*>(round_up(p, kStatePage));
   }
 }
 
-void StateFile::state_pointers(unsigned char* base, size_t k, void** out) const {
-  const uint64_t tensor = round_up(numels_[k] * dtype_size(dtype_), kStatePage);
+void StateFile::state_pointers(unsigned char* base, uint64_t numel, void** out) const {
+  const uint64_t tensor = round_up(numel * dtype_size(dtype_), kStatePage);
   for (int j = 0; j < tensors_; ++j)
     out[j] = base + uint64_t(j) * tensor;
 }
 
-void StateFile::add_ops(std::vector<Op>& ops, bool write, size_t k, unsigned char* buffer) const {
-  const uint64_t slot = state_slot_bytes(numels_[k], tensors_, dtype_);
-  for (uint64_t at = 0; at < slot; at += chunk_)
-    ops.push_back({write, buffer + at, std::min(chunk_, slot - at), offsets_[k] + at});
+// Piece p's requests: of each tensor j, the range [first, first + n) of its slot in the file, to
+// or from tensor j's place in the staging buffer; rounded up to whole pages (first is a multiple
+// of kStateChunk, so a page too; the slot is padded to a page, so the last piece's rounding stays
+// in it).
+void StateFile::add_ops(std::vector<Op>& ops, bool write, const Piece& p,
+                        unsigned char* buffer) const {
+  const uint64_t elem = dtype_size(dtype_);
+  const uint64_t in_file = round_up(numels_[p.k] * elem, kStatePage);
+  const uint64_t in_buffer = round_up(p.n * elem, kStatePage);
+  for (int j = 0; j < tensors_; ++j) {
+    const uint64_t file_at = offsets_[p.k] + uint64_t(j) * in_file + p.first * elem;
+    unsigned char* data = buffer + uint64_t(j) * in_buffer;
+    for (uint64_t at = 0; at < in_buffer; at += chunk_)
+      ops.push_back({write, data + at, std::min(chunk_, in_buffer - at), file_at + at});
+  }
 }
 
 // A chain in order (each request linked to the next: a segment's write-back before the next read
@@ -248,29 +264,30 @@ void StateFile::finish(std::vector<Op>& ops) {
   }
 }
 
-void StateFile::stream(const std::function<void(size_t k, void* const* state)>& update, Pass pass) {
+void StateFile::stream(const Update& update, Pass pass) {
   if (fd_ < 0) throw std::logic_error("the optimizer state file is not open");
   unmap();
-  const size_t n = numels_.size();
+  const size_t n = pieces_.size();
   const bool reads = pass != Pass::kWrite, writes = pass != Pass::kRead;
   std::vector<Op> ops;
   if (reads && n > 0) {
-    add_ops(ops, false, 0, aligned_[0]);
+    add_ops(ops, false, pieces_[0], aligned_[0]);
     submit(ops);
     finish(ops);
   }
-  void* state[8];
-  for (size_t k = 0; k < n; ++k) {
-    unsigned char* other = aligned_[(k + 1) % 2];
-    // In flight while segment k is updated: segment k-1's write-back from the other buffer, then
-    // segment k+1's read into it.
+  void* state[kMaxTensors];
+  for (size_t p = 0; p < n; ++p) {
+    unsigned char* other = aligned_[(p + 1) % 2];
+    // In flight while piece p is updated: piece p-1's write-back from the other buffer, then
+    // piece p+1's read into it.
     ops.clear();
-    if (writes && k >= 1) add_ops(ops, true, k - 1, other);
-    if (reads && k + 1 < n) add_ops(ops, false, k + 1, other);
+    if (writes && p >= 1) add_ops(ops, true, pieces_[p - 1], other);
+    if (reads && p + 1 < n) add_ops(ops, false, pieces_[p + 1], other);
     submit(ops);
-    state_pointers(aligned_[k % 2], k, state);
+    const Piece& piece = pieces_[p];
+    state_pointers(aligned_[p % 2], piece.n, state);
     try {
-      update(k, state);
+      update(piece.k, piece.first, piece.n, state);
     } catch (...) {
       // The kernel must be done with the buffers before anything frees them.
       try {
@@ -283,7 +300,7 @@ void StateFile::stream(const std::function<void(size_t k, void* const* state)>& 
   }
   if (writes && n > 0) {
     ops.clear();
-    add_ops(ops, true, n - 1, aligned_[(n - 1) % 2]);
+    add_ops(ops, true, pieces_[n - 1], aligned_[(n - 1) % 2]);
     submit(ops);
     finish(ops);
   }
@@ -299,7 +316,7 @@ std::vector<void*> StateFile::map() {
   }
   std::vector<void*> out(numels_.size() * size_t(tensors_));
   for (size_t k = 0; k < numels_.size(); ++k)
-    state_pointers(static_cast<unsigned char*>(mapping_) + offsets_[k], k,
+    state_pointers(static_cast<unsigned char*>(mapping_) + offsets_[k], numels_[k],
                    out.data() + k * size_t(tensors_));
   return out;
 }

@@ -9,11 +9,12 @@
 // half way through an update. It is removed when the StateFile is destroyed: at the end of the run
 // and on every exit that unwinds (an error, a stop request).
 //
-// stream() is the update: with two staging buffers A and B (the largest segment's state each,
-// host ledger, category optimizer) it reads segment 0 into A, then for each k submits, as one
-// io_uring chain, the write of segment k-1 from the other buffer followed by the read of segment
-// k+1 into it, and updates segment k in this buffer meanwhile; the write of the last segment ends
-// it. I/O waits on the update only when the disk is slower than the kernel.
+// stream() is the update, piece by piece (state_layout.h: kStateChunk elements of a segment, or
+// the whole segment when the update rounds stochastically): with two staging buffers A and B
+// (the largest piece's state each, host ledger, category optimizer) it reads piece 0 into A, then
+// for each piece p submits, as one io_uring chain, the write of piece p-1 from the other buffer
+// followed by the read of piece p+1 into it, and updates piece p in this buffer meanwhile; the
+// write of the last piece ends it. The update waits on I/O only when the disk is slower than it.
 #pragma once
 
 #include <cstdint>
@@ -49,9 +50,10 @@ class StateFile {
   StateFile& operator=(const StateFile&) = delete;
 
   // Makes the file for segments of `numels` (zeroed state, as make_state's), preallocated, and
-  // the two staging buffers. OutputError (exit 4) when the disk cannot hold it, naming the file
-  // and the bytes; OutOfMemory past the host's wall. Once only.
-  void open(const std::vector<uint64_t>& numels, int tensors, Dtype dtype);
+  // the two staging buffers; `chunked`: pieces of kStateChunk elements (f32 updates), else whole
+  // segments. OutputError (exit 4) when the disk cannot hold it, naming the file and the bytes;
+  // OutOfMemory past the host's wall. Once only.
+  void open(const std::vector<uint64_t>& numels, int tensors, Dtype dtype, bool chunked);
   bool is_open() const { return fd_ >= 0; }
   const std::string& path() const { return path_; }
   bool direct() const { return direct_; }
@@ -60,12 +62,13 @@ class StateFile {
   // What a pass moves: the update reads and writes back each segment; kRead and kWrite one
   // direction alone (bench/bench_state_file measures each against fio).
   enum class Pass { kReadWrite, kRead, kWrite };
-  // Calls update(k, state) for every segment in order with its state tensors in a staging buffer
-  // (`state[j]`: tensor j), double-buffered as above. OutputError on an I/O error (naming the
+  // Calls update(k, first, n, state) for every piece in order — segment k's elements [first,
+  // first + n) — with its state tensors' range in a staging buffer (`state[j]`: tensor j's
+  // element `first`), double-buffered as above. OutputError on an I/O error (naming the
   // file, the OS's reason); what the update computed before it is lost with the step, never the
   // snapshots.
-  void stream(const std::function<void(size_t k, void* const* state)>& update,
-              Pass pass = Pass::kReadWrite);
+  using Update = std::function<void(size_t k, uint64_t first, uint64_t n, void* const* state)>;
+  void stream(const Update& update, Pass pass = Pass::kReadWrite);
   // The state for a snapshot: pointers into a shared mapping of the file (segment k's tensor j at
   // [k * tensors + j]), read and written through the page cache, outside the host ledger (file
   // pages the kernel can drop). Valid until the next stream() or the destructor, which sync the
@@ -77,8 +80,14 @@ class StateFile {
   void unmap();
   void submit(std::vector<Op>& ops);
   void finish(std::vector<Op>& ops);
-  void add_ops(std::vector<Op>& ops, bool write, size_t k, unsigned char* buffer) const;
-  void state_pointers(unsigned char* base, size_t k, void** out) const;
+  struct Piece {
+    size_t k;
+    uint64_t first, n;
+  };
+  void add_ops(std::vector<Op>& ops, bool write, const Piece& p, unsigned char* buffer) const;
+  // Tensor j of segment k at base + j * (its bytes rounded up): the file's slots and a piece's
+  // staging alike, `numel` elements each.
+  void state_pointers(unsigned char* base, uint64_t numel, void** out) const;
 
   Device& host_;
   std::string dir_, path_, who_;
@@ -87,6 +96,7 @@ class StateFile {
   struct Ring;
   std::unique_ptr<Ring> ring_;
   std::vector<uint64_t> numels_, offsets_;  // per segment: elements, its slot's file offset
+  std::vector<Piece> pieces_;
   int tensors_ = 0;
   Dtype dtype_ = Dtype::kF32;
   uint64_t file_bytes_ = 0, chunk_ = 0;
