@@ -11,8 +11,8 @@
 //                          # the new weights go back to the device on the copy stream. "nvme":
 //                          # the same, with the optimizer's state in a file under nvme_path
 //                          # (ZeRO-Infinity's NVMe tier), streamed through two host buffers at
-//                          # each update with io_uring. "none": everything stays on the device
-//                          # (the plugin changes nothing)
+//                          # each update with io_uring, 1 Mi elements at a time. "none": everything
+//                          stays on the device # (the plugin changes nothing)
 //   nvme_path = "/mnt/nvme"  # "nvme" only, required: an existing writable folder (relative: to
 //                          # the working folder). Not `path`: a plugin table's `path` is where
 //                          # its library is

@@ -113,7 +113,7 @@ typedef struct hr_mechanisms {
    * the device holds no optimizer state; the host ledger holds it, an f32 copy of every
    * parameter and one staging buffer of the largest parameter's gradient) or HR_PLACE_NVME (2:
    * HR_PLACE_HOST's, with the state in a file and two staging buffers of the largest
-   * parameter's state in the host ledger instead). */
+   * piece's state in the host ledger instead: core/optim/state_layout.h). */
   uint32_t optimizer_place;
   uint32_t reserved2;
 } hr_mechanisms;

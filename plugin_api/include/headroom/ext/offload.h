@@ -53,10 +53,11 @@ typedef struct hr_ext_offload {
   /* Appended (check HR_HAS_FIELD). From create() only: the NVMe tier, HR_PLACE_NVME. The place is
    * HR_PLACE_HOST's (an f32 copy of the weights and the gradients' staging in the host ledger),
    * but the optimizer's state lives in one file per rank under the folder `dir`
-   * (dir/headroom-<pid>-<n>-rank<R>.optstate, made and preallocated before step 1, removed at the end of
-   * the run and on an error exit), streamed at each update segment by segment through two host
-   * buffers (category optimizer) with io_uring: the next segment's state is read while this
-   * one's is updated, and written back after. `direct_io`: HR_DIRECT_IO_AUTO, _ON or _OFF.
+   * (dir/headroom-<pid>-<n>-rank<R>.optstate, made and preallocated before step 1, removed at the
+   * end of the run and on an error exit), streamed at each update piece by piece (1 Mi elements of
+   * a parameter, or the whole of it where the update rounds stochastically) through two host
+   * buffers (category optimizer) with io_uring: the next piece's state is read while this one's
+   * is updated, and written back after. `direct_io`: HR_DIRECT_IO_AUTO, _ON or _OFF.
    * HR_ERROR_INVALID for a `dir` that is not a writable folder, a `direct_io` value that is none
    * of the three, or HR_DIRECT_IO_ON on a file system that refuses O_DIRECT (the message names
    * the file system); HR_ERROR_NOT_ALLOWED outside create(). The same refusals as
