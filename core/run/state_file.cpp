@@ -109,7 +109,7 @@ struct StateFile::Op {
 
 StateFile::StateFile(Device& host, const std::string& dir, DirectIo mode, int rank,
                      const std::string& who, std::ostream* log)
-    : host_(host), dir_(dir), who_(who) {
+    : host_(host), dir_(dir) {
   const std::string problem = check_state_dir(dir, mode, &direct_);
   if (!problem.empty()) throw ConfigError(who + problem);
   if (mode == DirectIo::kAuto && !direct_ && log)

@@ -90,7 +90,7 @@ class StateFile {
   void state_pointers(unsigned char* base, uint64_t numel, void** out) const;
 
   Device& host_;
-  std::string dir_, path_, who_;
+  std::string dir_, path_;
   bool direct_ = false;
   int fd_ = -1;
   struct Ring;
