@@ -13,6 +13,13 @@
 //   create bad=5 set=0 place=1
 //   STEP_END step=1 set=7 place=1 stats=0 limit=0 live=... optimizer=... parameters=...
 //       gradients=... short_size=152 short_plugin=7
+//
+// With `files` (a folder; the table's appended set_optimizer_files, the NVMe tier), instead of
+// HR_PLACE_HOST: set_optimizer_files with a direct_io that is none, with no folder, then with
+// `files` and HR_DIRECT_IO_OFF; and at STEP_END once more (outside create: refused):
+//
+//   files bad_io=5 empty=5 set=0 place=2
+//   STEP_END files=7
 #include <headroom/ext/offload.h>
 #include <headroom/plugin.h>
 
@@ -26,13 +33,15 @@ struct Probe {
   const hr_host_services* s;
   const hr_ext_offload* offload;
   FILE* out;
+  bool files;
 };
 
 hr_status create(const hr_host_services* s, void** instance) {
-  char path[512] = "";
+  char path[512] = "", files[512] = "";
   int32_t host = 0;
   if (s->config_string(s->host, "out", path, sizeof path) != HR_OK ||
-      s->config_bool(s->host, "host", &host) != HR_OK)
+      s->config_bool(s->host, "host", &host) != HR_OK ||
+      s->config_string(s->host, "files", files, sizeof files) != HR_OK)
     return HR_ERROR_CONFIG;
   if (!path[0]) return s->config_error(s->host, "out", "is required");
   const hr_ext_offload* offload =
@@ -47,7 +56,14 @@ hr_status create(const hr_host_services* s, void** instance) {
   if (!out) return s->config_error(s->host, "out", "cannot be opened");
   std::fprintf(out, "create bad=%d set=%d place=%u\n", int(bad), int(set),
                unsigned(offload->optimizer_place(s->host)));
-  *instance = new Probe{s, offload, out};
+  if (files[0]) {
+    const hr_status bad_io = offload->set_optimizer_files(s->host, files, 9);
+    const hr_status empty = offload->set_optimizer_files(s->host, "", HR_DIRECT_IO_OFF);
+    const hr_status set_files = offload->set_optimizer_files(s->host, files, HR_DIRECT_IO_OFF);
+    std::fprintf(out, "files bad_io=%d empty=%d set=%d place=%u\n", int(bad_io), int(empty),
+                 int(set_files), unsigned(offload->optimizer_place(s->host)));
+  }
+  *instance = new Probe{s, offload, out, files[0] != 0};
   return HR_OK;
 }
 
@@ -80,6 +96,9 @@ hr_status on_event(void* instance, const hr_event_info* info) {
                static_cast<unsigned long long>(m.live_by_category[HR_MEM_PARAMETERS]),
                static_cast<unsigned long long>(m.live_by_category[HR_MEM_GRADIENTS]),
                unsigned(shorter.struct_size), static_cast<unsigned long long>(shorter.live_plugin));
+  if (p->files)
+    std::fprintf(p->out, "STEP_END files=%d\n",
+                 int(p->offload->set_optimizer_files(p->s->host, "/tmp", HR_DIRECT_IO_AUTO)));
   return HR_OK;
 }
 
@@ -113,11 +132,13 @@ HR_PLUGIN_EXPORT hr_status hr_plugin_entry(hr_entry_args* args) {
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <filesystem>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "core/optim/optim.h"
+#include "core/optim/state_layout.h"
 #include "core/run/host_optimizer.h"
 #include "core/run/trainer.h"
 #include "headroom/ext/offload.h"
@@ -125,13 +146,17 @@ HR_PLUGIN_EXPORT hr_status hr_plugin_entry(hr_entry_args* args) {
 
 // --- The layout, pinned (x86-64, LP64), as tests/abi_layout_test.cpp pins every other struct ---
 #if defined(__x86_64__) && defined(__LP64__)
-static_assert(HR_PLACE_DEVICE == 0 && HR_PLACE_HOST == 1);
-static_assert(sizeof(hr_ext_offload) == 32 && alignof(hr_ext_offload) == 8);
+static_assert(HR_PLACE_DEVICE == 0 && HR_PLACE_HOST == 1 && HR_PLACE_NVME == 2);
+static_assert(HR_DIRECT_IO_AUTO == 0 && HR_DIRECT_IO_ON == 1 && HR_DIRECT_IO_OFF == 2);
+static_assert(sizeof(hr_ext_offload) == 40 && alignof(hr_ext_offload) == 8);
 static_assert(offsetof(hr_ext_offload, struct_size) == 0);
 static_assert(offsetof(hr_ext_offload, reserved0) == 4);
 static_assert(offsetof(hr_ext_offload, set_optimizer_place) == 8);
 static_assert(offsetof(hr_ext_offload, optimizer_place) == 16);
 static_assert(offsetof(hr_ext_offload, host_memory_stats) == 24);
+static_assert(offsetof(hr_ext_offload, set_optimizer_files) == 32);  // appended
+static_assert(std::is_same_v<decltype(hr_ext_offload::set_optimizer_files),
+                             hr_status (*)(hr_host*, const char*, uint32_t)>);
 static_assert(std::is_same_v<decltype(hr_ext_offload::set_optimizer_place),
                              hr_status (*)(hr_host*, uint32_t)>);
 static_assert(std::is_same_v<decltype(hr_ext_offload::optimizer_place), uint32_t (*)(hr_host*)>);
@@ -187,6 +212,37 @@ TEST(ExtOffload, PlaceFromCreateAndTheHostLedgersStatistics) {
             (std::vector<std::string>{"create bad=5 set=0 place=1", "STEP_END step=1" + at_end,
                                       "STEP_END step=2" + at_end}));
   EXPECT_EQ(device_optimizer, 0u);
+}
+
+// The NVMe tier from create() only (set_optimizer_files, appended): a direct_io that is none of
+// the three and no folder are refused; the place is HR_PLACE_NVME, the host ledger holds the
+// staging of the state (core/optim/state_layout.h), the device none of it, the folder nothing
+// after the run.
+TEST(ExtOffload, NvmeTierFromCreate) {
+  const std::string dir = test::temp_dir(), out = dir + "/o.txt", files = dir + "/state";
+  std::filesystem::create_directories(files);
+  uint64_t host_optimizer = 0, device_optimizer = 1, staging = 0;
+  {
+    Trainer t(
+        test::config_from(kTinyModel + probe("out = \"" + out + "\"\nfiles = \"" + files + "\"\n")),
+        TrainOptions{});
+    t.run();
+    std::vector<uint64_t> numels;
+    for (const OptSegment& s : whole_params(t.model().params()))
+      numels.push_back(s.numel);
+    staging = state_file_host_bytes(numels, 2, Dtype::kF32, true);
+    host_optimizer = t.device().host_place()->tracker().peak(Category::kOptimizer);
+    device_optimizer = t.device().tracker().peak(Category::kOptimizer);
+  }
+  const auto lines = lines_of(test::read_file(out));
+  ASSERT_EQ(lines.size(), 6u) << test::read_file(out);  // create, files, 2 x (STEP_END, files)
+  EXPECT_EQ(lines[0], "create bad=5 set=0 place=0");
+  EXPECT_EQ(lines[1], "files bad_io=5 empty=5 set=0 place=2");
+  EXPECT_EQ(lines[3], "STEP_END files=7");
+  EXPECT_EQ(lines[5], "STEP_END files=7");
+  EXPECT_EQ(host_optimizer, staging);
+  EXPECT_EQ(device_optimizer, 0u);
+  EXPECT_TRUE(std::filesystem::is_empty(files));
 }
 
 // Without a choice the optimizer stays on the device and the host ledger holds nothing.

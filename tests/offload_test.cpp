@@ -7,7 +7,7 @@
 //    too; the device's bytes drop by exactly the optimizer state, the host's equal the closed
 //    form (core/run/host_optimizer.h, and the planner's, core/report/advice.cpp); a resume from a
 //    snapshot is bitwise;
-//  - what is not built yet (nvme, parameters, activations) and what cannot combine with it are
+//  - what is not built yet (parameters, activations) and what cannot combine with it are
 //    refused before step 1, naming the key or the plugins.
 #include <gtest/gtest.h>
 
@@ -278,12 +278,14 @@ TEST(OffloadPlugin, BadKeysExit2NamingTheKeyAndWhatIsValid) {
     std::string toml, expect;
   };
   for (const Bad& bad : std::vector<Bad>{
-           {offload_toml("optimizer = \"nvme\"\n"), "not built yet; valid: \"none\", \"host\""},
-           {offload_toml("optimizer = \"disk\"\n"), "valid: \"none\", \"host\""},
+           {offload_toml("optimizer = \"nvme\"\n"), "\"nvme\" needs nvme_path"},
+           {offload_toml("optimizer = \"disk\"\n"), "valid: \"none\", \"host\", \"nvme\""},
            {offload_toml("optimizer = 1\n"), "optimizer"},
            {offload_toml("parameters = \"host\"\n"), "valid: \"none\""},
            {offload_toml("activations = true\n"), "valid: false"},
-           {offload_toml("pin_memory = false\n"), "unknown key 'pin_memory'"},
+           {offload_toml("pin_memory = false\n"),
+            "pin_memory: false: pageable host buffers are not "
+            "built yet"},
            {offload_toml() + "[host]\nmemory_limit = -5\n", "host.memory_limit must be >= 0"},
            {offload_toml() + "[host]\nmemory_limit = \"lots\"\n", "host.memory_limit"},
            {offload_toml() + "[host]\nlimit = \"1GiB\"\n", "unknown key 'limit' in [host]"},

@@ -65,13 +65,19 @@ class AdamW final : public Optimizer {
   void step(const std::vector<OptSegment>& segments, double lr, int64_t step) override {
     allocate(segments);
     for (size_t i = 0; i < segments.size(); ++i) {
-      const OptSegment& p = segments[i];
-      device_.backend().adamw_update_stored(
-          stored(p, state_, rounding_seed_, step, i, grad_scale_), p.value, p.grad,
-          m_[i].as<void>(), v_[i].as<void>(), p.numel, static_cast<float>(lr),
-          static_cast<float>(t_.beta1), static_cast<float>(t_.beta2), static_cast<float>(t_.eps),
-          p.decay ? static_cast<float>(t_.weight_decay) : 0.0f, step);
+      void* const state[2] = {m_[i].as<void>(), v_[i].as<void>()};
+      step_segment(segments[i], i, state, lr, step);
     }
+  }
+  std::vector<std::string> state_kinds() const override { return {"adamw m", "adamw v"}; }
+  Dtype state_dtype() const override { return state_; }
+  void step_segment(const OptSegment& p, size_t k, void* const* state, double lr,
+                    int64_t step) override {
+    device_.backend().adamw_update_stored(
+        stored(p, state_, rounding_seed_, step, k, grad_scale_), p.value, p.grad, state[0],
+        state[1], p.numel, static_cast<float>(lr), static_cast<float>(t_.beta1),
+        static_cast<float>(t_.beta2), static_cast<float>(t_.eps),
+        p.decay ? static_cast<float>(t_.weight_decay) : 0.0f, step);
   }
 
   bool can_resize() const override { return true; }
@@ -117,12 +123,21 @@ class Sgd final : public Optimizer {
   void step(const std::vector<OptSegment>& segments, double lr, int64_t step) override {
     allocate(segments);
     for (size_t i = 0; i < segments.size(); ++i) {
-      const OptSegment& p = segments[i];
-      device_.backend().sgd_update_stored(
-          stored(p, state_, rounding_seed_, step, i, grad_scale_), p.value, p.grad,
-          buf_.empty() ? nullptr : buf_[i].as<void>(), p.numel, static_cast<float>(lr),
-          static_cast<float>(t_.momentum), p.decay ? static_cast<float>(t_.weight_decay) : 0.0f);
+      void* const state[1] = {buf_.empty() ? nullptr : buf_[i].as<void>()};
+      step_segment(segments[i], i, state, lr, step);
     }
+  }
+  std::vector<std::string> state_kinds() const override {
+    if (t_.momentum > 0) return {"sgd momentum"};
+    return {};
+  }
+  Dtype state_dtype() const override { return state_; }
+  void step_segment(const OptSegment& p, size_t k, void* const* state, double lr,
+                    int64_t step) override {
+    device_.backend().sgd_update_stored(
+        stored(p, state_, rounding_seed_, step, k, grad_scale_), p.value, p.grad,
+        t_.momentum > 0 ? state[0] : nullptr, p.numel, static_cast<float>(lr),
+        static_cast<float>(t_.momentum), p.decay ? static_cast<float>(t_.weight_decay) : 0.0f);
   }
 
   bool can_resize() const override { return true; }

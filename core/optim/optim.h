@@ -60,6 +60,26 @@ class Optimizer {
     throw std::logic_error("this optimizer cannot resize its state");
   }
 
+  // Streaming the state (the NVMe tier, core/run/state_file.h): the kinds of state tensor a
+  // segment has, in the order state() lists them ("adamw m", "adamw v"; "sgd momentum"; none
+  // for SGD without momentum), their dtype, and the update of segment `k` of `step`'s segments
+  // alone with its state tensors where the caller keeps them (`state`: one pointer a kind, each
+  // segment.numel of state_dtype()). Bitwise what step() does to that segment. std::logic_error
+  // from an optimizer that keeps its state its own way (the default).
+  virtual std::vector<std::string> state_kinds() const {
+    throw std::logic_error("this optimizer keeps its state its own way");
+  }
+  virtual Dtype state_dtype() const { return Dtype::kF32; }
+  virtual void step_segment(const OptSegment& segment, size_t k, void* const* state, double lr,
+                            int64_t step) {
+    (void)segment;
+    (void)k;
+    (void)state;
+    (void)lr;
+    (void)step;
+    throw std::logic_error("this optimizer keeps its state its own way");
+  }
+
   // Where the stochastic rounding of bf16 weights and state starts (kernels/common/
   // elementwise.h): [train] seed's, or a snapshot's on resume. Segment k at step t draws its
   // noise from rounding_noise(seed ^ t, k), so a resumed run rounds as the run it continues.

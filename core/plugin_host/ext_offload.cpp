@@ -27,7 +27,34 @@ static hr_status set_optimizer_place(hr_host* h, uint32_t place) {
 constexpr Rule kOptimizerPlace = {HR_EXT_OFFLOAD " optimizer_place", kAnyone, When::kAnyTime,
                                   kNotAllowed};
 static uint32_t optimizer_place(hr_host* h) {
-  return run(h).place->optimizer_on_host() ? HR_PLACE_HOST : HR_PLACE_DEVICE;
+  const PlaceChoice& place = *run(h).place;
+  if (!place.optimizer_dir().empty()) return HR_PLACE_NVME;
+  return place.optimizer_on_host() ? HR_PLACE_HOST : HR_PLACE_DEVICE;
+}
+
+// The folder is checked when the optimizer is made (core/run/state_file.h: before step 1, a
+// ConfigError naming the plugin); here only what the call itself says.
+constexpr Rule kSetOptimizerFiles = {HR_EXT_OFFLOAD " set_optimizer_files", kAnyone, When::kCreate,
+                                     kNotAllowed};
+static hr_status set_optimizer_files(hr_host* h, const char* dir, uint32_t direct_io) {
+  LoadedPlugin& p = plugin(h);
+  if (!dir || !*dir) {
+    p.error = "set_optimizer_files: no folder given";
+    return HR_ERROR_INVALID;
+  }
+  if (direct_io != HR_DIRECT_IO_AUTO && direct_io != HR_DIRECT_IO_ON &&
+      direct_io != HR_DIRECT_IO_OFF) {
+    p.error = "set_optimizer_files: direct_io " + std::to_string(direct_io) +
+              " is none of HR_DIRECT_IO_AUTO (0), HR_DIRECT_IO_ON (1) and HR_DIRECT_IO_OFF (2)";
+    return HR_ERROR_INVALID;
+  }
+  try {
+    run(h).place->set_optimizer_files(p.entry.name, dir, direct_io);
+    return HR_OK;
+  } catch (const std::exception& e) {
+    p.error = std::string("set_optimizer_files: ") + e.what();
+    return HR_ERROR_INVALID;
+  }
 }
 
 constexpr Rule kHostMemoryStats = {HR_EXT_OFFLOAD " host_memory_stats", kAnyone, When::kAnyTime,
@@ -42,9 +69,12 @@ static hr_status host_memory_stats(hr_host* h, hr_memory_stats* out) {
 }
 
 extern const hr_ext_offload kOffloadExtension;
-const hr_ext_offload kOffloadExtension = {
-    sizeof(hr_ext_offload), 0, checked<kSetOptimizerPlace, set_optimizer_place>,
-    checked<kOptimizerPlace, optimizer_place>, checked<kHostMemoryStats, host_memory_stats>};
+const hr_ext_offload kOffloadExtension = {sizeof(hr_ext_offload),
+                                          0,
+                                          checked<kSetOptimizerPlace, set_optimizer_place>,
+                                          checked<kOptimizerPlace, optimizer_place>,
+                                          checked<kHostMemoryStats, host_memory_stats>,
+                                          checked<kSetOptimizerFiles, set_optimizer_files>};
 
 }  // namespace services
 }  // namespace headroom

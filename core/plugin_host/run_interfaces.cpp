@@ -81,7 +81,15 @@ class NoPlace final : public PlaceChoice {
   void set_optimizer_place(const std::string& plugin, bool) override {
     throw std::logic_error(plugin + ": this run has no optimizer to place");
   }
+  void set_optimizer_files(const std::string& plugin, const std::string&, uint32_t) override {
+    throw std::logic_error(plugin + ": this run has no optimizer to place");
+  }
   bool optimizer_on_host() const override { return false; }
+  const std::string& optimizer_dir() const override {
+    static const std::string none;
+    return none;
+  }
+  uint32_t optimizer_direct_io() const override { return 0; }
 };
 
 }  // namespace

@@ -160,7 +160,13 @@ class PlaceChoice {
   // From `plugin`'s create() only: std::logic_error after the optimizer is made, or when another
   // plugin chose already.
   virtual void set_optimizer_place(const std::string& plugin, bool host) = 0;
-  virtual bool optimizer_on_host() const = 0;
+  // The NVMe tier: the host place with the optimizer's state in files under `dir` (core/run/
+  // state_file.h); `direct_io` HR_DIRECT_IO_AUTO, _ON or _OFF. The same rules as above.
+  virtual void set_optimizer_files(const std::string& plugin, const std::string& dir,
+                                   uint32_t direct_io) = 0;
+  virtual bool optimizer_on_host() const = 0;            // true for the NVMe tier too
+  virtual const std::string& optimizer_dir() const = 0;  // "" unless the NVMe tier
+  virtual uint32_t optimizer_direct_io() const = 0;
 };
 
 // The record a PlaceChoice keeps: who chose, and what.
@@ -176,14 +182,25 @@ class PlaceRecord final : public PlaceChoice {
                              "; two plugins cannot both choose it");
     by_ = plugin;
     host_ = host;
+    dir_.clear();
+  }
+  void set_optimizer_files(const std::string& plugin, const std::string& dir,
+                           uint32_t direct_io) override {
+    if (dir.empty()) throw std::invalid_argument(plugin + ": the NVMe tier needs a folder");
+    set_optimizer_place(plugin, true);
+    dir_ = dir;
+    direct_io_ = direct_io;
   }
   bool optimizer_on_host() const override { return host_; }
+  const std::string& optimizer_dir() const override { return dir_; }
+  uint32_t optimizer_direct_io() const override { return direct_io_; }
   const std::string& chosen_by() const { return by_; }  // "" when no plugin chose
   void freeze() { frozen_ = true; }
 
  private:
   bool host_ = false, frozen_ = false;
-  std::string by_;
+  std::string by_, dir_;
+  uint32_t direct_io_ = 0;
 };
 
 // One run as the plugin host sees it. Every pointer must outlive the plugin host; null: the run

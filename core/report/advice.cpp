@@ -9,6 +9,7 @@
 
 #include "core/comm/comm.h"
 #include "core/model/model.h"
+#include "core/optim/state_layout.h"
 #include "headroom/ext/offload.h"
 #include "headroom/ext/shard.h"
 
@@ -54,7 +55,9 @@ struct CMechanisms {
     c.state_dtype = uint32_t(m.state);
     c.optimizer_bytes = m.optimizer_bytes;
     c.plugin_bytes = m.plugin_bytes;
-    c.optimizer_place = m.optimizer_on_host ? HR_PLACE_HOST : HR_PLACE_DEVICE;
+    c.optimizer_place = m.optimizer_on_nvme   ? HR_PLACE_NVME
+                        : m.optimizer_on_host ? HR_PLACE_HOST
+                                              : HR_PLACE_DEVICE;
   }
   CMechanisms(const CMechanisms&) = delete;
   CMechanisms& operator=(const CMechanisms&) = delete;
@@ -103,8 +106,11 @@ bool from_c(const hr_mechanisms& c, size_t num_layers, const Mechanisms& fallbac
   }
   if (HR_HAS_FIELD(&c, hr_mechanisms, plugin_bytes)) m.plugin_bytes = c.plugin_bytes;
   if (HR_HAS_FIELD(&c, hr_mechanisms, optimizer_place)) {
-    if (c.optimizer_place != HR_PLACE_DEVICE && c.optimizer_place != HR_PLACE_HOST) return false;
-    m.optimizer_on_host = c.optimizer_place == HR_PLACE_HOST;
+    if (c.optimizer_place != HR_PLACE_DEVICE && c.optimizer_place != HR_PLACE_HOST &&
+        c.optimizer_place != HR_PLACE_NVME)
+      return false;
+    m.optimizer_on_host = c.optimizer_place != HR_PLACE_DEVICE;
+    m.optimizer_on_nvme = c.optimizer_place == HR_PLACE_NVME;
   }
   const uint32_t stages[] = {0, kShardOpt, kShardOpt | kShardGrads,
                              kShardOpt | kShardGrads | kShardParams};
@@ -404,6 +410,21 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     // none of its state; the host holds the state, an f32 copy of what it updates (the masters,
     // or the weights) and a copy of every gradient, whole (nothing is sharded with it).
     at(base.host, Category::kOptimizer) = state_bytes;
+    if (s.optimizer_on_nvme) {
+      // The NVMe tier: the state is in its file; the host holds its two staging buffers.
+      std::vector<uint64_t> numels;
+      for (const ParamShape& p : gpt_param_shapes(m)) {
+        uint64_t n = 1;
+        for (int64_t d : p.shape)
+          n *= uint64_t(d);
+        numels.push_back(n);
+      }
+      // In pieces where nothing rounds stochastically (f32 state and weights: not amp without
+      // masters), else whole parameters (core/run/host_optimizer.h streams_in_pieces).
+      const bool pieces = s.state == Dtype::kF32 && !(copies && !s.masters);
+      at(base.host, Category::kOptimizer) =
+          state_file_host_bytes(numels, int(states), s.state, pieces);
+    }
     at(base.host, Category::kParameters) = (copies && !s.masters ? es : kF32) * mine_total;
     at(base.host, Category::kGradients) = grads_el * mine_total;
   } else {

@@ -53,6 +53,9 @@ struct Mechanisms {
   uint64_t plugin_bytes = 0;
   // The built-in optimizer on the host place (hr_mechanisms.optimizer_place HR_PLACE_HOST).
   bool optimizer_on_host = false;
+  // ... with its state in a file (HR_PLACE_NVME, core/optim/state_layout.h): the host holds two
+  // staging buffers of the largest parameter's state instead of all of it.
+  bool optimizer_on_nvme = false;
 };
 // The config's micro_batch and grad_accum, fp32, every layer keeping its activations, nothing
 // sharded, at `world_size` ranks (0: the launcher's, rank_info()): the run as it is without

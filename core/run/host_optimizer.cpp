@@ -2,6 +2,13 @@
 
 namespace headroom {
 
+bool streams_in_pieces(const std::vector<OptSegment>& segments, Dtype state) {
+  if (state != Dtype::kF32) return false;
+  for (const OptSegment& s : segments)
+    if (s.value_dtype != Dtype::kF32) return false;
+  return true;
+}
+
 ByCategory host_optimizer_bytes(const std::vector<OptSegment>& segments, uint64_t state_tensors,
                                 Dtype state) {
   ByCategory b{};
@@ -27,8 +34,9 @@ Buffer host_grad(Device& host, const OptSegment& s) {
 
 }  // namespace
 
-HostOptimizer::HostOptimizer(Device& device, Device& host, std::unique_ptr<Optimizer> inner)
-    : device_(device), host_(host), inner_(std::move(inner)) {
+HostOptimizer::HostOptimizer(Device& device, Device& host, std::unique_ptr<Optimizer> inner,
+                             std::unique_ptr<StateFile> file)
+    : device_(device), host_(host), inner_(std::move(inner)), file_(std::move(file)) {
   rounding_seed_ = inner_->rounding_seed();
 }
 
@@ -50,6 +58,13 @@ void HostOptimizer::allocate(const std::vector<OptSegment>& segments) {
     s.value = values.back().as<void>();
     s.grad = grads.back().as<void>();
   }
+  if (file_ && !file_->is_open()) {
+    std::vector<uint64_t> numels;
+    for (const OptSegment& s : segments)
+      numels.push_back(s.numel);
+    file_->open(numels, int(inner_->state_kinds().size()), inner_->state_dtype(),
+                streams_in_pieces(segments, inner_->state_dtype()));
+  }
   values_ = std::move(values);
   grads_ = std::move(grads);
   on_host_ = std::move(on_host);
@@ -69,7 +84,19 @@ void HostOptimizer::step(const std::vector<OptSegment>& segments, double lr, int
   }
   values_current_ = true;
   inner_->set_rounding_seed(rounding_seed_);
-  inner_->step(on_host_, lr, step);
+  if (file_)
+    file_->stream([&](size_t k, uint64_t first, uint64_t n, void* const* state) {
+      // Elements [first, first + n) of segment k: the same rounding stream (k), so a whole
+      // segment is bitwise step()'s, and a piece is where nothing rounds stochastically.
+      OptSegment piece = on_host_[k];
+      piece.value =
+          static_cast<unsigned char*>(piece.value) + first * dtype_size(piece.value_dtype);
+      piece.grad = static_cast<unsigned char*>(piece.grad) + first * dtype_size(piece.grad_dtype);
+      piece.numel = n;
+      inner_->step_segment(piece, k, state, lr, step);
+    });
+  else
+    inner_->step(on_host_, lr, step);
   for (size_t k = 0; k < segments.size(); ++k)
     ops.upload(segments[k].value, on_host_[k].value,
                segments[k].numel * dtype_size(segments[k].value_dtype));
@@ -99,7 +126,17 @@ void HostOptimizer::resize(const std::vector<OptSegment>& segments,
 
 std::vector<Optimizer::StateTensor> HostOptimizer::state(const std::vector<OptSegment>& segments) {
   allocate(segments);
-  return inner_->state(on_host_);
+  if (!file_) return inner_->state(on_host_);
+  // The file's, mapped (StateFile::map): what a snapshot reads, or a resume writes before the
+  // next update streams it.
+  const std::vector<std::string> kinds = inner_->state_kinds();
+  const std::vector<void*> data = file_->map();
+  std::vector<StateTensor> out;
+  for (size_t k = 0; k < on_host_.size(); ++k)
+    for (size_t j = 0; j < kinds.size(); ++j)
+      out.push_back({on_host_[k].name + " " + kinds[j], data[k * kinds.size() + j],
+                     on_host_[k].numel, inner_->state_dtype()});
+  return out;
 }
 
 }  // namespace headroom

@@ -3,6 +3,10 @@
 // gradients are read back into host memory before each update, the update runs there on the CPU
 // backend's kernels (the same ones the CPU device runs, so the results are bitwise the same) and
 // the new weights go back to the device on the copy stream.
+//
+// The NVMe tier (HR_PLACE_NVME) is the same with the optimizer's state in a file
+// (core/run/state_file.h) instead of the host ledger: each update streams it through two
+// staging buffers segment by segment, updating each with Optimizer::step_segment.
 #pragma once
 
 #include <memory>
@@ -10,6 +14,7 @@
 
 #include "core/device/device.h"
 #include "core/optim/optim.h"
+#include "core/run/state_file.h"
 
 namespace headroom {
 
@@ -20,11 +25,17 @@ namespace headroom {
 ByCategory host_optimizer_bytes(const std::vector<OptSegment>& segments, uint64_t state_tensors,
                                 Dtype state);
 
+// Whether the NVMe tier streams `segments` in pieces of kStateChunk elements
+// (core/optim/state_layout.h): when nothing rounds stochastically (f32 weights and state), else
+// whole segments.
+bool streams_in_pieces(const std::vector<OptSegment>& segments, Dtype state);
+
 class HostOptimizer final : public Optimizer {
  public:
   // `inner`: the built-in optimizer made over `host` (make_optimizer(train, host, state)), whose
-  // state it allocates there.
-  HostOptimizer(Device& device, Device& host, std::unique_ptr<Optimizer> inner);
+  // state it allocates there; or, with `file` (the NVMe tier), whose state it keeps in the file.
+  HostOptimizer(Device& device, Device& host, std::unique_ptr<Optimizer> inner,
+                std::unique_ptr<StateFile> file = nullptr);
   ~HostOptimizer() override;
 
   void step(const std::vector<OptSegment>& segments, double lr, int64_t step) override;
@@ -33,9 +44,15 @@ class HostOptimizer final : public Optimizer {
   // Pruning shrank parameters: the inner optimizer's state keeps their kept elements (on the
   // host), the host copies are made again at the new sizes and the weights read from the device
   // at the next update.
-  bool can_resize() const override { return inner_->can_resize(); }
+  // Not with the NVMe tier so far (the file's layout is fixed when it is made).
+  bool can_resize() const override { return !file_ && inner_->can_resize(); }
+  bool state_in_file() const { return file_ != nullptr; }
   void resize(const std::vector<OptSegment>& segments,
               const std::vector<ParamResize>& changes) override;
+
+  // Makes the host copies and, with the NVMe tier, the state file now (before step 1: a disk
+  // that cannot hold it fails the run there, OutputError).
+  void prepare(const std::vector<OptSegment>& segments) { allocate(segments); }
 
  private:
   // The host copies of `segments` (values and gradients), made at the first call.
@@ -44,6 +61,7 @@ class HostOptimizer final : public Optimizer {
   Device& device_;
   Device& host_;
   std::unique_ptr<Optimizer> inner_;
+  std::unique_ptr<StateFile> file_;     // the NVMe tier's; null on the host place
   std::vector<Buffer> values_, grads_;  // host: per segment
   std::vector<OptSegment> on_host_;     // the segments over the host copies
   // The host copies of the weights hold the device's: false until the first update of this

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "core/run/host_optimizer.h"
+
 namespace headroom {
 
 void Resizer::attach(Gpt<float>& model, Optimizer& optimizer, std::vector<OptSegment>& segments,
@@ -29,10 +31,15 @@ void Resizer::resize(const std::string& plugin,
   if (!fixed_.empty())
     throw ResizeRefused("the model can be resized only on one rank without a zero plugin so far (" +
                         fixed_ + ")");
-  if (!optimizer_->can_resize())
-    throw ResizeRefused(
-        "the optimizer-role plugin cannot resize its state (its "
-        "hr_optimizer_hooks has no resize)");
+  if (!optimizer_->can_resize()) {
+    const auto* host = dynamic_cast<const HostOptimizer*>(optimizer_);
+    throw ResizeRefused(host && host->state_in_file()
+                            ? "the optimizer's state is in a file (offload's optimizer = "
+                              "\"nvme\"), laid out at fixed sizes: resizing with it is not built "
+                              "yet"
+                            : "the optimizer-role plugin cannot resize its state (its "
+                              "hr_optimizer_hooks has no resize)");
+  }
   const std::vector<ParamResize> changes = resize();
   *segments_ = whole_params(model_->trainable_params());
   optimizer_->resize(*segments_, changes);

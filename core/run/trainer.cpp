@@ -14,6 +14,7 @@
 #include "core/run/host_optimizer.h"
 #include "core/run/rank_agreement.h"
 #include "core/run/snapshot.h"
+#include "headroom/ext/offload.h"
 #include "headroom/plugin.h"
 
 namespace headroom {
@@ -202,14 +203,27 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     throw ConfigError(place_where + "plugin '" + places_.chosen_by() +
                       "': the optimizer on the host updates every parameter so far; this run "
                       "has frozen parameters (train.freeze or LoRA adapters)");
-  if (host_optimizer)
+  if (host_optimizer) {
+    // The NVMe tier: the state in a file under the folder the plugin named, checked here (exit
+    // 2 naming the plugin) and made with the host copies, before step 1.
+    std::unique_ptr<StateFile> file;
+    if (!places_.optimizer_dir().empty()) {
+      const uint32_t d = places_.optimizer_direct_io();
+      file = std::make_unique<StateFile>(
+          *device_->host_place(), places_.optimizer_dir(),
+          d == HR_DIRECT_IO_ON    ? DirectIo::kOn
+          : d == HR_DIRECT_IO_OFF ? DirectIo::kOff
+                                  : DirectIo::kAuto,
+          ranks.rank, place_where + "plugin '" + places_.chosen_by() + "': ", root_log());
+    }
     optimizer_ = std::make_unique<HostOptimizer>(
         *device_, *device_->host_place(),
-        make_optimizer(config_.train, *device_->host_place(), precision.state));
-  else
+        make_optimizer(config_.train, *device_->host_place(), precision.state), std::move(file));
+  } else {
     optimizer_ = plugins_->provides_optimizer()
                      ? plugins_->make_optimizer()
                      : make_optimizer(config_.train, *device_, precision.state);
+  }
   log_ = std::make_unique<RunLog>(config_, *device_, *comm_, options_.metrics_path, root_log(),
                                   options_.live_progress);
   std::unique_ptr<SnapshotData> resumed;
@@ -249,6 +263,10 @@ Trainer::Trainer(const Config& config, TrainOptions options)
                                            config_.distributed.bucket_size, segments_)
                    : make_local_grad_sync(device_->backend(), segments_);
     }
+    // The NVMe tier's file, preallocated now: a disk too small for it stops the run before step
+    // 1 (exit 4), with nothing written yet to lose.
+    if (!places_.optimizer_dir().empty())
+      static_cast<HostOptimizer&>(*optimizer_).prepare(segments_);
   } catch (const OutOfMemory& e) {
     close_outputs(&e.report());
     throw;

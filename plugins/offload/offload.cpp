@@ -1,5 +1,5 @@
 // offload: ZeRO-Offload's policy (Ren et al. 2021) over the host's places (headroom.offload/1):
-// which of the model state lives in host memory instead of the device's.
+// which of the model state lives in host memory, or on an NVMe disk, instead of the device's.
 //
 //   [[plugins]]
 //   name = "offload"
@@ -8,13 +8,24 @@
 //                          # live in the host ledger ([host] memory_limit); the gradients are
 //                          # copied there, the update runs there on the CPU backend's kernels
 //                          # (multithreaded, vectorised: the same ones as the CPU device's), and
-//                          # the new weights go back to the device on the copy stream. "none":
-//                          # everything stays on the device (the plugin changes nothing)
+//                          # the new weights go back to the device on the copy stream. "nvme":
+//                          # the same, with the optimizer's state in a file under nvme_path
+//                          # (ZeRO-Infinity's NVMe tier), streamed through two host buffers at
+//                          # each update with io_uring, 1 Mi elements at a time. "none": everything
+//                          stays on the device # (the plugin changes nothing)
+//   nvme_path = "/mnt/nvme"  # "nvme" only, required: an existing writable folder (relative: to
+//                          # the working folder). Not `path`: a plugin table's `path` is where
+//                          # its library is
+//   direct_io = "auto"     # "nvme" only: "auto" O_DIRECT where the file system allows it (else
+//                          # buffered, one log line says so), true (a file system that refuses
+//                          # it — ramfs, tmpfs before Linux 6.6 — is an error), false
+//   pin_memory = true      # the host place is page-locked on CUDA; false is a later step
 //   parameters = "none"    # only "none" so far ("host" and "nvme" are later steps)
 //   activations = false    # only false so far
 //
-// The NVMe tier (optimizer = "nvme") is not built yet: refused with the key's place. The policy
-// is the choice at create(); the host makes the optimizer, moves the bytes and keeps the ledgers.
+// The policy is the choice at create(); the host makes the optimizer, moves the bytes, keeps the
+// ledgers and the file (core/run/state_file.h). The folder is checked here, so that a bad one
+// names its key.
 //
 // Training thread only; no locking. Only hr_plugin_entry is exported; no C++ exception crosses
 // the C ABI.
@@ -22,6 +33,12 @@
 #include <headroom/ext/offload.h>
 #include <headroom/plugin.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -33,15 +50,85 @@ namespace {
 
 struct Offload {
   bool optimizer_on_host = true;
+  bool nvme = false;
+  std::string nvme_path;  // "nvme": the folder, for the estimate's TOML
 };
 
 // A string key (unset: `*value` stays, its default).
 hr_status read_string(const hr_host_services* s, const char* key, std::string* value) {
-  char buf[256];
+  char buf[4096];
   std::snprintf(buf, sizeof buf, "%s", value->c_str());
   const hr_status st = s->config_string(s->host, key, buf, sizeof buf);
   if (st != HR_OK) return st;
   *value = buf;
+  return HR_OK;
+}
+
+// The file systems that refuse O_DIRECT by name (linux/magic.h); others by their magic number.
+std::string file_system_name(const std::string& dir) {
+  struct statfs fs;
+  if (statfs(dir.c_str(), &fs) != 0) return "an unknown file system";
+  switch ((unsigned long)fs.f_type) {
+    case 0x01021994:
+      return "tmpfs";
+    case 0x858458f6:
+      return "ramfs";
+    case 0x794c7630:
+      return "overlayfs";
+    default: {
+      char hex[48];
+      std::snprintf(hex, sizeof hex, "a file system of magic 0x%lx", (unsigned long)fs.f_type);
+      return hex;
+    }
+  }
+}
+
+// What is wrong with `dir` as the NVMe tier's folder under `direct_io`, or "" (core checks it
+// again when it makes the file; here, so that the message names the key). *refuses_direct: the
+// folder is fine but its file system refuses O_DIRECT.
+std::string check_folder(const std::string& dir, uint32_t direct_io, bool* refuses_direct) {
+  *refuses_direct = false;
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) return "\"" + dir + "\": " + std::strerror(errno);
+  if (!S_ISDIR(st.st_mode)) return "\"" + dir + "\" is not a folder";
+  std::string probe = dir + "/.headroom-probe-XXXXXX";
+  const int fd = mkstemp(&probe[0]);
+  if (fd < 0) return "\"" + dir + "\" is not writable: " + std::strerror(errno);
+  close(fd);
+  std::string problem;
+  if (direct_io == HR_DIRECT_IO_ON) {
+    const int d = open(probe.c_str(), O_RDWR | O_DIRECT);
+    if (d >= 0) {
+      close(d);
+    } else {
+      const int err = errno;
+      problem = "true, but \"" + dir + "\" is on " + file_system_name(dir) +
+                ", which refuses O_DIRECT (" + std::strerror(err) +
+                "); valid there: \"auto\" (buffered I/O) or false";
+      *refuses_direct = true;
+    }
+  }
+  unlink(probe.c_str());
+  return problem;
+}
+
+// direct_io: "auto", true or false.
+hr_status read_direct_io(const hr_host_services* s, uint32_t* out) {
+  // Either type: config_bool takes a boolean or no key; then config_string refuses a boolean
+  // (the key is there) and takes no key (the default, "auto").
+  int32_t on = 0;
+  if (s->config_bool(s->host, "direct_io", &on) == HR_OK) {
+    std::string unset = "auto";
+    if (read_string(s, "direct_io", &unset) != HR_OK)
+      *out = on ? HR_DIRECT_IO_ON : HR_DIRECT_IO_OFF;
+    return HR_OK;
+  }
+  std::string mode = "auto";
+  if (read_string(s, "direct_io", &mode) != HR_OK || mode != "auto")
+    return s->config_error(s->host, "direct_io",
+                           "valid: \"auto\" (O_DIRECT where the file system allows it), true, "
+                           "false");
+  *out = HR_DIRECT_IO_AUTO;
   return HR_OK;
 }
 
@@ -53,16 +140,45 @@ hr_status create(const hr_host_services* s, void** instance) {
     s->set_error(s->host, "needs a host with headroom.offload/1 (ABI 1.8)");
     return HR_ERROR_VERSION;
   }
-  std::string optimizer = "host", parameters = "none";
+  std::string optimizer = "host", parameters = "none", nvme_path;
   hr_status st = read_string(s, "optimizer", &optimizer);
   if (st != HR_OK) return st;
-  if (optimizer == "nvme")
-    return s->config_error(s->host, "optimizer",
-                           "\"nvme\" (the NVMe tier) is not built yet; valid: \"none\", \"host\"");
-  if (optimizer != "none" && optimizer != "host")
+  if (optimizer != "none" && optimizer != "host" && optimizer != "nvme")
     return s->config_error(
         s->host, "optimizer",
-        ("\"" + optimizer + "\" is not a place; valid: \"none\", \"host\"").c_str());
+        ("\"" + optimizer + "\" is not a place; valid: \"none\", \"host\", \"nvme\"").c_str());
+  if (optimizer == "nvme" && !HR_HAS_FIELD(offload, hr_ext_offload, set_optimizer_files))
+    return s->config_error(s->host, "optimizer",
+                           "\"nvme\" needs a host whose headroom.offload/1 has "
+                           "set_optimizer_files; valid here: \"none\", \"host\"");
+  st = read_string(s, "nvme_path", &nvme_path);
+  if (st != HR_OK) return st;
+  uint32_t direct_io = HR_DIRECT_IO_AUTO;
+  st = read_direct_io(s, &direct_io);
+  if (st != HR_OK) return st;
+  if (optimizer == "nvme") {
+    if (nvme_path.empty())
+      return s->config_error(s->host, "optimizer",
+                             "\"nvme\" needs nvme_path: the folder for the optimizer's state "
+                             "file (an existing, writable folder on the NVMe disk)");
+    bool refuses_direct = false;
+    const std::string problem = check_folder(nvme_path, direct_io, &refuses_direct);
+    if (!problem.empty())
+      return s->config_error(
+          s->host, refuses_direct ? "direct_io" : "nvme_path",
+          (problem + (refuses_direct ? "" : "; valid: an existing, writable folder")).c_str());
+  } else if (!nvme_path.empty()) {
+    return s->config_error(
+        s->host, "nvme_path",
+        ("is for optimizer = \"nvme\"; this one is \"" + optimizer + "\"").c_str());
+  }
+  int32_t pin_memory = 1;
+  st = s->config_bool(s->host, "pin_memory", &pin_memory);
+  if (st != HR_OK) return st;
+  if (!pin_memory)
+    return s->config_error(s->host, "pin_memory",
+                           "false: pageable host buffers are not built yet (the host place is "
+                           "page-locked on CUDA, plain memory on the CPU backend); valid: true");
   st = read_string(s, "parameters", &parameters);
   if (st != HR_OK) return st;
   if (parameters != "none")
@@ -82,9 +198,14 @@ hr_status create(const hr_host_services* s, void** instance) {
   if (optimizer == "host") {
     st = offload->set_optimizer_place(s->host, HR_PLACE_HOST);
     if (st != HR_OK) return st;  // the host's message stands
+  } else if (optimizer == "nvme") {
+    st = offload->set_optimizer_files(s->host, nvme_path.c_str(), direct_io);
+    if (st != HR_OK) return st;
   }
   Offload* o = new Offload;
-  o->optimizer_on_host = optimizer == "host";
+  o->optimizer_on_host = optimizer != "none";
+  o->nvme = optimizer == "nvme";
+  o->nvme_path = nvme_path;
   *instance = o;
   return HR_OK;
 }
@@ -96,17 +217,25 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
   if (!o) return HR_ERROR_UNSUPPORTED;
   if (!HR_HAS_FIELD(r->after, hr_mechanisms, optimizer_place)) return HR_ERROR_UNSUPPORTED;
   const bool builtin = r->after->optimizer_bytes == HR_OPTIMIZER_BYTES_BUILTIN;
-  if (o->optimizer_on_host && builtin) r->after->optimizer_place = HR_PLACE_HOST;
+  if (o->optimizer_on_host && builtin)
+    r->after->optimizer_place = o->nvme ? HR_PLACE_NVME : HR_PLACE_HOST;
   const hr_status st = q->peak(q->context, r->after, r->bytes);
   if (st != HR_OK) return st;
   // No measurement of the step time with the update on the host yet: counted as unchanged.
   r->step_time_factor = 1;
   std::snprintf(r->what, sizeof r->what, "%s",
                 !o->optimizer_on_host ? "nothing offloaded (optimizer = \"none\")"
+                : builtin && o->nvme
+                    ? "optimizer state in a file on the NVMe disk, f32 weights in host memory, "
+                      "update on the host"
                 : builtin ? "optimizer state and f32 weights in host memory, update on the host"
                           : "nothing offloaded (an optimizer-role plugin keeps its own state)");
-  std::snprintf(r->toml, sizeof r->toml, "optimizer = \"%s\"\n",
-                o->optimizer_on_host ? "host" : "none");
+  if (o->nvme)
+    std::snprintf(r->toml, sizeof r->toml, "optimizer = \"nvme\"\nnvme_path = \"%s\"\n",
+                  o->nvme_path.c_str());
+  else
+    std::snprintf(r->toml, sizeof r->toml, "optimizer = \"%s\"\n",
+                  o->optimizer_on_host ? "host" : "none");
   return HR_OK;
 }
 

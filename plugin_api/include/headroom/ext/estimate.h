@@ -111,7 +111,9 @@ typedef struct hr_mechanisms {
   /* Appended (ABI 1.8): where the built-in optimizer keeps its state and the f32 weights it
    * updates (headroom/ext/offload.h): HR_PLACE_DEVICE (0, core's default) or HR_PLACE_HOST (1:
    * the device holds no optimizer state; the host ledger holds it, an f32 copy of every
-   * parameter and one staging buffer of the largest parameter's gradient). */
+   * parameter and one staging buffer of the largest parameter's gradient) or HR_PLACE_NVME (2:
+   * HR_PLACE_HOST's, with the state in a file and two staging buffers of the largest
+   * piece's state in the host ledger instead: core/optim/state_layout.h). */
   uint32_t optimizer_place;
   uint32_t reserved2;
 } hr_mechanisms;

@@ -19,6 +19,15 @@ extern "C" {
 /* Places (hr_mechanisms.optimizer_place too). */
 #define HR_PLACE_DEVICE 0u
 #define HR_PLACE_HOST 1u
+/* The NVMe tier: HR_PLACE_HOST's layout with the optimizer's state in a file (set_optimizer_files,
+ * appended to this table). */
+#define HR_PLACE_NVME 2u
+
+/* set_optimizer_files' direct_io: O_DIRECT where the file system allows it, else buffered (one
+ * log line says so); always (a file system that refuses it is an error); never. */
+#define HR_DIRECT_IO_AUTO 0u
+#define HR_DIRECT_IO_ON 1u
+#define HR_DIRECT_IO_OFF 2u
 
 typedef struct hr_ext_offload {
   uint32_t struct_size;
@@ -35,11 +44,25 @@ typedef struct hr_ext_offload {
    * one (an optimizer-role plugin) or the model state is sharded (headroom.shard/1) refuses the
    * host place before step 1, naming the plugins; resizes (headroom.resize/1) reach its state. */
   hr_status (*set_optimizer_place)(hr_host* host, uint32_t place);
-  /* Any time: what set_optimizer_place chose (HR_PLACE_DEVICE unless a plugin chose). */
+  /* Any time: what set_optimizer_place or set_optimizer_files chose (HR_PLACE_DEVICE unless a
+   * plugin chose). */
   uint32_t (*optimizer_place)(hr_host* host);
   /* Any time: the host ledger, as services->memory_stats gives the device's: limit is [host]
    * memory_limit (0 = none), the bytes by category its live and peak. */
   hr_status (*host_memory_stats)(hr_host* host, hr_memory_stats* out);
+  /* Appended (check HR_HAS_FIELD). From create() only: the NVMe tier, HR_PLACE_NVME. The place is
+   * HR_PLACE_HOST's (an f32 copy of the weights and the gradients' staging in the host ledger),
+   * but the optimizer's state lives in one file per rank under the folder `dir`
+   * (dir/headroom-<pid>-<n>-rank<R>.optstate, made and preallocated before step 1, removed at the
+   * end of the run and on an error exit), streamed at each update piece by piece (1 Mi elements of
+   * a parameter, or the whole of it where the update rounds stochastically) through two host
+   * buffers (category optimizer) with io_uring: the next piece's state is read while this one's
+   * is updated, and written back after. `direct_io`: HR_DIRECT_IO_AUTO, _ON or _OFF.
+   * HR_ERROR_INVALID for a `dir` that is not a writable folder, a `direct_io` value that is none
+   * of the three, or HR_DIRECT_IO_ON on a file system that refuses O_DIRECT (the message names
+   * the file system); HR_ERROR_NOT_ALLOWED outside create(). The same refusals as
+   * set_optimizer_place's HR_PLACE_HOST apply. */
+  hr_status (*set_optimizer_files)(hr_host* host, const char* dir, uint32_t direct_io);
 } hr_ext_offload;
 
 #ifdef __cplusplus
