@@ -52,6 +52,7 @@ TEST(CudaOps, SkippedNoCudaBuild) {
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/cpu/residual.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
@@ -786,6 +787,31 @@ TEST_F(CudaBackendOps, FillEveryDtype) {
           value == 0.0 ? std::vector<uint8_t>(n * dtype_size(dt), 0)
                        : encode(std::vector<float>(n, static_cast<float>(value)), dt);
       expect_same_bytes("fill", bytes_of(x, n * dtype_size(dt)), want);
+    }
+  }
+}
+
+// A quantized frozen weight's transient: the per-element math is kernels/common/quant.h's on both
+// sides (no fused multiply-add in the double-quantized absmax), so the bytes are the CPU's, in
+// every compute dtype, for every kind, with a ragged last block.
+TEST_F(CudaBackendOps, DequantizeEveryKindAndDtype) {
+  const uint64_t n = 64 * 300 + 37;
+  const auto x = normal(n, Dtype::kF32, 0.05f);
+  for (const QuantKind k : {QuantKind::kBF16, QuantKind::kInt8, QuantKind::kNF4}) {
+    for (const bool dq : {false, true}) {
+      if (k == QuantKind::kBF16 && dq) continue;
+      std::vector<uint8_t> q(quant_tensor_bytes(k, n, dq));
+      cpu::quantize_tensor(k, x.data(), n, dq, q.data());
+      std::vector<float> ref(n);
+      cpu::dequantize_tensor(k, q.data(), n, dq, [&](uint64_t i, float v) { ref[i] = v; });
+      const void* d_q = to_device_bytes(q);
+      for (const Dtype dt : kAllDtypes) {
+        SCOPED_TRACE(std::string("kind ") + std::to_string(uint32_t(k)) + (dq ? " dq " : " ") +
+                     dtype_name(dt));
+        void* d_out = poisoned(n, dt);
+        ops_->dequantize(dt, d_out, d_q, k, dq, n);
+        expect_same_bytes("dequantize", bytes_of(d_out, n * dtype_size(dt)), encode(ref, dt));
+      }
     }
   }
 }

@@ -127,7 +127,10 @@ HR_PLUGIN_EXPORT hr_status hr_plugin_entry(hr_entry_args* args) {
 static_assert(sizeof(hr_lora_spec) == 32 && offsetof(hr_lora_spec, rank) == 4 &&
               offsetof(hr_lora_spec, target) == 8 && offsetof(hr_lora_spec, alpha) == 16 &&
               offsetof(hr_lora_spec, key) == 24);
-static_assert(sizeof(hr_ext_adapters) == 16 && offsetof(hr_ext_adapters, add_lora) == 8);
+static_assert(sizeof(hr_ext_adapters) == 24 && offsetof(hr_ext_adapters, add_lora) == 8 &&
+              offsetof(hr_ext_adapters, set_base) == 16);
+static_assert(sizeof(hr_base_spec) == 24 && offsetof(hr_base_spec, double_quant) == 4 &&
+              offsetof(hr_base_spec, dtype) == 8 && offsetof(hr_base_spec, key) == 16);
 static_assert(std::is_same_v<decltype(hr_ext_adapters::add_lora),
                              hr_status (*)(hr_host*, const hr_lora_spec*)>);
 #endif

@@ -231,7 +231,7 @@ TEST(PlanMeasure, EveryPolicyAndModeAtSeveralBlockCounts) {
 // The dry runs compute nothing (core/device/dry_backend.h): a variant's bytes by category, its
 // peak, its reserved bytes and its phase are those of the same variant computing, with every kind
 // of plugin — an allocator, precision, recomputation, a batch policy, pruning, an optimizer, and
-// one the planner knows nothing of.
+// one the planner knows nothing of, and LoRA on quantized bases.
 struct DryCase {
   const char* name;
   std::string extra;
@@ -270,7 +270,14 @@ INSTANTIATE_TEST_SUITE_P(
                 "[[plugins]]\nname = \"pruning\"\nfinal_sparsity = 0.5\nstart_step = 1\n"
                 "end_step = 2\nevery = 1\n"},
         DryCase{"DynamicBatch", "[[plugins]]\nname = \"dynamic_batch\"\n"},
-        DryCase{"OutOfTreePerBlock", per_block(12345)}),
+        DryCase{"OutOfTreePerBlock", per_block(12345)},
+        // A quantized LoRA base: a dry run quantizes nothing, its bytes are the same.
+        DryCase{"LoraNf4DoubleQuant",
+                "[[plugins]]\nname = \"lora\"\ntarget_modules = [\"c_attn\", \"c_proj\", "
+                "\"c_fc\"]\nbase_dtype = \"nf4\"\ndouble_quant = true\n"},
+        DryCase{"LoraInt8WithAmp",
+                "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"lora\"\n"
+                "target_modules = \"c_fc\"\nbase_dtype = \"int8\"\n"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Under a memory_limit the variants run under it too: the smallest that cannot is refused before

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kernels/common/pointwise.h"
+#include "kernels/common/quant.h"
 #include "kernels/common/rope.h"
 
 namespace headroom {
@@ -103,6 +104,11 @@ class Backend {
   virtual void gelu_forward(Dtype dt, void* out, const void* inp, uint64_t n) = 0;
   virtual void gelu_backward(Dtype dt, void* dinp, const void* inp, const void* dout, uint64_t n,
                              Grad dinp_mode = Grad::kAccumulate) = 0;
+  // out (n) in dt = a frozen weight stored quantized, `q` laid out as kernels/common/quant.h says
+  // for `kind` (bf16, int8, nf4; double-quantized absmaxes when double_quant): each element its
+  // f32 value rounded once to dt. The transient a GEMM of a quantized weight reads.
+  virtual void dequantize(Dtype dt, void* out, const void* q, QuantKind kind, bool double_quant,
+                          uint64_t n) = 0;
   // dst (n) += src (n)
   virtual void add_inplace(Dtype dt, void* dst, const void* src, uint64_t n) = 0;
   // logits (N,V) -> losses (N, stat_dtype) = -log softmax[target] (0 where target < 0); logits

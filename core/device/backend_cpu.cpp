@@ -28,6 +28,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/cpu/profile.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/cpu/residual.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
@@ -548,6 +549,32 @@ class CpuBackend final : public Backend {
     dispatch(dt, "gelu_backward", [&](auto&& a) {
       cpu::gelu_backward(a.out(dinp, n, acc), a.in(inp, n), a.in(dout, n), n, acc);
     });
+  }
+  void dequantize(Dtype dt, void* out, const void* q, QuantKind kind, bool double_quant,
+                  uint64_t n) override {
+    cpu::OpTimer timer_("dequantize", dtype_name(dt));
+    require_dtype(dt, "dequantize");
+    if (kind != QuantKind::kBF16 && kind != QuantKind::kInt8 && kind != QuantKind::kNF4)
+      throw OpError("dequantize: no quantized kind " + std::to_string(uint32_t(kind)));
+    const auto* b = static_cast<const unsigned char*>(q);
+    switch (dt) {
+      case Dtype::kF32:
+        return cpu::dequantize_tensor(
+            kind, b, n, double_quant,
+            [o = static_cast<float*>(out)](uint64_t i, float v) { o[i] = v; });
+      case Dtype::kBF16:
+        return cpu::dequantize_tensor(
+            kind, b, n, double_quant,
+            [o = static_cast<uint16_t*>(out)](uint64_t i, float v) { o[i] = float_to_bf16(v); });
+      case Dtype::kF16:
+        return cpu::dequantize_tensor(
+            kind, b, n, double_quant,
+            [o = static_cast<uint16_t*>(out)](uint64_t i, float v) { o[i] = float_to_f16(v); });
+      default:
+        return cpu::dequantize_tensor(
+            kind, b, n, double_quant,
+            [o = static_cast<double*>(out)](uint64_t i, float v) { o[i] = double(v); });
+    }
   }
   void add_inplace(Dtype dt, void* dst, const void* src, uint64_t n) override {
     cpu::OpTimer timer_("add_inplace", dtype_name(dt));

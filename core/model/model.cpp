@@ -9,6 +9,8 @@
 #include <tuple>
 #include <type_traits>
 
+#include "kernels/cpu/quant.h"
+
 namespace headroom {
 
 namespace {
@@ -761,7 +763,7 @@ Param<T>& Layer<T>::add_param(const std::string& name, std::vector<int64_t> shap
 
 template <class T>
 void Layer<T>::freeze(const std::function<bool(const std::string&)>& frozen) {
-  if (flat_.value || flat_.compute || frozen_.value || frozen_.compute)
+  if (flat_.value || flat_.compute || frozen_.value || frozen_.compute || qdata_)
     throw std::logic_error(name_ + ": freeze after allocate_params");
   flat_.numel = frozen_.numel = 0;
   for (auto& p : params_) {
@@ -774,7 +776,97 @@ void Layer<T>::freeze(const std::function<bool(const std::string&)>& frozen) {
 }
 
 template <class T>
+void Layer<T>::quantize_frozen(const std::function<bool(const std::string&)>& which, QuantKind kind,
+                               bool double_quant) {
+  if (frozen_.value || frozen_.compute || quant_.value || qdata_)
+    throw std::logic_error(name_ + ": quantize_frozen after allocate_params");
+  if (!std::is_same_v<T, float>)
+    throw std::invalid_argument("a quantized frozen base needs an f32 model");
+  quant_kind_ = kind;
+  double_quant_ = double_quant;
+  frozen_.numel = quant_.numel = quant_bytes_ = 0;
+  for (auto& p : params_) {
+    if (!p->frozen) continue;
+    const bool q = kind != QuantKind::kNone && which(p->name);
+    FlatStorage& into = q ? quant_ : frozen_;
+    p->flat = &into;
+    p->offset = into.numel;
+    into.numel += p->numel;
+    p->quant = q ? kind : QuantKind::kNone;
+    p->quant_offset = q ? quant_bytes_ : 0;
+    if (q) quant_bytes_ += quant_tensor_bytes(kind, p->numel, double_quant);
+  }
+}
+
+template <class T>
+void Layer<T>::allocate_quant_masters() {
+  if (quant_.value || quant_.numel == 0) return;
+  quant_.value = Buffer(device_, quant_.numel * sizeof(T), Category::kParameters,
+                        name_ + " quantized parameters (" + dtype_name(dtype_of<T>()) + " values)");
+}
+
+template <class T>
+void Layer<T>::quantize_params() {
+  if (quant_.numel == 0 || !quant_.value) return;
+  // A dry run (plan --measure) has no values to quantize: only the bytes count.
+  if (std::is_same_v<T, float> && !device_.dry()) {
+    Backend& o = ops();
+    std::vector<unsigned char> bytes(quant_bytes_);
+    o.download(bytes.data(), qdata_.as<void>(), bytes.size());
+    std::vector<float> v, now;
+    for (const auto& p : params_) {
+      if (p->quant == QuantKind::kNone) continue;
+      v.resize(p->numel);
+      o.download(v.data(), quant_.value.as<float>() + p->offset, p->numel * sizeof(float));
+      unsigned char* q = bytes.data() + p->quant_offset;
+      // Unchanged values keep their codes: requantizing what the codes give need not give them
+      // back (the dynamic map has no -1; double quantization's mean moves).
+      now.resize(p->numel);
+      cpu::dequantize_tensor(p->quant, q, p->numel, double_quant_,
+                             [&](uint64_t i, float x) { now[i] = x; });
+      if (std::memcmp(now.data(), v.data(), p->numel * sizeof(float)) == 0) continue;
+      cpu::quantize_tensor(p->quant, v.data(), p->numel, double_quant_, q);
+    }
+    o.upload(qdata_.as<void>(), bytes.data(), bytes.size());
+    o.synchronize();  // the host copy goes out of scope
+  }
+  quant_.value.reset();
+}
+
+template <class T>
+void Layer<T>::dequantize_params() {
+  if (quant_.numel == 0) return;
+  allocate_quant_masters();
+  for (const auto& p : params_)
+    if (p->quant != QuantKind::kNone)
+      ops().dequantize(dtype_of<T>(), quant_.value.as<T>() + p->offset,
+                       qdata_.as<char>() + p->quant_offset, p->quant, double_quant_, p->numel);
+}
+
+template <class T>
+const void* Layer<T>::gemm_weight(const Param<T>& w, Buffer& buf, const char* what) {
+  if (w.quant == QuantKind::kNone) return w.compute().value;
+  // (OC, C) in the compute dtype, made before each GEMM that reads w and freed after it.
+  buf = Buffer(
+      device_, w.numel * dtype_size(dt_), Category::kWorkspace,
+      name_ + " " + what + ": " + w.name + " dequantized (" + quant_kind_name(w.quant) + ")");
+  ops().dequantize(dt_, buf.as<void>(), qdata_.as<char>() + w.quant_offset, w.quant, double_quant_,
+                   w.numel);
+  return buf.as<void>();
+}
+
+template <class T>
 void Layer<T>::allocate_params(uint64_t ranks, bool grads) {
+  // The quantized frozen weights: their bytes, and T values for the init (quantize_params turns
+  // them into the bytes and frees them).
+  quant_.padded = quant_.numel;
+  if (quant_.numel > 0) {
+    qdata_ = Buffer(device_, quant_bytes_, Category::kParameters,
+                    name_ + " frozen parameters (" + quant_kind_name(quant_kind_) +
+                        (double_quant_ ? ", double-quantized absmax)" : ")"));
+    ops().fill(Dtype::kF32, qdata_.as<void>(), quant_bytes_ / 4, 0.0);  // zero bytes: all 0
+    allocate_quant_masters();
+  }
   // The frozen weights: T-typed values for the init (or the weights themselves without compute
   // copies; Gpt releases them once cast into the compute copy), never gradients.
   frozen_.padded = frozen_.numel;
@@ -1040,8 +1132,11 @@ template <class T>
 void Layer<T>::linear_forward(void* out, const void* inp, const Param<T>& w, const Param<T>* b,
                               uint64_t N, int C, int OC) {
   Backend& o = ops();
-  o.matmul_forward(dt_, out, inp, w.compute().value, b ? b->compute().value : nullptr, int(N), C,
-                   OC);
+  {
+    Buffer wq;  // a quantized weight's transient, freed once its GEMM is done
+    o.matmul_forward(dt_, out, inp, gemm_weight(w, wq, "forward"), b ? b->compute().value : nullptr,
+                     int(N), C, OC);
+  }
   for (const Adapter& a : adapters_) {
     if (a.weight != &w) continue;
     const int r = int(a.rank);
@@ -1060,9 +1155,13 @@ template <class T>
 void Layer<T>::linear_backward(void* dinp, const void* dout, const void* inp, const Param<T>& w,
                                const Param<T>* b, uint64_t N, int C, int OC, Grad mode) {
   Backend& o = ops();
-  // A frozen weight's gradient is null: the weight-gradient GEMM does not run.
-  o.matmul_backward(dt_, dinp, w.compute().grad, b ? b->compute().grad : nullptr, dout, inp,
-                    w.compute().value, int(N), C, OC, mode);
+  // A frozen weight's gradient is null: the weight-gradient GEMM does not run, and the input
+  // gradient's GEMM reads a quantized weight's transient, freed right after.
+  {
+    Buffer wq;
+    o.matmul_backward(dt_, dinp, w.compute().grad, b ? b->compute().grad : nullptr, dout, inp,
+                      gemm_weight(w, wq, "backward"), int(N), C, OC, mode);
+  }
   for (const Adapter& a : adapters_) {
     if (a.weight != &w) continue;
     const int r = int(a.rank);
@@ -1165,6 +1264,15 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, const Prec
       layer->freeze([&](const std::string& name) {
         return is_frozen(tuning.freeze, name) || (!tuning.lora.empty() && !is_adapter_param(name));
       });
+  if (tuning.base != QuantKind::kNone) {
+    if (tuning.lora.empty())
+      throw std::invalid_argument(
+          "a quantized base (base_dtype) needs LoRA adapters: it stores the frozen weights");
+    for (auto& layer : layers_)
+      layer->quantize_frozen(
+          [&](const std::string& name) { return is_quantizable_weight(config, name); }, tuning.base,
+          tuning.double_quant);
+  }
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer<T>& layer = *layers_[l];
     layer.allocate_params(shard_ranks, !grads_on_demand);
@@ -1197,6 +1305,8 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, const Prec
       device.backend().synchronize();
       layer.release_frozen_masters();
     }
+    // Quantized once, here (a loaded base again when init_from writes it: master_access).
+    layer.quantize_params();
     if (placed) placed(layer);
   }
 }
@@ -1296,7 +1406,10 @@ std::function<void(int, const std::function<void()>&)> Gpt<T>::master_access(boo
                                                                              bool scatter) {
   // Frozen weights beside compute copies have no masters either (Param::frozen).
   const bool frozen_copies = has_compute_copies() && has_frozen();
-  if (precision_.masters && !frozen_copies) return nullptr;
+  bool quantized = false;
+  for (const auto& layer : layers_)
+    quantized = quantized || layer->has_quantized();
+  if (precision_.masters && !frozen_copies && !quantized) return nullptr;
   return [this, gather, scatter](int l, const std::function<void()>& f) {
     Layer<T>& lay = *layers_[size_t(l)];
     const FlatStorage& fs = lay.flat();
@@ -1305,14 +1418,18 @@ std::function<void(int, const std::function<void()>&)> Gpt<T>::master_access(boo
     const bool frozen = zs.numel > 0 && zs.compute;
     if (flat) lay.allocate_masters();
     if (frozen) lay.allocate_frozen_masters();
+    // Quantized weights are read whole (a write of some of them leaves the others' codes).
+    const bool quant = lay.has_quantized();
+    if (quant) lay.dequantize_params();
     struct Release {  // however f ends
       Layer<T>& layer;
-      bool flat, frozen;
+      bool flat, frozen, quant;
       ~Release() {
         if (flat) layer.release_masters();
         if (frozen) layer.release_frozen_masters();
+        if (quant) layer.release_quant_masters();
       }
-    } release{lay, flat, frozen};
+    } release{lay, flat, frozen, quant};
     Backend& ops = device_.backend();
     auto to_masters = [&](const FlatStorage& s) {
       ops.cast(s.value.template as<void>(), dtype_of<T>(), s.compute.template as<void>(), dt_,
@@ -1330,6 +1447,7 @@ std::function<void(int, const std::function<void()>&)> Gpt<T>::master_access(boo
     if (scatter) {
       if (flat) to_compute(fs);
       if (frozen) to_compute(zs);
+      if (quant) lay.quantize_params();
     }
     ops.synchronize();
   };
@@ -1729,6 +1847,47 @@ void check_lora(const ModelConfig& m, const LoraSpec& spec) {
                                 " model (valid: " + names +
                                 ", or the part after a dot of one, as \"" + last + "\")");
   }
+}
+
+QuantKind parse_base_dtype(const std::string& s) {
+  if (s.empty() || s == "f32") return QuantKind::kNone;
+  if (s == "bf16") return QuantKind::kBF16;
+  if (s == "int8") return QuantKind::kInt8;
+  if (s == "nf4") return QuantKind::kNF4;
+  throw std::invalid_argument("base_dtype \"" + s +
+                              "\" is none of \"f32\", \"bf16\", \"int8\", \"nf4\"");
+}
+
+const char* quant_kind_name(QuantKind k) {
+  switch (k) {
+    case QuantKind::kBF16:
+      return "bf16";
+    case QuantKind::kInt8:
+      return "int8";
+    case QuantKind::kNF4:
+      return "nf4";
+    default:
+      return "f32";
+  }
+}
+
+bool is_quantizable_weight(const ModelConfig& m, const std::string& name) {
+  for (const AdapterSite& s : gpt_adapter_sites(m))
+    if (s.weight == name) return true;
+  return false;
+}
+
+uint64_t gpt_quantized_base_bytes(const ModelConfig& m, QuantKind k, bool double_quant) {
+  if (k == QuantKind::kNone) return 0;
+  uint64_t bytes = 0;
+  for (const ParamShape& p : gpt_param_shapes(m)) {
+    if (!is_quantizable_weight(m, p.name)) continue;
+    uint64_t n = 1;
+    for (int64_t d : p.shape)
+      n *= uint64_t(d);
+    bytes += quant_tensor_bytes(k, n, double_quant);
+  }
+  return bytes;
 }
 
 bool is_adapter_param(const std::string& name) {

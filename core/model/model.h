@@ -90,6 +90,12 @@ struct Param {
   // storage (Layer::frozen_flat), apart from the trainable parameters' flat buffers, and the
   // layer's backward computes no gradient for it (the GEMM's weight gradient is skipped).
   bool frozen = false;
+  // A frozen weight stored quantized (a LoRA plugin's base_dtype): its bytes at `quant_offset` of
+  // its layer's quantized storage (Layer::quantized_bytes), in kernels/common/quant.h's layout;
+  // its values (master() in T) exist only around an access to the model whole
+  // (Gpt::master_access), and a GEMM reads a transient dequantized copy. kNone: not quantized.
+  QuantKind quant = QuantKind::kNone;
+  uint64_t quant_offset = 0;
   uint64_t numel = 0;
   uint64_t offset = 0;                // elements from the start of its layer's flat buffers
   const FlatStorage* flat = nullptr;  // its layer's
@@ -176,8 +182,23 @@ struct LoraSpec {
 struct Tuning {
   std::vector<std::string> freeze;  // Hugging Face name globs (freeze_matches)
   std::vector<LoraSpec> lora;
+  // With adapters: how the frozen linear weights of the blocks (every AdapterSite's weight, as
+  // bitsandbytes quantizes every nn.Linear but the LM head) are stored — kNone: as the other
+  // frozen parameters; bf16, int8 (bitsandbytes' dynamic 8-bit, blocks of 256) or nf4 (blocks
+  // of 64), with the absmaxes quantized again when double_quant. Embeddings, norms and biases
+  // stay as they are. Only for an f32 model (std::invalid_argument otherwise).
+  QuantKind base = QuantKind::kNone;
+  bool double_quant = false;
   bool empty() const { return freeze.empty() && lora.empty(); }
 };
+// "bf16", "int8", "nf4" (and "f32" or "": kNone); std::invalid_argument for anything else.
+QuantKind parse_base_dtype(const std::string& s);
+const char* quant_kind_name(QuantKind k);
+// The bytes the quantized weights of a LoRA run's base take in the parameters category: every
+// frozen block weight at an adapter site, each quant_tensor_bytes of its elements. 0 for kNone.
+uint64_t gpt_quantized_base_bytes(const ModelConfig& m, QuantKind k, bool double_quant);
+// Whether parameter `name` of the model of `m` is a weight a quantized base stores quantized.
+bool is_quantizable_weight(const ModelConfig& m, const std::string& name);
 // std::invalid_argument, saying what is valid, for a rank below 1, an alpha that is not finite and
 // > 0, or a target that names no module of the model of `m`.
 void check_lora(const ModelConfig& m, const LoraSpec& spec);
@@ -220,7 +241,23 @@ class Layer {
   // Moves every parameter `frozen` says yes to into the frozen storage (Param::frozen), the others
   // staying in the flat buffers in order. Before allocate_params; std::logic_error after.
   void freeze(const std::function<bool(const std::string&)>& frozen);
-  bool has_frozen() const { return frozen_.numel > 0; }
+  bool has_frozen() const { return frozen_.numel > 0 || quant_.numel > 0; }
+  // Stores the frozen parameters `which` says yes to quantized as `kind` (Param::quant): after
+  // freeze, before allocate_params (std::logic_error otherwise). Gpt quantizes them once their
+  // init is written (quantize_params).
+  void quantize_frozen(const std::function<bool(const std::string&)>& which, QuantKind kind,
+                       bool double_quant);
+  bool has_quantized() const { return quant_.numel > 0; }
+  // The quantized weights' T values (their init, or a model-whole access), made when absent.
+  void allocate_quant_masters();
+  // Quantizes the quantized weights' T values on the host into their storage and frees the
+  // values. A weight whose values are those its codes already give keeps its codes, so a write
+  // of what was read (a snapshot's resume on the same base) changes no bit.
+  void quantize_params();
+  // Dequantizes them into their T values (made when absent), for a reader of the model whole.
+  void dequantize_params();
+  void release_quant_masters() { quant_.value.reset(); }
+  uint64_t quantized_bytes() const { return quant_bytes_; }
   // Adds a low-rank adapter at `site` (one of this layer's): its A and B as parameters at the end
   // of the flat buffers. Before allocate_params. init_adapters() gives them PEFT's init.
   void add_adapter(const AdapterSite& site, int rank, double scale);
@@ -346,6 +383,16 @@ class Layer {
   std::vector<std::unique_ptr<Param<T>>> params_;
   FlatStorage flat_;
   FlatStorage frozen_;  // the frozen parameters' weights
+  // The quantized frozen weights: their T values only while made (init, master_access), and
+  // their quantized bytes, every weight's at its Param::quant_offset.
+  FlatStorage quant_;
+  Buffer qdata_;
+  uint64_t quant_bytes_ = 0;
+  QuantKind quant_kind_ = QuantKind::kNone;
+  bool double_quant_ = false;
+  // w's values for a GEMM: its compute copy, or for a quantized w a transient dequantized one
+  // in `buf` (the compute dtype, workspace).
+  const void* gemm_weight(const Param<T>& w, Buffer& buf, const char* what);
   struct Adapter {
     const Param<T>* weight;
     int64_t row0, rows, rank;

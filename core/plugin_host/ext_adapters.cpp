@@ -36,9 +36,34 @@ static hr_status add_lora(hr_host* h, const hr_lora_spec* spec) {
   }
 }
 
+constexpr Rule kSetBase = {HR_EXT_ADAPTERS " set_base", kAnyone, When::kCreate, kNotAllowed};
+static hr_status set_base(hr_host* h, const hr_base_spec* spec) {
+  LoadedPlugin& p = plugin(h);
+  const std::string fn = HR_EXT_ADAPTERS " set_base: ";
+  if (!spec || !spec->dtype) {
+    p.error = fn + (spec ? "spec->dtype" : "spec") + " must not be NULL";
+    return HR_ERROR_INVALID;
+  }
+  try {
+    const QuantKind k = parse_base_dtype(spec->dtype);
+    run(h).adapters->set_base(p.entry.name, k, spec->double_quant != 0);
+    return HR_OK;
+  } catch (const std::invalid_argument& e) {
+    if (spec->key) {
+      p.error = key_where(p, spec->key) + ": " + e.what();
+      return HR_ERROR_CONFIG;
+    }
+    p.error = fn + e.what();
+    return HR_ERROR_INVALID;
+  } catch (const std::logic_error& e) {
+    p.error = fn + e.what();
+    return HR_ERROR_NOT_ALLOWED;
+  }
+}
+
 extern const hr_ext_adapters kAdaptersExtension;
-const hr_ext_adapters kAdaptersExtension = {sizeof(hr_ext_adapters), 0,
-                                            checked<kAddLora, add_lora>};
+const hr_ext_adapters kAdaptersExtension = {sizeof(hr_ext_adapters), 0, checked<kAddLora, add_lora>,
+                                            checked<kSetBase, set_base>};
 
 }  // namespace services
 }  // namespace headroom

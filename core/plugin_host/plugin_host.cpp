@@ -417,6 +417,7 @@ class CreatedPlugins::Run final : public StepControl,
   Sharding* sharding() override { return nullptr; }
   // The adapters' targets are checked against the config's model, as the trainer checks them.
   void add_lora(const std::string&, const LoraSpec& spec) override { check_lora(model_, spec); }
+  void set_base(const std::string&, QuantKind, bool) override {}  // the host parsed the dtype
 
  private:
   Device& device_;

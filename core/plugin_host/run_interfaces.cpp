@@ -64,6 +64,7 @@ class NoBatch final : public BatchControl {
 class NoAdapters final : public AdapterChoice {
  public:
   void add_lora(const std::string&, const LoraSpec&) override {}
+  void set_base(const std::string&, QuantKind, bool) override {}
 };
 
 class NoResize final : public ModelResize {

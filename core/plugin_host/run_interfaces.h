@@ -110,6 +110,10 @@ class AdapterChoice {
   // below 1, an alpha that is not finite and > 0, or a target that names no module of the run's
   // model.
   virtual void add_lora(const std::string& plugin, const LoraSpec& spec) = 0;
+  // How the frozen base's linear weights are stored (Tuning::base): once, by the plugin that adds
+  // the adapters, before the model is built (std::logic_error otherwise); std::invalid_argument
+  // for a quantized kind on a model that is not f32 ([model] dtype).
+  virtual void set_base(const std::string& plugin, QuantKind kind, bool double_quant) = 0;
 };
 
 // headroom.batch/1: the steps' micro-batch (the step's restarts and memory are its StepState's).

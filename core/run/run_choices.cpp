@@ -63,6 +63,21 @@ void RunChoices::add_lora(const std::string& plugin, const LoraSpec& spec) {
   lora_by_ = plugin;
 }
 
+void RunChoices::set_base(const std::string& plugin, QuantKind kind, bool double_quant) {
+  if (frozen_)
+    throw std::logic_error(plugin +
+                           ": the base's storage is chosen while the plugin is created, before "
+                           "the model is built");
+  if (lora_by_ != plugin)
+    throw std::logic_error(plugin +
+                           ": the base's storage is chosen by the plugin that adds the adapters, "
+                           "after it added them (a run without adapters trains its weights)");
+  if (base_set_) throw std::logic_error(plugin + ": the base's storage is chosen once");
+  base_ = kind;
+  double_quant_ = double_quant;
+  base_set_ = true;
+}
+
 void RunChoices::set_persist_below(const std::string& plugin, uint64_t elements) {
   if (frozen_ || plugin != shard_plugin_ || !(shard_what_ & kShardParameters))
     throw std::logic_error(plugin +

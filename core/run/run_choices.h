@@ -41,6 +41,10 @@ class RunChoices final : public PrecisionChoice, public ShardChoice, public Adap
   void set_loss_scale(const std::string& plugin, double scale) override;
   Sharding* sharding() override { return sharding_; }
   void add_lora(const std::string& plugin, const LoraSpec& spec) override;
+  // std::logic_error after freeze(), twice, or from a plugin that added no adapters.
+  void set_base(const std::string& plugin, QuantKind kind, bool double_quant) override;
+  QuantKind base() const { return base_; }
+  bool double_quant() const { return double_quant_; }
   // The adapters plugins added, in order, and the plugin that added them ("" when none).
   const std::vector<LoraSpec>& lora() const { return lora_; }
   const std::string& lora_by() const { return lora_by_; }
@@ -65,6 +69,8 @@ class RunChoices final : public PrecisionChoice, public ShardChoice, public Adap
   ModelConfig model_;
   std::vector<LoraSpec> lora_;
   std::string lora_by_;
+  QuantKind base_ = QuantKind::kNone;
+  bool double_quant_ = false, base_set_ = false;
 };
 
 }  // namespace headroom

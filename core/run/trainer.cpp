@@ -242,10 +242,10 @@ Trainer::Trainer(const Config& config, TrainOptions options)
           std::make_unique<Sharding>(*device_, *comm_, shard_what, choices_.shard_persist_below());
       placed = [this](Layer<float>& layer) { sharding_->place(layer); };
     }
-    model_ = std::make_unique<Gpt<float>>(config_.model, *device_, config_.train.seed, precision,
-                                          shard_what ? uint64_t(comm_->world_size()) : 1,
-                                          (shard_what & kShardGradients) != 0, placed,
-                                          Tuning{config_.train.freeze, choices_.lora()});
+    model_ = std::make_unique<Gpt<float>>(
+        config_.model, *device_, config_.train.seed, precision,
+        shard_what ? uint64_t(comm_->world_size()) : 1, (shard_what & kShardGradients) != 0, placed,
+        Tuning{config_.train.freeze, choices_.lora(), choices_.base(), choices_.double_quant()});
     choices_.freeze(sharding_.get());
     uint64_t trainable = 0;
     for (const Param<float>* p : model_->trainable_params())

@@ -186,6 +186,14 @@ template <class T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, size_t N, cudaStream_t stream,
                    bool accumulate = true);
 
+// --- quant.cu ----------------------------------------------------------------------------------
+// out (n) = the quantized tensor q's elements (kernels/common/quant.h's layout of `kind`, 1 bf16,
+// 2 int8, 3 nf4; with double-quantized absmaxes when double_quant), each an f32 code value times
+// its block's absmax rounded once to T: a frozen weight's transient before a GEMM.
+template <class T>
+void dequantize(T* out, const unsigned char* q, uint32_t kind, bool double_quant, size_t n,
+                cudaStream_t stream);
+
 // --- residual.cu -------------------------------------------------------------------------------
 // out (N) = a (N) + b (N)
 template <class T>

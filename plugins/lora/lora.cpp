@@ -11,6 +11,9 @@
 //   alpha = 16.0                             # the update's scale is alpha / r; default r
 //   dropout = 0.0                            # only 0 so far (PEFT's lora_dropout)
 //   target_modules = ["c_attn"]              # PEFT's: module names or suffixes of them
+//   base_dtype = "nf4"                       # the frozen linear weights: f32 (as the model),
+//                                            # bf16, int8 or nf4 (QLoRA, bitsandbytes' formats)
+//   double_quant = true                      # int8/nf4: the absmaxes 8-bit too (QLoRA's)
 //
 // GPT-2's modules are attn.c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj ("c_proj" is both
 // projections); Llama's self_attn.q_proj, k_proj, v_proj, o_proj and mlp.gate_proj, up_proj,
@@ -38,6 +41,8 @@ struct Lora {
   double alpha = 0;  // 0: r's value
   double dropout = 0;
   std::vector<std::string> targets;
+  char base_dtype[16] = "f32";
+  int32_t double_quant = 0;
 };
 
 const void* extension(const hr_host_services* s, const char* id) {
@@ -49,7 +54,17 @@ hr_status create(const hr_host_services* s, void** instance) {
   hr_status st = s->config_int(s->host, "r", &c.r);
   if (st == HR_OK) st = s->config_float(s->host, "alpha", &c.alpha);
   if (st == HR_OK) st = s->config_float(s->host, "dropout", &c.dropout);
+  if (st == HR_OK) st = s->config_string(s->host, "base_dtype", c.base_dtype, sizeof c.base_dtype);
+  if (st == HR_ERROR_INVALID)
+    return s->config_error(s->host, "base_dtype",
+                           "must be one of \"f32\", \"bf16\", \"int8\", \"nf4\"");
+  if (st == HR_OK) st = s->config_bool(s->host, "double_quant", &c.double_quant);
   if (st != HR_OK) return st;
+  const std::string base = c.base_dtype;
+  if (c.double_quant && (base == "f32" || base == "bf16"))
+    return s->config_error(s->host, "double_quant",
+                           "quantizes the absmaxes of an int8 or nf4 base (base_dtype); this "
+                           "base has none");
   if (c.r < 1 || c.r > (int64_t(1) << 20))
     return s->config_error(s->host, "r", "the rank must be between 1 and 2^20");
   if (c.alpha == 0) c.alpha = double(c.r);
@@ -84,6 +99,19 @@ hr_status create(const hr_host_services* s, void** instance) {
     const hr_lora_spec spec = {sizeof(hr_lora_spec), uint32_t(c.r), t.c_str(), c.alpha,
                                "target_modules"};
     st = adapters->add_lora(s->host, &spec);
+    if (st != HR_OK) return st;
+  }
+  if (base != "f32") {
+    if (!HR_HAS_FIELD(adapters, hr_ext_adapters, set_base)) {
+      s->set_error(s->host, "base_dtype needs " HR_EXT_ADAPTERS
+                            "'s set_base (a headroom older "
+                            "than this plugin)");
+      return HR_ERROR;
+    }
+    // A dtype that is none of the valid ones is the host's config error, at the key's position.
+    const hr_base_spec spec = {sizeof(hr_base_spec), uint32_t(c.double_quant != 0), c.base_dtype,
+                               "base_dtype"};
+    st = adapters->set_base(s->host, &spec);
     if (st != HR_OK) return st;
   }
   *instance = nullptr;

@@ -227,6 +227,15 @@ class CudaBackend final : public Backend {
   uint64_t attention_scratch_numel(int B, int T, int NH) const override {
     return cuda::attention_scratch_numel(B, T, NH);
   }
+  void dequantize(Dtype dt, void* out, const void* q, QuantKind kind, bool double_quant,
+                  uint64_t n) override {
+    on_device();
+    dispatch(dt, "dequantize", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::dequantize(as<S>(out), static_cast<const unsigned char*>(q), uint32_t(kind),
+                       double_quant, n, stream());
+    });
+  }
   void gelu_forward(Dtype dt, void* out, const void* inp, uint64_t n) override {
     on_device();
     dispatch(dt, "gelu_forward", [&](auto tag) {

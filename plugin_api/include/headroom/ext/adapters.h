@@ -36,6 +36,16 @@ typedef struct hr_lora_spec {
   const char* key;    /* the plugin's config key the target came from, for messages; may be NULL */
 } hr_lora_spec;
 
+/* An in-struct (appended in headroom.adapters/1's second revision): how the frozen base is
+ * stored. */
+typedef struct hr_base_spec {
+  uint32_t struct_size;
+  uint32_t
+      double_quant;  /* nonzero: the absmaxes quantized again (bitsandbytes' compress_statistics) */
+  const char* dtype; /* "f32" (as the other frozen parameters), "bf16", "int8", "nf4" */
+  const char* key;   /* the plugin's config key dtype came from, for messages; may be NULL */
+} hr_base_spec;
+
 typedef struct hr_ext_adapters {
   uint32_t struct_size;
   uint32_t reserved0;
@@ -46,6 +56,16 @@ typedef struct hr_ext_adapters {
    * HR_ERROR_INVALID for a NULL spec or target; HR_ERROR_NOT_ALLOWED outside create() or when
    * another plugin added adapters. The plugin returns the status from create(). */
   hr_status (*add_lora)(hr_host* host, const hr_lora_spec* spec);
+  /* From create() only, by the plugin that adds the adapters (appended: check struct_size): the
+   * frozen linear weights of the blocks — every module an adapter could sit on — stored as
+   * spec->dtype: bf16 (2 bytes), int8 (bitsandbytes' dynamic 8-bit codes, one f32 absmax per 256)
+   * or nf4 (4-bit normal-float codes, one f32 absmax per 64), the absmaxes 8-bit in blocks of
+   * 256 with double_quant; each GEMM reads a transient dequantized in the compute dtype.
+   * Embeddings, norms, biases and the LM head stay in the model's dtype. HR_ERROR_CONFIG for a
+   * dtype that is none of those (at spec->key's file:line:column when key is set), or a model
+   * that is not f32; HR_ERROR_INVALID for a NULL spec or dtype; HR_ERROR_NOT_ALLOWED outside
+   * create(), twice, or by another plugin than the adapters'. */
+  hr_status (*set_base)(hr_host* host, const hr_base_spec* spec);
 } hr_ext_adapters;
 
 #ifdef __cplusplus
