@@ -251,25 +251,6 @@ TEST(CpuFusedKernels, GeluBackwardBiasIsGeluBackwardThenBiasGradF32) {
   }
 }
 
-TEST(CpuFusedKernels, GeluBackwardBiasIsGeluBackwardThenBiasGradBf16) {
-  for (int t : {1, 3}) {
-    Threads th(t);
-    for (const auto& nc : kGeluShapes) {
-      const int N = nc[0], OC = nc[1];
-      const size_t n = size_t(N) * OC;
-      const U16 x = random_bf16(n, uint32_t(n) + 33, 2.0f), dy = random_bf16(n, 34, 0.1f),
-                db0 = random_bf16(OC, 35, 0.1f);
-      U16 dx(n, 0x7FC0), db = db0;
-      cpu::gelu_backward_bias_bf16(dx.data(), db.data(), x.data(), dy.data(), N, OC);
-      U16 dxr(n), dbr = db0;
-      cpu::gelu_backward_bf16(dxr.data(), x.data(), dy.data(), n, false);
-      cpu::bias_grad_lowp(cpu::Lowp::kBF16, dbr.data(), dxr.data(), N, OC);
-      expect_same(dx, dxr, "gelu_backward_bias_bf16 dinp");
-      expect_same(db, dbr, "gelu_backward_bias_bf16 dbias");
-    }
-  }
-}
-
 // The backend's op against its own gelu_backward and matmul_backward, in every float dtype.
 TEST(CpuFusedKernels, BackendGeluBackwardBiasIsGeluBackwardThenBiasGrad) {
   std::unique_ptr<Backend> be = make_cpu_backend(2);

@@ -25,7 +25,6 @@
 #include "kernels/common/dtype.h"
 #include "kernels/common/elementwise.h"
 #include "kernels/cpu/attention_tiled.h"
-#include "kernels/cpu/gelu.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/reduce.h"
@@ -100,42 +99,6 @@ HEADROOM_CPU_CLONES inline void gelu_backward_bf16(uint16_t* dinp, const uint16_
 #pragma omp parallel for schedule(static) num_threads(threads_for(N))
     for (size_t i = 0; i < N; i++)
       dinp[i] = bf16::round(0.0f + gelu_tanh_grad(bf16::widen(inp[i])) * bf16::widen(dout[i]));
-  }
-}
-
-// gelu_backward_bias (gelu.h) on bf16 tensors: dinp = round(0 + gelu'(inp) * dout), and dbias +=
-// the column sums of those rounded values in f32 from the widened dbias, rounded once (the bits
-// of gelu_backward_bf16 then matmul_backward_lowp's bias_grad_lowp). dbias may be null.
-HEADROOM_CPU_CLONES inline void gelu_backward_bias_bf16(uint16_t* dinp, uint16_t* dbias,
-                                                        const uint16_t* inp, const uint16_t* dout,
-                                                        int N, int OC) {
-  if (dbias == nullptr) return gelu_backward_bf16(dinp, inp, dout, size_t(N) * OC, false);
-  const int nt = threads_for(size_t(N) * OC);
-  const int W = gelu_bias_block(OC, nt), blocks = (OC + W - 1) / W;
-#pragma omp parallel num_threads(nt)
-  {
-    std::vector<float> sums(static_cast<size_t>(W));
-    float* acc = sums.data();
-#pragma omp for schedule(static)
-    for (int blk = 0; blk < blocks; blk++) {
-      const int o0 = blk * W, w = OC - o0 < W ? OC - o0 : W;
-      for (int o = 0; o < w; o++)
-        acc[o] = bf16::widen(dbias[o0 + o]);
-      for (int n = 0; n < N; n++) {
-        const size_t off = static_cast<size_t>(n) * OC + o0;
-        const uint16_t* __restrict x = inp + off;
-        const uint16_t* __restrict dy = dout + off;
-        uint16_t* __restrict dx = dinp + off;
-        for (int o = 0; o < w; o++) {
-          const uint16_t d =
-              bf16::round(0.0f + gelu_tanh_grad(bf16::widen(x[o])) * bf16::widen(dy[o]));
-          dx[o] = d;
-          acc[o] += bf16::widen(d);
-        }
-      }
-      for (int o = 0; o < w; o++)
-        dbias[o0 + o] = bf16::round(acc[o]);
-    }
   }
 }
 
