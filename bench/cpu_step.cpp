@@ -14,6 +14,7 @@
 // by call with the conversions around it (cpu::OpProfile): where the non-GEMM time goes in the step
 // itself. --quick prints only the step, its GEMM time and the ops.
 
+#include <sys/resource.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -42,6 +43,14 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// User + system CPU seconds of the whole process (all its threads) so far.
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 // Starts the GEMM profile and the clock when the first measured step begins.
 class MeasureWindow final : public EventListener {
  public:
@@ -53,18 +62,24 @@ class MeasureWindow final : public EventListener {
       cpu::op_profile().reset();
       cpu::op_profile().enabled = true;
       start_ = Clock::now();
+      cpu_start_ = process_cpu_seconds();
     } else if (e.event == Event::kTrainEnd) {
       elapsed_ = seconds_since(start_);
+      cpu_ = process_cpu_seconds() - cpu_start_;
       cpu::gemm_profile().enabled = false;
       cpu::op_profile().enabled = false;
     }
   }
   double elapsed() const { return elapsed_; }
+  // The process's CPU time over the same window: on a machine other processes load, the work
+  // the step did (with OMP_WAIT_POLICY=passive, no spinning at the barriers), where its wall time
+  // is mostly waiting for a core.
+  double cpu() const { return cpu_; }
 
  private:
   int64_t first_step_;
   Clock::time_point start_;
-  double elapsed_ = 0.0;
+  double elapsed_ = 0.0, cpu_start_ = 0.0, cpu_ = 0.0;
 };
 
 std::vector<float> random_vector(size_t n, std::mt19937& rng, float scale = 1.0f) {
@@ -288,7 +303,7 @@ int main(int argc, char** argv) {
     const Config c = load_config(file, sets);
     // The trainer is gone before the kernels are timed alone: its data loader's threads would
     // compete with the OpenMP team for the cores.
-    double elapsed = 0.0;
+    double elapsed = 0.0, cpu_seconds = 0.0;
     uint64_t num_params = 0, peak = 0;
     {
       Trainer trainer(c, TrainOptions{});
@@ -296,6 +311,7 @@ int main(int argc, char** argv) {
       trainer.add_listener(&window);
       trainer.run();
       elapsed = window.elapsed();
+      cpu_seconds = window.cpu();
       num_params = trainer.model().num_params();
       peak = trainer.device().tracker().peak_total();
     }
@@ -314,6 +330,8 @@ int main(int argc, char** argv) {
         c.train.micro_batch, c.train.grad_accum, tokens, steps, warmup);
     std::printf("%-26s %8.1f ms\n", "step time", step_s * 1e3);
     std::printf("%-26s %8.1f\n", "tokens/s", tokens / step_s);
+    std::printf("%-26s %8.1f ms  (user + system, all threads)\n", "process CPU time a step",
+                cpu_seconds / steps * 1e3);
     std::printf("%-26s %11s\n", "peak memory", format_bytes(peak).c_str());
     std::printf("%-26s %8.1f ms  %5.1f%%  (%llu calls/step, %.1f GFLOP/s)\n", "GEMM (library)",
                 gemm_s * 1e3, 100 * gemm_s / step_s,

@@ -37,6 +37,18 @@ namespace {
 
 }  // namespace
 
+void Backend::gelu_backward_bias(Dtype dt, void* dinp, void* dbias, const void* inp,
+                                 const void* dout, int N, int OC) {
+  gelu_backward(dt, dinp, inp, dout, uint64_t(N) * OC, Grad::kWrite);
+  // The bias gradient alone (no input or weight gradient: C is not read; 1 passes the size checks).
+  if (dbias) matmul_backward(dt, nullptr, nullptr, dbias, dinp, nullptr, nullptr, N, 1, OC);
+}
+void Backend::residual_layernorm_forward(Dtype dt, void* out, void* mean, void* rstd, void* res,
+                                         const void* x, const void* weight, const void* bias, int N,
+                                         int C) {
+  add_inplace(dt, res, x, uint64_t(N) * C);
+  layernorm_forward(dt, out, mean, rstd, res, weight, bias, N, C);
+}
 void Backend::rmsnorm_forward(Dtype, void*, void*, const void*, const void*, int, int, double) {
   no_llama_kernel("rmsnorm_forward");
 }

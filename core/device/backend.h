@@ -109,8 +109,21 @@ class Backend {
   // f32 value rounded once to dt. The transient a GEMM of a quantized weight reads.
   virtual void dequantize(Dtype dt, void* out, const void* q, QuantKind kind, bool double_quant,
                           uint64_t n) = 0;
+  // dinp (N,OC) = gelu'(inp) * dout, written (gelu_backward's Grad::kWrite), and dbias (OC) +=
+  // its column sums (matmul_backward's bias gradient with dinp as its dout): the MLP's GELU and
+  // the bias gradient of the fc layer before it, in one pass over dinp where a backend fuses
+  // them, bitwise the two ops. dbias may be null. Not pure: this default is the two ops.
+  virtual void gelu_backward_bias(Dtype dt, void* dinp, void* dbias, const void* inp,
+                                  const void* dout, int N, int OC);
   // dst (n) += src (n)
   virtual void add_inplace(Dtype dt, void* dst, const void* src, uint64_t n) = 0;
+  // res (N,C) += x (N,C), then out (N,C) = LayerNorm(res) * weight + bias as layernorm_forward:
+  // a residual add and the LayerNorm that reads its sum (GPT-2's ln_2), in one pass over res
+  // where a backend fuses them, bitwise add_inplace then layernorm_forward. Not pure: this default
+  // is those two ops.
+  virtual void residual_layernorm_forward(Dtype dt, void* out, void* mean, void* rstd, void* res,
+                                          const void* x, const void* weight, const void* bias,
+                                          int N, int C);
   // logits (N,V) -> losses (N, stat_dtype) = -log softmax[target] (0 where target < 0); logits
   // are overwritten with dloss * (softmax - onehot(target)) (zeros for ignored rows).
   virtual void crossentropy_forward_backward(Dtype dt, void* logits, void* losses,

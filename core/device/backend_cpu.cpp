@@ -287,8 +287,8 @@ void pointwise_map(void* out, uint64_t n, F&& f) {
 bool lowp_gemm(Dtype dt) {
   return (dt == Dtype::kBF16 || dt == Dtype::kF16) && cpu::lowp_gemm_enabled();
 }
-// bf16 element-wise and row-wise ops (GELU, the residual add, LayerNorm, the loss, the
-// embedding, the tiled attention) go to
+// bf16 element-wise and row-wise ops (GELU, the residual add, LayerNorm and the two fused, the
+// loss, the embedding, the tiled attention) go to
 // kernels/cpu/bf16_ops.h: computed on the bf16 tensors where they are, one parallel region an op,
 // bitwise the widened path. HEADROOM_CPU_BF16_EW=0 keeps them widened (a benchmark's "before").
 bool bf16_direct(Dtype dt) {
@@ -353,6 +353,29 @@ class CpuBackend final : public Backend {
       cpu::layernorm_forward(a.out(out, n, false), a.stat(mean), a.stat(rstd), a.in(inp, n),
                              a.in(weight, C), a.in(bias, C), N, C);
     });
+  }
+  void residual_layernorm_forward(Dtype dt, void* out, void* mean, void* rstd, void* res,
+                                  const void* x, const void* weight, const void* bias, int N,
+                                  int C) override {
+    cpu::OpTimer timer_("residual_layernorm_forward", dtype_name(dt));
+    if (!cpu::detail::fuse_enabled())
+      return Backend::residual_layernorm_forward(dt, out, mean, rstd, res, x, weight, bias, N, C);
+    if (bf16_direct(dt) && weight && bias)
+      return cpu::residual_layernorm_forward_bf16(u16(out), static_cast<float*>(mean),
+                                                  static_cast<float*>(rstd), u16(res), u16(x),
+                                                  u16(weight), u16(bias), N, C);
+    if (dt == Dtype::kF32)
+      return cpu::residual_layernorm_forward(
+          static_cast<float*>(out), static_cast<float*>(mean), static_cast<float*>(rstd),
+          static_cast<float*>(res), static_cast<const float*>(x), static_cast<const float*>(weight),
+          static_cast<const float*>(bias), N, C);
+    if (dt == Dtype::kF64)
+      return cpu::residual_layernorm_forward(
+          static_cast<double*>(out), static_cast<double*>(mean), static_cast<double*>(rstd),
+          static_cast<double*>(res), static_cast<const double*>(x),
+          static_cast<const double*>(weight), static_cast<const double*>(bias), N, C);
+    // f16 (and bf16 widened): the two ops, each through its widened copies.
+    Backend::residual_layernorm_forward(dt, out, mean, rstd, res, x, weight, bias, N, C);
   }
   void layernorm_backward(Dtype dt, void* dinp, void* dweight, void* dbias, const void* dout,
                           const void* inp, const void* weight, const void* mean, const void* rstd,
@@ -575,6 +598,24 @@ class CpuBackend final : public Backend {
             kind, b, n, double_quant,
             [o = static_cast<double*>(out)](uint64_t i, float v) { o[i] = double(v); });
     }
+  }
+  void gelu_backward_bias(Dtype dt, void* dinp, void* dbias, const void* inp, const void* dout,
+                          int N, int OC) override {
+    cpu::OpTimer timer_("gelu_backward_bias", dtype_name(dt));
+    if (!cpu::detail::fuse_enabled())
+      return Backend::gelu_backward_bias(dt, dinp, dbias, inp, dout, N, OC);
+    // bf16 (and f16) take the two ops: a bf16 kernel of the fused pass (column blocks over the
+    // threads, bias_grad_lowp's bits) ran 0.9x their time in the gpt2-350m step on 2 threads
+    // (docs/results/cpu.md): GELU's backward is bound by its arithmetic, not by the pass.
+    if (dt == Dtype::kF32)
+      return cpu::gelu_backward_bias(static_cast<float*>(dinp), static_cast<float*>(dbias),
+                                     static_cast<const float*>(inp),
+                                     static_cast<const float*>(dout), N, OC);
+    if (dt == Dtype::kF64)
+      return cpu::gelu_backward_bias(static_cast<double*>(dinp), static_cast<double*>(dbias),
+                                     static_cast<const double*>(inp),
+                                     static_cast<const double*>(dout), N, OC);
+    Backend::gelu_backward_bias(dt, dinp, dbias, inp, dout, N, OC);
   }
   void add_inplace(Dtype dt, void* dst, const void* src, uint64_t n) override {
     cpu::OpTimer timer_("add_inplace", dtype_name(dt));

@@ -191,8 +191,9 @@ class Block final : public Layer<T> {
     // The projection is written straight into res1 and the residual added in place: no separate
     // (B, T, C) buffer for the projection, which backward does not need.
     this->linear_forward(res1_, atty_, *projw_, projb_, N, A, C);
-    ops.add_inplace(dt, res1_, x, N * C);
-    ln2_forward(t, N, C);
+    // res1 += x and ln_2(res1) in one pass over res1 (bitwise the add, then ln2_forward's op).
+    ops.residual_layernorm_forward(dt, t, ln2_mean_, ln2_rstd_, res1_, x, ln2w_->compute().value,
+                                   ln2b_->compute().value, int(N), C);
     this->linear_forward(fch_, t, *fcw_, fcb_, N, C, H);
     ops.gelu_forward(dt, t, fch_, N * H);
     this->linear_forward(out_, t, *fcprojw_, fcprojb_, N, H, C);
@@ -237,11 +238,13 @@ class Block final : public Layer<T> {
     void* gelu = dfch;
     ops.gelu_forward(dt, gelu, fch_, N * H);
     this->linear_backward(dgelu, dout, gelu, *fcprojw_, fcprojb_, N, H, C, Grad::kWrite);
-    ops.gelu_backward(dt, dfch, fch_, dgelu, N * H, Grad::kWrite);
+    // GELU's input gradient and, in the same pass, fc's bias gradient (so fc's backward below
+    // is given no bias: it would sum dfc's columns again).
+    ops.gelu_backward_bias(dt, dfch, fcb_ ? fcb_->compute().grad : nullptr, fch_, dgelu, int(N), H);
     // ln_2's output (B, T, C), again, in dres1's buffer until ln_2's backward writes dres1.
     void* ln2 = dres1;
     ln2_forward(ln2, N, C);
-    this->linear_backward(dtmp, dfch, ln2, *fcw_, fcb_, N, C, H, Grad::kWrite);
+    this->linear_backward(dtmp, dfch, ln2, *fcw_, nullptr, N, C, H, Grad::kWrite);
     // dres1 = dout (the residual path) + ln_2's input gradient
     ops.layernorm_backward(dt, dres1, ln2w_->compute().grad, ln2b_->compute().grad, dtmp, res1_,
                            ln2w_->compute().value, ln2_mean_, ln2_rstd_, N, C, Grad::kWrite, dout);

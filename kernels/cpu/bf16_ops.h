@@ -25,6 +25,7 @@
 #include "kernels/common/dtype.h"
 #include "kernels/common/elementwise.h"
 #include "kernels/cpu/attention_tiled.h"
+#include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/reduce.h"
 
@@ -108,57 +109,93 @@ HEADROOM_CPU_CLONES inline void add_inplace_bf16(uint16_t* dst, const uint16_t* 
     dst[i] = bf16::round(bf16::widen(dst[i]) + bf16::widen(src[i]));
 }
 
-// layernorm_forward (layernorm.h) on bf16 inp, weight, bias and out; mean and rstd (N) f32 (either
-// may be null). Each row is widened into a thread's float buffer and normalised as the f32 kernel
-// does it.
-HEADROOM_CPU_CLONES inline void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd,
-                                                       const uint16_t* inp, const uint16_t* weight,
-                                                       const uint16_t* bias, int N, int C) {
-  const double eps = 1e-5;
+// The rows of layernorm_forward_bf16 and residual_layernorm_forward_bf16: by groups of
+// detail::kLnRows rows (layernorm.h: independent chains of serial double sums), each group widened
+// into the thread's float buffer (kLnRows, C) and normalised as the f32 kernel does it. With `res`,
+// the rows are first res += add, rounded as add_inplace_bf16 rounds it, and the rounded sums are
+// what is normalised: bitwise add_inplace_bf16 then layernorm_forward_bf16, one pass over res.
+template <int R>
+HEADROOM_CPU_CLONES void layernorm_forward_rows_bf16(uint16_t* out, float* mean, float* rstd,
+                                                     uint16_t* res, const uint16_t* add,
+                                                     const uint16_t* inp, const uint16_t* weight,
+                                                     const uint16_t* bias, int N, int C) {
   std::unique_ptr<float[]> wb(new float[2 * size_t(C)]);
   float *w = wb.get(), *b = w + C;
   bf16::widen_row(weight, w, C);
   bf16::widen_row(bias, b, C);
+  const int groups = (N + R - 1) / R;
 #pragma omp parallel num_threads(threads_for(size_t(N) * C))
   {
-    std::unique_ptr<float[]> row(new float[size_t(C)]);
-    float* x = row.get();
+    float* buf = bf16::thread_buffer(0, size_t(R) * C);
 #pragma omp for schedule(static)
-    for (int n = 0; n < N; n++) {
-      bf16::widen_row(inp + static_cast<size_t>(n) * C, x, C);
-      uint16_t* y = out + static_cast<size_t>(n) * C;
-      double sum = 0.0;
-      for (int i = 0; i < C; i++) {
-        sum += x[i];
+    for (int g = 0; g < groups; g++) {
+      const int n0 = g * R, rows = N - n0 < R ? N - n0 : R;
+      const float* x[R];
+      for (int r = 0; r < R; r++) {
+        float* xr = buf + static_cast<size_t>(r < rows ? r : rows - 1) * C;
+        x[r] = xr;
+        if (r >= rows) continue;  // the tail group repeats its last row (detail::group_rows)
+        const size_t off = static_cast<size_t>(n0 + r) * C;
+        if (res != nullptr) {
+          uint16_t* rr = res + off;
+          const uint16_t* ar = add + off;
+          for (int i = 0; i < C; i++) {
+            const uint16_t v = bf16::round(bf16::widen(rr[i]) + bf16::widen(ar[i]));
+            rr[i] = v;
+            xr[i] = bf16::widen(v);
+          }
+        } else {
+          bf16::widen_row(inp + off, xr, C);
+        }
       }
-      const double m = sum / C;
-      double sq = 0.0;
-      for (int i = 0; i < C; i++) {
-        const double d = x[i] - m;
-        sq += d * d;
+      double m[R], s[R];
+      detail::layernorm_stats<R>(x, C, m, s);
+      for (int r = 0; r < rows; r++) {
+        uint16_t* y = out + static_cast<size_t>(n0 + r) * C;
+        const float mT = float(m[r]);
+        const float sT = float(s[r]);
+        for (int i = 0; i < C; i++) {
+          y[i] = bf16::round((x[r][i] - mT) * sT * w[i] + b[i]);
+        }
+        if (mean != nullptr) mean[n0 + r] = mT;
+        if (rstd != nullptr) rstd[n0 + r] = sT;
       }
-      const double s = 1.0 / std::sqrt(sq / C + eps);
-      const float mT = float(m);
-      const float sT = float(s);
-      for (int i = 0; i < C; i++) {
-        y[i] = bf16::round((x[i] - mT) * sT * w[i] + b[i]);
-      }
-      if (mean != nullptr) mean[n] = mT;
-      if (rstd != nullptr) rstd[n] = sT;
     }
   }
+}
+
+// layernorm_forward (layernorm.h) on bf16 inp, weight, bias and out; mean and rstd (N) f32 (either
+// may be null).
+inline void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const uint16_t* inp,
+                                   const uint16_t* weight, const uint16_t* bias, int N, int C) {
+  if (!detail::fuse_enabled())
+    return layernorm_forward_rows_bf16<1>(out, mean, rstd, nullptr, nullptr, inp, weight, bias, N,
+                                          C);
+  layernorm_forward_rows_bf16<detail::kLnRows>(out, mean, rstd, nullptr, nullptr, inp, weight, bias,
+                                               N, C);
+}
+
+// residual_layernorm_forward (layernorm.h) on bf16: res (N,C) += x (N,C), out (N,C) =
+// LayerNorm(res) * weight + bias; mean, rstd (N) f32.
+inline void residual_layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, uint16_t* res,
+                                            const uint16_t* x, const uint16_t* weight,
+                                            const uint16_t* bias, int N, int C) {
+  if (!detail::fuse_enabled())
+    return layernorm_forward_rows_bf16<1>(out, mean, rstd, res, x, res, weight, bias, N, C);
+  layernorm_forward_rows_bf16<detail::kLnRows>(out, mean, rstd, res, x, res, weight, bias, N, C);
 }
 
 // layernorm_backward (layernorm.h) on bf16 tensors; mean and rstd f32. dweight and dbias
 // accumulate in float over every row and are rounded once, as the widened path's float copies;
 // with !accumulate, dinp = dres + that (dres may be null: 0 + that). dweight and dbias may be
 // null together (no parameter gradients).
-HEADROOM_CPU_CLONES inline void layernorm_backward_bf16(uint16_t* dinp, uint16_t* dweight,
-                                                        uint16_t* dbias, const uint16_t* dout,
-                                                        const uint16_t* inp, const uint16_t* weight,
-                                                        const float* mean, const float* rstd, int N,
-                                                        int C, bool accumulate,
-                                                        const uint16_t* dres) {
+template <int R>
+HEADROOM_CPU_CLONES void layernorm_backward_rows_bf16(uint16_t* dinp, uint16_t* dweight,
+                                                      uint16_t* dbias, const uint16_t* dout,
+                                                      const uint16_t* inp, const uint16_t* weight,
+                                                      const float* mean, const float* rstd, int N,
+                                                      int C, bool accumulate,
+                                                      const uint16_t* dres) {
   std::unique_ptr<float[]> params(new float[3 * size_t(C)]);
   float *w = params.get(), *dw = w + C, *db = dw + C;
   bf16::widen_row(weight, w, C);
@@ -171,41 +208,50 @@ HEADROOM_CPU_CLONES inline void layernorm_backward_bf16(uint16_t* dinp, uint16_t
   const int blocks = (C + kCols - 1) / kCols;
 #pragma omp parallel num_threads(threads_for(size_t(N) * C))
   {
-    std::unique_ptr<float[]> rows(new float[2 * size_t(C)]);
-    float *x = rows.get(), *dy = x + C;
-    // The input gradient, a row at a time (nowait: the parameter gradients below read only the
-    // inputs).
+    std::unique_ptr<float[]> rows(new float[2 * size_t(R) * C]);
+    const int groups = (N + R - 1) / R;
+    // The input gradient, by groups of rows (layernorm.h) widened into the thread's buffer (nowait:
+    // the parameter gradients below read only the inputs).
 #pragma omp for schedule(static) nowait
-    for (int n = 0; n < N; n++) {
-      bf16::widen_row(inp + static_cast<size_t>(n) * C, x, C);
-      bf16::widen_row(dout + static_cast<size_t>(n) * C, dy, C);
-      uint16_t* dx = dinp + static_cast<size_t>(n) * C;
-      const float m = mean[n];
-      const float s = rstd[n];
-      double sum_dnorm = 0.0;
-      double sum_dnorm_norm = 0.0;
-      for (int i = 0; i < C; i++) {
-        const float norm = (x[i] - m) * s;
-        const float dnorm = w[i] * dy[i];
-        sum_dnorm += dnorm;
-        sum_dnorm_norm += static_cast<double>(dnorm) * norm;
+    for (int g = 0; g < groups; g++) {
+      const int n0 = g * R, rows_in = N - n0 < R ? N - n0 : R;
+      const float *xs[R], *dys[R];
+      float ms[R], ss[R];
+      for (int r = 0; r < R; r++) {
+        const int k = r < rows_in ? r : rows_in - 1;  // the tail repeats its last row
+        float* xr = rows.get() + static_cast<size_t>(2 * k) * C;
+        xs[r] = xr, dys[r] = xr + C;
+        ms[r] = mean[n0 + k], ss[r] = rstd[n0 + k];
+        if (r >= rows_in) continue;
+        bf16::widen_row(inp + static_cast<size_t>(n0 + r) * C, xr, C);
+        bf16::widen_row(dout + static_cast<size_t>(n0 + r) * C, xr + C, C);
       }
-      const float mean_dnorm = float(sum_dnorm / C);
-      const float mean_dnorm_norm = float(sum_dnorm_norm / C);
-      if (accumulate) {
-        for (int i = 0; i < C; i++) {
-          const float norm = (x[i] - m) * s;
-          const float dnorm = w[i] * dy[i];
-          dx[i] =
-              bf16::round(bf16::widen(dx[i]) + (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s);
-        }
-      } else {
-        const uint16_t* dr = dres ? dres + static_cast<size_t>(n) * C : nullptr;
-        for (int i = 0; i < C; i++) {
-          const float norm = (x[i] - m) * s;
-          const float dnorm = w[i] * dy[i];
-          dx[i] = bf16::round((dr ? bf16::widen(dr[i]) : 0.0f) +
-                              (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s);
+      double sum_dnorm[R], sum_dnorm_norm[R];
+      detail::layernorm_dsums<R>(xs, dys, w, ms, ss, C, sum_dnorm, sum_dnorm_norm);
+      for (int r = 0; r < rows_in; r++) {
+        const int n = n0 + r;
+        const float* x = xs[r];
+        const float* dy = dys[r];
+        uint16_t* dx = dinp + static_cast<size_t>(n) * C;
+        const float m = ms[r];
+        const float s = ss[r];
+        const float mean_dnorm = float(sum_dnorm[r] / C);
+        const float mean_dnorm_norm = float(sum_dnorm_norm[r] / C);
+        if (accumulate) {
+          for (int i = 0; i < C; i++) {
+            const float norm = (x[i] - m) * s;
+            const float dnorm = w[i] * dy[i];
+            dx[i] =
+                bf16::round(bf16::widen(dx[i]) + (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s);
+          }
+        } else {
+          const uint16_t* dr = dres ? dres + static_cast<size_t>(n) * C : nullptr;
+          for (int i = 0; i < C; i++) {
+            const float norm = (x[i] - m) * s;
+            const float dnorm = w[i] * dy[i];
+            dx[i] = bf16::round((dr ? bf16::widen(dr[i]) : 0.0f) +
+                                (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s);
+          }
         }
       }
     }
@@ -231,6 +277,19 @@ HEADROOM_CPU_CLONES inline void layernorm_backward_bf16(uint16_t* dinp, uint16_t
     dweight[i] = bf16::round(dw[i]);
     dbias[i] = bf16::round(db[i]);
   }
+}
+
+// layernorm_backward_rows_bf16 by groups of detail::kLnRows rows (one at a time:
+// HEADROOM_CPU_FUSE=0).
+inline void layernorm_backward_bf16(uint16_t* dinp, uint16_t* dweight, uint16_t* dbias,
+                                    const uint16_t* dout, const uint16_t* inp,
+                                    const uint16_t* weight, const float* mean, const float* rstd,
+                                    int N, int C, bool accumulate, const uint16_t* dres) {
+  if (!detail::fuse_enabled())
+    return layernorm_backward_rows_bf16<1>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N,
+                                           C, accumulate, dres);
+  layernorm_backward_rows_bf16<detail::kLnRows>(dinp, dweight, dbias, dout, inp, weight, mean, rstd,
+                                                N, C, accumulate, dres);
 }
 
 // crossentropy_forward_backward (crossentropy.h) on bf16 logits (N,V), overwritten with their

@@ -46,6 +46,53 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* 
   CUDA_CHECK_LAUNCH();
 }
 
+// res (N,C) += x (N,C), then layernorm_forward_kernel on res: one warp per row, each lane adding
+// and rounding the elements it then reads (lane i, i + 32, ...), so the sums it normalises are the
+// values it stored: bitwise add_inplace_kernel then layernorm_forward_kernel, one pass over res
+// fewer.
+template <class T>
+__global__ void residual_layernorm_forward_kernel(T* out, float* mean, float* rstd, T* res,
+                                                  const T* add, const T* weight, const T* bias,
+                                                  int N, int C) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int n = blockIdx.x * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
+  if (n >= N) return;
+  T* x = res + static_cast<size_t>(n) * C;
+  const T* a = add + static_cast<size_t>(n) * C;
+  T* y = out + static_cast<size_t>(n) * C;
+  float sum = 0.0f;
+  for (int i = lane; i < C; i += kWarpSize) {
+    const T v = from_float<T>(to_float(x[i]) + to_float(a[i]));
+    x[i] = v;
+    sum += to_float(v);
+  }
+  const float m = warp_sum(sum) / C;
+  float sq = 0.0f;
+  for (int i = lane; i < C; i += kWarpSize) {
+    const float d = to_float(x[i]) - m;
+    sq += d * d;
+  }
+  const float s = 1.0f / sqrtf(warp_sum(sq) / C + 1e-5f);
+  for (int i = lane; i < C; i += kWarpSize) {
+    y[i] = from_float<T>((to_float(x[i]) - m) * s * to_float(weight[i]) + to_float(bias[i]));
+  }
+  if (lane == 0) {
+    if (mean != nullptr) mean[n] = m;
+    if (rstd != nullptr) rstd[n] = s;
+  }
+}
+
+template <class T>
+void residual_layernorm_forward(T* out, float* mean, float* rstd, T* res, const T* x,
+                                const T* weight, const T* bias, int N, int C, cudaStream_t stream) {
+  if (N <= 0 || C <= 0) return;
+  const int block = 256;
+  const int rows_per_block = block / kWarpSize;
+  residual_layernorm_forward_kernel<<<static_cast<unsigned>(ceil_div(N, rows_per_block)), block, 0,
+                                      stream>>>(out, mean, rstd, res, x, weight, bias, N, C);
+  CUDA_CHECK_LAUNCH();
+}
+
 // dinp (N,C): one warp per row; the two row reductions, then one pass adding into dinp (or into
 // dres, or 0, written to dinp: !accumulate).
 template <class T>
@@ -139,6 +186,8 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 #define HR_INSTANTIATE(T)                                                                        \
   template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, \
                                      cudaStream_t);                                              \
+  template void residual_layernorm_forward<T>(T*, float*, float*, T*, const T*, const T*,        \
+                                              const T*, int, int, cudaStream_t);                 \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const float*,    \
                                       const float*, int, int, cudaStream_t, bool, const T*);
 HR_INSTANTIATE_FLOAT_TYPES(HR_INSTANTIATE)

@@ -80,6 +80,11 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, 
 template <class T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
                        const T* bias, int N, int C, cudaStream_t stream);
+// res (N,C) += x (N,C), then out (N,C) = layernorm_forward of res: bitwise add_inplace then
+// layernorm_forward, one pass over res.
+template <class T>
+void residual_layernorm_forward(T* out, float* mean, float* rstd, T* res, const T* x,
+                                const T* weight, const T* bias, int N, int C, cudaStream_t stream);
 // dbias (C) += sum_n dout,  dweight (C) += sum_n dout * norm,
 // dinp (N,C) += rstd * (dnorm - mean_i(dnorm) - norm * mean_i(dnorm * norm)), dnorm = dout *
 // weight. Any of dinp, dweight, dbias may be null (skipped). !accumulate: dinp's contents are

@@ -148,6 +148,16 @@ class CudaBackend final : public Backend {
                               as<S>(weight), as<S>(bias), N, C, stream());
     });
   }
+  void residual_layernorm_forward(Dtype dt, void* out, void* mean, void* rstd, void* res,
+                                  const void* x, const void* weight, const void* bias, int N,
+                                  int C) override {
+    on_device();
+    dispatch(dt, "residual_layernorm_forward", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::residual_layernorm_forward(as<S>(out), as<float>(mean), as<float>(rstd), as<S>(res),
+                                       as<S>(x), as<S>(weight), as<S>(bias), N, C, stream());
+    });
+  }
   void layernorm_backward(Dtype dt, void* dinp, void* dweight, void* dbias, const void* dout,
                           const void* inp, const void* weight, const void* mean, const void* rstd,
                           int N, int C, Grad dinp_mode, const void* dres) override {
