@@ -133,6 +133,39 @@ INSTANTIATE_TEST_SUITE_P(Offload, PlanMeasureHostTest,
                                            HostCase{"NvmeAmp", true, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// The resident set of this process, from /proc/self/status (0 where it cannot be read).
+uint64_t resident_bytes() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  uint64_t kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmRSS: %lu kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib * 1024;
+}
+
+// A dry run with offload commits no host memory for the host copies: the host optimizer's
+// downloads into them are skipped on a dry device (they wrote the unbacked mappings, 8 bytes a
+// parameter: an 8B model's plan --measure was killed on a 24 GiB host).
+TEST(PlanMeasure, ADryRunWithOffloadCommitsNoHostCopies) {
+  const Config c = test::config_from(
+      "[model]\nn_layer = 6\nn_head = 8\nn_embd = 512\nseq_len = 16\nvocab_size = 64\n"
+      "[train]\nsteps = 2\nmicro_batch = 1\n[[plugins]]\nname = \"offload\"\n");
+  const uint64_t host_copies = 8 * gpt_num_params(c.model);  // f32 weights and gradients
+  ASSERT_GT(host_copies, 100u << 20);
+  const uint64_t before = resident_bytes();
+  if (before == 0) GTEST_SKIP() << "no /proc/self/status here";
+  TrainOptions options;
+  options.dry = true;
+  Trainer t(c, std::move(options));
+  t.run();
+  ASSERT_EQ(t.device().host_place()->tracker().peak(Category::kParameters), host_copies / 2);
+  const uint64_t after = resident_bytes();
+  EXPECT_LT(after, before + host_copies / 4)
+      << "the dry run committed " << (after - before) << " bytes";
+}
+
 // Without offload the host ledger is empty, and the output says nothing of it.
 TEST(PlanMeasure, WithoutOffloadTheHostLedgerIsEmpty) {
   const Config c = test::config_from(kModel);
