@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "core/config/config.h"
+#include "core/model/model.h"
 #include "core/plan/measure.h"
 #include "core/plan/search.h"
 #include "core/report/advice.h"
@@ -82,6 +83,96 @@ INSTANTIATE_TEST_SUITE_P(
                                   "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = "
                                   "\"checkpoint\"\n"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// The host ledger (the offload plugin's optimizer on the host, or its state on the NVMe tier with
+// two staging buffers on the host) is measured by the same dry runs: the config itself and the
+// extrapolation both equal the closed form to the byte, category by category, fp32 and amp, and
+// the full run's host tracker. The device's prediction stays the full run's.
+struct HostCase {
+  const char* name;
+  bool nvme, amp;
+};
+class PlanMeasureHostTest : public ::testing::TestWithParam<HostCase> {};
+
+TEST_P(PlanMeasureHostTest, TheHostLedgerIsTheClosedFormAndTheFullRun) {
+  const std::string dir = test::temp_dir();
+  const std::string offload =
+      GetParam().nvme
+          ? "[[plugins]]\nname = \"offload\"\noptimizer = \"nvme\"\nnvme_path = \"" + dir + "\"\n"
+          : std::string("[[plugins]]\nname = \"offload\"\noptimizer = \"host\"\n");
+  const std::string amp = GetParam().amp ? "[[plugins]]\nname = \"amp\"\n" : "";
+  const Config c = test::config_from(std::string(kModel) + amp + offload);
+  const PeakEstimate e = estimate_config(c).peak;
+  ASSERT_GT(e.host_total(), 0u);
+  Trainer t(c, TrainOptions{});
+  t.run();
+  const MemoryTracker& host = t.device().host_place()->tracker();
+  for (const Measured& m : {measure(c), measure(c, Arithmetic::kDry, 0)}) {
+    SCOPED_TRACE(m.method == Measured::Method::kDirect ? "the config itself" : "extrapolated");
+    for (int i = 0; i < kNumCategories; ++i) {
+      EXPECT_EQ(m.host_by_category[i], e.host[i]) << category_name(category_at(i));
+      EXPECT_EQ(m.host_by_category[i], host.live_at_peak()[i]) << category_name(category_at(i));
+    }
+    EXPECT_EQ(m.host_peak, e.host_total());
+    EXPECT_EQ(m.host_peak, host.peak_total());
+    EXPECT_EQ(m.peak, t.device().tracker().peak_total());
+    EXPECT_EQ(m.by_category[int(Category::kOptimizer)], 0u);  // none of it on the device
+    // Printed beside the closed form, off by nothing.
+    const std::string text = format_measured(c, m);
+    EXPECT_TRUE(test::contains(text, "host ledger (measured; the closed form beside it):")) << text;
+    EXPECT_TRUE(test::contains(text, "(measured - closed form: 0 bytes)")) << text;
+    EXPECT_TRUE(test::contains(measured_json(m),
+                               "\"host_peak_bytes\":" + std::to_string(e.host_total()) + ","));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Offload, PlanMeasureHostTest,
+                         ::testing::Values(HostCase{"Host", false, false},
+                                           HostCase{"HostAmp", false, true},
+                                           HostCase{"Nvme", true, false},
+                                           HostCase{"NvmeAmp", true, true}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// The resident set of this process, from /proc/self/status (0 where it cannot be read).
+uint64_t resident_bytes() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  uint64_t kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmRSS: %lu kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib * 1024;
+}
+
+// A dry run with offload commits no host memory for the host copies: the host optimizer's
+// downloads into them are skipped on a dry device (they wrote the unbacked mappings, 8 bytes a
+// parameter: an 8B model's plan --measure was killed on a 24 GiB host).
+TEST(PlanMeasure, ADryRunWithOffloadCommitsNoHostCopies) {
+  const Config c = test::config_from(
+      "[model]\nn_layer = 6\nn_head = 8\nn_embd = 512\nseq_len = 16\nvocab_size = 64\n"
+      "[train]\nsteps = 2\nmicro_batch = 1\n[[plugins]]\nname = \"offload\"\n");
+  const uint64_t host_copies = 8 * gpt_num_params(c.model);  // f32 weights and gradients
+  ASSERT_GT(host_copies, 100u << 20);
+  const uint64_t before = resident_bytes();
+  if (before == 0) GTEST_SKIP() << "no /proc/self/status here";
+  TrainOptions options;
+  options.dry = true;
+  Trainer t(c, std::move(options));
+  t.run();
+  ASSERT_EQ(t.device().host_place()->tracker().peak(Category::kParameters), host_copies / 2);
+  const uint64_t after = resident_bytes();
+  EXPECT_LT(after, before + host_copies / 4)
+      << "the dry run committed " << (after - before) << " bytes";
+}
+
+// Without offload the host ledger is empty, and the output says nothing of it.
+TEST(PlanMeasure, WithoutOffloadTheHostLedgerIsEmpty) {
+  const Config c = test::config_from(kModel);
+  const Measured m = measure(c);
+  EXPECT_EQ(m.host_peak, 0u);
+  EXPECT_FALSE(test::contains(format_measured(c, m), "host ledger")) << format_measured(c, m);
+}
 
 // A checkpoint of every 2nd block is not affine in blocks 1 and 2: the check point misses, and the
 // grid widens to blocks 2 and 4 (whole periods), whose fit is the full run's again.
@@ -484,6 +575,104 @@ TEST(PlanSearch, CandidatesWithinTimingNoiseArePickedByTheLowerPeak) {
   r.candidates[0].fits = false;
   pick_recommended(r);
   EXPECT_EQ(r.best, 1);
+}
+
+// Offload is proposed where nothing that keeps everything on the device fits, with its estimated
+// step cost; where a device-only candidate fits it is the pick, even when the offload one timed
+// faster here (a CPU timing does not see a GPU's host<->device copies).
+TEST(PlanSearch, WhereNothingOnTheDeviceAloneFitsOffloadIsProposedWithItsStepCost) {
+  auto cand = [](const char* what, bool fits, double ms, uint64_t host) {
+    Candidate c;
+    c.what = what;
+    c.measured = true;
+    c.fits = fits;
+    c.step_ms = fits ? ms : 0;
+    c.times = {ms, ms};
+    c.m.reserved = c.m.peak = 1000;
+    c.m.host_peak = host;
+    if (host) {
+      c.host_wall = "[host] memory_limit 1.00 GiB";
+      c.offload_ms = 3.25;
+    }
+    return c;
+  };
+  SearchResult r;
+  r.budget = 1100;
+  r.candidates = {cand("as written", false, 10, 0), cand("+ amp", false, 8, 0),
+                  cand("+ offload (optimizer host)", true, 12, 5000)};
+  pick_recommended(r);
+  EXPECT_EQ(r.best, 2);
+  EXPECT_TRUE(r.offload_only);
+  const Config c = test::config_from(kModel);
+  const std::string text = format_search(c, r);
+  EXPECT_TRUE(test::contains(text,
+                             "no candidate fits on the device alone; offloading the optimizer "
+                             "to the host does, at about 3.2 ms more a step"))
+      << text;
+  EXPECT_TRUE(test::contains(text, "recommended: + offload (optimizer host)")) << text;
+  EXPECT_TRUE(test::contains(search_json(r), "\"offload_only\":true")) << search_json(r);
+  // A device-only candidate that fits is the pick, though slower here.
+  r.candidates[1] = cand("+ amp", true, 20, 0);
+  pick_recommended(r);
+  EXPECT_EQ(r.best, 1);
+  EXPECT_FALSE(r.offload_only);
+  EXPECT_FALSE(test::contains(format_search(c, r), "no candidate fits on the device alone"));
+  // An offload candidate over the host's wall does not fit: nothing is recommended.
+  r.candidates[1] = cand("+ amp", false, 20, 0);
+  r.candidates[2].fits = false;
+  pick_recommended(r);
+  EXPECT_EQ(r.best, -1);
+}
+
+// The search measures the offload plugin's host tier as a candidate (its mode "optimizer host"):
+// its host ledger against the host's wall ([host] memory_limit), its step cost estimated from
+// rates timed at plan time and said so; over the host's wall it does not fit. The nvme tier is
+// said not to be a candidate, and why.
+TEST(PlanSearch, TheOffloadCandidateIsMeasuredOnBothLedgersWithItsStepCost) {
+  const std::string dir = test::temp_dir();
+  const std::string model =
+      "[model]\nn_layer = 2\nn_head = 2\nn_embd = 64\nseq_len = 16\nvocab_size = 64\n"
+      "[train]\nsteps = 2\nmicro_batch = 1\n";
+  const Config c = test::config_from(model + "[host]\nmemory_limit = \"64MiB\"\n");
+  const SearchResult r = search(c, 1 << 20);
+  const Candidate* off = nullptr;
+  for (const Candidate& k : r.candidates)
+    if (k.what == "+ offload (optimizer host)") off = &k;
+  ASSERT_NE(off, nullptr) << format_search(c, r);
+  ASSERT_TRUE(off->measured) << off->skipped;
+  const PeakEstimate e = estimate_config(off->config).peak;
+  EXPECT_EQ(off->m.host_peak, e.host_total());
+  EXPECT_EQ(off->m.by_category[int(Category::kOptimizer)], 0u);
+  EXPECT_TRUE(off->host_fits);
+  EXPECT_EQ(off->update_elements, gpt_num_params(c.model));
+  EXPECT_EQ(off->transfer_bytes,
+            e.host[int(Category::kGradients)] + e.host[int(Category::kParameters)]);
+  EXPECT_GT(r.rates.copy_bytes_per_s, 0);
+  EXPECT_GT(r.rates.adamw_elements_per_s, 0);
+  EXPECT_GT(off->offload_ms, 0);
+  const std::string text = format_search(c, r);
+  EXPECT_TRUE(test::contains(text, "host ledger " + format_bytes(e.host_total()) +
+                                       " ([host] memory_limit 64.00 MiB); offload's step cost, "
+                                       "estimated: "))
+      << text;
+  EXPECT_TRUE(test::contains(text, "a host memcpy of 64 MiB timed now")) << text;
+  EXPECT_TRUE(test::contains(text,
+                             "the nvme tier (offload optimizer = \"nvme\") is not a "
+                             "candidate: it needs nvme_path"))
+      << text;
+  // Under a host wall below its host ledger it is not measured: the closed form says so.
+  const Config tight = test::config_from(model + "[host]\nmemory_limit = \"1MiB\"\n");
+  const SearchResult t = search(tight, 1 << 20);
+  int seen = 0;
+  for (const Candidate& k : t.candidates)
+    if (k.what == "+ offload (optimizer host)") {
+      ++seen;
+      EXPECT_FALSE(k.measured);
+      EXPECT_FALSE(k.fits);
+      EXPECT_EQ(k.skipped, "its host ledger needs " + format_bytes(e.host_total()) +
+                               " by the closed form, over [host] memory_limit 1.00 MiB");
+    }
+  EXPECT_EQ(seen, 1) << format_search(tight, t);
 }
 
 // --write is checked before the search (it was checked after the whole of it), and refused with

@@ -137,6 +137,10 @@ VariantRun run_variant(const Config& config, int micro_batch, int n_layer, int g
     r.reserved = std::max(probe.max(), r.peak);
     r.step1_peak = probe.step1_peak();
     r.step1_reserved = std::max(probe.step1_reserved(), r.step1_peak);
+    if (const Device* host = t.device().host_place()) {
+      r.host_at_peak = host->tracker().live_at_peak();
+      r.host_peak = host->tracker().peak_total();
+    }
     r.step_ms = 0;
     if (arithmetic == Arithmetic::kCompute) {
       for (const StepState& h : t.history())
@@ -168,6 +172,9 @@ struct Grid {
 };
 int64_t cat_of(const VariantRun& r, int c) {
   return static_cast<int64_t>(r.at_peak[c]);
+}
+int64_t host_of(const VariantRun& r, int c) {
+  return static_cast<int64_t>(r.host_at_peak[c]);
 }
 int64_t frag_of(const VariantRun& r, int) {
   return static_cast<int64_t>(r.reserved - r.peak);
@@ -255,6 +262,8 @@ Measured measure(const Config& config, Arithmetic arithmetic, uint64_t host_byte
       m.reserved = std::max(self.reserved, self.peak);
       m.fragmentation = m.reserved - m.peak;
       m.phase = full_phase(self.peak_phase, N, N);
+      m.host_by_category = self.host_at_peak;
+      m.host_peak = self.host_peak;
       m.runs.push_back(std::move(self));
       m.wall_ms = now_ms() - t0;
       return m;
@@ -295,6 +304,13 @@ Measured measure(const Config& config, Arithmetic arithmetic, uint64_t host_byte
     }
     m.fragmentation = static_cast<uint64_t>(std::max<int64_t>(0, g.at(frag_of, 0, B, N)));
     m.reserved = m.peak + m.fragmentation;
+    // The host ledger's own peak, fitted as the device's categories are (its bytes follow the
+    // parameters: affine in the blocks, constant in the micro-batch).
+    m.host_peak = 0;
+    for (int c = 0; c < kNumCategories; ++c) {
+      m.host_by_category[c] = static_cast<uint64_t>(std::max<int64_t>(0, g.at(host_of, c, B, N)));
+      m.host_peak += m.host_by_category[c];
+    }
   };
   // Next: the configured blocks at micro_batch 1 and 2, fitted over the micro-batch alone (what a
   // policy does with the number of blocks, these runs do), and checked at micro_batch 3.
@@ -481,6 +497,32 @@ std::string format_measured(const Config& config, const Measured& m) {
   s += line;
   s += "  reserved " + format_bytes(m.reserved) + ", fragmentation " +
        format_bytes(m.fragmentation) + "\n";
+  // The host ledger beside its closed form (what `plan` prints as "estimated host memory").
+  uint64_t host_closed = 0;
+  ByCategory host_closed_by{};
+  try {
+    const PeakEstimate e = estimate_config(config).peak;
+    host_closed = e.host_total();
+    host_closed_by = e.host;
+  } catch (const ConfigError&) {
+    // the plugins refuse the config: the dry runs said so already
+  }
+  if (m.host_peak || host_closed) {
+    s += "host ledger (measured; the closed form beside it):\n";
+    for (int i = 0; i < kNumCategories; ++i) {
+      if (!m.host_by_category[i] && !host_closed_by[i]) continue;
+      std::snprintf(line, sizeof line, "  %-16s %14s   closed form %14s\n",
+                    category_name(category_at(i)), format_bytes(m.host_by_category[i]).c_str(),
+                    format_bytes(host_closed_by[i]).c_str());
+      s += line;
+    }
+    const int64_t off = static_cast<int64_t>(m.host_peak) - static_cast<int64_t>(host_closed);
+    std::snprintf(line, sizeof line,
+                  "  %-16s %14s   closed form %14s (measured - closed form: %lld bytes)\n", "total",
+                  format_bytes(m.host_peak).c_str(), format_bytes(host_closed).c_str(),
+                  static_cast<long long>(off));
+    s += line;
+  }
   if (m.check_b) {
     const VariantRun& c = m.check_run;
     if (c.ran) {
@@ -516,6 +558,11 @@ std::string measured_json(const Measured& m, bool pretty) {
   j["reserved_bytes"] = m.reserved;
   j["fragmentation"] = m.fragmentation;
   j["phase"] = m.phase;
+  j["host_peak_bytes"] = m.host_peak;
+  nlohmann::ordered_json host = nlohmann::ordered_json::object();
+  for (int i = 0; i < kNumCategories; ++i)
+    host[category_name(category_at(i))] = m.host_by_category[i];
+  j["host_by_category"] = host;
   if (m.check_b && m.check_run.ran) {
     j["check"] = {{"micro_batch", m.check_b},
                   {"n_layer", m.check_l},

@@ -43,6 +43,10 @@ struct VariantRun {
   std::vector<uint32_t> alloc_phase;
   std::vector<Phase> phases;
   uint64_t step1_peak = 0, step1_reserved = 0;  // the same at the end of step 1
+  // The host ledger (docs/design.md "Places": the offloaded optimizer's copies and state) at its
+  // own peak, by category, and that peak; 0 when nothing lives on the host place.
+  ByCategory host_at_peak{};
+  uint64_t host_peak = 0;
   double step_ms = 0;  // the fastest step's wall time (with Arithmetic::kCompute only)
   double wall_ms = 0;  // the whole dry run (setup included)
 };
@@ -70,6 +74,10 @@ struct Measured {
   uint64_t reserved = 0;         // predicted reserved bytes (>= peak)
   uint64_t fragmentation = 0;    // reserved - peak
   std::string phase;             // of the peak, named for the full model
+  // The host ledger's peak by category, measured as the device's is (the same runs, the same
+  // fit), and its sum: what `plan` prints as the host's closed form, measured.
+  ByCategory host_by_category{};
+  uint64_t host_peak = 0;
   // The check point: measured peak and reserved against the fit's.
   int64_t check_peak_error = 0, check_reserved_error = 0;
   double wall_ms = 0;  // all dry runs together

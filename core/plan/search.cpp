@@ -3,8 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
 
+#include "core/device/backend.h"
+#include "core/model/model.h"
+#include "core/os/host_memory.h"
 #include "core/os/output_file.h"
 #include "core/report/advice.h"
 
@@ -66,25 +71,61 @@ constexpr double kNoiseFloor = 0.03;
 
 }  // namespace
 
+OffloadRates measure_offload_rates() {
+  OffloadRates rates;
+  const uint64_t bytes = 64ull << 20;
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    const double t0 = now_s();
+    std::memcpy(dst.data(), src.data(), bytes);
+    const double dt = now_s() - t0;
+    if (dt > 0 && (best == 0 || dt < best)) best = dt;
+  }
+  if (best > 0) rates.copy_bytes_per_s = double(bytes) / best;
+  const uint64_t n = 4ull << 20;
+  std::vector<float> p(n, 0.5f), g(n, 0.01f), m(n, 0), v(n, 0);
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  best = 0;
+  for (int i = 0; i < 3; ++i) {
+    const double t0 = now_s();
+    cpu->adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                      i + 1);
+    const double dt = now_s() - t0;
+    if (dt > 0 && (best == 0 || dt < best)) best = dt;
+  }
+  if (best > 0) rates.adamw_elements_per_s = double(n) / best;
+  return rates;
+}
+
 void pick_recommended(SearchResult& r) {
   r.best = -1;
   r.within_noise = 0;
+  r.offload_only = false;
+  // Offload candidates compete only when nothing on the device alone fits.
+  bool device_only_fits = false;
+  for (const Candidate& c : r.candidates)
+    if (c.fits && c.step_ms > 0 && c.m.host_peak == 0) device_only_fits = true;
+  auto eligible = [&](const Candidate& c) {
+    return c.fits && c.step_ms > 0 && (!device_only_fits || c.m.host_peak == 0);
+  };
   int fastest = -1;
   for (size_t i = 0; i < r.candidates.size(); ++i) {
     const Candidate& c = r.candidates[i];
-    if (c.fits && c.step_ms > 0 && (fastest < 0 || c.step_ms < r.candidates[fastest].step_ms))
+    if (eligible(c) && (fastest < 0 || c.step_ms < r.candidates[fastest].step_ms))
       fastest = static_cast<int>(i);
   }
   if (fastest < 0) return;
   const Candidate& f = r.candidates[fastest];
   r.best = fastest;
+  r.offload_only = !device_only_fits;
   // The timing noise: the median, over the timed candidates that fit, of each one's spread of
   // rounds (and at least the floor). One candidate's spread, the fastest's, moved with the load
   // from one search to the next, and the band with it, which changed the pick; the median of
   // all of them holds still.
   std::vector<double> spreads;
   for (const Candidate& c : r.candidates)
-    if (c.fits && c.step_ms > 0 && c.times.size() > 1) spreads.push_back(spread(c));
+    if (eligible(c) && c.times.size() > 1) spreads.push_back(spread(c));
   double noise = kNoiseFloor;
   if (!spreads.empty()) {
     std::nth_element(spreads.begin(), spreads.begin() + spreads.size() / 2, spreads.end());
@@ -93,7 +134,7 @@ void pick_recommended(SearchResult& r) {
   r.noise = noise;
   for (size_t i = 0; i < r.candidates.size(); ++i) {
     const Candidate& c = r.candidates[i];
-    if (!c.fits || c.step_ms <= 0) continue;
+    if (!eligible(c)) continue;
     if (c.step_ms > f.step_ms * (1 + noise)) continue;  // no telling them apart within the noise
     ++r.within_noise;
     const Candidate& b = r.candidates[r.best];
@@ -207,10 +248,22 @@ SearchResult search(const Config& config, uint64_t budget, double deadline_s) {
       continue;
     }
     seen.push_back(text);
+    uint64_t host_closed = 0;
     try {
-      c.closed_form = estimate_config(c.config, {}, 1).peak.total();
+      const PeakEstimate e = estimate_config(c.config, {}, 1).peak;
+      c.closed_form = e.total();
+      host_closed = e.host_total();
     } catch (const ConfigError& e) {
       c.skipped = std::string("its plugins refuse it: ") + e.what();
+      continue;
+    }
+    // The host ledger's closed form is exact (plan --measure checks it): over [host]
+    // memory_limit, the dry run would stop there with an out-of-memory report.
+    const uint64_t host_limit = c.config.device.host_memory_limit;
+    if (host_limit && host_closed > host_limit) {
+      c.skipped = "its host ledger needs " + format_bytes(host_closed) +
+                  " by the closed form, over [host] memory_limit " + format_bytes(host_limit);
+      c.host_fits = false;
       continue;
     }
     if (c.closed_form > budget * kPruneOver) {
@@ -226,6 +279,29 @@ SearchResult search(const Config& config, uint64_t budget, double deadline_s) {
       c.m = measure(c.config);
       c.fits = c.m.reserved <= budget - static_cast<uint64_t>(budget * r.margin);
       c.measured = true;
+      if (c.m.host_peak) {
+        // The host's wall: [host] memory_limit when set, else what this host has available now.
+        const uint64_t host_limit = c.config.device.host_memory_limit;
+        const HostMemory h = host_limit ? HostMemory{} : host_available_memory();
+        const uint64_t wall = host_limit ? host_limit : h.bytes;
+        c.host_wall =
+            host_limit ? "[host] memory_limit " + format_bytes(host_limit)
+                       : "this host's " + format_bytes(h.bytes) + " available (" + h.source + ")";
+        c.host_fits = !wall || c.m.host_peak <= wall;
+        c.fits = c.fits && c.host_fits;
+        // The step cost: the gradients down and the updated weights up (the host ledger's
+        // gradients and parameters rows, as measured), the AdamW update of every element the
+        // host holds a weight of.
+        if (r.rates.copy_bytes_per_s == 0) r.rates = measure_offload_rates();
+        c.transfer_bytes = c.m.host_by_category[static_cast<int>(Category::kGradients)] +
+                           c.m.host_by_category[static_cast<int>(Category::kParameters)];
+        c.update_elements = gpt_num_params(c.config.model);
+        if (r.rates.copy_bytes_per_s > 0)
+          c.transfer_ms = 1000.0 * double(c.transfer_bytes) / r.rates.copy_bytes_per_s;
+        if (r.rates.adamw_elements_per_s > 0)
+          c.update_ms = 1000.0 * double(c.update_elements) / r.rates.adamw_elements_per_s;
+        c.offload_ms = c.transfer_ms + c.update_ms;
+      }
     } catch (const PlanRefused& e) {
       c.skipped = e.what();
     } catch (const ConfigError& e) {
@@ -315,6 +391,31 @@ std::string format_search(const Config& config, const SearchResult& r) {
                     c.what.c_str(), c.skipped.c_str());
     }
     s += line;
+    if (c.measured && c.m.host_peak) {
+      std::snprintf(line, sizeof line,
+                    "        host ledger %s (%s)%s; offload's step cost, estimated: %.1f ms "
+                    "(transfer %s: %.1f ms, host AdamW of %llu elements: %.1f ms)\n",
+                    format_bytes(c.m.host_peak).c_str(), c.host_wall.c_str(),
+                    c.host_fits ? "" : ", over it", c.offload_ms,
+                    format_bytes(c.transfer_bytes).c_str(), c.transfer_ms,
+                    static_cast<unsigned long long>(c.update_elements), c.update_ms);
+      s += line;
+    }
+  }
+  if (r.rates.copy_bytes_per_s > 0) {
+    std::snprintf(line, sizeof line,
+                  "offload's step cost: the transfer (the gradients down, the updated weights up: "
+                  "the host ledger's gradients and parameters rows) at %.2f GB/s, a host memcpy "
+                  "of 64 MiB timed now, and the update at %.0f M elements/s, the CPU AdamW kernel "
+                  "on 4 Mi elements timed now (the fastest of 3 each: this machine's rates, not a "
+                  "table's); on a GPU the PCIe copy, not measured here, bounds the transfer "
+                  "instead\n",
+                  r.rates.copy_bytes_per_s / 1e9, r.rates.adamw_elements_per_s / 1e6);
+    s += line;
+    s += "the nvme tier (offload optimizer = \"nvme\") is not a candidate: it needs nvme_path, a "
+         "folder on the disk the state would use, which the search cannot pick; its device bytes "
+         "are the host tier's and its host ledger two staging buffers instead of the state "
+         "(`headroom plan` with it prints both)\n";
   }
   if (r.baseline >= 0)
     s += "time: the step time against " + r.candidates[r.baseline].what +
@@ -341,6 +442,13 @@ std::string format_search(const Config& config, const SearchResult& r) {
          "peak is picked\n";
   }
   const Candidate& b = r.candidates[r.best];
+  if (r.offload_only) {
+    std::snprintf(line, sizeof line,
+                  "no candidate fits on the device alone; offloading the optimizer to the host "
+                  "does, at about %.1f ms more a step (estimated above)\n",
+                  b.offload_ms);
+    s += line;
+  }
   s += "recommended: " + b.what;
   if (!b.sets.empty()) s += "\n  headroom train " + config.file + " " + joined(b.sets);
   if (!b.toml.empty()) s += "\n  with these tables appended to " + config.file + ":\n" + b.toml;
@@ -365,6 +473,13 @@ std::string search_json(const SearchResult& r) {
       o["fits"] = c.fits;
       if (c.untimed) o["untimed"] = true;
       o["step_time_ratio"] = c.step_time_ratio;
+      if (c.m.host_peak) {
+        o["host_peak_bytes"] = c.m.host_peak;
+        o["host_fits"] = c.host_fits;
+        o["offload_step_ms_estimate"] = c.offload_ms;
+        o["offload_transfer_ms"] = c.transfer_ms;
+        o["offload_update_ms"] = c.update_ms;
+      }
     } else {
       o["skipped"] = c.skipped;
     }
@@ -381,6 +496,11 @@ std::string search_json(const SearchResult& r) {
   j["timing_rounds"] = r.rounds;
   j["within_noise"] = r.within_noise;
   j["timing_noise"] = r.noise;
+  j["offload_only"] = r.offload_only;
+  if (r.rates.copy_bytes_per_s > 0) {
+    j["host_copy_bytes_per_s"] = r.rates.copy_bytes_per_s;
+    j["host_adamw_elements_per_s"] = r.rates.adamw_elements_per_s;
+  }
   if (r.best >= 0) {
     const Measured& m = r.candidates[r.best].m;
     j["peak_bytes"] = m.peak;

@@ -28,7 +28,26 @@ struct Candidate {
   double step_ms = 0;          // the fastest of them: at its own micro-batch, on 2 blocks
   double step_time_ratio = 0;  // measured step time over the baseline's
   bool untimed = false;        // fits, but the deadline came before it was timed
+  // The host ledger (the optimizer offloaded, docs/design.md "Places"): its measured peak
+  // (m.host_peak) against the host's wall, and the offload's step cost estimated from rates
+  // measured on this machine (OffloadRates). Device-only candidates have m.host_peak 0.
+  bool host_fits = true;
+  std::string host_wall;  // "[host] memory_limit 8.00 GiB", or this host's available memory
+  double offload_ms = 0;  // estimated transfer + host update a step (0: nothing offloaded)
+  double transfer_ms = 0, update_ms = 0;
+  uint64_t transfer_bytes = 0, update_elements = 0;
 };
+
+// The rates an offloaded optimizer's step cost is estimated from, timed at plan time on this
+// machine (a fixed table would describe some other machine): a host memcpy of 64 MiB (the CPU
+// device's "transfer"; on a GPU the PCIe copy bounds it instead, and it is not measured here) and
+// the CPU AdamW kernel the host update runs (Backend::adamw_update on 4 Mi f32 elements, the
+// threads of the CPU backend), each the fastest of 3.
+struct OffloadRates {
+  double copy_bytes_per_s = 0;
+  double adamw_elements_per_s = 0;
+};
+OffloadRates measure_offload_rates();
 
 struct SearchResult {
   uint64_t budget = 0;
@@ -52,6 +71,10 @@ struct SearchResult {
   bool ranking_stable = false;
   int within_noise = 0;  // the fitting candidates within the noise of the fastest, it included
   double noise = 0;      // that noise: the median spread of the candidates' rounds, at least 3%
+  OffloadRates rates;    // timed when a candidate offloads (0 otherwise)
+  // No candidate that keeps everything on the device fits, and one that offloads does: the pick
+  // is an offload one (step cost estimated in it).
+  bool offload_only = false;
 };
 
 // The search's deadline unless one is given: a tiny model's whole search takes seconds; a large
@@ -65,7 +88,10 @@ SearchResult search(const Config& config, uint64_t budget, double deadline_s = k
 // the timing noise of it (their fastest round within the median spread of the candidates' rounds
 // of it, and at least 3%):
 // then the one of those with the lowest reserved peak (the fastest of equal ones), since timing
-// cannot tell them apart. Sets r.best and r.within_noise.
+// cannot tell them apart. Candidates that offload (m.host_peak > 0) only when none that keeps
+// everything on the device fits: their timing on this machine does not see a GPU's host<->device
+// copies, so their measured time does not rank them against the device-only ones. Sets r.best,
+// r.within_noise and r.offload_only.
 void pick_recommended(SearchResult& r);
 
 std::string format_search(const Config& config, const SearchResult& r);

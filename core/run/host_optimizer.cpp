@@ -76,7 +76,11 @@ void HostOptimizer::step(const std::vector<OptSegment>& segments, double lr, int
   // The last update's uploads read the host copies: done before they change again.
   if (uploads_pending_) ops.synchronize();
   uploads_pending_ = false;
-  for (size_t k = 0; k < segments.size(); ++k) {
+  // A dry run (plan --measure) holds no values, and the dry op table's downloads are real (they
+  // usually land in the caller's own memory): into the host copies they would only write their
+  // unbacked mappings, committing 8 bytes a parameter of host RAM (an 8B model's 64 GB) for
+  // ledgers that hold the same bytes without them.
+  for (size_t k = 0; k < segments.size() && !device_.dry(); ++k) {
     const OptSegment& d = segments[k];
     const OptSegment& h = on_host_[k];
     if (!values_current_) ops.download(h.value, d.value, d.numel * dtype_size(d.value_dtype));

@@ -239,6 +239,12 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
   return HR_OK;
 }
 
+// What `plan --measure --search` tries (hr_ext_estimate.modes). Not "nvme": its table needs
+// nvme_path, a folder on the disk the state would live on, which no search can pick.
+constexpr hr_estimate_mode kModes[] = {
+    headroom_plugin::mode("optimizer host", "optimizer = \"host\""),
+};
+
 hr_status create_hook(const hr_host_services* s, void** instance) {
   return headroom_plugin::guarded(s, "starting", [&] { return create(s, instance); });
 }
@@ -268,7 +274,7 @@ const hr_plugin_descriptor kDescriptor = {
     nullptr,  // optimizer
     nullptr,  // save_state: nothing of its own (the host snapshots the optimizer's state)
     nullptr,  // load_state
-    headroom_plugin::offer_estimate<estimate>,
+    headroom_plugin::offer_estimate_modes<estimate, kModes>,
 };
 
 }  // namespace
