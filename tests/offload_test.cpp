@@ -266,6 +266,27 @@ TEST(OffloadMasters, ResumeFromASnapshotIsBitwise) {
   EXPECT_TRUE(file_bytes(plain_dir + "/resumed.safetensors") == file_bytes(whole_path));
 }
 
+// init_from loads the masters through the host's access: the same run as amp's from the same file.
+TEST(OffloadMasters, InitFromIsBitwise) {
+  const Outcome start = run(model_toml() + train_toml(2, "seed = 7\n") + amp_toml(), true);
+  const std::string dir = test::temp_dir();
+  {
+    std::ofstream out(dir + "/start.safetensors", std::ios::binary);
+    out << start.saved;
+  }
+  const std::string base =
+      model_toml() + train_toml(3, "init_from = \"" + dir + "/start.safetensors\"\n") + amp_toml();
+  const Outcome plain = run(base, true);
+  const Outcome off = run(base + offload_toml(), true);
+  ASSERT_EQ(plain.losses.size(), off.losses.size());
+  for (size_t i = 0; i < plain.losses.size(); ++i)
+    EXPECT_EQ(plain.losses[i], off.losses[i]) << "step " << i + 1;
+  EXPECT_TRUE(plain.saved == off.saved) << "the saved f32 masters differ";
+  // Not the seed's init: the loaded weights (the first loss is the loaded model's).
+  const Outcome fresh = run(model_toml() + train_toml(1) + amp_toml() + offload_toml());
+  EXPECT_NE(fresh.losses.at(0), off.losses.at(0));
+}
+
 // A device wall amp alone cannot train under, and amp with the masters on the host can.
 TEST(OffloadMasters, FitsUnderADeviceWallAmpAloneCannot) {
   const std::string plain = model_toml() + train_toml(2) + amp_toml();
