@@ -11,9 +11,12 @@
 //    refused before step 1, naming the key or the plugins.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -53,18 +56,30 @@ uint64_t at(const ByCategory& b, Category c) {
 
 struct Outcome {
   std::vector<double> losses;
+  std::string saved;  // the --save-weights file (the f32 masters), when asked for
   std::vector<std::vector<unsigned char>> weights;  // every parameter's updated values (masters)
   std::vector<std::vector<unsigned char>> compute;  // and what the layers read
   ByCategory device_peak{}, host_peak{};
+  ByCategory device_at_peak{};  // the device's categories at its peak total
+  uint64_t largest_layer = 0;   // the most parameter elements one layer has
   uint64_t device_peak_total = 0;
   uint64_t host_allocs = 0;
   std::vector<OptSegment> segments;
 };
 
-Outcome run(const std::string& toml) {
-  Trainer t(test::config_from(toml), TrainOptions{});
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+Outcome run(const std::string& toml, bool save = false) {
+  TrainOptions o;
+  const std::string path = save ? test::temp_dir() + "/w.safetensors" : "";
+  o.save_weights_path = path;
+  Trainer t(test::config_from(toml), std::move(o));
   t.run();
   Outcome r;
+  if (save) r.saved = file_bytes(path);
   for (const StepState& s : t.history())
     r.losses.push_back(s.loss);
   for (Param<float>* p : t.model().params()) {
@@ -78,6 +93,9 @@ Outcome run(const std::string& toml) {
   }
   r.device_peak = t.device().tracker().peak_by_category();
   r.device_peak_total = t.device().tracker().peak_total();
+  r.device_at_peak = t.device().tracker().live_at_peak();
+  for (const auto& layer : t.model().layers())
+    r.largest_layer = std::max(r.largest_layer, layer->flat().numel);
   r.host_peak = t.device().host_place()->tracker().peak_by_category();
   r.host_allocs = t.device().host_place()->tracker().num_allocs();
   r.segments = whole_params(t.model().params());
@@ -137,8 +155,173 @@ TEST(OffloadOptimizer, Fp32IsBitwiseAndMovesExactlyTheStateToTheHost) {
   expect_offload_moves_exactly_the_optimizer(model_toml() + train_toml(4), 4);
 }
 
-TEST(OffloadOptimizer, AmpBf16IsBitwiseAndMovesExactlyTheStateToTheHost) {
-  expect_offload_moves_exactly_the_optimizer(model_toml() + train_toml(4) + amp_toml(), 4);
+// amp with f32 masters (ZeRO-Offload's layout): the masters move to the host too. The device
+// keeps the compute copies (2Ψ for bf16, not 6Ψ) and the gradients as amp makes them; the host
+// updates its f32 masters and uploads their compute-dtype cast. Bitwise the run without offload:
+// the losses, the compute copies and the masters as --save-weights writes them (read from the
+// host).
+void expect_masters_on_the_host(const std::string& base) {
+  const Outcome plain = run(base, true);
+  const std::string with = base + offload_toml("optimizer = \"host\"\n");
+  const Outcome off = run(with, true);
+  ASSERT_EQ(plain.losses.size(), off.losses.size());
+  for (size_t i = 0; i < plain.losses.size(); ++i)
+    EXPECT_EQ(plain.losses[i], off.losses[i]) << "step " << i + 1;
+  ASSERT_EQ(plain.compute.size(), off.compute.size());
+  for (size_t i = 0; i < plain.compute.size(); ++i)
+    EXPECT_TRUE(plain.compute[i] == off.compute[i]) << "parameter " << i;
+  ASSERT_FALSE(plain.saved.empty());
+  EXPECT_TRUE(plain.saved == off.saved) << "the saved f32 masters differ";
+  uint64_t psi = 0;
+  for (const OptSegment& s : off.segments) {
+    psi += s.numel;
+    EXPECT_NE(s.value_dtype, Dtype::kF32) << s.name << ": no f32 masters on the device";
+  }
+  const uint64_t es = dtype_size(off.segments.at(0).value_dtype);
+  // The device: the masters' 4Ψ and the optimizer's state gone, everything else the same. At
+  // its peak it holds the compute copies alone; the parameters' own highest is at the init,
+  // which passes one layer's f32 masters at a time through the device before they go to the
+  // host.
+  EXPECT_EQ(at(plain.device_peak, Category::kParameters), (4 + es) * psi);
+  EXPECT_EQ(at(plain.device_at_peak, Category::kParameters), (4 + es) * psi);
+  EXPECT_EQ(at(off.device_at_peak, Category::kParameters), es * psi);
+  EXPECT_EQ(at(off.device_peak, Category::kParameters), es * psi + 4 * off.largest_layer);
+  EXPECT_EQ(at(off.device_peak, Category::kOptimizer), 0u);
+  for (int i = 0; i < kNumCategories; ++i) {
+    const Category c = category_at(i);
+    if (c == Category::kOptimizer || c == Category::kParameters) continue;
+    EXPECT_EQ(off.device_peak[i], plain.device_peak[i]) << category_name(c);
+  }
+  // The host: the f32 masters and their compute-dtype copy, the gradients' copies, the state.
+  const ByCategory closed = host_optimizer_bytes(off.segments, 2, Dtype::kF32, true);
+  EXPECT_EQ(at(closed, Category::kParameters), (4 + es) * psi);
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(off.host_peak[i], closed[i]) << "host " << category_name(category_at(i));
+  const ConfigEstimate planned = estimate_config(test::config_from(with));
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(planned.peak.host[i], closed[i]) << "planned host " << category_name(category_at(i));
+  EXPECT_EQ(at(planned.peak.at_peak, Category::kParameters), es * psi) << "planned device";
+  std::printf(
+      "psi %llu: device parameters %llu -> %llu B, peak %llu -> %llu B; host %llu B\n",
+      (unsigned long long)psi, (unsigned long long)at(plain.device_peak, Category::kParameters),
+      (unsigned long long)at(off.device_peak, Category::kParameters),
+      (unsigned long long)plain.device_peak_total, (unsigned long long)off.device_peak_total,
+      (unsigned long long)(at(off.host_peak, Category::kParameters) +
+                           at(off.host_peak, Category::kGradients) +
+                           at(off.host_peak, Category::kOptimizer)));
+}
+
+TEST(OffloadMasters, AmpBf16IsBitwiseWithTheMastersOnTheHost) {
+  expect_masters_on_the_host(model_toml() + train_toml(4) + amp_toml());
+}
+
+TEST(OffloadMasters, AmpBf16GradientsInBf16IsBitwise) {
+  expect_masters_on_the_host(model_toml() + train_toml(3) + amp_toml() + "grad_dtype = \"bf16\"\n");
+}
+
+// fp16 with dynamic loss scaling: the overflow checks and the skipped steps as without offload
+// (an init_scale that overflows at step 1, skipped; the next ones update).
+TEST(OffloadMasters, AmpFp16WithLossScalingIsBitwise) {
+  expect_masters_on_the_host(model_toml() + train_toml(4) +
+                             "[[plugins]]\nname = \"amp\"\ndtype = \"fp16\"\n"
+                             "init_scale = 1e30\nbackoff_factor = 1e-25\nhysteresis = 1\n");
+}
+
+TEST(OffloadMasters, ResumeFromASnapshotIsBitwise) {
+  const std::string toml = model_toml() + train_toml(4) + amp_toml() + offload_toml();
+  const std::string whole_path = test::temp_dir() + "/whole.safetensors";
+  TrainOptions o;
+  o.save_weights_path = whole_path;
+  Trainer whole(test::config_from(toml), std::move(o));
+  whole.run();
+  test::expect_resume_is_bitwise(toml, whole);
+  // The masters too: a run of the first half, snapshotted, then resumed to the end, saves the
+  // whole run's f32 masters (the snapshot's came from the host, and the resume put them there).
+  const std::string dir = test::temp_dir();
+  const std::string snap = "[snapshot]\nevery = 2\ndir = \"" + dir + "/s\"\n";
+  {
+    Trainer first(test::config_from(toml + snap, {"train.steps=2"}), TrainOptions{});
+    first.run();
+  }
+  TrainOptions r;
+  r.resume_dir = dir + "/s";
+  r.save_weights_path = dir + "/resumed.safetensors";
+  Trainer resumed(test::config_from(toml + snap), std::move(r));
+  resumed.run();
+  EXPECT_TRUE(file_bytes(dir + "/resumed.safetensors") == file_bytes(whole_path));
+  // And a snapshot of amp without offload resumes with it.
+  const std::string plain_dir = test::temp_dir();
+  const std::string plain_snap = "[snapshot]\nevery = 2\ndir = \"" + plain_dir + "/s\"\n";
+  {
+    Trainer first(test::config_from(model_toml() + train_toml(4) + amp_toml() + plain_snap,
+                                    {"train.steps=2"}),
+                  TrainOptions{});
+    first.run();
+  }
+  TrainOptions p;
+  p.resume_dir = plain_dir + "/s";
+  p.save_weights_path = plain_dir + "/resumed.safetensors";
+  Trainer from_plain(test::config_from(toml + plain_snap), std::move(p));
+  from_plain.run();
+  EXPECT_TRUE(file_bytes(plain_dir + "/resumed.safetensors") == file_bytes(whole_path));
+}
+
+// init_from loads the masters through the host's access: the same run as amp's from the same file.
+TEST(OffloadMasters, InitFromIsBitwise) {
+  const Outcome start = run(model_toml() + train_toml(2, "seed = 7\n") + amp_toml(), true);
+  const std::string dir = test::temp_dir();
+  {
+    std::ofstream out(dir + "/start.safetensors", std::ios::binary);
+    out << start.saved;
+  }
+  const std::string base =
+      model_toml() + train_toml(3, "init_from = \"" + dir + "/start.safetensors\"\n") + amp_toml();
+  const Outcome plain = run(base, true);
+  const Outcome off = run(base + offload_toml(), true);
+  ASSERT_EQ(plain.losses.size(), off.losses.size());
+  for (size_t i = 0; i < plain.losses.size(); ++i)
+    EXPECT_EQ(plain.losses[i], off.losses[i]) << "step " << i + 1;
+  EXPECT_TRUE(plain.saved == off.saved) << "the saved f32 masters differ";
+  // Not the seed's init: the loaded weights (the first loss is the loaded model's).
+  const Outcome fresh = run(model_toml() + train_toml(1) + amp_toml() + offload_toml());
+  EXPECT_NE(fresh.losses.at(0), off.losses.at(0));
+}
+
+// A device wall amp alone cannot train under, and amp with the masters on the host can.
+TEST(OffloadMasters, FitsUnderADeviceWallAmpAloneCannot) {
+  const std::string plain = model_toml() + train_toml(2) + amp_toml();
+  const std::string with = plain + offload_toml();
+  const Outcome off = run(with);
+  const Outcome amp = run(plain);
+  const uint64_t limit = off.device_peak_total + (64 << 10);  // the arena's first-fit slack
+  ASSERT_LT(limit, amp.device_peak_total);
+  Config c = test::config_from(with);
+  c.device.memory_limit = limit;
+  Trainer t(c, TrainOptions{});
+  t.run();
+  EXPECT_EQ(t.history().size(), 2u);
+  Config without = test::config_from(plain);
+  without.device.memory_limit = limit;
+  EXPECT_THROW(
+      {
+        Trainer w(without, TrainOptions{});
+        w.run();
+      },
+      OutOfMemory);
+}
+
+// The host masters are what a resize would shrink on the device: refused, naming why.
+TEST(OffloadMasters, PruningIsRefused) {
+  const std::string toml = model_toml() + train_toml(3) + amp_toml() + offload_toml() +
+                           "[[plugins]]\nname = \"pruning\"\nmode = \"mlp\"\n"
+                           "final_sparsity = 0.5\nstart_step = 1\nend_step = 2\nevery = 1\n";
+  try {
+    Trainer t(test::config_from(toml), TrainOptions{});
+    t.run();
+    ADD_FAILURE() << "pruning ran with the masters on the host";
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(test::contains(e.what(), "f32 masters are in host memory")) << e.what();
+  }
 }
 
 TEST(OffloadOptimizer, SgdWithMomentumIsBitwise) {

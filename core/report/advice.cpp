@@ -346,7 +346,12 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   // compute dtype alone) and the step's gradients (f32, or in the compute dtype). Accumulating
   // in f32 with compute copies, a layer's compute-dtype gradients live only through its
   // backward (and layer 0's, the tied wte, from the head's on).
-  const uint64_t weights_el = copies ? (s.masters ? kF32 : 0) + es : kF32;
+  // The built-in optimizer on the host with amp's masters holds them there (ZeRO-Offload's
+  // layout, core/run/host_optimizer.h): the device keeps the compute copies alone.
+  const bool host_masters = s.optimizer_on_host &&
+                            s.optimizer_bytes == Mechanisms::kBuiltinOptimizer && copies &&
+                            s.masters;
+  const uint64_t weights_el = copies ? (s.masters && !host_masters ? kF32 : 0) + es : kF32;
   const uint64_t grads_el = copies && s.grad_in_compute ? es : kF32;
   const bool micro_grads = copies && !s.grad_in_compute;
 
@@ -425,7 +430,12 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
       at(base.host, Category::kOptimizer) =
           state_file_host_bytes(numels, int(states), s.state, pieces);
     }
-    at(base.host, Category::kParameters) = (copies && !s.masters ? es : kF32) * mine_total;
+    // The f32 copy of what it updates; with the masters on the host, the masters and the
+    // compute-dtype copy each update uploads.
+    at(base.host, Category::kParameters) = (host_masters           ? kF32 + es
+                                            : copies && !s.masters ? es
+                                                                   : kF32) *
+                                           mine_total;
     at(base.host, Category::kGradients) = grads_el * mine_total;
   } else {
     at(base.at_peak, Category::kOptimizer) = state_bytes;

@@ -1,5 +1,8 @@
 #include "core/run/host_optimizer.h"
 
+#include <stdexcept>
+#include <string>
+
 namespace headroom {
 
 bool streams_in_pieces(const std::vector<OptSegment>& segments, Dtype state) {
@@ -10,10 +13,12 @@ bool streams_in_pieces(const std::vector<OptSegment>& segments, Dtype state) {
 }
 
 ByCategory host_optimizer_bytes(const std::vector<OptSegment>& segments, uint64_t state_tensors,
-                                Dtype state) {
+                                Dtype state, bool masters_on_host) {
   ByCategory b{};
   for (const OptSegment& s : segments) {
-    b[int(Category::kParameters)] += s.numel * dtype_size(s.value_dtype);
+    // The masters (f32) and their compute-dtype copy (the segment's), or the copy of the values.
+    b[int(Category::kParameters)] +=
+        s.numel * ((masters_on_host ? dtype_size(Dtype::kF32) : 0) + dtype_size(s.value_dtype));
     b[int(Category::kGradients)] += s.numel * dtype_size(s.grad_dtype);
     b[int(Category::kOptimizer)] += state_tensors * s.numel * dtype_size(state);
   }
@@ -49,13 +54,31 @@ void HostOptimizer::allocate(const std::vector<OptSegment>& segments) {
   if (!on_host_.empty() || segments.empty()) return;
   // Made whole or not at all: an allocation past the host's wall leaves nothing half made.
   std::vector<OptSegment> on_host = segments;
-  std::vector<Buffer> values, grads;
+  std::vector<Buffer> values, grads, casts;
   values.reserve(segments.size());
   grads.reserve(segments.size());
-  for (OptSegment& s : on_host) {
-    values.push_back(host_values(host_, s));
+  const bool masters = masters_on_host();
+  if (masters && values_.size() != segments.size())
+    throw std::logic_error("HostOptimizer: " + std::to_string(segments.size()) + " segments over " +
+                           std::to_string(values_.size()) + " host masters");
+  for (size_t k = 0; k < on_host.size(); ++k) {
+    OptSegment& s = on_host[k];
+    if (masters) {
+      // The masters taken from the device (take_masters): the update's f32 values; the
+      // segment's own dtype is the compute copy's, which the host makes for the upload.
+      const auto at = master_index_.find(s.name);
+      if (at == master_index_.end() || at->second != k)
+        throw std::logic_error("HostOptimizer: segment " + s.name +
+                               " is not the host master at its index");
+      casts.push_back(Buffer(host_, s.numel * dtype_size(s.value_dtype), Category::kParameters,
+                             s.name + " (host compute copy)"));
+      s.value = values_[k].as<void>();
+      s.value_dtype = Dtype::kF32;
+    } else {
+      values.push_back(host_values(host_, s));
+      s.value = values.back().as<void>();
+    }
     grads.push_back(host_grad(host_, s));
-    s.value = values.back().as<void>();
     s.grad = grads.back().as<void>();
   }
   if (file_ && !file_->is_open()) {
@@ -63,11 +86,65 @@ void HostOptimizer::allocate(const std::vector<OptSegment>& segments) {
     for (const OptSegment& s : segments)
       numels.push_back(s.numel);
     file_->open(numels, int(inner_->state_kinds().size()), inner_->state_dtype(),
-                streams_in_pieces(segments, inner_->state_dtype()));
+                streams_in_pieces(on_host, inner_->state_dtype()));
   }
-  values_ = std::move(values);
+  if (masters) {
+    casts_ = std::move(casts);
+    values_current_ = true;  // they are the masters
+  } else {
+    values_ = std::move(values);
+  }
   grads_ = std::move(grads);
   on_host_ = std::move(on_host);
+}
+
+void HostOptimizer::take_masters(Layer<float>& layer) {
+  if (!on_host_.empty())
+    throw std::logic_error("HostOptimizer::take_masters after the first update");
+  Backend& ops = device_.backend();
+  for (const auto& p : layer.params()) {
+    if (p->frozen) continue;  // no masters beside a compute copy (refused with offload anyway)
+    Buffer master(host_, p->numel * sizeof(float), Category::kParameters,
+                  p->name + " (host master)");
+    ops.download(master.as<void>(), p->master().value, p->numel * sizeof(float));
+    master_index_[p->name] = values_.size();
+    values_.push_back(std::move(master));
+  }
+  layer.release_masters();
+}
+
+MasterAccess HostOptimizer::master_access(Gpt<float>& model, bool scatter) {
+  if (!masters_on_host()) return nullptr;
+  return [this, &model, scatter](int l, const std::function<void()>& f) {
+    Layer<float>& layer = *model.layers().at(size_t(l));
+    const FlatStorage& fs = layer.flat();
+    if (fs.padded == 0) return f();
+    Backend& ops = device_.backend();
+    // The last update's uploads may read the host copies a scatter rewrites.
+    if (uploads_pending_) ops.synchronize();
+    uploads_pending_ = false;
+    layer.allocate_masters();
+    struct Release {  // however f ends
+      Layer<float>& layer;
+      ~Release() { layer.release_masters(); }
+    } release{layer};
+    // Always the host's values, also for a load: one that writes some of the parameters keeps
+    // the others.
+    for (const auto& p : layer.params())
+      if (!p->frozen)
+        ops.upload(p->master().value, values_.at(master_index_.at(p->name)).as<void>(),
+                   p->numel * sizeof(float));
+    f();
+    if (scatter) {
+      for (const auto& p : layer.params())
+        if (!p->frozen)
+          ops.download(values_.at(master_index_.at(p->name)).as<void>(), p->master().value,
+                       p->numel * sizeof(float));
+      ops.cast(fs.compute.as<void>(), layer.compute_dtype(), fs.value.as<void>(), Dtype::kF32,
+               fs.padded);
+    }
+    ops.synchronize();
+  };
 }
 
 void HostOptimizer::step(const std::vector<OptSegment>& segments, double lr, int64_t step) {
@@ -101,9 +178,16 @@ void HostOptimizer::step(const std::vector<OptSegment>& segments, double lr, int
     });
   else
     inner_->step(on_host_, lr, step);
-  for (size_t k = 0; k < segments.size(); ++k)
-    ops.upload(segments[k].value, on_host_[k].value,
-               segments[k].numel * dtype_size(segments[k].value_dtype));
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const OptSegment& d = segments[k];
+    const void* from = on_host_[k].value;
+    if (!casts_.empty()) {
+      // The host masters' compute-dtype copy, rounded as Gpt::sync_compute_params rounds.
+      host_.backend().cast(casts_[k].as<void>(), d.value_dtype, from, Dtype::kF32, d.numel);
+      from = casts_[k].as<void>();
+    }
+    ops.upload(d.value, from, d.numel * dtype_size(d.value_dtype));
+  }
   uploads_pending_ = true;
 }
 

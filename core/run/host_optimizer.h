@@ -7,9 +7,17 @@
 // The NVMe tier (HR_PLACE_NVME) is the same with the optimizer's state in a file
 // (core/run/state_file.h) instead of the host ledger: each update streams it through two
 // staging buffers segment by segment, updating each with Optimizer::step_segment.
+//
+// With compute copies and f32 masters (amp), the masters live on the host instead of the device
+// (ZeRO-Offload's layout): take_masters moves each layer's f32 masters into the host ledger as the
+// model initialises it, and the device keeps only the compute-dtype weights and the gradients.
+// Each update then runs on the host masters in f32, casts the result to the compute dtype there
+// (round to nearest even, as the device's cast) and uploads that into the compute copies.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/device/device.h"
@@ -21,9 +29,11 @@ namespace headroom {
 // Host bytes by category that HostOptimizer holds for `segments` with `state_tensors` f32-or-
 // state-dtype tensors of each segment's size (AdamW 2, SGD with momentum 1, else 0): an f32 (the
 // value dtype) copy of each segment (parameters), a copy of each segment's gradient (gradients),
-// the state (optimizer). The closed form core/report/advice.cpp computes from shapes.
+// the state (optimizer). With `masters_on_host` (the segments are the device's compute copies),
+// the parameters are the f32 masters and the compute-dtype copy uploaded after each update. The
+// closed form core/report/advice.cpp computes from shapes.
 ByCategory host_optimizer_bytes(const std::vector<OptSegment>& segments, uint64_t state_tensors,
-                                Dtype state);
+                                Dtype state, bool masters_on_host = false);
 
 // Whether the NVMe tier streams `segments` in pieces of kStateChunk elements
 // (core/optim/state_layout.h): when nothing rounds stochastically (f32 weights and state), else
@@ -44,8 +54,9 @@ class HostOptimizer final : public Optimizer {
   // Pruning shrank parameters: the inner optimizer's state keeps their kept elements (on the
   // host), the host copies are made again at the new sizes and the weights read from the device
   // at the next update.
-  // Not with the NVMe tier so far (the file's layout is fixed when it is made).
-  bool can_resize() const override { return !file_ && inner_->can_resize(); }
+  // Not with the NVMe tier so far (the file's layout is fixed when it is made), nor with the
+  // masters on the host (the device's masters are what a resize shrinks).
+  bool can_resize() const override { return !file_ && !masters_on_host() && inner_->can_resize(); }
   bool state_in_file() const { return file_ != nullptr; }
   void resize(const std::vector<OptSegment>& segments,
               const std::vector<ParamResize>& changes) override;
@@ -53,6 +64,19 @@ class HostOptimizer final : public Optimizer {
   // Makes the host copies and, with the NVMe tier, the state file now (before step 1: a disk
   // that cannot hold it fails the run there, OutputError).
   void prepare(const std::vector<OptSegment>& segments) { allocate(segments); }
+
+  // Moves `layer`'s f32 masters (its trainable parameters', just initialised) into the host
+  // ledger, where they become the values the update runs on, and frees them on the device: the
+  // model's `placed` callback, layer by layer, so the device never holds more than one layer's
+  // masters. The segments the optimizer is then given are the compute copies (whole_params
+  // without masters).
+  void take_masters(Layer<float>& layer);
+  bool masters_on_host() const { return !master_index_.empty(); }
+  // Gpt::master_access's contract for the host masters: runs f with layer l's f32 masters on
+  // the device (Param::master() valid), made from the host's; with `scatter` they are read back
+  // into the host masters and cast into the compute copy after f (a load). Empty without
+  // take_masters.
+  MasterAccess master_access(Gpt<float>& model, bool scatter);
 
  private:
   // The host copies of `segments` (values and gradients), made at the first call.
@@ -64,6 +88,10 @@ class HostOptimizer final : public Optimizer {
   std::unique_ptr<StateFile> file_;     // the NVMe tier's; null on the host place
   std::vector<Buffer> values_, grads_;  // host: per segment
   std::vector<OptSegment> on_host_;     // the segments over the host copies
+  // take_masters: each parameter's index in values_ (the segments' order), and the host's
+  // compute-dtype copies of the masters that each update uploads.
+  std::map<std::string, size_t> master_index_;
+  std::vector<Buffer> casts_;
   // The host copies of the weights hold the device's: false until the first update of this
   // process reads them (after a resume or init_from loaded the device's), true after.
   bool values_current_ = false;

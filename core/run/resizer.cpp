@@ -37,6 +37,9 @@ void Resizer::resize(const std::string& plugin,
                             ? "the optimizer's state is in a file (offload's optimizer = "
                               "\"nvme\"), laid out at fixed sizes: resizing with it is not built "
                               "yet"
+                        : host && host->masters_on_host()
+                            ? "the f32 masters are in host memory (offload with amp's masters): "
+                              "resizing them there is not built yet"
                             : "the optimizer-role plugin cannot resize its state (its "
                               "hr_optimizer_hooks has no resize)");
   }

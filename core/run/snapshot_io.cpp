@@ -10,6 +10,7 @@
 #include "core/model/hf_folder.h"
 #include "core/model/peft_adapter.h"
 #include "core/model/safetensors.h"
+#include "core/run/host_optimizer.h"
 #include "core/run/snapshot.h"
 
 namespace headroom {
@@ -535,6 +536,9 @@ MasterAccess SnapshotIO::masters(bool gather, bool scatter) {
   // Sharded masters are gathered; a model without masters makes them from its bf16 weights, and
   // frozen weights beside compute copies from those (never sharded: inside the gather).
   MasterAccess model = p_.model.master_access(gather, scatter);
+  // Offload with amp's masters: they are the host optimizer's (core/run/host_optimizer.h).
+  if (auto* host = dynamic_cast<HostOptimizer*>(&p_.optimizer); host && host->masters_on_host())
+    model = host->master_access(p_.model, scatter);
   MasterAccess shard = p_.sharding ? p_.sharding->master_access(gather, scatter) : nullptr;
   if (!shard || !model) return shard ? shard : model;
   return [shard, model](int l, const std::function<void()>& f) { shard(l, [&] { model(l, f); }); };

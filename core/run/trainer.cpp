@@ -241,6 +241,11 @@ Trainer::Trainer(const Config& config, TrainOptions options)
       sharding_ =
           std::make_unique<Sharding>(*device_, *comm_, shard_what, choices_.shard_persist_below());
       placed = [this](Layer<float>& layer) { sharding_->place(layer); };
+    } else if (host_optimizer && precision.masters && precision.compute != Dtype::kF32) {
+      // ZeRO-Offload's masters: amp's f32 masters move to the host optimizer as each layer is
+      // initialised; the device keeps the compute copies and the gradients.
+      auto& host = static_cast<HostOptimizer&>(*optimizer_);
+      placed = [&host](Layer<float>& layer) { host.take_masters(layer); };
     }
     model_ = std::make_unique<Gpt<float>>(
         config_.model, *device_, config_.train.seed, precision,

@@ -5,6 +5,7 @@
 //   name = "offload"
 //   optimizer = "host"     # "host": the built-in optimizer's state ([train] optimizer: AdamW's
 //                          # moments, SGD's momentum) and an f32 copy of the weights it updates
+//                          # (with amp: its f32 masters, which leave the device)
 //                          # live in the host ledger ([host] memory_limit); the gradients are
 //                          # copied there, the update runs there on the CPU backend's kernels
 //                          # (multithreaded, vectorised: the same ones as the CPU device's), and
