@@ -430,5 +430,23 @@ TEST(OffloadNvme, FullDiskExits4BeforeStepOneAndLosesNothing) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+// plan --measure's dry runs move no state: the file gets its size and no blocks, so the plan of a
+// state far larger than the disk (the same 8 KiB tmpfs) measures, and leaves no file.
+TEST(OffloadNvme, APlanMeasureWritesNoStateToTheDisk) {
+  const std::string dir = test::temp_dir();
+  const std::string small = dir + "/small";
+  fs::create_directories(small);
+  const std::string cfg =
+      test::write_file(dir, "plan.toml", model_toml() + train_toml(4) + nvme_toml(small));
+  const std::string mount = "mount -t tmpfs -o size=8k tmpfs " + small;
+  if (test::run_command("unshare -m sh -c '" + mount + "'").exit_code != 0)
+    GTEST_SKIP() << "no tmpfs can be mounted here (unshare -m)";
+  const test::RunResult r =
+      test::run_command("unshare -m sh -c '" + mount + " && " + HEADROOM_BINARY +
+                        " plan --measure " + cfg + "; echo exit=$?; ls -a " + small + "'");
+  EXPECT_TRUE(test::contains(r.output, "exit=0\n.\n..\n")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "host ledger")) << r.output;
+}
+
 }  // namespace
 }  // namespace headroom

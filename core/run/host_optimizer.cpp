@@ -165,7 +165,9 @@ void HostOptimizer::step(const std::vector<OptSegment>& segments, double lr, int
   }
   values_current_ = true;
   inner_->set_rounding_seed(rounding_seed_);
-  if (file_)
+  if (file_ && device_.dry()) {
+    // A dry run computes nothing: the state's reads and writes would only fill the disk.
+  } else if (file_)
     file_->stream([&](size_t k, uint64_t first, uint64_t n, void* const* state) {
       // Elements [first, first + n) of segment k: the same rounding stream (k), so a whole
       // segment is bitwise step()'s, and a piece is where nothing rounds stochastically.

@@ -161,7 +161,12 @@ void StateFile::open(const std::vector<uint64_t>& numels, int tensors, Dtype dty
   if (fd < 0)
     throw OutputError("optimizer state file " + path_ + ": cannot create it: " + os_reason(errno));
   fd_ = fd;  // from here on the destructor removes it
-  if (file_bytes_ > 0) {
+  if (file_bytes_ > 0 && host_.dry()) {
+    // A dry run (plan --measure) moves no state: the file has its size and no blocks, so that
+    // measuring an 8B model's plan does not write 60 GB.
+    if (::ftruncate(fd_, off_t(file_bytes_)) != 0)
+      throw OutputError("optimizer state file " + path_ + ": cannot size it: " + os_reason(errno));
+  } else if (file_bytes_ > 0) {
     // Every block now: a disk that cannot hold the state says so before step 1. posix_fallocate
     // returns the error (it does not set errno); the blocks it allocates read as zeros.
     const int r = posix_fallocate(fd_, 0, off_t(file_bytes_));
