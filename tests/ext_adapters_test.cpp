@@ -46,8 +46,13 @@ hr_status create(const hr_host_services* s, void** instance) {
     s->set_error(s->host, "the host offers no " HR_EXT_ADAPTERS);
     return HR_ERROR;
   }
-  const hr_lora_spec spec = {sizeof(hr_lora_spec), uint32_t(p.rank), p.target, p.alpha,
-                             with_key ? "target" : nullptr};
+  // The first revision's size (no dropout field): what a plugin built before it passes.
+  const hr_lora_spec spec = {uint32_t(offsetof(hr_lora_spec, dropout)),
+                             uint32_t(p.rank),
+                             p.target,
+                             p.alpha,
+                             with_key ? "target" : nullptr,
+                             0.5};
   const hr_status st = p.adapters->add_lora(s->host, &spec);
   if (st != HR_OK) return st;
   const hr_status null = p.adapters->add_lora(s->host, nullptr);
@@ -67,7 +72,8 @@ void destroy(void* instance) {
 
 hr_status on_event(void* instance, const hr_event_info*) {
   Probe* p = static_cast<Probe*>(instance);
-  const hr_lora_spec spec = {sizeof(hr_lora_spec), uint32_t(p->rank), p->target, p->alpha, nullptr};
+  const hr_lora_spec spec = {
+      sizeof(hr_lora_spec), uint32_t(p->rank), p->target, p->alpha, nullptr, 0.0};
   const hr_status st = p->adapters->add_lora(p->s->host, &spec);
   int adapters = 0, params = 0;
   for (int32_t l = 0; l < p->s->num_layers(p->s->host); ++l)
@@ -124,9 +130,10 @@ HR_PLUGIN_EXPORT hr_status hr_plugin_entry(hr_entry_args* args) {
 
 // --- The layout, pinned (x86-64, LP64), as tests/abi_layout_test.cpp pins every other struct ---
 #if defined(__x86_64__) && defined(__LP64__)
-static_assert(sizeof(hr_lora_spec) == 32 && offsetof(hr_lora_spec, rank) == 4 &&
+static_assert(sizeof(hr_lora_spec) == 40 && offsetof(hr_lora_spec, rank) == 4 &&
               offsetof(hr_lora_spec, target) == 8 && offsetof(hr_lora_spec, alpha) == 16 &&
               offsetof(hr_lora_spec, key) == 24);
+static_assert(offsetof(hr_lora_spec, dropout) == 32, "appended in the second revision");
 static_assert(sizeof(hr_ext_adapters) == 24 && offsetof(hr_ext_adapters, add_lora) == 8 &&
               offsetof(hr_ext_adapters, set_base) == 16);
 static_assert(sizeof(hr_base_spec) == 24 && offsetof(hr_base_spec, double_quant) == 4 &&

@@ -273,9 +273,9 @@ TEST(LoraPlugin, ConfigErrorsNameTheirPlace) {
              "(valid: attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj, or the part after a dot "
              "of one, as \"c_attn\")");
   EXPECT_HAS(error("r = 4\n"), "plugins.lora.target_modules: is required");
-  const std::string dropout = error("target_modules = [\"c_attn\"]\ndropout = 0.1\n");
+  const std::string dropout = error("target_modules = [\"c_attn\"]\ndropout = 1.0\n");
   EXPECT_HAS(dropout, "test.toml:14:11: plugins.lora.dropout");
-  EXPECT_HAS(dropout, "plugins.lora.dropout: LoRA dropout is not implemented yet");
+  EXPECT_HAS(dropout, "plugins.lora.dropout: must be in [0, 1)");
   const std::string rank = error("target_modules = [\"c_attn\"]\nr = 0\n");
   EXPECT_HAS(rank, "test.toml:14:5: plugins.lora.r");
   EXPECT_HAS(rank, "plugins.lora.r: the rank must be between 1 and 2^20");
@@ -290,6 +290,144 @@ TEST(LoraPlugin, ConfigErrorsNameTheirPlace) {
   });
   EXPECT_HAS(plugin,
              "plugin 'lora' (LoRA adapters): frozen parameters run with the built-in optimizers");
+}
+
+// The dropout op: about p of the elements dropped, the rest scaled by 1 / (1 - p) exactly, the
+// same mask from the same seed (in place too), another from another seed; bf16 as f32 rounded.
+TEST(LoraDropout, TheOpDropsAboutPAndScalesTheRest) {
+  std::unique_ptr<Device> d = Device::create(DeviceConfig{});
+  Backend& o = d->backend();
+  const uint64_t n = 200000;
+  std::vector<float> x(n);
+  for (uint64_t i = 0; i < n; ++i)
+    x[i] = 0.25f + float(i % 97) * 0.01f;  // never 0
+  Buffer in(*d, n * 4, Category::kWorkspace, "x"), out(*d, n * 4, Category::kWorkspace, "y");
+  o.upload(in.as<void>(), x.data(), n * 4);
+  o.dropout(Dtype::kF32, out.as<void>(), in.as<void>(), n, 0.3, 42);
+  const std::vector<float> y = host_of(*d, out.as<void>(), n);
+  uint64_t dropped = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    if (y[i] == 0.0f) {
+      ++dropped;
+      continue;
+    }
+    ASSERT_EQ(y[i], x[i] * (1.0f / 0.7f)) << i;
+  }
+  EXPECT_NEAR(double(dropped) / n, 0.3, 0.005);                      // 200k draws: sigma ~0.001
+  o.dropout(Dtype::kF32, in.as<void>(), in.as<void>(), n, 0.3, 42);  // in place
+  EXPECT_TRUE(test::bitwise_equal(host_of(*d, in.as<void>(), n), y));
+  o.upload(in.as<void>(), x.data(), n * 4);
+  o.dropout(Dtype::kF32, out.as<void>(), in.as<void>(), n, 0.3, 43);
+  EXPECT_FALSE(test::bitwise_equal(host_of(*d, out.as<void>(), n), y));
+}
+
+// lora_dropout in training: the same run twice is bitwise, a resume is bitwise (the draws come
+// from the step), training differs from dropout 0 after the first update, and evaluation drops
+// nothing (the model's validation loss is the dropout-free one of the same weights).
+TEST(LoraDropout, TrainsDeterministicallyResumesAndEvaluatesWithout) {
+  const std::string toml =
+      kToy + lora_table("r = 4\ndropout = 0.5\ntarget_modules = [\"c_attn\", \"c_fc\"]\n");
+  Trainer a(test::config_from(toml), TrainOptions{}), b(test::config_from(toml), TrainOptions{});
+  a.run();
+  b.run();
+  ASSERT_EQ(a.history().size(), b.history().size());
+  for (size_t i = 0; i < a.history().size(); ++i)
+    EXPECT_EQ(a.history()[i].loss, b.history()[i].loss) << "step " << i + 1;
+  test::expect_resume_is_bitwise(toml, a);
+  Trainer none(
+      test::config_from(kToy + lora_table("r = 4\ntarget_modules = [\"c_attn\", \"c_fc\"]\n")),
+      TrainOptions{});
+  none.run();
+  // B starts at zero: the first loss is the base's either way; the updates differ.
+  EXPECT_EQ(a.history()[0].loss, none.history()[0].loss);
+  EXPECT_NE(a.history().back().loss, none.history().back().loss);
+  // Evaluation: a's weights in a model without dropout give a's evaluation loss.
+  const Config c = test::config_from(toml);
+  std::vector<int32_t> tokens(2 * 16), targets(2 * 16);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = int32_t(i * 7 % 64);
+    targets[i] = int32_t(i * 5 % 64);
+  }
+  Batch batch;
+  batch.tokens = tokens.data();
+  batch.targets = targets.data();
+  batch.B = 2;
+  batch.T = 16;
+  batch.dloss = 1.0;
+  batch.dropout_seed = 99;  // evaluate() draws nothing whatever the batch says
+  const double with = a.model().evaluate(batch);
+  Tuning plain;
+  plain.lora = {{"c_attn", 4, 4.0, 0.0}, {"c_fc", 4, 4.0, 0.0}};
+  std::unique_ptr<Device> d = Device::create(DeviceConfig{});
+  Gpt<float> m(c.model, *d, c.train.seed, Precision(), 1, false, nullptr, plain);
+  const auto weights = download_params(a.model());
+  const auto params = m.params();
+  for (size_t i = 0; i < params.size(); ++i)
+    d->backend().upload(params[i]->master().value, weights[i].data(), 4 * weights[i].size());
+  m.sync_compute_params();
+  EXPECT_EQ(with, m.evaluate(batch));
+}
+
+// The adapters' gradients with dropout are the gradients of the loss with that mask: against
+// central differences of the loss over A's and B's elements, the mask drawn again from the same
+// batch seed each time.
+TEST(LoraDropout, GradientsAreTheLossesWithTheSameMask) {
+  const Config c = test::config_from(kToy);
+  std::unique_ptr<Device> d = Device::create(DeviceConfig{});
+  Tuning t;
+  t.lora = {{"c_attn", 2, 2.0, 0.4}};
+  Gpt<float> m(c.model, *d, 7, Precision(), 1, false, nullptr, t);
+  Backend& o = d->backend();
+  // B nonzero, so that A has a gradient too.
+  for (Param<float>* p : m.params())
+    if (p->name.find("lora_B") != std::string::npos) {
+      std::vector<float> v(p->numel);
+      for (size_t i = 0; i < v.size(); ++i)
+        v[i] = 0.05f * float(int(i % 7) - 3);
+      o.upload(p->master().value, v.data(), 4 * v.size());
+    }
+  std::vector<int32_t> tokens(2 * 16), targets(2 * 16);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = int32_t(i * 11 % 64);
+    targets[i] = int32_t(i * 3 % 64);
+  }
+  Batch b;
+  b.tokens = tokens.data();
+  b.targets = targets.data();
+  b.B = 2;
+  b.T = 16;
+  b.dloss = 1.0 / 32;
+  b.dropout_seed = 1234;
+  auto loss = [&] {
+    m.zero_grad();
+    m.forward(b);
+    m.backward(b);
+    const double l = m.loss();
+    m.release_micro_step();
+    return l;
+  };
+  loss();
+  int checked = 0;
+  for (Param<float>* p : m.params()) {
+    if (!is_adapter_param(p->name) || p->name.rfind("h.0.", 0) != 0) continue;
+    const std::vector<float> g = host_of(*d, p->master().grad, p->numel);
+    std::vector<float> v = host_of(*d, p->master().value, p->numel);
+    for (size_t i = 0; i < p->numel; i += p->numel / 5 + 1) {
+      const float keep = v[i], eps = 1e-2f;
+      v[i] = keep + eps;
+      o.upload(p->master().value, v.data(), 4 * v.size());
+      const double up = loss();
+      v[i] = keep - eps;
+      o.upload(p->master().value, v.data(), 4 * v.size());
+      const double down = loss();
+      v[i] = keep;
+      o.upload(p->master().value, v.data(), 4 * v.size());
+      const double fd = (up - down) / (2.0 * eps);
+      EXPECT_NEAR(g[i], fd, 2e-3 + 2e-2 * std::abs(fd)) << p->name << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 10);
 }
 
 }  // namespace

@@ -109,6 +109,11 @@ class Backend {
   // f32 value rounded once to dt. The transient a GEMM of a quantized weight reads.
   virtual void dequantize(Dtype dt, void* out, const void* q, QuantKind kind, bool double_quant,
                           uint64_t n) = 0;
+  // out (n) = inp (n) * (kept ? 1 / (1 - p) : 0) in dt, element i kept with probability 1 - p as
+  // kernels/common/dropout.h's hash of (seed, i) says: the same mask on every backend, drawn again
+  // from the seed wherever it is needed. In place when out == inp. 0 <= p < 1.
+  virtual void dropout(Dtype dt, void* out, const void* inp, uint64_t n, double p,
+                       uint64_t seed) = 0;
   // dinp (N,OC) = gelu'(inp) * dout, written (gelu_backward's Grad::kWrite), and dbias (OC) +=
   // its column sums (matmul_backward's bias gradient with dinp as its dout): the MLP's GELU and
   // the bias gradient of the fc layer before it, in one pass over dinp where a backend fuses

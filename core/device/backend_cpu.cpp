@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/device/backend.h"
+#include "kernels/common/dropout.h"
 #include "kernels/common/dtype.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_tiled.h"
@@ -598,6 +599,19 @@ class CpuBackend final : public Backend {
             kind, b, n, double_quant,
             [o = static_cast<double*>(out)](uint64_t i, float v) { o[i] = double(v); });
     }
+  }
+  void dropout(Dtype dt, void* out, const void* inp, uint64_t n, double p, uint64_t seed) override {
+    cpu::OpTimer timer_("dropout", dtype_name(dt));
+    require_float(dt, "dropout");
+    const float fp = float(p), s = dropout_scale(fp);
+    // f32: the product rounded once, as the CUDA kernel's; the 16-bit dtypes through f32 too.
+    const int64_t count = int64_t(n);
+#pragma omp parallel for schedule(static) if (count >= (int64_t(1) << 15)) \
+    num_threads(cpu::threads_for(n))
+    for (int64_t i = 0; i < count; ++i)
+      store(out, dt, uint64_t(i),
+            dropout_keep(seed, uint64_t(i), fp) ? double(float(load(inp, dt, uint64_t(i))) * s)
+                                                : 0.0);
   }
   void gelu_backward_bias(Dtype dt, void* dinp, void* dbias, const void* inp, const void* dout,
                           int N, int OC) override {

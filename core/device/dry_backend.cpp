@@ -43,6 +43,7 @@ class DryBackend final : public Backend {
   void attention_gqa_backward(Dtype, void*, const void*, const void*, const void*, const void*, int,
                               int, int, int, int) override {}
   void dequantize(Dtype, void*, const void*, QuantKind, bool, uint64_t) override {}
+  void dropout(Dtype, void*, const void*, uint64_t, double, uint64_t) override {}
   void gelu_forward(Dtype, void*, const void*, uint64_t) override {}
   void gelu_backward(Dtype, void*, const void*, const void*, uint64_t, Grad) override {}
   void add_inplace(Dtype, void*, const void*, uint64_t) override {}

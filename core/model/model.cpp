@@ -9,6 +9,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "kernels/common/dropout.h"
 #include "kernels/cpu/quant.h"
 
 namespace headroom {
@@ -1092,7 +1093,7 @@ Buffer Layer<T>::workspace(uint64_t numel, const char* what) {
 }
 
 template <class T>
-void Layer<T>::add_adapter(const AdapterSite& site, int rank, double scale) {
+void Layer<T>::add_adapter(const AdapterSite& site, int rank, double scale, double dropout) {
   const Param<T>* w = nullptr;
   for (const auto& p : params_)
     if (p->name == site.weight) w = p.get();
@@ -1101,7 +1102,7 @@ void Layer<T>::add_adapter(const AdapterSite& site, int rank, double scale) {
     if (a.weight == w && a.row0 == site.row0) return;  // targeted twice: one adapter
   Param<T>& A = add_param(site.module + ".lora_A.weight", {rank, site.in}, true);
   Param<T>& B = add_param(site.module + ".lora_B.weight", {site.rows, rank}, true);
-  adapters_.push_back({w, site.row0, site.rows, rank, scale, &A, &B});
+  adapters_.push_back({w, site.row0, site.rows, rank, scale, &A, &B, dropout});
 }
 
 template <class T>
@@ -1132,6 +1133,21 @@ void Layer<T>::scaled_b(const Adapter& a, int OC, Buffer& buf) {
 }
 
 template <class T>
+const void* Layer<T>::dropped_input(const Adapter& a, const void* inp, uint64_t N, int C,
+                                    Buffer& buf) {
+  if (a.dropout == 0 || dropout_seed_ == 0) return inp;
+  buf = Buffer(device_, N * uint64_t(C) * dtype_size(dt_), Category::kWorkspace,
+               name_ + " lora: dropout(x) (N, in)");
+  ops().dropout(dt_, buf.as<void>(), inp, N * uint64_t(C), a.dropout, adapter_seed(a));
+  return buf.as<void>();
+}
+
+template <class T>
+uint64_t Layer<T>::adapter_seed(const Adapter& a) const {
+  return dropout_mix(dropout_seed_ + uint64_t(&a - adapters_.data()));
+}
+
+template <class T>
 void Layer<T>::linear_forward(void* out, const void* inp, const Param<T>& w, const Param<T>* b,
                               uint64_t N, int C, int OC) {
   Backend& o = ops();
@@ -1143,8 +1159,11 @@ void Layer<T>::linear_forward(void* out, const void* inp, const Param<T>& w, con
   for (const Adapter& a : adapters_) {
     if (a.weight != &w) continue;
     const int r = int(a.rank);
+    Buffer xd;
+    const void* x = dropped_input(a, inp, N, C, xd);  // (N, C)
     Buffer t(device_, N * r * dtype_size(dt_), Category::kWorkspace, name_ + " lora: A x (N, r)");
-    o.matmul_forward(dt_, t.as<void>(), inp, a.A->compute().value, nullptr, int(N), C, r);
+    o.matmul_forward(dt_, t.as<void>(), x, a.A->compute().value, nullptr, int(N), C, r);
+    xd.reset();
     Buffer bs;
     scaled_b(a, OC, bs);
     Buffer u(device_, N * OC * dtype_size(dt_), Category::kWorkspace,
@@ -1169,8 +1188,11 @@ void Layer<T>::linear_backward(void* dinp, const void* dout, const void* inp, co
     if (a.weight != &w) continue;
     const int r = int(a.rank);
     const uint64_t es = dtype_size(dt_);
+    // x: the adapter's input, with forward's dropout drawn again.
+    Buffer xd;
+    const void* x = dropped_input(a, inp, N, C, xd);  // (N, C)
     Buffer t(device_, N * r * es, Category::kWorkspace, name_ + " lora: A x (N, r)");
-    o.matmul_forward(dt_, t.as<void>(), inp, a.A->compute().value, nullptr, int(N), C, r);
+    o.matmul_forward(dt_, t.as<void>(), x, a.A->compute().value, nullptr, int(N), C, r);
     Buffer bs;
     scaled_b(a, OC, bs);
     // dt = dout · (s B) (N, r); d(B) in the GEMM's (OC, r) layout, of which B's rows are added
@@ -1182,9 +1204,19 @@ void Layer<T>::linear_backward(void* dinp, const void* dout, const void* inp, co
                       int(N), r, OC, Grad::kWrite);
     o.axpy(dt_, a.B->compute().grad, db.as<char>() + uint64_t(a.row0) * r * es,
            uint64_t(a.rows) * r, a.scale);
-    // dA += dt^T · inp; dinp += dt · A
-    o.matmul_backward(dt_, dinp, a.A->compute().grad, nullptr, dt.as<void>(), inp,
-                      a.A->compute().value, int(N), C, r, Grad::kAccumulate);
+    // dA += dt^T · x; dinp += dt · A, through the dropout's mask where x had one
+    if (x == inp) {
+      o.matmul_backward(dt_, dinp, a.A->compute().grad, nullptr, dt.as<void>(), inp,
+                        a.A->compute().value, int(N), C, r, Grad::kAccumulate);
+      continue;
+    }
+    Buffer dx(device_, N * uint64_t(C) * es, Category::kWorkspace,
+              name_ + " lora: d(dropout(x)) (N, in)");
+    o.matmul_backward(dt_, dx.as<void>(), a.A->compute().grad, nullptr, dt.as<void>(), x,
+                      a.A->compute().value, int(N), C, r, Grad::kWrite);
+    xd.reset();
+    o.dropout(dt_, dx.as<void>(), dx.as<void>(), N * uint64_t(C), a.dropout, adapter_seed(a));
+    o.add_inplace(dt_, dinp, dx.as<void>(), N * uint64_t(C));
   }
 }
 
@@ -1255,7 +1287,8 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, const Prec
       for (const AdapterSite& site : sites) {
         if (!lora_target_matches(spec.target, site.module)) continue;
         any = true;
-        layers_[size_t(site.layer)]->add_adapter(site, spec.rank, spec.alpha / spec.rank);
+        layers_[size_t(site.layer)]->add_adapter(site, spec.rank, spec.alpha / spec.rank,
+                                                 spec.dropout);
       }
       if (!any)
         throw std::invalid_argument("LoRA target \"" + spec.target + "\" names no module of this " +
@@ -1317,11 +1350,17 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, const Prec
 template <class T>
 Gpt<T>::~Gpt() = default;
 
+// Layer l's dropout draws of the micro-step `batch` is: 0 (none) when the batch draws none.
+static uint64_t layer_dropout_seed(const Batch& batch, size_t l) {
+  return batch.dropout_seed == 0 ? 0 : dropout_mix(batch.dropout_seed ^ (uint64_t(l) << 48)) | 1;
+}
+
 template <class T>
 void Gpt<T>::forward(const Batch& batch, LayerEvents* events) {
   const void* x = nullptr;
   static_cast<Head<T>&>(*layers_.back()).set_loss_in_forward(false);  // backward follows
   for (size_t l = 0; l < layers_.size(); ++l) {
+    layers_[l]->set_dropout_seed(layer_dropout_seed(batch, l));
     if (events) events->forward_begin(static_cast<int>(l));
     layers_[l]->forward(x, batch);
     x = layers_[l]->output();
@@ -1334,6 +1373,7 @@ double Gpt<T>::evaluate(const Batch& batch) {
   const void* x = nullptr;
   static_cast<Head<T>&>(*layers_.back()).set_loss_in_forward(true);  // no backward comes
   for (size_t l = 0; l < layers_.size(); ++l) {
+    layers_[l]->set_dropout_seed(0);  // evaluation drops nothing
     layers_[l]->forward(x, batch);
     // No backward comes: a block keeps only its output, the next layer's input, and the layer
     // before it, whose output this one has read, keeps nothing.
@@ -1374,6 +1414,7 @@ void Gpt<T>::backward(const Batch& batch, LayerEvents* events) {
     layers_[l]->make_compute_grads();
     if (events) events->backward_begin(l);
     const void* input = l > 0 ? layers_[l - 1]->output() : nullptr;
+    layers_[l]->set_dropout_seed(layer_dropout_seed(batch, size_t(l)));  // forward's draws
     // A dropped layer's kept output is not needed by its backward: recompute() frees it first,
     // so the recomputation holds one block's activations, not one and an output.
     if (layers_[l]->needs_recompute()) layers_[l]->recompute(input, batch);
@@ -1833,6 +1874,8 @@ void check_lora(const ModelConfig& m, const LoraSpec& spec) {
     throw std::invalid_argument("rank " + std::to_string(spec.rank) + " (valid: 1 or more)");
   if (!(spec.alpha > 0) || !std::isfinite(spec.alpha))
     throw std::invalid_argument("alpha must be a finite number > 0");
+  if (!(spec.dropout >= 0 && spec.dropout < 1))
+    throw std::invalid_argument("dropout must be in [0, 1)");
   const std::vector<AdapterSite> sites = gpt_adapter_sites(m);
   bool any = false;
   for (const AdapterSite& s : sites)

@@ -28,6 +28,9 @@ struct Batch {
   int B = 0;
   int T = 0;
   double dloss = 0.0;  // d(objective)/d(per-token loss): 1 / (B·T·grad_accum) times the loss scale
+  // A training micro-step's dropout draws (LoRA's lora_dropout: kernels/common/dropout.h): each
+  // layer's from this; 0 draws nothing (evaluation, or no dropout configured).
+  uint64_t dropout_seed = 0;
   // The targets in host memory, for counting the tokens of the loss; null when `targets` is host
   // memory itself (the CPU backend).
   const int32_t* host_targets = nullptr;
@@ -176,6 +179,7 @@ struct LoraSpec {
   std::string target;
   int rank = 8;
   double alpha = 8;
+  double dropout = 0;  // PEFT's lora_dropout on the adapter's input, in training; [0, 1)
 };
 // What a run trains of the model: every parameter, or all but those [train] freeze names, or
 // only the adapters a plugin adds (headroom.adapters/1).
@@ -260,10 +264,12 @@ class Layer {
   uint64_t quantized_bytes() const { return quant_bytes_; }
   // Adds a low-rank adapter at `site` (one of this layer's): its A and B as parameters at the end
   // of the flat buffers. Before allocate_params. init_adapters() gives them PEFT's init.
-  void add_adapter(const AdapterSite& site, int rank, double scale);
+  void add_adapter(const AdapterSite& site, int rank, double scale, double dropout = 0);
   // A uniform in ±1/sqrt(in) from `rng_seed`'s stream, B zero: into the masters (T values).
   void init_adapters(uint64_t rng_seed);
   bool has_adapters() const { return !adapters_.empty(); }
+  // This micro-step's dropout draws (Batch::dropout_seed mixed with the layer's index; 0: none).
+  void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
 
   // Allocates the flat buffers of the parameters the constructor added (zeroed gradients, unless
   // `grads` is false: sharded gradients are made by ensure_grads when the backward needs them),
@@ -397,9 +403,18 @@ class Layer {
     const Param<T>* weight;
     int64_t row0, rows, rank;
     double scale;
-    Param<T>* A;  // (rank, in)
-    Param<T>* B;  // (rows, rank)
+    Param<T>* A;         // (rank, in)
+    Param<T>* B;         // (rows, rank)
+    double dropout = 0;  // on its input x, in training (dropout_seed_ nonzero)
   };
+  // The micro-step's dropout draws of this layer (Gpt sets it from Batch::dropout_seed before each
+  // forward, recomputation and backward; 0 in evaluation).
+  uint64_t dropout_seed_ = 0;
+  // x (N, C) with adapter a's dropout, drawn from the layer's seed and a's place: the same mask in
+  // forward and backward, into `buf` (a workspace).
+  const void* dropped_input(const Adapter& a, const void* inp, uint64_t N, int C, Buffer& buf);
+  // Adapter a's draws this micro-step: the layer's seed mixed with a's place.
+  uint64_t adapter_seed(const Adapter& a) const;
   std::vector<Adapter> adapters_;
   // B scaled by `scale` in the GEMM's (OC, rank) layout (zero outside its rows), in `buf`.
   void scaled_b(const Adapter& a, int OC, Buffer& buf);

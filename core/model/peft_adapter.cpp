@@ -73,7 +73,7 @@ void save_peft_adapter(const std::string& dir, const Gpt<float>& model,
   c["base_model_name_or_path"] = base.empty() ? base : fs::absolute(base, ec).string();
   c["r"] = lora.front().rank;
   c["lora_alpha"] = lora.front().alpha;
-  c["lora_dropout"] = 0.0;
+  c["lora_dropout"] = lora.front().dropout;
   std::vector<std::string> targets;
   for (const LoraSpec& s : lora)
     targets.push_back(s.target);

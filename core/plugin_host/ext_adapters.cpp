@@ -20,6 +20,7 @@ static hr_status add_lora(hr_host* h, const hr_lora_spec* spec) {
   s.target = spec->target;
   s.rank = int(spec->rank);
   s.alpha = spec->alpha;
+  if (HR_HAS_FIELD(spec, hr_lora_spec, dropout)) s.dropout = spec->dropout;
   try {
     run(h).adapters->add_lora(p.entry.name, s);
     return HR_OK;

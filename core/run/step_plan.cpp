@@ -4,11 +4,13 @@
 #include <stdexcept>
 #include <utility>
 
+#include "kernels/common/dropout.h"
+
 namespace headroom {
 
 StepPlan::StepPlan(const Config& config, Device& device, DataLoader& loader, StepState& state,
-                   std::ostream* log)
-    : config_(config), device_(device), loader_(loader), state_(state), log_(log) {
+                   int rank, std::ostream* log)
+    : config_(config), device_(device), loader_(loader), state_(state), log_(log), rank_(rank) {
   state_.micro_batch = config_.train.micro_batch;
   state_.grad_accum = config_.train.grad_accum;
 }
@@ -94,6 +96,12 @@ const Batch& StepPlan::upload_micro_batch() {
   // for this step.
   const uint64_t tokens_per_step = uint64_t(configured_B) * T * uint64_t(config_.train.grad_accum);
   batch_.dloss = state_.loss_scale / double(tokens_per_step);
+  // Dropout's draws (LoRA's): the run's seed, the step, the micro-step and the rank, so that a
+  // resumed run draws what the unbroken one drew.
+  batch_.dropout_seed =
+      dropout_mix(dropout_mix(config_.train.seed ^ 0x64726f706f7574ull) + uint64_t(state_.step)) ^
+      dropout_mix((uint64_t(state_.micro_step) << 20) + uint64_t(rank_));
+  if (batch_.dropout_seed == 0) batch_.dropout_seed = 1;  // 0 draws nothing
   // What the OOM hooks may ask in this micro-step starts unasked.
   retry_requested_ = false;
   restart_ = Request{};

@@ -29,7 +29,8 @@ namespace headroom {
 class StepPlan final : public BatchControl {
  public:
   // `log`: where the changes are said; nullptr for none (every rank but 0).
-  StepPlan(const Config& config, Device& device, DataLoader& loader, StepState& state,
+  // `rank`: this rank's, which its dropout draws differ by.
+  StepPlan(const Config& config, Device& device, DataLoader& loader, StepState& state, int rank,
            std::ostream* log);
   // Once the plugins are created: why this run's steps keep their micro-batch ("this run has more
   // than one rank", "this run is sharded": the ranks would have to agree on it); empty where it
@@ -114,6 +115,7 @@ class StepPlan final : public BatchControl {
   StepState& state_;
   std::string fixed_;
   std::ostream* log_;
+  int rank_;
   Buffer inputs_, targets_;
   std::unique_ptr<HostStaging> staging_;
   int slot_ = 0;

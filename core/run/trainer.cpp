@@ -123,7 +123,8 @@ Trainer::Trainer(const Config& config, TrainOptions options)
                                          config_.train.micro_batch, config_.model.seq_len);
   if (config_.train.eval_every > 0)
     validation_ = std::make_unique<Validation>(config_, *comm_, root_log());
-  plan_ = std::make_unique<StepPlan>(config_, *device_, *loader_, state_, root_log());
+  plan_ =
+      std::make_unique<StepPlan>(config_, *device_, *loader_, state_, comm_->rank(), root_log());
 
   // Plugins come before anything allocates: an allocator-role plugin serves every buffer. What
   // they choose while created (precision, sharding) the model is built with.

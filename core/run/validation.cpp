@@ -24,7 +24,8 @@ std::optional<Evaluation> Validation::evaluate(Gpt<float>& model, Batch batch, i
   const int b = batch.B;
   const size_t BT = size_t(B) * T, bt = size_t(b) * T;
   std::vector<int32_t> rows(2 * BT);
-  batch.dloss = 0.0;  // the head's gradient of the loss is not used
+  batch.dloss = 0.0;       // the head's gradient of the loss is not used
+  batch.dropout_seed = 0;  // evaluation drops nothing
   data_->restore(start_);
   double sum = 0.0;
   uint64_t tokens = 0;

@@ -199,6 +199,12 @@ template <class T>
 void dequantize(T* out, const unsigned char* q, uint32_t kind, bool double_quant, size_t n,
                 cudaStream_t stream);
 
+// --- dropout.cu --------------------------------------------------------------------------------
+// out (n) = inp (n) * (kept ? 1 / (1 - p) : 0), element i kept as kernels/common/dropout.h's hash
+// of (seed, i) says; in place when out == inp.
+template <class T>
+void dropout(T* out, const T* inp, size_t n, float p, uint64_t seed, cudaStream_t stream);
+
 // --- residual.cu -------------------------------------------------------------------------------
 // out (N) = a (N) + b (N)
 template <class T>

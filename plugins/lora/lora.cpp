@@ -9,7 +9,7 @@
 //   name = "lora"
 //   r = 8                                    # the rank, >= 1
 //   alpha = 16.0                             # the update's scale is alpha / r; default r
-//   dropout = 0.0                            # only 0 so far (PEFT's lora_dropout)
+//   dropout = 0.05                           # PEFT's lora_dropout on the adapters' input
 //   target_modules = ["c_attn"]              # PEFT's: module names or suffixes of them
 //   base_dtype = "nf4"                       # the frozen linear weights: f32 (as the model),
 //                                            # bf16, int8 or nf4 (QLoRA, bitsandbytes' formats)
@@ -70,10 +70,10 @@ hr_status create(const hr_host_services* s, void** instance) {
   if (c.alpha == 0) c.alpha = double(c.r);
   if (!(c.alpha > 0) || !std::isfinite(c.alpha))
     return s->config_error(s->host, "alpha", "must be a finite number > 0 (default: r)");
-  if (c.dropout != 0)
+  if (!(c.dropout >= 0 && c.dropout < 1))
     return s->config_error(s->host, "dropout",
-                           "LoRA dropout is not implemented yet: only 0 (PEFT's lora_dropout = "
-                           "0.0) is valid");
+                           "must be in [0, 1): the probability an adapter's input element is "
+                           "dropped in training (PEFT's lora_dropout)");
   const auto* config = static_cast<const hr_ext_config*>(extension(s, HR_EXT_CONFIG));
   const auto* adapters = static_cast<const hr_ext_adapters*>(extension(s, HR_EXT_ADAPTERS));
   if (!config || !adapters) {
@@ -97,7 +97,7 @@ hr_status create(const hr_host_services* s, void** instance) {
   for (const std::string& t : c.targets) {
     // A target that names no module is the host's config error, at the key's position.
     const hr_lora_spec spec = {sizeof(hr_lora_spec), uint32_t(c.r), t.c_str(), c.alpha,
-                               "target_modules"};
+                               "target_modules",     c.dropout};
     st = adapters->add_lora(s->host, &spec);
     if (st != HR_OK) return st;
   }

@@ -246,6 +246,13 @@ class CudaBackend final : public Backend {
                        double_quant, n, stream());
     });
   }
+  void dropout(Dtype dt, void* out, const void* inp, uint64_t n, double p, uint64_t seed) override {
+    on_device();
+    dispatch(dt, "dropout", [&](auto tag) {
+      using S = decltype(tag);
+      cuda::dropout(as<S>(out), as<S>(inp), n, float(p), seed, stream());
+    });
+  }
   void gelu_forward(Dtype dt, void* out, const void* inp, uint64_t n) override {
     on_device();
     dispatch(dt, "gelu_forward", [&](auto tag) {

@@ -34,6 +34,10 @@ typedef struct hr_lora_spec {
   const char* target; /* one entry of target_modules (above); the host copies it */
   double alpha;       /* the update is scaled by alpha / rank; finite, > 0 */
   const char* key;    /* the plugin's config key the target came from, for messages; may be NULL */
+  /* Appended: PEFT's lora_dropout, in [0, 1): the adapter's input dropped in training, each
+   * element with this probability (the rest scaled by 1 / (1 - dropout)); 0 (or a spec without
+   * the field) for none. */
+  double dropout;
 } hr_lora_spec;
 
 /* An in-struct (appended in headroom.adapters/1's second revision): how the frozen base is
