@@ -483,5 +483,21 @@ TEST(OffloadPlugin, BadKeysExit2NamingTheKeyAndWhatIsValid) {
   }
 }
 
+// examples/offload-350m.toml: gpt2-350m shapes whose amp run does not fit the 3 GiB device wall
+// (plan: exit 3) and does with the masters and AdamW's state on the host (plan: exit 0, both
+// ledgers within their walls). The training itself is docs/results/offload.md's (too long for
+// the suite).
+TEST(OffloadExample, Gpt2_350mFitsTheDeviceOnlyWithOffload) {
+  const std::string cfg = std::string(HEADROOM_SOURCE_DIR) + "/examples/offload-350m.toml";
+  const test::RunResult with = test::run_headroom("plan " + cfg);
+  EXPECT_EQ(with.exit_code, 0) << with.output;
+  EXPECT_TRUE(test::contains(with.output, "host ledger fits [host] memory_limit")) << with.output;
+  const test::RunResult without =
+      test::run_headroom("plan " + cfg + " --set 'plugins.offload.optimizer=\"none\"'");
+  EXPECT_EQ(without.exit_code, 3) << without.output;
+  EXPECT_TRUE(test::contains(without.output, "does not fit memory_limit 3.00 GiB"))
+      << without.output;
+}
+
 }  // namespace
 }  // namespace headroom
