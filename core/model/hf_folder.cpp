@@ -364,21 +364,7 @@ void load_hf_folder(const std::string& dir, Gpt<float>& model, const MasterAcces
                         (model.config().llama() ? " (set model.tie_embeddings = false)" : ""));
   }
 
-  Backend& ops = model.device().backend();
-  for (size_t l = 0; l < model.layers().size(); ++l) {
-    const auto write = [&] {
-      for (const auto& p : model.layers()[l]->params())
-        if (host.count(p.get()))
-          ops.upload(p->master().value, host.at(p.get()).data(), 4 * p->numel);
-      ops.synchronize();
-    };
-    if (access) {
-      access(int(l), write);
-    } else {
-      write();
-    }
-  }
-  model.sync_compute_params();
+  upload_params(model, host, access);
 }
 
 void save_hf_folder(const std::string& dir, const Gpt<float>& model,

@@ -149,21 +149,7 @@ void load_peft_adapter(const std::string& dir, Gpt<float>& model, const std::vec
     v.resize(p->numel);
     read_safetensors_tensor(weights, *e, v.data(), false);
   }
-  Backend& ops = model.device().backend();
-  for (size_t l = 0; l < model.layers().size(); ++l) {
-    const auto write = [&] {
-      for (const auto& p : model.layers()[l]->params())
-        if (host.count(p.get()))
-          ops.upload(p->master().value, host.at(p.get()).data(), 4 * p->numel);
-      ops.synchronize();
-    };
-    if (access) {
-      access(int(l), write);
-    } else {
-      write();
-    }
-  }
-  model.sync_compute_params();
+  upload_params(model, host, access);
 }
 
 std::vector<std::vector<float>> merge_adapters(const Gpt<float>& model,

@@ -591,7 +591,6 @@ void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAc
 
   // Decoded on the host, then uploaded layer by layer (inside `access`: sharded masters are made
   // whole for it); the compute copies (amp) follow the new masters.
-  Backend& ops = model.device().backend();
   std::map<const Param<float>*, std::vector<float>> host;
   for (const auto& [name, e] : found) {
     const Param<float>* p = params.at(name);
@@ -599,13 +598,17 @@ void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAc
     v.resize(p->numel);
     read_floats(*e, v.data(), is_conv1d_weight(name));
   }
+  upload_params(model, host, access);  // an adapter the file does not hold keeps its init
+}
+
+void upload_params(Gpt<float>& model, const std::map<const Param<float>*, std::vector<float>>& host,
+                   const MasterAccess& access) {
+  Backend& ops = model.device().backend();
   for (size_t l = 0; l < model.layers().size(); ++l) {
     const auto write = [&] {
-      for (const auto& p : model.layers()[l]->params()) {
-        if (!host.count(p.get())) continue;  // an adapter the file does not hold
-        const std::vector<float>& v = host.at(p.get());
-        ops.upload(p->master().value, v.data(), 4 * p->numel);
-      }
+      for (const auto& p : model.layers()[l]->params())
+        if (host.count(p.get()))
+          ops.upload(p->master().value, host.at(p.get()).data(), 4 * p->numel);
       ops.synchronize();
     };
     if (access) {

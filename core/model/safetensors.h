@@ -72,6 +72,12 @@ std::vector<std::vector<float>> download_params(const Gpt<float>& model,
                                                 const MasterAccess& access = nullptr,
                                                 bool keep = true);
 
+// The loaders' last step: each parameter `host` holds (f32 values, numel of them) into its
+// masters, layer by layer inside `access` (empty: directly), the others left as they are; then
+// the compute copies made from the masters.
+void upload_params(Gpt<float>& model, const std::map<const Param<float>*, std::vector<float>>& host,
+                   const MasterAccess& access = nullptr);
+
 // Reads F32, BF16 or F16 tensors into the model's parameters, converting to float and transposing
 // the Conv1D weights back. Names may carry a "transformer." prefix; the attention-mask buffers
 // (h.N.attn.bias, h.N.attn.masked_bias) and an lm_head.weight tied to wte.weight are ignored. A
