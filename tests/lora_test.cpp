@@ -292,6 +292,24 @@ TEST(LoraPlugin, ConfigErrorsNameTheirPlace) {
              "plugin 'lora' (LoRA adapters): frozen parameters run with the built-in optimizers");
 }
 
+// A (2, 16) batch of kToy's vocabulary (tokens i·a mod 64, targets i·b mod 64), whose ids live in
+// `ids`.
+Batch toy_batch(std::vector<int32_t>& ids, int a, int b, double dloss, uint64_t dropout_seed) {
+  ids.resize(2 * 2 * 16);
+  for (size_t i = 0; i < 32; ++i) {
+    ids[i] = int32_t(i * size_t(a) % 64);
+    ids[32 + i] = int32_t(i * size_t(b) % 64);
+  }
+  Batch batch;
+  batch.tokens = ids.data();
+  batch.targets = ids.data() + 32;
+  batch.B = 2;
+  batch.T = 16;
+  batch.dloss = dloss;
+  batch.dropout_seed = dropout_seed;
+  return batch;
+}
+
 // The dropout op: about p of the elements dropped, the rest scaled by 1 / (1 - p) exactly, the
 // same mask from the same seed (in place too), another from another seed; bf16 as f32 rounded.
 TEST(LoraDropout, TheOpDropsAboutPAndScalesTheRest) {
@@ -343,18 +361,8 @@ TEST(LoraDropout, TrainsDeterministicallyResumesAndEvaluatesWithout) {
   EXPECT_NE(a.history().back().loss, none.history().back().loss);
   // Evaluation: a's weights in a model without dropout give a's evaluation loss.
   const Config c = test::config_from(toml);
-  std::vector<int32_t> tokens(2 * 16), targets(2 * 16);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = int32_t(i * 7 % 64);
-    targets[i] = int32_t(i * 5 % 64);
-  }
-  Batch batch;
-  batch.tokens = tokens.data();
-  batch.targets = targets.data();
-  batch.B = 2;
-  batch.T = 16;
-  batch.dloss = 1.0;
-  batch.dropout_seed = 99;  // evaluate() draws nothing whatever the batch says
+  std::vector<int32_t> ids;
+  const Batch batch = toy_batch(ids, 7, 5, 1.0, 99);  // evaluate() draws nothing whatever the seed
   const double with = a.model().evaluate(batch);
   Tuning plain;
   plain.lora = {{"c_attn", 4, 4.0, 0.0}, {"c_fc", 4, 4.0, 0.0}};
@@ -386,18 +394,8 @@ TEST(LoraDropout, GradientsAreTheLossesWithTheSameMask) {
         v[i] = 0.05f * float(int(i % 7) - 3);
       o.upload(p->master().value, v.data(), 4 * v.size());
     }
-  std::vector<int32_t> tokens(2 * 16), targets(2 * 16);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = int32_t(i * 11 % 64);
-    targets[i] = int32_t(i * 3 % 64);
-  }
-  Batch b;
-  b.tokens = tokens.data();
-  b.targets = targets.data();
-  b.B = 2;
-  b.T = 16;
-  b.dloss = 1.0 / 32;
-  b.dropout_seed = 1234;
+  std::vector<int32_t> ids;
+  const Batch b = toy_batch(ids, 11, 3, 1.0 / 32, 1234);
   auto loss = [&] {
     m.zero_grad();
     m.forward(b);
