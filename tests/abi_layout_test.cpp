@@ -508,7 +508,7 @@ PIN(hr_ext_state, struct_size, 0, 4);
 PIN(hr_ext_state, reserved0, 4, 4);
 PIN(hr_ext_state, save, 8, 8);
 PIN(hr_ext_state, load, 16, 8);
-static_assert(sizeof(hr_estimate_model) == 64 && alignof(hr_estimate_model) == 8);
+static_assert(sizeof(hr_estimate_model) == 72 && alignof(hr_estimate_model) == 8);
 PIN(hr_estimate_model, struct_size, 0, 4);
 PIN(hr_estimate_model, n_layer, 4, 4);
 PIN(hr_estimate_model, n_head, 8, 4);
@@ -521,6 +521,7 @@ PIN(hr_estimate_model, device_kind, 40, 8);
 PIN(hr_estimate_model, num_param_tensors, 48, 4);
 PIN(hr_estimate_model, reserved0, 52, 4);
 PIN(hr_estimate_model, param_tensors, 56, 8);
+PIN(hr_estimate_model, init_from, 64, 8);  // 1.8, appended
 static_assert(sizeof(hr_estimate_param) == 96 && alignof(hr_estimate_param) == 8);
 PIN(hr_estimate_param, struct_size, 0, 4);
 PIN(hr_estimate_param, layer, 4, 4);
@@ -529,7 +530,7 @@ PIN(hr_estimate_param, ndim, 16, 4);
 PIN(hr_estimate_param, weight_decay, 20, 4);
 PIN(hr_estimate_param, shape, 24, 64);
 PIN(hr_estimate_param, numel, 88, 8);
-static_assert(sizeof(hr_mechanisms) == 96 && alignof(hr_mechanisms) == 8);
+static_assert(sizeof(hr_mechanisms) == 120 && alignof(hr_mechanisms) == 8);
 PIN(hr_mechanisms, struct_size, 0, 4);
 PIN(hr_mechanisms, compute_dtype, 4, 4);
 PIN(hr_mechanisms, micro_batch, 8, 4);
@@ -550,6 +551,10 @@ PIN(hr_mechanisms, optimizer_bytes, 72, 8);
 PIN(hr_mechanisms, plugin_bytes, 80, 8);     // 1.7
 PIN(hr_mechanisms, optimizer_place, 88, 4);  // 1.8
 PIN(hr_mechanisms, reserved2, 92, 4);
+PIN(hr_mechanisms, num_adapters, 96, 4);  // 1.8, appended
+PIN(hr_mechanisms, base_double_quant, 100, 4);
+PIN(hr_mechanisms, adapters, 104, 8);
+PIN(hr_mechanisms, base_dtype, 112, 8);
 static_assert(sizeof(hr_estimate_query) == 120 && alignof(hr_estimate_query) == 8);
 PIN(hr_estimate_query, struct_size, 0, 4);
 PIN(hr_estimate_query, reserved0, 4, 4);

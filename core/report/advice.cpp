@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <sstream>
 
 #include "core/comm/comm.h"
@@ -37,7 +38,7 @@ static_assert(kShardParams == 4, "hr_mechanisms.shard's HR_SHARD_PARAMETERS");
 
 // hr_mechanisms over a Mechanisms' own drop array.
 struct CMechanisms {
-  explicit CMechanisms(const Mechanisms& m) : drop(m.drop) {
+  explicit CMechanisms(const Mechanisms& m) : drop(m.drop), lora(m.lora) {
     std::memset(&c, 0, sizeof c);
     c.struct_size = sizeof c;
     c.compute_dtype = static_cast<uint32_t>(m.compute);
@@ -58,18 +59,35 @@ struct CMechanisms {
     c.optimizer_place = m.optimizer_on_nvme   ? HR_PLACE_NVME
                         : m.optimizer_on_host ? HR_PLACE_HOST
                                               : HR_PLACE_DEVICE;
+    for (const LoraSpec& l : lora) {
+      hr_lora_spec spec;
+      std::memset(&spec, 0, sizeof spec);
+      spec.struct_size = sizeof spec;
+      spec.rank = uint32_t(l.rank);
+      spec.target = l.target.c_str();
+      spec.alpha = l.alpha;
+      spec.dropout = l.dropout;
+      specs.push_back(spec);
+    }
+    c.num_adapters = uint32_t(specs.size());
+    c.adapters = specs.empty() ? nullptr : specs.data();
+    c.base_dtype = quant_kind_name(m.base);
+    c.base_double_quant = m.double_quant ? 1 : 0;
   }
   CMechanisms(const CMechanisms&) = delete;
   CMechanisms& operator=(const CMechanisms&) = delete;
   hr_mechanisms c;
   std::vector<uint8_t> drop;
+  std::vector<LoraSpec> lora;  // what specs point into
+  std::vector<hr_lora_spec> specs;
 };
 
 // What a plugin handed back, checked: the dtypes core computes in, a layer count it was given, a
 // ZeRO stage core has (the optimizer state, + the gradients, + the parameters). The fields its
 // struct_size does not cover keep `fallback`'s values (a plugin built before they were appended).
-bool from_c(const hr_mechanisms& c, size_t num_layers, const Mechanisms& fallback,
+bool from_c(const hr_mechanisms& c, const ModelConfig& model, const Mechanisms& fallback,
             Mechanisms* out) {
+  const size_t num_layers = size_t(std::max(0, model.n_layer)) + 2;
   if (c.compute_dtype != HR_DTYPE_F32 && c.compute_dtype != HR_DTYPE_BF16 &&
       c.compute_dtype != HR_DTYPE_F16)
     return false;
@@ -112,6 +130,36 @@ bool from_c(const hr_mechanisms& c, size_t num_layers, const Mechanisms& fallbac
     m.optimizer_on_host = c.optimizer_place != HR_PLACE_DEVICE;
     m.optimizer_on_nvme = c.optimizer_place == HR_PLACE_NVME;
   }
+  if (HR_HAS_FIELD(&c, hr_mechanisms, base_dtype)) {
+    // Adapters core would refuse to add (a target that names no module, a rank below 1) or a
+    // base dtype it has no format for make the result unusable.
+    if (c.num_adapters > 0 && (!c.adapters || c.adapters->struct_size < sizeof(uint32_t) * 2))
+      return false;
+    std::vector<LoraSpec> lora;
+    try {
+      for (uint32_t i = 0; i < c.num_adapters; ++i) {
+        // Each entry is struct_size apart: a newer plugin's longer struct is stepped over whole.
+        const auto* a = reinterpret_cast<const hr_lora_spec*>(
+            reinterpret_cast<const char*>(c.adapters) + uint64_t(i) * c.adapters->struct_size);
+        if (!HR_HAS_FIELD(a, hr_lora_spec, key) || !a->target) return false;
+        LoraSpec spec;
+        spec.target = a->target;
+        spec.rank = int(std::min<uint32_t>(a->rank, 1u << 20));
+        spec.alpha = a->alpha;
+        if (HR_HAS_FIELD(a, hr_lora_spec, dropout)) spec.dropout = a->dropout;
+        check_lora(model, spec);
+        lora.push_back(std::move(spec));
+      }
+      m.base = parse_base_dtype(c.base_dtype ? c.base_dtype : "");
+    } catch (const std::invalid_argument&) {
+      return false;
+    }
+    if (c.base_double_quant > 1 || (m.base != QuantKind::kNone && lora.empty()) ||
+        (c.base_double_quant && m.base != QuantKind::kInt8 && m.base != QuantKind::kNF4))
+      return false;
+    m.lora = std::move(lora);
+    m.double_quant = c.base_double_quant != 0;
+  }
   const uint32_t stages[] = {0, kShardOpt, kShardOpt | kShardGrads,
                              kShardOpt | kShardGrads | kShardParams};
   if (m.world_size < 1 || m.world_size > (1 << 20) ||
@@ -135,8 +183,7 @@ hr_status peak_of(void* context, const hr_mechanisms* m, uint64_t* out) {
   const PeakContext& ctx = *static_cast<const PeakContext*>(context);
   const Config& config = *ctx.config;
   Mechanisms mm;
-  if (!m || !out || !from_c(*m, size_t(config.model.n_layer) + 2, ctx.before, &mm))
-    return HR_ERROR_INVALID;
+  if (!m || !out || !from_c(*m, config.model, ctx.before, &mm)) return HR_ERROR_INVALID;
   const PeakEstimate e = estimate_peak(config, mm);
   for (int i = 0; i < HR_MEM_CATEGORY_COUNT_V1; ++i)
     out[i] = e.at_peak[i];
@@ -185,6 +232,7 @@ PluginEstimate ask(const Config& config, const OfferedExtension& ext, void* inst
   }
   model.num_param_tensors = int32_t(tensors.size());
   model.param_tensors = tensors.data();
+  model.init_from = config.train.init_from.c_str();
 
   const CMechanisms in(before);
   CMechanisms out(before);
@@ -215,7 +263,7 @@ PluginEstimate ask(const Config& config, const OfferedExtension& ext, void* inst
   // factor that is no factor) counts as an error of the plugin.
   Mechanisms after;
   if (r.after != &out.c || out.c.drop != out.drop.data() ||
-      !from_c(out.c, before.drop.size(), before, &after) || !(r.step_time_factor > 0)) {
+      !from_c(out.c, config.model, before, &after) || !(r.step_time_factor > 0)) {
     pe.status = HR_ERROR_INVALID;
     return pe;
   }
@@ -291,6 +339,76 @@ std::string factor_str(double f) {
   return buf;
 }
 
+// What a block's GEMMs hold besides the block's own buffers (core/model/model.cpp,
+// Layer::linear_forward and linear_backward), with LoRA adapters or a quantized base: a quantized
+// weight's dequantized (OC, C) transient around its GEMM; then each adapter on it in turn: in
+// forward A x (N, r), the scaled B (OC, r) and B A x (N, OC), after the dropped input (N, C) is
+// freed; in backward A x and d(A x) (N, r), the scaled B and dB (OC, r), and with dropout the
+// dropped input and its gradient (N, C). Per layer, the most any one call holds, and the
+// trainable (adapter) and quantized elements and bytes.
+struct LinearCalls {
+  std::vector<uint64_t> forward, backward;  // the most one GEMM call holds, per layer
+  std::vector<uint64_t> adapter_numel;      // the adapters' A and B elements
+  std::vector<uint64_t> quantized_numel, quantized_bytes;
+  bool any = false;  // a call holds anything: the forward moments can be the peak
+};
+
+LinearCalls linear_calls(const ModelConfig& m, const Mechanisms& s) {
+  const size_t layers = size_t(std::max(0, m.n_layer)) + 2;
+  LinearCalls c;
+  c.backward.assign(layers, 0);
+  c.adapter_numel.assign(layers, 0);
+  c.quantized_numel.assign(layers, 0);
+  c.quantized_bytes.assign(layers, 0);
+  if (s.lora.empty()) return c;
+  const uint64_t es = dtype_size(s.compute), N = uint64_t(s.micro_batch) * uint64_t(m.seq_len);
+  std::map<std::string, uint64_t> out_rows;  // each weight's rows: its GEMM's OC
+  for (const ParamShape& p : gpt_param_shapes(m))
+    if (p.shape.size() == 2) out_rows[p.name] = uint64_t(p.shape[0]);
+  struct Weight {
+    int layer = 0;
+    uint64_t in = 0, oc = 0, bwd = 0;
+    std::vector<int64_t> rows0;  // the adapters' first rows: a site targeted twice has one
+  };
+  std::map<std::string, Weight> weights;
+  for (const LoraSpec& spec : s.lora)
+    for (const AdapterSite& site : gpt_adapter_sites(m)) {
+      if (!lora_target_matches(spec.target, site.module)) continue;
+      Weight& w = weights[site.weight];
+      w.layer = site.layer;
+      w.in = uint64_t(site.in);
+      w.oc = out_rows[site.weight];
+      if (std::find(w.rows0.begin(), w.rows0.end(), site.row0) != w.rows0.end()) continue;
+      w.rows0.push_back(site.row0);
+      const uint64_t r = uint64_t(spec.rank);
+      c.adapter_numel[size_t(site.layer)] += r * w.in + uint64_t(site.rows) * r;
+      const uint64_t x = spec.dropout > 0 ? es * N * w.in : 0;  // the dropped input
+      w.bwd = std::max(w.bwd, 2 * x + 2 * es * (N * r + w.oc * r));
+    }
+  // Quantized: every site's weight (bitsandbytes' every nn.Linear but the LM head), adapted or not.
+  if (s.base != QuantKind::kNone)
+    for (const AdapterSite& site : gpt_adapter_sites(m)) {
+      Weight& w = weights[site.weight];
+      if (w.oc == 0) {
+        w.layer = site.layer;
+        w.in = uint64_t(site.in);
+        w.oc = out_rows[site.weight];
+      }
+    }
+  for (const auto& [name, w] : weights) {
+    const size_t l = size_t(w.layer);
+    uint64_t dequantized = 0;
+    if (s.base != QuantKind::kNone) {
+      const uint64_t n = w.oc * w.in;
+      c.quantized_numel[l] += n;
+      c.quantized_bytes[l] += quant_tensor_bytes(s.base, n, s.double_quant);
+      dequantized = es * n;
+    }
+    c.backward[l] = std::max(c.backward[l], std::max(dequantized, w.bwd));
+  }
+  return c;
+}
+
 }  // namespace
 
 uint64_t PeakEstimate::host_total() const {
@@ -336,7 +454,6 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   const ModelConfig& m = config.model;
   const uint64_t B = uint64_t(s.micro_batch), T = uint64_t(m.seq_len), C = uint64_t(m.n_embd);
   const uint64_t V = uint64_t(m.vocab_size), L = uint64_t(std::max(0, m.n_layer)), N = B * T;
-  const uint64_t params = gpt_num_params(m);
   // es: the compute dtype's element size (activations, compute copies); statistics and masters
   // are fp32.
   const uint64_t es = dtype_size(s.compute), kF32 = 4;
@@ -378,6 +495,15 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
       frozen[size_t(p.layer)] += n;
       numel[size_t(p.layer)] -= n;
     }
+  // LoRA (s.lora): the adapters are their layers' trainable parameters and every other one is
+  // frozen; a quantized base stores the frozen block weights as their quant_tensor_bytes.
+  const LinearCalls calls = linear_calls(m, s);
+  if (!s.lora.empty()) {
+    for (size_t l = 0; l <= H; ++l) {
+      frozen[l] = frozen[l] + numel[l] - calls.quantized_numel[l];  // the layer's base, whole
+      numel[l] = calls.adapter_numel[l];
+    }
+  }
   const uint64_t W = uint64_t(std::max(1, s.world_size)), r = uint64_t(std::max(0, rank));
   const bool sh_opt = (s.shard & kShardOpt) != 0;
   const bool sh_grad = sh_opt && (s.shard & kShardGrads);
@@ -401,8 +527,11 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
                    : copies && sh_opt ? es * padded[l] + kF32 * shard[l]
                                       : weights_el * padded[l];
     grads_rest += sh_grad ? kF32 * shard[l] : grads_el * padded[l];
-    params_rest += (copies ? es : kF32) * frozen[l];
+    params_rest += (copies ? es : kF32) * frozen[l] + calls.quantized_bytes[l];
   }
+  uint64_t trainable = 0;
+  for (uint64_t n : numel)
+    trainable += n;
 
   PeakEstimate base;
   const TrainConfig& t = config.train;
@@ -446,7 +575,7 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   // Data parallelism (more than one rank, nothing sharded: the sharding plugin reduces the
   // gradients itself): the gradient buckets partition the parameters, one fp32 copy of every
   // gradient, allocated once (core/run/trainer.cpp, build_buckets).
-  if (W > 1 && !sh_opt) at(base.at_peak, Category::kCommunication) = kF32 * params;
+  if (W > 1 && !sh_opt) at(base.at_peak, Category::kCommunication) = kF32 * trainable;
 
   // What the layers save in forward (model.cpp): the embedding's output, each block's tensors,
   // the head's ln_f, its statistics and the per-token losses, and with [model] loss = "full"
@@ -534,31 +663,37 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     return b;
   };
 
+  // The moments in the order they happen: the tracker's peak is the first of the highest.
   PeakEstimate e;
   uint64_t best = 0;
+  auto moment = [&](uint64_t act, uint64_t ws, uint64_t params, uint64_t grads) {
+    PeakEstimate at_l = base;
+    at(at_l.at_peak, Category::kActivations) = act;
+    at(at_l.at_peak, Category::kWorkspace) = ws;
+    at(at_l.at_peak, Category::kParameters) = params;
+    at(at_l.at_peak, Category::kGradients) = grads;
+    if (at_l.total() > best) {
+      best = at_l.total();
+      e = at_l;
+    }
+  };
+  // A block's forward (and a dropped block's recomputation) holds no more: every activation it
+  // saves, as its backward, but one (B, T, max(Hd, C)) transient instead of the backward's
+  // scratch, which is larger by more than what a forward GEMM call holds beyond a backward one
+  // (its B A x (N, OC), OC <= Hd or 2I for a Llama's gate|up). The forward moments are below.
   uint64_t below = 0;  // the held bytes of the blocks below layer l
   for (size_t l = 1; l < H; ++l)
     below += held(l);
   for (size_t l = H + 1; l-- > 0;) {
     if (l >= 1 && l < H) below -= held(l);  // now the blocks below l
-    PeakEstimate at_l = base;
-    uint64_t& act = at(at_l.at_peak, Category::kActivations);
-    uint64_t& ws = at(at_l.at_peak, Category::kWorkspace);
+    const uint64_t params = params_rest + (sh_param ? gathered(l) : 0);
+    const uint64_t grads = grads_rest + (sh_grad ? full_grads(l) : 0) + micro(l);
     if (l == H) {  // every block's held bytes, the head's own
-      act = out + below + head;
-      ws = head_ws;
+      moment(out + below + head, head_ws, params, grads);
     } else if (l >= 1) {  // the blocks below, its own full activations
-      act = out + below + in_backward(l);
-      ws = block_ws[l];
+      moment(out + below + in_backward(l), block_ws[l] + calls.backward[l], params, grads);
     } else {  // the embedding holds its output
-      act = out;
-      ws = dres;
-    }
-    at(at_l.at_peak, Category::kParameters) = params_rest + (sh_param ? gathered(l) : 0);
-    at(at_l.at_peak, Category::kGradients) = grads_rest + (sh_grad ? full_grads(l) : 0) + micro(l);
-    if (at_l.total() > best) {
-      best = at_l.total();
-      e = at_l;
+      moment(out, dres, params, grads);
     }
   }
   return e;

@@ -12,6 +12,7 @@
 #include "core/config/config.h"
 #include "core/device/backend.h"
 #include "core/device/memory.h"
+#include "core/model/model.h"
 #include "core/plugin_host/plugin_host.h"
 #include "headroom/ext/estimate.h"
 
@@ -56,6 +57,12 @@ struct Mechanisms {
   // ... with its state in a file (HR_PLACE_NVME, core/optim/state_layout.h): the host holds two
   // staging buffers of the largest parameter's state instead of all of it.
   bool optimizer_on_nvme = false;
+  // LoRA adapters (headroom.adapters/1, hr_mechanisms.adapters): each spec on the modules its
+  // target names, every other parameter frozen; and how the frozen block weights are stored
+  // (hr_mechanisms.base_dtype: kNone, as the other frozen parameters).
+  std::vector<LoraSpec> lora;
+  QuantKind base = QuantKind::kNone;
+  bool double_quant = false;
 };
 // The config's micro_batch and grad_accum, fp32, every layer keeping its activations, nothing
 // sharded, at `world_size` ranks (0: the launcher's, rank_info()): the run as it is without

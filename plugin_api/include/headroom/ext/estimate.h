@@ -12,6 +12,7 @@
 #ifndef HEADROOM_EXT_ESTIMATE_H
 #define HEADROOM_EXT_ESTIMATE_H
 
+#include "headroom/ext/adapters.h"
 #include "headroom/plugin.h"
 
 #ifdef __cplusplus
@@ -51,6 +52,9 @@ typedef struct hr_estimate_model {
   int32_t num_param_tensors;
   int32_t reserved0;
   const hr_estimate_param* param_tensors;
+  /* Appended: [train] init_from, the weights the run starts from ("" for a fresh init): a
+   * fine-tuning proposal (adapters on a frozen base) has a base to fine-tune only then. */
+  const char* init_from;
 } hr_estimate_model;
 
 /* hr_mechanisms.grad_reduce: when sharded gradients (HR_SHARD_GRADIENTS) are reduced into their
@@ -116,6 +120,16 @@ typedef struct hr_mechanisms {
    * piece's state in the host ledger instead: core/optim/state_layout.h). */
   uint32_t optimizer_place;
   uint32_t reserved2;
+  /* Appended: LoRA adapters (headroom/ext/adapters.h): num_adapters specs, each struct_size
+   * apart, whose targets core resolves against the model's modules as add_lora does; with any,
+   * every other parameter is frozen (no gradient, optimizer state or master copy). 0 and NULL:
+   * none. base_dtype: how the frozen block weights are stored, as hr_base_spec.dtype (NULL or
+   * "f32": as the model; "bf16", "int8", "nf4"), with base_double_quant as its double_quant.
+   * What a plugin points to here stays valid until its next estimate call. */
+  uint32_t num_adapters;
+  uint32_t base_double_quant;
+  const hr_lora_spec* adapters;
+  const char* base_dtype;
 } hr_mechanisms;
 
 #define HR_OPTIMIZER_BYTES_BUILTIN UINT64_MAX
