@@ -270,8 +270,8 @@ TEST(LoraPlugin, ConfigErrorsNameTheirPlace) {
   EXPECT_HAS(none, "test.toml:13:18: plugins.lora.target_modules");
   EXPECT_HAS(none,
              "plugins.lora.target_modules: \"q_proj\" names no module of this gpt2 model "
-             "(valid: attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj, or the part after a dot "
-             "of one, as \"c_attn\")");
+             "(valid: attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj, the part after a dot "
+             "of one, as \"c_attn\", or \"all-linear\")");
   EXPECT_HAS(error("r = 4\n"), "plugins.lora.target_modules: is required");
   const std::string dropout = error("target_modules = [\"c_attn\"]\ndropout = 1.0\n");
   EXPECT_HAS(dropout, "test.toml:14:11: plugins.lora.dropout");

@@ -1863,6 +1863,7 @@ std::vector<AdapterSite> gpt_adapter_sites(const ModelConfig& m) {
 
 bool lora_target_matches(const std::string& target, const std::string& module) {
   if (target.empty()) return false;
+  if (target == kAllLinear) return true;  // every site is a linear module of a block
   if (module == target) return true;
   return module.size() > target.size() &&
          module.compare(module.size() - target.size(), target.size(), target) == 0 &&
@@ -1890,8 +1891,8 @@ void check_lora(const ModelConfig& m, const LoraSpec& spec) {
       if (last.empty()) last = s.module.substr(dot + 1);
     }
     throw std::invalid_argument("\"" + spec.target + "\" names no module of this " + m.arch +
-                                " model (valid: " + names +
-                                ", or the part after a dot of one, as \"" + last + "\")");
+                                " model (valid: " + names + ", the part after a dot of one, as \"" +
+                                last + "\", or \"" + kAllLinear + "\")");
   }
 }
 

@@ -169,7 +169,9 @@ struct AdapterSite {
 // mlp.c_proj; Llama: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj).
 std::vector<AdapterSite> gpt_adapter_sites(const ModelConfig& m);
 // One entry of PEFT's target_modules: the sites whose module is `target` or ends with "." target
-// ("c_proj" is both GPT-2 projections, "attn.c_proj" the attention's alone).
+// ("c_proj" is both GPT-2 projections, "attn.c_proj" the attention's alone); PEFT's "all-linear"
+// (kAllLinear) is every site: each linear module of the blocks, not the LM head.
+constexpr const char* kAllLinear = "all-linear";
 bool lora_target_matches(const std::string& target, const std::string& module);
 // LoRA on the modules `target` names: y += (alpha / rank) · B (A x), A (rank, in) initialised as
 // PEFT does (Kaiming-uniform with a = sqrt(5): uniform in ±1/sqrt(in)), B (rows, rank) zero.

@@ -77,7 +77,12 @@ void save_peft_adapter(const std::string& dir, const Gpt<float>& model,
   std::vector<std::string> targets;
   for (const LoraSpec& s : lora)
     targets.push_back(s.target);
-  c["target_modules"] = targets;
+  // PEFT writes its "all-linear" as the string, not a module name in a list.
+  if (targets.size() == 1 && targets[0] == kAllLinear) {
+    c["target_modules"] = targets[0];
+  } else {
+    c["target_modules"] = targets;
+  }
   c["fan_in_fan_out"] = !model.config().llama();  // GPT-2's Conv1D stores (in, out)
   c["bias"] = "none";
   c["inference_mode"] = true;

@@ -20,18 +20,22 @@
 // down_proj. A target that names none is a config error at its file:line:column, listing them.
 //
 // Policy only: core's headroom.adapters/1 is the mechanism (core/model/model.h, LoraSpec), and
-// headroom.config/1 reads the list. Training thread, create() only; no state of its own (the
-// adapters are parameters, in the snapshots). Only hr_plugin_entry is exported; no C++ exception
-// crosses the C ABI.
+// headroom.config/1 reads the list. Training thread, create() and headroom.estimate/1 only; no
+// state of its own beyond its keys (the adapters are parameters, in the snapshots). Only
+// hr_plugin_entry is exported; no C++ exception crosses the C ABI.
 #include <headroom/ext/adapters.h>
 #include <headroom/ext/config.h>
+#include <headroom/ext/estimate.h>
 #include <headroom/plugin.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "common/hook_guard.h"
+#include "common/offer_estimate.h"
 #include "common/offer_reads.h"
 
 namespace {
@@ -43,6 +47,14 @@ struct Lora {
   std::vector<std::string> targets;
   char base_dtype[16] = "f32";
   int32_t double_quant = 0;
+  // The specs handed to the host: add_lora's, and hr_mechanisms.adapters' in an estimate.
+  std::vector<hr_lora_spec> specs;
+  void make_specs() {
+    specs.clear();
+    for (const std::string& t : targets)
+      specs.push_back(
+          {sizeof(hr_lora_spec), uint32_t(r), t.c_str(), alpha, "target_modules", dropout});
+  }
 };
 
 const void* extension(const hr_host_services* s, const char* id) {
@@ -94,10 +106,9 @@ hr_status create(const hr_host_services* s, void** instance) {
     if (st != HR_OK) return st;
     c.targets.emplace_back(name);
   }
-  for (const std::string& t : c.targets) {
+  c.make_specs();
+  for (const hr_lora_spec& spec : c.specs) {
     // A target that names no module is the host's config error, at the key's position.
-    const hr_lora_spec spec = {sizeof(hr_lora_spec), uint32_t(c.r), t.c_str(), c.alpha,
-                               "target_modules",     c.dropout};
     st = adapters->add_lora(s->host, &spec);
     if (st != HR_OK) return st;
   }
@@ -114,11 +125,95 @@ hr_status create(const hr_host_services* s, void** instance) {
     st = adapters->set_base(s->host, &spec);
     if (st != HR_OK) return st;
   }
-  *instance = nullptr;
+  *instance = new Lora(std::move(c));
+  static_cast<Lora*>(*instance)->make_specs();  // the moved strings' pointers
   return HR_OK;
 }
 
-void destroy(void*) {}
+void destroy(void* instance) {
+  delete static_cast<Lora*>(instance);
+}
+
+// A step with adapters on a frozen base runs no weight-gradient GEMM of the base: of a linear
+// layer's 6·N·P multiply-adds a step (2 forward, 2 input gradient, 2 weight gradient) a third
+// goes, and the adapters' own GEMMs at a small rank add little. The attention, the LM head's
+// GEMMs and a quantized base's dequantization stay: 0.75 is that FLOP count with a margin, not a
+// measurement (docs/results/lora.md times the CPU steps; on a loaded 2-core machine they were too
+// noisy to give a factor).
+constexpr double kStepTimeFactor = 0.75;
+
+// A TOML float: "16.0", "0.05".
+std::string toml_float(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, v == std::floor(v) ? "%.1f" : "%.17g", v);
+  return text;
+}
+
+// The adapters and base as `c` sets them in `after`, and the peak they leave.
+hr_status estimate_with(const Lora& c, const hr_estimate_query* q, hr_estimate_result* r) {
+  r->after->num_adapters = uint32_t(c.specs.size());
+  r->after->adapters = c.specs.data();
+  r->after->base_dtype = c.base_dtype;
+  r->after->base_double_quant = uint32_t(c.double_quant != 0);
+  const hr_status st = q->peak(q->context, r->after, r->bytes);
+  if (st != HR_OK) return st;
+  r->step_time_factor = kStepTimeFactor;
+  std::string targets;
+  for (const std::string& t : c.targets)
+    targets += (targets.empty() ? "" : ", ") + t;
+  const std::string base = c.base_dtype;
+  std::snprintf(r->what, sizeof r->what, "adapters of rank %lld on %s, the base frozen in %s%s",
+                static_cast<long long>(c.r), targets.c_str(), base.c_str(),
+                c.double_quant ? " with double quantization" : "");
+  std::string toml =
+      "r = " + std::to_string(c.r) + "\nalpha = " + toml_float(c.alpha) + "\ntarget_modules = [";
+  for (size_t i = 0; i < c.targets.size(); ++i)
+    toml += (i ? ", \"" : "\"") + c.targets[i] + "\"";
+  toml += "]\n";
+  if (c.dropout > 0) toml += "dropout = " + toml_float(c.dropout) + "\n";
+  if (base != "f32") toml += "base_dtype = \"" + base + "\"\n";
+  if (c.double_quant) toml += "double_quant = true\n";
+  std::snprintf(r->toml, sizeof r->toml, "%s", toml.c_str());
+  return HR_OK;
+}
+
+// headroom.estimate/1. As configured: the adapters and the base it sets. Not in the config: a
+// run that starts from weights (init_from) can be fine-tuned instead of trained whole; where it
+// does not fit, the proposal is adapters of rank 16 (alpha 32) on every linear module (PEFT's
+// "all-linear", as QLoRA adapts) on the least quantized base that fits — f32, bf16, int8, nf4,
+// nf4 with double quantization — or the last where none does. A run from a fresh init has no base
+// worth freezing: nothing to propose.
+hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_result* r) {
+  if (!HR_HAS_FIELD(r->after, hr_mechanisms, base_dtype))
+    return HR_ERROR_UNSUPPORTED;  // older host
+  if (instance) return estimate_with(*static_cast<const Lora*>(instance), q, r);
+  const hr_estimate_model* m = q->model;
+  if (!HR_HAS_FIELD(m, hr_estimate_model, init_from) || !m->init_from || !*m->init_from)
+    return HR_ERROR_UNSUPPORTED;
+  if (q->before->num_adapters > 0) return HR_ERROR_UNSUPPORTED;  // another plugin's adapters
+  // The proposal's storage lives until the next call (hr_mechanisms' rule).
+  static Lora proposal;
+  proposal = Lora{};
+  proposal.r = 16;
+  proposal.alpha = 32;
+  proposal.targets = {"all-linear"};
+  proposal.make_specs();
+  const struct {
+    const char* dtype;
+    int32_t double_quant;
+  } bases[] = {{"f32", 0}, {"bf16", 0}, {"int8", 0}, {"nf4", 0}, {"nf4", 1}};
+  for (const auto& b : bases) {
+    std::snprintf(proposal.base_dtype, sizeof proposal.base_dtype, "%s", b.dtype);
+    proposal.double_quant = b.double_quant;
+    const hr_status st = estimate_with(proposal, q, r);
+    if (st != HR_OK) return st;
+    uint64_t total = 0;
+    for (uint64_t bytes : r->bytes)
+      total += bytes;
+    if (m->memory_limit && total + r->after->plugin_bytes <= m->memory_limit) break;
+  }
+  return HR_OK;
+}
 
 hr_status on_event(void*, const hr_event_info*) {
   return HR_OK;
@@ -142,7 +237,8 @@ const hr_plugin_descriptor kDescriptor = {
     nullptr,  // save_state: the adapters are parameters, in the snapshot
     nullptr,  // load_state
     // It reads no gradient at any event.
-    headroom_plugin::offer_reads<0>,
+    headroom_plugin::offer_all<headroom_plugin::offer_estimate<estimate>,
+                               headroom_plugin::offer_reads<0>>,
 };
 
 }  // namespace
