@@ -147,6 +147,99 @@ TEST(Freeze, TrainableGradientsAreThoseOfTheUnfrozenModel) {
   EXPECT_GT(compared, 0);
 }
 
+// frozen_init_chunk_bytes() set for a scope.
+struct InitChunk {
+  explicit InitChunk(uint64_t bytes) : was(frozen_init_chunk_bytes()) {
+    set_frozen_init_chunk_bytes(bytes);
+  }
+  ~InitChunk() { set_frozen_init_chunk_bytes(was); }
+  InitChunk(const InitChunk&) = delete;
+  InitChunk& operator=(const InitChunk&) = delete;
+  uint64_t was;
+};
+
+// A Llama of 2 blocks whose untied lm_head (256, 32) is its largest frozen tensor.
+const char* kLlamaToy =
+    "[model]\narch = \"llama\"\nn_layer = 2\nn_head = 4\nn_kv_head = 2\nn_embd = 32\n"
+    "seq_len = 16\nvocab_size = 256\nintermediate_size = 48\n";
+
+// With amp a frozen weight is its bf16 copy alone, and its init goes straight into that copy a
+// chunk at a time, through an f32 transient cast on the device (Layer::write_init). The copies
+// are bitwise those of the same seed with nothing frozen, whose bf16 copies are the cast of the
+// whole f32 masters: for [train] freeze and for LoRA (everything but the adapters frozen), GPT-2
+// and Llama, at a chunk of 250 elements (which divides no weight) and at the default chunk.
+TEST(Freeze, FrozenComputeCopiesAreTheUnfrozenModelsBitwise) {
+  struct Case {
+    const char* toml;
+    std::vector<std::string> freeze;
+    const char* lora_target;
+  };
+  const Case cases[] = {{kToy, test::config_from(kToy).train.freeze, "c_attn"},
+                        {kLlamaToy,
+                         {"model.embed_tokens.weight", "model.layers.*.mlp.*", "lm_head.weight"},
+                         "q_proj"}};
+  for (uint64_t chunk : {uint64_t(1000), frozen_init_chunk_bytes()}) {
+    InitChunk scope(chunk);
+    for (const Case& k : cases) {
+      SCOPED_TRACE(std::string(k.lora_target) + ", chunk " + std::to_string(chunk));
+      const Config c = test::config_from(k.toml);
+      std::unique_ptr<Device> device = Device::create(DeviceConfig{});
+      const Precision amp(Dtype::kBF16);
+      Gpt<float> whole(c.model, *device, 7, amp);
+      for (const Tuning& tuning : {Tuning{k.freeze, {}}, Tuning{{}, {{k.lora_target, 2, 4.0}}}}) {
+        Gpt<float> part(c.model, *device, 7, amp, 1, false, nullptr, tuning);
+        int frozen = 0, compared = 0;
+        for (const Param<float>* p : part.params()) {
+          if (is_adapter_param(p->name)) continue;
+          const Param<float>* w = nullptr;
+          for (const Param<float>* q : whole.params())
+            if (q->name == p->name) w = q;
+          ASSERT_NE(w, nullptr) << p->name;
+          ASSERT_EQ(p->compute().dtype, Dtype::kBF16) << p->name;
+          const size_t n = p->numel * 2;
+          EXPECT_EQ(bytes_of(*device, p->compute().value, n),
+                    bytes_of(*device, w->compute().value, n))
+              << p->name;
+          ++compared;
+          if (!p->frozen) continue;
+          ++frozen;
+          EXPECT_EQ(p->master().value, nullptr) << p->name << ": no f32 values after setup";
+        }
+        EXPECT_GT(frozen, 0);
+        EXPECT_EQ(size_t(compared), whole.params().size());
+      }
+    }
+  }
+}
+
+// Setup holds no layer's frozen f32 values: with amp and LoRA, the last layer built, a Llama's
+// untied head, writes its frozen lm_head (256, 32) through one chunk of f32 values, so the
+// tracker's peak once the model is built is what it holds at rest plus that chunk, to the byte.
+// (Initialising the head's frozen f32 values whole held 4 · (256 · 32 + 32) bytes beside it.)
+TEST(Freeze, SetupHoldsOneChunkOfAFrozenWeightsInit) {
+  const uint64_t chunk = 4096;  // 1,024 f32 values; lm_head has 8,192
+  InitChunk scope(chunk);
+  const Config c = test::config_from(kLlamaToy);
+  std::unique_ptr<Device> device = Device::create(DeviceConfig{});
+  Gpt<float> m(c.model, *device, 7, Precision(Dtype::kBF16), 1, false, nullptr,
+               Tuning{{}, {{"q_proj", 2, 4.0}}});
+  uint64_t frozen = 0, trainable = 0, lm_head = 0;
+  for (const Param<float>* p : m.params()) {
+    (p->frozen ? frozen : trainable) += p->numel;
+    if (p->name == "lm_head.weight") lm_head = p->numel;
+  }
+  ASSERT_EQ(lm_head, 256u * 32);
+  ASSERT_GT(4 * lm_head, chunk);
+  const MemoryTracker& mt = device->tracker();
+  // At rest: the frozen weights in bf16, the adapters' f32 masters, bf16 copies and f32
+  // gradients; no workspace.
+  EXPECT_EQ(mt.live(Category::kParameters), 2 * frozen + 6 * trainable);
+  EXPECT_EQ(mt.live(Category::kGradients), 4 * trainable);
+  EXPECT_EQ(mt.live(Category::kWorkspace), 0u);
+  EXPECT_EQ(mt.live_at_peak()[int(Category::kWorkspace)], chunk);
+  EXPECT_EQ(mt.peak_total(), mt.live_total() + chunk);
+}
+
 // The first metrics record says how many parameters the model has and how many train.
 TEST(Freeze, MetricsCountTheTrainableParameters) {
   const std::string dir = test::temp_dir();

@@ -15,6 +15,7 @@
 #include "core/model/model.h"
 #include "core/model/safetensors.h"
 #include "core/run/trainer.h"
+#include "kernels/cpu/quant.h"
 #include "tests/test_util.h"
 
 namespace headroom {
@@ -134,6 +135,49 @@ TEST(LoraQuantBase, ComputesWhatItsDequantizedWeightsDo) {
           << qp[i]->name;
     }
     EXPECT_EQ(compared, 2 * 2 * 2);
+  }
+}
+
+// The setup quantizes each weight's init on the host straight into its bytes (Layer::write_init):
+// no T values of a quantized weight are ever on the device, so the tracker's peak once the model
+// is built is what it holds at rest. The codes are those of quantizing the f32 init of the same
+// seed with nothing quantized: they dequantize to what the host's quantization of it gives.
+TEST(LoraQuantBase, SetupQuantizesEachWeightOnTheHost) {
+  const Config c = test::config_from(kToy);
+  const std::vector<LoraSpec> specs = {{"c_attn", 2, 4.0}, {"c_fc", 2, 4.0}};
+  std::unique_ptr<Device> plain_device = Device::create(DeviceConfig{});
+  Gpt<float> plain(c.model, *plain_device, 7);
+  const std::vector<std::vector<float>> f32 = download_params(plain, nullptr);
+  const auto pp = plain.params();
+  for (QuantKind k : {QuantKind::kInt8, QuantKind::kNF4}) {
+    for (bool dq : {false, true}) {
+      SCOPED_TRACE(std::string(quant_kind_name(k)) + (dq ? " + double_quant" : ""));
+      std::unique_ptr<Device> device = Device::create(DeviceConfig{});
+      Gpt<float> q(c.model, *device, 7, Precision(), 1, false, nullptr, Tuning{{}, specs, k, dq});
+      EXPECT_EQ(device->tracker().peak_total(), device->tracker().live_total());
+      const std::vector<std::vector<float>> values =
+          download_params(q, q.master_access(true, false));
+      const auto qp = q.params();
+      int quantized = 0;
+      for (size_t i = 0; i < qp.size(); ++i) {
+        if (is_adapter_param(qp[i]->name)) continue;
+        size_t j = 0;
+        while (j < pp.size() && pp[j]->name != qp[i]->name)
+          ++j;
+        ASSERT_LT(j, pp.size()) << qp[i]->name;
+        std::vector<float> want = f32[j];
+        if (qp[i]->quant != QuantKind::kNone) {
+          ++quantized;
+          std::vector<unsigned char> codes(quant_tensor_bytes(k, want.size(), dq), 0);
+          cpu::quantize_tensor(k, want.data(), want.size(), dq, codes.data());
+          cpu::dequantize_tensor(k, codes.data(), want.size(), dq,
+                                 [&](uint64_t e, float x) { want[e] = x; });
+        }
+        EXPECT_EQ(std::memcmp(values[i].data(), want.data(), want.size() * sizeof(float)), 0)
+            << qp[i]->name;
+      }
+      EXPECT_EQ(quantized, 4 * 2);
+    }
   }
 }
 

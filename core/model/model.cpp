@@ -48,20 +48,33 @@ void upload(Device& device, Param<T>& p, const std::vector<T>& host) {
   device.backend().synchronize();  // `host` goes out of scope
 }
 
+// The init's draws, in element order, through Layer::write_init. A dry run (plan --measure)
+// computes nothing, and drawing gpt2-1558m's embedding is most of a variant's setup: write_init
+// draws nothing there, the values are never read.
 template <class T>
-void fill_normal(Device& device, Param<T>& p, NormalRng& rng, double std) {
-  // A dry run (plan --measure) computes nothing, and drawing gpt2-1558m's embedding is most of a
-  // variant's setup: its values are never read.
-  if (device.dry()) return;
-  std::vector<T> host(p.numel);
-  for (T& v : host)
-    v = static_cast<T>(rng.next() * std);
-  upload(device, p, host);
+void fill_normal(Layer<T>& layer, Param<T>& p, NormalRng& rng, double std) {
+  layer.write_init(p, [&](T* v, uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i)
+      v[i] = static_cast<T>(rng.next() * std);
+  });
 }
 
 template <class T>
-void fill_value(Device& device, Param<T>& p, T v) {
-  upload(device, p, std::vector<T>(p.numel, v));
+void fill_value(Layer<T>& layer, Param<T>& p, T x) {
+  layer.write_init(p, [&](T* v, uint64_t n) { std::fill(v, v + n, x); });
+}
+
+uint64_t g_init_chunk_bytes = uint64_t(16) << 20;
+
+// Quantizes a weight's n values into its codes q, unless the codes already give exactly those
+// values: requantizing what the codes give need not give them back (the dynamic map has no -1;
+// double quantization's mean moves), so a write of what was read changes no bit.
+void quantize_unless_unchanged(QuantKind k, const float* v, uint64_t n, bool double_quant,
+                               unsigned char* q) {
+  std::vector<float> now(n);
+  cpu::dequantize_tensor(k, q, n, double_quant, [&](uint64_t i, float x) { now[i] = x; });
+  if (std::memcmp(now.data(), v, n * sizeof(float)) == 0) return;
+  cpu::quantize_tensor(k, v, n, double_quant, q);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -133,7 +146,7 @@ class Block final : public Layer<T> {
   }
 
   void init(NormalRng& rng, double proj_std) {
-    Device& d = this->device_;
+    Layer<T>& d = *this;
     fill_value<T>(d, *ln1w_, 1);
     fill_value<T>(d, *ln1b_, 0);
     fill_normal(d, *qkvw_, rng, 0.02);
@@ -353,7 +366,7 @@ class LlamaBlock final : public Layer<T> {
 
   // Hugging Face's LlamaPreTrainedModel: every projection normal(0, 0.02), the norms 1.
   void init(NormalRng& rng) {
-    Device& d = this->device_;
+    Layer<T>& d = *this;
     fill_value<T>(d, *rms1w_, 1);
     fill_normal(d, *qkvw_, rng, 0.02);
     fill_normal(d, *ow_, rng, 0.02);
@@ -526,9 +539,9 @@ class Head final : public Layer<T> {
     wte_ = m.tied() ? &wte : &this->add_param("lm_head.weight", {m.vocab_size, m.n_embd}, true);
   }
   void init(NormalRng& rng) {
-    fill_value<T>(this->device_, *lnfw_, 1);
-    if (lnfb_) fill_value<T>(this->device_, *lnfb_, 0);
-    if (!m_.tied()) fill_normal(this->device_, *wte_, rng, 0.02);
+    fill_value<T>(*this, *lnfw_, 1);
+    if (lnfb_) fill_value<T>(*this, *lnfb_, 0);
+    if (!m_.tied()) fill_normal(*this, *wte_, rng, 0.02);
   }
   // The mean loss over the last micro-batch's (non-ignored) tokens, and their count: from the
   // head's backward on (or its forward, with loss_in_forward).
@@ -690,6 +703,13 @@ class Head final : public Layer<T> {
 
 }  // namespace
 
+uint64_t frozen_init_chunk_bytes() {
+  return g_init_chunk_bytes;
+}
+void set_frozen_init_chunk_bytes(uint64_t bytes) {
+  g_init_chunk_bytes = bytes;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Layer
 
@@ -817,19 +837,13 @@ void Layer<T>::quantize_params() {
     Backend& o = ops();
     std::vector<unsigned char> bytes(quant_bytes_);
     o.download(bytes.data(), qdata_.as<void>(), bytes.size());
-    std::vector<float> v, now;
+    std::vector<float> v;
     for (const auto& p : params_) {
       if (p->quant == QuantKind::kNone) continue;
       v.resize(p->numel);
       o.download(v.data(), quant_.value.as<float>() + p->offset, p->numel * sizeof(float));
-      unsigned char* q = bytes.data() + p->quant_offset;
-      // Unchanged values keep their codes: requantizing what the codes give need not give them
-      // back (the dynamic map has no -1; double quantization's mean moves).
-      now.resize(p->numel);
-      cpu::dequantize_tensor(p->quant, q, p->numel, double_quant_,
-                             [&](uint64_t i, float x) { now[i] = x; });
-      if (std::memcmp(now.data(), v.data(), p->numel * sizeof(float)) == 0) continue;
-      cpu::quantize_tensor(p->quant, v.data(), p->numel, double_quant_, q);
+      quantize_unless_unchanged(p->quant, v.data(), p->numel, double_quant_,
+                                bytes.data() + p->quant_offset);
     }
     o.upload(qdata_.as<void>(), bytes.data(), bytes.size());
     o.synchronize();  // the host copy goes out of scope
@@ -860,25 +874,71 @@ const void* Layer<T>::gemm_weight(const Param<T>& w, Buffer& buf, const char* wh
 }
 
 template <class T>
+void Layer<T>::write_init(Param<T>& p, const std::function<void(T*, uint64_t)>& draw) {
+  Backend& o = ops();
+  const bool dry = device_.dry();
+  const uint64_t n = p.numel;
+  if (p.quant != QuantKind::kNone) {
+    // Its values on the host, quantized there into its bytes: no T values on the device. A dry
+    // run has no values to quantize: only the bytes count.
+    if constexpr (std::is_same_v<T, float>) {
+      if (dry) return;
+      std::vector<float> v(n);
+      draw(v.data(), n);
+      std::vector<unsigned char> q(quant_tensor_bytes(p.quant, n, double_quant_));
+      unsigned char* at = qdata_.as<unsigned char>() + p.quant_offset;
+      o.download(q.data(), at, q.size());
+      quantize_unless_unchanged(p.quant, v.data(), n, double_quant_, q.data());
+      o.upload(at, q.data(), q.size());
+      o.synchronize();  // the host copies go out of scope
+    }
+    return;
+  }
+  const FlatStorage& s = *p.flat;
+  if (!s.value && !s.compute) throw std::logic_error(name_ + ": " + p.name + " is not allocated");
+  // A chunk at a time: into the master itself, or through the f32 transient into the compute
+  // copy (a frozen weight kept in the compute dtype alone).
+  const uint64_t chunk = std::max<uint64_t>(1, std::min(n, g_init_chunk_bytes / sizeof(T)));
+  std::vector<T> host(dry ? 0 : chunk);
+  Buffer transient;
+  if (!s.value)
+    transient = Buffer(device_, chunk * sizeof(T), Category::kWorkspace,
+                       name_ + " init: " + p.name + " (" + dtype_name(dtype_of<T>()) + " chunk)");
+  for (uint64_t first = 0; first < n; first += chunk) {
+    if (dry) break;
+    const uint64_t k = std::min(chunk, n - first);
+    draw(host.data(), k);
+    if (s.value) {
+      o.upload(s.value.as<T>() + p.offset + first, host.data(), k * sizeof(T));
+    } else {
+      o.upload(transient.as<T>(), host.data(), k * sizeof(T));
+      o.cast(s.compute.as<char>() + (p.offset + first) * dtype_size(dt_), dt_, transient.as<void>(),
+             dtype_of<T>(), k);
+    }
+    o.synchronize();  // `host` and the transient take the next chunk
+  }
+}
+
+template <class T>
 void Layer<T>::allocate_params(uint64_t ranks, bool grads) {
-  // The quantized frozen weights: their bytes, and T values for the init (quantize_params turns
-  // them into the bytes and frees them).
+  // The quantized frozen weights: their bytes (write_init quantizes the init into them).
   quant_.padded = quant_.numel;
   if (quant_.numel > 0) {
     qdata_ = Buffer(device_, quant_bytes_, Category::kParameters,
                     name_ + " frozen parameters (" + quant_kind_name(quant_kind_) +
                         (double_quant_ ? ", double-quantized absmax)" : ")"));
     ops().fill(Dtype::kF32, qdata_.as<void>(), quant_bytes_ / 4, 0.0);  // zero bytes: all 0
-    allocate_quant_masters();
   }
-  // The frozen weights: T-typed values for the init (or the weights themselves without compute
-  // copies; Gpt releases them once cast into the compute copy), never gradients.
+  // The frozen weights, never gradients: T values without compute copies, else the compute copy
+  // alone (write_init writes the init into it through a bounded transient).
   frozen_.padded = frozen_.numel;
   if (frozen_.numel > 0) {
-    allocate_frozen_masters();
-    if (dt_ != dtype_of<T>())
+    if (dt_ == dtype_of<T>()) {
+      allocate_frozen_masters();
+    } else {
       frozen_.compute = Buffer(device_, frozen_.numel * dtype_size(dt_), Category::kParameters,
                                name_ + " frozen parameters (" + dtype_name(dt_) + ")");
+    }
   }
   flat_.padded = (flat_.numel + ranks - 1) / ranks * ranks;
   if (flat_.numel == 0) return;  // every parameter frozen: no flat buffers, no gradients
@@ -1313,8 +1373,8 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, const Prec
     Layer<T>& layer = *layers_[l];
     layer.allocate_params(shard_ranks, !grads_on_demand);
     if (l == 0) {
-      fill_normal(device, e.wte(), rng, 0.02);
-      if (e.wpe()) fill_normal(device, *e.wpe(), rng, 0.02);
+      fill_normal(e, e.wte(), rng, 0.02);
+      if (e.wpe()) fill_normal(e, *e.wpe(), rng, 0.02);
     } else if (l + 1 < layers_.size()) {
       if (config.llama()) {
         static_cast<LlamaBlock<T>&>(layer).init(rng);
@@ -1332,17 +1392,9 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, const Prec
       device.backend().cast(f.compute.template as<void>(), dt_, f.value.template as<void>(),
                             dtype_of<T>(), f.padded);
     // Without masters the f32 values were only the init's: the weights are the compute copy.
+    // (Frozen weights beside compute copies never had any, and quantized ones were written as
+    // their bytes: Layer::write_init.)
     if (!precision.masters) layer.release_masters();
-    // Frozen weights have no masters beside a compute copy either.
-    const FlatStorage& z = layer.frozen_flat();
-    if (z.compute) {
-      device.backend().cast(z.compute.template as<void>(), dt_, z.value.template as<void>(),
-                            dtype_of<T>(), z.numel);
-      device.backend().synchronize();
-      layer.release_frozen_masters();
-    }
-    // Quantized once, here (a loaded base again when init_from writes it: master_access).
-    layer.quantize_params();
     if (placed) placed(layer);
   }
 }

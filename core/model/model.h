@@ -228,6 +228,12 @@ enum class Drop : uint32_t {
   kCheap = 1,  // only the tensors saved as cheap; backward recomputes just those (no GEMMs)
 };
 
+// The most bytes of T values the model's init holds at a time for one parameter
+// (Layer::write_init): the bound on setup's f32 transient of a frozen weight kept in the compute
+// dtype alone. 16 MiB unless set; a test sets it lower to run the chunks on a small model.
+uint64_t frozen_init_chunk_bytes();
+void set_frozen_init_chunk_bytes(uint64_t bytes);
+
 template <class T>
 class Layer {
  public:
@@ -249,12 +255,13 @@ class Layer {
   void freeze(const std::function<bool(const std::string&)>& frozen);
   bool has_frozen() const { return frozen_.numel > 0 || quant_.numel > 0; }
   // Stores the frozen parameters `which` says yes to quantized as `kind` (Param::quant): after
-  // freeze, before allocate_params (std::logic_error otherwise). Gpt quantizes them once their
-  // init is written (quantize_params).
+  // freeze, before allocate_params (std::logic_error otherwise). Their init is written quantized
+  // (write_init).
   void quantize_frozen(const std::function<bool(const std::string&)>& which, QuantKind kind,
                        bool double_quant);
   bool has_quantized() const { return quant_.numel > 0; }
-  // The quantized weights' T values (their init, or a model-whole access), made when absent.
+  // The quantized weights' T values (a model-whole access: Gpt::master_access), made when absent.
+  // The init writes none: write_init quantizes each weight's values on the host.
   void allocate_quant_masters();
   // Quantizes the quantized weights' T values on the host into their storage and frees the
   // values. A weight whose values are those its codes already give keeps its codes, so a write
@@ -273,9 +280,20 @@ class Layer {
   // This micro-step's dropout draws (Batch::dropout_seed mixed with the layer's index; 0: none).
   void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
 
+  // Writes p's init (p one of this layer's parameters): `draw(values, n)` gives its next n values
+  // in element order, at most frozen_init_chunk_bytes() of them at a time. Into its master; for a
+  // frozen parameter with a compute copy alone (no T values, allocate_params), through an f32
+  // transient of at most that many bytes (workspace) that the device's cast writes into the
+  // compute copy, a chunk at a time (the bytes of a cast of the whole tensor); for a quantized
+  // weight, quantized on the host into its bytes (as quantize_params would its values). A dry run
+  // draws nothing and holds the same transient.
+  void write_init(Param<T>& p, const std::function<void(T*, uint64_t)>& draw);
+
   // Allocates the flat buffers of the parameters the constructor added (zeroed gradients, unless
   // `grads` is false: sharded gradients are made by ensure_grads when the backward needs them),
-  // with numel rounded up to a multiple of `ranks` (1: no padding). Gpt calls it once per layer.
+  // with numel rounded up to a multiple of `ranks` (1: no padding), and the frozen storage: T
+  // values without compute copies, else the compute copy alone; the quantized weights' bytes. Gpt
+  // calls it once per layer, just before the layer's init.
   void allocate_params(uint64_t ranks, bool grads = true);
   // Sharded gradients (zero2, zero3): the full gradients of the layer exist only while it runs
   // its backward. release_grads frees them (master and compute); ensure_grads makes them again,
@@ -391,7 +409,7 @@ class Layer {
   std::vector<std::unique_ptr<Param<T>>> params_;
   FlatStorage flat_;
   FlatStorage frozen_;  // the frozen parameters' weights
-  // The quantized frozen weights: their T values only while made (init, master_access), and
+  // The quantized frozen weights: their T values only while made (master_access), and
   // their quantized bytes, every weight's at its Param::quant_offset.
   FlatStorage quant_;
   Buffer qdata_;
