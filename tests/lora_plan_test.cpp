@@ -15,6 +15,7 @@
 #include "core/device/device.h"
 #include "core/model/model.h"
 #include "core/model/safetensors.h"
+#include "core/plan/measure.h"
 #include "core/report/advice.h"
 #include "core/run/trainer.h"
 #include "tests/test_util.h"
@@ -78,6 +79,31 @@ INSTANTIATE_TEST_SUITE_P(
             "LlamaAllLinearInt8AmpCheckpoint", kLlama,
             kAmp + kCheckpoint + lora("\"all-linear\"", "dropout = 0.1\nbase_dtype = \"int8\"\n")}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+// QLoRA at the anchor's scale: llama-3.1-8b's shapes and llama-2-7b's (the 7B class QLoRA
+// fine-tunes in about 5-6 GB), amp, checkpoint and an nf4 base with double quantization, r 16 on
+// every linear module: the closed form is the dry run of the config itself, to the byte, category
+// by category (docs/results/lora.md's figures).
+TEST(LoraClosedFormDryRun, QloraAtSevenAndEightBillionIsTheDryRunsPeak) {
+  const std::string rest =
+      "seq_len = 512\n[train]\nmicro_batch = 1\n" + kAmp + kCheckpoint +
+      "[[plugins]]\nname = \"lora\"\nr = 16\nalpha = 32.0\ntarget_modules = [\"all-linear\"]\n"
+      "base_dtype = \"nf4\"\ndouble_quant = true\n";
+  for (const std::string& model :
+       {std::string("[model]\npreset = \"llama-3.1-8b\"\n"),
+        std::string("[model]\narch = \"llama\"\nn_layer = 32\nn_head = 32\nn_kv_head = 32\n"
+                    "n_embd = 4096\nintermediate_size = 11008\nvocab_size = 32000\n"
+                    "tie_embeddings = false\n")}) {
+    SCOPED_TRACE(model);
+    const Config c = test::config_from(model + rest);
+    const Measured m = measure(c);
+    ASSERT_EQ(m.method, Measured::Method::kDirect) << m.why_extrapolated;
+    const ConfigEstimate e = estimate_config(c);
+    for (int i = 0; i < kNumCategories; ++i)
+      EXPECT_EQ(e.peak.at_peak[i], m.by_category[i]) << category_name(category_at(i));
+    EXPECT_EQ(e.peak.total(), m.peak);
+  }
+}
 
 // "all-linear" adapts every linear module of the blocks, as listing them all does.
 TEST(LoraAllLinear, IsEveryModuleListed) {
