@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/device/device.h"
+#include "core/model/hf_folder.h"
 #include "core/model/model.h"
 #include "core/model/safetensors.h"
 #include "core/plan/plan.h"
@@ -238,6 +239,27 @@ TEST(Freeze, SetupHoldsOneChunkOfAFrozenWeightsInit) {
   EXPECT_EQ(mt.live(Category::kWorkspace), 0u);
   EXPECT_EQ(mt.live_at_peak()[int(Category::kWorkspace)], chunk);
   EXPECT_EQ(mt.peak_total(), mt.live_total() + chunk);
+
+  // init_from loads the frozen weights the same way: the peak stays, and lm_head's bf16 copy is
+  // what a model with nothing frozen makes of the same file.
+  const std::string file = test::temp_dir() + "/base";
+  {
+    std::unique_ptr<Device> other = Device::create(DeviceConfig{});  // not on m's tracker
+    save_hf_folder(file, Gpt<float>(c.model, *other, 11));
+  }
+  const uint64_t peak = mt.peak_total();
+  load_weights(file, m, m.master_access(false, true));
+  EXPECT_EQ(mt.peak_total(), peak);
+  Gpt<float> plain(c.model, *device, 7, Precision(Dtype::kBF16));
+  load_weights(file, plain, plain.master_access(false, true));
+  for (const Param<float>* p : m.params()) {
+    if (p->name != "lm_head.weight") continue;
+    for (const Param<float>* q : plain.params()) {
+      if (q->name != p->name) continue;
+      EXPECT_EQ(bytes_of(*device, p->compute().value, 2 * p->numel),
+                bytes_of(*device, q->compute().value, 2 * q->numel));
+    }
+  }
 }
 
 // The first metrics record says how many parameters the model has and how many train.

@@ -605,9 +605,27 @@ void upload_params(Gpt<float>& model, const std::map<const Param<float>*, std::v
                    const MasterAccess& access) {
   Backend& ops = model.device().backend();
   for (size_t l = 0; l < model.layers().size(); ++l) {
+    Layer<float>& layer = *model.layers()[l];
+    // Frozen weights go where the init writes them (Layer::write_init): a bounded chunk at a time
+    // into their compute copy, or quantized on the host into their bytes; never through the
+    // layer's f32 values made whole (the 1.96 GiB of a Llama-3.1-8B's frozen LM head).
+    bool trainable = false;
+    for (const auto& p : layer.params()) {
+      if (!host.count(p.get())) continue;
+      if (!p->frozen) {
+        trainable = true;
+        continue;
+      }
+      const float* from = host.at(p.get()).data();
+      layer.write_init(*p, [&from](float* to, uint64_t n) {
+        std::memcpy(to, from, n * sizeof(float));
+        from += n;
+      });
+    }
+    if (!trainable) continue;
     const auto write = [&] {
-      for (const auto& p : model.layers()[l]->params())
-        if (host.count(p.get()))
+      for (const auto& p : layer.params())
+        if (!p->frozen && host.count(p.get()))
           ops.upload(p->master().value, host.at(p.get()).data(), 4 * p->numel);
       ops.synchronize();
     };

@@ -74,7 +74,9 @@ std::vector<std::vector<float>> download_params(const Gpt<float>& model,
 
 // The loaders' last step: each parameter `host` holds (f32 values, numel of them) into its
 // masters, layer by layer inside `access` (empty: directly), the others left as they are; then
-// the compute copies made from the masters.
+// the compute copies made from the masters. A frozen parameter is written as the init writes it
+// (Layer::write_init: into its compute copy or quantized bytes a chunk at a time), outside
+// `access`, which a layer with nothing trainable to load is not given.
 void upload_params(Gpt<float>& model, const std::map<const Param<float>*, std::vector<float>>& host,
                    const MasterAccess& access = nullptr);
 
