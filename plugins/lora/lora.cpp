@@ -165,7 +165,8 @@ hr_status estimate_with(const Lora& c, const hr_estimate_query* q, hr_estimate_r
   for (const std::string& t : c.targets)
     targets += (targets.empty() ? "" : ", ") + t;
   const std::string base = c.base_dtype;
-  std::snprintf(r->what, sizeof r->what, "adapters of rank %lld on %s, the base frozen in %s%s",
+  std::snprintf(r->what, sizeof r->what,
+                "adapters of rank %lld on %s, the base frozen in %s%s: trains the adapters alone",
                 static_cast<long long>(c.r), targets.c_str(), base.c_str(),
                 c.double_quant ? " with double quantization" : "");
   std::string toml =
