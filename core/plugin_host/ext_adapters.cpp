@@ -8,12 +8,32 @@
 namespace headroom {
 namespace services {
 
+// The adapters' choices (RunChoices) throw std::invalid_argument for a bad value — a config error
+// at the plugin's `key` when it gave one — and std::logic_error for a call out of turn.
+template <class F>
+static hr_status choose(hr_host* h, const char* fn, const char* key, F&& f) {
+  LoadedPlugin& p = plugin(h);
+  try {
+    f(run(h));
+    return HR_OK;
+  } catch (const std::invalid_argument& e) {
+    if (key) {
+      p.error = key_where(p, key) + ": " + e.what();
+      return HR_ERROR_CONFIG;
+    }
+    p.error = std::string(fn) + e.what();
+    return HR_ERROR_INVALID;
+  } catch (const std::logic_error& e) {
+    p.error = std::string(fn) + e.what();
+    return HR_ERROR_NOT_ALLOWED;
+  }
+}
+
 constexpr Rule kAddLora = {HR_EXT_ADAPTERS " add_lora", kAnyone, When::kCreate, kNotAllowed};
 static hr_status add_lora(hr_host* h, const hr_lora_spec* spec) {
-  LoadedPlugin& p = plugin(h);
-  const std::string fn = HR_EXT_ADAPTERS " add_lora: ";
+  const char* fn = HR_EXT_ADAPTERS " add_lora: ";
   if (!spec || !spec->target) {
-    p.error = fn + (spec ? "spec->target" : "spec") + " must not be NULL";
+    plugin(h).error = std::string(fn) + (spec ? "spec->target" : "spec") + " must not be NULL";
     return HR_ERROR_INVALID;
   }
   LoraSpec s;
@@ -21,45 +41,21 @@ static hr_status add_lora(hr_host* h, const hr_lora_spec* spec) {
   s.rank = int(spec->rank);
   s.alpha = spec->alpha;
   if (HR_HAS_FIELD(spec, hr_lora_spec, dropout)) s.dropout = spec->dropout;
-  try {
-    run(h).adapters->add_lora(p.entry.name, s);
-    return HR_OK;
-  } catch (const std::invalid_argument& e) {
-    if (spec->key) {
-      p.error = key_where(p, spec->key) + ": " + e.what();
-      return HR_ERROR_CONFIG;
-    }
-    p.error = fn + e.what();
-    return HR_ERROR_INVALID;
-  } catch (const std::logic_error& e) {
-    p.error = fn + e.what();
-    return HR_ERROR_NOT_ALLOWED;
-  }
+  const std::string& name = plugin(h).entry.name;
+  return choose(h, fn, spec->key, [&](const RunInterfaces& r) { r.adapters->add_lora(name, s); });
 }
 
 constexpr Rule kSetBase = {HR_EXT_ADAPTERS " set_base", kAnyone, When::kCreate, kNotAllowed};
 static hr_status set_base(hr_host* h, const hr_base_spec* spec) {
-  LoadedPlugin& p = plugin(h);
-  const std::string fn = HR_EXT_ADAPTERS " set_base: ";
+  const char* fn = HR_EXT_ADAPTERS " set_base: ";
   if (!spec || !spec->dtype) {
-    p.error = fn + (spec ? "spec->dtype" : "spec") + " must not be NULL";
+    plugin(h).error = std::string(fn) + (spec ? "spec->dtype" : "spec") + " must not be NULL";
     return HR_ERROR_INVALID;
   }
-  try {
-    const QuantKind k = parse_base_dtype(spec->dtype);
-    run(h).adapters->set_base(p.entry.name, k, spec->double_quant != 0);
-    return HR_OK;
-  } catch (const std::invalid_argument& e) {
-    if (spec->key) {
-      p.error = key_where(p, spec->key) + ": " + e.what();
-      return HR_ERROR_CONFIG;
-    }
-    p.error = fn + e.what();
-    return HR_ERROR_INVALID;
-  } catch (const std::logic_error& e) {
-    p.error = fn + e.what();
-    return HR_ERROR_NOT_ALLOWED;
-  }
+  const std::string& name = plugin(h).entry.name;
+  return choose(h, fn, spec->key, [&](const RunInterfaces& r) {
+    r.adapters->set_base(name, parse_base_dtype(spec->dtype), spec->double_quant != 0);
+  });
 }
 
 extern const hr_ext_adapters kAdaptersExtension;
