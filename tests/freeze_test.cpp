@@ -119,18 +119,8 @@ TEST(Freeze, TrainableGradientsAreThoseOfTheUnfrozenModel) {
   std::unique_ptr<Device> device = Device::create(DeviceConfig{});
   Gpt<float> whole(c.model, *device, 7);
   Gpt<float> part(c.model, *device, 7, Precision(), 1, false, nullptr, Tuning{c.train.freeze, {}});
-  const int B = 2, T = c.model.seq_len;
-  std::vector<int32_t> tokens(size_t(B) * T), targets(size_t(B) * T);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = int32_t((i * 7 + 3) % 64);
-    targets[i] = int32_t((i * 5 + 1) % 64);
-  }
-  Batch b;
-  b.tokens = tokens.data();
-  b.targets = targets.data();
-  b.B = B;
-  b.T = T;
-  b.dloss = 1.0 / double(B * T);
+  const test::TokenBatch ids = test::arithmetic_batch(2, c.model.seq_len, 64, 7, 3, 5, 1);
+  const Batch b = ids.batch(1.0 / double(ids.tokens.size()));
   for (Gpt<float>* m : {&whole, &part}) {
     m->zero_grad();
     m->forward(b);

@@ -612,8 +612,7 @@ TEST_F(HfFolder, TheBinaryTrainsALlamaFromAFolderAndSavesOne) {
 struct Reference {
   std::string arch, dir, skip, python;
   json ref;
-  std::vector<int32_t> tokens, targets;
-  int B = 0, T = 0;
+  test::TokenBatch ids;  // the batch
 };
 
 const Reference& reference(const std::string& arch) {
@@ -640,15 +639,7 @@ const Reference& reference(const std::string& arch) {
     }
     EXPECT_EQ(run.exit_code, 0) << run.output;
     r.ref = json::parse(test::read_file(r.dir + "/reference.json"));
-    const json b = json::parse(test::read_file(r.dir + "/batch.json"));
-    for (const auto& row : b["tokens"])
-      for (const auto& v : row)
-        r.tokens.push_back(v.get<int32_t>());
-    for (const auto& row : b["targets"])
-      for (const auto& v : row)
-        r.targets.push_back(v.get<int32_t>());
-    r.B = int(b["tokens"].size());
-    r.T = int(b["tokens"][0].size());
+    r.ids = test::read_batch_json(r.dir + "/batch.json");
     return r;
   }();
   return ref;
@@ -676,14 +667,8 @@ std::unique_ptr<Loaded> load_reference(const Reference& r, const std::string& na
   l->config = test::config_from("[train]\ninit_from = \"" + r.dir + "/" + name + "\"\n");
   l->model = std::make_unique<Gpt<float>>(l->config.model, *l->device, 1);
   load_weights(l->config.train.init_from, *l->model);
-  l->batch.tokens = r.tokens.data();
-  l->batch.targets = r.targets.data();
-  l->batch.B = r.B;
-  l->batch.T = r.T;
-  int counted = 0;
-  for (int32_t t : r.targets)
-    counted += t >= 0;
-  l->batch.dloss = 1.0 / counted;  // the mean over the counted tokens, as cross_entropy takes it
+  // The mean over the counted tokens, as cross_entropy takes it.
+  l->batch = r.ids.batch(r.ids.mean_dloss());
   return l;
 }
 

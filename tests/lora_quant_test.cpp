@@ -107,18 +107,8 @@ TEST(LoraQuantBase, ComputesWhatItsDequantizedWeightsDo) {
       moved = moved || (fp[i]->name == "h.0.attn.c_attn.weight" && init[i] != f32[i]);
     EXPECT_TRUE(moved);
 
-    const int B = 2, T = c.model.seq_len;
-    std::vector<int32_t> tokens(size_t(B) * T), targets(size_t(B) * T);
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      tokens[i] = int32_t((i * 7 + 3) % 64);
-      targets[i] = int32_t((i * 5 + 1) % 64);
-    }
-    Batch b;
-    b.tokens = tokens.data();
-    b.targets = targets.data();
-    b.B = B;
-    b.T = T;
-    b.dloss = 1.0 / double(B * T);
+    const test::TokenBatch ids = test::arithmetic_batch(2, c.model.seq_len, 64, 7, 3, 5, 1);
+    const Batch b = ids.batch(1.0 / double(ids.tokens.size()));
     for (Gpt<float>* m : {&q, &f}) {
       m->zero_grad();
       m->forward(b);

@@ -25,8 +25,7 @@ inline std::string reference_python() {
 struct Reference {
   std::string dir, skip;
   nlohmann::json ref;
-  std::vector<int32_t> tokens, targets;
-  int B = 0, T = 0;
+  TokenBatch ids;  // the batch
 };
 
 inline Reference make_reference(const std::string& arch) {
@@ -49,15 +48,7 @@ inline Reference make_reference(const std::string& arch) {
   }
   EXPECT_EQ(run.exit_code, 0) << run.output;
   r.ref = nlohmann::json::parse(test::read_file(r.dir + "/lora_reference.json"));
-  const nlohmann::json b = nlohmann::json::parse(test::read_file(r.dir + "/batch.json"));
-  for (const auto& row : b["tokens"])
-    for (const auto& v : row)
-      r.tokens.push_back(v.get<int32_t>());
-  for (const auto& row : b["targets"])
-    for (const auto& v : row)
-      r.targets.push_back(v.get<int32_t>());
-  r.B = int(b["tokens"].size());
-  r.T = int(b["tokens"][0].size());
+  r.ids = read_batch_json(r.dir + "/batch.json");
   return r;
 }
 

@@ -88,15 +88,7 @@ TEST_P(LoraParity, LossAndAdapterGradientsMatchPeft) {
   EXPECT_EQ(loaded, by_name.size());
   EXPECT_EQ(loaded, r.ref["adapters"].get<size_t>());
 
-  Batch b;
-  b.tokens = r.tokens.data();
-  b.targets = r.targets.data();
-  b.B = r.B;
-  b.T = r.T;
-  int counted = 0;
-  for (int32_t t : r.targets)
-    counted += t >= 0;
-  b.dloss = 1.0 / counted;
+  Batch b = r.ids.batch(r.ids.mean_dloss());
   model.zero_grad();
   model.forward(b);
   model.backward(b);
@@ -157,12 +149,7 @@ TEST(LoraSave, PeftLoadsTheSavedAdapter) {
   }
   EXPECT_EQ(tensors, r.ref["adapters"].get<size_t>());
 
-  Batch b;
-  b.tokens = r.tokens.data();
-  b.targets = r.targets.data();
-  b.B = r.B;
-  b.T = r.T;
-  b.dloss = 1.0;
+  const Batch b = r.ids.batch(1.0);
   const double ours = t.model().evaluate(b);
   const std::string python = std::string(HEADROOM_SOURCE_DIR) + "/.venv-test/bin/python";
   const test::RunResult run =
@@ -292,24 +279,6 @@ TEST(LoraPlugin, ConfigErrorsNameTheirPlace) {
              "plugin 'lora' (LoRA adapters): frozen parameters run with the built-in optimizers");
 }
 
-// A (2, 16) batch of kToy's vocabulary (tokens i·a mod 64, targets i·b mod 64), whose ids live in
-// `ids`.
-Batch toy_batch(std::vector<int32_t>& ids, int a, int b, double dloss, uint64_t dropout_seed) {
-  ids.resize(2 * 2 * 16);
-  for (size_t i = 0; i < 32; ++i) {
-    ids[i] = int32_t(i * size_t(a) % 64);
-    ids[32 + i] = int32_t(i * size_t(b) % 64);
-  }
-  Batch batch;
-  batch.tokens = ids.data();
-  batch.targets = ids.data() + 32;
-  batch.B = 2;
-  batch.T = 16;
-  batch.dloss = dloss;
-  batch.dropout_seed = dropout_seed;
-  return batch;
-}
-
 // The dropout op: about p of the elements dropped, the rest scaled by 1 / (1 - p) exactly, the
 // same mask from the same seed (in place too), another from another seed; bf16 as f32 rounded.
 TEST(LoraDropout, TheOpDropsAboutPAndScalesTheRest) {
@@ -361,8 +330,9 @@ TEST(LoraDropout, TrainsDeterministicallyResumesAndEvaluatesWithout) {
   EXPECT_NE(a.history().back().loss, none.history().back().loss);
   // Evaluation: a's weights in a model without dropout give a's evaluation loss.
   const Config c = test::config_from(toml);
-  std::vector<int32_t> ids;
-  const Batch batch = toy_batch(ids, 7, 5, 1.0, 99);  // evaluate() draws nothing whatever the seed
+  // (2, 16) of kToy's vocabulary: tokens 7·i, targets 5·i, mod 64.
+  const test::TokenBatch ids = test::arithmetic_batch(2, 16, 64, 7, 0, 5, 0);
+  const Batch batch = ids.batch(1.0, 99);  // evaluate() draws nothing whatever the seed
   const double with = a.model().evaluate(batch);
   Tuning plain;
   plain.lora = {{"c_attn", 4, 4.0, 0.0}, {"c_fc", 4, 4.0, 0.0}};
@@ -394,8 +364,8 @@ TEST(LoraDropout, GradientsAreTheLossesWithTheSameMask) {
         v[i] = 0.05f * float(int(i % 7) - 3);
       o.upload(p->master().value, v.data(), 4 * v.size());
     }
-  std::vector<int32_t> ids;
-  const Batch b = toy_batch(ids, 11, 3, 1.0 / 32, 1234);
+  const test::TokenBatch ids = test::arithmetic_batch(2, 16, 64, 11, 0, 3, 0);
+  const Batch b = ids.batch(1.0 / 32, 1234);
   auto loss = [&] {
     m.zero_grad();
     m.forward(b);

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 
@@ -181,6 +182,49 @@ std::vector<std::string> commands_under(const std::string& text, const std::stri
   std::string line;
   while (std::getline(block, line))
     if (!line.empty() && line[0] != '#') out.push_back(line);
+  return out;
+}
+
+Batch TokenBatch::batch(double dloss, uint64_t dropout_seed) const {
+  Batch b;
+  b.tokens = tokens.data();
+  b.targets = targets.data();
+  b.B = B;
+  b.T = T;
+  b.dloss = dloss;
+  b.dropout_seed = dropout_seed;
+  return b;
+}
+
+double TokenBatch::mean_dloss() const {
+  int counted = 0;
+  for (int32_t t : targets)
+    counted += t >= 0;
+  return 1.0 / counted;
+}
+
+TokenBatch arithmetic_batch(int B, int T, int vocab, int a, int c, int b, int d) {
+  TokenBatch out;
+  out.B = B;
+  out.T = T;
+  for (int64_t i = 0; i < int64_t(B) * T; ++i) {
+    out.tokens.push_back(int32_t((i * a + c) % vocab));
+    out.targets.push_back(int32_t((i * b + d) % vocab));
+  }
+  return out;
+}
+
+TokenBatch read_batch_json(const std::string& path) {
+  const nlohmann::json j = nlohmann::json::parse(read_file(path));
+  TokenBatch out;
+  for (const auto& row : j["tokens"])
+    for (const auto& v : row)
+      out.tokens.push_back(v.get<int32_t>());
+  for (const auto& row : j["targets"])
+    for (const auto& v : row)
+      out.targets.push_back(v.get<int32_t>());
+  out.B = int(j["tokens"].size());
+  out.T = out.B ? int(j["tokens"][0].size()) : 0;
   return out;
 }
 

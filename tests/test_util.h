@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/model/model.h"
 
 namespace headroom {
 class Trainer;
@@ -37,6 +38,20 @@ std::string read_file(const std::string& path);
 std::vector<std::string> commands_under(const std::string& text, const std::string& heading);
 // Writes `text` to dir/name and returns the path.
 std::string write_file(const std::string& dir, const std::string& name, const std::string& text);
+
+// B sequences of T token ids and their targets, owned here. batch() is the model's view of them:
+// pointers into this, so it must outlive the Batch.
+struct TokenBatch {
+  std::vector<int32_t> tokens, targets;
+  int B = 0, T = 0;
+  Batch batch(double dloss, uint64_t dropout_seed = 0) const;
+  // 1 / the targets the loss counts (those >= 0): the dloss of their mean.
+  double mean_dloss() const;
+};
+// Tokens (i·a + c) mod vocab and targets (i·b + d) mod vocab, i each one's place in the batch.
+TokenBatch arithmetic_batch(int B, int T, int vocab, int a, int c, int b, int d);
+// tests/hf's batch.json: {"tokens": [[...], ...], "targets": [[...], ...]}, B rows of T.
+TokenBatch read_batch_json(const std::string& path);
 
 // A Config from TOML text, as if read from `file` (default "test.toml").
 Config config_from(const std::string& toml, const std::vector<std::string>& overrides = {});
