@@ -28,6 +28,7 @@
 #include "core/run/host_optimizer.h"
 #include "core/run/state_file.h"
 #include "core/run/trainer.h"
+#include "tests/offload_outcome.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
@@ -78,57 +79,11 @@ std::vector<std::string> files_in(const std::string& dir) {
   return out;
 }
 
-struct Outcome {
-  std::vector<double> losses;
-  std::string saved;  // the --save-weights file (the f32 masters)
-  std::vector<std::vector<unsigned char>> weights, compute;
-  ByCategory device_peak{}, host_peak{};
-  ByCategory device_at_peak{};  // the device's categories at its peak total
-  std::vector<OptSegment> segments;
-};
+using test::expect_same_training;
+using test::Outcome;
 
 Outcome run(const std::string& toml) {
-  const std::string path = test::temp_dir() + "/w.safetensors";
-  TrainOptions o;
-  o.save_weights_path = path;
-  Trainer t(test::config_from(toml), std::move(o));
-  t.run();
-  Outcome r;
-  std::ifstream in(path, std::ios::binary);
-  r.saved.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  for (const StepState& s : t.history())
-    r.losses.push_back(s.loss);
-  for (Param<float>* p : t.model().params()) {
-    const auto bytes = [](const void* data, uint64_t n) {
-      const auto* b = static_cast<const unsigned char*>(data);
-      return std::vector<unsigned char>(b, b + n);
-    };
-    const auto m = p->optimized();
-    r.weights.push_back(bytes(m.value, p->numel * dtype_size(m.dtype)));
-    r.compute.push_back(bytes(p->compute().value, p->numel * dtype_size(p->compute_dtype)));
-  }
-  r.device_peak = t.device().tracker().peak_by_category();
-  r.host_peak = t.device().host_place()->tracker().peak_by_category();
-  r.device_at_peak = t.device().tracker().live_at_peak();
-  r.segments = whole_params(t.model().params());
-  return r;
-}
-
-void expect_same_training(const Outcome& a, const Outcome& b) {
-  ASSERT_EQ(a.losses.size(), b.losses.size());
-  for (size_t i = 0; i < a.losses.size(); ++i)
-    EXPECT_EQ(a.losses[i], b.losses[i]) << "step " << i + 1;  // bitwise: == on doubles
-  ASSERT_EQ(a.weights.size(), b.weights.size());
-  for (size_t i = 0; i < a.weights.size(); ++i) {
-    // With amp's masters on the host the optimizer updates the device's compute copies' values
-    // no more: the masters compare as saved, below.
-    if (a.segments.at(i).value_dtype == b.segments.at(i).value_dtype) {
-      EXPECT_TRUE(a.weights[i] == b.weights[i]) << "parameter " << i;
-    }
-    EXPECT_TRUE(a.compute[i] == b.compute[i]) << "parameter " << i;
-  }
-  EXPECT_FALSE(a.saved.empty());
-  EXPECT_TRUE(a.saved == b.saved) << "the saved weights (the masters) differ";
+  return test::train_outcome(toml, true);  // with the --save-weights file
 }
 
 // The run with the state in `dir` against the run without offload: bitwise; the device holds no

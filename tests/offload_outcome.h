@@ -1,0 +1,90 @@
+// What tests/offload_test.cpp and tests/offload_nvme_test.cpp compare: one training run's losses,
+// weights, bytes and segments, and the check that two runs trained bitwise alike.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "core/model/model.h"
+#include "core/optim/optim.h"
+#include "core/run/trainer.h"
+#include "tests/test_util.h"
+
+namespace headroom {
+namespace test {
+
+struct Outcome {
+  std::vector<double> losses;
+  std::string saved;  // the --save-weights file (the f32 masters), when asked for
+  std::vector<std::vector<unsigned char>> weights;  // every parameter's updated values (masters)
+  std::vector<std::vector<unsigned char>> compute;  // and what the layers read
+  ByCategory device_peak{}, host_peak{};
+  ByCategory device_at_peak{};  // the device's categories at its peak total
+  uint64_t largest_layer = 0;   // the most parameter elements one layer has
+  uint64_t device_peak_total = 0;
+  uint64_t host_allocs = 0;
+  std::vector<OptSegment> segments;
+};
+
+inline std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Trains `toml` to its end; with `save`, keeps the --save-weights file's bytes.
+inline Outcome train_outcome(const std::string& toml, bool save = false) {
+  TrainOptions o;
+  const std::string path = save ? test::temp_dir() + "/w.safetensors" : "";
+  o.save_weights_path = path;
+  Trainer t(test::config_from(toml), std::move(o));
+  t.run();
+  Outcome r;
+  if (save) r.saved = file_bytes(path);
+  for (const StepState& s : t.history())
+    r.losses.push_back(s.loss);
+  for (Param<float>* p : t.model().params()) {
+    const auto bytes = [](const void* data, uint64_t n) {
+      const auto* b = static_cast<const unsigned char*>(data);
+      return std::vector<unsigned char>(b, b + n);
+    };
+    const auto m = p->optimized();
+    r.weights.push_back(bytes(m.value, p->numel * dtype_size(m.dtype)));
+    r.compute.push_back(bytes(p->compute().value, p->numel * dtype_size(p->compute_dtype)));
+  }
+  r.device_peak = t.device().tracker().peak_by_category();
+  r.device_peak_total = t.device().tracker().peak_total();
+  r.device_at_peak = t.device().tracker().live_at_peak();
+  for (const auto& layer : t.model().layers())
+    r.largest_layer = std::max(r.largest_layer, layer->flat().numel);
+  r.host_peak = t.device().host_place()->tracker().peak_by_category();
+  r.host_allocs = t.device().host_place()->tracker().num_allocs();
+  r.segments = whole_params(t.model().params());
+  return r;
+}
+
+// The same losses, weights and compute copies, bitwise; and the same --save-weights file where the
+// runs saved one.
+inline void expect_same_training(const Outcome& a, const Outcome& b) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i)
+    EXPECT_EQ(a.losses[i], b.losses[i]) << "step " << i + 1;  // bitwise: == on doubles
+  ASSERT_EQ(a.weights.size(), b.weights.size());
+  for (size_t i = 0; i < a.weights.size(); ++i) {
+    // With amp's masters on the host the optimizer updates the device's compute copies' values
+    // no more: the masters compare as saved, below.
+    if (a.segments.at(i).value_dtype == b.segments.at(i).value_dtype) {
+      EXPECT_TRUE(a.weights[i] == b.weights[i]) << "parameter " << i;
+    }
+    EXPECT_TRUE(a.compute[i] == b.compute[i]) << "parameter " << i;
+  }
+  if (!a.saved.empty() || !b.saved.empty()) {
+    EXPECT_TRUE(a.saved == b.saved) << "the saved weights (the masters) differ";
+  }
+}
+
+}  // namespace test
+}  // namespace headroom
