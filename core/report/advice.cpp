@@ -465,9 +465,12 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   // backward (and layer 0's, the tied wte, from the head's on).
   // The built-in optimizer on the host with amp's masters holds them there (ZeRO-Offload's
   // layout, core/run/host_optimizer.h): the device keeps the compute copies alone.
+  // Sharded, the masters are the rank's range of the optimizer state on the device
+  // (core/shard/sharding.h), and the host optimizer keeps an f32 copy of that range as of any
+  // weights it updates.
   const bool host_masters = s.optimizer_on_host &&
                             s.optimizer_bytes == Mechanisms::kBuiltinOptimizer && copies &&
-                            s.masters;
+                            s.masters && (s.shard & kShardOpt) == 0;
   const uint64_t weights_el = copies ? (s.masters && !host_masters ? kF32 : 0) + es : kF32;
   const uint64_t grads_el = copies && s.grad_in_compute ? es : kF32;
   const bool micro_grads = copies && !s.grad_in_compute;

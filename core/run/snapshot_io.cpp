@@ -535,12 +535,18 @@ std::string SnapshotIO::optimizer_signature() const {
 MasterAccess SnapshotIO::masters(bool gather, bool scatter) {
   // Sharded masters are gathered; a model without masters makes them from its bf16 weights, and
   // frozen weights beside compute copies from those (never sharded: inside the gather).
+  // One access inside another: `outer` around `inner`, either possibly empty.
+  auto nest = [](MasterAccess outer, MasterAccess inner) -> MasterAccess {
+    if (!outer || !inner) return outer ? outer : inner;
+    return [outer, inner](int l, const std::function<void()>& f) {
+      outer(l, [&] { inner(l, f); });
+    };
+  };
   MasterAccess model = p_.model.master_access(gather, scatter);
-  // Offload with amp's masters: they are the host optimizer's (core/run/host_optimizer.h).
+  // Offload with amp's masters: the trainable ones are the host optimizer's
+  // (core/run/host_optimizer.h); the model's access still makes the frozen ones around it.
   if (auto* host = dynamic_cast<HostOptimizer*>(&p_.optimizer); host && host->masters_on_host())
-    model = host->master_access(p_.model, scatter);
-  MasterAccess shard = p_.sharding ? p_.sharding->master_access(gather, scatter) : nullptr;
-  if (!shard || !model) return shard ? shard : model;
-  return [shard, model](int l, const std::function<void()>& f) { shard(l, [&] { model(l, f); }); };
+    model = nest(model, host->master_access(p_.model, scatter));
+  return nest(p_.sharding ? p_.sharding->master_access(gather, scatter) : nullptr, model);
 }
 }  // namespace headroom

@@ -196,14 +196,6 @@ Trainer::Trainer(const Config& config, TrainOptions options)
         place_where + "plugin '" + places_.chosen_by() +
         "' puts the built-in optimizer ([train] optimizer) on the host, but plugin '" +
         plugins_->optimizer_plugin() + "' takes the optimizer role: use one of the two");
-  if (host_optimizer && shard_what)
-    throw ConfigError(place_where + "plugin '" + places_.chosen_by() +
-                      "': the optimizer on the host runs without sharding so far; plugin '" +
-                      shard_plugin + "' shards the model state");
-  if (host_optimizer && some_frozen)
-    throw ConfigError(place_where + "plugin '" + places_.chosen_by() +
-                      "': the optimizer on the host updates every parameter so far; this run "
-                      "has frozen parameters (train.freeze or LoRA adapters)");
   if (host_optimizer) {
     // The NVMe tier: the state in a file under the folder the plugin named, checked here (exit
     // 2 naming the plugin) and made with the host copies, before step 1.
