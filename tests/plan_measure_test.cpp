@@ -86,12 +86,16 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The host ledger (the offload plugin's optimizer on the host, or its state on the NVMe tier with
 // two staging buffers on the host) is measured by the same dry runs: the config itself and the
-// extrapolation both equal the closed form to the byte, category by category, fp32 and amp, and
-// the full run's host tracker. The device's prediction stays the full run's.
+// extrapolation both equal the closed form to the byte, category by category, fp32 and amp, with
+// LoRA's adapters the only parameters it updates too, and the full run's host tracker. The device's
+// prediction stays the full run's.
 struct HostCase {
   const char* name;
   bool nvme, amp;
+  const char* extra = "";  // more [[plugins]]
 };
+constexpr const char* kLoraTable =
+    "[[plugins]]\nname = \"lora\"\nr = 2\ntarget_modules = [\"c_attn\", \"c_fc\"]\n";
 class PlanMeasureHostTest : public ::testing::TestWithParam<HostCase> {};
 
 TEST_P(PlanMeasureHostTest, TheHostLedgerIsTheClosedFormAndTheFullRun) {
@@ -101,7 +105,7 @@ TEST_P(PlanMeasureHostTest, TheHostLedgerIsTheClosedFormAndTheFullRun) {
           ? "[[plugins]]\nname = \"offload\"\noptimizer = \"nvme\"\nnvme_path = \"" + dir + "\"\n"
           : std::string("[[plugins]]\nname = \"offload\"\noptimizer = \"host\"\n");
   const std::string amp = GetParam().amp ? "[[plugins]]\nname = \"amp\"\n" : "";
-  const Config c = test::config_from(std::string(kModel) + amp + offload);
+  const Config c = test::config_from(std::string(kModel) + amp + offload + GetParam().extra);
   const PeakEstimate e = estimate_config(c).peak;
   ASSERT_GT(e.host_total(), 0u);
   Trainer t(c, TrainOptions{});
@@ -130,7 +134,9 @@ INSTANTIATE_TEST_SUITE_P(Offload, PlanMeasureHostTest,
                          ::testing::Values(HostCase{"Host", false, false},
                                            HostCase{"HostAmp", false, true},
                                            HostCase{"Nvme", true, false},
-                                           HostCase{"NvmeAmp", true, true}),
+                                           HostCase{"NvmeAmp", true, true},
+                                           HostCase{"HostAmpLora", false, true, kLoraTable},
+                                           HostCase{"NvmeLora", true, false, kLoraTable}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The resident set of this process, from /proc/self/status (0 where it cannot be read).

@@ -339,18 +339,17 @@ std::string factor_str(double f) {
   return buf;
 }
 
-// What a block's GEMMs hold besides the block's own buffers (core/model/model.cpp,
-// Layer::linear_forward and linear_backward), with LoRA adapters or a quantized base: a quantized
-// weight's dequantized (OC, C) transient around its GEMM; then each adapter on it in turn: in
-// forward A x (N, r), the scaled B (OC, r) and B A x (N, OC), after the dropped input (N, C) is
-// freed; in backward A x and d(A x) (N, r), the scaled B and dB (OC, r), and with dropout the
-// dropped input and its gradient (N, C). Per layer, the most any one call holds, and the
-// trainable (adapter) and quantized elements and bytes.
+// What a block's backward GEMMs hold besides the block's own buffers (core/model/model.cpp,
+// Layer::linear_backward), with LoRA adapters or a quantized base: a quantized weight's
+// dequantized (OC, C) transient around its GEMM; then each adapter on it in turn: A x and d(A x)
+// (N, r), the scaled B and dB (OC, r), and with dropout the dropped input and its gradient
+// (N, C). Per layer, the most any one call holds; the trainable (adapter) and quantized elements
+// and bytes.
 struct LinearCalls {
-  std::vector<uint64_t> forward, backward;  // the most one GEMM call holds, per layer
-  std::vector<uint64_t> adapter_numel;      // the adapters' A and B elements
+  std::vector<uint64_t> backward;        // the most one GEMM call holds, per layer
+  std::vector<uint64_t> adapter_numel;   // the adapters' A and B elements, per layer
+  std::vector<uint64_t> adapter_params;  // each adapter's A's and B's elements
   std::vector<uint64_t> quantized_numel, quantized_bytes;
-  bool any = false;  // a call holds anything: the forward moments can be the peak
 };
 
 LinearCalls linear_calls(const ModelConfig& m, const Mechanisms& s) {
@@ -382,6 +381,8 @@ LinearCalls linear_calls(const ModelConfig& m, const Mechanisms& s) {
       w.rows0.push_back(site.row0);
       const uint64_t r = uint64_t(spec.rank);
       c.adapter_numel[size_t(site.layer)] += r * w.in + uint64_t(site.rows) * r;
+      c.adapter_params.push_back(r * w.in);
+      c.adapter_params.push_back(uint64_t(site.rows) * r);
       const uint64_t x = spec.dropout > 0 ? es * N * w.in : 0;  // the dropped input
       w.bwd = std::max(w.bwd, 2 * x + 2 * es * (N * r + w.oc * r));
     }
@@ -548,14 +549,17 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     // or the weights) and a copy of every gradient, whole (nothing is sharded with it).
     at(base.host, Category::kOptimizer) = state_bytes;
     if (s.optimizer_on_nvme) {
-      // The NVMe tier: the state is in its file; the host holds its two staging buffers.
-      std::vector<uint64_t> numels;
-      for (const ParamShape& p : gpt_param_shapes(m)) {
-        uint64_t n = 1;
-        for (int64_t d : p.shape)
-          n *= uint64_t(d);
-        numels.push_back(n);
-      }
+      // The NVMe tier: the state is in its file; the host holds its two staging buffers, of
+      // the largest trainable parameter's (a piece's) state.
+      std::vector<uint64_t> numels = calls.adapter_params;
+      if (s.lora.empty())
+        for (const ParamShape& p : gpt_param_shapes(m)) {
+          if (is_frozen(config.train.freeze, p.name)) continue;
+          uint64_t n = 1;
+          for (int64_t d : p.shape)
+            n *= uint64_t(d);
+          numels.push_back(n);
+        }
       // In pieces where nothing rounds stochastically (f32 state and weights: not amp without
       // masters), else whole parameters (core/run/host_optimizer.h streams_in_pieces).
       const bool pieces = s.state == Dtype::kF32 && !(copies && !s.masters);

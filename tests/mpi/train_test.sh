@@ -3,7 +3,7 @@
 #
 #   train_test.sh PART HEADROOM COMPARE PLUGIN_DIR MPIEXEC
 #
-# PART: equivalence | buckets | resume | failure | reducer | frozen. Every mpirun runs under `timeout`: a hang fails.
+# PART: equivalence | buckets | resume | failure | reducer | frozen | offload. Every mpirun runs under `timeout`: a hang fails.
 set -euo pipefail
 part=$1 headroom=$2 compare=$3 plugins=$4 mpiexec=$5
 work=$(mktemp -d "${TMPDIR:-/tmp}/headroom_mpi_train.XXXXXX")
@@ -265,6 +265,58 @@ frozen)
   cmp lz/adapter_model.safetensors resumed/adapter_model.safetensors ||
     fail "lora with zero2 and amp: the resumed adapter differs"
   echo "frozen: data parallel, zero1/2/3 and a LoRA resume across 2 ranks as one rank's"
+  ;;
+offload)
+  # The offload plugin across ranks: with data parallelism and with zero1, zero2 and zero3 the
+  # optimizer on the host (and its state on the NVMe tier) updates each rank's parameters or
+  # shards bitwise as on the device, with amp and LoRA too; a zero2 + amp run resumes bitwise; the
+  # host ledger is the closed form to the byte on every rank (plan --measure). Each rank's state
+  # file is gone at the end.
+  mkdir -p nvme
+  with_offload() {  # with_offload FILE TIER: FILE.toml with the offload table, as FILE-TIER.toml
+    cp "$1.toml" "$1-$2.toml"
+    if [ "$2" = nvme ]; then
+      printf '\n[[plugins]]\nname = "offload"\noptimizer = "nvme"\nnvme_path = "%s"\n' "$work/nvme" >> "$1-$2.toml"
+    else
+      printf '\n[[plugins]]\nname = "offload"\noptimizer = "host"\n' >> "$1-$2.toml"
+    fi
+  }
+  plugins_toml() {  # plugins_toml FILE PLUGIN...: cfg.toml with those plugins, as FILE.toml
+    cp cfg.toml "$1.toml"
+    for p in "${@:2}"; do printf '\n[[plugins]]\nname = "%s"\n' "$p" >> "$1.toml"; done
+  }
+  plugins_toml dp
+  plugins_toml z1 zero1
+  plugins_toml z2 zero2
+  plugins_toml z3 zero3
+  plugins_toml az2 amp zero2
+  plugins_toml az3 amp zero3
+  sed '/^\[distributed\]/,$d' cfg.toml > lz2.toml
+  printf '[[plugins]]\nname = "lora"\nr = 2\ntarget_modules = ["c_attn", "c_fc"]\n[[plugins]]\nname = "amp"\n[[plugins]]\nname = "zero2"\n' >> lz2.toml
+  for f in dp z1 z2 z3 az2 az3 lz2; do
+    mpirun -np 2 "$headroom" train $f.toml -q --set train.steps=6 --metrics $f.jsonl --save-weights $f.out
+    for tier in host nvme; do
+      with_offload $f $tier
+      mpirun -np 2 "$headroom" train $f-$tier.toml -q --set train.steps=6 --metrics $f-$tier.jsonl \
+        --save-weights $f-$tier.out
+      "$compare" losses $f-$tier.jsonl $f.jsonl 0 || fail "$f with the optimizer on the $tier: losses"
+      cmp $f.out $f-$tier.out || fail "$f with the optimizer on the $tier: weights differ"
+      [ -z "$(ls nvme)" ] || fail "$f on the $tier: state files left in nvme/: $(ls nvme)"
+      mpirun -np 2 "$headroom" plan $f-$tier.toml --measure > plan.$f-$tier 2>&1 ||
+        fail "$f on the $tier: plan --measure failed: $(cat plan.$f-$tier)"
+      [ "$(grep -c 'measured - closed form: 0 bytes' plan.$f-$tier)" = 2 ] ||
+        fail "$f on the $tier: the host ledger is not the closed form on both ranks: $(cat plan.$f-$tier)"
+    done
+  done
+  # Resume: a snapshot at step 3 of 6, amp + zero2 with the optimizer on the host.
+  cp az2-host.toml r.toml
+  printf '[snapshot]\ndir = "snaps"\nevery = 3\n' >> r.toml
+  mpirun -np 2 "$headroom" train r.toml -q --set train.steps=6 --save-weights whole.out
+  mkdir at3
+  cp snaps/step_000000000003.* at3/
+  mpirun -np 2 "$headroom" train r.toml -q --set train.steps=6 --resume at3 --save-weights resumed.out
+  cmp whole.out resumed.out || fail "amp + zero2 + offload: the resumed run's weights differ"
+  echo "offload: data parallel, zero1/2/3, amp and LoRA across 2 ranks, host and NVMe, bitwise"
   ;;
 failure)
   recorder_table >> cfg.toml
