@@ -269,7 +269,7 @@ frozen)
 offload)
   # The offload plugin across ranks: with data parallelism and with zero1, zero2 and zero3 the
   # optimizer on the host (and its state on the NVMe tier) updates each rank's parameters or
-  # shards bitwise as on the device, with amp and LoRA too; a zero2 + amp run resumes bitwise; the
+  # shards bitwise as on the device, with amp, checkpoint and LoRA too; a zero2 + amp run resumes bitwise; the
   # host ledger is the closed form to the byte on every rank (plan --measure). Each rank's state
   # file is gone at the end.
   mkdir -p nvme
@@ -291,9 +291,10 @@ offload)
   plugins_toml z3 zero3
   plugins_toml az2 amp zero2
   plugins_toml az3 amp zero3
+  plugins_toml acz2 amp checkpoint zero2
   sed '/^\[distributed\]/,$d' cfg.toml > lz2.toml
   printf '[[plugins]]\nname = "lora"\nr = 2\ntarget_modules = ["c_attn", "c_fc"]\n[[plugins]]\nname = "amp"\n[[plugins]]\nname = "zero2"\n' >> lz2.toml
-  for f in dp z1 z2 z3 az2 az3 lz2; do
+  for f in dp z1 z2 z3 az2 az3 acz2 lz2; do
     mpirun -np 2 "$headroom" train $f.toml -q --set train.steps=6 --metrics $f.jsonl --save-weights $f.out
     for tier in host nvme; do
       with_offload $f $tier
