@@ -108,7 +108,7 @@ PIN(hr_tensor, numel, 88, 8);
 PIN(hr_tensor, data, 96, 8);
 PIN(hr_tensor, grad, 104, 8);
 PIN(hr_tensor, weight_decay, 112, 4);
-PIN(hr_tensor, reserved1, 116, 4);
+PIN(hr_tensor, frozen, 116, 4);  // reserved1 (zero) before
 PIN(hr_tensor, grad_dtype, 120, 4);
 PIN(hr_tensor, reserved2, 124, 4);
 PIN_TYPE(hr_tensor, name, const char*);

@@ -335,16 +335,6 @@ TEST(Freeze, BadValuesAreConfigErrors) {
   const std::string all = test::error_of(
       [&] { Trainer t(test::config_from(model + "freeze = [\"*\"]\n"), TrainOptions{}); });
   EXPECT_HAS(all, "test.toml:8:11: train.freeze freezes every parameter");
-  // Frozen parameters with an optimizer plugin (its state is of every parameter): refused,
-  // saying so. With ranks and zero plugins they train (tests/mpi/train_test.sh frozen).
-  const std::string plugin = test::error_of([&] {
-    Trainer t(
-        test::config_from(model + "freeze = [\"wte.weight\"]\n[[plugins]]\nname = \"adafactor\"\n"),
-        TrainOptions{});
-  });
-  EXPECT_HAS(plugin,
-             "train.freeze: frozen parameters run with the built-in optimizers so far, and this "
-             "run has an optimizer plugin");
 }
 
 }  // namespace

@@ -1,13 +1,16 @@
 // The planner and LoRA (issue: fine-tuning on a small device, point 4): the closed form of a run
 // with adapters and a frozen, possibly quantized base (core/report/advice.cpp, from the lora
 // plugin's headroom.estimate/1) equals what the tracker records at its peak, category by
-// category, for GPT-2 and Llama, fp32 and amp, with dropout and checkpointing; and `plan` of a
+// category, for GPT-2 and Llama, fp32 and amp, with dropout and checkpointing, with an optimizer
+// plugin (its state the adapters' alone); and `plan` of a
 // fine-tune that does not fit proposes lora on the least quantized base that fits, only where the
 // run starts from weights.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,6 +78,12 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Gpt2Nf4DropoutCheckpoint", kGpt2,
              kCheckpoint + lora("\"c_attn\", \"c_fc\"", "dropout = 0.2\nbase_dtype = \"nf4\"\n")},
         Case{"LlamaQvNf4", kLlama, lora("\"q_proj\", \"v_proj\"", "base_dtype = \"nf4\"\n")},
+        // An optimizer plugin's state is the adapters' alone, listed before or after lora.
+        Case{"Gpt2Adam8bitBeforeLora", kGpt2,
+             "[[plugins]]\nname = \"adam8bit\"\nmin_8bit_size = 64\n" + lora("\"all-linear\"")},
+        Case{"Gpt2LoraNf4ThenAdafactor", kGpt2,
+             lora("\"c_attn\", \"c_fc\"", "base_dtype = \"nf4\"\n") +
+                 "[[plugins]]\nname = \"adafactor\"\n"},
         Case{
             "LlamaAllLinearInt8AmpCheckpoint", kLlama,
             kAmp + kCheckpoint + lora("\"all-linear\"", "dropout = 0.1\nbase_dtype = \"int8\"\n")}),
@@ -102,6 +111,51 @@ TEST(LoraClosedFormDryRun, QloraAtSevenAndEightBillionIsTheDryRunsPeak) {
     for (int i = 0; i < kNumCategories; ++i)
       EXPECT_EQ(e.peak.at_peak[i], m.by_category[i]) << category_name(category_at(i));
     EXPECT_EQ(e.peak.total(), m.peak);
+  }
+}
+
+// The optimizer plugins (adam8bit, adafactor) update the adapters alone: the base is bitwise as
+// loaded, the adapters move, the plugin holds state for the adapters only (the tracker's optimizer
+// category is the closed form above) and a resume from its snapshot is bitwise; [train] freeze
+// likewise.
+TEST(LoraOptimizerPlugins, UpdateTheTrainableParametersAlone) {
+  for (const std::string& optimizer :
+       {std::string("[[plugins]]\nname = \"adam8bit\"\nmin_8bit_size = 64\n"),
+        std::string("[[plugins]]\nname = \"adafactor\"\n")}) {
+    for (const std::string& tuning :
+         {lora("\"c_attn\", \"c_fc\""), std::string("[train]\nfreeze = [\"wte.weight\"]\n")}) {
+      SCOPED_TRACE(optimizer + tuning);
+      // [train] freeze goes into kGpt2's own [train] table.
+      const std::string toml = tuning.rfind("[train]", 0) == 0
+                                   ? std::string(kGpt2) + "freeze = [\"wte.weight\"]\n" + optimizer
+                                   : std::string(kGpt2) + optimizer + tuning;
+      const Config c = test::config_from(toml);
+      std::unique_ptr<Device> d0 = Device::create(DeviceConfig{});
+      Gpt<float> init(c.model, *d0, c.train.seed);  // the base of the same seed
+      Trainer t(c, TrainOptions{});
+      t.run();
+      EXPECT_TRUE(std::isfinite(t.history().back().loss));
+      const auto before = download_params(init), after = download_params(t.model());
+      std::map<std::string, size_t> index;
+      for (size_t i = 0; i < init.params().size(); ++i)
+        index[init.params()[i]->name] = i;
+      int frozen = 0, trained = 0;
+      for (size_t i = 0; i < t.model().params().size(); ++i) {
+        const Param<float>& p = *t.model().params()[i];
+        if (p.frozen) {
+          ++frozen;
+          EXPECT_TRUE(test::bitwise_equal(after[i], before.at(index.at(p.name)))) << p.name;
+        } else {
+          ++trained;
+          if (index.count(p.name)) {
+            EXPECT_FALSE(test::bitwise_equal(after[i], before.at(index.at(p.name)))) << p.name;
+          }
+        }
+      }
+      EXPECT_GT(frozen, 0);
+      EXPECT_GT(trained, 0);
+      test::expect_resume_is_bitwise(toml, t);  // the plugin's state is the adapters'
+    }
   }
 }
 

@@ -269,14 +269,6 @@ TEST(LoraPlugin, ConfigErrorsNameTheirPlace) {
   EXPECT_HAS(error("target_modules = [\"c_attn\", 3]\n"),
              "plugins.lora.target_modules: entry 2 is an integer, expected a string");
   EXPECT_HAS(error("target_modules = [\"c_attn\"]\nrank = 4\n"), "rank");  // unknown key
-  // With an optimizer plugin: refused, naming the plugin.
-  const std::string plugin = test::error_of([&] {
-    Trainer t(test::config_from(kToy + lora_table("target_modules = [\"c_attn\"]\n") +
-                                "[[plugins]]\nname = \"adam8bit\"\n"),
-              {});
-  });
-  EXPECT_HAS(plugin,
-             "plugin 'lora' (LoRA adapters): frozen parameters run with the built-in optimizers");
 }
 
 // The dropout op: about p of the elements dropped, the rest scaled by 1 / (1 - p) exactly, the

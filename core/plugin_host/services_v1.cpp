@@ -238,6 +238,7 @@ hr_status layer_param(hr_host* h, int32_t index, int32_t i, hr_tensor* out) {
   t.grad = p.optimized().grad;
   t.grad_dtype = uint32_t(p.optimized().grad_dtype);
   t.weight_decay = p.decay ? 1 : 0;
+  t.frozen = p.frozen ? 1 : 0;
   // A plugin built before grad_dtype existed reads the gradient as the tensor's dtype.
   if (!HR_HAS_FIELD(out, hr_tensor, grad_dtype) && t.grad_dtype != t.dtype) t.grad = nullptr;
   write_sized(out, t);

@@ -171,6 +171,36 @@ bool from_c(const hr_mechanisms& c, const ModelConfig& model, const Mechanisms& 
   return true;
 }
 
+// The parameters the optimizer updates, layer by layer in the model's order (Layer::params): the
+// ones [train] freeze leaves, or with adapters (m.lora) the adapters alone — each "<module>.
+// lora_A.weight" (r, in) and "lora_B.weight" (rows, r), at the end of its layer's, once a site
+// (Layer::add_adapter).
+std::vector<ParamShape> trainable_param_shapes(const Config& config, const Mechanisms& m) {
+  const std::vector<ParamShape> all = gpt_param_shapes(config.model);
+  std::vector<ParamShape> out;
+  const int layers = config.model.n_layer + 2;
+  std::vector<std::vector<ParamShape>> adapters(size_t(std::max(0, layers)));
+  std::vector<std::pair<std::string, int64_t>> seen;  // (weight, first row): one adapter a site
+  for (const LoraSpec& spec : m.lora)
+    for (const AdapterSite& site : gpt_adapter_sites(config.model)) {
+      if (!lora_target_matches(spec.target, site.module)) continue;
+      const std::pair<std::string, int64_t> key{site.weight, site.row0};
+      if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+      seen.push_back(key);
+      auto& at = adapters.at(size_t(site.layer));
+      at.push_back({site.layer, site.module + ".lora_A.weight", {spec.rank, site.in}, true});
+      at.push_back({site.layer, site.module + ".lora_B.weight", {site.rows, spec.rank}, true});
+    }
+  for (int l = 0; l < layers; ++l) {
+    if (m.lora.empty())
+      for (const ParamShape& p : all)
+        if (p.layer == l && !is_frozen(config.train.freeze, p.name)) out.push_back(p);
+    for (ParamShape& p : adapters[size_t(l)])
+      out.push_back(std::move(p));
+  }
+  return out;
+}
+
 // query->peak's context: the config's shapes, and the mechanisms the query started from (for a
 // plugin's struct that lacks the appended fields).
 struct PeakContext {
@@ -213,8 +243,9 @@ PluginEstimate ask(const Config& config, const OfferedExtension& ext, void* inst
   model.num_params = gpt_num_params(config.model);
   model.memory_limit = config.device.memory_limit;
   model.device_kind = config.device.kind.c_str();
-  // Every parameter tensor, for an estimate that depends on shapes (an optimizer's state).
-  const std::vector<ParamShape> shapes = gpt_param_shapes(config.model);
+  // Every parameter tensor the optimizer updates, for an estimate that depends on shapes (an
+  // optimizer's state): frozen ones have none.
+  const std::vector<ParamShape> shapes = trainable_param_shapes(config, before);
   std::vector<hr_estimate_param> tensors(shapes.size());
   for (size_t i = 0; i < shapes.size(); ++i) {
     hr_estimate_param& t = tensors[i];
@@ -706,12 +737,34 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   return e;
 }
 
+static ConfigEstimate estimate_chain(const Config& config, CreatedPlugins& created,
+                                     const Mechanisms& start, const OomNumbers& oom);
+
 ConfigEstimate estimate_config(const Config& config, const OomNumbers& oom, int world_size) {
   ConfigEstimate ce;
   ce.mechanisms = mechanisms_of(config, world_size);
   ce.peak = estimate_peak(config, ce.mechanisms);
   if (config.plugins.empty()) return ce;
   CreatedPlugins created(config);
+  ce = estimate_chain(config, created, ce.mechanisms, oom);
+  // The adapters a plugin adds are the run's whatever its place in the TOML: a plugin before it
+  // (an optimizer's state over the trainable parameters) is asked again knowing them.
+  if (!ce.mechanisms.lora.empty()) {
+    Mechanisms with = mechanisms_of(config, world_size);
+    with.lora = ce.mechanisms.lora;
+    with.base = ce.mechanisms.base;
+    with.double_quant = ce.mechanisms.double_quant;
+    ce = estimate_chain(config, created, with, oom);
+  }
+  return ce;
+}
+
+// The config's plugins' estimates chained in TOML order from `start`.
+static ConfigEstimate estimate_chain(const Config& config, CreatedPlugins& created,
+                                     const Mechanisms& start, const OomNumbers& oom) {
+  ConfigEstimate ce;
+  ce.mechanisms = start;
+  ce.peak = estimate_peak(config, ce.mechanisms);
   ce.roles = created.host().roles();
   const std::vector<OfferedExtension> offered = created.host().offered(HR_EXT_ESTIMATE);
   size_t k = 0;  // offered is in TOML order, the plugins that offer one

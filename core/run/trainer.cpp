@@ -171,18 +171,6 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     throw ConfigError(
         "--merge folds LoRA adapters into the weights they adapt, but this run has "
         "none: list the lora plugin in [[plugins]], or leave --merge out");
-  const bool some_frozen = !config_.train.freeze.empty() || !choices_.lora().empty();
-  if (some_frozen) {
-    const std::string why = plugins_->provides_optimizer() ? "an optimizer plugin" : "";
-    const std::string by = !config_.train.freeze.empty()
-                               ? config_.train.freeze_pos[0].str() + ": train.freeze"
-                               : "plugin '" + choices_.lora_by() + "' (LoRA adapters)";
-    if (!why.empty())
-      throw ConfigError(by +
-                        ": frozen parameters run with the built-in optimizers so far, and this "
-                        "run has " +
-                        why + "; run without it");
-  }
   // The built-in optimizer on the host place when a plugin put it there (headroom.offload/1):
   // its state in the host ledger, its update by the CPU kernels there.
   places_.freeze();

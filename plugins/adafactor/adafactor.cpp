@@ -385,7 +385,7 @@ class Adafactor {
     return HR_OK;
   }
 
-  // One state buffer per parameter, zeroed, for every parameter of every layer.
+  // One state buffer per parameter, zeroed, for every trainable parameter of every layer.
   hr_status allocate() {
     if (allocated_) return HR_OK;
     std::vector<Slot> slots;
@@ -398,6 +398,7 @@ class Adafactor {
         p.struct_size = sizeof p;
         const hr_status st = s_->layer_param(s_->host, l, i, &p);
         if (st != HR_OK) return st;
+        if (p.frozen) continue;  // never updated: no state
         Slot slot;
         slot.name = p.name ? p.name : "";
         slot.layer = l;

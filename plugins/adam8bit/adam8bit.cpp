@@ -458,6 +458,7 @@ class Adam8bit {
         x.struct_size = sizeof x;
         const hr_status st = s_->layer_param(s_->host, l, i, &x);
         if (st != HR_OK) return st;
+        if (x.frozen) continue;  // never updated: no state
         Tensor t;
         t.layer = l;
         t.index = i;

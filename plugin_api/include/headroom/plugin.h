@@ -212,7 +212,10 @@ typedef struct hr_tensor {
                           * NULL while a run that shards gradients (headroom.shard/1, zero2)
                           * holds only the layer's gradient shard */
   uint32_t weight_decay; /* parameters: 1 when weight decay applies (matrices, embeddings) */
-  uint32_t reserved1;    /* zero */
+  /* Parameters: 1 when frozen ([train] freeze, everything but LoRA's adapters): no gradient
+   * (grad NULL), no optimizer state, never updated; an optimizer-role plugin skips it. 0 for a
+   * trainable one, and from a host older than this meaning (the field was reserved, zero). */
+  uint32_t frozen;
   /* Appended (ABI 1.5, HR_HAS_FIELD). Parameters: the dtype of `grad`, which differs from
    * `dtype` when amp accumulates the gradients in the compute dtype (headroom.precision/1
    * set_grad_dtype). A caller whose struct_size does not cover it gets grad NULL then. */
