@@ -48,7 +48,9 @@ typedef struct hr_estimate_model {
   uint64_t num_params;
   uint64_t memory_limit;   /* [device] memory_limit; 0 = none */
   const char* device_kind; /* "cpu", "cuda" */
-  /* Appended (HR_HAS_FIELD): every parameter tensor, layer by layer, as layer_param lists them. */
+  /* Appended (HR_HAS_FIELD): every parameter tensor the optimizer updates, layer by layer, in
+   * layer_param's order: a frozen one (hr_tensor.frozen) is left out, LoRA's adapters are in
+   * (their layer's last) once a plugin's estimate added them. */
   int32_t num_param_tensors;
   int32_t reserved0;
   const hr_estimate_param* param_tensors;
