@@ -286,8 +286,10 @@ class Layer {
   // transient of at most that many bytes (workspace) that the device's cast writes into the
   // compute copy, a chunk at a time (the bytes of a cast of the whole tensor); for a quantized
   // weight, quantized on the host into its bytes (as quantize_params would its values). A dry run
-  // draws nothing and holds the same transient.
-  void write_init(Param<T>& p, const std::function<void(T*, uint64_t)>& draw);
+  // draws nothing and holds the same transient. Virtual only so that the loaders' upload_params
+  // (core/model/safetensors.cpp, whose fuzz target links without model.cpp) reach it through the
+  // layer instead of by its symbol.
+  virtual void write_init(Param<T>& p, const std::function<void(T*, uint64_t)>& draw);
 
   // Allocates the flat buffers of the parameters the constructor added (zeroed gradients, unless
   // `grads` is false: sharded gradients are made by ensure_grads when the backward needs them),
