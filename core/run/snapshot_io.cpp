@@ -538,9 +538,8 @@ MasterAccess SnapshotIO::masters(bool gather, bool scatter) {
   // One access inside another: `outer` around `inner`, either possibly empty.
   auto nest = [](MasterAccess outer, MasterAccess inner) -> MasterAccess {
     if (!outer || !inner) return outer ? outer : inner;
-    return [outer, inner](int l, const std::function<void()>& f) {
-      outer(l, [&] { inner(l, f); });
-    };
+    return
+        [outer, inner](int l, const std::function<void()>& f) { outer(l, [&] { inner(l, f); }); };
   };
   MasterAccess model = p_.model.master_access(gather, scatter);
   // Offload with amp's masters: the trainable ones are the host optimizer's
