@@ -13,6 +13,10 @@
 // (without the forward's bias input). And every backend op the measured steps called, timed call
 // by call with the conversions around it (cpu::OpProfile): where the non-GEMM time goes in the step
 // itself. --quick prints only the step, its GEMM time and the ops.
+//
+// The environment picks the "before" of a fusion, the same bits: HEADROOM_CPU_FUSE=0 (LayerNorm
+// a row at a time, the CPU's fused ops as the pairs they replace), HEADROOM_FUSE_CAST=0 (amp's
+// compute copies cast after the optimizer's update, the `cast` op, instead of written by it).
 
 #include <sys/resource.h>
 #include <CLI/CLI.hpp>

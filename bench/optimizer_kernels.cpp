@@ -7,8 +7,13 @@
 //  - adam8bit's step (plugins/adam8bit/kernels.h: 8-bit block-wise moments, tensors under 4096
 //    elements in f32, as the plugin keeps them),
 //  - adafactor's update (plugins/adafactor/kernels.h: factored second moments, no first moment,
-//    Hugging Face's defaults).
-// The three run in turn, `--reps` rounds (interleaved, so a change of load hits each alike); the
+//    Hugging Face's defaults),
+//  - amp's step over f32 masters with a bf16 compute copy: the host's AdamW then the cast of every
+//    tensor to bf16 (kernels/cpu/convert.h round_bf16, what Gpt::sync_compute_params ran after
+//    every update), and the AdamW that writes the bf16 copy in its own pass (cpu::Bf16Copy, the
+//    fused update; HEADROOM_FUSE_CAST=0 turns it off in a run). A last line gives the fused
+//    update's time over the update + cast's, round by round.
+// They run in turn, `--reps` rounds (interleaved, so a change of load hits each alike); the
 // table gives each one's median and its ratio to AdamW's, and the median (and range) of its
 // ratio to AdamW's time in the same round. Every kernel runs on `--threads`
 // OpenMP threads, the host's [device] threads.
@@ -26,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/optimizer.h"
 #include "plugins/adafactor/kernels.h"
 #include "plugins/adam8bit/kernels.h"
@@ -61,6 +67,7 @@ struct Tensor {
   std::vector<uint8_t> qm, qv;
   std::vector<float> am, av;
   std::vector<float> factored;  // adafactor: rows + cols, or numel for a vector
+  std::vector<uint16_t> copy;   // amp's bf16 compute copy
 };
 
 double median(std::vector<double> v) {
@@ -101,6 +108,7 @@ int main(int argc, char** argv) {
     t.am.assign(adam8bit::num_blocks(t.n), 0.0f);
     t.av.assign(adam8bit::num_blocks(t.n), 0.0f);
     t.factored.assign(s.rows > 1 ? s.rows + s.cols : t.n, 0.0f);
+    t.copy.assign(t.n, 0);
     tensors.push_back(std::move(t));
   }
   const std::vector<float> map_m = adam8bit::dynamic_map(true),
@@ -142,6 +150,19 @@ int main(int argc, char** argv) {
       adam8bit::step_8bit(p, s, h);
     }
   };
+  auto adamw_then_cast = [&] {
+    for (Tensor& t : tensors)
+      headroom::cpu::adamw_update<float>(t.w.data(), t.g.data(), t.m.data(), t.v.data(), t.n, 6e-4f,
+                                         0.9f, 0.95f, 1e-8f, 0.1f, step);
+    for (Tensor& t : tensors)
+      headroom::cpu::round_bf16(t.w.data(), t.copy.data(), t.n);
+  };
+  auto adamw_fused_cast = [&] {
+    for (Tensor& t : tensors)
+      headroom::cpu::adamw_update<float>(t.w.data(), t.g.data(), t.m.data(), t.v.data(), t.n, 6e-4f,
+                                         0.9f, 0.95f, 1e-8f, 0.1f, step, 1.0f,
+                                         headroom::cpu::Bf16Copy{t.copy.data()});
+  };
   adafactor::Scratch scratch;
   auto adafac = [&] {
     adafactor::Hyper h;
@@ -169,9 +190,12 @@ int main(int argc, char** argv) {
     std::function<void()> run;
     std::vector<double> seconds;
   };
-  std::vector<Variant> variants = {{"built-in AdamW (fp32 moments)", adamw, {}},
-                                   {"adam8bit", adam8, {}},
-                                   {"adafactor", adafac, {}}};
+  std::vector<Variant> variants = {
+      {"built-in AdamW (fp32 moments)", adamw, {}},
+      {"adam8bit", adam8, {}},
+      {"adafactor", adafac, {}},
+      {"AdamW, then the cast to bf16 (amp, unfused)", adamw_then_cast, {}},
+      {"AdamW writing the bf16 copy (amp, fused)", adamw_fused_cast, {}}};
   std::fprintf(stderr, "bench_optimizer_kernels: %llu parameters, %d threads, %d rounds\n",
                static_cast<unsigned long long>(params), threads, reps);
   for (int r = 0; r <= reps; ++r) {  // round 0 warms up (first touch of the state)
@@ -199,5 +223,17 @@ int main(int argc, char** argv) {
                 *std::min_element(ratio.begin(), ratio.end()),
                 *std::max_element(ratio.begin(), ratio.end()));
   }
+  // The fused update against the update + cast it replaces, in the same round.
+  const Variant& unfused = variants[variants.size() - 2];
+  const Variant& fused = variants.back();
+  std::vector<double> ratio;
+  for (size_t r = 0; r < fused.seconds.size(); ++r)
+    ratio.push_back(fused.seconds[r] / unfused.seconds[r]);
+  std::printf(
+      "\namp's update and cast, fused against unfused: %.3f s against %.3f s, ratio %.2f; round "
+      "by round %.2f (%.2f-%.2f)\n",
+      median(fused.seconds), median(unfused.seconds),
+      median(fused.seconds) / median(unfused.seconds), median(ratio),
+      *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()));
   return 0;
 }

@@ -763,6 +763,56 @@ TEST_F(CudaBackendOps, SgdUpdate) {
   }
 }
 
+// The update writing amp's compute copy in its own kernel (Backend::Stored::compute): masters,
+// state and copy bitwise those of the same update followed by cast(), on the GPU.
+TEST_F(CudaBackendOps, UpdateWritingTheComputeCopyIsTheUpdateThenTheCast) {
+  const size_t n = 4099;
+  for (const bool sgd : {false, true})
+    for (const Dtype state : {Dtype::kF32, Dtype::kBF16})
+      for (const Dtype copy : {Dtype::kBF16, Dtype::kF16})
+        for (const float scale : {1.0f, 0.37f}) {
+          SCOPED_TRACE(std::string(sgd ? "sgd" : "adamw") + " state " + dtype_name(state) +
+                       " copy " + dtype_name(copy) + " grad_scale " + std::to_string(scale));
+          const auto param = normal(n), grad = normal(n, Dtype::kF32, 1e-2f),
+                     m = normal(n, state, 1e-3f);
+          auto v = normal(n, Dtype::kF32, 1e-2f);
+          for (auto& x : v)
+            x = x * x;  // second moments are non-negative
+          struct Result {
+            std::vector<uint8_t> param, m, v, copy;
+          };
+          auto run = [&](bool fused) {
+            void* dp = to_device(param, Dtype::kF32);
+            void* dg = to_device(grad, Dtype::kF32);
+            void* dm = to_device(m, state);
+            void* dv = to_device(v, state);
+            void* dc = poisoned(n, copy);
+            Backend::Stored o;
+            o.state = state;
+            o.grad_scale = scale;
+            o.seed = 11;
+            if (fused) {
+              o.compute = dc;
+              o.compute_dtype = copy;
+            }
+            if (sgd) {
+              ops_->sgd_update_stored(o, dp, dg, dm, n, 3e-2f, 0.9f, 0.1f);
+            } else {
+              ops_->adamw_update_stored(o, dp, dg, dm, dv, n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 7);
+            }
+            if (!fused) ops_->cast(dc, copy, dp, Dtype::kF32, n);
+            const size_t s = dtype_size(state);
+            return Result{bytes_of(dp, n * 4), bytes_of(dm, n * s), bytes_of(dv, n * s),
+                          bytes_of(dc, n * 2)};
+          };
+          const Result want = run(false), got = run(true);
+          expect_same_bytes("masters", got.param, want.param);
+          expect_same_bytes("m", got.m, want.m);
+          expect_same_bytes("v", got.v, want.v);
+          expect_same_bytes("compute copy", got.copy, want.copy);
+        }
+}
+
 // --- element-wise ops and reductions: the CPU backend's arithmetic, bit for bit
 // ---------------------
 

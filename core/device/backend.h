@@ -188,7 +188,14 @@ class Backend {
     // rounding: what a separate scale pass would have written), so clipping costs no pass of its
     // own. With bf16 gradients the backends scale them in place first (bf16 rounds the product).
     float grad_scale = 1.0f;
-    // The plain f32 update: the backends hand it to adamw_update / sgd_update, bitwise theirs.
+    // With f32 weights (amp's masters): where the update also writes each new weight's copy in
+    // `compute_dtype` (bf16 or f16: the compute copy), rounded to nearest even with exactly the
+    // bits cast() writes, in the same pass; null (the default): no copy. std::invalid_argument
+    // for a copy beside other weights or in another dtype.
+    void* compute = nullptr;
+    Dtype compute_dtype = Dtype::kBF16;
+    // The plain f32 update: the backends hand it to adamw_update / sgd_update, bitwise theirs
+    // (and with `compute`, theirs followed by the cast).
     bool all_f32() const {
       return param == Dtype::kF32 && grad == Dtype::kF32 && state == Dtype::kF32;
     }
@@ -219,6 +226,15 @@ class Backend {
     } else {
       with_grad(uint16_t{});
     }
+  }
+  // Stored::compute's operands: a copy only beside f32 weights, in bf16 or f16
+  // (std::invalid_argument otherwise).
+  static void check_compute_copy(const Stored& o) {
+    if (o.compute == nullptr) return;
+    if (o.param != Dtype::kF32)
+      throw std::invalid_argument("an optimizer update writes a compute copy only of f32 weights");
+    if (o.compute_dtype != Dtype::kBF16 && o.compute_dtype != Dtype::kF16)
+      throw std::invalid_argument("an optimizer update's compute copy is bf16 or f16");
   }
   virtual void adamw_update_stored(const Stored& o, void* param, const void* grad, void* m, void* v,
                                    uint64_t n, float lr, float beta1, float beta2, float eps,

@@ -660,38 +660,59 @@ class CpuBackend final : public Backend {
     cpu::OpTimer timer_("sgd_update", nullptr);
     cpu::sgd_update(param, grad, momentum_buf, n, lr, momentum, weight_decay);
   }
+  // Calls f with the kernels' copy policy for o.compute (cpu::NoCopy when there is none; W the
+  // weights' storage type, a copy only beside float ones).
+  template <class W, class F>
+  static void with_copy(const Stored& o, F&& f) {
+    check_compute_copy(o);
+    if constexpr (std::is_same_v<W, float>) {
+      if (o.compute != nullptr && o.compute_dtype == Dtype::kBF16)
+        return f(cpu::Bf16Copy{static_cast<uint16_t*>(o.compute)});
+      if (o.compute != nullptr) return f(cpu::F16Copy{static_cast<uint16_t*>(o.compute)});
+    }
+    f(cpu::NoCopy{});
+  }
   void adamw_update_stored(const Stored& o, void* param, const void* grad, void* m, void* v,
                            uint64_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, int64_t t) override {
     cpu::OpTimer timer_("adamw_update_stored", nullptr);
     if (o.all_f32())
-      return cpu::adamw_update(static_cast<float*>(param), static_cast<const float*>(grad),
-                               static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1, beta2,
-                               eps, weight_decay, t, o.grad_scale);
+      return with_copy<float>(o, [&](auto copy) {
+        cpu::adamw_update(static_cast<float*>(param), static_cast<const float*>(grad),
+                          static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1, beta2, eps,
+                          weight_decay, t, o.grad_scale, copy);
+      });
     if (o.grad_scale != 1.0f) scale(o.grad, const_cast<void*>(grad), n, o.grad_scale);
     with_stored_types(o, [&](auto w, auto g, auto st) {
       using W = decltype(w);
       using G = decltype(g);
       using S = decltype(st);
-      cpu::adamw_update_stored(static_cast<W*>(param), static_cast<const G*>(grad),
-                               static_cast<S*>(m), static_cast<S*>(v), n, lr, beta1, beta2, eps,
-                               weight_decay, t, o.seed);
+      with_copy<W>(o, [&](auto copy) {
+        cpu::adamw_update_stored(static_cast<W*>(param), static_cast<const G*>(grad),
+                                 static_cast<S*>(m), static_cast<S*>(v), n, lr, beta1, beta2, eps,
+                                 weight_decay, t, o.seed, copy);
+      });
     });
   }
   void sgd_update_stored(const Stored& o, void* param, const void* grad, void* momentum_buf,
                          uint64_t n, float lr, float momentum, float weight_decay) override {
     cpu::OpTimer timer_("sgd_update_stored", nullptr);
     if (o.all_f32())
-      return cpu::sgd_update(static_cast<float*>(param), static_cast<const float*>(grad),
-                             static_cast<float*>(momentum_buf), n, lr, momentum, weight_decay,
-                             o.grad_scale);
+      return with_copy<float>(o, [&](auto copy) {
+        cpu::sgd_update(static_cast<float*>(param), static_cast<const float*>(grad),
+                        static_cast<float*>(momentum_buf), n, lr, momentum, weight_decay,
+                        o.grad_scale, copy);
+      });
     if (o.grad_scale != 1.0f) scale(o.grad, const_cast<void*>(grad), n, o.grad_scale);
     with_stored_types(o, [&](auto w, auto g, auto st) {
       using W = decltype(w);
       using G = decltype(g);
       using S = decltype(st);
-      cpu::sgd_update_stored(static_cast<W*>(param), static_cast<const G*>(grad),
-                             static_cast<S*>(momentum_buf), n, lr, momentum, weight_decay, o.seed);
+      with_copy<W>(o, [&](auto copy) {
+        cpu::sgd_update_stored(static_cast<W*>(param), static_cast<const G*>(grad),
+                               static_cast<S*>(momentum_buf), n, lr, momentum, weight_decay, o.seed,
+                               copy);
+      });
     });
   }
 

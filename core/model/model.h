@@ -507,12 +507,14 @@ class Gpt {
   void zero_grad();
   // Casts every master parameter to its compute copy (round to nearest even): after the optimizer
   // updated the masters, or after they were loaded. Nothing to do without compute copies.
-  // Inline, walking the layers: core/model/safetensors.cpp calls it and links without model.cpp
-  // (its fuzz target).
-  void sync_compute_params() {
+  // `written`: layer l is skipped where written[l] (an update wrote its compute copy in its own
+  // pass: core/optim's compute_copies_written). Inline, walking the layers:
+  // core/model/safetensors.cpp calls it and links without model.cpp (its fuzz target).
+  void sync_compute_params(const std::vector<bool>& written = {}) {
     if (!has_compute_copies()) return;
-    for (const auto& layer : layers_) {
-      const FlatStorage& f = layer->flat();
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      if (l < written.size() && written[l]) continue;
+      const FlatStorage& f = layers_[l]->flat();
       if (!f.value || !f.compute) continue;  // sharded parameters: core/shard casts the shards
       device_.backend().cast(f.compute.as<void>(), dt_, f.value.as<void>(), dtype_of<T>(),
                              f.padded);

@@ -1,6 +1,8 @@
 #include "core/optim/optim.h"
 
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 
 #include "kernels/common/elementwise.h"  // rounding_noise
 
@@ -40,11 +42,23 @@ void resize_state(Device& device, std::vector<Buffer>& state,
   }
 }
 
+// HEADROOM_FUSE_CAST=0 in the environment: the built-in optimizers leave the compute copies to
+// the cast after the step (Optimizer::writes_compute_copies). Read when one is made, so that a
+// test can make both in one process.
+bool fuse_cast_from_env() {
+  const char* e = std::getenv("HEADROOM_FUSE_CAST");
+  return !(e && e[0] == '0' && e[1] == 0);
+}
+
 // The operands of segment k's update at `step`: its dtypes, the state's, and its rounding stream.
-// grad_scale: the clipping factor folded into the update.
+// grad_scale: the clipping factor folded into the update; fuse_cast: the compute copy written too.
 Backend::Stored stored(const OptSegment& s, Dtype state, uint32_t seed, int64_t step, size_t k,
-                       float grad_scale) {
+                       float grad_scale, bool fuse_cast) {
   Backend::Stored o;
+  if (fuse_cast && s.compute != nullptr) {
+    o.compute = s.compute;
+    o.compute_dtype = s.compute_dtype;
+  }
   o.grad_scale = grad_scale;
   o.param = s.value_dtype;
   o.grad = s.grad_dtype;
@@ -55,9 +69,11 @@ Backend::Stored stored(const OptSegment& s, Dtype state, uint32_t seed, int64_t 
 
 class AdamW final : public Optimizer {
  public:
-  AdamW(const TrainConfig& t, Device& device, Dtype state) : t_(t), device_(device), state_(state) {
+  AdamW(const TrainConfig& t, Device& device, Dtype state)
+      : t_(t), device_(device), state_(state), fuse_cast_(fuse_cast_from_env()) {
     rounding_seed_ = uint32_t(t.seed);
   }
+  bool writes_compute_copies() const override { return fuse_cast_; }
   bool fold_grad_scale(float scale) override {
     grad_scale_ = scale;
     return true;
@@ -74,8 +90,8 @@ class AdamW final : public Optimizer {
   void step_segment(const OptSegment& p, size_t k, void* const* state, double lr,
                     int64_t step) override {
     device_.backend().adamw_update_stored(
-        stored(p, state_, rounding_seed_, step, k, grad_scale_), p.value, p.grad, state[0],
-        state[1], p.numel, static_cast<float>(lr), static_cast<float>(t_.beta1),
+        stored(p, state_, rounding_seed_, step, k, grad_scale_, fuse_cast_), p.value, p.grad,
+        state[0], state[1], p.numel, static_cast<float>(lr), static_cast<float>(t_.beta1),
         static_cast<float>(t_.beta2), static_cast<float>(t_.eps),
         p.decay ? static_cast<float>(t_.weight_decay) : 0.0f, step);
   }
@@ -107,15 +123,18 @@ class AdamW final : public Optimizer {
   TrainConfig t_;
   Device& device_;
   Dtype state_;
+  bool fuse_cast_;           // writes_compute_copies
   float grad_scale_ = 1.0f;  // fold_grad_scale's, for the next step
   std::vector<Buffer> m_, v_;
 };
 
 class Sgd final : public Optimizer {
  public:
-  Sgd(const TrainConfig& t, Device& device, Dtype state) : t_(t), device_(device), state_(state) {
+  Sgd(const TrainConfig& t, Device& device, Dtype state)
+      : t_(t), device_(device), state_(state), fuse_cast_(fuse_cast_from_env()) {
     rounding_seed_ = uint32_t(t.seed);
   }
+  bool writes_compute_copies() const override { return fuse_cast_; }
   bool fold_grad_scale(float scale) override {
     grad_scale_ = scale;
     return true;
@@ -135,7 +154,7 @@ class Sgd final : public Optimizer {
   void step_segment(const OptSegment& p, size_t k, void* const* state, double lr,
                     int64_t step) override {
     device_.backend().sgd_update_stored(
-        stored(p, state_, rounding_seed_, step, k, grad_scale_), p.value, p.grad,
+        stored(p, state_, rounding_seed_, step, k, grad_scale_, fuse_cast_), p.value, p.grad,
         t_.momentum > 0 ? state[0] : nullptr, p.numel, static_cast<float>(lr),
         static_cast<float>(t_.momentum), p.decay ? static_cast<float>(t_.weight_decay) : 0.0f);
   }
@@ -165,6 +184,7 @@ class Sgd final : public Optimizer {
   TrainConfig t_;
   Device& device_;
   Dtype state_;
+  bool fuse_cast_;           // writes_compute_copies
   float grad_scale_ = 1.0f;  // fold_grad_scale's, for the next step
   std::vector<Buffer> buf_;
 };
@@ -190,10 +210,41 @@ double learning_rate(const TrainConfig& t, int64_t step) {
 std::vector<OptSegment> whole_params(const std::vector<Param<float>*>& params) {
   std::vector<OptSegment> out;
   out.reserve(params.size());
-  for (Param<float>* p : params)
+  for (Param<float>* p : params) {
     out.push_back({p->name, p->optimized().value, p->optimized().grad, p->numel, p->decay,
                    p->optimized().dtype, p->optimized().grad_dtype});
+    // f32 masters beside a compute copy (amp): the update can write the copy too.
+    if (p->master().value != nullptr && p->flat->compute) {
+      out.back().compute = p->compute().value;
+      out.back().compute_dtype = p->compute().dtype;
+    }
+  }
   return out;
+}
+
+std::vector<bool> compute_copies_written(const Gpt<float>& model,
+                                         const std::vector<OptSegment>& segments) {
+  const auto& layers = model.layers();
+  const size_t elem = dtype_size(model.compute_dtype());
+  std::vector<uint64_t> covered(layers.size(), 0);
+  for (const OptSegment& s : segments) {
+    if (s.compute == nullptr) continue;
+    const auto at = reinterpret_cast<uintptr_t>(s.compute);
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const FlatStorage& f = layers[l]->flat();
+      if (!f.compute) continue;
+      const auto begin = reinterpret_cast<uintptr_t>(f.compute.as<void>());
+      if (at >= begin && at < begin + f.padded * elem) {
+        covered[l] += s.numel;
+        break;
+      }
+    }
+  }
+  // The segments never overlap: as many elements as the buffer holds is all of them.
+  std::vector<bool> written(layers.size(), false);
+  for (size_t l = 0; l < layers.size(); ++l)
+    written[l] = layers[l]->flat().compute && covered[l] == layers[l]->flat().padded;
+  return written;
 }
 
 double grad_sum_squares(Backend& ops, const std::vector<OptSegment>& segments) {

@@ -17,7 +17,10 @@ namespace headroom {
 // A contiguous run of one parameter's elements that the optimizer updates: the whole parameter,
 // or, when the optimizer state is sharded across ranks, the part of it in this rank's range.
 // Its weights are the f32 masters, or (amp without masters) the bf16 weights; its gradient f32,
-// or bf16 when amp accumulates in the compute dtype.
+// or bf16 when amp accumulates in the compute dtype. With f32 masters beside compute copies (amp)
+// `compute` is the same elements' compute copy, which an optimizer that writes_compute_copies()
+// writes in the update's own pass (the cast after the step then skips them); null where nothing
+// fuses (no compute copies, no masters, a shard, the host optimizer's copies).
 struct OptSegment {
   std::string name;  // the parameter's name; a part adds its element range: "wte.weight [0:512)"
   void* value = nullptr;
@@ -26,8 +29,11 @@ struct OptSegment {
   bool decay = false;
   Dtype value_dtype = Dtype::kF32;
   Dtype grad_dtype = Dtype::kF32;
+  void* compute = nullptr;
+  Dtype compute_dtype = Dtype::kBF16;  // bf16 or f16
 };
-// One segment per parameter, the whole of each.
+// One segment per parameter, the whole of each; `compute` set where it has f32 masters and a
+// compute copy.
 std::vector<OptSegment> whole_params(const std::vector<Param<float>*>& params);
 
 class Optimizer {
@@ -37,6 +43,12 @@ class Optimizer {
   // tensor per segment and kind) is allocated, category optimizer, at the first call, as PyTorch
   // does; the segments must be the same at every call.
   virtual void step(const std::vector<OptSegment>& segments, double lr, int64_t step) = 0;
+  // True when step() (and step_segment) also writes each updated segment's compute copy
+  // (OptSegment::compute, where set) in the update's pass, rounded to nearest even with the bits
+  // Backend::cast writes: the built-in AdamW and SGD, unless HEADROOM_FUSE_CAST=0 was in the
+  // environment when they were made (the unfused "before" of a benchmark, the same bits). False
+  // (the default): the caller casts every compute copy after the step (an optimizer plugin).
+  virtual bool writes_compute_copies() const { return false; }
 
   struct StateTensor {
     std::string name;  // "h.0.attn.c_attn.weight adamw m"
@@ -98,6 +110,13 @@ class Optimizer {
  protected:
   uint32_t rounding_seed_ = 0;
 };
+
+// Which of the model's layers the last update wrote the compute copy of whole, by an optimizer
+// that writes_compute_copies(): every element of the layer's flat compute buffer (its padding
+// included) in some segment's `compute`. Gpt::sync_compute_params skips those (an empty vector:
+// none).
+std::vector<bool> compute_copies_written(const Gpt<float>& model,
+                                         const std::vector<OptSegment>& segments);
 
 // Throws ConfigError for an unknown optimizer name. `state`: the dtype of its state (f32, bf16).
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& train, Device& device,

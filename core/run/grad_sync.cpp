@@ -145,7 +145,7 @@ class ShardedGradSync final : public GradSync {
   double grad_sum_squares() override { return sharding_.grad_sum_squares(); }
   bool gradients_shared() const override { return true; }
   // Each rank updated its ranges: the plugin gathers them.
-  void updated(Gpt<float>&) override { sharding_.updated(); }
+  void updated(Gpt<float>&, const std::vector<bool>&) override { sharding_.updated(); }
   void end_step() override {
     sharding_.wait();
     sharding_.check_step_end(plugin_);

@@ -68,9 +68,12 @@ class GradSync {
   // Something besides the optimizer reads the gradients this rank holds after clipping (the
   // shards): the built-in optimizers cannot fold clipping into the update.
   virtual bool gradients_shared() const { return false; }
-  // The optimizer updated what this rank owns: the compute copies follow (amp), or, sharded, the
-  // plugin gathers the updated ranges.
-  virtual void updated(Gpt<float>& model) { model.sync_compute_params(); }
+  // The optimizer updated what this rank owns: the compute copies follow (amp) but in the layers
+  // `written` says it wrote them of already (compute_copies_written; empty: none), or, sharded,
+  // the plugin gathers the updated ranges.
+  virtual void updated(Gpt<float>& model, const std::vector<bool>& written) {
+    model.sync_compute_params(written);
+  }
   // STEP_END has been dispatched: what the plugin started is waited for, and checked.
   virtual void end_step() {}
   // The gradient buckets' sizes in bytes, in launch order (last layer first); empty without

@@ -63,6 +63,7 @@ void HostOptimizer::allocate(const std::vector<OptSegment>& segments) {
                            std::to_string(values_.size()) + " host masters");
   for (size_t k = 0; k < on_host.size(); ++k) {
     OptSegment& s = on_host[k];
+    s.compute = nullptr;  // the device's: the host makes and uploads its own copies (step)
     if (masters) {
       // The masters taken from the device (take_masters): the update's f32 values; the
       // segment's own dtype is the compute copy's, which the host makes for the upload.
@@ -209,6 +210,7 @@ void HostOptimizer::resize(const std::vector<OptSegment>& segments,
   for (size_t k = 0; k < on_host_.size(); ++k) {
     on_host_[k].value = values_[k].as<void>();
     on_host_[k].grad = grads_[k].as<void>();
+    on_host_[k].compute = nullptr;
   }
   values_current_ = false;
   inner_->resize(on_host_, changes);

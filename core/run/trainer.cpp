@@ -470,7 +470,11 @@ void Trainer::clip_gradients() {
 
 void Trainer::update() {
   optimizer_->step(segments_, state_.lr, state_.step);
-  grads_->updated(*model_);  // the compute copies follow, or the plugin gathers the ranges
+  // The compute copies follow, but where the update wrote them itself; or the plugin gathers the
+  // ranges.
+  grads_->updated(*model_, optimizer_->writes_compute_copies()
+                               ? compute_copies_written(*model_, segments_)
+                               : std::vector<bool>{});
 }
 
 void Trainer::end_step() {

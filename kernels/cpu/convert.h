@@ -19,16 +19,20 @@ HEADROOM_CPU_CLONES inline void widen_bf16(const uint16_t* in, float* out, size_
     out[i] = bits_float(uint32_t(in[i]) << 16);
 }
 
-// (n,) f32 -> (n,) bf16, to nearest even; NaN stays a quiet NaN (float_to_bf16, without its
-// branch).
+// f32 -> bf16, to nearest even; NaN stays a quiet NaN: float_to_bf16's bits, without its branch
+// (a loop of it vectorizes).
+inline uint16_t round_bf16_element(float x) {
+  const uint32_t u = float_bits(x);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x0040u;
+  return uint16_t((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+}
+
+// (n,) f32 -> (n,) bf16, to nearest even (round_bf16_element).
 HEADROOM_CPU_CLONES inline void round_bf16(const float* in, uint16_t* out, size_t n) {
 #pragma omp parallel for schedule(static) num_threads(threads_for(n))
-  for (size_t i = 0; i < n; i++) {
-    const uint32_t u = float_bits(in[i]);
-    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t nan = (u >> 16) | 0x0040u;
-    out[i] = uint16_t((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
-  }
+  for (size_t i = 0; i < n; i++)
+    out[i] = round_bf16_element(in[i]);
 }
 
 // y (n,) f32 += x (n,) bf16 widened: one rounded f32 add an element (amp's gradient

@@ -270,24 +270,33 @@ template <class T>
 void affine(T* y, const T* x, float a, float b, size_t n, cudaStream_t stream);
 
 // --- optimizer.cu (float parameters, gradients and state) --------------------------------------
+// Where an update also writes each new float weight's compute-dtype copy (amp's compute copies
+// beside f32 masters), in the same kernel: bf16 or (f16) f16 bits, rounded to nearest even as
+// cast() rounds them. data null: no copy.
+struct CopyOut {
+  uint16_t* data = nullptr;
+  bool f16 = false;
+};
 // AdamW, torch.optim.AdamW semantics, t the 1-based step (bias corrections computed on the host in
 // double, as on the CPU); m, v (n) zero-initialized before step 1. The update reads
 // grad * grad_scale (clipping folded in; 1 for none).
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t t,
-                  float grad_scale, cudaStream_t stream);
+                  float grad_scale, CopyOut copy, cudaStream_t stream);
 // SGD, torch.optim.SGD semantics; momentum_buf (n) null (or momentum 0) means no state.
 void sgd_update(float* param, const float* grad, float* momentum_buf, size_t n, float lr,
-                float momentum, float weight_decay, float grad_scale, cudaStream_t stream);
+                float momentum, float weight_decay, float grad_scale, CopyOut copy,
+                cudaStream_t stream);
 // The same on stored operands: W, G, S each float or uint16_t (bf16 bits, weights and state
-// rounded stochastically from seed); instantiated for every combination in optimizer.cu.
+// rounded stochastically from seed); instantiated for every combination in optimizer.cu. `copy`
+// only with float weights.
 template <class W, class G, class S>
 void adamw_update_stored(W* param, const G* grad, S* m, S* v, size_t n, float lr, float beta1,
                          float beta2, float eps, float weight_decay, int64_t t, uint32_t seed,
-                         cudaStream_t stream);
+                         CopyOut copy, cudaStream_t stream);
 template <class W, class G, class S>
 void sgd_update_stored(W* param, const G* grad, S* momentum_buf, size_t n, float lr, float momentum,
-                       float weight_decay, uint32_t seed, cudaStream_t stream);
+                       float weight_decay, uint32_t seed, CopyOut copy, cudaStream_t stream);
 // x (n) *= s
 void scale_inplace(float* x, size_t n, float s, cudaStream_t stream);
 

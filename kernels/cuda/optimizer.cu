@@ -9,15 +9,26 @@
 
 namespace headroom::cuda {
 
+// Element i's compute-dtype copy of the new weight w, when the update writes one (CopyOut): the
+// bits cast_kernel writes (from_float's float_to_bf16 / float_to_f16).
+__device__ inline void write_copy(CopyOut copy, size_t i, float w) {
+  if (copy.data == nullptr) return;
+  copy.data[i] = copy.f16 ? float_to_f16(w) : float_to_bf16(w);
+}
+// Weights stored as bf16 bits have no copy (the backend refuses one).
+__device__ inline void write_copy(CopyOut, size_t, uint16_t) {}
+
 __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, size_t n,
                              float lr, float beta1, float beta2, float eps, float weight_decay,
-                             float bc1, float bc2, float grad_scale) {
+                             float bc1, float bc2, float grad_scale, CopyOut copy) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
     float mi = m[i];
     float vi = v[i];
-    param[i] = adamw_element(param[i], __fmul_rn(grad[i], grad_scale), mi, vi, lr, beta1, beta2,
-                             eps, weight_decay, bc1, bc2);
+    const float w = adamw_element(param[i], __fmul_rn(grad[i], grad_scale), mi, vi, lr, beta1,
+                                  beta2, eps, weight_decay, bc1, bc2);
+    param[i] = w;
+    write_copy(copy, i, w);
     m[i] = mi;
     v[i] = vi;
   }
@@ -25,45 +36,51 @@ __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v
 
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t t,
-                  float grad_scale, cudaStream_t stream) {
+                  float grad_scale, CopyOut copy, cudaStream_t stream) {
   // Bias corrections once per step in double, exactly as the CPU backend does.
   const double td = static_cast<double>(t);
   const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), td));
   const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), td));
   const int block = 256;
-  adamw_kernel<<<grid_for(n, block), block, 0, stream>>>(param, grad, m, v, n, lr, beta1, beta2,
-                                                         eps, weight_decay, bc1, bc2, grad_scale);
+  adamw_kernel<<<grid_for(n, block), block, 0, stream>>>(
+      param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale, copy);
   CUDA_CHECK_LAUNCH();
 }
 
 __global__ void sgd_kernel(float* param, const float* grad, size_t n, float lr, float weight_decay,
-                           float grad_scale) {
+                           float grad_scale, CopyOut copy) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
-    param[i] = sgd_element(param[i], __fmul_rn(grad[i], grad_scale), lr, weight_decay);
+    const float w = sgd_element(param[i], __fmul_rn(grad[i], grad_scale), lr, weight_decay);
+    param[i] = w;
+    write_copy(copy, i, w);
   }
 }
 
 __global__ void sgd_momentum_kernel(float* param, const float* grad, float* buf, size_t n, float lr,
-                                    float momentum, float weight_decay, float grad_scale) {
+                                    float momentum, float weight_decay, float grad_scale,
+                                    CopyOut copy) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
     float b = buf[i];
-    param[i] = sgd_momentum_element(param[i], __fmul_rn(grad[i], grad_scale), b, lr, momentum,
-                                    weight_decay);
+    const float w = sgd_momentum_element(param[i], __fmul_rn(grad[i], grad_scale), b, lr, momentum,
+                                         weight_decay);
+    param[i] = w;
+    write_copy(copy, i, w);
     buf[i] = b;
   }
 }
 
 void sgd_update(float* param, const float* grad, float* momentum_buf, size_t n, float lr,
-                float momentum, float weight_decay, float grad_scale, cudaStream_t stream) {
+                float momentum, float weight_decay, float grad_scale, CopyOut copy,
+                cudaStream_t stream) {
   const int block = 256;
   if (momentum_buf != nullptr && momentum != 0.0f) {
     sgd_momentum_kernel<<<grid_for(n, block), block, 0, stream>>>(
-        param, grad, momentum_buf, n, lr, momentum, weight_decay, grad_scale);
+        param, grad, momentum_buf, n, lr, momentum, weight_decay, grad_scale, copy);
   } else {
     sgd_kernel<<<grid_for(n, block), block, 0, stream>>>(param, grad, n, lr, weight_decay,
-                                                         grad_scale);
+                                                         grad_scale, copy);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -73,52 +90,55 @@ void sgd_update(float* param, const float* grad, float* momentum_buf, size_t n, 
 template <class W, class G, class S>
 __global__ void adamw_stored_kernel(W* param, const G* grad, S* m, S* v, size_t n, float lr,
                                     float beta1, float beta2, float eps, float weight_decay,
-                                    float bc1, float bc2, uint32_t seed) {
+                                    float bc1, float bc2, uint32_t seed, CopyOut copy) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
     adamw_stored(param[i], grad[i], m[i], v[i], i, seed, lr, beta1, beta2, eps, weight_decay, bc1,
                  bc2);
+    write_copy(copy, i, param[i]);
   }
 }
 
 template <class W, class G, class S>
 void adamw_update_stored(W* param, const G* grad, S* m, S* v, size_t n, float lr, float beta1,
                          float beta2, float eps, float weight_decay, int64_t t, uint32_t seed,
-                         cudaStream_t stream) {
+                         CopyOut copy, cudaStream_t stream) {
   const double td = static_cast<double>(t);
   const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), td));
   const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), td));
   const int block = 256;
   adamw_stored_kernel<<<grid_for(n, block), block, 0, stream>>>(
-      param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2, seed);
+      param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2, seed, copy);
   CUDA_CHECK_LAUNCH();
 }
 
 template <class W, class G, class S>
 __global__ void sgd_stored_kernel(W* param, const G* grad, S* buf, size_t n, float lr,
-                                  float momentum, float weight_decay, uint32_t seed) {
+                                  float momentum, float weight_decay, uint32_t seed, CopyOut copy) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
     sgd_stored(param[i], grad[i], buf ? buf + i : static_cast<S*>(nullptr), i, seed, lr, momentum,
                weight_decay);
+    write_copy(copy, i, param[i]);
   }
 }
 
 template <class W, class G, class S>
 void sgd_update_stored(W* param, const G* grad, S* momentum_buf, size_t n, float lr, float momentum,
-                       float weight_decay, uint32_t seed, cudaStream_t stream) {
+                       float weight_decay, uint32_t seed, CopyOut copy, cudaStream_t stream) {
   const int block = 256;
   S* buf = momentum != 0.0f ? momentum_buf : nullptr;
   sgd_stored_kernel<<<grid_for(n, block), block, 0, stream>>>(param, grad, buf, n, lr, momentum,
-                                                              weight_decay, seed);
+                                                              weight_decay, seed, copy);
   CUDA_CHECK_LAUNCH();
 }
 
 #define HR_STORED(W, G, S)                                                                      \
   template void adamw_update_stored<W, G, S>(W*, const G*, S*, S*, size_t, float, float, float, \
-                                             float, float, int64_t, uint32_t, cudaStream_t);    \
+                                             float, float, int64_t, uint32_t, CopyOut,          \
+                                             cudaStream_t);                                     \
   template void sgd_update_stored<W, G, S>(W*, const G*, S*, size_t, float, float, float,       \
-                                           uint32_t, cudaStream_t);
+                                           uint32_t, CopyOut, cudaStream_t);
 HR_STORED(float, float, float)
 HR_STORED(float, float, uint16_t)
 HR_STORED(float, uint16_t, float)

@@ -362,25 +362,31 @@ class CudaBackend final : public Backend {
   }
 
   // --- optimizer updates (f32) -------------------------------------------------------------------
+  // Stored::compute as the kernels take it (checked: only beside f32 weights, bf16 or f16).
+  static cuda::CopyOut copy_out(const Stored& o) {
+    check_compute_copy(o);
+    return {static_cast<uint16_t*>(o.compute), o.compute_dtype == Dtype::kF16};
+  }
   void adamw_update(float* param, const float* grad, float* m, float* v, uint64_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int64_t t) override {
     on_device();
-    cuda::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, 1.0f,
+    cuda::adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, 1.0f, {},
                        stream());
   }
   void sgd_update(float* param, const float* grad, float* momentum_buf, uint64_t n, float lr,
                   float momentum, float weight_decay) override {
     on_device();
-    cuda::sgd_update(param, grad, momentum_buf, n, lr, momentum, weight_decay, 1.0f, stream());
+    cuda::sgd_update(param, grad, momentum_buf, n, lr, momentum, weight_decay, 1.0f, {}, stream());
   }
   void adamw_update_stored(const Stored& o, void* param, const void* grad, void* m, void* v,
                            uint64_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, int64_t t) override {
     on_device();
+    const cuda::CopyOut copy = copy_out(o);
     if (o.all_f32())
       return cuda::adamw_update(static_cast<float*>(param), static_cast<const float*>(grad),
                                 static_cast<float*>(m), static_cast<float*>(v), n, lr, beta1, beta2,
-                                eps, weight_decay, t, o.grad_scale, stream());
+                                eps, weight_decay, t, o.grad_scale, copy, stream());
     if (o.grad_scale != 1.0f) scale(o.grad, const_cast<void*>(grad), n, o.grad_scale);
     with_stored_types(o, [&](auto w, auto g, auto st) {
       using W = decltype(w);
@@ -388,16 +394,17 @@ class CudaBackend final : public Backend {
       using S = decltype(st);
       cuda::adamw_update_stored(static_cast<W*>(param), static_cast<const G*>(grad),
                                 static_cast<S*>(m), static_cast<S*>(v), n, lr, beta1, beta2, eps,
-                                weight_decay, t, o.seed, stream());
+                                weight_decay, t, o.seed, copy, stream());
     });
   }
   void sgd_update_stored(const Stored& o, void* param, const void* grad, void* momentum_buf,
                          uint64_t n, float lr, float momentum, float weight_decay) override {
     on_device();
+    const cuda::CopyOut copy = copy_out(o);
     if (o.all_f32())
       return cuda::sgd_update(static_cast<float*>(param), static_cast<const float*>(grad),
                               static_cast<float*>(momentum_buf), n, lr, momentum, weight_decay,
-                              o.grad_scale, stream());
+                              o.grad_scale, copy, stream());
     if (o.grad_scale != 1.0f) scale(o.grad, const_cast<void*>(grad), n, o.grad_scale);
     with_stored_types(o, [&](auto w, auto g, auto st) {
       using W = decltype(w);
@@ -405,7 +412,7 @@ class CudaBackend final : public Backend {
       using S = decltype(st);
       cuda::sgd_update_stored(static_cast<W*>(param), static_cast<const G*>(grad),
                               static_cast<S*>(momentum_buf), n, lr, momentum, weight_decay, o.seed,
-                              stream());
+                              copy, stream());
     });
   }
 
