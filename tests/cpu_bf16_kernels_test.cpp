@@ -23,6 +23,8 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/residual.h"
 
+#include "tests/cpu_threads.h"
+
 namespace headroom {
 namespace {
 
@@ -75,14 +77,7 @@ void expect_same(const F32& got, const F32& want, const char* what) {
 const size_t kSizes[] = {1, 7, 17, 33, 1000, (size_t(1) << 14) + 3, 100003};
 
 // Each test on 1 and 3 threads (the kernels' bits may not depend on it).
-class Threads {
- public:
-  explicit Threads(int n) : old_(cpu::threads_setting()) { cpu::set_threads(n); }
-  ~Threads() { cpu::set_threads(old_); }
-
- private:
-  int old_;
-};
+using Threads = test::CpuThreads;
 
 TEST(CpuBf16Kernels, GeluForwardIsTheWidenedF32Kernel) {
   for (int t : {1, 3}) {

@@ -22,6 +22,8 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/residual.h"
 
+#include "tests/cpu_threads.h"
+
 namespace headroom {
 namespace {
 
@@ -54,14 +56,7 @@ void expect_same(const std::vector<T>& got, const std::vector<T>& want, const ch
         << " != " << double(want[i]);
 }
 
-class Threads {
- public:
-  explicit Threads(int n) : old_(cpu::threads_setting()) { cpu::set_threads(n); }
-  ~Threads() { cpu::set_threads(old_); }
-
- private:
-  int old_;
-};
+using Threads = test::CpuThreads;
 
 // (N, C): row counts below, at and past a group of rows (4), with tails; widths with vector tails.
 const int kShapes[][2] = {{1, 5}, {3, 17}, {8, 64}, {37, 77}, {64, 768}, {300, 100}};

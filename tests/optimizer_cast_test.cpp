@@ -23,6 +23,7 @@
 #include "core/run/trainer.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/profile.h"
+#include "tests/cpu_threads.h"
 #include "tests/test_util.h"
 
 namespace headroom {
@@ -30,14 +31,7 @@ namespace {
 
 using Bytes = std::vector<unsigned char>;
 
-class Threads {
- public:
-  explicit Threads(int n) : old_(cpu::threads_setting()) { cpu::set_threads(n); }
-  ~Threads() { cpu::set_threads(old_); }
-
- private:
-  int old_;
-};
+using Threads = test::CpuThreads;
 
 // n values of dt, normal with standard deviation `scale`, as the backend rounds them.
 Bytes random_values(Backend& be, Dtype dt, size_t n, uint32_t seed, double scale) {
