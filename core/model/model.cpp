@@ -1158,8 +1158,6 @@ void Layer<T>::add_adapter(const AdapterSite& site, int rank, double scale, doub
   for (const auto& p : params_)
     if (p->name == site.weight) w = p.get();
   if (!w) throw std::logic_error(name_ + " has no parameter " + site.weight);
-  for (const Adapter& a : adapters_)
-    if (a.weight == w && a.row0 == site.row0) return;  // targeted twice: one adapter
   Param<T>& A = add_param(site.module + ".lora_A.weight", {rank, site.in}, true);
   Param<T>& B = add_param(site.module + ".lora_B.weight", {site.rows, rank}, true);
   adapters_.push_back({w, site.row0, site.rows, rank, scale, &A, &B, dropout});
@@ -1343,17 +1341,14 @@ Gpt<T>::Gpt(const ModelConfig& config, Device& device, uint64_t seed, const Prec
     const std::vector<AdapterSite> sites = gpt_adapter_sites(config);
     for (const LoraSpec& spec : tuning.lora) {
       if (spec.rank < 1) throw std::invalid_argument("LoRA rank must be at least 1");
-      bool any = false;
-      for (const AdapterSite& site : sites) {
-        if (!lora_target_matches(spec.target, site.module)) continue;
-        any = true;
-        layers_[size_t(site.layer)]->add_adapter(site, spec.rank, spec.alpha / spec.rank,
-                                                 spec.dropout);
-      }
-      if (!any)
+      if (std::none_of(sites.begin(), sites.end(), [&](const AdapterSite& site) {
+            return lora_target_matches(spec.target, site.module);
+          }))
         throw std::invalid_argument("LoRA target \"" + spec.target + "\" names no module of this " +
                                     config.arch + " model");
     }
+    for (const LoraAdapter& a : gpt_lora_adapters(config, tuning.lora))
+      layers_[size_t(a.site.layer)]->add_adapter(a.site, a.rank, a.alpha / a.rank, a.dropout);
   }
   if (!tuning.empty())
     for (auto& layer : layers_)
@@ -1920,6 +1915,21 @@ bool lora_target_matches(const std::string& target, const std::string& module) {
   return module.size() > target.size() &&
          module.compare(module.size() - target.size(), target.size(), target) == 0 &&
          module[module.size() - target.size() - 1] == '.';
+}
+
+std::vector<LoraAdapter> gpt_lora_adapters(const ModelConfig& m,
+                                           const std::vector<LoraSpec>& lora) {
+  const std::vector<AdapterSite> sites = gpt_adapter_sites(m);
+  std::vector<LoraAdapter> out;
+  for (const LoraSpec& spec : lora)
+    for (const AdapterSite& site : sites) {
+      if (!lora_target_matches(spec.target, site.module)) continue;
+      const bool placed = std::any_of(out.begin(), out.end(), [&](const LoraAdapter& a) {
+        return a.site.weight == site.weight && a.site.row0 == site.row0;
+      });
+      if (!placed) out.push_back({site, spec.rank, spec.alpha, spec.dropout});
+    }
+  return out;
 }
 
 void check_lora(const ModelConfig& m, const LoraSpec& spec) {

@@ -205,6 +205,14 @@ const char* quant_kind_name(QuantKind k);
 uint64_t gpt_quantized_base_bytes(const ModelConfig& m, QuantKind k, bool double_quant);
 // Whether parameter `name` of the model of `m` is a weight a quantized base stores quantized.
 bool is_quantizable_weight(const ModelConfig& m, const std::string& name);
+// The adapters `lora` puts on the model of `m`, in the order the model adds them (spec by spec,
+// site by site): a site two targets name gets one, the first's rank and dropout.
+struct LoraAdapter {
+  AdapterSite site;
+  int rank = 0;
+  double alpha = 0, dropout = 0;
+};
+std::vector<LoraAdapter> gpt_lora_adapters(const ModelConfig& m, const std::vector<LoraSpec>& lora);
 // std::invalid_argument, saying what is valid, for a rank below 1, an alpha that is not finite and
 // > 0, or a target that names no module of the model of `m`.
 void check_lora(const ModelConfig& m, const LoraSpec& spec);

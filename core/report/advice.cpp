@@ -133,8 +133,7 @@ bool from_c(const hr_mechanisms& c, const ModelConfig& model, const Mechanisms& 
   if (HR_HAS_FIELD(&c, hr_mechanisms, base_dtype)) {
     // Adapters core would refuse to add (a target that names no module, a rank below 1) or a
     // base dtype it has no format for make the result unusable.
-    if (c.num_adapters > 0 && (!c.adapters || c.adapters->struct_size < sizeof(uint32_t) * 2))
-      return false;
+    if (c.num_adapters > 0 && !c.adapters) return false;
     std::vector<LoraSpec> lora;
     try {
       for (uint32_t i = 0; i < c.num_adapters; ++i) {
@@ -173,24 +172,19 @@ bool from_c(const hr_mechanisms& c, const ModelConfig& model, const Mechanisms& 
 
 // The parameters the optimizer updates, layer by layer in the model's order (Layer::params): the
 // ones [train] freeze leaves, or with adapters (m.lora) the adapters alone — each "<module>.
-// lora_A.weight" (r, in) and "lora_B.weight" (rows, r), at the end of its layer's, once a site
-// (Layer::add_adapter).
+// lora_A.weight" (r, in) and "lora_B.weight" (rows, r), at the end of its layer's
+// (gpt_lora_adapters, as the model adds them).
 std::vector<ParamShape> trainable_param_shapes(const Config& config, const Mechanisms& m) {
   const std::vector<ParamShape> all = gpt_param_shapes(config.model);
   std::vector<ParamShape> out;
   const int layers = config.model.n_layer + 2;
   std::vector<std::vector<ParamShape>> adapters(size_t(std::max(0, layers)));
-  std::vector<std::pair<std::string, int64_t>> seen;  // (weight, first row): one adapter a site
-  for (const LoraSpec& spec : m.lora)
-    for (const AdapterSite& site : gpt_adapter_sites(config.model)) {
-      if (!lora_target_matches(spec.target, site.module)) continue;
-      const std::pair<std::string, int64_t> key{site.weight, site.row0};
-      if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
-      seen.push_back(key);
-      auto& at = adapters.at(size_t(site.layer));
-      at.push_back({site.layer, site.module + ".lora_A.weight", {spec.rank, site.in}, true});
-      at.push_back({site.layer, site.module + ".lora_B.weight", {site.rows, spec.rank}, true});
-    }
+  for (const LoraAdapter& a : gpt_lora_adapters(config.model, m.lora)) {
+    const AdapterSite& site = a.site;
+    auto& at = adapters.at(size_t(site.layer));
+    at.push_back({site.layer, site.module + ".lora_A.weight", {a.rank, site.in}, true});
+    at.push_back({site.layer, site.module + ".lora_B.weight", {site.rows, a.rank}, true});
+  }
   for (int l = 0; l < layers; ++l) {
     if (m.lora.empty())
       for (const ParamShape& p : all)
@@ -398,25 +392,20 @@ LinearCalls linear_calls(const ModelConfig& m, const Mechanisms& s) {
   struct Weight {
     int layer = 0;
     uint64_t in = 0, oc = 0, bwd = 0;
-    std::vector<int64_t> rows0;  // the adapters' first rows: a site targeted twice has one
   };
   std::map<std::string, Weight> weights;
-  for (const LoraSpec& spec : s.lora)
-    for (const AdapterSite& site : gpt_adapter_sites(m)) {
-      if (!lora_target_matches(spec.target, site.module)) continue;
-      Weight& w = weights[site.weight];
-      w.layer = site.layer;
-      w.in = uint64_t(site.in);
-      w.oc = out_rows[site.weight];
-      if (std::find(w.rows0.begin(), w.rows0.end(), site.row0) != w.rows0.end()) continue;
-      w.rows0.push_back(site.row0);
-      const uint64_t r = uint64_t(spec.rank);
-      c.adapter_numel[size_t(site.layer)] += r * w.in + uint64_t(site.rows) * r;
-      c.adapter_params.push_back(r * w.in);
-      c.adapter_params.push_back(uint64_t(site.rows) * r);
-      const uint64_t x = spec.dropout > 0 ? es * N * w.in : 0;  // the dropped input
-      w.bwd = std::max(w.bwd, 2 * x + 2 * es * (N * r + w.oc * r));
-    }
+  for (const LoraAdapter& a : gpt_lora_adapters(m, s.lora)) {
+    Weight& w = weights[a.site.weight];
+    w.layer = a.site.layer;
+    w.in = uint64_t(a.site.in);
+    w.oc = out_rows[a.site.weight];
+    const uint64_t r = uint64_t(a.rank);
+    c.adapter_numel[size_t(a.site.layer)] += r * w.in + uint64_t(a.site.rows) * r;
+    c.adapter_params.push_back(r * w.in);
+    c.adapter_params.push_back(uint64_t(a.site.rows) * r);
+    const uint64_t x = a.dropout > 0 ? es * N * w.in : 0;  // the dropped input
+    w.bwd = std::max(w.bwd, 2 * x + 2 * es * (N * r + w.oc * r));
+  }
   // Quantized: every site's weight (bitsandbytes' every nn.Linear but the LM head), adapted or not.
   if (s.base != QuantKind::kNone)
     for (const AdapterSite& site : gpt_adapter_sites(m)) {
