@@ -49,10 +49,12 @@ bool mpi_unusable() {
   return g_mpi_unusable;
 }
 
-void check_dtype(Dtype dtype, const char* collective) {
+void check_dtype(Dtype dtype, const char* collective, bool moves) {
+  if (dtype == Dtype::kI32 && moves) return;
   if (dtype != Dtype::kF32 && dtype != Dtype::kBF16 && dtype != Dtype::kF16)
-    throw std::invalid_argument(std::string(collective) + ": dtype " + dtype_name(dtype) +
-                                " is not one a collective carries (f32, bf16, f16)");
+    throw std::invalid_argument(
+        std::string(collective) + ": dtype " + dtype_name(dtype) + " is not one a collective " +
+        (moves ? "carries (f32, bf16, f16, i32)" : "reduces (f32, bf16, f16)"));
 }
 
 void check_root(int root, int world_size) {

@@ -105,7 +105,8 @@ class Communicator {
   virtual CommRequest reduce_scatter(const void* send, void* recv, uint64_t n, Dtype dtype,
                                      ReduceOp op) = 0;
   // send: n elements; recv: world_size * n elements, rank r's block at r * n. In place when send
-  // is the rank's own block of recv (recv + r·n).
+  // is the rank's own block of recv (recv + r·n). The two moves (this and broadcast) carry i32
+  // too: bytes as 4-byte words (a quantized base's, core/shard/sharding.h).
   virtual CommRequest all_gather(const void* send, void* recv, uint64_t n, Dtype dtype) = 0;
   // root's buf to every rank's.
   virtual CommRequest broadcast(void* buf, uint64_t n, Dtype dtype, int root) = 0;

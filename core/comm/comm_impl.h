@@ -11,8 +11,9 @@
 namespace headroom {
 namespace comm_detail {
 
-// Throws std::invalid_argument unless dtype is f32, bf16 or f16 (what collectives carry).
-void check_dtype(Dtype dtype, const char* collective);
+// Throws std::invalid_argument unless dtype is f32, bf16 or f16 (what collectives carry), or for
+// a collective that moves bytes without arithmetic (all_gather, broadcast: `moves`) also i32.
+void check_dtype(Dtype dtype, const char* collective, bool moves = false);
 // Throws std::invalid_argument unless 0 <= root < world_size.
 void check_root(int root, int world_size);
 // "all_reduce (4096 bf16, sum)": what a message names while waiting.

@@ -1,6 +1,7 @@
 // The MPI communicator: the CPU backend's buffers are host memory, so collectives are MPI's
-// non-blocking calls on them. f32 travels as MPI_FLOAT with MPI_SUM; bf16 and f16 as 2-byte
-// elements with sums of our own that widen each pair to f32, add, and round back to nearest even
+// non-blocking calls on them. f32 travels as MPI_FLOAT with MPI_SUM (i32, only moved, as
+// MPI_INT32_T); bf16 and f16 as 2-byte elements with sums of our own that widen each pair to
+// f32, add, and round back to nearest even
 // (kernels/common/dtype.h, the same conversions the backends use). An average is the sum, then
 // each element divided by the world size in f32 and rounded back.
 //
@@ -196,7 +197,7 @@ void MpiCommunicator::check(int rc, const char* what) {
 }
 
 MPI_Datatype MpiCommunicator::mpi_type(Dtype dtype) const {
-  return dtype == Dtype::kF32 ? MPI_FLOAT : MPI_UINT16_T;
+  return dtype == Dtype::kF32 ? MPI_FLOAT : dtype == Dtype::kI32 ? MPI_INT32_T : MPI_UINT16_T;
 }
 
 MPI_Op MpiCommunicator::mpi_sum(Dtype dtype) const {
@@ -252,7 +253,7 @@ CommRequest MpiCommunicator::reduce_scatter(const void* send, void* recv, uint64
 }
 
 CommRequest MpiCommunicator::all_gather(const void* send, void* recv, uint64_t n, Dtype dtype) {
-  check_dtype(dtype, "all_gather");
+  check_dtype(dtype, "all_gather", true);
   if (n > kMaxCount)
     throw std::invalid_argument("all_gather: " + std::to_string(n) +
                                 " elements per rank is more than MPI counts (2^31 - 1)");
@@ -270,7 +271,7 @@ CommRequest MpiCommunicator::all_gather(const void* send, void* recv, uint64_t n
 }
 
 CommRequest MpiCommunicator::broadcast(void* buf, uint64_t n, Dtype dtype, int root) {
-  check_dtype(dtype, "broadcast");
+  check_dtype(dtype, "broadcast", true);
   check_root(root, ranks_.world_size);
   check_alive();
   std::vector<MPI_Request> requests;

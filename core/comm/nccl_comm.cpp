@@ -23,7 +23,10 @@ std::string cuda_text(cudaError_t e) {
 }
 
 ncclDataType_t nccl_type(Dtype dtype) {
-  return dtype == Dtype::kF32 ? ncclFloat : dtype == Dtype::kBF16 ? ncclBfloat16 : ncclFloat16;
+  return dtype == Dtype::kF32    ? ncclFloat
+         : dtype == Dtype::kBF16 ? ncclBfloat16
+         : dtype == Dtype::kI32  ? ncclInt32
+                                 : ncclFloat16;
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
@@ -83,13 +86,13 @@ class NcclCommunicator final : public Communicator {
     return end(done, describe("reduce_scatter", n, dtype, op_name(op)));
   }
   CommRequest all_gather(const void* send, void* recv, uint64_t n, Dtype dtype) override {
-    check_dtype(dtype, "all_gather");
+    check_dtype(dtype, "all_gather", true);
     cudaEvent_t done = begin();
     nccl(ncclAllGather(send, recv, n, nccl_type(dtype), nccl_, stream_), "ncclAllGather");
     return end(done, describe("all_gather", n, dtype));
   }
   CommRequest broadcast(void* buf, uint64_t n, Dtype dtype, int root) override {
-    check_dtype(dtype, "broadcast");
+    check_dtype(dtype, "broadcast", true);
     check_root(root, world_size());
     cudaEvent_t done = begin();
     nccl(ncclBroadcast(buf, buf, n, nccl_type(dtype), root, nccl_, stream_), "ncclBroadcast");

@@ -325,7 +325,8 @@ void check_hf_folder(const std::string& dir, const ModelConfig& m) {
   match_folder(dir, m, gpt_param_shapes(m));
 }
 
-void load_hf_folder(const std::string& dir, Gpt<float>& model, const MasterAccess& access) {
+void load_hf_folder(const std::string& dir, Gpt<float>& model, const MasterAccess& access,
+                    const MasterAccess& frozen_access) {
   // Every tensor matched to a parameter before any is read, so a bad folder leaves the model as
   // it was.
   std::vector<ParamShape> shapes;
@@ -364,7 +365,7 @@ void load_hf_folder(const std::string& dir, Gpt<float>& model, const MasterAcces
                         (model.config().llama() ? " (set model.tie_embeddings = false)" : ""));
   }
 
-  upload_params(model, host, access);
+  upload_params(model, host, access, frozen_access);
 }
 
 void save_hf_folder(const std::string& dir, const Gpt<float>& model,
@@ -399,11 +400,12 @@ void save_hf_folder(const std::string& dir, const Gpt<float>& model,
   config.commit();
 }
 
-void load_weights(const std::string& path, Gpt<float>& model, const MasterAccess& access) {
+void load_weights(const std::string& path, Gpt<float>& model, const MasterAccess& access,
+                  const MasterAccess& frozen_access) {
   if (is_hf_folder(path)) {
-    load_hf_folder(path, model, access);
+    load_hf_folder(path, model, access, frozen_access);
   } else {
-    load_safetensors(path, model, access);
+    load_safetensors(path, model, access, frozen_access);
   }
 }
 

@@ -26,8 +26,8 @@ bool names_hf_folder(const std::string& path);
 // to float) and uploads, layer by layer inside `access` (empty: directly). A missing shard, an
 // index naming a tensor its shard lacks, a tensor the model lacks or a parameter no file holds, a
 // wrong shape or dtype: ConfigError naming the file; the model is left as it was.
-void load_hf_folder(const std::string& dir, Gpt<float>& model,
-                    const MasterAccess& access = nullptr);
+void load_hf_folder(const std::string& dir, Gpt<float>& model, const MasterAccess& access = nullptr,
+                    const MasterAccess& frozen_access = nullptr);
 
 // What load_hf_folder checks before it reads a weight, for a model of shape `m`, from the folder's
 // config.json and safetensors headers alone (`headroom check`). ConfigError naming the file.
@@ -42,7 +42,8 @@ void save_hf_folder(const std::string& dir, const Gpt<float>& model,
                     const std::vector<std::vector<float>>* host = nullptr);
 
 // init_from's loader: a folder (load_hf_folder) or a safetensors file (load_safetensors).
-void load_weights(const std::string& path, Gpt<float>& model, const MasterAccess& access = nullptr);
+void load_weights(const std::string& path, Gpt<float>& model, const MasterAccess& access = nullptr,
+                  const MasterAccess& frozen_access = nullptr);
 
 // --save-weights' writer: a folder when names_hf_folder(path), else one safetensors file.
 void save_weights_to(const std::string& path, const Gpt<float>& model,

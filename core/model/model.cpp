@@ -922,24 +922,19 @@ void Layer<T>::write_init(Param<T>& p, const std::function<void(T*, uint64_t)>& 
 template <class T>
 void Layer<T>::allocate_params(uint64_t ranks, bool grads) {
   // The quantized frozen weights: their bytes (write_init quantizes the init into them).
+  // The quantized frozen weights: their bytes (write_init quantizes the init into them), and
+  // the frozen weights, never gradients: T values without compute copies, else the compute copy
+  // alone (write_init writes the init into it through a bounded transient). Padded like the flat
+  // buffers (the bytes in 4-byte words), so that zero3 can shard them too.
   quant_.padded = quant_.numel;
-  if (quant_.numel > 0) {
-    qdata_ = Buffer(device_, quant_bytes_, Category::kParameters,
-                    name_ + " frozen parameters (" + quant_kind_name(quant_kind_) +
-                        (double_quant_ ? ", double-quantized absmax)" : ")"));
-    ops().fill(Dtype::kF32, qdata_.as<void>(), quant_bytes_ / 4, 0.0);  // zero bytes: all 0
-  }
-  // The frozen weights, never gradients: T values without compute copies, else the compute copy
-  // alone (write_init writes the init into it through a bounded transient).
-  frozen_.padded = frozen_.numel;
-  if (frozen_.numel > 0) {
-    if (dt_ == dtype_of<T>()) {
-      allocate_frozen_masters();
-    } else {
-      frozen_.compute = Buffer(device_, frozen_.numel * dtype_size(dt_), Category::kParameters,
-                               name_ + " frozen parameters (" + dtype_name(dt_) + ")");
-    }
-  }
+  const uint64_t word = 4 * ranks;
+  quant_padded_ = ranks > 1 ? (quant_bytes_ + word - 1) / word * word : quant_bytes_;
+  frozen_.padded = (frozen_.numel + ranks - 1) / ranks * ranks;
+  allocate_frozen();
+  if (qdata_) ops().fill(Dtype::kF32, qdata_.as<void>(), quant_padded_ / 4, 0.0);  // all 0 bits
+  if (frozen_.padded > frozen_.numel)  // the padding stays zero
+    ops().fill(dt_, frozen_weights().template as<char>() + frozen_.numel * dtype_size(dt_),
+               frozen_.padded - frozen_.numel, 0.0);
   flat_.padded = (flat_.numel + ranks - 1) / ranks * ranks;
   if (flat_.numel == 0) return;  // every parameter frozen: no flat buffers, no gradients
   flat_.value =
@@ -1078,8 +1073,38 @@ void Layer<T>::allocate_masters() {
 template <class T>
 void Layer<T>::allocate_frozen_masters() {
   if (frozen_.value || frozen_.numel == 0) return;
-  frozen_.value = Buffer(device_, frozen_.numel * sizeof(T), Category::kParameters,
+  frozen_.value = Buffer(device_, frozen_.padded * sizeof(T), Category::kParameters,
                          name_ + " frozen parameters");
+}
+
+template <class T>
+void Layer<T>::allocate_frozen() {
+  if (quant_bytes_ > 0 && !qdata_)
+    qdata_ = Buffer(device_, quant_padded_, Category::kParameters,
+                    name_ + " frozen parameters (" + quant_kind_name(quant_kind_) +
+                        (double_quant_ ? ", double-quantized absmax)" : ")"));
+  if (frozen_.numel == 0 || frozen_weights()) return;
+  if (dt_ == dtype_of<T>()) {
+    allocate_frozen_masters();
+  } else {
+    frozen_.compute = Buffer(device_, frozen_.padded * dtype_size(dt_), Category::kParameters,
+                             name_ + " frozen parameters (" + dtype_name(dt_) + ")");
+  }
+}
+
+template <class T>
+void Layer<T>::release_frozen() {
+  frozen_.value.reset();
+  frozen_.compute.reset();
+  qdata_.reset();
+}
+
+template <class T>
+uint64_t Layer<T>::num_params() const {
+  uint64_t n = 0;
+  for (const auto& p : params_)
+    n += p->numel;
+  return n;
 }
 
 template <class T>

@@ -279,6 +279,22 @@ class Layer {
   void dequantize_params();
   void release_quant_masters() { quant_.value.reset(); }
   uint64_t quantized_bytes() const { return quant_bytes_; }
+  // The quantized weights' storage (quantized_padded_bytes(): quantized_bytes() rounded up to a
+  // multiple of 4 · ranks when allocate_params pads for ranks > 1, the padding zero); empty
+  // while released.
+  const Buffer& quantized_storage() const { return qdata_; }
+  uint64_t quantized_padded_bytes() const { return quant_padded_; }
+  // Sharded parameters (zero3) cover the frozen weights too (core/shard/sharding.h): their
+  // storage — frozen_flat()'s weights (padded) and the quantized bytes — exists only while the
+  // layer is gathered. release_frozen frees it; allocate_frozen makes it again (its contents
+  // undefined until a gather fills it) when absent.
+  void release_frozen();
+  void allocate_frozen();
+  // The frozen weights' buffer, in the compute dtype: the compute copy where there is one, else
+  // the T values (empty while released).
+  const Buffer& frozen_weights() const { return frozen_.compute ? frozen_.compute : frozen_.value; }
+  // Every parameter element of the layer, trainable and frozen (quantized ones included).
+  uint64_t num_params() const;
   // Adds a low-rank adapter at `site` (one of this layer's): its A and B as parameters at the end
   // of the flat buffers. Before allocate_params. init_adapters() gives them PEFT's init.
   void add_adapter(const AdapterSite& site, int rank, double scale, double dropout = 0);
@@ -302,7 +318,8 @@ class Layer {
   // Allocates the flat buffers of the parameters the constructor added (zeroed gradients, unless
   // `grads` is false: sharded gradients are made by ensure_grads when the backward needs them),
   // with numel rounded up to a multiple of `ranks` (1: no padding), and the frozen storage: T
-  // values without compute copies, else the compute copy alone; the quantized weights' bytes. Gpt
+  // values without compute copies, else the compute copy alone, padded the same; the quantized
+  // weights' bytes (rounded up to a multiple of 4 · ranks when ranks > 1, for zero3's gather). Gpt
   // calls it once per layer, just before the layer's init.
   void allocate_params(uint64_t ranks, bool grads = true);
   // Sharded gradients (zero2, zero3): the full gradients of the layer exist only while it runs
@@ -424,6 +441,7 @@ class Layer {
   FlatStorage quant_;
   Buffer qdata_;
   uint64_t quant_bytes_ = 0;
+  uint64_t quant_padded_ = 0;  // qdata_'s bytes: quant_bytes_ padded for the ranks
   QuantKind quant_kind_ = QuantKind::kNone;
   bool double_quant_ = false;
   // w's values for a GEMM: its compute copy, or for a quantized w a transient dequantized one

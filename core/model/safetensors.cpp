@@ -495,7 +495,8 @@ void read_safetensors_tensor(const std::string& path, const SafetensorsEntry& e,
          t ? uint64_t(e.shape[1]) : 0);
 }
 
-void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAccess& access) {
+void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAccess& access,
+                      const MasterAccess& frozen_access) {
   const std::string where = path + ": ";
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) throw ConfigError(where + "cannot open: " + errno_str());
@@ -598,29 +599,34 @@ void load_safetensors(const std::string& path, Gpt<float>& model, const MasterAc
     v.resize(p->numel);
     read_floats(*e, v.data(), is_conv1d_weight(name));
   }
-  upload_params(model, host, access);  // an adapter the file does not hold keeps its init
+  upload_params(model, host, access, frozen_access);  // an adapter the file lacks keeps its init
 }
 
 void upload_params(Gpt<float>& model, const std::map<const Param<float>*, std::vector<float>>& host,
-                   const MasterAccess& access) {
+                   const MasterAccess& access, const MasterAccess& frozen_access) {
   Backend& ops = model.device().backend();
   for (size_t l = 0; l < model.layers().size(); ++l) {
     Layer<float>& layer = *model.layers()[l];
     // Frozen weights go where the init writes them (Layer::write_init): a bounded chunk at a time
     // into their compute copy, or quantized on the host into their bytes; never through the
     // layer's f32 values made whole (the 1.96 GiB of a Llama-3.1-8B's frozen LM head).
-    bool trainable = false;
-    for (const auto& p : layer.params()) {
-      if (!host.count(p.get())) continue;
-      if (!p->frozen) {
-        trainable = true;
-        continue;
+    bool trainable = false, frozen = false;
+    for (const auto& p : layer.params())
+      (p->frozen ? frozen : trainable) |= host.count(p.get()) > 0;
+    const auto write_frozen = [&] {
+      for (const auto& p : layer.params()) {
+        if (!p->frozen || !host.count(p.get())) continue;
+        const float* from = host.at(p.get()).data();
+        layer.write_init(*p, [&from](float* to, uint64_t n) {
+          std::memcpy(to, from, n * sizeof(float));
+          from += n;
+        });
       }
-      const float* from = host.at(p.get()).data();
-      layer.write_init(*p, [&from](float* to, uint64_t n) {
-        std::memcpy(to, from, n * sizeof(float));
-        from += n;
-      });
+    };
+    if (frozen && frozen_access) {
+      frozen_access(int(l), write_frozen);
+    } else if (frozen) {
+      write_frozen();
     }
     if (!trainable) continue;
     const auto write = [&] {

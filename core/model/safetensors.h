@@ -76,17 +76,21 @@ std::vector<std::vector<float>> download_params(const Gpt<float>& model,
 // masters, layer by layer inside `access` (empty: directly), the others left as they are; then
 // the compute copies made from the masters. A frozen parameter is written as the init writes it
 // (Layer::write_init: into its compute copy or quantized bytes a chunk at a time), outside
-// `access`, which a layer with nothing trainable to load is not given.
+// `access`, which a layer with nothing trainable to load is not given; inside `frozen_access`
+// when set (zero3's sharded frozen weights: core/shard/sharding.h with_frozen).
 void upload_params(Gpt<float>& model, const std::map<const Param<float>*, std::vector<float>>& host,
-                   const MasterAccess& access = nullptr);
+                   const MasterAccess& access = nullptr,
+                   const MasterAccess& frozen_access = nullptr);
 
 // Reads F32, BF16 or F16 tensors into the model's parameters, converting to float and transposing
 // the Conv1D weights back. Names may carry a "transformer." prefix; the attention-mask buffers
 // (h.N.attn.bias, h.N.attn.masked_bias) and an lm_head.weight tied to wte.weight are ignored. A
 // missing, unknown or mis-shaped tensor is a ConfigError naming it; nothing is changed then.
-// Each layer's uploads run inside `access` (empty: directly), layer by layer.
+// Each layer's uploads run inside `access` (empty: directly), layer by layer; its frozen
+// weights' inside `frozen_access` (upload_params).
 void load_safetensors(const std::string& path, Gpt<float>& model,
-                      const MasterAccess& access = nullptr);
+                      const MasterAccess& access = nullptr,
+                      const MasterAccess& frozen_access = nullptr);
 
 // The per-block MLP widths of the GPT-2 model of `m`'s shape that the file at `path` holds, read
 // from its header's mlp.c_fc.weight shapes (a pruned model's, headroom.resize/1): what

@@ -532,9 +532,10 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   const bool sh_opt = (s.shard & kShardOpt) != 0;
   const bool sh_grad = sh_opt && (s.shard & kShardGrads);
   const bool sh_param = sh_grad && (s.shard & kShardParams);
-  std::vector<uint64_t> padded(H + 1), shard(H + 1), mine(H + 1);
+  std::vector<uint64_t> padded(H + 1), shard(H + 1), mine(H + 1), frozen_bytes(H + 1);
   std::vector<bool> gathers(H + 1, false);  // zero3: sharded, gathered around its use
   uint64_t params_rest = 0, grads_rest = 0, mine_total = 0;
+  const uint64_t frozen_el = copies ? es : kF32;  // frozen weights: in the compute dtype alone
   for (size_t l = 0; l <= H; ++l) {
     const uint64_t n = numel[l];
     padded[l] = sh_opt ? (n + W - 1) / W * W : n;
@@ -542,16 +543,24 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     // The rank's real elements (the padding is nobody's parameter): what the optimizer updates.
     mine[l] = sh_opt ? std::min(n, (r + 1) * shard[l]) - std::min(n, r * shard[l]) : n;
     mine_total += mine[l];
-    gathers[l] = sh_param && n >= s.param_persistence_threshold;
+    // The frozen weights and a quantized base's bytes, padded like the flat buffers when sharded
+    // (the bytes in 4-byte words: Layer::allocate_params).
+    const uint64_t word = 4 * W;
+    frozen_bytes[l] = frozen_el * (sh_opt ? (frozen[l] + W - 1) / W * W : frozen[l]) +
+                      (sh_opt && W > 1 ? (calls.quantized_bytes[l] + word - 1) / word * word
+                                       : calls.quantized_bytes[l]);
+    // The threshold counts every parameter of the layer, the frozen ones too (Sharding::place).
+    const uint64_t all = n + frozen[l] + calls.quantized_numel[l];
+    gathers[l] = sh_param && all >= s.param_persistence_threshold && all > 0;
     // At rest: the masters and compute copies, whole or (zero3) the rank's shard of each; with
     // compute copies and anything sharded the fp32 masters are optimizer state, the rank's range
     // of them only (core/shard/sharding.h). The gradients whole (fp32 and the compute dtype's) or
-    // the rank's fp32 gradient shard.
+    // the rank's fp32 gradient shard. The frozen storage whole, or (zero3) the rank's range of it.
     params_rest += gathers[l]         ? per_param * shard[l]
                    : copies && sh_opt ? es * padded[l] + kF32 * shard[l]
                                       : weights_el * padded[l];
     grads_rest += sh_grad ? kF32 * shard[l] : grads_el * padded[l];
-    params_rest += (copies ? es : kF32) * frozen[l] + calls.quantized_bytes[l];
+    params_rest += gathers[l] ? frozen_bytes[l] / W : frozen_bytes[l];
   }
   uint64_t trainable = 0;
   for (uint64_t n : numel)
@@ -676,7 +685,8 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     return micro_grads ? es * (padded[l] + (l > 0 ? padded[0] : 0)) : 0;
   };
   // Sharded parameters (zero3, prefetch p; plugins/zero/zero.cpp's window): a layer is gathered
-  // whole — its fp32 values, or with compute copies only its compute copy — while it or one of
+  // whole — its fp32 values, or with compute copies only its compute copy, and its frozen
+  // storage — while it or one of
   // the next p computations reads it; the head reads the tied wte, so the embedding too (an
   // untied head, a Llama's lm_head, reads its own). Layer l's backward so holds layers
   // max(l - p, 0) .. l gathered, and the tied embedding when the head's backward is among them.
@@ -686,7 +696,7 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     const size_t from = l > size_t(s.prefetch_layers) ? l - size_t(s.prefetch_layers) : 0;
     for (size_t k = 0; k <= H; ++k)
       if (gathers[k] && ((k >= from && k <= l) || (k == 0 && l == H && tied)))
-        b += (copies ? es : kF32) * padded[k];
+        b += (copies ? es : kF32) * padded[k] + frozen_bytes[k];
     return b;
   };
 

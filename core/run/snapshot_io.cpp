@@ -169,7 +169,9 @@ void SnapshotIO::load_init_from(const std::vector<LoraSpec>& lora) {
   std::string base = t.init_from;
   try {
     if (adapter) base = read_peft_adapter_config(t.init_from).base;
-    if (!base.empty()) load_weights(base, p_.model, masters(false, true));
+    if (!base.empty())
+      load_weights(base, p_.model, masters(false, true),
+                   p_.sharding ? p_.sharding->frozen_access() : nullptr);
     if (adapter) load_peft_adapter(t.init_from, p_.model, lora, masters(false, true));
   } catch (const ConfigError& e) {
     throw ConfigError(t.init_from_pos.str() + ": train.init_from: " + e.what());

@@ -45,7 +45,7 @@ Sharding::~Sharding() {
     } catch (...) {
     }
     LayerShard& ls = layers_[size_t(p.layer)];
-    for (Buffer* b : {&ls.value, &ls.compute, &ls.grad})
+    for (Buffer* b : {&ls.value, &ls.compute, &ls.grad, &ls.frozen, &ls.quant})
       if (*b) kept->push_back(std::move(*b));
   }
   pending_.clear();
@@ -59,19 +59,42 @@ void Sharding::place(Layer<float>& l) {
                            std::to_string(W) + " ranks");
   LayerShard ls;
   ls.shard = f.padded / W;
-  // A layer whose every parameter is frozen has nothing to shard: its weights are in its frozen
-  // storage, replicated, and it has no gradient.
-  ls.whole = !(what_ & kShardParameters) || f.numel < persist_below_ || f.numel == 0;
+  // The threshold counts every parameter of the layer, the frozen ones too: a LoRA block's base is
+  // what zero3 shards, its adapters are few.
+  const uint64_t numel = l.num_params();
+  ls.whole = !(what_ & kShardParameters) || numel < persist_below_ || numel == 0;
   Backend& ops = device_.backend();
   if (what_ & kShardGradients) {
     ls.grad = Buffer(device_, ls.shard * sizeof(float), Category::kGradients,
                      l.name() + " gradient shard");
     ops.fill(Dtype::kF32, ls.grad.as<float>(), ls.shard, 0.0);
   }
+  const uint64_t r = uint64_t(comm_.rank());
+  // zero3: the frozen weights' and the quantized bytes' ranges (never reduced: no gradient).
+  if (!ls.whole) {
+    const Dtype dt = l.compute_dtype();
+    const FlatStorage& z = l.frozen_flat();
+    if (z.padded > 0) {
+      ls.frozen_shard = z.padded / W;
+      const uint64_t bytes = ls.frozen_shard * dtype_size(dt);
+      ls.frozen = Buffer(device_, bytes, Category::kParameters,
+                         l.name() + " frozen parameter shard (" + dtype_name(dt) + ")");
+      ops.copy(ls.frozen.as<void>(), l.frozen_weights().as<char>() + r * bytes, bytes);
+    }
+    if (l.quantized_padded_bytes() > 0) {
+      ls.quant_shard = l.quantized_padded_bytes() / 4 / W;
+      const uint64_t bytes = ls.quant_shard * 4;
+      ls.quant = Buffer(device_, bytes, Category::kParameters,
+                        l.name() + " quantized frozen parameter shard");
+      ops.copy(ls.quant.as<void>(), l.quantized_storage().as<char>() + r * bytes, bytes);
+    }
+    l.release_frozen();
+    ls.gathered = false;
+  }
   // The fp32 masters are sharded whenever the layers read something else (a compute copy, amp:
   // they are optimizer state then, as in ZeRO's 16Ψ/N) or the parameters are sharded (zero3).
-  if (!ls.whole || f.compute) {
-    const uint64_t at = uint64_t(comm_.rank()) * ls.shard;
+  if (f.padded > 0 && (!ls.whole || f.compute)) {
+    const uint64_t at = r * ls.shard;
     ls.value = Buffer(device_, ls.shard * sizeof(float), Category::kParameters,
                       l.name() + " master shard");
     ops.copy(ls.value.as<void>(), f.value.as<float>() + at, ls.shard * sizeof(float));
@@ -86,7 +109,6 @@ void Sharding::place(Layer<float>& l) {
       l.release_masters();  // the whole compute copy stays
     } else {
       l.release_parameters();
-      ls.gathered = false;
     }
   }
   layers_.push_back(std::move(ls));
@@ -189,7 +211,7 @@ void Sharding::gather_parameters(int l) {
   LayerShard& ls = layers_[size_t(l)];
   Layer<float>& lay = layer(l);
   const FlatStorage& f = lay.flat();
-  if (f.padded == 0) {  // every parameter frozen: replicated, nothing sharded
+  if (ls.whole && f.padded == 0) {  // every parameter frozen and replicated: nothing sharded
     ls.gathered = true;
     return;
   }
@@ -203,19 +225,34 @@ void Sharding::gather_parameters(int l) {
   } else {
     if (ls.gathered) return;  // there, or on its way
     // What the layers read: the compute copy where there is one (the masters stay sharded), else
-    // the masters.
-    CommRequest request;
+    // the masters; and the frozen weights.
+    std::vector<CommRequest> requests;
     if (ls.compute) {
       lay.allocate_compute();
-      request =
-          comm_.all_gather(ls.compute.as<void>(), f.compute.as<void>(), S, lay.compute_dtype());
-    } else {
+      requests.push_back(
+          comm_.all_gather(ls.compute.as<void>(), f.compute.as<void>(), S, lay.compute_dtype()));
+    } else if (ls.value) {
       lay.allocate_masters();
-      request = comm_.all_gather(ls.value.as<void>(), f.value.as<void>(), S, Dtype::kF32);
+      requests.push_back(comm_.all_gather(ls.value.as<void>(), f.value.as<void>(), S, Dtype::kF32));
     }
-    pending_.push_back({l, true, std::move(request)});
+    gather_frozen(l, requests);
+    for (CommRequest& request : requests)
+      pending_.push_back({l, true, std::move(request)});
   }
   ls.gathered = true;
+}
+
+void Sharding::gather_frozen(int l, std::vector<CommRequest>& into) {
+  const LayerShard& ls = layers_[checked(l)];
+  if (!ls.frozen && !ls.quant) return;
+  Layer<float>& lay = layer(l);
+  lay.allocate_frozen();
+  if (ls.frozen)
+    into.push_back(comm_.all_gather(ls.frozen.as<void>(), lay.frozen_weights().as<void>(),
+                                    ls.frozen_shard, lay.compute_dtype()));
+  if (ls.quant)  // bytes, moved as 4-byte words
+    into.push_back(comm_.all_gather(ls.quant.as<void>(), lay.quantized_storage().as<void>(),
+                                    ls.quant_shard, Dtype::kI32));
 }
 
 void Sharding::finish_through_gather(int l) {
@@ -237,6 +274,7 @@ void Sharding::release_parameters(int l) {
   if (!ls.gathered) return;
   finish_through_gather(l);  // the collective writes into the buffer about to go
   layer(l).release_parameters();
+  layer(l).release_frozen();
   ls.gathered = false;
 }
 
@@ -330,6 +368,43 @@ void Sharding::check_step_end(const std::string& who) const {
 }
 
 void Sharding::with_masters(int l, bool gather, bool scatter, const std::function<void()>& f) {
+  with_frozen(l, scatter, [&] { with_trainable_masters(l, gather, scatter, f); });
+}
+
+void Sharding::with_frozen(int l, bool scatter, const std::function<void()>& f) {
+  LayerShard& ls = layers_[checked(l)];
+  if (!ls.frozen && !ls.quant) {  // replicated, or none
+    f();
+    return;
+  }
+  if (ls.gathered)
+    throw std::logic_error("layer " + std::to_string(l) + " is gathered between steps");
+  Layer<float>& lay = layer(l);
+  struct Release {  // however f ends
+    Layer<float>& layer;
+    ~Release() { layer.release_frozen(); }
+  } release{lay};
+  std::vector<CommRequest> requests;
+  gather_frozen(l, requests);
+  for (CommRequest& request : requests)
+    request.wait();
+  f();
+  if (!scatter) return;
+  Backend& ops = device_.backend();
+  const uint64_t r = uint64_t(rank());
+  if (ls.frozen) {
+    const uint64_t bytes = ls.frozen_shard * dtype_size(lay.compute_dtype());
+    ops.copy(ls.frozen.as<void>(), lay.frozen_weights().as<char>() + r * bytes, bytes);
+  }
+  if (ls.quant) {
+    const uint64_t bytes = ls.quant_shard * 4;
+    ops.copy(ls.quant.as<void>(), lay.quantized_storage().as<char>() + r * bytes, bytes);
+  }
+  ops.synchronize();
+}
+
+void Sharding::with_trainable_masters(int l, bool gather, bool scatter,
+                                      const std::function<void()>& f) {
   LayerShard& ls = layers_[checked(l)];
   if (!ls.value) {  // whole masters: nothing to make
     f();
@@ -362,10 +437,17 @@ void Sharding::with_masters(int l, bool gather, bool scatter, const std::functio
 }
 
 MasterAccess Sharding::master_access(bool gather, bool scatter) {
-  if (!shards_masters()) return nullptr;
+  if (!shards_masters() && !frozen_access()) return nullptr;
   return [this, gather, scatter](int l, const std::function<void()>& f) {
     with_masters(l, gather, scatter, f);
   };
+}
+
+MasterAccess Sharding::frozen_access() {
+  const bool any = std::any_of(layers_.begin(), layers_.end(),
+                               [](const LayerShard& ls) { return ls.frozen || ls.quant; });
+  if (!any) return nullptr;
+  return [this](int l, const std::function<void()>& f) { with_frozen(l, true, f); };
 }
 
 float* Sharding::gradient_range(int l) const {

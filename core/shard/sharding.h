@@ -11,6 +11,10 @@
 //                compute dtype the compute copy's); its full parameters, in the dtype the layers
 //                read, exist from gather_parameters to release_parameters. A layer smaller than
 //                the persistence threshold keeps them whole (a "whole" layer, zero2's treatment).
+//                Frozen parameters (core/model/model.h Param::frozen) are sharded with their layer
+//                the same way — their weights (the compute dtype) and a quantized base's bytes,
+//                each padded to W equal ranges — and gathered and released with it; never reduced.
+//                Below zero3 they are replicated.
 //
 // When to reduce, gather and release, and what to keep, is the plugins' policy (zero1, zero2,
 // zero3), driven through headroom.shard/1; the trainer checks that a layer's parameters are there
@@ -69,12 +73,17 @@ class Sharding {
   // Layer l's partition: S elements a rank, this rank's range starting at begin.
   uint64_t shard_numel(int layer) const;
   uint64_t shard_begin(int layer) const { return uint64_t(rank()) * shard_numel(layer); }
-  // Layer l keeps its parameters whole (no kShardParameters, or smaller than the threshold).
+  // Layer l keeps its parameters whole (no kShardParameters, or fewer elements than the
+  // threshold, frozen ones included).
   bool whole(int layer) const { return layers_[checked(layer)].whole; }
   // Some layer's fp32 masters are sharded (amp, zero3): the model's full masters are not there.
   bool shards_masters() const;
-  // with_masters as a MasterAccess (core/model/model.h); empty when no masters are sharded.
+  // with_masters as a MasterAccess (core/model/model.h); empty when no masters and no frozen
+  // weights are sharded.
   MasterAccess master_access(bool gather, bool scatter);
+  // with_frozen as a MasterAccess (a scatter): what a loader writes frozen weights inside; empty
+  // when no frozen weights are sharded.
+  MasterAccess frozen_access();
 
   // What the optimizer updates: every layer's range of this rank, cut at its parameters'
   // boundaries (the padding is no parameter's). The same list for the whole run.
@@ -127,8 +136,14 @@ class Sharding {
   // weights files, loading) one layer at a time. `gather`: all-gathered from the shards first,
   // else left for f to fill; `scatter`: afterwards this rank's range of what f left (loaded: the
   // same on every rank) goes into the master shard, and the compute copy follows. Just f when the
-  // layer's masters are whole.
+  // layer's masters are whole. Inside with_frozen(layer, scatter).
   void with_masters(int layer, bool gather, bool scatter, const std::function<void()>& f);
+  // Between steps, on every rank in the same order (collective): runs f with layer l's full
+  // frozen storage (its weights and quantized bytes) on the device, all-gathered from the shards
+  // whatever f does (a loader may write some of them: the others stay); `scatter`: afterwards
+  // this rank's ranges of it go into its shards. Just f when the layer's frozen weights are not
+  // sharded.
+  void with_frozen(int layer, bool scatter, const std::function<void()>& f);
 
   // Layer l's gradients as the optimizer reads them on this rank: its range of the full gradients
   // (optimizer state sharded) or its gradient shard (gradients sharded); shard_numel(l) elements.
@@ -144,6 +159,10 @@ class Sharding {
     Buffer grad;         // with sharded gradients: this rank's gradient range (S elements)
     Buffer value;        // sharded masters (amp, zero3): this rank's range of them (S, f32)
     Buffer compute;      // zero3 with a compute copy: this rank's range of it (S elements)
+    // zero3: this rank's range of the frozen weights (frozen_shard elements of the compute dtype)
+    // and of the quantized bytes (quant_shard 4-byte words).
+    Buffer frozen, quant;
+    uint64_t frozen_shard = 0, quant_shard = 0;
     bool reduced = false;
     bool gathered = true;  // whole: gathered since the update; sharded: full parameters there
   };
@@ -155,6 +174,11 @@ class Sharding {
   size_t checked(int layer) const;
   Layer<float>& layer(int l) const { return *model_->layers()[size_t(l)]; }
   void finish(Pending& p);
+  // Starts all-gathering layer l's frozen weights and quantized bytes into its frozen storage
+  // (made first); one request each, appended to `into`.
+  void gather_frozen(int layer, std::vector<CommRequest>& into);
+  // Layer l's masters (with_masters without the frozen weights).
+  void with_trainable_masters(int layer, bool gather, bool scatter, const std::function<void()>& f);
   // Finishes the pending collectives in the order started, up to and including the last gather
   // of layer l; none when no gather of l is in flight.
   void finish_through_gather(int layer);

@@ -157,6 +157,16 @@ TEST_F(CommMpi, ReduceScatterAllGatherBroadcastBarrier) {
     for (uint64_t i = 0; i < n; ++i)
       ASSERT_EQ(all[uint64_t(r) * n + i], float_to_f16(input(r, i))) << r << " " << i;
 
+  // all_gather of i32 words moves bytes as they are (a quantized base's, whatever float they
+  // would spell: NaN patterns too).
+  std::vector<uint32_t> words(n), gathered(n * uint64_t(world_), 0);
+  for (uint64_t i = 0; i < n; ++i)
+    words[i] = 0x7fc00001u + uint32_t(rank_) * 0x10000u + uint32_t(i);
+  comm_->all_gather(words.data(), gathered.data(), n, Dtype::kI32).wait();
+  for (int r = 0; r < world_; ++r)
+    for (uint64_t i = 0; i < n; ++i)
+      ASSERT_EQ(gathered[uint64_t(r) * n + i], 0x7fc00001u + uint32_t(r) * 0x10000u + uint32_t(i));
+
   // broadcast from the last rank.
   const int root = world_ - 1;
   std::vector<float> b(n);

@@ -221,11 +221,13 @@ resume)
   grep -q "rank 1's part" <<<"$out" || fail "missing part: $out"
   ;;
 frozen)
-  # Frozen parameters across ranks: [train] freeze and the lora plugin's base are replicated and
-  # never reduced. Data parallel equals one rank of the whole batch; zero1, zero2 and zero3 (the
-  # frozen weights stay whole in their own storage, a fully frozen layer has nothing to shard)
-  # equal data parallel bitwise; a LoRA run with zero2 and amp resumes bitwise, and its adapter is
-  # saved from the gathered masters.
+  # Frozen parameters across ranks: [train] freeze and the lora plugin's base are never reduced;
+  # replicated by data parallelism, zero1 and zero2, sharded with their layers by zero3 (every
+  # layer here: param_persistence_threshold = 0; the frozen embedding has nothing else). Data
+  # parallel equals one rank of the whole batch; zero1, zero2 and zero3 equal data parallel
+  # bitwise; a LoRA run with zero2 and amp resumes bitwise, and its adapter is saved from the
+  # gathered masters; a QLoRA run (nf4 base) with zero3 equals its data-parallel run, merged
+  # weights included, and resumes bitwise.
   strip() { sed 's/"step_ms[^,]*,//; s/"tokens_per_s[^,]*,//; s/"data_wait_ms[^,]*,//; s/"comm_wait_ms[^,]*,//' "$@"; }
   cp cfg.toml fz.toml
   sed -i 's/^seed = 3$/seed = 3\nfreeze = ["wte.weight", "h.0.*"]/' fz.toml
@@ -239,6 +241,7 @@ frozen)
   for z in 1 2 3; do
     cp fz.toml z$z.toml
     printf '\n[[plugins]]\nname = "zero%s"\n' $z >> z$z.toml
+    [ $z != 3 ] || printf 'param_persistence_threshold = 0\n' >> z$z.toml
     mpirun -np 2 "$headroom" train z$z.toml -q --metrics z$z.jsonl --save-weights z$z.safetensors
     "$compare" losses z$z.jsonl dp.jsonl 0 || fail "frozen with zero$z: losses"
     cmp z$z.safetensors dp.safetensors || fail "frozen with zero$z: weights differ from data parallel's"
@@ -264,7 +267,25 @@ frozen)
   "$compare" losses b a 0 || fail "lora with zero2 and amp: resumed losses differ"
   cmp lz/adapter_model.safetensors resumed/adapter_model.safetensors ||
     fail "lora with zero2 and amp: the resumed adapter differs"
-  echo "frozen: data parallel, zero1/2/3 and a LoRA resume across 2 ranks as one rank's"
+  # QLoRA: the nf4 base (double-quantized absmaxes) sharded by zero3, its bytes gathered around
+  # each layer; the same losses, adapter and merged weights as data parallel's, and a resume.
+  lora ql.toml
+  sed -i 's/^target_modules = .*/&\nbase_dtype = "nf4"\ndouble_quant = true/' ql.toml
+  grep -q '^base_dtype = "nf4"' ql.toml || fail 'ql.toml has no base_dtype'
+  cp ql.toml qz.toml
+  printf '[[plugins]]\nname = "zero3"\nparam_persistence_threshold = 0\n[snapshot]\ndir = "qsnaps"\nevery = 10\n' >> qz.toml
+  mpirun -np 2 "$headroom" train ql.toml -q --metrics ql.jsonl --save-weights ql.safetensors --merge
+  mpirun -np 2 "$headroom" train qz.toml -q --metrics qz.jsonl --save-weights qz.safetensors --merge
+  "$compare" losses qz.jsonl ql.jsonl 0 || fail "qlora with zero3: losses"
+  cmp ql.safetensors qz.safetensors || fail "qlora with zero3: the merged weights differ"
+  mkdir qat10
+  cp qsnaps/step_000000000010.* qat10/
+  mpirun -np 2 "$headroom" train qz.toml -q --resume qat10 --metrics qresumed.jsonl --save-weights qresumed.safetensors --merge
+  tail -n 10 qz.jsonl | strip > a
+  strip qresumed.jsonl > b
+  "$compare" losses b a 0 || fail "qlora with zero3: resumed losses differ"
+  cmp qz.safetensors qresumed.safetensors || fail "qlora with zero3: the resumed weights differ"
+  echo "frozen: data parallel, zero1/2/3, a LoRA resume and QLoRA with zero3 across 2 ranks as one rank's"
   ;;
 offload)
   # The offload plugin across ranks: with data parallelism and with zero1, zero2 and zero3 the

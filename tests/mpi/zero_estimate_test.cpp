@@ -41,6 +41,19 @@ const char* kLlamaWideVocab =
     "[train]\nsteps = 2\nmicro_batch = 2\noptimizer = \"adamw\"\nlr = 0.01\nseed = 5\n"
     "[data]\nkind = \"synthetic\"\nworkers = 0\n";
 
+// kModel with its embedding and first block frozen ([train] freeze): zero3 shards their weights
+// with the layers (the embedding has nothing else), and zero1/zero2 replicate them, padded.
+const char* kFrozen =
+    "[model]\nn_layer = 2\nn_head = 2\nn_embd = 10\nseq_len = 7\nvocab_size = 31\n"
+    "[train]\nsteps = 2\nmicro_batch = 2\noptimizer = \"adamw\"\nlr = 0.01\nseed = 5\n"
+    "freeze = [\"wte.weight\", \"wpe.weight\", \"h.0.*\"]\n"
+    "[data]\nkind = \"synthetic\"\nworkers = 0\n";
+// LoRA adapters on c_attn and c_fc over a frozen base, stored as `base` (bf16 with amp: the
+// compute copy; int8, nf4: quantized bytes, 300 and 400 elements a weight, partial blocks).
+#define LORA(base)                                                                              \
+  "[[plugins]]\nname = \"lora\"\nr = 2\ntarget_modules = [\"c_attn\", \"c_fc\"]\nbase_dtype = " \
+  "\"" base "\"\n"
+
 struct Case {
   const char* name;
   const char* plugins;
@@ -109,6 +122,29 @@ INSTANTIATE_TEST_SUITE_P(
              "[[plugins]]\nname = \"checkpoint\"\n[[plugins]]\nname = \"amp\"\n"
              "[[plugins]]\nname = \"zero1\"\n",
              "1"},
+        Case{"FrozenZero2", "[[plugins]]\nname = \"zero2\"\n", "1", kFrozen},
+        Case{"FrozenZero3", "[[plugins]]\nname = \"zero3\"\nparam_persistence_threshold = 100\n",
+             "1", kFrozen},
+        Case{"FrozenZero3AmpCheckpointPrefetch0",
+             "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"checkpoint\"\n"
+             "[[plugins]]\nname = \"zero3\"\nparam_persistence_threshold = 0\n"
+             "prefetch_layers = 0\n",
+             "1", kFrozen},
+        Case{"LoraBf16AmpZero2",
+             LORA("bf16") "[[plugins]]\nname = \"amp\"\n"
+                          "[[plugins]]\nname = \"zero2\"\n",
+             "1"},
+        Case{"LoraNf4AmpZero3",
+             LORA("nf4") "double_quant = true\n[[plugins]]\nname = \"amp\"\n"
+                         "[[plugins]]\nname = \"zero3\"\n"
+                         "param_persistence_threshold = 100\n",
+             "1"},
+        Case{"LoraInt8Zero3EveryLayerAccumulating",
+             LORA("int8") "[[plugins]]\nname = \"zero3\"\nparam_persistence_threshold = 0\n", "2"},
+        Case{"LoraNf4Zero3Prefetch2Checkpoint",
+             LORA("nf4") "[[plugins]]\nname = \"checkpoint\"\n[[plugins]]\nname = \"zero3\"\n"
+                         "param_persistence_threshold = 100\nprefetch_layers = 2\n",
+             "1"},
         Case{"LlamaDataParallel", "", "1", kLlama},
         Case{"LlamaZero1", "[[plugins]]\nname = \"zero1\"\n", "1", kLlama},
         Case{"LlamaZero2Accumulating", "[[plugins]]\nname = \"zero2\"\n", "2", kLlama},
@@ -122,6 +158,11 @@ INSTANTIATE_TEST_SUITE_P(
              "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"checkpoint\"\n"
              "[[plugins]]\nname = \"zero3\"\nparam_persistence_threshold = 100\n",
              "1", kLlamaWideVocab},
+        Case{"LlamaLoraNf4AmpZero3",
+             "[[plugins]]\nname = \"lora\"\nr = 2\ntarget_modules = [\"all-linear\"]\n"
+             "base_dtype = \"nf4\"\n[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"zero3\"\n"
+             "param_persistence_threshold = 100\n",
+             "1", kLlama},
         Case{"LlamaZero2CheckpointSqrtAmpFp16",
              "[[plugins]]\nname = \"zero2\"\n[[plugins]]\nname = \"checkpoint\"\n"
              "policy = \"sqrt\"\n[[plugins]]\nname = \"amp\"\ndtype = \"fp16\"\n",
