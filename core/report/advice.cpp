@@ -371,6 +371,7 @@ std::string factor_str(double f) {
 // (N, C). Per layer, the most any one call holds; the trainable (adapter) and quantized elements
 // and bytes.
 struct LinearCalls {
+  std::vector<uint64_t> forward;         // the most one forward GEMM call holds, per layer
   std::vector<uint64_t> backward;        // the most one GEMM call holds, per layer
   std::vector<uint64_t> adapter_numel;   // the adapters' A and B elements, per layer
   std::vector<uint64_t> adapter_params;  // each adapter's A's and B's elements
@@ -380,6 +381,7 @@ struct LinearCalls {
 LinearCalls linear_calls(const ModelConfig& m, const Mechanisms& s) {
   const size_t layers = size_t(std::max(0, m.n_layer)) + 2;
   LinearCalls c;
+  c.forward.assign(layers, 0);
   c.backward.assign(layers, 0);
   c.adapter_numel.assign(layers, 0);
   c.quantized_numel.assign(layers, 0);
@@ -391,7 +393,7 @@ LinearCalls linear_calls(const ModelConfig& m, const Mechanisms& s) {
     if (p.shape.size() == 2) out_rows[p.name] = uint64_t(p.shape[0]);
   struct Weight {
     int layer = 0;
-    uint64_t in = 0, oc = 0, bwd = 0;
+    uint64_t in = 0, oc = 0, fwd = 0, bwd = 0;
   };
   std::map<std::string, Weight> weights;
   for (const LoraAdapter& a : gpt_lora_adapters(m, s.lora)) {
@@ -405,6 +407,8 @@ LinearCalls linear_calls(const ModelConfig& m, const Mechanisms& s) {
     c.adapter_params.push_back(uint64_t(a.site.rows) * r);
     const uint64_t x = a.dropout > 0 ? es * N * w.in : 0;  // the dropped input
     w.bwd = std::max(w.bwd, 2 * x + 2 * es * (N * r + w.oc * r));
+    // Forward: the dropped input and A x (N, r); then A x, the scaled B and B A x (N, OC).
+    w.fwd = std::max(w.fwd, std::max(x + es * N * r, es * (N * r + w.oc * r + N * w.oc)));
   }
   // Quantized: every site's weight (bitsandbytes' every nn.Linear but the LM head), adapted or not.
   if (s.base != QuantKind::kNone)
@@ -425,6 +429,7 @@ LinearCalls linear_calls(const ModelConfig& m, const Mechanisms& s) {
       c.quantized_bytes[l] += quant_tensor_bytes(s.base, n, s.double_quant);
       dequantized = es * n;
     }
+    c.forward[l] = std::max(c.forward[l], std::max(dequantized, w.fwd));
     c.backward[l] = std::max(c.backward[l], std::max(dequantized, w.bwd));
   }
   return c;
@@ -686,19 +691,25 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   };
   // Sharded parameters (zero3, prefetch p; plugins/zero/zero.cpp's window): a layer is gathered
   // whole — its fp32 values, or with compute copies only its compute copy, and its frozen
-  // storage — while it or one of
-  // the next p computations reads it; the head reads the tied wte, so the embedding too (an
-  // untied head, a Llama's lm_head, reads its own). Layer l's backward so holds layers
-  // max(l - p, 0) .. l gathered, and the tied embedding when the head's backward is among them.
+  // storage — while it or one of the next p computations reads it. The computations in order:
+  // the forward of layers 0 .. H, then the backward of H .. 0; the head reads the tied wte, so
+  // the embedding too (an untied head, a Llama's lm_head, reads its own). Layer l's backward so
+  // holds layers max(l - p, 0) .. l gathered, and the tied embedding when the head's backward is
+  // among them; block l's forward layers l .. l + p, and past the head the backward's.
   const bool tied = m.tied();
-  auto gathered = [&](size_t l) {
+  auto gathered_at = [&](size_t position) {  // 0 .. H forward, H + 1 .. 2H + 1 backward
+    std::vector<bool> read(H + 1, false);
+    for (size_t q = position; q <= position + size_t(s.prefetch_layers) && q <= 2 * H + 1; ++q) {
+      const size_t l = q <= H ? q : 2 * H + 1 - q;
+      read[l] = true;
+      if (l == H && tied) read[0] = true;
+    }
     uint64_t b = 0;
-    const size_t from = l > size_t(s.prefetch_layers) ? l - size_t(s.prefetch_layers) : 0;
     for (size_t k = 0; k <= H; ++k)
-      if (gathers[k] && ((k >= from && k <= l) || (k == 0 && l == H && tied)))
-        b += (copies ? es : kF32) * padded[k] + frozen_bytes[k];
+      if (gathers[k] && read[k]) b += (copies ? es : kF32) * padded[k] + frozen_bytes[k];
     return b;
   };
+  auto gathered = [&](size_t l) { return gathered_at(2 * H + 1 - l); };  // in l's backward
 
   // The moments in the order they happen: the tracker's peak is the first of the highest.
   PeakEstimate e;
@@ -714,13 +725,34 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
       e = at_l;
     }
   };
-  // A block's forward (and a dropped block's recomputation) holds no more: every activation it
-  // saves, as its backward, but one (B, T, max(Hd, C)) transient instead of the backward's
-  // scratch, which is larger by more than what a forward GEMM call holds beyond a backward one
-  // (its B A x (N, OC), OC <= Hd or 2I for a Llama's gate|up). The forward moments are below.
+  // A block's forward (and a dropped block's recomputation) holds no more than its backward
+  // with the same layers gathered: every activation it saves, as its backward, but one (B, T,
+  // max(Hd, C)) transient instead of the backward's scratch, which is larger by more than what a
+  // forward GEMM call holds beyond a backward one (its B A x (N, OC), OC <= Hd or 2I for a
+  // Llama's gate|up). With sharded parameters the forward's window is another: the embedding's
+  // forward holds the next p layers, block l's l .. l + p — the head's last blocks' (a large
+  // frozen LM head or embedding gathered while a block computes). Those moments come first, in
+  // their order: the embedding holds its output, block l the held bytes of the blocks below, its
+  // own saved ones and the transient beside its largest GEMM call; the head's forward holds no
+  // more than its backward, with the same layers gathered. Full gradients are there in a forward
+  // only from the second micro-step on when they are reduced in the last one.
   uint64_t below = 0;  // the held bytes of the blocks below layer l
-  for (size_t l = 1; l < H; ++l)
-    below += held(l);
+  if (sh_param) {
+    uint64_t fwd_grads = grads_rest;
+    if ((s.grad_reduce & HR_GRAD_REDUCE_LAST_MICRO_STEP) && s.grad_accum > 1)
+      for (size_t k = 0; k <= H; ++k)
+        fwd_grads += kF32 * padded[k];
+    moment(out, 0, params_rest + gathered_at(0), fwd_grads);
+    for (size_t l = 1; l < H; ++l) {
+      const uint64_t transient = es * N * std::max<uint64_t>(uint64_t(m.mlp_width(int(l) - 1)), C);
+      moment(out + below + full[l], transient + calls.forward[l], params_rest + gathered_at(l),
+             fwd_grads);
+      below += held(l);
+    }
+  } else {
+    for (size_t l = 1; l < H; ++l)
+      below += held(l);
+  }
   for (size_t l = H + 1; l-- > 0;) {
     if (l >= 1 && l < H) below -= held(l);  // now the blocks below l
     const uint64_t params = params_rest + (sh_param ? gathered(l) : 0);

@@ -133,5 +133,42 @@ TEST(ZeroMeasure, Llama31_8bRunsDryOnEveryRankAsItsClosedForm) {
   }
 }
 
+// QLoRA of llama-3.1-8b (seq_len 512, micro_batch 1, amp + checkpoint, r 16 on every linear
+// layer over an nf4 base with double quantization) with zero3 on every rank: zero3 shards the
+// frozen base with its layers, so each rank holds its range of the 4-bit blocks and of the bf16
+// embeddings and head; the dry run is the closed form to the byte, and below one device's run
+// by most of the base.
+TEST(ZeroMeasure, QloraOfLlama31_8bShardsItsBaseOnEveryRank) {
+  ASSERT_TRUE(rank_info().launched) << "run me under mpirun";
+  const std::string model =
+      "[model]\npreset = \"llama-3.1-8b\"\nseq_len = 512\n[train]\nmicro_batch = 1\n"
+      "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"checkpoint\"\n"
+      "[[plugins]]\nname = \"lora\"\nr = 16\nalpha = 32.0\ntarget_modules = [\"all-linear\"]\n"
+      "base_dtype = \"nf4\"\ndouble_quant = true\n";
+  const Config one_config = test::config_from(model);
+  const uint64_t alone = estimate_config(one_config, {}, 1).peak.total();
+  const Config c = test::config_from(model + "[[plugins]]\nname = \"zero3\"\n");
+  const Measured m = measure(c);
+  ASSERT_EQ(m.method, Measured::Method::kDirect) << m.why_extrapolated;
+  const ConfigEstimate e = estimate_config(c);
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(m.by_category[i], e.peak.at_peak[i])
+        << "rank " << rank_info().rank << ": " << category_name(category_at(i));
+  EXPECT_EQ(m.peak, e.peak.total());
+  // The base (5.55 GiB of parameters on one device) is what zero3 divides; what is gathered
+  // on top is at most the LM head (0.98 GiB in bf16, prefetched while block 31 computes) and a
+  // block.
+  const uint64_t params = e.peak.at_peak[size_t(Category::kParameters)];
+  const uint64_t one =
+      estimate_config(one_config, {}, 1).peak.at_peak[size_t(Category::kParameters)];
+  EXPECT_LT(params, one / uint64_t(rank_info().world_size) + (uint64_t(5) << 28));
+  EXPECT_LT(m.peak, alone);
+  if (rank_info().rank == 0)
+    std::printf(
+        "QLoRA 8B + zero3 on %d ranks: %llu B a rank (parameters %llu B); one device %llu B\n",
+        rank_info().world_size, static_cast<unsigned long long>(m.peak),
+        static_cast<unsigned long long>(params), static_cast<unsigned long long>(alone));
+}
+
 }  // namespace
 }  // namespace headroom

@@ -285,7 +285,16 @@ frozen)
   strip qresumed.jsonl > b
   "$compare" losses b a 0 || fail "qlora with zero3: resumed losses differ"
   cmp qz.safetensors qresumed.safetensors || fail "qlora with zero3: the resumed weights differ"
-  echo "frozen: data parallel, zero1/2/3, a LoRA resume and QLoRA with zero3 across 2 ranks as one rank's"
+  # Loaded into the shards: init_from a base (the merged weights above) writes each rank's range
+  # of the quantized bytes; the same losses and weights as data parallel's load.
+  for f in ql qz; do
+    sed "s/^seed = 3$/seed = 3\ninit_from = \"ql.safetensors\"/" $f.toml | sed '/^\[snapshot\]/,/^every/d' > ${f}i.toml
+    grep -q '^init_from' ${f}i.toml || fail "${f}i.toml has no init_from"
+    mpirun -np 2 "$headroom" train ${f}i.toml -q --set train.steps=4 --metrics ${f}i.jsonl --save-weights ${f}i.safetensors --merge
+  done
+  "$compare" losses qzi.jsonl qli.jsonl 0 || fail "qlora with zero3 from init_from: losses"
+  cmp qli.safetensors qzi.safetensors || fail "qlora with zero3 from init_from: the merged weights differ"
+  echo "frozen: data parallel, zero1/2/3, a LoRA resume and QLoRA with zero3 (seeded, resumed, loaded) across 2 ranks as one rank's"
   ;;
 offload)
   # The offload plugin across ranks: with data parallelism and with zero1, zero2 and zero3 the

@@ -15,7 +15,10 @@
  *                        gather_parameters until release_parameters; the forward and the
  *                        backward of a layer need its own and its tied layer's gathered (zero3).
  *                        A layer of fewer elements than persist_below() set keeps its parameters
- *                        whole, as zero2's (layout's `whole`).
+ *                        whole, as zero2's (layout's `whole`). Frozen parameters (no gradient:
+ *                        LoRA's base, [train] freeze) are sharded, gathered and released with
+ *                        their layer the same way, and never reduced; below zero3 they are
+ *                        replicated.
  *
  * The plugin that shards takes the gradient-reduction role (HR_ROLE_GRADIENT_REDUCTION): core's
  * data-parallel buckets are then off. When it reduces, gathers and releases is its policy; the
@@ -50,7 +53,7 @@ typedef struct hr_shard_layout {
   uint32_t what;      /* the HR_SHARD_* bits in force (0 before partition, or never) */
   int32_t rank;       /* this process's rank, 0 <= rank < world_size */
   int32_t world_size; /* W */
-  uint64_t numel;     /* the layer's parameter elements */
+  uint64_t numel;     /* the layer's trainable parameter elements (its flat buffer) */
   uint64_t padded;    /* numel rounded up to a multiple of W (numel when nothing is sharded) */
   uint64_t shard;     /* padded / W: the elements of each rank's range */
   uint64_t begin;     /* this rank's range starts here: rank * shard */
@@ -101,8 +104,9 @@ typedef struct hr_ext_shard {
   hr_status (*gradient_range)(hr_host* host, int32_t layer, hr_tensor* out);
   /* Since ABI 1.5's zero3 (check HR_HAS_FIELD): */
   /* From create() only, with HR_SHARD_PARAMETERS: layers of fewer than `elements` parameter
-   * elements keep their parameters whole (DeepSpeed's param_persistence_threshold, here per
-   * layer: a layer's parameters are one flat buffer). 0, the default: every layer sharded. */
+   * elements, frozen ones included, keep their parameters whole (DeepSpeed's
+   * param_persistence_threshold, here per layer: a layer's parameters are one flat buffer, and
+   * its frozen ones another). 0, the default: every layer sharded. */
   hr_status (*persist_below)(hr_host* host, uint64_t elements);
   /* Frees layer `layer`'s gathered parameters, waiting first if their gathering is in flight;
    * nothing when they are not gathered. Any time in the step; by the end of STEP_END every
