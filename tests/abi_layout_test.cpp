@@ -548,10 +548,10 @@ PIN(hr_mechanisms, master_weights, 60, 4);
 PIN(hr_mechanisms, state_dtype, 64, 4);
 PIN(hr_mechanisms, reserved1, 68, 4);
 PIN(hr_mechanisms, optimizer_bytes, 72, 8);
-PIN(hr_mechanisms, plugin_bytes, 80, 8);     // 1.7
-PIN(hr_mechanisms, optimizer_place, 88, 4);  // 1.8
-PIN(hr_mechanisms, reserved2, 92, 4);
-PIN(hr_mechanisms, num_adapters, 96, 4);  // 1.8, appended
+PIN(hr_mechanisms, plugin_bytes, 80, 8);      // 1.7
+PIN(hr_mechanisms, optimizer_place, 88, 4);   // 1.8
+PIN(hr_mechanisms, activation_place, 92, 4);  // was reserved2
+PIN(hr_mechanisms, num_adapters, 96, 4);      // 1.8, appended
 PIN(hr_mechanisms, base_double_quant, 100, 4);
 PIN(hr_mechanisms, adapters, 104, 8);
 PIN(hr_mechanisms, base_dtype, 112, 8);

@@ -440,10 +440,8 @@ TEST(OffloadPlugin, BadKeysExit2NamingTheKeyAndWhatIsValid) {
            {offload_toml("optimizer = \"disk\"\n"), "valid: \"none\", \"host\", \"nvme\""},
            {offload_toml("optimizer = 1\n"), "optimizer"},
            {offload_toml("parameters = \"host\"\n"), "valid: \"none\""},
-           {offload_toml("activations = true\n"), "valid: false"},
-           {offload_toml("pin_memory = false\n"),
-            "pin_memory: false: pageable host buffers are not "
-            "built yet"},
+           {offload_toml("activations = \"host\"\n"), "activations"},
+           {offload_toml("pin_memory = 0\n"), "pin_memory"},
            {offload_toml() + "[host]\nmemory_limit = -5\n", "host.memory_limit must be >= 0"},
            {offload_toml() + "[host]\nmemory_limit = \"lots\"\n", "host.memory_limit"},
            {offload_toml() + "[host]\nlimit = \"1GiB\"\n", "unknown key 'limit' in [host]"},

@@ -208,11 +208,16 @@ class CpuDevice final : public Device {
   }
   std::string kind() const override { return "cpu"; }
   Backend& own_backend() override { return *backend_; }
+  void set_page_locked(bool page_locked) override {
+    if (pinned_from_ && tracker().live_total() > 0)
+      throw std::logic_error("the host place's memory is chosen before its first allocation");
+    page_locked_ = page_locked;
+  }
 
   void* backend_allocate(uint64_t bytes) override {
     if (arena_) return arena_->allocate(bytes);
     if (dry()) return dry_allocate(bytes);
-    if (pinned_from_) {
+    if (pinned_from_ && page_locked_) {
       try {
         return pinned_from_->host_alloc(bytes);
       } catch (const std::exception&) {
@@ -227,10 +232,10 @@ class CpuDevice final : public Device {
   void backend_free(void* ptr) override {
     if (!arena_) {
       if (dry_maps_.empty())  // a run that computes: no lookup a free
-        return pinned_from_ ? pinned_from_->host_free(ptr) : std::free(ptr);
+        return pinned_from_ && page_locked_ ? pinned_from_->host_free(ptr) : std::free(ptr);
       const auto it = dry_maps_.find(ptr);
       if (it == dry_maps_.end())
-        return pinned_from_ ? pinned_from_->host_free(ptr) : std::free(ptr);
+        return pinned_from_ && page_locked_ ? pinned_from_->host_free(ptr) : std::free(ptr);
       munmap(ptr, it->second);
       dry_maps_.erase(it);
     } else if (!arena_->free(ptr)) {
@@ -292,6 +297,7 @@ class CpuDevice final : public Device {
   std::unique_ptr<Arena> arena_;
   std::unique_ptr<Backend> backend_;
   Backend* pinned_from_ = nullptr;  // the host place: the device whose host_alloc it uses
+  bool page_locked_ = true;         // ... unless set_page_locked(false): plain memory
   std::unordered_map<void*, uint64_t> dry_maps_;  // dry_allocate's mappings and their sizes
 };
 

@@ -121,6 +121,10 @@ class Device {
   // The host place beside this device (Device::create made it); nullptr for the host place
   // itself and for a device made otherwise.
   Device* host_place() const { return host_.get(); }
+  // The host place only: whether its buffers come from the device's Backend::host_alloc
+  // (page-locked on CUDA; true, the default) or are plain pageable memory (false:
+  // headroom.offload/1 set_host_page_locked). Before its first allocation; nothing elsewhere.
+  virtual void set_page_locked(bool page_locked) { (void)page_locked; }
   uint64_t memory_limit() const { return limit_; }
   // The op table that computes on this device's memory: the device's own, or the dry one that
   // wraps it after set_dry(true) (core/device/dry_backend.h: same memory, no arithmetic).

@@ -104,6 +104,7 @@ class Embedding final : public Layer<T> {
                                    m_.n_embd);
   }
   const void* output() const override { return out_; }
+  void relocate_output(void* now) override { out_ = now; }
 
  private:
   ModelConfig m_;
@@ -282,6 +283,7 @@ class Block final : public Layer<T> {
                            ln1w_->compute().value, ln1_mean_, ln1_rstd_, N, C, Grad::kWrite, dres1);
   }
   const void* output() const override { return out_; }
+  void relocate_output(void* now) override { out_ = now; }
   bool recomputable() const override { return true; }
 
  private:
@@ -477,6 +479,7 @@ class LlamaBlock final : public Layer<T> {
                          rms1_rstd_, N, C, Grad::kWrite, dres1);
   }
   const void* output() const override { return out_; }
+  void relocate_output(void* now) override { out_ = now; }
   bool recomputable() const override { return true; }
 
  private:
@@ -746,6 +749,29 @@ void Layer<T>::drop_activations(Drop what) {
   saved_ = std::move(kept);
   recompute_ =
       what == Drop::kAll || recompute_ == Recompute::kAll ? Recompute::kAll : Recompute::kCheap;
+}
+
+template <class T>
+void Layer<T>::move_output(Device* host) {
+  const void* out = output();
+  if (!out) return;
+  for (SavedActivation& a : saved_) {
+    if (a.buffer.template as<const void>() != out) continue;
+    if (a.on_host == (host != nullptr)) return;
+    const uint64_t bytes = a.buffer.bytes();
+    Buffer moved(host ? *host : device_, bytes, Category::kActivations,
+                 name_ + " activations: " + a.what + (host ? " (on the host)" : ""));
+    if (host) {
+      ops().download(moved.as<void>(), a.buffer.template as<void>(), bytes);
+    } else {
+      ops().upload(moved.as<void>(), a.buffer.template as<void>(), bytes);
+    }
+    ops().synchronize();  // the old copy goes
+    a.buffer = std::move(moved);
+    a.on_host = host != nullptr;
+    relocate_output(a.buffer.template as<void>());
+    return;
+  }
 }
 
 template <class T>
@@ -1437,6 +1463,10 @@ void Gpt<T>::forward(const Batch& batch, LayerEvents* events) {
     layers_[l]->forward(x, batch);
     x = layers_[l]->output();
     if (events) events->forward_end(static_cast<int>(l));
+    // Activation offload: the input this layer read waits on the host for its backward (not the
+    // head's input: the head's backward comes next).
+    if (activation_host_ && l >= 1 && l + 1 < layers_.size())
+      layers_[l - 1]->move_output(activation_host_);
   }
 }
 
@@ -1482,6 +1512,10 @@ void Gpt<T>::backward(const Batch& batch, LayerEvents* events) {
   layers_[0]->ensure_grads();
   layers_[0]->make_compute_grads();
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
+    // Activation offload: this layer's input back on the device, and the next one's, ahead.
+    if (activation_host_)
+      for (int k = l - 1; k >= std::max(0, l - 2); --k)
+        layers_[size_t(k)]->move_output(nullptr);
     layers_[l]->ensure_grads();
     layers_[l]->make_compute_grads();
     if (events) events->backward_begin(l);

@@ -228,6 +228,8 @@ struct SavedActivation {
   // Cheap to recompute from the tensors the layer keeps (LayerNorm, softmax, GELU outputs): a
   // selective drop frees it, Layer::recompute_cheap() makes it again.
   bool cheap = false;
+  // In the host place's ledger (the output moved there by Layer::move_output), not the device's.
+  bool on_host = false;
 };
 
 // What drop_activations frees (the values are the C ABI's HR_DROP_ALL and HR_DROP_CHEAP).
@@ -375,6 +377,11 @@ class Layer {
   }
   uint64_t saved_bytes() const;
   const std::vector<SavedActivation>& saved() const { return saved_; }
+  // Activation offload (headroom.offload/1's activation place): the saved tensor holding
+  // output() moved into `host`'s ledger (the host place), or back onto the layer's device when
+  // `host` is null; output() follows it. Nothing when the layer holds no output or it is there
+  // already. A copy through the device's backend, waited for.
+  void move_output(Device* host);
   // Fills saved tensor `index` now if the layer fills it later than its forward, for a reader
   // between forward and backward (a plugin's layer_activation): the chunked head's per-token
   // losses, which its backward computes. Computing them early costs what the forward of the
@@ -417,6 +424,8 @@ class Layer {
   // Re-saves the cheap tensors after a Drop::kCheap and recomputes them from the kept ones with
   // the forward's kernels. Only a layer that saves cheap tensors is ever asked to.
   virtual void recompute_cheap(const void*, const Batch&) {}
+  // The tensor output() returns moved to `now` (move_output). Every layer with an output.
+  virtual void relocate_output(void* now) { (void)now; }
   // A scratch buffer of the compute dtype for backward, freed when the Buffer goes out of scope.
   Buffer workspace(uint64_t numel, const char* what);
   // A linear layer's GEMM and its adapters: out (N, OC) = inp (N, C) · w^T + b, plus each
@@ -525,6 +534,12 @@ class Gpt {
   // dropped only its cheap tensors recomputes just those. No forward_* events fire for the
   // recomputation (its allocations do).
   void backward(const Batch& batch, LayerEvents* events = nullptr);
+  // Activation offload (headroom.offload/1's activation place; null, the default: none): each
+  // layer's output, which the next layer reads in its forward and again in its backward, waits
+  // between the two in `host`'s ledger — moved there once the next layer's forward is done, back
+  // when the backward reaches the layer above the next (one layer ahead of its use). The last
+  // block's output, the head's input, stays: the head's backward follows its forward at once.
+  void set_activation_place(Device* host) { activation_host_ = host; }
   // Layer `layer`'s Layer::drop_activations(), between its forward and its backward. Throws
   // std::logic_error (with the reason) for an index out of range, the embedding or the head, or a
   // layer that holds no activations.
@@ -595,6 +610,7 @@ class Gpt {
   }
 
  private:
+  Device* activation_host_ = nullptr;  // set_activation_place
   // Adds each compute gradient of layer `layer`'s micro-step into its master gradient, in fp32,
   // and zeroes the compute gradient.
   void accumulate_compute_grads(int layer);

@@ -68,13 +68,46 @@ static hr_status host_memory_stats(hr_host* h, hr_memory_stats* out) {
   return place_memory_stats(h, *host, out);
 }
 
+constexpr Rule kSetActivationPlace = {HR_EXT_OFFLOAD " set_activation_place", kAnyone,
+                                      When::kCreate, kNotAllowed};
+static hr_status set_activation_place(hr_host* h, uint32_t place) {
+  LoadedPlugin& p = plugin(h);
+  if (place != HR_PLACE_DEVICE && place != HR_PLACE_HOST) {
+    p.error = "set_activation_place: place " + std::to_string(place) +
+              " is none of HR_PLACE_DEVICE (0) and HR_PLACE_HOST (1)";
+    return HR_ERROR_INVALID;
+  }
+  try {
+    run(h).place->set_activation_place(p.entry.name, place == HR_PLACE_HOST);
+    return HR_OK;
+  } catch (const std::exception& e) {
+    p.error = std::string("set_activation_place: ") + e.what();
+    return HR_ERROR_INVALID;
+  }
+}
+
+constexpr Rule kSetHostPageLocked = {HR_EXT_OFFLOAD " set_host_page_locked", kAnyone, When::kCreate,
+                                     kNotAllowed};
+static hr_status set_host_page_locked(hr_host* h, int32_t page_locked) {
+  LoadedPlugin& p = plugin(h);
+  try {
+    run(h).place->set_host_page_locked(p.entry.name, page_locked != 0);
+    return HR_OK;
+  } catch (const std::exception& e) {
+    p.error = std::string("set_host_page_locked: ") + e.what();
+    return HR_ERROR_INVALID;
+  }
+}
+
 extern const hr_ext_offload kOffloadExtension;
 const hr_ext_offload kOffloadExtension = {sizeof(hr_ext_offload),
                                           0,
                                           checked<kSetOptimizerPlace, set_optimizer_place>,
                                           checked<kOptimizerPlace, optimizer_place>,
                                           checked<kHostMemoryStats, host_memory_stats>,
-                                          checked<kSetOptimizerFiles, set_optimizer_files>};
+                                          checked<kSetOptimizerFiles, set_optimizer_files>,
+                                          checked<kSetActivationPlace, set_activation_place>,
+                                          checked<kSetHostPageLocked, set_host_page_locked>};
 
 }  // namespace services
 }  // namespace headroom

@@ -91,6 +91,14 @@ class NoPlace final : public PlaceChoice {
     return none;
   }
   uint32_t optimizer_direct_io() const override { return 0; }
+  void set_activation_place(const std::string& plugin, bool) override {
+    throw std::logic_error(plugin + ": this run has no activations to place");
+  }
+  bool activations_on_host() const override { return false; }
+  void set_host_page_locked(const std::string& plugin, bool) override {
+    throw std::logic_error(plugin + ": this run has no host place");
+  }
+  bool host_page_locked() const override { return true; }
 };
 
 }  // namespace

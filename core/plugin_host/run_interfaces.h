@@ -171,20 +171,19 @@ class PlaceChoice {
   virtual bool optimizer_on_host() const = 0;            // true for the NVMe tier too
   virtual const std::string& optimizer_dir() const = 0;  // "" unless the NVMe tier
   virtual uint32_t optimizer_direct_io() const = 0;
+  // Where the layers' outputs wait between forward and backward (Gpt::set_activation_place), and
+  // whether the host place is page-locked: the same rules.
+  virtual void set_activation_place(const std::string& plugin, bool host) = 0;
+  virtual bool activations_on_host() const = 0;
+  virtual void set_host_page_locked(const std::string& plugin, bool page_locked) = 0;
+  virtual bool host_page_locked() const = 0;
 };
 
 // The record a PlaceChoice keeps: who chose, and what.
 class PlaceRecord final : public PlaceChoice {
  public:
   void set_optimizer_place(const std::string& plugin, bool host) override {
-    if (frozen_)
-      throw std::logic_error(plugin +
-                             ": the optimizer is made already; its place is chosen from "
-                             "create()");
-    if (!by_.empty() && by_ != plugin)
-      throw std::logic_error(plugin + ": the optimizer's place was chosen already, by " + by_ +
-                             "; two plugins cannot both choose it");
-    by_ = plugin;
+    choose(plugin, "the optimizer's place");
     host_ = host;
     dir_.clear();
   }
@@ -198,11 +197,31 @@ class PlaceRecord final : public PlaceChoice {
   bool optimizer_on_host() const override { return host_; }
   const std::string& optimizer_dir() const override { return dir_; }
   uint32_t optimizer_direct_io() const override { return direct_io_; }
+  void set_activation_place(const std::string& plugin, bool host) override {
+    choose(plugin, "the activations' place");
+    activations_host_ = host;
+  }
+  bool activations_on_host() const override { return activations_host_; }
+  void set_host_page_locked(const std::string& plugin, bool page_locked) override {
+    choose(plugin, "the host place's memory");
+    page_locked_ = page_locked;
+  }
+  bool host_page_locked() const override { return page_locked_; }
   const std::string& chosen_by() const { return by_; }  // "" when no plugin chose
   void freeze() { frozen_ = true; }
 
  private:
-  bool host_ = false, frozen_ = false;
+  // One plugin chooses the places, from its create() (before the model and the optimizer exist).
+  void choose(const std::string& plugin, const std::string& what) {
+    if (frozen_)
+      throw std::logic_error(plugin + ": the run is built already; " + what +
+                             " is chosen from create()");
+    if (!by_.empty() && by_ != plugin)
+      throw std::logic_error(plugin + ": " + what + " was chosen already, by " + by_ +
+                             "; two plugins cannot both choose the places");
+    by_ = plugin;
+  }
+  bool host_ = false, frozen_ = false, activations_host_ = false, page_locked_ = true;
   std::string by_, dir_;
   uint32_t direct_io_ = 0;
 };

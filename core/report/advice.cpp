@@ -59,6 +59,7 @@ struct CMechanisms {
     c.optimizer_place = m.optimizer_on_nvme   ? HR_PLACE_NVME
                         : m.optimizer_on_host ? HR_PLACE_HOST
                                               : HR_PLACE_DEVICE;
+    c.activation_place = m.activations_on_host ? HR_PLACE_HOST : HR_PLACE_DEVICE;
     for (const LoraSpec& l : lora) {
       hr_lora_spec spec;
       std::memset(&spec, 0, sizeof spec);
@@ -129,6 +130,8 @@ bool from_c(const hr_mechanisms& c, const ModelConfig& model, const Mechanisms& 
       return false;
     m.optimizer_on_host = c.optimizer_place != HR_PLACE_DEVICE;
     m.optimizer_on_nvme = c.optimizer_place == HR_PLACE_NVME;
+    if (c.activation_place != HR_PLACE_DEVICE && c.activation_place != HR_PLACE_HOST) return false;
+    m.activations_on_host = c.activation_place == HR_PLACE_HOST;
   }
   if (HR_HAS_FIELD(&c, hr_mechanisms, base_dtype)) {
     // Adapters core would refuse to add (a target that names no module, a rank below 1) or a
@@ -737,6 +740,14 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   // more than its backward, with the same layers gathered. Full gradients are there in a forward
   // only from the second micro-step on when they are reduced in the last one.
   uint64_t below = 0;  // the held bytes of the blocks below layer l
+  // Activation offload (s.activations_on_host, Gpt::set_activation_place): of the outputs of
+  // layers 0 .. l - 1, which `out + below` count, the device holds in layer l's forward only its
+  // input, l - 1's (the others moved to the host as each next forward ended), and in its
+  // backward l - 1's and l - 2's (back one layer ahead). The host holds the rest; at most, once
+  // the forward is done, every output but the head's input: layers 0 .. H - 2.
+  auto on_host_fwd = [&](size_t l) { return s.activations_on_host ? (l - 1) * out : 0; };
+  auto on_host_bwd = [&](size_t l) { return s.activations_on_host && l > 2 ? (l - 2) * out : 0; };
+  if (s.activations_on_host) at(base.host, Category::kActivations) = (H - 1) * out;
   if (sh_param) {
     uint64_t fwd_grads = grads_rest;
     if ((s.grad_reduce & HR_GRAD_REDUCE_LAST_MICRO_STEP) && s.grad_accum > 1)
@@ -745,8 +756,8 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     moment(out, 0, params_rest + gathered_at(0), fwd_grads);
     for (size_t l = 1; l < H; ++l) {
       const uint64_t transient = es * N * std::max<uint64_t>(uint64_t(m.mlp_width(int(l) - 1)), C);
-      moment(out + below + full[l], transient + calls.forward[l], params_rest + gathered_at(l),
-             fwd_grads);
+      moment(out + below - on_host_fwd(l) + full[l], transient + calls.forward[l],
+             params_rest + gathered_at(l), fwd_grads);
       below += held(l);
     }
   } else {
@@ -758,9 +769,10 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     const uint64_t params = params_rest + (sh_param ? gathered(l) : 0);
     const uint64_t grads = grads_rest + (sh_grad ? full_grads(l) : 0) + micro(l);
     if (l == H) {  // every block's held bytes, the head's own
-      moment(out + below + head, head_ws, params, grads);
+      moment(out + below - on_host_bwd(l) + head, head_ws, params, grads);
     } else if (l >= 1) {  // the blocks below, its own full activations
-      moment(out + below + in_backward(l), block_ws[l] + calls.backward[l], params, grads);
+      moment(out + below - on_host_bwd(l) + in_backward(l), block_ws[l] + calls.backward[l], params,
+             grads);
     } else {  // the embedding holds its output
       moment(out, dres, params, grads);
     }

@@ -57,6 +57,9 @@ struct Mechanisms {
   // ... with its state in a file (HR_PLACE_NVME, core/optim/state_layout.h): the host holds two
   // staging buffers of the largest parameter's state instead of all of it.
   bool optimizer_on_nvme = false;
+  // Each layer's output in the host ledger between the next layer's forward and backward
+  // (hr_mechanisms.activation_place HR_PLACE_HOST, Gpt::set_activation_place).
+  bool activations_on_host = false;
   // LoRA adapters (headroom.adapters/1, hr_mechanisms.adapters): each spec on the modules its
   // target names, every other parameter frozen; and how the frozen block weights are stored
   // (hr_mechanisms.base_dtype: kNone, as the other frozen parameters).

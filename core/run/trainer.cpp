@@ -174,6 +174,7 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   // The built-in optimizer on the host place when a plugin put it there (headroom.offload/1):
   // its state in the host ledger, its update by the CPU kernels there.
   places_.freeze();
+  device_->host_place()->set_page_locked(places_.host_page_locked());
   const bool host_optimizer = places_.optimizer_on_host();
   // Where the plugin that chose the place was listed, for the messages.
   std::string place_where;
@@ -233,6 +234,8 @@ Trainer::Trainer(const Config& config, TrainOptions options)
         shard_what ? uint64_t(comm_->world_size()) : 1, (shard_what & kShardGradients) != 0, placed,
         Tuning{config_.train.freeze, choices_.lora(), choices_.base(), choices_.double_quant()});
     choices_.freeze(sharding_.get());
+    // Activation offload: the layers' outputs wait on the host between forward and backward.
+    if (places_.activations_on_host()) model_->set_activation_place(device_->host_place());
     uint64_t trainable = 0;
     for (const Param<float>* p : model_->trainable_params())
       trainable += p->numel;

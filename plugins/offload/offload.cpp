@@ -20,9 +20,13 @@
 //   direct_io = "auto"     # "nvme" only: "auto" O_DIRECT where the file system allows it (else
 //                          # buffered, one log line says so), true (a file system that refuses
 //                          # it — ramfs, tmpfs before Linux 6.6 — is an error), false
-//   pin_memory = true      # the host place is page-locked on CUDA; false is a later step
+//   pin_memory = true      # the host place is page-locked on CUDA (copies by DMA); false: plain
+//                          # pageable memory (CUDA stages each copy; nothing page-locked taken).
+//                          # The CPU backend's host place is plain memory either way
 //   parameters = "none"    # only "none" so far ("host" and "nvme" are later steps)
-//   activations = false    # only false so far
+//   activations = false    # true: each layer's output (the block outputs checkpointing keeps)
+//                          # waits in host memory between the next layer's forward and backward,
+//                          # back on the device one layer ahead of its use
 //
 // The policy is the choice at create(); the host makes the optimizer, moves the bytes, keeps the
 // ledgers and the file (core/run/state_file.h). The folder is checked here, so that a bad one
@@ -52,6 +56,8 @@ namespace {
 struct Offload {
   bool optimizer_on_host = true;
   bool nvme = false;
+  bool activations = false;  // the layers' outputs on the host between forward and backward
+  bool pin_memory = true;
   std::string nvme_path;  // "nvme": the folder, for the estimate's TOML
 };
 
@@ -176,10 +182,10 @@ hr_status create(const hr_host_services* s, void** instance) {
   int32_t pin_memory = 1;
   st = s->config_bool(s->host, "pin_memory", &pin_memory);
   if (st != HR_OK) return st;
-  if (!pin_memory)
+  if (!pin_memory && !HR_HAS_FIELD(offload, hr_ext_offload, set_host_page_locked))
     return s->config_error(s->host, "pin_memory",
-                           "false: pageable host buffers are not built yet (the host place is "
-                           "page-locked on CUDA, plain memory on the CPU backend); valid: true");
+                           "false needs a host whose headroom.offload/1 has "
+                           "set_host_page_locked; valid here: true");
   st = read_string(s, "parameters", &parameters);
   if (st != HR_OK) return st;
   if (parameters != "none")
@@ -192,10 +198,18 @@ hr_status create(const hr_host_services* s, void** instance) {
   int32_t activations = 0;
   st = s->config_bool(s->host, "activations", &activations);
   if (st != HR_OK) return st;
-  if (activations)
+  if (activations && !HR_HAS_FIELD(offload, hr_ext_offload, set_activation_place))
     return s->config_error(s->host, "activations",
-                           "true: offloading checkpointed activations is not built yet; valid: "
-                           "false");
+                           "true needs a host whose headroom.offload/1 has set_activation_place; "
+                           "valid here: false");
+  if (activations) {
+    st = offload->set_activation_place(s->host, HR_PLACE_HOST);
+    if (st != HR_OK) return st;
+  }
+  if (!pin_memory) {
+    st = offload->set_host_page_locked(s->host, 0);
+    if (st != HR_OK) return st;
+  }
   if (optimizer == "host") {
     st = offload->set_optimizer_place(s->host, HR_PLACE_HOST);
     if (st != HR_OK) return st;  // the host's message stands
@@ -207,6 +221,8 @@ hr_status create(const hr_host_services* s, void** instance) {
   o->optimizer_on_host = optimizer != "none";
   o->nvme = optimizer == "nvme";
   o->nvme_path = nvme_path;
+  o->activations = activations != 0;
+  o->pin_memory = pin_memory != 0;
   *instance = o;
   return HR_OK;
 }
@@ -220,23 +236,27 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
   const bool builtin = r->after->optimizer_bytes == HR_OPTIMIZER_BYTES_BUILTIN;
   if (o->optimizer_on_host && builtin)
     r->after->optimizer_place = o->nvme ? HR_PLACE_NVME : HR_PLACE_HOST;
+  if (o->activations) r->after->activation_place = HR_PLACE_HOST;
   const hr_status st = q->peak(q->context, r->after, r->bytes);
   if (st != HR_OK) return st;
   // No measurement of the step time with the update on the host yet: counted as unchanged.
   r->step_time_factor = 1;
-  std::snprintf(r->what, sizeof r->what, "%s",
-                !o->optimizer_on_host ? "nothing offloaded (optimizer = \"none\")"
-                : builtin && o->nvme
-                    ? "optimizer state in a file on the NVMe disk, f32 weights in host memory, "
-                      "update on the host"
-                : builtin ? "optimizer state and f32 weights in host memory, update on the host"
-                          : "nothing offloaded (an optimizer-role plugin keeps its own state)");
-  if (o->nvme)
-    std::snprintf(r->toml, sizeof r->toml, "optimizer = \"nvme\"\nnvme_path = \"%s\"\n",
-                  o->nvme_path.c_str());
-  else
-    std::snprintf(r->toml, sizeof r->toml, "optimizer = \"%s\"\n",
-                  o->optimizer_on_host ? "host" : "none");
+  const char* optimizer =
+      !o->optimizer_on_host ? (o->activations ? "" : "nothing offloaded (optimizer = \"none\")")
+      : builtin && o->nvme
+          ? "optimizer state in a file on the NVMe disk, f32 weights in host memory, update on "
+            "the host"
+      : builtin ? "optimizer state and f32 weights in host memory, update on the host"
+                : "the optimizer's state stays (an optimizer-role plugin keeps its own)";
+  std::snprintf(r->what, sizeof r->what, "%s%s%s", optimizer,
+                o->activations && *optimizer ? "; " : "",
+                o->activations ? "layer outputs in host memory between forward and backward" : "");
+  std::string toml =
+      o->nvme ? "optimizer = \"nvme\"\nnvme_path = \"" + o->nvme_path + "\"\n"
+              : std::string("optimizer = \"") + (o->optimizer_on_host ? "host" : "none") + "\"\n";
+  if (o->activations) toml += "activations = true\n";
+  if (!o->pin_memory) toml += "pin_memory = false\n";
+  std::snprintf(r->toml, sizeof r->toml, "%s", toml.c_str());
   return HR_OK;
 }
 

@@ -121,7 +121,11 @@ typedef struct hr_mechanisms {
    * HR_PLACE_HOST's, with the state in a file and two staging buffers of the largest
    * piece's state in the host ledger instead: core/optim/state_layout.h). */
   uint32_t optimizer_place;
-  uint32_t reserved2;
+  /* Where each layer's output waits between the next layer's forward and backward
+   * (hr_ext_offload.set_activation_place): HR_PLACE_DEVICE (0, core's default; this was
+   * reserved2, zero) or HR_PLACE_HOST (1: in the host ledger's activations, the device holding
+   * the two a backward reads next). */
+  uint32_t activation_place;
   /* Appended: LoRA adapters (headroom/ext/adapters.h): num_adapters specs, each struct_size
    * apart, whose targets core resolves against the model's modules as add_lora does; with any,
    * every other parameter is frozen (no gradient, optimizer state or master copy). 0 and NULL:

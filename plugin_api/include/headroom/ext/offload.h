@@ -63,6 +63,21 @@ typedef struct hr_ext_offload {
    * the file system); HR_ERROR_NOT_ALLOWED outside create(). The same refusals as
    * set_optimizer_place's HR_PLACE_HOST apply. */
   hr_status (*set_optimizer_files)(hr_host* host, const char* dir, uint32_t direct_io);
+  /* Appended (check HR_HAS_FIELD). From create() only: where each layer's output waits between
+   * the next layer's forward, which reads it, and that layer's backward, which reads it again
+   * (the saved block outputs that activation checkpointing keeps, the embedding's output too).
+   * HR_PLACE_DEVICE: on the device (the default). HR_PLACE_HOST: in the host ledger (category
+   * activations), moved there once the next layer's forward ends and back on the device when the
+   * backward reaches the layer above the next, one layer ahead of its use; the last block's output
+   * (the head's input) stays. Results are bitwise those on the device. HR_ERROR_INVALID for
+   * another value; HR_ERROR_NOT_ALLOWED outside create(). */
+  hr_status (*set_activation_place)(hr_host* host, uint32_t place);
+  /* Appended (check HR_HAS_FIELD). From create() only: whether the host place's buffers are
+   * page-locked (1, the default: the device copies them by DMA, asynchronously on CUDA) or
+   * pageable (0: plain host memory; CUDA stages each copy through its own page-locked buffers,
+   * and no page-locked memory is taken from the system). The CPU backend's host place is plain
+   * memory either way. HR_ERROR_NOT_ALLOWED outside create(). */
+  hr_status (*set_host_page_locked)(hr_host* host, int32_t page_locked);
 } hr_ext_offload;
 
 #ifdef __cplusplus
