@@ -347,7 +347,23 @@ offload)
   cp snaps/step_000000000003.* at3/
   mpirun -np 2 "$headroom" train r.toml -q --set train.steps=6 --resume at3 --save-weights resumed.out
   cmp whole.out resumed.out || fail "amp + zero2 + offload: the resumed run's weights differ"
-  echo "offload: data parallel, zero1/2/3, amp and LoRA across 2 ranks, host and NVMe, bitwise"
+  # The layers' outputs on the host too (activations = true) with amp, checkpoint and zero2 or
+  # zero3 (every layer sharded): the same losses and weights, and the host ledger the closed form.
+  plugins_toml acz3 amp checkpoint zero3
+  printf 'param_persistence_threshold = 0\n' >> acz3.toml
+  for f in acz2 acz3; do
+    [ -f $f.out ] || mpirun -np 2 "$headroom" train $f.toml -q --set train.steps=6 --metrics $f.jsonl --save-weights $f.out
+    with_offload $f host
+    printf 'activations = true\n' >> $f-host.toml
+    mpirun -np 2 "$headroom" train $f-host.toml -q --set train.steps=6 --metrics $f-act.jsonl --save-weights $f-act.out
+    "$compare" losses $f-act.jsonl $f.jsonl 0 || fail "$f with activations on the host: losses"
+    cmp $f.out $f-act.out || fail "$f with activations on the host: weights differ"
+    mpirun -np 2 "$headroom" plan $f-host.toml --measure > plan.$f-act 2>&1 ||
+      fail "$f with activations on the host: plan --measure failed: $(cat plan.$f-act)"
+    [ "$(grep -c 'measured - closed form: 0 bytes' plan.$f-act)" = 2 ] ||
+      fail "$f with activations on the host: the host ledger is not the closed form: $(cat plan.$f-act)"
+  done
+  echo "offload: data parallel, zero1/2/3, amp and LoRA across 2 ranks, host and NVMe, activations, bitwise"
   ;;
 failure)
   recorder_table >> cfg.toml

@@ -145,6 +145,15 @@ INSTANTIATE_TEST_SUITE_P(
              LORA("nf4") "[[plugins]]\nname = \"checkpoint\"\n[[plugins]]\nname = \"zero3\"\n"
                          "param_persistence_threshold = 100\nprefetch_layers = 2\n",
              "1"},
+        Case{"Zero3AmpCheckpointActivationsOnTheHostAccumulating",
+             "[[plugins]]\nname = \"zero3\"\nparam_persistence_threshold = 100\n"
+             "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"checkpoint\"\n"
+             "[[plugins]]\nname = \"offload\"\noptimizer = \"none\"\nactivations = true\n",
+             "2"},
+        Case{"Zero2ActivationsAndOptimizerOnTheHost",
+             "[[plugins]]\nname = \"zero2\"\n[[plugins]]\nname = \"offload\"\n"
+             "optimizer = \"host\"\nactivations = true\n",
+             "1"},
         Case{"LlamaDataParallel", "", "1", kLlama},
         Case{"LlamaZero1", "[[plugins]]\nname = \"zero1\"\n", "1", kLlama},
         Case{"LlamaZero2Accumulating", "[[plugins]]\nname = \"zero2\"\n", "2", kLlama},
