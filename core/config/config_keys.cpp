@@ -203,7 +203,8 @@ std::vector<ConfigSection> make_sections() {
       {"host",
        false,
        "The host place beside the device: the host memory the run keeps in its host ledger "
-       "(page-locked on CUDA; what the offload plugin moves there), and its wall.",
+       "(page-locked on CUDA unless the offload plugin says `pin_memory = false`; what the "
+       "offload plugin moves there: the optimizer, the layers' outputs), and its wall.",
        {
            {"memory_limit",
             T::kSize,

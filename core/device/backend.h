@@ -292,6 +292,16 @@ class Backend {
   virtual void upload(void* dst, const void* src, uint64_t bytes) = 0;
   // Device to host; waits for the work before it and the copy.
   virtual void download(void* dst, const void* src, uint64_t bytes) = 0;
+  // Device to host without waiting (the offload's update overlapped with the backward): the copy
+  // runs once the work enqueued before it is done — on CUDA on the copy stream, after an event
+  // on the compute stream — while the host and the compute stream go on. `dst` (page-locked on
+  // CUDA: the host place's) holds the bytes once wait_downloads() returns, which waits for every
+  // download_async before it. By default (the CPU backend, whose ops are done when they return)
+  // a download.
+  virtual void download_async(void* dst, const void* src, uint64_t bytes) {
+    download(dst, src, bytes);
+  }
+  virtual void wait_downloads() {}
   // Waits until every op and copy enqueued so far is done.
   virtual void synchronize() = 0;
   // Double-buffered host staging, without a full synchronize: after enqueuing the uploads from

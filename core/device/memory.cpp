@@ -37,7 +37,10 @@ std::string Phase::str() const {
       s = "loading a batch";
       break;
     case Kind::kOptimizer:
-      s = "optimizer step";
+      // A layer's: the host optimizer's update of it overlapped with the backward (offload).
+      s = layer >= 0 ? "optimizer step of layer " + std::to_string(layer) + " (" + layer_name +
+                           ") during the backward"
+                     : "optimizer step";
       break;
     case Kind::kEval:
       s = "validation";

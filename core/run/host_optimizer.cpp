@@ -148,9 +148,90 @@ MasterAccess HostOptimizer::master_access(Gpt<float>& model, bool scatter) {
   };
 }
 
+void HostOptimizer::gradients_final(const std::vector<OptSegment>& segments, size_t first,
+                                    size_t last, double lr, int64_t step) {
+  if (file_) throw std::logic_error("HostOptimizer: the NVMe tier updates in step() alone");
+  allocate(segments);
+  if (first > last || last > segments.size())
+    throw std::logic_error("HostOptimizer: segments [" + std::to_string(first) + ", " +
+                           std::to_string(last) + ") of " + std::to_string(segments.size()));
+  Backend& ops = device_.backend();
+  if (early_step_ != step) {
+    // The step's first: the last step's uploads read host copies about to change.
+    if (uploads_pending_) ops.synchronize();
+    uploads_pending_ = false;
+    early_.assign(segments.size(), false);
+    arriving_first_ = arriving_last_ = 0;
+    early_step_ = step;
+  }
+  // The segments named before: their gradients are here once their downloads are.
+  if (arriving_last_ > arriving_first_) ops.wait_downloads();
+  const size_t ready_first = arriving_first_, ready_last = arriving_last_;
+  // These start back while the host updates those (a dry run moves nothing: step()'s reason).
+  for (size_t k = first; k < last && !device_.dry(); ++k)
+    ops.download_async(on_host_[k].grad, segments[k].grad,
+                       segments[k].numel * dtype_size(segments[k].grad_dtype));
+  for (size_t k = first; k < last; ++k)
+    early_[k] = true;
+  arriving_first_ = first;
+  arriving_last_ = last;
+  update_on_host(segments, ready_first, ready_last, lr, step);
+}
+
+void HostOptimizer::update_on_host(const std::vector<OptSegment>& segments, size_t first,
+                                   size_t last, double lr, int64_t step) {
+  if (first >= last) return;
+  Backend& ops = device_.backend();
+  for (size_t k = first; k < last && !values_current_ && !device_.dry(); ++k)
+    ops.download(on_host_[k].value, segments[k].value,
+                 segments[k].numel * dtype_size(segments[k].value_dtype));
+  inner_->set_rounding_seed(rounding_seed_);
+  // The state's tensors, segment by segment (Optimizer::state lists each segment's kinds in turn).
+  const size_t kinds = inner_->state_kinds().size();
+  const std::vector<StateTensor> state =
+      kinds > 0 ? inner_->state(on_host_) : std::vector<StateTensor>{};
+  for (size_t k = first; k < last; ++k) {
+    void* tensors[2] = {nullptr, nullptr};
+    for (size_t j = 0; j < kinds && j < 2; ++j)
+      tensors[j] = state.at(k * kinds + j).data;
+    inner_->step_segment(on_host_[k], k, tensors, lr, step);
+    const OptSegment& d = segments[k];
+    const void* from = on_host_[k].value;
+    if (!casts_.empty()) {
+      host_.backend().cast(casts_[k].as<void>(), d.value_dtype, from, Dtype::kF32, d.numel);
+      from = casts_[k].as<void>();
+    }
+    ops.upload(d.value, from, d.numel * dtype_size(d.value_dtype));
+  }
+  uploads_pending_ = true;
+}
+
 void HostOptimizer::step(const std::vector<OptSegment>& segments, double lr, int64_t step) {
   allocate(segments);
   Backend& ops = device_.backend();
+  if (early_step_ == step) {
+    // The backward updated layer by layer (gradients_final): the last layer named, then the
+    // segments none named, one by one as step() would.
+    if (arriving_last_ > arriving_first_) ops.wait_downloads();
+    update_on_host(segments, arriving_first_, arriving_last_, lr, step);
+    overlapped_ = 0;
+    for (size_t k = 0; k < segments.size(); ++k) {
+      if (early_[k]) {
+        ++overlapped_;
+        continue;
+      }
+      if (!device_.dry())
+        ops.download(on_host_[k].grad, segments[k].grad,
+                     segments[k].numel * dtype_size(segments[k].grad_dtype));
+      update_on_host(segments, k, k + 1, lr, step);
+    }
+    overlapped_ -= arriving_last_ - arriving_first_;  // those waited for the backward's end
+    values_current_ = true;
+    arriving_first_ = arriving_last_ = 0;
+    early_step_ = 0;
+    return;
+  }
+  overlapped_ = 0;
   // The last update's uploads read the host copies: done before they change again.
   if (uploads_pending_) ops.synchronize();
   uploads_pending_ = false;

@@ -65,6 +65,20 @@ class HostOptimizer final : public Optimizer {
   // that cannot hold it fails the run there, OutputError).
   void prepare(const std::vector<OptSegment>& segments) { allocate(segments); }
 
+  // The update overlapped with the backward, layer by layer (ZeRO-Offload's): segments
+  // [first, last) of `segments` — one layer's — have their final gradients for `step`, which
+  // nothing will change or veto before the update (the trainer decides where:
+  // Trainer::overlapping_update). Their gradients start back to the host
+  // (Backend::download_async), and the segments named before them, whose gradients have
+  // arrived, are updated on the host and their new weights uploaded, while the device goes on
+  // with the backward below. step() then updates the ones named last and those none named. Each
+  // segment bitwise as step() updates it (Optimizer::step_segment is step()'s own per-segment
+  // update). Not with the NVMe tier (std::logic_error).
+  void gradients_final(const std::vector<OptSegment>& segments, size_t first, size_t last,
+                       double lr, int64_t step);
+  // The segments the last step updated during the backward.
+  size_t overlapped() const { return overlapped_; }
+
   // Moves `layer`'s f32 masters (its trainable parameters', just initialised) into the host
   // ledger, where they become the values the update runs on, and frees them on the device: the
   // model's `placed` callback, layer by layer, so the device never holds more than one layer's
@@ -81,6 +95,10 @@ class HostOptimizer final : public Optimizer {
  private:
   // The host copies of `segments` (values and gradients), made at the first call.
   void allocate(const std::vector<OptSegment>& segments);
+  // Segments [first, last), their gradients on the host: the update of each (with its values
+  // read from the device first in a process's first step) and the upload of its new weights.
+  void update_on_host(const std::vector<OptSegment>& segments, size_t first, size_t last, double lr,
+                      int64_t step);
 
   Device& device_;
   Device& host_;
@@ -96,6 +114,12 @@ class HostOptimizer final : public Optimizer {
   // process reads them (after a resume or init_from loaded the device's), true after.
   bool values_current_ = false;
   bool uploads_pending_ = false;  // the last update's uploads may still read the host copies
+  // gradients_final's: the segments updated during this step's backward, those whose gradients
+  // are on their way (downloads in flight, not updated yet), the step they are for.
+  std::vector<bool> early_;
+  size_t arriving_first_ = 0, arriving_last_ = 0;
+  int64_t early_step_ = 0;
+  size_t overlapped_ = 0;
 };
 
 }  // namespace headroom

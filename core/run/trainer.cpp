@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <utility>
@@ -337,9 +338,36 @@ void Trainer::run() {
   close_outputs(nullptr);
 }
 
+bool Trainer::overlapping_update() const {
+  const auto* host = dynamic_cast<const HostOptimizer*>(optimizer_.get());
+  if (!host || host->state_in_file() || sharding_ || comm_->world_size() > 1) return false;
+  if (config_.train.grad_clip > 0) return false;
+  const char* env = std::getenv("HEADROOM_OVERLAP_UPDATE");
+  if (env && std::string(env) == "0") return false;
+  constexpr uint64_t kAfterBackward = HR_EVENT_BIT(HR_EVENT_GRADS_READY) |
+                                      HR_EVENT_BIT(HR_EVENT_OPTIMIZER_STEP) |
+                                      HR_EVENT_BIT(HR_EVENT_OOM);
+  if (plugins_->subscribed_events() & kAfterBackward) return false;
+  return std::all_of(listeners_.begin(), listeners_.end(),
+                     [&](const EventListener* l) { return l == plugins_.get(); });
+}
+
 void Trainer::run_steps() {
   // A resumed run's state, the plugins' included, is in place before TRAIN_BEGIN.
   const int64_t first = snapshots_->resume_or_start();
+  overlap_update_ = overlapping_update();
+  if (overlap_update_) {
+    // Each layer's trainable parameters are consecutive segments (whole_params' order).
+    layer_segments_.clear();
+    size_t k = 0;
+    for (const auto& layer : model_->layers()) {
+      const size_t from = k;
+      for (const auto& p : layer->params())
+        k += p->frozen ? 0 : 1;
+      layer_segments_.emplace_back(from, k);
+    }
+    if (k != segments_.size()) overlap_update_ = false;  // not whole parameters: no overlap
+  }
   fire(Event::kTrainBegin);
   set_phase(Phase::Kind::kData);
   const StepPlan::BufferLease buffers = plan_->allocate_buffers();
@@ -675,6 +703,24 @@ void Trainer::backward_end(int layer) {
     while (const auto b = grads_->launch_next(layer))
       fire_bucket(Event::kBucketLaunch, *b);
     grads_->progress();
+  }
+  // The host optimizer's update overlapped with the backward (offload): this layer's gradients
+  // are final, and the layer before, whose gradients are on the host by now, is updated there
+  // (the host ledger's timeline marks it) while the device goes on with the layers below.
+  if (overlap_update_ && state_.micro_step == state_.grad_accum) {
+    Device* host = device_->host_place();
+    if (host && size_t(layer) + 1 < model_->layers().size()) {
+      Phase p;
+      p.kind = Phase::Kind::kOptimizer;
+      p.layer = layer + 1;
+      p.layer_name = model_->layers()[size_t(layer) + 1]->name();
+      p.step = state_.step;
+      host->tracker().set_phase(p);
+    }
+    const auto [from, to] = layer_segments_.at(size_t(layer));
+    static_cast<HostOptimizer&>(*optimizer_)
+        .gradients_final(segments_, from, to, state_.lr, state_.step);
+    if (host) host->tracker().set_phase(device_->tracker().phase());
   }
 }
 

@@ -147,6 +147,13 @@ class Trainer final : private LayerEvents,
   void backward_begin(int layer) override;
   void backward_end(int layer) override;
   // AllocationObserver: every device allocation, free and failure.
+  // Whether the host optimizer (offload) may update each layer as its backward ends
+  // (HostOptimizer::gradients_final): one rank, nothing sharded, not the NVMe tier, no clipping
+  // (its factor needs every gradient), and nothing that could change the gradients or skip the
+  // update after the backward — no plugin at GRADS_READY or OPTIMIZER_STEP, none at OOM (a step
+  // restarted after layers were updated), no other listener. HEADROOM_OVERLAP_UPDATE=0 in the
+  // environment turns it off (for comparisons).
+  bool overlapping_update() const;
   void on_alloc(const void* ptr, uint64_t bytes, Category c, const std::string& what) override;
   void on_free(const void* ptr, uint64_t bytes, Category c) override;
   void on_oom(const OomReport& report) override;
@@ -186,6 +193,10 @@ class Trainer final : private LayerEvents,
   // What the optimizer updates, clipping scales and snapshots hold: every parameter whole, or
   // this rank's ranges when sharded.
   std::vector<OptSegment> segments_;
+  // The host optimizer's update overlapped with the backward (overlapping_update(), decided at
+  // TRAIN_BEGIN): each layer's segments [first, last), in segments_' order.
+  bool overlap_update_ = false;
+  std::vector<std::pair<size_t, size_t>> layer_segments_;
   std::unique_ptr<Sharding> sharding_;  // a plugin shards the model state (core/shard/)
   std::unique_ptr<DataSource> data_;
   std::unique_ptr<DataLoader> loader_;

@@ -98,6 +98,8 @@ class CudaBackend final : public Backend {
     computed_.reset(e);
     CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     uploaded_.reset(e);
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    downloaded_.reset(e);
     for (auto& slot : slots_) {
       CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       slot.reset(e);
@@ -603,9 +605,28 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
     CUDA_CHECK(cudaStreamSynchronize(stream()));
   }
+  void download_async(void* dst, const void* src, uint64_t bytes) override {
+    if (bytes == 0) return;
+    on_device();
+    // On the copy stream, after the compute work already enqueued (what wrote src); the compute
+    // stream does not wait for it.
+    CUDA_CHECK(cudaEventRecord(computed_.get(), compute_.get()));
+    CUDA_CHECK(cudaStreamWaitEvent(copy_.get(), computed_.get(), 0));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, copy_.get()));
+    CUDA_CHECK(cudaEventRecord(downloaded_.get(), copy_.get()));
+    downloads_pending_ = true;
+  }
+  void wait_downloads() override {
+    if (!downloads_pending_) return;
+    downloads_pending_ = false;
+    count_host_sync();
+    on_device();
+    CUDA_CHECK(cudaEventSynchronize(downloaded_.get()));  // the copy stream runs in order
+  }
   void synchronize() override {
     count_host_sync();
     on_device();
+    downloads_pending_ = false;
     CUDA_CHECK(cudaStreamSynchronize(copy_.get()));
     CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
   }
@@ -634,8 +655,10 @@ class CudaBackend final : public Backend {
   int device_;
   std::unique_ptr<CUstream_st, StreamDestroy> compute_;
   std::unique_ptr<CUstream_st, StreamDestroy> copy_;
-  std::unique_ptr<CUevent_st, EventDestroy> computed_;             // compute work before an upload
-  std::unique_ptr<CUevent_st, EventDestroy> uploaded_;             // the last upload
+  std::unique_ptr<CUevent_st, EventDestroy> computed_;    // compute work before an upload
+  std::unique_ptr<CUevent_st, EventDestroy> uploaded_;    // the last upload
+  std::unique_ptr<CUevent_st, EventDestroy> downloaded_;  // the last download_async
+  bool downloads_pending_ = false;
   std::unique_ptr<CUevent_st, EventDestroy> slots_[kUploadSlots];  // mark_uploads' events
   std::unique_ptr<cuda::CudaContext> ctx_;
   std::unique_ptr<void, DeviceFree> reduce_;  // sum_squares: result + partials (doubles)
