@@ -8,20 +8,27 @@ namespace services {
 
 constexpr Rule kSetOptimizerPlace = {HR_EXT_OFFLOAD " set_optimizer_place", kAnyone, When::kCreate,
                                      kNotAllowed};
-static hr_status set_optimizer_place(hr_host* h, uint32_t place) {
+// A place setter's call: `place` the device or the host, then `choose` (a PlaceChoice setter,
+// whose refusals become the plugin's error, prefixed with `fn`).
+static hr_status choose_place(hr_host* h, const char* fn, uint32_t place,
+                              void (PlaceChoice::*choose)(const std::string&, bool)) {
   LoadedPlugin& p = plugin(h);
   if (place != HR_PLACE_DEVICE && place != HR_PLACE_HOST) {
-    p.error = "set_optimizer_place: place " + std::to_string(place) +
+    p.error = std::string(fn) + ": place " + std::to_string(place) +
               " is none of HR_PLACE_DEVICE (0) and HR_PLACE_HOST (1)";
     return HR_ERROR_INVALID;
   }
   try {
-    run(h).place->set_optimizer_place(p.entry.name, place == HR_PLACE_HOST);
+    (run(h).place->*choose)(p.entry.name, place == HR_PLACE_HOST);
     return HR_OK;
   } catch (const std::exception& e) {
-    p.error = std::string("set_optimizer_place: ") + e.what();
+    p.error = std::string(fn) + ": " + e.what();
     return HR_ERROR_INVALID;
   }
+}
+
+static hr_status set_optimizer_place(hr_host* h, uint32_t place) {
+  return choose_place(h, "set_optimizer_place", place, &PlaceChoice::set_optimizer_place);
 }
 
 constexpr Rule kOptimizerPlace = {HR_EXT_OFFLOAD " optimizer_place", kAnyone, When::kAnyTime,
@@ -71,19 +78,7 @@ static hr_status host_memory_stats(hr_host* h, hr_memory_stats* out) {
 constexpr Rule kSetActivationPlace = {HR_EXT_OFFLOAD " set_activation_place", kAnyone,
                                       When::kCreate, kNotAllowed};
 static hr_status set_activation_place(hr_host* h, uint32_t place) {
-  LoadedPlugin& p = plugin(h);
-  if (place != HR_PLACE_DEVICE && place != HR_PLACE_HOST) {
-    p.error = "set_activation_place: place " + std::to_string(place) +
-              " is none of HR_PLACE_DEVICE (0) and HR_PLACE_HOST (1)";
-    return HR_ERROR_INVALID;
-  }
-  try {
-    run(h).place->set_activation_place(p.entry.name, place == HR_PLACE_HOST);
-    return HR_OK;
-  } catch (const std::exception& e) {
-    p.error = std::string("set_activation_place: ") + e.what();
-    return HR_ERROR_INVALID;
-  }
+  return choose_place(h, "set_activation_place", place, &PlaceChoice::set_activation_place);
 }
 
 constexpr Rule kSetHostPageLocked = {HR_EXT_OFFLOAD " set_host_page_locked", kAnyone, When::kCreate,

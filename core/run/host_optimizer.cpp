@@ -195,15 +195,19 @@ void HostOptimizer::update_on_host(const std::vector<OptSegment>& segments, size
     for (size_t j = 0; j < kinds && j < 2; ++j)
       tensors[j] = state.at(k * kinds + j).data;
     inner_->step_segment(on_host_[k], k, tensors, lr, step);
-    const OptSegment& d = segments[k];
-    const void* from = on_host_[k].value;
-    if (!casts_.empty()) {
-      host_.backend().cast(casts_[k].as<void>(), d.value_dtype, from, Dtype::kF32, d.numel);
-      from = casts_[k].as<void>();
-    }
-    ops.upload(d.value, from, d.numel * dtype_size(d.value_dtype));
+    upload_weights(segments[k], k);
   }
   uploads_pending_ = true;
+}
+
+void HostOptimizer::upload_weights(const OptSegment& d, size_t k) {
+  const void* from = on_host_[k].value;
+  if (!casts_.empty()) {
+    // The host masters' compute-dtype copy, rounded as Gpt::sync_compute_params rounds.
+    host_.backend().cast(casts_[k].as<void>(), d.value_dtype, from, Dtype::kF32, d.numel);
+    from = casts_[k].as<void>();
+  }
+  device_.backend().upload(d.value, from, d.numel * dtype_size(d.value_dtype));
 }
 
 void HostOptimizer::step(const std::vector<OptSegment>& segments, double lr, int64_t step) {
@@ -214,24 +218,18 @@ void HostOptimizer::step(const std::vector<OptSegment>& segments, double lr, int
     // segments none named, one by one as step() would.
     if (arriving_last_ > arriving_first_) ops.wait_downloads();
     update_on_host(segments, arriving_first_, arriving_last_, lr, step);
-    overlapped_ = 0;
     for (size_t k = 0; k < segments.size(); ++k) {
-      if (early_[k]) {
-        ++overlapped_;
-        continue;
-      }
+      if (early_[k]) continue;
       if (!device_.dry())
         ops.download(on_host_[k].grad, segments[k].grad,
                      segments[k].numel * dtype_size(segments[k].grad_dtype));
       update_on_host(segments, k, k + 1, lr, step);
     }
-    overlapped_ -= arriving_last_ - arriving_first_;  // those waited for the backward's end
     values_current_ = true;
     arriving_first_ = arriving_last_ = 0;
     early_step_ = 0;
     return;
   }
-  overlapped_ = 0;
   // The last update's uploads read the host copies: done before they change again.
   if (uploads_pending_) ops.synchronize();
   uploads_pending_ = false;
@@ -262,16 +260,8 @@ void HostOptimizer::step(const std::vector<OptSegment>& segments, double lr, int
     });
   else
     inner_->step(on_host_, lr, step);
-  for (size_t k = 0; k < segments.size(); ++k) {
-    const OptSegment& d = segments[k];
-    const void* from = on_host_[k].value;
-    if (!casts_.empty()) {
-      // The host masters' compute-dtype copy, rounded as Gpt::sync_compute_params rounds.
-      host_.backend().cast(casts_[k].as<void>(), d.value_dtype, from, Dtype::kF32, d.numel);
-      from = casts_[k].as<void>();
-    }
-    ops.upload(d.value, from, d.numel * dtype_size(d.value_dtype));
-  }
+  for (size_t k = 0; k < segments.size(); ++k)
+    upload_weights(segments[k], k);
   uploads_pending_ = true;
 }
 

@@ -76,8 +76,9 @@ class HostOptimizer final : public Optimizer {
   // update). Not with the NVMe tier (std::logic_error).
   void gradients_final(const std::vector<OptSegment>& segments, size_t first, size_t last,
                        double lr, int64_t step);
-  // The segments the last step updated during the backward.
-  size_t overlapped() const { return overlapped_; }
+  // Segment k's new weights to the device (d, on the copy stream): the host values, or with the
+  // masters on the host their compute-dtype copy.
+  void upload_weights(const OptSegment& d, size_t k);
 
   // Moves `layer`'s f32 masters (its trainable parameters', just initialised) into the host
   // ledger, where they become the values the update runs on, and frees them on the device: the
@@ -119,7 +120,6 @@ class HostOptimizer final : public Optimizer {
   std::vector<bool> early_;
   size_t arriving_first_ = 0, arriving_last_ = 0;
   int64_t early_step_ = 0;
-  size_t overlapped_ = 0;
 };
 
 }  // namespace headroom
