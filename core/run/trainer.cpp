@@ -656,13 +656,18 @@ void Trainer::fire_bucket(Event event, const BucketEvent& b) {
   fire(info);
 }
 
-void Trainer::set_phase(Phase::Kind kind, int layer) {
+Phase Trainer::phase_of(Phase::Kind kind, int layer) const {
   Phase p;
   p.kind = kind;
   p.layer = layer;
   if (layer >= 0 && model_) p.layer_name = model_->layers()[layer]->name();
   p.step = state_.step;
   p.micro_step = state_.micro_step;
+  return p;
+}
+
+void Trainer::set_phase(Phase::Kind kind, int layer) {
+  const Phase p = phase_of(kind, layer);
   device_->tracker().set_phase(p);
   if (Device* host = device_->host_place()) host->tracker().set_phase(p);
 }
@@ -709,14 +714,8 @@ void Trainer::backward_end(int layer) {
   // (the host ledger's timeline marks it) while the device goes on with the layers below.
   if (overlap_update_ && state_.micro_step == state_.grad_accum) {
     Device* host = device_->host_place();
-    if (host && size_t(layer) + 1 < model_->layers().size()) {
-      Phase p;
-      p.kind = Phase::Kind::kOptimizer;
-      p.layer = layer + 1;
-      p.layer_name = model_->layers()[size_t(layer) + 1]->name();
-      p.step = state_.step;
-      host->tracker().set_phase(p);
-    }
+    if (host && size_t(layer) + 1 < model_->layers().size())
+      host->tracker().set_phase(phase_of(Phase::Kind::kOptimizer, layer + 1));
     const auto [from, to] = layer_segments_.at(size_t(layer));
     static_cast<HostOptimizer&>(*optimizer_)
         .gradients_final(segments_, from, to, state_.lr, state_.step);

@@ -132,6 +132,8 @@ class Trainer final : private LayerEvents,
   void fire(Event event, int layer = -1);
   void fire(EventInfo info);
   void fire_bucket(Event event, const BucketEvent& b);
+  // The loop's phase now, as both ledgers are stamped with it (layer -1: none).
+  Phase phase_of(Phase::Kind kind, int layer = -1) const;
   void set_phase(Phase::Kind kind, int layer = -1);
   bool root() const { return comm_->rank() == 0; }
   std::ostream* root_log() const { return root() ? options_.log : nullptr; }
