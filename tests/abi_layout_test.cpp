@@ -546,7 +546,7 @@ PIN(hr_mechanisms, param_persistence_threshold, 48, 8);
 PIN(hr_mechanisms, grad_dtype, 56, 4);
 PIN(hr_mechanisms, master_weights, 60, 4);
 PIN(hr_mechanisms, state_dtype, 64, 4);
-PIN(hr_mechanisms, reserved1, 68, 4);
+PIN(hr_mechanisms, parameter_place, 68, 4);
 PIN(hr_mechanisms, optimizer_bytes, 72, 8);
 PIN(hr_mechanisms, plugin_bytes, 80, 8);      // 1.7
 PIN(hr_mechanisms, optimizer_place, 88, 4);   // 1.8

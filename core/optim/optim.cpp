@@ -1,5 +1,6 @@
 #include "core/optim/optim.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -256,6 +257,25 @@ double grad_sum_squares(Backend& ops, const std::vector<OptSegment>& segments) {
   return ops.sum_squares_many(spans);
 }
 
+double grad_sum_squares(Device& device, const std::vector<OptSegment>& segments) {
+  Device* host = device.host_place();
+  const auto first_on_host = std::find_if(segments.begin(), segments.end(),
+                                          [](const OptSegment& s) { return s.on_host; });
+  if (first_on_host == segments.end() || !host) return grad_sum_squares(device.backend(), segments);
+  // sum_squares_many adds its spans' sums in order: the first run of one place in one call, then
+  // each later span's alone, added in the same order.
+  size_t run = 0;
+  while (run < segments.size() && segments[run].on_host == segments[0].on_host)
+    ++run;
+  Backend& first = segments[0].on_host ? host->backend() : device.backend();
+  double total = grad_sum_squares(
+      first, std::vector<OptSegment>(segments.begin(), segments.begin() + std::ptrdiff_t(run)));
+  for (size_t i = run; i < segments.size(); ++i)
+    total += grad_sum_squares(segments[i].on_host ? host->backend() : device.backend(),
+                              {segments[i]});
+  return total;
+}
+
 double global_grad_norm(Backend& ops, const std::vector<Param<float>*>& params) {
   return std::sqrt(grad_sum_squares(ops, whole_params(params)));
 }
@@ -271,6 +291,15 @@ void clip_grads(Backend& ops, const std::vector<OptSegment>& segments, double no
   const float factor = clip_factor(norm, max_norm);
   for (const OptSegment& s : segments)
     ops.scale(s.grad_dtype, s.grad, s.numel, factor);
+}
+
+void clip_grads(Device& device, const std::vector<OptSegment>& segments, double norm,
+                double max_norm) {
+  if (!(max_norm > 0 && norm > max_norm)) return;
+  const float factor = clip_factor(norm, max_norm);
+  for (const OptSegment& s : segments)
+    (s.on_host ? device.host_place()->backend() : device.backend())
+        .scale(s.grad_dtype, s.grad, s.numel, factor);
 }
 
 double clip_grad_norm(Backend& ops, const std::vector<Param<float>*>& params, double max_norm) {

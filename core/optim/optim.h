@@ -31,6 +31,9 @@ struct OptSegment {
   Dtype grad_dtype = Dtype::kF32;
   void* compute = nullptr;
   Dtype compute_dtype = Dtype::kBF16;  // bf16 or f16
+  // value and grad (and compute) live in the device's host place (offloaded parameter shards,
+  // core/shard/sharding.h): the host place's ops read and write them.
+  bool on_host = false;
 };
 // One segment per parameter, the whole of each; `compute` set where it has f32 masters and a
 // compute copy.
@@ -128,6 +131,9 @@ double learning_rate(const TrainConfig& train, int64_t step);
 
 // The sum of squares of every segment's gradient (this rank's part of the global norm's square).
 double grad_sum_squares(Backend& ops, const std::vector<OptSegment>& segments);
+// The same over segments of either place (OptSegment::on_host), each read by its place's ops;
+// bitwise the one-place sum (the spans' sums added in order).
+double grad_sum_squares(Device& device, const std::vector<OptSegment>& segments);
 // sqrt of the sum of squares of every gradient.
 double global_grad_norm(Backend& ops, const std::vector<Param<float>*>& params);
 // The factor clipping multiplies the gradients by at global norm `norm` (torch.nn.utils.
@@ -135,6 +141,9 @@ double global_grad_norm(Backend& ops, const std::vector<Param<float>*>& params);
 float clip_factor(double norm, double max_norm);
 // Scales every segment's gradient by clip_factor(norm, max_norm) when it is not 1.
 void clip_grads(Backend& ops, const std::vector<OptSegment>& segments, double norm,
+                double max_norm);
+// The same over segments of either place (OptSegment::on_host).
+void clip_grads(Device& device, const std::vector<OptSegment>& segments, double norm,
                 double max_norm);
 // Scales the gradients so their global norm is at most max_norm. Returns the norm before clipping.
 double clip_grad_norm(Backend& ops, const std::vector<Param<float>*>& params, double max_norm);

@@ -94,6 +94,12 @@ static hr_status set_host_page_locked(hr_host* h, int32_t page_locked) {
   }
 }
 
+constexpr Rule kSetParameterPlace = {HR_EXT_OFFLOAD " set_parameter_place", kAnyone,
+                                     When::kCreate, kNotAllowed};
+static hr_status set_parameter_place(hr_host* h, uint32_t place) {
+  return choose_place(h, "set_parameter_place", place, &PlaceChoice::set_parameter_place);
+}
+
 extern const hr_ext_offload kOffloadExtension;
 const hr_ext_offload kOffloadExtension = {sizeof(hr_ext_offload),
                                           0,
@@ -102,7 +108,8 @@ const hr_ext_offload kOffloadExtension = {sizeof(hr_ext_offload),
                                           checked<kHostMemoryStats, host_memory_stats>,
                                           checked<kSetOptimizerFiles, set_optimizer_files>,
                                           checked<kSetActivationPlace, set_activation_place>,
-                                          checked<kSetHostPageLocked, set_host_page_locked>};
+                                          checked<kSetHostPageLocked, set_host_page_locked>,
+                                          checked<kSetParameterPlace, set_parameter_place>};
 
 }  // namespace services
 }  // namespace headroom

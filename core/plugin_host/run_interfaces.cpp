@@ -95,6 +95,10 @@ class NoPlace final : public PlaceChoice {
     throw std::logic_error(plugin + ": this run has no activations to place");
   }
   bool activations_on_host() const override { return false; }
+  void set_parameter_place(const std::string& plugin, bool) override {
+    throw std::logic_error(plugin + ": this run has no parameters to place");
+  }
+  bool parameters_on_host() const override { return false; }
   void set_host_page_locked(const std::string& plugin, bool) override {
     throw std::logic_error(plugin + ": this run has no host place");
   }

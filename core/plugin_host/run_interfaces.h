@@ -175,6 +175,9 @@ class PlaceChoice {
   // whether the host place is page-locked: the same rules.
   virtual void set_activation_place(const std::string& plugin, bool host) = 0;
   virtual bool activations_on_host() const = 0;
+  // Where a sharded layer's shards rest (core/shard/sharding.h: offloaded parameters).
+  virtual void set_parameter_place(const std::string& plugin, bool host) = 0;
+  virtual bool parameters_on_host() const = 0;
   virtual void set_host_page_locked(const std::string& plugin, bool page_locked) = 0;
   virtual bool host_page_locked() const = 0;
 };
@@ -202,6 +205,11 @@ class PlaceRecord final : public PlaceChoice {
     activations_host_ = host;
   }
   bool activations_on_host() const override { return activations_host_; }
+  void set_parameter_place(const std::string& plugin, bool host) override {
+    choose(plugin, "the parameters' place");
+    parameters_host_ = host;
+  }
+  bool parameters_on_host() const override { return parameters_host_; }
   void set_host_page_locked(const std::string& plugin, bool page_locked) override {
     choose(plugin, "the host place's memory");
     page_locked_ = page_locked;
@@ -221,7 +229,8 @@ class PlaceRecord final : public PlaceChoice {
                              "; two plugins cannot both choose the places");
     by_ = plugin;
   }
-  bool host_ = false, frozen_ = false, activations_host_ = false, page_locked_ = true;
+  bool host_ = false, frozen_ = false, activations_host_ = false, parameters_host_ = false,
+       page_locked_ = true;
   std::string by_, dir_;
   uint32_t direct_io_ = 0;
 };

@@ -1,5 +1,7 @@
 #include "core/report/advice.h"
 
+#include "core/shard/sharding.h"
+
 #include <toml++/toml.h>
 #include <algorithm>
 #include <cctype>
@@ -60,6 +62,7 @@ struct CMechanisms {
                         : m.optimizer_on_host ? HR_PLACE_HOST
                                               : HR_PLACE_DEVICE;
     c.activation_place = m.activations_on_host ? HR_PLACE_HOST : HR_PLACE_DEVICE;
+    c.parameter_place = m.parameters_on_host ? HR_PLACE_HOST : HR_PLACE_DEVICE;
     for (const LoraSpec& l : lora) {
       hr_lora_spec spec;
       std::memset(&spec, 0, sizeof spec);
@@ -132,6 +135,8 @@ bool from_c(const hr_mechanisms& c, const ModelConfig& model, const Mechanisms& 
     m.optimizer_on_nvme = c.optimizer_place == HR_PLACE_NVME;
     if (c.activation_place != HR_PLACE_DEVICE && c.activation_place != HR_PLACE_HOST) return false;
     m.activations_on_host = c.activation_place == HR_PLACE_HOST;
+    if (c.parameter_place != HR_PLACE_DEVICE && c.parameter_place != HR_PLACE_HOST) return false;
+    m.parameters_on_host = c.parameter_place == HR_PLACE_HOST;
   }
   if (HR_HAS_FIELD(&c, hr_mechanisms, base_dtype)) {
     // Adapters core would refuse to add (a target that names no module, a rank below 1) or a
@@ -481,6 +486,8 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s) {
 // bytes by category are what it records there.
 PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) {
   const ModelConfig& m = config.model;
+  // What the host shards of what the plugin asked (on one rank, less: the trainer's rule).
+  const uint32_t shard_what = effective_partition(s.shard, s.world_size, s.parameters_on_host);
   const uint64_t B = uint64_t(s.micro_batch), T = uint64_t(m.seq_len), C = uint64_t(m.n_embd);
   const uint64_t V = uint64_t(m.vocab_size), L = uint64_t(std::max(0, m.n_layer)), N = B * T;
   // es: the compute dtype's element size (activations, compute copies); statistics and masters
@@ -499,7 +506,7 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   // weights it updates.
   const bool host_masters = s.optimizer_on_host &&
                             s.optimizer_bytes == Mechanisms::kBuiltinOptimizer && copies &&
-                            s.masters && (s.shard & kShardOpt) == 0;
+                            s.masters && (shard_what & kShardOpt) == 0;
   const uint64_t weights_el = copies ? (s.masters && !host_masters ? kF32 : 0) + es : kF32;
   const uint64_t grads_el = copies && s.grad_in_compute ? es : kF32;
   const bool micro_grads = copies && !s.grad_in_compute;
@@ -537,12 +544,18 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     }
   }
   const uint64_t W = uint64_t(std::max(1, s.world_size)), r = uint64_t(std::max(0, rank));
-  const bool sh_opt = (s.shard & kShardOpt) != 0;
-  const bool sh_grad = sh_opt && (s.shard & kShardGrads);
-  const bool sh_param = sh_grad && (s.shard & kShardParams);
+  const bool sh_opt = (shard_what & kShardOpt) != 0;
+  const bool sh_grad = sh_opt && (shard_what & kShardGrads);
+  const bool sh_param = sh_grad && (shard_what & kShardParams);
   std::vector<uint64_t> padded(H + 1), shard(H + 1), mine(H + 1), frozen_bytes(H + 1);
   std::vector<bool> gathers(H + 1, false);  // zero3: sharded, gathered around its use
   uint64_t params_rest = 0, grads_rest = 0, mine_total = 0;
+  // Offloaded parameters (core/shard/sharding.h): a sharded layer's parameter, frozen and gradient
+  // shards rest in the host ledger instead, with one staging buffer of the largest gradient shard;
+  // the host optimizer updates those shards in place, keeping copies only of the whole layers'
+  // ranges (host_mine of mine_total).
+  const bool offloaded = sh_param && s.parameters_on_host;
+  uint64_t host_params_rest = 0, host_grads_rest = 0, staging = 0, host_mine = 0;
   const uint64_t frozen_el = copies ? es : kF32;  // frozen weights: in the compute dtype alone
   for (size_t l = 0; l <= H; ++l) {
     const uint64_t n = numel[l];
@@ -564,11 +577,20 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     // compute copies and anything sharded the fp32 masters are optimizer state, the rank's range
     // of them only (core/shard/sharding.h). The gradients whole (fp32 and the compute dtype's) or
     // the rank's fp32 gradient shard. The frozen storage whole, or (zero3) the rank's range of it.
-    params_rest += gathers[l]         ? per_param * shard[l]
-                   : copies && sh_opt ? es * padded[l] + kF32 * shard[l]
-                                      : weights_el * padded[l];
-    grads_rest += sh_grad ? kF32 * shard[l] : grads_el * padded[l];
-    params_rest += gathers[l] ? frozen_bytes[l] / W : frozen_bytes[l];
+    const uint64_t p_rest = gathers[l]         ? per_param * shard[l]
+                            : copies && sh_opt ? es * padded[l] + kF32 * shard[l]
+                                               : weights_el * padded[l];
+    const uint64_t g_rest = sh_grad ? kF32 * shard[l] : grads_el * padded[l];
+    const uint64_t z_rest = gathers[l] ? frozen_bytes[l] / W : frozen_bytes[l];
+    if (offloaded && gathers[l]) {
+      host_params_rest += p_rest + z_rest;
+      host_grads_rest += g_rest;
+      staging = std::max(staging, kF32 * shard[l]);
+    } else {
+      params_rest += p_rest + z_rest;
+      grads_rest += g_rest;
+      host_mine += mine[l];
+    }
   }
   uint64_t trainable = 0;
   for (uint64_t n : numel)
@@ -608,8 +630,10 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     at(base.host, Category::kParameters) = (host_masters           ? kF32 + es
                                             : copies && !s.masters ? es
                                                                    : kF32) *
-                                           mine_total;
-    at(base.host, Category::kGradients) = grads_el * mine_total;
+                                           host_mine;
+    at(base.host, Category::kGradients) = grads_el * host_mine;
+    at(base.host, Category::kParameters) += host_params_rest;
+    at(base.host, Category::kGradients) += host_grads_rest + staging;
   } else {
     at(base.at_peak, Category::kOptimizer) = state_bytes;
   }

@@ -60,6 +60,9 @@ struct Mechanisms {
   // Each layer's output in the host ledger between the next layer's forward and backward
   // (hr_mechanisms.activation_place HR_PLACE_HOST, Gpt::set_activation_place).
   bool activations_on_host = false;
+  // zero3's parameter and gradient shards in the host ledger (hr_mechanisms.parameter_place
+  // HR_PLACE_HOST; core/shard/sharding.h "Offloaded parameters").
+  bool parameters_on_host = false;
   // LoRA adapters (headroom.adapters/1, hr_mechanisms.adapters): each spec on the modules its
   // target names, every other parameter frozen; and how the frozen block weights are stored
   // (hr_mechanisms.base_dtype: kNone, as the other frozen parameters).

@@ -16,11 +16,12 @@ ByCategory host_optimizer_bytes(const std::vector<OptSegment>& segments, uint64_
                                 Dtype state, bool masters_on_host) {
   ByCategory b{};
   for (const OptSegment& s : segments) {
+    b[int(Category::kOptimizer)] += state_tensors * s.numel * dtype_size(state);
+    if (s.on_host) continue;  // an offloaded shard: no copies
     // The masters (f32) and their compute-dtype copy (the segment's), or the copy of the values.
     b[int(Category::kParameters)] +=
         s.numel * ((masters_on_host ? dtype_size(Dtype::kF32) : 0) + dtype_size(s.value_dtype));
     b[int(Category::kGradients)] += s.numel * dtype_size(s.grad_dtype);
-    b[int(Category::kOptimizer)] += state_tensors * s.numel * dtype_size(state);
   }
   return b;
 }
@@ -64,6 +65,14 @@ void HostOptimizer::allocate(const std::vector<OptSegment>& segments) {
   for (size_t k = 0; k < on_host.size(); ++k) {
     OptSegment& s = on_host[k];
     s.compute = nullptr;  // the device's: the host makes and uploads its own copies (step)
+    if (s.on_host) {
+      // Offloaded parameter shards (core/shard/sharding.h): already in the host ledger, where
+      // the update runs in place; no copies, nothing read back or uploaded.
+      if (masters) throw std::logic_error("HostOptimizer: host masters of an offloaded shard");
+      values.emplace_back();
+      grads.emplace_back();
+      continue;
+    }
     if (masters) {
       // The masters taken from the device (take_masters): the update's f32 values; the
       // segment's own dtype is the compute copy's, which the host makes for the upload.
@@ -169,8 +178,9 @@ void HostOptimizer::gradients_final(const std::vector<OptSegment>& segments, siz
   const size_t ready_first = arriving_first_, ready_last = arriving_last_;
   // These start back while the host updates those (a dry run moves nothing: step()'s reason).
   for (size_t k = first; k < last && !device_.dry(); ++k)
-    ops.download_async(on_host_[k].grad, segments[k].grad,
-                       segments[k].numel * dtype_size(segments[k].grad_dtype));
+    if (!segments[k].on_host)
+      ops.download_async(on_host_[k].grad, segments[k].grad,
+                         segments[k].numel * dtype_size(segments[k].grad_dtype));
   for (size_t k = first; k < last; ++k)
     early_[k] = true;
   arriving_first_ = first;
@@ -183,8 +193,9 @@ void HostOptimizer::update_on_host(const std::vector<OptSegment>& segments, size
   if (first >= last) return;
   Backend& ops = device_.backend();
   for (size_t k = first; k < last && !values_current_ && !device_.dry(); ++k)
-    ops.download(on_host_[k].value, segments[k].value,
-                 segments[k].numel * dtype_size(segments[k].value_dtype));
+    if (!segments[k].on_host)
+      ops.download(on_host_[k].value, segments[k].value,
+                   segments[k].numel * dtype_size(segments[k].value_dtype));
   inner_->set_rounding_seed(rounding_seed_);
   // The state's tensors, segment by segment (Optimizer::state lists each segment's kinds in turn).
   const size_t kinds = inner_->state_kinds().size();
@@ -201,6 +212,7 @@ void HostOptimizer::update_on_host(const std::vector<OptSegment>& segments, size
 }
 
 void HostOptimizer::upload_weights(const OptSegment& d, size_t k) {
+  if (d.on_host) return;  // updated in place
   const void* from = on_host_[k].value;
   if (!casts_.empty()) {
     // The host masters' compute-dtype copy, rounded as Gpt::sync_compute_params rounds.
@@ -220,7 +232,7 @@ void HostOptimizer::step(const std::vector<OptSegment>& segments, double lr, int
     update_on_host(segments, arriving_first_, arriving_last_, lr, step);
     for (size_t k = 0; k < segments.size(); ++k) {
       if (early_[k]) continue;
-      if (!device_.dry())
+      if (!device_.dry() && !segments[k].on_host)
         ops.download(on_host_[k].grad, segments[k].grad,
                      segments[k].numel * dtype_size(segments[k].grad_dtype));
       update_on_host(segments, k, k + 1, lr, step);
@@ -240,6 +252,7 @@ void HostOptimizer::step(const std::vector<OptSegment>& segments, double lr, int
   for (size_t k = 0; k < segments.size() && !device_.dry(); ++k) {
     const OptSegment& d = segments[k];
     const OptSegment& h = on_host_[k];
+    if (d.on_host) continue;  // in the host ledger already
     if (!values_current_) ops.download(h.value, d.value, d.numel * dtype_size(d.value_dtype));
     ops.download(h.grad, d.grad, d.numel * dtype_size(d.grad_dtype));
   }

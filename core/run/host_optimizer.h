@@ -4,6 +4,9 @@
 // backend's kernels (the same ones the CPU device runs, so the results are bitwise the same) and
 // the new weights go back to the device on the copy stream.
 //
+// Segments over offloaded parameter shards (OptSegment::on_host: core/shard/sharding.h) are in
+// the host ledger already: the update runs on them in place, with no copy, read-back or upload.
+//
 // The NVMe tier (HR_PLACE_NVME) is the same with the optimizer's state in a file
 // (core/run/state_file.h) instead of the host ledger: each update streams it through two
 // staging buffers segment by segment, updating each with Optimizer::step_segment.

@@ -144,8 +144,18 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   plugins_->create(run);
   add_listener(plugins_.get());
   const Precision& precision = choices_.precision();
-  const uint32_t shard_what = choices_.shard_what();
   const std::string& shard_plugin = choices_.shard_plugin();
+  // What is sharded: what the plugin asked for, on one rank only the optimizer state unless the
+  // parameters' shards rest on the host (effective_partition).
+  const bool params_on_host = places_.parameters_on_host();
+  const uint32_t shard_what =
+      effective_partition(choices_.shard_what(), ranks.world_size, params_on_host);
+  if (shard_what != choices_.shard_what())
+    std::fprintf(stderr,
+                 "[%s] info: one rank: nothing but the optimizer state partitioned (a shard "
+                 "would be the whole; offload's parameters = \"host\" puts the shards in host "
+                 "memory)\n",
+                 shard_plugin.c_str());
   // amp's state layouts other than its default are one rank's, unsharded, so far: the gradient
   // buckets, the shards and their resharding hold f32 masters and gradients.
   const bool layout = precision.grad_in_compute || !precision.masters;
@@ -181,6 +191,20 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   std::string place_where;
   for (const PluginEntry& e : config_.plugins)
     if (e.name == places_.chosen_by()) place_where = e.pos.str() + ": ";
+  // Offloaded parameters: zero3's shards in the host ledger, updated there.
+  if (params_on_host && !(shard_what & kShardParameters))
+    throw ConfigError(place_where + "plugin '" + places_.chosen_by() +
+                      "' puts the parameter shards in host memory, but " +
+                      (shard_plugin.empty() ? std::string("no plugin shards the parameters")
+                                            : "plugin '" + shard_plugin +
+                                                  "' does not shard them") +
+                      ": list zero3 in [[plugins]] (it shards each layer's parameters and "
+                      "gathers them around their use)");
+  if (params_on_host && !places_.optimizer_on_host())
+    throw ConfigError(place_where + "plugin '" + places_.chosen_by() +
+                      "' puts the parameter shards in host memory, where the optimizer must "
+                      "update them: put the optimizer on the host too (offload's optimizer = "
+                      "\"host\" or \"nvme\")");
   if (host_optimizer && plugins_->provides_optimizer())
     throw ConfigError(
         place_where + "plugin '" + places_.chosen_by() +
@@ -221,8 +245,9 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     // is initialised.
     std::function<void(Layer<float>&)> placed;
     if (shard_what) {
-      sharding_ =
-          std::make_unique<Sharding>(*device_, *comm_, shard_what, choices_.shard_persist_below());
+      sharding_ = std::make_unique<Sharding>(*device_, *comm_, shard_what,
+                                             choices_.shard_persist_below(),
+                                             params_on_host ? device_->host_place() : nullptr);
       placed = [this](Layer<float>& layer) { sharding_->place(layer); };
     } else if (host_optimizer && precision.masters && precision.compute != Dtype::kF32) {
       // ZeRO-Offload's masters: amp's f32 masters move to the host optimizer as each layer is
@@ -495,7 +520,7 @@ void Trainer::clip_gradients() {
                     (plugins_->gradient_events() & kAfterClipping) != 0;
   const float clip = clip_factor(state_.grad_norm, t.grad_clip);
   if (read || !optimizer_->fold_grad_scale(clip))
-    clip_grads(device_->backend(), segments_, state_.grad_norm, t.grad_clip);
+    clip_grads(*device_, segments_, state_.grad_norm, t.grad_clip);
   state_.clip_coef = double(clip);
 }
 

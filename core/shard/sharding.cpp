@@ -24,11 +24,48 @@ bool is_zero_stage(uint32_t what) {
          what == (kShardOptimizer | kShardGradients | kShardParameters);
 }
 
-Sharding::Sharding(Device& device, Communicator& comm, uint32_t what, uint64_t persist_below)
-    : device_(device), comm_(comm), what_(what), persist_below_(persist_below) {
+uint32_t effective_partition(uint32_t asked, int world_size, bool parameters_on_host) {
+  if (world_size > 1 || asked == 0) return asked;
+  return (asked & kShardParameters) && parameters_on_host ? asked : uint32_t(kShardOptimizer);
+}
+
+Sharding::Sharding(Device& device, Communicator& comm, uint32_t what, uint64_t persist_below,
+                   Device* rest)
+    : device_(device),
+      rest_(rest ? *rest : device),
+      comm_(comm),
+      what_(what),
+      persist_below_(persist_below) {
   if (!is_zero_stage(what))
     throw std::logic_error("sharding " + std::to_string(what) +
                            " is no ZeRO stage (each stage shards what the one before does)");
+  if (offloads() && !(what & kShardParameters))
+    throw std::logic_error("shards rest on the host only when the parameters are sharded");
+}
+
+void Sharding::to_rest(const LayerShard& ls, void* shard, const void* from, uint64_t bytes) {
+  if (offloaded(ls)) {
+    device_.backend().download(shard, from, bytes);
+  } else {
+    device_.backend().copy(shard, from, bytes);
+  }
+}
+
+void Sharding::from_rest(const LayerShard& ls, void* to, const void* shard, uint64_t bytes) {
+  if (offloaded(ls)) {
+    device_.backend().upload(to, shard, bytes);
+  } else {
+    device_.backend().copy(to, shard, bytes);
+  }
+}
+
+CommRequest Sharding::gather_from_rest(const LayerShard& ls, const void* shard, void* full,
+                                       uint64_t n, Dtype dtype) {
+  if (!offloaded(ls)) return comm_.all_gather(shard, full, n, dtype);
+  const uint64_t bytes = n * dtype_size(dtype);
+  char* mine = static_cast<char*>(full) + uint64_t(rank()) * bytes;
+  from_rest(ls, mine, shard, bytes);
+  return comm_.all_gather(mine, full, n, dtype);
 }
 
 Sharding::~Sharding() {
@@ -63,11 +100,10 @@ void Sharding::place(Layer<float>& l) {
   // what zero3 shards, its adapters are few.
   const uint64_t numel = l.num_params();
   ls.whole = !(what_ & kShardParameters) || numel < persist_below_ || numel == 0;
-  Backend& ops = device_.backend();
   if (what_ & kShardGradients) {
-    ls.grad = Buffer(device_, ls.shard * sizeof(float), Category::kGradients,
+    ls.grad = Buffer(place_of(ls), ls.shard * sizeof(float), Category::kGradients,
                      l.name() + " gradient shard");
-    ops.fill(Dtype::kF32, ls.grad.as<float>(), ls.shard, 0.0);
+    place_of(ls).backend().fill(Dtype::kF32, ls.grad.as<float>(), ls.shard, 0.0);
   }
   const uint64_t r = uint64_t(comm_.rank());
   // zero3: the frozen weights' and the quantized bytes' ranges (never reduced: no gradient).
@@ -77,16 +113,16 @@ void Sharding::place(Layer<float>& l) {
     if (z.padded > 0) {
       ls.frozen_shard = z.padded / W;
       const uint64_t bytes = ls.frozen_shard * dtype_size(dt);
-      ls.frozen = Buffer(device_, bytes, Category::kParameters,
+      ls.frozen = Buffer(place_of(ls), bytes, Category::kParameters,
                          l.name() + " frozen parameter shard (" + dtype_name(dt) + ")");
-      ops.copy(ls.frozen.as<void>(), l.frozen_weights().as<char>() + r * bytes, bytes);
+      to_rest(ls, ls.frozen.as<void>(), l.frozen_weights().as<char>() + r * bytes, bytes);
     }
     if (l.quantized_padded_bytes() > 0) {
       ls.quant_shard = l.quantized_padded_bytes() / 4 / W;
       const uint64_t bytes = ls.quant_shard * 4;
-      ls.quant = Buffer(device_, bytes, Category::kParameters,
+      ls.quant = Buffer(place_of(ls), bytes, Category::kParameters,
                         l.name() + " quantized frozen parameter shard");
-      ops.copy(ls.quant.as<void>(), l.quantized_storage().as<char>() + r * bytes, bytes);
+      to_rest(ls, ls.quant.as<void>(), l.quantized_storage().as<char>() + r * bytes, bytes);
     }
     l.release_frozen();
     ls.gathered = false;
@@ -95,15 +131,15 @@ void Sharding::place(Layer<float>& l) {
   // they are optimizer state then, as in ZeRO's 16Ψ/N) or the parameters are sharded (zero3).
   if (f.padded > 0 && (!ls.whole || f.compute)) {
     const uint64_t at = r * ls.shard;
-    ls.value = Buffer(device_, ls.shard * sizeof(float), Category::kParameters,
+    ls.value = Buffer(place_of(ls), ls.shard * sizeof(float), Category::kParameters,
                       l.name() + " master shard");
-    ops.copy(ls.value.as<void>(), f.value.as<float>() + at, ls.shard * sizeof(float));
+    to_rest(ls, ls.value.as<void>(), f.value.as<float>() + at, ls.shard * sizeof(float));
     if (!ls.whole && f.compute) {  // zero3: the compute copy's range too
       const Dtype dt = l.compute_dtype();
-      ls.compute = Buffer(device_, ls.shard * dtype_size(dt), Category::kParameters,
+      ls.compute = Buffer(place_of(ls), ls.shard * dtype_size(dt), Category::kParameters,
                           l.name() + " parameter shard (" + dtype_name(dt) + ")");
-      ops.copy(ls.compute.as<void>(), f.compute.as<char>() + at * dtype_size(dt),
-               ls.shard * dtype_size(dt));
+      to_rest(ls, ls.compute.as<void>(), f.compute.as<char>() + at * dtype_size(dt),
+              ls.shard * dtype_size(dt));
     }
     if (ls.whole) {
       l.release_masters();  // the whole compute copy stays
@@ -120,6 +156,13 @@ void Sharding::attach(Gpt<float>& model) {
                            std::to_string(layers_.size()) + " were placed");
   model_ = &model;
   const uint64_t r = uint64_t(comm_.rank());
+  // Offloaded: the staging of the largest sharded gradient range.
+  uint64_t stage = 0;
+  for (const LayerShard& ls : layers_)
+    if (offloaded(ls) && ls.grad) stage = std::max(stage, ls.shard);
+  if (stage > 0)
+    staging_ = Buffer(rest_, stage * sizeof(float), Category::kGradients,
+                      "gradient staging (offloaded shards)");
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerShard& ls = layers_[l];
     const FlatStorage& f = layer(int(l)).flat();
@@ -138,6 +181,7 @@ void Sharding::attach(Gpt<float>& model) {
       s.grad = ls.grad ? ls.grad.as<float>() + (a - lo) : f.grad.as<float>() + a;
       s.numel = b - a;
       s.decay = p->decay;
+      s.on_host = offloaded(ls);
       segments_.push_back(std::move(s));
     }
   }
@@ -161,9 +205,8 @@ bool Sharding::shards_masters() const {
 }
 
 void Sharding::begin_step() {
-  Backend& ops = device_.backend();
   for (LayerShard& ls : layers_)
-    if (ls.grad) ops.fill(Dtype::kF32, ls.grad.as<float>(), ls.shard, 0.0);
+    if (ls.grad) place_of(ls).backend().fill(Dtype::kF32, ls.grad.as<float>(), ls.shard, 0.0);
 }
 
 void Sharding::backward_done(int layer) {
@@ -230,10 +273,10 @@ void Sharding::gather_parameters(int l) {
     if (ls.compute) {
       lay.allocate_compute();
       requests.push_back(
-          comm_.all_gather(ls.compute.as<void>(), f.compute.as<void>(), S, lay.compute_dtype()));
+          gather_from_rest(ls, ls.compute.as<void>(), f.compute.as<void>(), S, lay.compute_dtype()));
     } else if (ls.value) {
       lay.allocate_masters();
-      requests.push_back(comm_.all_gather(ls.value.as<void>(), f.value.as<void>(), S, Dtype::kF32));
+      requests.push_back(gather_from_rest(ls, ls.value.as<void>(), f.value.as<void>(), S, Dtype::kF32));
     }
     gather_frozen(l, requests);
     for (CommRequest& request : requests)
@@ -248,10 +291,10 @@ void Sharding::gather_frozen(int l, std::vector<CommRequest>& into) {
   Layer<float>& lay = layer(l);
   lay.allocate_frozen();
   if (ls.frozen)
-    into.push_back(comm_.all_gather(ls.frozen.as<void>(), lay.frozen_weights().as<void>(),
+    into.push_back(gather_from_rest(ls, ls.frozen.as<void>(), lay.frozen_weights().as<void>(),
                                     ls.frozen_shard, lay.compute_dtype()));
   if (ls.quant)  // bytes, moved as 4-byte words
-    into.push_back(comm_.all_gather(ls.quant.as<void>(), lay.quantized_storage().as<void>(),
+    into.push_back(gather_from_rest(ls, ls.quant.as<void>(), lay.quantized_storage().as<void>(),
                                     ls.quant_shard, Dtype::kI32));
 }
 
@@ -306,8 +349,13 @@ void Sharding::finish(Pending& p) {
                f.padded);
   } else if (ls.grad) {
     // This micro-step's (or these micro-steps') average into the shard; the full gradients go.
-    ops.axpy(Dtype::kF32, ls.grad.as<float>(), f.grad.as<float>() + uint64_t(rank()) * ls.shard,
-             ls.shard, 1.0);
+    // Offloaded: read back into the staging and added there, by the host's ops.
+    const float* reduced = f.grad.as<float>() + uint64_t(rank()) * ls.shard;
+    if (offloaded(ls)) {
+      ops.download(staging_.as<void>(), reduced, ls.shard * sizeof(float));
+      reduced = staging_.as<float>();
+    }
+    place_of(ls).backend().axpy(Dtype::kF32, ls.grad.as<float>(), reduced, ls.shard, 1.0);
     lay.release_grads();
   }
 }
@@ -349,7 +397,8 @@ void Sharding::updated() {
                  ls.value.as<void>(), Dtype::kF32, ls.shard);
       ls.gathered = false;
     } else if (ls.compute) {
-      ops.cast(ls.compute.as<void>(), dt, ls.value.as<void>(), Dtype::kF32, ls.shard);
+      place_of(ls).backend().cast(ls.compute.as<void>(), dt, ls.value.as<void>(), Dtype::kF32,
+                                  ls.shard);
     }
   }
 }
@@ -394,11 +443,11 @@ void Sharding::with_frozen(int l, bool scatter, const std::function<void()>& f) 
   const uint64_t r = uint64_t(rank());
   if (ls.frozen) {
     const uint64_t bytes = ls.frozen_shard * dtype_size(lay.compute_dtype());
-    ops.copy(ls.frozen.as<void>(), lay.frozen_weights().as<char>() + r * bytes, bytes);
+    to_rest(ls, ls.frozen.as<void>(), lay.frozen_weights().as<char>() + r * bytes, bytes);
   }
   if (ls.quant) {
     const uint64_t bytes = ls.quant_shard * 4;
-    ops.copy(ls.quant.as<void>(), lay.quantized_storage().as<char>() + r * bytes, bytes);
+    to_rest(ls, ls.quant.as<void>(), lay.quantized_storage().as<char>() + r * bytes, bytes);
   }
   ops.synchronize();
 }
@@ -420,16 +469,16 @@ void Sharding::with_trainable_masters(int l, bool gather, bool scatter,
     Layer<float>& layer;
     ~Release() { layer.release_masters(); }
   } release{lay};
-  if (gather)
-    comm_.all_gather(ls.value.as<void>(), fs.value.as<void>(), ls.shard, Dtype::kF32).wait();
+  if (gather) gather_from_rest(ls, ls.value.as<void>(), fs.value.as<void>(), ls.shard, Dtype::kF32).wait();
   f();
   if (!scatter) return;
   Backend& ops = device_.backend();
-  ops.copy(ls.value.as<void>(), fs.value.as<float>() + uint64_t(rank()) * ls.shard,
-           ls.shard * sizeof(float));
+  to_rest(ls, ls.value.as<void>(), fs.value.as<float>() + uint64_t(rank()) * ls.shard,
+          ls.shard * sizeof(float));
   const Dtype dt = lay.compute_dtype();
   if (ls.compute) {  // zero3: the compute copy's shard
-    ops.cast(ls.compute.as<void>(), dt, ls.value.as<void>(), Dtype::kF32, ls.shard);
+    place_of(ls).backend().cast(ls.compute.as<void>(), dt, ls.value.as<void>(), Dtype::kF32,
+                                ls.shard);
   } else if (fs.compute) {  // a whole compute copy (amp, zero1/zero2)
     ops.cast(fs.compute.as<void>(), dt, fs.value.as<void>(), Dtype::kF32, fs.padded);
   }
@@ -458,7 +507,7 @@ float* Sharding::gradient_range(int l) const {
 }
 
 double Sharding::grad_sum_squares() {
-  double sum = headroom::grad_sum_squares(device_.backend(), segments_);
+  double sum = headroom::grad_sum_squares(device_, segments_);
   comm_.all_reduce_host(&sum, 1, ReduceOp::kSum);
   return sum;
 }

@@ -16,6 +16,15 @@
 //                each padded to W equal ranges — and gathered and released with it; never reduced.
 //                Below zero3 they are replicated.
 //
+// Offloaded parameters (ZeRO-Infinity's offload_param; headroom.offload/1 set_parameter_place):
+// a sharded layer's shards — its parameter, master, frozen and gradient shards — rest in the
+// device's host place instead, in the host ledger. Its gathering uploads the rank's range into the
+// full buffer on the device and all-gathers the others' in place; its reduction reads the rank's
+// range of the reduced gradients back (one staging buffer, the largest shard's) and adds it into
+// the host shard there; the optimizer's segments over them are OptSegment::on_host. Whole layers
+// (below the persistence threshold) stay on the device. On one rank this is the device holding
+// only the layers in flight.
+//
 // When to reduce, gather and release, and what to keep, is the plugins' policy (zero1, zero2,
 // zero3), driven through headroom.shard/1; the trainer checks that a layer's parameters are there
 // before it computes, that every layer was reduced before GRADS_READY, and that by the end of
@@ -50,12 +59,20 @@ enum ShardBits : uint32_t {
 
 // A valid ZeRO stage: optimizer; optimizer + gradients; all three.
 bool is_zero_stage(uint32_t what);
+// What a plugin that asked to shard `asked` gets sharded on `world_size` ranks. On one rank a
+// shard is the whole: a gradient or parameter shard would come on top of the layer's full
+// gradients or parameters, so only the optimizer state is partitioned (zero1's) — unless the
+// parameters are offloaded (`parameters_on_host`), where the shards resting in the host ledger
+// are what leaves the device.
+uint32_t effective_partition(uint32_t asked, int world_size, bool parameters_on_host);
 
 class Sharding {
  public:
   // `what`: a ZeRO stage (is_zero_stage). `persist_below`: with kShardParameters, layers of fewer
-  // parameter elements keep their parameters whole (0: none).
-  Sharding(Device& device, Communicator& comm, uint32_t what, uint64_t persist_below);
+  // parameter elements keep their parameters whole (0: none). `rest`: where a sharded layer's
+  // shards rest: the device (nullptr) or its host place (offloaded parameters; kShardParameters).
+  Sharding(Device& device, Communicator& comm, uint32_t what, uint64_t persist_below,
+           Device* rest = nullptr);
   Sharding(const Sharding&) = delete;
   Sharding& operator=(const Sharding&) = delete;
   ~Sharding();
@@ -76,6 +93,8 @@ class Sharding {
   // Layer l keeps its parameters whole (no kShardParameters, or fewer elements than the
   // threshold, frozen ones included).
   bool whole(int layer) const { return layers_[checked(layer)].whole; }
+  // The shards of sharded layers rest in the host place (offloaded parameters).
+  bool offloads() const { return &rest_ != &device_; }
   // Some layer's fp32 masters are sharded (amp, zero3): the model's full masters are not there.
   bool shards_masters() const;
   // with_masters as a MasterAccess (core/model/model.h); empty when no masters and no frozen
@@ -183,8 +202,20 @@ class Sharding {
   // of layer l; none when no gather of l is in flight.
   void finish_through_gather(int layer);
   std::string missed(const std::function<bool(const LayerShard&)>& miss) const;
+  // Where a layer's shards rest: the host place for a sharded layer when parameters are
+  // offloaded, else the device.
+  bool offloaded(const LayerShard& ls) const { return !ls.whole && offloads(); }
+  Device& place_of(const LayerShard& ls) const { return offloaded(ls) ? rest_ : device_; }
+  // `bytes` from the device into a shard at rest (a download when offloaded), and back.
+  void to_rest(const LayerShard& ls, void* shard, const void* from, uint64_t bytes);
+  void from_rest(const LayerShard& ls, void* to, const void* shard, uint64_t bytes);
+  // All-gathers every rank's shard (n elements) into `full` on the device: offloaded, the rank's
+  // own range is uploaded first and the gathering runs in place.
+  CommRequest gather_from_rest(const LayerShard& ls, const void* shard, void* full, uint64_t n,
+                               Dtype dtype);
 
   Device& device_;
+  Device& rest_;  // where sharded layers' shards rest
   Communicator& comm_;
   uint32_t what_;
   uint64_t persist_below_;
@@ -192,6 +223,9 @@ class Sharding {
   std::vector<LayerShard> layers_;
   std::vector<OptSegment> segments_;
   std::vector<Pending> pending_;
+  // Offloaded: the rank's range of one layer's reduced gradients, read back before its add
+  // (category gradients, the host place; the largest shard's size).
+  Buffer staging_;
   int micro_ = 1, micro_steps_ = 1;
 };
 

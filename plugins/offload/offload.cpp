@@ -23,7 +23,12 @@
 //   pin_memory = true      # the host place is page-locked on CUDA (copies by DMA); false: plain
 //                          # pageable memory (CUDA stages each copy; nothing page-locked taken).
 //                          # The CPU backend's host place is plain memory either way
-//   parameters = "none"    # only "none" so far ("host" and "nvme" are later steps)
+//   parameters = "none"    # "host": ZeRO-Infinity's offload_param, with zero3 listed too (it
+//                          # chooses which layers are sharded and when they are gathered): each
+//                          # sharded layer's parameter and gradient shards rest in host memory,
+//                          # the device holding a layer only from its gathering (prefetch_layers
+//                          # ahead) to its release, on one rank as on many. Needs optimizer =
+//                          # "host" or "nvme". "nvme" is not built yet
 //   activations = false    # true: each layer's output (the block outputs checkpointing keeps)
 //                          # waits in host memory between the next layer's forward and backward,
 //                          # back on the device one layer ahead of its use
@@ -57,6 +62,7 @@ struct Offload {
   bool optimizer_on_host = true;
   bool nvme = false;
   bool activations = false;  // the layers' outputs on the host between forward and backward
+  bool parameters = false;   // the sharded layers' shards on the host
   bool pin_memory = true;
   std::string nvme_path;  // "nvme": the folder, for the estimate's TOML
 };
@@ -188,13 +194,22 @@ hr_status create(const hr_host_services* s, void** instance) {
                            "set_host_page_locked; valid here: true");
   st = read_string(s, "parameters", &parameters);
   if (st != HR_OK) return st;
-  if (parameters != "none")
+  if (parameters == "nvme")
+    return s->config_error(s->host, "parameters",
+                           "\"nvme\": the parameters' NVMe tier is not built yet; valid: "
+                           "\"none\", \"host\"");
+  if (parameters != "none" && parameters != "host")
     return s->config_error(
         s->host, "parameters",
-        ("\"" + parameters +
-         "\": offloading the parameters is not built yet (\"host\" and \"nvme\" are later steps); "
-         "valid: \"none\"")
-            .c_str());
+        ("\"" + parameters + "\" is not a place; valid: \"none\", \"host\"").c_str());
+  if (parameters == "host" && optimizer == "none")
+    return s->config_error(s->host, "parameters",
+                           "\"host\" needs the optimizer off the device too (it updates the "
+                           "parameter shards in host memory): optimizer = \"host\" or \"nvme\"");
+  if (parameters == "host" && !HR_HAS_FIELD(offload, hr_ext_offload, set_parameter_place))
+    return s->config_error(s->host, "parameters",
+                           "\"host\" needs a host whose headroom.offload/1 has "
+                           "set_parameter_place; valid here: \"none\"");
   int32_t activations = 0;
   st = s->config_bool(s->host, "activations", &activations);
   if (st != HR_OK) return st;
@@ -210,6 +225,10 @@ hr_status create(const hr_host_services* s, void** instance) {
     st = offload->set_host_page_locked(s->host, 0);
     if (st != HR_OK) return st;
   }
+  if (parameters == "host") {
+    st = offload->set_parameter_place(s->host, HR_PLACE_HOST);
+    if (st != HR_OK) return st;
+  }
   if (optimizer == "host") {
     st = offload->set_optimizer_place(s->host, HR_PLACE_HOST);
     if (st != HR_OK) return st;  // the host's message stands
@@ -222,6 +241,7 @@ hr_status create(const hr_host_services* s, void** instance) {
   o->nvme = optimizer == "nvme";
   o->nvme_path = nvme_path;
   o->activations = activations != 0;
+  o->parameters = parameters == "host";
   o->pin_memory = pin_memory != 0;
   *instance = o;
   return HR_OK;
@@ -237,6 +257,7 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
   if (o->optimizer_on_host && builtin)
     r->after->optimizer_place = o->nvme ? HR_PLACE_NVME : HR_PLACE_HOST;
   if (o->activations) r->after->activation_place = HR_PLACE_HOST;
+  if (o->parameters) r->after->parameter_place = HR_PLACE_HOST;
   const hr_status st = q->peak(q->context, r->after, r->bytes);
   if (st != HR_OK) return st;
   // No measurement of the step time with the update on the host yet: counted as unchanged.
@@ -248,12 +269,16 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
             "the host"
       : builtin ? "optimizer state and f32 weights in host memory, update on the host"
                 : "the optimizer's state stays (an optimizer-role plugin keeps its own)";
-  std::snprintf(r->what, sizeof r->what, "%s%s%s", optimizer,
-                o->activations && *optimizer ? "; " : "",
-                o->activations ? "layer outputs in host memory between forward and backward" : "");
+  std::string what = optimizer;
+  if (o->parameters) what += "; parameter and gradient shards in host memory";
+  if (o->activations)
+    what += std::string(what.empty() ? "" : "; ") +
+            "layer outputs in host memory between forward and backward";
+  std::snprintf(r->what, sizeof r->what, "%s", what.c_str());
   std::string toml =
       o->nvme ? "optimizer = \"nvme\"\nnvme_path = \"" + o->nvme_path + "\"\n"
               : std::string("optimizer = \"") + (o->optimizer_on_host ? "host" : "none") + "\"\n";
+  if (o->parameters) toml += "parameters = \"host\"\n";
   if (o->activations) toml += "activations = true\n";
   if (!o->pin_memory) toml += "pin_memory = false\n";
   std::snprintf(r->toml, sizeof r->toml, "%s", toml.c_str());

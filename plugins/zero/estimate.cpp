@@ -5,6 +5,7 @@
 #include "zero/estimate.h"
 
 #include <headroom/ext/estimate.h>
+#include <headroom/ext/offload.h>
 #include <headroom/ext/shard.h>
 #include <headroom/plugin.h>
 
@@ -19,18 +20,18 @@ namespace {
 
 constexpr uint32_t kShardParameters = HR_SHARD_PARAMETERS;
 
-// What stage `stage` shards on W ranks. On one rank a gradient shard would be the whole gradient
-// with the backward's full gradients on top of it: zero2 then partitions as zero1 (zero.cpp's
-// create()), and so, by the same reasoning, does zero3.
-uint32_t shard_bits(int stage, int32_t W) {
-  if (stage <= 1 || W <= 1) return HR_SHARD_OPTIMIZER;
+// What stage `stage` asks to shard. On one rank the host shards less (core/shard/sharding.h
+// effective_partition: only the optimizer state, unless zero3's parameter shards rest in host
+// memory), and so does its closed form.
+uint32_t shard_bits(int stage) {
+  if (stage <= 1) return HR_SHARD_OPTIMIZER;
   if (stage == 2) return HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS;
   return HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS | kShardParameters;
 }
 
 void set_mechanisms(int stage, const Settings& s, int32_t W, hr_mechanisms* m) {
   m->world_size = W;
-  m->shard = shard_bits(stage, W);
+  m->shard = shard_bits(stage);
   m->grad_reduce = 0;
   if (m->shard & HR_SHARD_GRADIENTS) {
     // zero.cpp: with overlap_comm off every layer is reduced at layer 0's BACKWARD_END; without
@@ -51,9 +52,13 @@ uint64_t total_of(const uint64_t* bytes) {
   return t;
 }
 
-std::string what_of(int stage, int32_t W, uint32_t shard) {
+std::string what_of(int stage, int32_t W, uint32_t shard, bool parameters_on_host) {
   std::string s = "ZeRO stage " + std::to_string(stage) + " on " + std::to_string(W) +
                   (W == 1 ? " rank: " : " ranks: ");
+  if (W == 1 && !((shard & kShardParameters) && parameters_on_host))
+    shard = HR_SHARD_OPTIMIZER;  // effective_partition's one rank
+  if ((shard & kShardParameters) && parameters_on_host)
+    s += "the parameter and gradient shards in host memory; ";
   if (shard & kShardParameters) return s + "parameters, gradients and optimizer state sharded";
   if (shard & HR_SHARD_GRADIENTS) return s + "gradients and optimizer state sharded";
   if (stage > 1) return s + "nothing to shard over, partitioned as zero1";
@@ -116,7 +121,9 @@ hr_status estimate(int stage, const Settings* configured, const hr_estimate_quer
   // measured). A proposal on more ranks than the run has adds the communication of data
   // parallelism itself, which is not in this factor either.
   r->step_time_factor = 1.0;
-  std::snprintf(r->what, sizeof r->what, "%s", what_of(stage, W, m->shard).c_str());
+  const bool params_host = HR_HAS_FIELD(m, hr_mechanisms, optimizer_place) &&
+                           m->parameter_place == HR_PLACE_HOST;
+  std::snprintf(r->what, sizeof r->what, "%s", what_of(stage, W, m->shard, params_host).c_str());
   // A proposal writes no keys (the defaults): its remedy is the table as it is, on its ranks.
   std::snprintf(r->toml, sizeof r->toml, "%s", configured ? toml_of(stage, s).c_str() : "");
   return HR_OK;

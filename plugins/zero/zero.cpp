@@ -115,6 +115,9 @@ class Zero {
       lay.struct_size = sizeof lay;
       const hr_status st = shard_->layout(s_->host, l, &lay);
       if (st != HR_OK) return st;
+      // Without gradient shards (zero1, or more on one rank) the full gradients are reduced
+      // once, in the step's last micro-step.
+      if (!(lay.what & HR_SHARD_GRADIENTS)) every_ = false;
       if (!HR_HAS_FIELD(&lay, hr_shard_layout, tied)) continue;  // no parameter shards
       whole_[size_t(l)] = lay.whole != 0;
       tied_[size_t(l)] = lay.tied;
@@ -240,17 +243,12 @@ hr_status create(const hr_host_services* s, void** instance) {
       return s->config_error(s->host, "param_persistence_threshold",
                              "must be >= 0 (parameter elements; 0: every layer sharded)");
   }
-  // One rank: a shard would be the whole, and the full gradients or parameters of the layer
-  // computing would come on top of it; the optimizer state alone is partitioned (over one rank).
-  const bool one_rank = s->world_size(s->host) <= 1;
-  if (kStage >= 2 && one_rank)
-    s->log(s->host, HR_LOG_INFO,
-           "one rank: nothing but the optimizer state partitioned (the "
-           "stage is zero1's)");
-  const uint32_t what = kStage == 1 || one_rank ? HR_SHARD_OPTIMIZER
-                        : kStage == 2
-                            ? HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS
-                            : HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS | HR_SHARD_PARAMETERS;
+  // The stage's partition. What the host shards may be less (on one rank only the optimizer
+  // state, unless the parameters' shards rest in host memory: headroom.offload/1): the layout's
+  // `what` says, at TRAIN_BEGIN.
+  const uint32_t what = kStage == 1   ? HR_SHARD_OPTIMIZER
+                        : kStage == 2 ? HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS
+                                      : HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS | HR_SHARD_PARAMETERS;
   st = shard->partition(s->host, what);
   if (st != HR_OK) return st;  // the host's message stands
   if (what & HR_SHARD_PARAMETERS) {
@@ -261,10 +259,7 @@ hr_status create(const hr_host_services* s, void** instance) {
     st = shard->persist_below(s->host, uint64_t(persist));
     if (st != HR_OK) return st;
   }
-  // Without gradient shards (zero1, or more on one rank) the full gradients are reduced once, in
-  // the step's last micro-step.
-  const bool sharded_grads = (what & HR_SHARD_GRADIENTS) != 0;
-  Zero* z = new Zero(s, shard, step, overlap != 0, sharded_grads && every != 0, int32_t(prefetch));
+  Zero* z = new Zero(s, shard, step, overlap != 0, kStage >= 2 && every != 0, int32_t(prefetch));
   z->settings.overlap_comm = overlap != 0;
   z->settings.reduce_every_micro_step = every != 0;
   z->settings.prefetch_layers = int32_t(prefetch);

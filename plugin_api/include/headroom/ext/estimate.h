@@ -104,7 +104,11 @@ typedef struct hr_mechanisms {
   uint32_t grad_dtype;
   uint32_t master_weights;
   uint32_t state_dtype;
-  uint32_t reserved1;
+  /* Where the parameter shards of sharded layers rest (hr_ext_offload.set_parameter_place):
+   * HR_PLACE_DEVICE (0, core's default; this was reserved1, zero) or HR_PLACE_HOST (1: with
+   * HR_SHARD_PARAMETERS, each sharded layer's parameter, master and gradient shards in the host
+   * ledger, the device holding its full parameters and gradients only around their use). */
+  uint32_t parameter_place;
   /* The optimizer state of a rank in bytes when a plugin takes the optimizer role (its estimate
    * sets it from model->param_tensors), or HR_OPTIMIZER_BYTES_BUILTIN: core's AdamW / SGD. */
   uint64_t optimizer_bytes;

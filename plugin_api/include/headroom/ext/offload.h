@@ -78,6 +78,20 @@ typedef struct hr_ext_offload {
    * and no page-locked memory is taken from the system). The CPU backend's host place is plain
    * memory either way. HR_ERROR_NOT_ALLOWED outside create(). */
   hr_status (*set_host_page_locked)(hr_host* host, int32_t page_locked);
+  /* Appended (check HR_HAS_FIELD). From create() only: where the parameter shards of a
+   * run whose parameters are sharded (headroom.shard/1 HR_SHARD_PARAMETERS: zero3) rest between
+   * their uses, ZeRO-Infinity's offload_param. HR_PLACE_DEVICE: on the device (the default).
+   * HR_PLACE_HOST: each sharded layer's parameter, master, frozen and gradient shards live in
+   * the host ledger; the device holds a layer's parameters only from its gathering (the rank's
+   * range uploaded, the others' all-gathered) to its release, and its full gradients only from
+   * its backward to its reduction, whose result is read back and added into the host shard. On
+   * one rank too: the device then holds only the layers in flight. Layers below the persistence
+   * threshold stay whole on the device. The run needs the optimizer on the host
+   * (set_optimizer_place or set_optimizer_files: it updates the host shards in place) and a
+   * plugin that shards the parameters; it refuses, naming the plugins, before step 1 otherwise.
+   * Results are bitwise those of the same run on the device. HR_ERROR_INVALID for another value;
+   * HR_ERROR_NOT_ALLOWED outside create(). */
+  hr_status (*set_parameter_place)(hr_host* host, uint32_t place);
 } hr_ext_offload;
 
 #ifdef __cplusplus
