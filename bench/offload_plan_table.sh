@@ -3,7 +3,9 @@
 # "What a 24 GiB and an 80 GiB device train"): `headroom plan` (dry, closed forms: nothing of the
 # model is allocated) on a preset at micro_batch 1, for the optimizer on the device ("none"), in
 # host memory ("host") and on the NVMe tier ("nvme", nvme_path a temporary folder: plan checks
-# that it exists and is writable), with and without amp and checkpoint. Prints one markdown row a
+# that it exists and is writable), and each of the two with the parameter shards in host memory too
+# ("host + parameters", "nvme + parameters": zero3 at its defaults and parameters = "host", on one
+# rank), with and without amp and checkpoint. Prints one markdown row a
 # combination: the device's peak and the host ledger's, and whether the device peak fits each wall.
 # Usage: bench/offload_plan_table.sh PRESET SEQ_LEN [BUILD_DIR]
 set -euo pipefail
@@ -21,10 +23,17 @@ for extras in "fp32|" "amp|$(plugin amp)" "checkpoint|$(plugin checkpoint)" \
 $(plugin checkpoint)" "amp (bf16 weights and state, no masters) + checkpoint|$(plugin amp 'master_weights = false
 state_dtype = "bf16"')
 $(plugin checkpoint)"; do
-  for tier in none host nvme; do
-    table=$(plugin offload "optimizer = \"$tier\"")
-    [ "$tier" = nvme ] && table=$(plugin offload "optimizer = \"nvme\"
-nvme_path = \"$dir\"")
+  for tier in none host nvme "host + parameters" "nvme + parameters"; do
+    case $tier in
+    nvme*) table=$(plugin offload "optimizer = \"nvme\"
+nvme_path = \"$dir\"") ;;
+    *) table=$(plugin offload "optimizer = \"${tier%% *}\"") ;;
+    esac
+    case $tier in
+    *parameters) table="$(plugin zero3)
+$table
+parameters = \"host\"" ;;
+    esac
     fits=()
     dev="" host=""
     for limit in 24GiB 80GiB; do

@@ -295,6 +295,12 @@ SearchResult search(const Config& config, uint64_t budget, double deadline_s) {
         if (r.rates.copy_bytes_per_s == 0) r.rates = measure_offload_rates();
         c.transfer_bytes = c.m.host_by_category[static_cast<int>(Category::kGradients)] +
                            c.m.host_by_category[static_cast<int>(Category::kParameters)];
+        // The parameter shards on the host: every micro-step uploads the weights the layers read
+        // twice more (the forward's gathering and the backward's), in the compute dtype.
+        const Mechanisms mech = estimate_config(c.config, {}, 1).mechanisms;
+        if (mech.parameters_on_host)
+          c.transfer_bytes += 2 * uint64_t(std::max(1, c.config.train.grad_accum)) *
+                              gpt_num_params(c.config.model) * dtype_size(mech.compute);
         c.update_elements = gpt_num_params(c.config.model);
         if (r.rates.copy_bytes_per_s > 0)
           c.transfer_ms = 1000.0 * double(c.transfer_bytes) / r.rates.copy_bytes_per_s;

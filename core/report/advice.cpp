@@ -823,6 +823,14 @@ ConfigEstimate estimate_config(const Config& config, const OomNumbers& oom, int 
     with.double_quant = ce.mechanisms.double_quant;
     ce = estimate_chain(config, created, with, oom);
   }
+  // What the trainer refuses of the plugins' choices together (core/run/trainer.cpp): the
+  // parameter shards in host memory need a plugin that shards the parameters.
+  const Mechanisms& m = ce.mechanisms;
+  if (m.parameters_on_host &&
+      !(effective_partition(m.shard, m.world_size, true) & kShardParams))
+    throw ConfigError(config.file +
+                      ": the offload plugin puts the parameter shards in host memory, but no "
+                      "plugin shards the parameters: list zero3 in [[plugins]]");
   return ce;
 }
 

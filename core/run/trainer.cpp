@@ -150,12 +150,11 @@ Trainer::Trainer(const Config& config, TrainOptions options)
   const bool params_on_host = places_.parameters_on_host();
   const uint32_t shard_what =
       effective_partition(choices_.shard_what(), ranks.world_size, params_on_host);
-  if (shard_what != choices_.shard_what())
-    std::fprintf(stderr,
-                 "[%s] info: one rank: nothing but the optimizer state partitioned (a shard "
-                 "would be the whole; offload's parameters = \"host\" puts the shards in host "
-                 "memory)\n",
-                 shard_plugin.c_str());
+  std::ostream* log = root_log();
+  if (shard_what != choices_.shard_what() && log)
+    *log << "[" << shard_plugin
+         << "] one rank: nothing but the optimizer state partitioned (a shard would be the whole; "
+            "offload's parameters = \"host\" puts the shards in host memory)\n";
   // amp's state layouts other than its default are one rank's, unsharded, so far: the gradient
   // buckets, the shards and their resharding hold f32 masters and gradients.
   const bool layout = precision.grad_in_compute || !precision.masters;

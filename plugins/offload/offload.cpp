@@ -286,9 +286,12 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
 }
 
 // What `plan --measure --search` tries (hr_ext_estimate.modes). Not "nvme": its table needs
-// nvme_path, a folder on the disk the state would live on, which no search can pick.
+// nvme_path, a folder on the disk the state would live on, which no search can pick. The
+// parameters need zero3 too: alone the mode is refused, and the search pairs it with zero3's.
 constexpr hr_estimate_mode kModes[] = {
     headroom_plugin::mode("optimizer host", "optimizer = \"host\""),
+    headroom_plugin::mode("optimizer and parameters host",
+                          "optimizer = \"host\"\nparameters = \"host\""),
 };
 
 hr_status create_hook(const hr_host_services* s, void** instance) {

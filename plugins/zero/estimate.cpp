@@ -55,6 +55,9 @@ uint64_t total_of(const uint64_t* bytes) {
 std::string what_of(int stage, int32_t W, uint32_t shard, bool parameters_on_host) {
   std::string s = "ZeRO stage " + std::to_string(stage) + " on " + std::to_string(W) +
                   (W == 1 ? " rank: " : " ranks: ");
+  if (W == 1 && stage == 3 && !parameters_on_host)  // the offload plugin may come after
+    return s + "nothing to shard over unless the offload plugin puts the shards in host memory "
+               "(parameters = \"host\"), else partitioned as zero1";
   if (W == 1 && !((shard & kShardParameters) && parameters_on_host))
     shard = HR_SHARD_OPTIMIZER;  // effective_partition's one rank
   if ((shard & kShardParameters) && parameters_on_host)

@@ -288,6 +288,14 @@ hr_status on_event(void* instance, const hr_event_info* info) {
                                   [&] { return z->on_event(info); });
 }
 
+// What `plan --measure --search` tries of zero3 (hr_ext_estimate.modes): its defaults, on the
+// run's ranks. On one rank that shards only the optimizer state, unless the offload plugin puts
+// the shards in host memory: the search pairs the two modes where neither fits alone.
+constexpr hr_estimate_mode kModes[] = {headroom_plugin::mode("at its defaults", "")};
+constexpr headroom_plugin::OfferFn kOfferEstimate =
+    kStage == 3 ? &headroom_plugin::offer_estimate_modes<estimate, kModes>
+                : &headroom_plugin::offer_estimate<estimate>;
+
 #define HR_STR2(x) #x
 #define HR_STR(x) HR_STR2(x)
 
@@ -301,11 +309,12 @@ const hr_plugin_descriptor kDescriptor = {
     : kStage == 2
         ? "ZeRO stage 2: optimizer state and gradients sharded over the ranks"
         : "ZeRO stage 3: optimizer state, gradients and parameters sharded over the ranks",
+    // TRAIN_BEGIN from zero2 on: what the host partitioned (layout's `what`).
     HR_EVENT_BIT(HR_EVENT_BACKWARD_END) | HR_EVENT_BIT(HR_EVENT_STEP_END) |
-        (kStage == 3
-             ? HR_EVENT_BIT(HR_EVENT_TRAIN_BEGIN) | HR_EVENT_BIT(HR_EVENT_FORWARD_BEGIN) |
-                   HR_EVENT_BIT(HR_EVENT_FORWARD_END) | HR_EVENT_BIT(HR_EVENT_BACKWARD_BEGIN)
-             : 0),
+        (kStage >= 2 ? HR_EVENT_BIT(HR_EVENT_TRAIN_BEGIN) : 0) |
+        (kStage == 3 ? HR_EVENT_BIT(HR_EVENT_FORWARD_BEGIN) | HR_EVENT_BIT(HR_EVENT_FORWARD_END) |
+                           HR_EVENT_BIT(HR_EVENT_BACKWARD_BEGIN)
+                     : 0),
     HR_ROLE_GRADIENT_REDUCTION,
     0,  // reserved0
     create_hook,
@@ -317,7 +326,7 @@ const hr_plugin_descriptor kDescriptor = {
     nullptr,  // load_state
     // BACKWARD_END reduces the layer's gradients into the shards; the rest gathers and releases
     // parameters.
-    headroom_plugin::offer_all<headroom_plugin::offer_estimate<estimate>,
+    headroom_plugin::offer_all<kOfferEstimate,
                                headroom_plugin::offer_reads<HR_EVENT_BIT(HR_EVENT_BACKWARD_END)>>,
 };
 

@@ -363,7 +363,37 @@ offload)
     [ "$(grep -c 'measured - closed form: 0 bytes' plan.$f-act)" = 2 ] ||
       fail "$f with activations on the host: the host ledger is not the closed form: $(cat plan.$f-act)"
   done
-  echo "offload: data parallel, zero1/2/3, amp and LoRA across 2 ranks, host and NVMe, activations, bitwise"
+  # The parameter shards on the host too (parameters = "host", ZeRO-Infinity's offload_param)
+  # with zero3 sharding every layer, fp32 and amp + checkpoint, the optimizer on the host and on
+  # the NVMe tier: the same losses and weights as zero3 on the device, both ledgers the closed
+  # form on both ranks; and amp + checkpoint resumed from step 3 bitwise.
+  plugins_toml z3all zero3
+  printf 'param_persistence_threshold = 0\n' >> z3all.toml
+  mpirun -np 2 "$headroom" train z3all.toml -q --set train.steps=6 --metrics z3all.jsonl --save-weights z3all.out
+  for f in z3all acz3; do
+    for tier in host nvme; do
+      with_offload $f $tier
+      printf 'parameters = "host"\n' >> $f-$tier.toml
+      mpirun -np 2 "$headroom" train $f-$tier.toml -q --set train.steps=6 --metrics $f-par.jsonl \
+        --save-weights $f-par.out
+      "$compare" losses $f-par.jsonl $f.jsonl 0 || fail "$f with the parameters on the host ($tier): losses"
+      cmp $f.out $f-par.out || fail "$f with the parameters on the host ($tier): weights differ"
+      [ -z "$(ls nvme)" ] || fail "$f, parameters on the host ($tier): state files left: $(ls nvme)"
+      mpirun -np 2 "$headroom" plan $f-$tier.toml --measure > plan.$f-par 2>&1 ||
+        fail "$f with the parameters on the host: plan --measure failed: $(cat plan.$f-par)"
+      [ "$(grep -c 'measured - closed form: 0 bytes' plan.$f-par)" = 2 ] ||
+        fail "$f with the parameters on the host: the host ledger is not the closed form: $(cat plan.$f-par)"
+    done
+  done
+  cp acz3-host.toml rp.toml
+  printf '[snapshot]\ndir = "psnaps"\nevery = 3\n' >> rp.toml
+  mpirun -np 2 "$headroom" train rp.toml -q --set train.steps=6 --save-weights pwhole.out
+  mkdir pat3
+  cp psnaps/step_000000000003.* pat3/
+  mpirun -np 2 "$headroom" train rp.toml -q --set train.steps=6 --resume pat3 --save-weights presumed.out
+  cmp pwhole.out presumed.out || fail "amp + zero3 + parameters on the host: the resumed run's weights differ"
+  cmp acz3.out pwhole.out || fail "amp + zero3 + parameters on the host: not the run on the device"
+  echo "offload: data parallel, zero1/2/3, amp and LoRA across 2 ranks, host and NVMe, activations, parameters, bitwise"
   ;;
 failure)
   recorder_table >> cfg.toml

@@ -83,6 +83,10 @@ TEST_P(ZeroEstimate, IsEachRanksTrackerPeakByCategory) {
     EXPECT_EQ(e.peak.at_peak[i], mt.live_at_peak()[i]) << category_name(category_at(i)) << "\n"
                                                        << who;
   EXPECT_EQ(e.peak.total(), mt.peak_total()) << who;
+  // The host ledger too (offload: the optimizer, the layers' outputs, the parameter shards).
+  const ByCategory host = t.device().host_place()->tracker().peak_by_category();
+  for (int i = 0; i < kNumCategories; ++i)
+    EXPECT_EQ(e.peak.host[i], host[i]) << "host " << category_name(category_at(i)) << "\n" << who;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -154,6 +158,25 @@ INSTANTIATE_TEST_SUITE_P(
              "[[plugins]]\nname = \"zero2\"\n[[plugins]]\nname = \"offload\"\n"
              "optimizer = \"host\"\nactivations = true\n",
              "1"},
+        Case{"Zero3ParametersOnTheHost",
+             "[[plugins]]\nname = \"zero3\"\nparam_persistence_threshold = 100\n"
+             "[[plugins]]\nname = \"offload\"\nparameters = \"host\"\n",
+             "1"},
+        Case{"AmpCheckpointZero3EveryLayerParametersOnTheHostAccumulating",
+             "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"checkpoint\"\n"
+             "[[plugins]]\nname = \"zero3\"\nparam_persistence_threshold = 0\n"
+             "[[plugins]]\nname = \"offload\"\nparameters = \"host\"\nactivations = true\n",
+             "2"},
+        Case{"LoraNf4AmpZero3ParametersOnTheHost",
+             LORA("nf4") "double_quant = true\n[[plugins]]\nname = \"amp\"\n"
+                         "[[plugins]]\nname = \"offload\"\nparameters = \"host\"\n"
+                         "[[plugins]]\nname = \"zero3\"\nparam_persistence_threshold = 100\n",
+             "1"},
+        Case{"LlamaZero3Prefetch2ParametersOnTheHost",
+             "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = \"zero3\"\n"
+             "param_persistence_threshold = 100\nprefetch_layers = 2\n"
+             "[[plugins]]\nname = \"offload\"\nparameters = \"host\"\n",
+             "1", kLlama},
         Case{"LlamaDataParallel", "", "1", kLlama},
         Case{"LlamaZero1", "[[plugins]]\nname = \"zero1\"\n", "1", kLlama},
         Case{"LlamaZero2Accumulating", "[[plugins]]\nname = \"zero2\"\n", "2", kLlama},
