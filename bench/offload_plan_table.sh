@@ -39,10 +39,14 @@ parameters = \"host\"" ;;
     for limit in 24GiB 80GiB; do
       printf '[model]\npreset = "%s"\nseq_len = %s\n[train]\nmicro_batch = 1\n[device]\nkind = "cuda"\nmemory_limit = "%s"\n%s\n%s\n' \
         "$preset" "$seq_len" "$limit" "${extras#*|}" "$table" >"$dir/run.toml"
-      out=$("$bin" plan "$dir/run.toml" 2>&1 || true)
+      rc=0
+      out=$("$bin" plan "$dir/run.toml" 2>&1) || rc=$?
       dev=$(awk '$1 == "total" { $1 = ""; sub(/^ +/, ""); print; exit }' <<<"$out")
       host=$(awk '/estimated host memory/ { on = 1 } on && $1 == "total" { $1 = ""; sub(/^ +/, ""); print; exit }' <<<"$out")
-      if grep -q "^fits memory_limit" <<<"$out"; then fits+=(fits); else fits+=("does not fit"); fi
+      if [ $rc = 2 ]; then
+        fits+=("refused (exit 2)")
+        dev="—"
+      elif grep -q "^fits memory_limit" <<<"$out"; then fits+=(fits); else fits+=("does not fit"); fi
     done
     printf '| %s | %s | %s | %s | %s | %s |\n' "${extras%%|*}" "$tier" "$dev" "${host:-0}" \
       "${fits[0]}" "${fits[1]}"

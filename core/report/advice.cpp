@@ -823,9 +823,15 @@ ConfigEstimate estimate_config(const Config& config, const OomNumbers& oom, int 
     with.double_quant = ce.mechanisms.double_quant;
     ce = estimate_chain(config, created, with, oom);
   }
-  // What the trainer refuses of the plugins' choices together (core/run/trainer.cpp): the
-  // parameter shards in host memory need a plugin that shards the parameters.
+  // What the trainer refuses of the plugins' choices together (core/run/trainer.cpp): amp's
+  // layouts other than its default across ranks or sharded; the parameter shards in host memory
+  // without a plugin that shards the parameters.
   const Mechanisms& m = ce.mechanisms;
+  if ((m.grad_in_compute || !m.masters) &&
+      (m.world_size > 1 || effective_partition(m.shard, m.world_size, m.parameters_on_host)))
+    throw ConfigError(config.file + ": amp's " +
+                      (m.masters ? "grad_dtype = \"bf16\"" : "master_weights = false") +
+                      " runs on one rank without a zero plugin so far");
   if (m.parameters_on_host &&
       !(effective_partition(m.shard, m.world_size, true) & kShardParams))
     throw ConfigError(config.file +
