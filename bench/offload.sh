@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The offload plugin's benchmarks (docs/results/offload.md), one command:
-#  (a) the step time of bench/offload.toml with optimizer = "host" and "nvme" against no offload,
+#  (a) the step time of bench/offload.toml with optimizer = "host" and "nvme", and with the
+#      parameter shards on the host too (zero3, parameters = "host"), against no offload,
 #      interleaved (bench/cpu_interleave.py, side by side in one run);
 #  (b) the host AdamW's update (bench_optimizer_kernels: the kernel the host place runs) against
 #      PyTorch's torch.optim.AdamW on the CPU (bench/torch_adamw_rate.py), same shapes, threads;
@@ -20,15 +21,20 @@ trap 'rm -rf "$tmp"' EXIT
 echo "== $(date -u '+%F %H:%M UTC'), $(nproc) cores, $(uptime)"
 echo "== $dir: $(df -T "$dir" | tail -1 | awk '{print $2}')"
 
-echo "== (a) step time: none, host, nvme"
+echo "== (a) step time: none, host, nvme, host + parameters"
 cp bench/offload.toml "$tmp/none.toml"
 { cat bench/offload.toml; printf '[[plugins]]\nname = "offload"\noptimizer = "host"\n'; } \
   >"$tmp/host.toml"
 { cat bench/offload.toml
   printf '[[plugins]]\nname = "offload"\noptimizer = "nvme"\nnvme_path = "%s"\n' "$dir"; } \
   >"$tmp/nvme.toml"
+# and the parameter shards on the host too (zero3 at its defaults, parameters = "host").
+{ cat bench/offload.toml; printf '[[plugins]]\nname = "zero3"\n'
+  printf '[[plugins]]\nname = "offload"\noptimizer = "host"\nparameters = "host"\n'; } \
+  >"$tmp/params.toml"
 python3 bench/cpu_interleave.py "$tmp/none.toml" none=build/bin/headroom \
   host=build/bin/headroom@"$tmp/host.toml" nvme=build/bin/headroom@"$tmp/nvme.toml" \
+  params=build/bin/headroom@"$tmp/params.toml" \
   --steps "${STEPS:-6}" --rounds "${ROUNDS:-3}"
 
 echo "== (b) AdamW update, gpt2-124m shapes, $threads threads"

@@ -618,8 +618,8 @@ TEST(PlanSearch, WhereNothingOnTheDeviceAloneFitsOffloadIsProposedWithItsStepCos
   const Config c = test::config_from(kModel);
   const std::string text = format_search(c, r);
   EXPECT_TRUE(test::contains(text,
-                             "no candidate fits on the device alone; offloading the optimizer "
-                             "to the host does, at about 3.2 ms more a step"))
+                             "no candidate fits on the device alone; offloading to the host "
+                             "does, at about 3.2 ms more a step"))
       << text;
   EXPECT_TRUE(test::contains(text, "recommended: + offload (optimizer host)")) << text;
   EXPECT_TRUE(test::contains(search_json(r), "\"offload_only\":true")) << search_json(r);

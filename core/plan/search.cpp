@@ -450,8 +450,8 @@ std::string format_search(const Config& config, const SearchResult& r) {
   const Candidate& b = r.candidates[r.best];
   if (r.offload_only) {
     std::snprintf(line, sizeof line,
-                  "no candidate fits on the device alone; offloading the optimizer to the host "
-                  "does, at about %.1f ms more a step (estimated above)\n",
+                  "no candidate fits on the device alone; offloading to the host does, at about "
+                  "%.1f ms more a step (estimated above)\n",
                   b.offload_ms);
     s += line;
   }
