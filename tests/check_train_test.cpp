@@ -83,6 +83,16 @@ TEST(CheckAgreesWithTrain, EdgeConfigsAreRefusedByBoth) {
       {"init_from_other_shape",
        model + "init_from = \"o.st\"\n[data]\nkind = \"text\"\npath = \"corpus.txt\"\n",
        "does not have the shape"},
+      // What the plugins choose together: the parameter shards on the host without zero3, amp's
+      // no-masters layout sharded.
+      {"parameters_without_zero3",
+       model + "[data]\nkind = \"text\"\npath = \"corpus.txt\"\n[[plugins]]\nname = "
+               "\"offload\"\nparameters = \"host\"\n",
+       "list zero3 in [[plugins]]"},
+      {"amp_no_masters_sharded",
+       model + "[data]\nkind = \"text\"\npath = \"corpus.txt\"\n[[plugins]]\nname = "
+               "\"amp\"\nmaster_weights = false\n[[plugins]]\nname = \"zero1\"\n",
+       "runs on one rank without a zero plugin so far"},
   };
   for (const auto& c : cases) {
     const std::string cfg = write_file(dir, std::string(c.name) + ".toml", c.toml);

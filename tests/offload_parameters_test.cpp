@@ -2,8 +2,8 @@
 // Infinity's offload_param) with zero3 on one rank: each sharded layer's parameter, master, frozen
 // and gradient shards rest in the host ledger (core/shard/sharding.h), the device holding a layer
 // only from its gathering to its release. Training is bitwise the same run without it (fp32, amp
-// + checkpoint, prefetch 0, LoRA on an nf4 base, with the layers' outputs on the host too, the
-// optimizer's state on the NVMe tier); the device's bytes by category at its peak and the host
+// + checkpoint, fp16 with a loss scale that overflows, prefetch 0, LoRA on an nf4 base, with the
+// layers' outputs on the host too, the optimizer's state on the NVMe tier); the device's bytes by category at its peak and the host
 // ledger's are the closed form's (core/report/advice.cpp); the device holds less than with the
 // optimizer alone on the host. The multi-rank runs are tests/mpi/train_test.sh's `offload` part.
 #include <gtest/gtest.h>
@@ -136,6 +136,13 @@ INSTANTIATE_TEST_SUITE_P(
              "optimizer = \"host\"\n"},
         Case{"AmpCheckpointPrefetch0", 1, plugin("amp") + plugin("checkpoint"),
              "prefetch_layers = 0\n", "optimizer = \"host\"\n"},
+        // fp16's loss scaler reads the host gradient shards at GRADS_READY: an init_scale that
+        // overflows at step 1 (skipped there, as without), the next steps update.
+        Case{"AmpFp16LossScalingCheckpoint", 1,
+             plugin("amp", "dtype = \"fp16\"\ninit_scale = 1e30\nbackoff_factor = 1e-25\n"
+                           "hysteresis = 1\n") +
+                 plugin("checkpoint"),
+             "", "optimizer = \"host\"\n"},
         Case{"AccumulatingOnTheDevice", 2, plugin("amp") + plugin("checkpoint"),
              "reduce_every_micro_step = false\n", "optimizer = \"host\"\n"},
         Case{"Fp32Prefetch2ActivationsToo", 1, plugin("checkpoint"), "prefetch_layers = 2\n",
@@ -207,6 +214,40 @@ TEST(OffloadParametersTrain, WithoutZero3Exit2NamingThePlugin) {
     EXPECT_TRUE(test::contains(r.output, bad.expect)) << bad.toml << r.output;
     EXPECT_TRUE(test::contains(r.output, "bad.toml:")) << "names the line: " << r.output;
   }
+}
+
+// The host's wall with the shards there: at the closed form's host bytes the run trains; one byte
+// less stops it out of memory on the host (exit 3), the report naming the place.
+TEST(OffloadParametersTrain, TheHostWallIsTheClosedFormToTheByte) {
+  const std::string dir = test::temp_dir();
+  const std::string base = model_toml() + plugin("amp") + plugin("checkpoint") + zero3() +
+                           plugin("offload", "optimizer = \"host\"\nparameters = \"host\"\n");
+  const uint64_t need = estimate_config(test::config_from(base)).peak.host_total();
+  const std::string fits = test::write_file(
+      dir, "fits.toml", base + "[host]\nmemory_limit = " + std::to_string(need) + "\n");
+  auto r = test::run_headroom("train " + fits + " -q");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const std::string tight = test::write_file(
+      dir, "tight.toml", base + "[host]\nmemory_limit = " + std::to_string(need - 1) + "\n");
+  r = test::run_headroom("train " + tight + " -q");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "out of memory on the host:")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "place                  host")) << r.output;
+}
+
+// The host place finds the buffer under a pointer inside it (what routes an offloaded gradient
+// shard's range to the host's ops: Device::backend_for, nonfinite_many).
+TEST(OffloadParametersPlace, ThePointerInsideAHostBufferIsTheHosts) {
+  auto device = Device::create(DeviceConfig{});
+  Device& host = *device->host_place();
+  Buffer a(host, 4096, Category::kGradients, "a");
+  Buffer d(*device, 4096, Category::kGradients, "d");
+  EXPECT_TRUE(host.contains(a.as<char>()));
+  EXPECT_TRUE(host.contains(a.as<char>() + 4095));
+  EXPECT_FALSE(host.contains(a.as<char>() + 4096 + 4096 * 1024));
+  EXPECT_FALSE(host.contains(d.as<char>() + 100));
+  EXPECT_EQ(&device->backend_for(a.as<char>() + 100), &host.backend());
+  EXPECT_EQ(&device->backend_for(d.as<char>() + 100), &device->backend());
 }
 
 // examples/offload-params-350m.toml: gpt2-350m shapes whose run with the optimizer alone on the

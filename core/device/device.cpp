@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <unordered_map>
 #include <cstdio>
 #include <cstdlib>
 
@@ -107,6 +108,14 @@ void* Device::allocate_impl(uint64_t bytes, Category category, const std::string
     throw;
   }
   return ptr;
+}
+
+bool Device::contains(const void* ptr) const {
+  auto it = blocks_.upper_bound(ptr);  // the first buffer starting past ptr
+  if (it == blocks_.begin()) return false;
+  --it;
+  return static_cast<const char*>(ptr) <
+         static_cast<const char*>(it->first) + std::max<uint64_t>(it->second.bytes, 1);
 }
 
 bool Device::within_budget(uint64_t bytes) const {

@@ -7,7 +7,6 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "core/config/config.h"
@@ -144,10 +143,12 @@ class Device {
   void free(void* ptr);
   // Whether `ptr` is a buffer this place handed out (and has not taken back).
   bool holds(const void* ptr) const { return blocks_.count(ptr) != 0; }
-  // The op table that reads and writes `ptr`: the host place's for a buffer of it, else this
-  // device's (a snapshot's optimizer state lives in either place).
+  // Whether `ptr` points into a buffer this place handed out (its start or inside it).
+  bool contains(const void* ptr) const;
+  // The op table that reads and writes `ptr`: the host place's for memory of it, else this
+  // device's (a snapshot's optimizer state, an offloaded gradient shard, live in either place).
   Backend& backend_for(const void* ptr) {
-    return host_ && host_->holds(ptr) ? host_->backend() : backend();
+    return host_ && host_->contains(ptr) ? host_->backend() : backend();
   }
 
   // The allocator every buffer comes from from now on; nullptr restores the backend's own. Set it
@@ -215,7 +216,7 @@ class Device {
   std::unique_ptr<Backend> dry_;
   DeviceAllocator* allocator_ = nullptr;
   MemoryTracker tracker_;
-  std::unordered_map<const void*, Block> blocks_;
+  std::map<const void*, Block> blocks_;  // ordered: contains() finds the buffer below a pointer
   std::vector<AllocationObserver*> observers_;
 };
 

@@ -94,10 +94,17 @@ static hr_status nonfinite_many(hr_host* h, uint64_t count, const void* const* d
                                 const uint32_t* dtypes, const uint64_t* numels, int32_t* out) {
   if (!out || (count > 0 && (!data || !dtypes || !numels))) return HR_ERROR_INVALID;
   return guarded(h, [&] {
-    std::vector<Backend::Span> spans(count);
-    for (uint64_t i = 0; i < count; ++i)
-      spans[i] = {Dtype(dtypes[i]), data[i], numels[i]};
-    *out = run(h).device->backend().any_nonfinite_many(spans) ? 1 : 0;
+    // Each span by its place's ops (an offloaded gradient shard is host memory).
+    Device& device = *run(h).device;
+    std::vector<Backend::Span> on_device, on_host;
+    for (uint64_t i = 0; i < count; ++i) {
+      const Device* host = device.host_place();
+      (host && host->contains(data[i]) ? on_host : on_device)
+          .push_back({Dtype(dtypes[i]), data[i], numels[i]});
+    }
+    bool any = !on_device.empty() && device.backend().any_nonfinite_many(on_device);
+    if (!any && !on_host.empty()) any = device.host_place()->backend().any_nonfinite_many(on_host);
+    *out = any ? 1 : 0;
   });
 }
 

@@ -38,6 +38,7 @@
 #include "core/plan/plan.h"
 #include "core/plan/search.h"
 #include "core/plugin_host/plugin_host.h"
+#include "core/report/advice.h"
 #include "core/report/alloc_trace.h"
 #include "core/run/sample.h"
 #include "core/run/trainer.h"
@@ -135,6 +136,9 @@ int cmd_check(const std::string& file, const std::vector<std::string>& sets) {
   const headroom::Config config = headroom::load_config(file, sets);
   headroom::validate_plugins(config);  // each plugin checks its own keys, as in `train`
   headroom::check_freeze(config.model, config.train);  // [train] freeze's patterns, as in `train`
+  // What the plugins choose together, as `train` refuses it before step 1 (amp's layouts with
+  // ranks or shards, the parameter shards on the host without zero3): the estimate's refusals.
+  headroom::estimate_config(config);
   // What `train` opens before its first step is opened here too, so that a config `check` accepts
   // is one `train` starts: the data (files, shards, their tokenizer) and the init_from weights.
   headroom::make_data_source(config.data, config.model, config.train.micro_batch,

@@ -99,8 +99,11 @@ typedef struct hr_ext_shard {
    * HR_SHARD_GRADIENTS); f32, `shard` elements, the padding included (zero). For a plugin that
    * checks or rescales the gradients at GRADS_READY (amp's loss scaler) when they are sharded:
    * each rank sees only its ranges, so such a plugin agrees with the other ranks
-   * (headroom.comm/1) before acting. HR_ERROR_INVALID when nothing is sharded or for a layer out
-   * of range. */
+   * (headroom.comm/1) before acting. With the parameters offloaded (headroom.offload/1
+   * set_parameter_place) a sharded layer's shard is host memory: read it through the host's
+   * services (headroom.precision/1 nonfinite_many routes each span to its place), not a kernel
+   * of one's own on the device. HR_ERROR_INVALID when nothing is sharded or for a layer out of
+   * range. */
   hr_status (*gradient_range)(hr_host* host, int32_t layer, hr_tensor* out);
   /* Since ABI 1.5's zero3 (check HR_HAS_FIELD): */
   /* From create() only, with HR_SHARD_PARAMETERS: layers of fewer than `elements` parameter
