@@ -3,9 +3,10 @@
 // and gradient shards rest in the host ledger (core/shard/sharding.h), the device holding a layer
 // only from its gathering to its release. Training is bitwise the same run without it (fp32, amp
 // + checkpoint, fp16 with a loss scale that overflows, prefetch 0, LoRA on an nf4 base, with the
-// layers' outputs on the host too, the optimizer's state on the NVMe tier); the device's bytes by category at its peak and the host
-// ledger's are the closed form's (core/report/advice.cpp); the device holds less than with the
-// optimizer alone on the host. The multi-rank runs are tests/mpi/train_test.sh's `offload` part.
+// layers' outputs on the host too, the optimizer's state on the NVMe tier); the device's bytes by
+// category at its peak and the host ledger's are the closed form's (core/report/advice.cpp); the
+// device holds less than with the optimizer alone on the host. The multi-rank runs are
+// tests/mpi/train_test.sh's `offload` part.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -80,9 +81,9 @@ void expect_same(const Trained& a, const Trained& b) {
 struct Case {
   const char* name;
   int grad_accum;
-  std::string plugins;   // before zero3 and the offload plugin
-  std::string zero;      // zero3's keys beyond the threshold
-  std::string offload;   // the offload plugin's keys beyond parameters
+  std::string plugins;  // before zero3 and the offload plugin
+  std::string zero;     // zero3's keys beyond the threshold
+  std::string offload;  // the offload plugin's keys beyond parameters
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -116,16 +117,16 @@ TEST_P(OffloadParameters, IsBitwiseAndRestsTheShardsOnTheHostAsPlanned) {
   EXPECT_LT(at(b.device_at_peak, Category::kParameters),
             at(a.device_at_peak, Category::kParameters));
   EXPECT_LT(b.device_peak_total, a.device_peak_total);
-  std::printf("%s: device peak %llu -> %llu B (parameters %llu -> %llu B), host %llu B\n", c.name,
-              (unsigned long long)a.device_peak_total, (unsigned long long)b.device_peak_total,
-              (unsigned long long)at(a.device_at_peak, Category::kParameters),
-              (unsigned long long)at(b.device_at_peak, Category::kParameters),
-              (unsigned long long)[&] {
-                uint64_t t = 0;
-                for (uint64_t x : b.host_peak)
-                  t += x;
-                return t;
-              }());
+  std::printf(
+      "%s: device peak %llu -> %llu B (parameters %llu -> %llu B), host %llu B\n", c.name,
+      (unsigned long long)a.device_peak_total, (unsigned long long)b.device_peak_total,
+      (unsigned long long)at(a.device_at_peak, Category::kParameters),
+      (unsigned long long)at(b.device_at_peak, Category::kParameters), (unsigned long long)[&] {
+        uint64_t t = 0;
+        for (uint64_t x : b.host_peak)
+          t += x;
+        return t;
+      }());
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -139,8 +140,9 @@ INSTANTIATE_TEST_SUITE_P(
         // fp16's loss scaler reads the host gradient shards at GRADS_READY: an init_scale that
         // overflows at step 1 (skipped there, as without), the next steps update.
         Case{"AmpFp16LossScalingCheckpoint", 1,
-             plugin("amp", "dtype = \"fp16\"\ninit_scale = 1e30\nbackoff_factor = 1e-25\n"
-                           "hysteresis = 1\n") +
+             plugin("amp",
+                    "dtype = \"fp16\"\ninit_scale = 1e30\nbackoff_factor = 1e-25\n"
+                    "hysteresis = 1\n") +
                  plugin("checkpoint"),
              "", "optimizer = \"host\"\n"},
         Case{"AccumulatingOnTheDevice", 2, plugin("amp") + plugin("checkpoint"),
@@ -148,8 +150,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Fp32Prefetch2ActivationsToo", 1, plugin("checkpoint"), "prefetch_layers = 2\n",
              "optimizer = \"host\"\nactivations = true\n"},
         Case{"LoraNf4AmpCheckpoint", 1,
-             plugin("lora", "r = 2\ntarget_modules = [\"c_attn\", \"c_fc\"]\nbase_dtype = "
-                            "\"nf4\"\ndouble_quant = true\n") +
+             plugin("lora",
+                    "r = 2\ntarget_modules = [\"c_attn\", \"c_fc\"]\nbase_dtype = "
+                    "\"nf4\"\ndouble_quant = true\n") +
                  plugin("amp") + plugin("checkpoint"),
              "", "optimizer = \"host\"\n"}),
     [](const auto& info) { return std::string(info.param.name); });
@@ -158,7 +161,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(OffloadParametersTrain, IsBitwiseTheRunWithoutPlugins) {
   const Trained plain = train(model_toml());
   const Trained b = train(model_toml() + zero3() +
-                      plugin("offload", "optimizer = \"host\"\nparameters = \"host\"\n"));
+                          plugin("offload", "optimizer = \"host\"\nparameters = \"host\"\n"));
   expect_same(plain, b);
 }
 
@@ -169,7 +172,7 @@ TEST(OffloadParametersTrain, WithTheNvmeTierIsBitwise) {
   const std::string base = model_toml() + plugin("amp") + plugin("checkpoint") + zero3();
   const Trained a = train(base + plugin("offload", "optimizer = \"host\"\n"));
   const Trained b = train(base + plugin("offload", "optimizer = \"nvme\"\nnvme_path = \"" + dir +
-                                                   "\"\nparameters = \"host\"\n"));
+                                                       "\"\nparameters = \"host\"\n"));
   expect_same(a, b);
 }
 
@@ -177,9 +180,8 @@ TEST(OffloadParametersTrain, WithTheNvmeTierIsBitwise) {
 // straight through (the snapshot's masters and state came from the host shards, and the resume
 // put them back there).
 TEST(OffloadParametersTrain, ResumeFromASnapshotIsBitwise) {
-  const std::string toml =
-      model_toml() + plugin("amp") + plugin("checkpoint") + zero3() +
-      plugin("offload", "optimizer = \"host\"\nparameters = \"host\"\n");
+  const std::string toml = model_toml() + plugin("amp") + plugin("checkpoint") + zero3() +
+                           plugin("offload", "optimizer = \"host\"\nparameters = \"host\"\n");
   const Trained whole = train(toml);
   const std::string dir = test::temp_dir();
   const std::string snap = "[snapshot]\nevery = 2\ndir = \"" + dir + "/s\"\n";

@@ -5,9 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <unordered_map>
 #include <cstdio>
 #include <cstdlib>
+#include <unordered_map>
 
 #include "core/device/arena.h"
 #include "core/device/dry_backend.h"

@@ -259,8 +259,8 @@ double grad_sum_squares(Backend& ops, const std::vector<OptSegment>& segments) {
 
 double grad_sum_squares(Device& device, const std::vector<OptSegment>& segments) {
   Device* host = device.host_place();
-  const auto first_on_host = std::find_if(segments.begin(), segments.end(),
-                                          [](const OptSegment& s) { return s.on_host; });
+  const auto first_on_host =
+      std::find_if(segments.begin(), segments.end(), [](const OptSegment& s) { return s.on_host; });
   if (first_on_host == segments.end() || !host) return grad_sum_squares(device.backend(), segments);
   // sum_squares_many adds its spans' sums in order: the first run of one place in one call, then
   // each later span's alone, added in the same order.
@@ -271,8 +271,8 @@ double grad_sum_squares(Device& device, const std::vector<OptSegment>& segments)
   double total = grad_sum_squares(
       first, std::vector<OptSegment>(segments.begin(), segments.begin() + std::ptrdiff_t(run)));
   for (size_t i = run; i < segments.size(); ++i)
-    total += grad_sum_squares(segments[i].on_host ? host->backend() : device.backend(),
-                              {segments[i]});
+    total +=
+        grad_sum_squares(segments[i].on_host ? host->backend() : device.backend(), {segments[i]});
   return total;
 }
 

@@ -94,8 +94,8 @@ static hr_status set_host_page_locked(hr_host* h, int32_t page_locked) {
   }
 }
 
-constexpr Rule kSetParameterPlace = {HR_EXT_OFFLOAD " set_parameter_place", kAnyone,
-                                     When::kCreate, kNotAllowed};
+constexpr Rule kSetParameterPlace = {HR_EXT_OFFLOAD " set_parameter_place", kAnyone, When::kCreate,
+                                     kNotAllowed};
 static hr_status set_parameter_place(hr_host* h, uint32_t place) {
   return choose_place(h, "set_parameter_place", place, &PlaceChoice::set_parameter_place);
 }

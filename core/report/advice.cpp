@@ -832,8 +832,7 @@ ConfigEstimate estimate_config(const Config& config, const OomNumbers& oom, int 
     throw ConfigError(config.file + ": amp's " +
                       (m.masters ? "grad_dtype = \"bf16\"" : "master_weights = false") +
                       " runs on one rank without a zero plugin so far");
-  if (m.parameters_on_host &&
-      !(effective_partition(m.shard, m.world_size, true) & kShardParams))
+  if (m.parameters_on_host && !(effective_partition(m.shard, m.world_size, true) & kShardParams))
     throw ConfigError(config.file +
                       ": the offload plugin puts the parameter shards in host memory, but no "
                       "plugin shards the parameters: list zero3 in [[plugins]]");

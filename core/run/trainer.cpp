@@ -195,8 +195,7 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     throw ConfigError(place_where + "plugin '" + places_.chosen_by() +
                       "' puts the parameter shards in host memory, but " +
                       (shard_plugin.empty() ? std::string("no plugin shards the parameters")
-                                            : "plugin '" + shard_plugin +
-                                                  "' does not shard them") +
+                                            : "plugin '" + shard_plugin + "' does not shard them") +
                       ": list zero3 in [[plugins]] (it shards each layer's parameters and "
                       "gathers them around their use)");
   if (params_on_host && !places_.optimizer_on_host())
@@ -244,9 +243,9 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     // is initialised.
     std::function<void(Layer<float>&)> placed;
     if (shard_what) {
-      sharding_ = std::make_unique<Sharding>(*device_, *comm_, shard_what,
-                                             choices_.shard_persist_below(),
-                                             params_on_host ? device_->host_place() : nullptr);
+      sharding_ =
+          std::make_unique<Sharding>(*device_, *comm_, shard_what, choices_.shard_persist_below(),
+                                     params_on_host ? device_->host_place() : nullptr);
       placed = [this](Layer<float>& layer) { sharding_->place(layer); };
     } else if (host_optimizer && precision.masters && precision.compute != Dtype::kF32) {
       // ZeRO-Offload's masters: amp's f32 masters move to the host optimizer as each layer is

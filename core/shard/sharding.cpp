@@ -272,11 +272,12 @@ void Sharding::gather_parameters(int l) {
     std::vector<CommRequest> requests;
     if (ls.compute) {
       lay.allocate_compute();
-      requests.push_back(
-          gather_from_rest(ls, ls.compute.as<void>(), f.compute.as<void>(), S, lay.compute_dtype()));
+      requests.push_back(gather_from_rest(ls, ls.compute.as<void>(), f.compute.as<void>(), S,
+                                          lay.compute_dtype()));
     } else if (ls.value) {
       lay.allocate_masters();
-      requests.push_back(gather_from_rest(ls, ls.value.as<void>(), f.value.as<void>(), S, Dtype::kF32));
+      requests.push_back(
+          gather_from_rest(ls, ls.value.as<void>(), f.value.as<void>(), S, Dtype::kF32));
     }
     gather_frozen(l, requests);
     for (CommRequest& request : requests)
@@ -469,7 +470,8 @@ void Sharding::with_trainable_masters(int l, bool gather, bool scatter,
     Layer<float>& layer;
     ~Release() { layer.release_masters(); }
   } release{lay};
-  if (gather) gather_from_rest(ls, ls.value.as<void>(), fs.value.as<void>(), ls.shard, Dtype::kF32).wait();
+  if (gather)
+    gather_from_rest(ls, ls.value.as<void>(), fs.value.as<void>(), ls.shard, Dtype::kF32).wait();
   f();
   if (!scatter) return;
   Backend& ops = device_.backend();

@@ -56,8 +56,9 @@ std::string what_of(int stage, int32_t W, uint32_t shard, bool parameters_on_hos
   std::string s = "ZeRO stage " + std::to_string(stage) + " on " + std::to_string(W) +
                   (W == 1 ? " rank: " : " ranks: ");
   if (W == 1 && stage == 3 && !parameters_on_host)  // the offload plugin may come after
-    return s + "nothing to shard over unless the offload plugin puts the shards in host memory "
-               "(parameters = \"host\"), else partitioned as zero1";
+    return s +
+           "nothing to shard over unless the offload plugin puts the shards in host memory "
+           "(parameters = \"host\"), else partitioned as zero1";
   if (W == 1 && !((shard & kShardParameters) && parameters_on_host))
     shard = HR_SHARD_OPTIMIZER;  // effective_partition's one rank
   if ((shard & kShardParameters) && parameters_on_host)
@@ -124,8 +125,8 @@ hr_status estimate(int stage, const Settings* configured, const hr_estimate_quer
   // measured). A proposal on more ranks than the run has adds the communication of data
   // parallelism itself, which is not in this factor either.
   r->step_time_factor = 1.0;
-  const bool params_host = HR_HAS_FIELD(m, hr_mechanisms, optimizer_place) &&
-                           m->parameter_place == HR_PLACE_HOST;
+  const bool params_host =
+      HR_HAS_FIELD(m, hr_mechanisms, optimizer_place) && m->parameter_place == HR_PLACE_HOST;
   std::snprintf(r->what, sizeof r->what, "%s", what_of(stage, W, m->shard, params_host).c_str());
   // A proposal writes no keys (the defaults): its remedy is the table as it is, on its ranks.
   std::snprintf(r->toml, sizeof r->toml, "%s", configured ? toml_of(stage, s).c_str() : "");

@@ -246,9 +246,10 @@ hr_status create(const hr_host_services* s, void** instance) {
   // The stage's partition. What the host shards may be less (on one rank only the optimizer
   // state, unless the parameters' shards rest in host memory: headroom.offload/1): the layout's
   // `what` says, at TRAIN_BEGIN.
-  const uint32_t what = kStage == 1   ? HR_SHARD_OPTIMIZER
-                        : kStage == 2 ? HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS
-                                      : HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS | HR_SHARD_PARAMETERS;
+  const uint32_t what = kStage == 1 ? HR_SHARD_OPTIMIZER
+                        : kStage == 2
+                            ? HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS
+                            : HR_SHARD_OPTIMIZER | HR_SHARD_GRADIENTS | HR_SHARD_PARAMETERS;
   st = shard->partition(s->host, what);
   if (st != HR_OK) return st;  // the host's message stands
   if (what & HR_SHARD_PARAMETERS) {
