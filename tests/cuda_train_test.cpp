@@ -120,6 +120,40 @@ TEST_F(CudaTrain, LlamaAmpBf16LossesStayNearTheCpuRun) {
   EXPECT_LT(gpu.back(), gpu.front()) << "the bf16 Llama run on cuda did not learn";
 }
 
+// The offload plugin's tiers on CUDA (page-locked host buffers, the copy stream, the update on the
+// host's CPU kernels): the losses track the run without offload on the same GPU (the host's AdamW
+// is not the device's kernel, so not bitwise), with pageable memory, the layers' outputs on the
+// host, the update overlapped with the backward (no clipping), and zero3's shards on the host.
+TEST_F(CudaTrain, OffloadTiersTrackTheRunWithoutOffload) {
+  const std::string offload = "[[plugins]]\nname = \"offload\"\noptimizer = \"host\"\n";
+  const std::string zero3 = "[[plugins]]\nname = \"zero3\"\nparam_persistence_threshold = 0\n";
+  struct Case {
+    const char* name;
+    std::string plugins;
+    std::vector<std::string> sets;
+  };
+  const Case cases[] = {
+      {"optimizer host", offload, {}},
+      {"pageable", offload + "pin_memory = false\n", {}},
+      {"activations", offload + "activations = true\n", {}},
+      {"overlapped update", offload, {"train.grad_clip=0"}},
+      {"parameters host", zero3 + offload + "parameters = \"host\"\n", {}},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> sets = c.sets;
+    sets.push_back("device.kind=cuda");
+    const std::vector<double> base = losses_of(test::config_from(kTinyRun, sets));
+    const std::vector<double> off =
+        losses_of(test::config_from(std::string(kTinyRun) + c.plugins, sets));
+    ASSERT_EQ(off.size(), base.size()) << c.name;
+    for (size_t i = 0; i < base.size(); i++) {
+      ASSERT_TRUE(std::isfinite(off[i])) << c.name << ": step " << i + 1;
+      EXPECT_LT(std::fabs(off[i] - base[i]) / std::fabs(base[i]), 1e-4)
+          << c.name << ": step " << i + 1 << ": " << off[i] << " against " << base[i];
+    }
+  }
+}
+
 TEST_F(CudaTrain, ModelPastTheMemoryLimitIsOutOfMemoryWithAReport) {
   // ~23M parameters: 92 MB of f32 weights alone, over a 64 MiB limit (the card has far more).
   const Config c = test::config_from(
