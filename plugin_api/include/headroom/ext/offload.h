@@ -41,8 +41,9 @@ typedef struct hr_ext_offload {
    * and state (on the CPU backend's threads), and the new weights go to the device on the copy
    * stream. Results are bitwise those on the device (CPU backend). HR_ERROR_INVALID for another
    * value; HR_ERROR_NOT_ALLOWED outside create(). A run where the optimizer is not the built-in
-   * one (an optimizer-role plugin) or the model state is sharded (headroom.shard/1) refuses the
-   * host place before step 1, naming the plugins; resizes (headroom.resize/1) reach its state. */
+   * one (an optimizer-role plugin) refuses the host place before step 1, naming the plugins; with
+   * the model state sharded (headroom.shard/1) it holds and updates this rank's ranges; resizes
+   * (headroom.resize/1) reach its state. */
   hr_status (*set_optimizer_place)(hr_host* host, uint32_t place);
   /* Any time: what set_optimizer_place or set_optimizer_files chose (HR_PLACE_DEVICE unless a
    * plugin chose). */
