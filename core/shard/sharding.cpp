@@ -45,7 +45,10 @@ Sharding::Sharding(Device& device, Communicator& comm, uint32_t what, uint64_t p
 
 void Sharding::to_rest(const LayerShard& ls, void* shard, const void* from, uint64_t bytes) {
   if (offloaded(ls)) {
-    device_.backend().download(shard, from, bytes);
+    // A dry run (plan --measure) moves no values, and the dry op table's downloads are real:
+    // into the host shards they would commit the host RAM the ledger only counts (an 8B model's
+    // tens of GB).
+    if (!device_.dry()) device_.backend().download(shard, from, bytes);
   } else {
     device_.backend().copy(shard, from, bytes);
   }
@@ -353,7 +356,7 @@ void Sharding::finish(Pending& p) {
     // Offloaded: read back into the staging and added there, by the host's ops.
     const float* reduced = f.grad.as<float>() + uint64_t(rank()) * ls.shard;
     if (offloaded(ls)) {
-      ops.download(staging_.as<void>(), reduced, ls.shard * sizeof(float));
+      if (!device_.dry()) ops.download(staging_.as<void>(), reduced, ls.shard * sizeof(float));
       reduced = staging_.as<float>();
     }
     place_of(ls).backend().axpy(Dtype::kF32, ls.grad.as<float>(), reduced, ls.shard, 1.0);
