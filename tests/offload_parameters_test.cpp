@@ -252,20 +252,5 @@ TEST(OffloadParametersPlace, ThePointerInsideAHostBufferIsTheHosts) {
   EXPECT_EQ(&device->backend_for(d.as<char>() + 100), &device->backend());
 }
 
-// examples/offload-params-350m.toml: gpt2-350m shapes whose run with the optimizer alone on the
-// host does not fit the 1 GiB device wall (plan: exit 3) and does with the parameter shards on the
-// host too (plan: exit 0, both ledgers within their walls).
-TEST(OffloadParametersExample, Gpt2_350mFitsTheDeviceOnlyWithTheParametersOnTheHost) {
-  const std::string cfg = std::string(HEADROOM_SOURCE_DIR) + "/examples/offload-params-350m.toml";
-  const test::RunResult with = test::run_headroom("plan " + cfg);
-  EXPECT_EQ(with.exit_code, 0) << with.output;
-  EXPECT_TRUE(test::contains(with.output, "host ledger fits [host] memory_limit")) << with.output;
-  const test::RunResult without =
-      test::run_headroom("plan " + cfg + " --set 'plugins.offload.parameters=\"none\"'");
-  EXPECT_EQ(without.exit_code, 3) << without.output;
-  EXPECT_TRUE(test::contains(without.output, "does not fit memory_limit 1.00 GiB"))
-      << without.output;
-}
-
 }  // namespace
 }  // namespace headroom

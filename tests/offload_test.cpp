@@ -459,20 +459,31 @@ TEST(OffloadPlugin, BadKeysExit2NamingTheKeyAndWhatIsValid) {
   }
 }
 
-// examples/offload-350m.toml: gpt2-350m shapes whose amp run does not fit the 3 GiB device wall
-// (plan: exit 3) and does with the masters and AdamW's state on the host (plan: exit 0, both
-// ledgers within their walls). The training itself is docs/results/offload.md's (too long for
-// the suite).
-TEST(OffloadExample, Gpt2_350mFitsTheDeviceOnlyWithOffload) {
-  const std::string cfg = std::string(HEADROOM_SOURCE_DIR) + "/examples/offload-350m.toml";
-  const test::RunResult with = test::run_headroom("plan " + cfg);
-  EXPECT_EQ(with.exit_code, 0) << with.output;
-  EXPECT_TRUE(test::contains(with.output, "host ledger fits [host] memory_limit")) << with.output;
-  const test::RunResult without =
-      test::run_headroom("plan " + cfg + " --set 'plugins.offload.optimizer=\"none\"'");
-  EXPECT_EQ(without.exit_code, 3) << without.output;
-  EXPECT_TRUE(test::contains(without.output, "does not fit memory_limit 3.00 GiB"))
-      << without.output;
+// The examples: gpt2-350m shapes that do not fit their device wall without their tier (plan: exit
+// 3) and do with it (plan: exit 0, both ledgers within their walls). examples/offload-350m.toml:
+// amp under 3 GiB, the masters and AdamW's state on the host. examples/offload-params-350m.toml:
+// amp + checkpoint + zero3 under 1 GiB, the parameter shards on the host too. The training itself
+// is docs/results/offload.md's (too long for the suite).
+TEST(OffloadExample, Gpt2_350mFitsTheDeviceOnlyWithItsTier) {
+  const struct {
+    const char* file;
+    const char* without;  // the --set that takes the tier away
+    const char* wall;
+  } examples[] = {
+      {"offload-350m.toml", "plugins.offload.optimizer=\"none\"", "3.00 GiB"},
+      {"offload-params-350m.toml", "plugins.offload.parameters=\"none\"", "1.00 GiB"},
+  };
+  for (const auto& x : examples) {
+    const std::string cfg = std::string(HEADROOM_SOURCE_DIR) + "/examples/" + x.file;
+    const test::RunResult with = test::run_headroom("plan " + cfg);
+    EXPECT_EQ(with.exit_code, 0) << x.file << "\n" << with.output;
+    EXPECT_TRUE(test::contains(with.output, "host ledger fits [host] memory_limit")) << with.output;
+    const test::RunResult without =
+        test::run_headroom("plan " + cfg + " --set '" + x.without + "'");
+    EXPECT_EQ(without.exit_code, 3) << x.file << "\n" << without.output;
+    EXPECT_TRUE(test::contains(without.output, std::string("does not fit memory_limit ") + x.wall))
+        << without.output;
+  }
 }
 
 }  // namespace
