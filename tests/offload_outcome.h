@@ -66,6 +66,35 @@ inline Outcome train_outcome(const std::string& toml, bool save = false) {
   return r;
 }
 
+// `toml` run to step `at`, snapshotted there, then resumed from that snapshot to its end as
+// `resume_toml` (by default the same config): the resumed run's losses (steps at + 1 ..) and its
+// --save-weights file.
+struct Resumed {
+  std::vector<double> losses;
+  std::string saved;
+};
+inline Resumed resume_from_step(const std::string& toml, int at, std::string resume_toml = "") {
+  if (resume_toml.empty()) resume_toml = toml;
+  const std::string dir = test::temp_dir();
+  const std::string snap =
+      "[snapshot]\nevery = " + std::to_string(at) + "\ndir = \"" + dir + "/s\"\n";
+  {
+    Trainer first(test::config_from(toml + snap, {"train.steps=" + std::to_string(at)}),
+                  TrainOptions{});
+    first.run();
+  }
+  TrainOptions o;
+  o.resume_dir = dir + "/s";
+  o.save_weights_path = dir + "/resumed.safetensors";
+  Trainer resumed(test::config_from(resume_toml + snap), std::move(o));
+  resumed.run();
+  Resumed r;
+  for (const StepState& s : resumed.history())
+    r.losses.push_back(s.loss);
+  r.saved = file_bytes(dir + "/resumed.safetensors");
+  return r;
+}
+
 // The same losses, weights and compute copies, bitwise; and the same --save-weights file where the
 // runs saved one.
 inline void expect_same_training(const Outcome& a, const Outcome& b) {

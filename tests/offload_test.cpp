@@ -186,33 +186,10 @@ TEST(OffloadMasters, ResumeFromASnapshotIsBitwise) {
   test::expect_resume_is_bitwise(toml, whole);
   // The masters too: a run of the first half, snapshotted, then resumed to the end, saves the
   // whole run's f32 masters (the snapshot's came from the host, and the resume put them there).
-  const std::string dir = test::temp_dir();
-  const std::string snap = "[snapshot]\nevery = 2\ndir = \"" + dir + "/s\"\n";
-  {
-    Trainer first(test::config_from(toml + snap, {"train.steps=2"}), TrainOptions{});
-    first.run();
-  }
-  TrainOptions r;
-  r.resume_dir = dir + "/s";
-  r.save_weights_path = dir + "/resumed.safetensors";
-  Trainer resumed(test::config_from(toml + snap), std::move(r));
-  resumed.run();
-  EXPECT_TRUE(file_bytes(dir + "/resumed.safetensors") == file_bytes(whole_path));
+  EXPECT_TRUE(test::resume_from_step(toml, 2).saved == file_bytes(whole_path));
   // And a snapshot of amp without offload resumes with it.
-  const std::string plain_dir = test::temp_dir();
-  const std::string plain_snap = "[snapshot]\nevery = 2\ndir = \"" + plain_dir + "/s\"\n";
-  {
-    Trainer first(test::config_from(model_toml() + train_toml(4) + amp_toml() + plain_snap,
-                                    {"train.steps=2"}),
-                  TrainOptions{});
-    first.run();
-  }
-  TrainOptions p;
-  p.resume_dir = plain_dir + "/s";
-  p.save_weights_path = plain_dir + "/resumed.safetensors";
-  Trainer from_plain(test::config_from(toml + plain_snap), std::move(p));
-  from_plain.run();
-  EXPECT_TRUE(file_bytes(plain_dir + "/resumed.safetensors") == file_bytes(whole_path));
+  EXPECT_TRUE(test::resume_from_step(model_toml() + train_toml(4) + amp_toml(), 2, toml).saved ==
+              file_bytes(whole_path));
 }
 
 // init_from loads the masters through the host's access: the same run as amp's from the same file.
