@@ -4,8 +4,9 @@
 // host tier), each layer is updated on the host while the backward goes on below it. Training is
 // bitwise the same run with the overlap off (HEADROOM_OVERLAP_UPDATE=0) and without offload
 // (AdamW and SGD, with accumulation, a frozen layer, LoRA; a resume); the host ledger's timeline
-// marks each layer's update between the backward's layers; where the overlap may not run
-// (clipping, amp's scaler) there is none.
+// marks each layer's update between the backward's layers. With clipping (its factor needs every
+// gradient) only the gradients' copies overlap and the factor is folded into the update: bitwise
+// too. Where the overlap may not run (amp's scaler, the NVMe tier) there is none.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -68,6 +69,48 @@ TEST(OffloadOverlap, IsBitwiseTheUpdateAfterTheBackward) {
     Trainer t(test::config_from(base + kOffload, {"train.steps=1"}), TrainOptions{});
     t.run();
     EXPECT_FALSE(overlapped_layers(t).empty()) << "the overlap ran";
+    EXPECT_EQ(t.overlap(), Trainer::Overlap::kUpdates);
+  }
+}
+
+// With clipping (a max norm the gradients exceed, so that its factor scales every update): the
+// gradients start back layer by layer, the update waits for the factor: bitwise the run with the
+// overlap off and the run without offload, and no update is marked during the backward.
+TEST(OffloadOverlap, WithClippingTheCopiesOverlapAndTheRunIsBitwise) {
+  const std::string base = model_toml() + train_toml();
+  for (const std::string set : {"train.grad_clip=0.05", "train.grad_clip=1000"}) {
+    SCOPED_TRACE(set);
+    const auto outcome = [&](const std::string& toml) {
+      TrainOptions o;
+      const std::string path = test::temp_dir() + "/w.safetensors";
+      o.save_weights_path = path;
+      Trainer t(test::config_from(toml, {set}), std::move(o));
+      t.run();
+      std::vector<double> losses;
+      for (const StepState& s : t.history())
+        losses.push_back(s.loss);
+      return std::make_pair(losses, test::file_bytes(path));
+    };
+    const auto plain = outcome(base);
+    const auto overlapped = outcome(base + kOffload);
+    std::pair<std::vector<double>, std::string> after;
+    {
+      NoOverlap off;
+      after = outcome(base + kOffload);
+    }
+    EXPECT_EQ(plain.first, overlapped.first);  // bitwise: == on doubles
+    EXPECT_EQ(after.first, overlapped.first);
+    EXPECT_TRUE(plain.second == overlapped.second) << "the saved weights differ";
+    EXPECT_TRUE(after.second == overlapped.second) << "the saved weights differ";
+    Trainer t(test::config_from(base + kOffload, {"train.steps=1", set}), TrainOptions{});
+    t.run();
+    EXPECT_EQ(t.overlap(), Trainer::Overlap::kDownloads);
+    EXPECT_TRUE(overlapped_layers(t).empty());
+    if (set == std::string("train.grad_clip=0.05")) {
+      EXPECT_LT(t.history().back().clip_coef, 1.0) << "clipping scaled the update";
+    } else {
+      EXPECT_EQ(t.history().back().clip_coef, 1.0);
+    }
   }
 }
 
@@ -106,9 +149,10 @@ TEST(OffloadOverlap, ResumeFromASnapshotIsBitwise) {
   test::expect_resume_is_bitwise(toml, whole);
 }
 
-// Not where something after the backward reads the gradients or may skip the update: clipping
-// (its factor needs every gradient), amp (its scaler's GRADS_READY), the NVMe tier (its state
-// streams in step()); the update then runs after the backward as before.
+// No update during the backward where something after it reads the gradients or may skip the
+// update: clipping (its factor needs every gradient: the copies alone overlap, above), amp (its
+// scaler's GRADS_READY), the NVMe tier (its state streams in step()); the update then runs after
+// the backward as before.
 TEST(OffloadOverlap, NotWhereTheGradientsMayStillChange) {
   const std::string dir = test::temp_dir();
   const std::string base = model_toml() + train_toml();
@@ -124,6 +168,7 @@ TEST(OffloadOverlap, NotWhereTheGradientsMayStillChange) {
     Trainer t(test::config_from(toml, {"train.steps=1", set}), TrainOptions{});
     t.run();
     EXPECT_TRUE(overlapped_layers(t).empty());
+    EXPECT_NE(t.overlap(), Trainer::Overlap::kUpdates);
   }
 }
 

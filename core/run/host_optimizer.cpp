@@ -158,7 +158,7 @@ MasterAccess HostOptimizer::master_access(Gpt<float>& model, bool scatter) {
 }
 
 void HostOptimizer::gradients_final(const std::vector<OptSegment>& segments, size_t first,
-                                    size_t last, double lr, int64_t step) {
+                                    size_t last, double lr, int64_t step, bool update) {
   if (file_) throw std::logic_error("HostOptimizer: the NVMe tier updates in step() alone");
   allocate(segments);
   if (first > last || last > segments.size())
@@ -170,12 +170,13 @@ void HostOptimizer::gradients_final(const std::vector<OptSegment>& segments, siz
     if (uploads_pending_) ops.synchronize();
     uploads_pending_ = false;
     early_.assign(segments.size(), false);
+    updated_.assign(segments.size(), false);
     arriving_first_ = arriving_last_ = 0;
     early_step_ = step;
   }
   // The segments named before: their gradients are here once their downloads are.
-  if (arriving_last_ > arriving_first_) ops.wait_downloads();
-  const size_t ready_first = arriving_first_, ready_last = arriving_last_;
+  if (update && arriving_last_ > arriving_first_) ops.wait_downloads();
+  const size_t ready_first = arriving_first_, ready_last = update ? arriving_last_ : ready_first;
   // These start back while the host updates those (a dry run moves nothing: step()'s reason).
   for (size_t k = first; k < last && !device_.dry(); ++k)
     if (!segments[k].on_host)
@@ -186,6 +187,8 @@ void HostOptimizer::gradients_final(const std::vector<OptSegment>& segments, siz
   arriving_first_ = first;
   arriving_last_ = last;
   update_on_host(segments, ready_first, ready_last, lr, step);
+  for (size_t k = ready_first; k < ready_last; ++k)
+    updated_[k] = true;
 }
 
 void HostOptimizer::update_on_host(const std::vector<OptSegment>& segments, size_t first,
@@ -226,13 +229,14 @@ void HostOptimizer::step(const std::vector<OptSegment>& segments, double lr, int
   allocate(segments);
   Backend& ops = device_.backend();
   if (early_step_ == step) {
-    // The backward updated layer by layer (gradients_final): the last layer named, then the
-    // segments none named, one by one as step() would.
-    if (arriving_last_ > arriving_first_) ops.wait_downloads();
-    update_on_host(segments, arriving_first_, arriving_last_, lr, step);
+    // The backward started the gradients back layer by layer (gradients_final), and updated the
+    // layers named before the last where it could: every other segment now, one by one as step()
+    // would (each segment's update is its own: the order changes no value), its gradients read
+    // back first where none was started.
+    ops.wait_downloads();
     for (size_t k = 0; k < segments.size(); ++k) {
-      if (early_[k]) continue;
-      if (!device_.dry() && !segments[k].on_host)
+      if (updated_[k]) continue;
+      if (!early_[k] && !device_.dry() && !segments[k].on_host)
         ops.download(on_host_[k].grad, segments[k].grad,
                      segments[k].numel * dtype_size(segments[k].grad_dtype));
       update_on_host(segments, k, k + 1, lr, step);

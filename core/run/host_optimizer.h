@@ -76,9 +76,11 @@ class HostOptimizer final : public Optimizer {
   // arrived, are updated on the host and their new weights uploaded, while the device goes on
   // with the backward below. step() then updates the ones named last and those none named. Each
   // segment bitwise as step() updates it (Optimizer::step_segment is step()'s own per-segment
-  // update). Not with the NVMe tier (std::logic_error).
+  // update). `update` false (clipping: its factor needs every gradient): only their gradients
+  // start back, and step() updates every segment once the factor is folded in
+  // (fold_grad_scale). Not with the NVMe tier (std::logic_error).
   void gradients_final(const std::vector<OptSegment>& segments, size_t first, size_t last,
-                       double lr, int64_t step);
+                       double lr, int64_t step, bool update = true);
   // Segment k's new weights to the device (d, on the copy stream): the host values, or with the
   // masters on the host their compute-dtype copy.
   void upload_weights(const OptSegment& d, size_t k);
@@ -118,9 +120,10 @@ class HostOptimizer final : public Optimizer {
   // process reads them (after a resume or init_from loaded the device's), true after.
   bool values_current_ = false;
   bool uploads_pending_ = false;  // the last update's uploads may still read the host copies
-  // gradients_final's: the segments updated during this step's backward, those whose gradients
-  // are on their way (downloads in flight, not updated yet), the step they are for.
-  std::vector<bool> early_;
+  // gradients_final's: the segments whose gradients were started back during this step's
+  // backward (early_), those updated then (updated_), the last named (downloads in flight), the
+  // step they are for.
+  std::vector<bool> early_, updated_;
   size_t arriving_first_ = 0, arriving_last_ = 0;
   int64_t early_step_ = 0;
 };

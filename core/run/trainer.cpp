@@ -361,25 +361,41 @@ void Trainer::run() {
   close_outputs(nullptr);
 }
 
-bool Trainer::overlapping_update() const {
+Trainer::Overlap Trainer::overlapping_update() const {
   const auto* host = dynamic_cast<const HostOptimizer*>(optimizer_.get());
-  if (!host || host->state_in_file() || sharding_ || comm_->world_size() > 1) return false;
-  if (config_.train.grad_clip > 0) return false;
+  if (!host || host->state_in_file() || sharding_ || comm_->world_size() > 1) return Overlap::kNone;
   const char* env = std::getenv("HEADROOM_OVERLAP_UPDATE");
-  if (env && std::string(env) == "0") return false;
+  if (env && std::string(env) == "0") return Overlap::kNone;
   constexpr uint64_t kAfterBackward = HR_EVENT_BIT(HR_EVENT_GRADS_READY) |
                                       HR_EVENT_BIT(HR_EVENT_OPTIMIZER_STEP) |
                                       HR_EVENT_BIT(HR_EVENT_OOM);
-  if (plugins_->subscribed_events() & kAfterBackward) return false;
-  return std::all_of(listeners_.begin(), listeners_.end(),
-                     [&](const EventListener* l) { return l == plugins_.get(); });
+  if (plugins_->subscribed_events() & kAfterBackward) return Overlap::kNone;
+  if (!std::all_of(listeners_.begin(), listeners_.end(),
+                   [&](const EventListener* l) { return l == plugins_.get(); }))
+    return Overlap::kNone;
+  // Clipping's factor needs every gradient: the downloads alone overlap, and the factor is folded
+  // into the update, so the device's gradients are never scaled after their copy left.
+  if (config_.train.grad_clip > 0)
+    return clipped_gradients_read() ? Overlap::kNone : Overlap::kDownloads;
+  return Overlap::kUpdates;
+}
+
+bool Trainer::clipped_gradients_read() const {
+  constexpr uint64_t kAfterClipping =
+      HR_EVENT_BIT(HR_EVENT_OPTIMIZER_STEP) | HR_EVENT_BIT(HR_EVENT_STEP_END) |
+      HR_EVENT_BIT(HR_EVENT_STEP_BEGIN) | HR_EVENT_BIT(HR_EVENT_TRAIN_END) |
+      HR_EVENT_BIT(HR_EVENT_ALLOC) | HR_EVENT_BIT(HR_EVENT_FREE) | HR_EVENT_BIT(HR_EVENT_OOM);
+  const bool listened = std::any_of(listeners_.begin(), listeners_.end(),
+                                    [&](EventListener* l) { return l != plugins_.get(); });
+  return listened || grads_->gradients_shared() || plugins_->provides_optimizer() ||
+         (plugins_->gradient_events() & kAfterClipping) != 0;
 }
 
 void Trainer::run_steps() {
   // A resumed run's state, the plugins' included, is in place before TRAIN_BEGIN.
   const int64_t first = snapshots_->resume_or_start();
-  overlap_update_ = overlapping_update();
-  if (overlap_update_) {
+  overlap_ = overlapping_update();
+  if (overlap_ != Overlap::kNone) {
     // Each layer's trainable parameters are consecutive segments (whole_params' order).
     layer_segments_.clear();
     size_t k = 0;
@@ -389,7 +405,7 @@ void Trainer::run_steps() {
         k += p->frozen ? 0 : 1;
       layer_segments_.emplace_back(from, k);
     }
-    if (k != segments_.size()) overlap_update_ = false;  // not whole parameters: no overlap
+    if (k != segments_.size()) overlap_ = Overlap::kNone;  // not whole parameters: no overlap
   }
   fire(Event::kTrainBegin);
   set_phase(Phase::Kind::kData);
@@ -504,20 +520,10 @@ void Trainer::clip_gradients() {
   if (comm_->world_size() > 1) comm_->all_reduce_host(&state_.loss, 1, ReduceOp::kAverage);
   state_.grad_norm = std::sqrt(grads_->grad_sum_squares());
   // The built-in optimizers fold clipping into the update as a scale (no pass of its own) unless
-  // something could read the clipped gradients: an event listener other than the plugin host, a
-  // plugin that reads them from OPTIMIZER_STEP until the next step zeroes them (as it declares in
-  // headroom.reads/1; one that declares nothing at every event it subscribes to), an optimizer
-  // role, or shards that others read. Then they are clipped in place.
-  constexpr uint64_t kAfterClipping =
-      HR_EVENT_BIT(HR_EVENT_OPTIMIZER_STEP) | HR_EVENT_BIT(HR_EVENT_STEP_END) |
-      HR_EVENT_BIT(HR_EVENT_STEP_BEGIN) | HR_EVENT_BIT(HR_EVENT_TRAIN_END) |
-      HR_EVENT_BIT(HR_EVENT_ALLOC) | HR_EVENT_BIT(HR_EVENT_FREE) | HR_EVENT_BIT(HR_EVENT_OOM);
-  const bool listened = std::any_of(listeners_.begin(), listeners_.end(),
-                                    [&](EventListener* l) { return l != plugins_.get(); });
-  const bool read = listened || grads_->gradients_shared() || plugins_->provides_optimizer() ||
-                    (plugins_->gradient_events() & kAfterClipping) != 0;
+  // something could read the clipped gradients (clipped_gradients_read). Then they are clipped in
+  // place.
   const float clip = clip_factor(state_.grad_norm, t.grad_clip);
-  if (read || !optimizer_->fold_grad_scale(clip))
+  if (clipped_gradients_read() || !optimizer_->fold_grad_scale(clip))
     clip_grads(*device_, segments_, state_.grad_norm, t.grad_clip);
   state_.clip_coef = double(clip);
 }
@@ -735,14 +741,16 @@ void Trainer::backward_end(int layer) {
   // The host optimizer's update overlapped with the backward (offload): this layer's gradients
   // are final, and the layer before, whose gradients are on the host by now, is updated there
   // (the host ledger's timeline marks it) while the device goes on with the layers below.
-  if (overlap_update_ && state_.micro_step == state_.grad_accum) {
+  // With clipping only the gradients start back; the update waits for the factor.
+  if (overlap_ != Overlap::kNone && state_.micro_step == state_.grad_accum) {
+    const bool update = overlap_ == Overlap::kUpdates;
     Device* host = device_->host_place();
-    if (host && size_t(layer) + 1 < model_->layers().size())
+    if (update && host && size_t(layer) + 1 < model_->layers().size())
       host->tracker().set_phase(phase_of(Phase::Kind::kOptimizer, layer + 1));
     const auto [from, to] = layer_segments_.at(size_t(layer));
     static_cast<HostOptimizer&>(*optimizer_)
-        .gradients_final(segments_, from, to, state_.lr, state_.step);
-    if (host) host->tracker().set_phase(device_->tracker().phase());
+        .gradients_final(segments_, from, to, state_.lr, state_.step, update);
+    if (update && host) host->tracker().set_phase(device_->tracker().phase());
   }
 }
 

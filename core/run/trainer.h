@@ -98,6 +98,9 @@ class Trainer final : private LayerEvents,
   const DataSource& data() const { return *data_; }
   // Every step's final state, in order: its metrics row.
   const std::vector<StepState>& history() const { return history_; }
+  // How the host optimizer overlaps the backward in this run (decided at TRAIN_BEGIN).
+  enum class Overlap { kNone, kDownloads, kUpdates };
+  Overlap overlap() const { return overlap_; }
   int64_t skipped_steps() const { return counters_.skipped_steps; }
 
   // The peak-by-category table printed at the end of a run ("rank N: memory report: ..." when the
@@ -149,13 +152,21 @@ class Trainer final : private LayerEvents,
   void backward_begin(int layer) override;
   void backward_end(int layer) override;
   // AllocationObserver: every device allocation, free and failure.
-  // Whether the host optimizer (offload) may update each layer as its backward ends
-  // (HostOptimizer::gradients_final): one rank, nothing sharded, not the NVMe tier, no clipping
-  // (its factor needs every gradient), and nothing that could change the gradients or skip the
-  // update after the backward — no plugin at GRADS_READY or OPTIMIZER_STEP, none at OOM (a step
-  // restarted after layers were updated), no other listener. HEADROOM_OVERLAP_UPDATE=0 in the
-  // environment turns it off (for comparisons).
-  bool overlapping_update() const;
+  // How the host optimizer (offload) overlaps the backward (HostOptimizer::gradients_final): each
+  // layer's gradients start back to the host as its backward ends, and without clipping the
+  // layer before is updated there meanwhile (kUpdates); with clipping, whose factor needs every
+  // gradient, only the copies overlap and the factor is folded into the update (kDownloads,
+  // where nothing reads the clipped gradients). One rank, nothing sharded, not the NVMe tier, and
+  // nothing that could change the gradients or skip the update after the backward — no plugin at
+  // GRADS_READY or OPTIMIZER_STEP, none at OOM (a step restarted after layers were updated), no
+  // other listener. HEADROOM_OVERLAP_UPDATE=0 in the environment turns it off (for comparisons).
+  Overlap overlapping_update() const;
+  // Whether something could read the gradients once clipped (so clipping scales them in place
+  // rather than folding its factor into the update): an event listener other than the plugin
+  // host, a plugin that reads them from OPTIMIZER_STEP until the next step zeroes them (as it
+  // declares in headroom.reads/1; one that declares nothing, at every event it subscribes to),
+  // an optimizer role, or shards that others read.
+  bool clipped_gradients_read() const;
   void on_alloc(const void* ptr, uint64_t bytes, Category c, const std::string& what) override;
   void on_free(const void* ptr, uint64_t bytes, Category c) override;
   void on_oom(const OomReport& report) override;
@@ -195,9 +206,9 @@ class Trainer final : private LayerEvents,
   // What the optimizer updates, clipping scales and snapshots hold: every parameter whole, or
   // this rank's ranges when sharded.
   std::vector<OptSegment> segments_;
-  // The host optimizer's update overlapped with the backward (overlapping_update(), decided at
+  // The host optimizer's overlap with the backward (overlapping_update(), decided at
   // TRAIN_BEGIN): each layer's segments [first, last), in segments_' order.
-  bool overlap_update_ = false;
+  Overlap overlap_ = Overlap::kNone;
   std::vector<std::pair<size_t, size_t>> layer_segments_;
   std::unique_ptr<Sharding> sharding_;  // a plugin shards the model state (core/shard/)
   std::unique_ptr<DataSource> data_;
