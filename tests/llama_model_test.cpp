@@ -157,7 +157,7 @@ TEST(LlamaPresets, PlanMeasureOnLlama31_8bRunsDryInLittleHostMemoryAndIsTheClose
     EXPECT_GT(peak + host, uint64_t(64) << 30) << name;
     const uint64_t rss = uint64_t(ru.ru_maxrss) * 1024;
     EXPECT_LT(rss, limit) << name << ": peak RSS " << rss << " B for a dry run of " << peak << " B";
-    EXPECT_LT(rss, peak / 100) << name;
+    EXPECT_LT(rss, (peak + host) / 100) << name;
     std::printf("%s: plan --measure: %llu B predicted, %.2f s, peak RSS %.1f MiB\n", name,
                 static_cast<unsigned long long>(peak), seconds, double(rss) / (1 << 20));
   }
