@@ -71,7 +71,10 @@ typedef struct hr_ext_shard {
    * HR_SHARD_GRADIENTS, optionally | HR_SHARD_PARAMETERS with both). HR_ERROR_INVALID for other
    * bits, a stage without the ones below it, a plugin
    * without HR_ROLE_GRADIENT_REDUCTION, or an optimizer-role plugin in the run (its state is its
-   * own: it cannot be partitioned); each with a message. */
+   * own: it cannot be partitioned); each with a message. What the host shards may be less: on
+   * one rank only HR_SHARD_OPTIMIZER (a shard would be the whole), unless the parameters' shards
+   * rest in host memory (headroom.offload/1 set_parameter_place). layout()'s `what` says what is
+   * in force, from TRAIN_BEGIN: a plugin reads it there. */
   hr_status (*partition)(hr_host* host, uint32_t what);
   /* Layer `layer`'s partition, any time after create(); HR_ERROR_INVALID for a layer out of
    * range or before the model exists. */
