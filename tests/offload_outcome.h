@@ -95,6 +95,19 @@ inline Resumed resume_from_step(const std::string& toml, int at, std::string res
   return r;
 }
 
+// `base` with [host] memory_limit one byte under `need` (the host ledger's closed form): out of
+// memory on the host, exit 3, the report naming the place. Returns that run's output.
+inline std::string expect_out_of_memory_on_the_host(const std::string& dir, const std::string& base,
+                                                    uint64_t need) {
+  const std::string tight = test::write_file(
+      dir, "tight.toml", base + "[host]\nmemory_limit = " + std::to_string(need - 1) + "\n");
+  const test::RunResult r = test::run_headroom("train " + tight + " -q");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "out of memory on the host:")) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "place                  host")) << r.output;
+  return r.output;
+}
+
 // The same losses, weights and compute copies, bitwise; and the same --save-weights file where the
 // runs saved one.
 inline void expect_same_training(const Outcome& a, const Outcome& b) {

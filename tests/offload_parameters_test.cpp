@@ -217,14 +217,9 @@ TEST(OffloadParametersTrain, TheHostWallIsTheClosedFormToTheByte) {
   const uint64_t need = estimate_config(test::config_from(base)).peak.host_total();
   const std::string fits = test::write_file(
       dir, "fits.toml", base + "[host]\nmemory_limit = " + std::to_string(need) + "\n");
-  auto r = test::run_headroom("train " + fits + " -q");
+  const test::RunResult r = test::run_headroom("train " + fits + " -q");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  const std::string tight = test::write_file(
-      dir, "tight.toml", base + "[host]\nmemory_limit = " + std::to_string(need - 1) + "\n");
-  r = test::run_headroom("train " + tight + " -q");
-  EXPECT_EQ(r.exit_code, 3) << r.output;
-  EXPECT_TRUE(test::contains(r.output, "out of memory on the host:")) << r.output;
-  EXPECT_TRUE(test::contains(r.output, "place                  host")) << r.output;
+  test::expect_out_of_memory_on_the_host(dir, base, need);
 }
 
 // The host place finds the buffer under a pointer inside it (what routes an offloaded gradient

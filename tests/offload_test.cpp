@@ -364,14 +364,10 @@ TEST(HostPlace, MemoryLimitIsAWallWithItsOwnReport) {
   EXPECT_TRUE(test::contains(html, "series-optimizer"));
 
   // One byte less: out of memory on the host, exit 3, the report naming the place.
-  const std::string tight = test::write_file(
-      dir, "tight.toml", base + "[host]\nmemory_limit = " + std::to_string(need - 1) + "\n");
-  r = test::run_headroom("train " + tight + " -q");
-  EXPECT_EQ(r.exit_code, 3) << r.output;
-  EXPECT_TRUE(test::contains(r.output, "out of memory on the host:")) << r.output;
-  EXPECT_TRUE(test::contains(r.output, "place                  host")) << r.output;
-  EXPECT_TRUE(test::contains(r.output, "host memory_limit")) << r.output;
-  EXPECT_TRUE(test::contains(r.output, "raise [host] memory_limit")) << r.output;
+  const std::string tight_out = test::expect_out_of_memory_on_the_host(dir, base, need);
+  EXPECT_TRUE(test::contains(tight_out, "host memory_limit")) << tight_out;
+  EXPECT_TRUE(test::contains(tight_out, "raise [host] memory_limit")) << tight_out;
+  const std::string tight = dir + "/tight.toml";
 
   // plan says the same before anything runs.
   r = test::run_headroom("plan " + tight);

@@ -1,6 +1,5 @@
 #include "core/optim/optim.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -257,22 +256,29 @@ double grad_sum_squares(Backend& ops, const std::vector<OptSegment>& segments) {
   return ops.sum_squares_many(spans);
 }
 
+namespace {
+
+// The op table that reads segment s's memory: the host place's for an offloaded shard
+// (OptSegment::on_host), else the device's.
+Backend& ops_for(Device& device, const OptSegment& s) {
+  return s.on_host && device.host_place() ? device.host_place()->backend() : device.backend();
+}
+
+}  // namespace
+
 double grad_sum_squares(Device& device, const std::vector<OptSegment>& segments) {
-  Device* host = device.host_place();
-  const auto first_on_host =
-      std::find_if(segments.begin(), segments.end(), [](const OptSegment& s) { return s.on_host; });
-  if (first_on_host == segments.end() || !host) return grad_sum_squares(device.backend(), segments);
-  // sum_squares_many adds its spans' sums in order: the first run of one place in one call, then
-  // each later span's alone, added in the same order.
+  if (segments.empty()) return 0.0;
+  // sum_squares_many adds its spans' sums in order: the leading run of one place's segments in
+  // one call, then each later segment's alone, added in the same order (bitwise the one-place
+  // sum; one call when every segment is in one place).
+  Backend& first = ops_for(device, segments[0]);
   size_t run = 0;
-  while (run < segments.size() && segments[run].on_host == segments[0].on_host)
+  while (run < segments.size() && &ops_for(device, segments[run]) == &first)
     ++run;
-  Backend& first = segments[0].on_host ? host->backend() : device.backend();
   double total = grad_sum_squares(
       first, std::vector<OptSegment>(segments.begin(), segments.begin() + std::ptrdiff_t(run)));
   for (size_t i = run; i < segments.size(); ++i)
-    total +=
-        grad_sum_squares(segments[i].on_host ? host->backend() : device.backend(), {segments[i]});
+    total += grad_sum_squares(ops_for(device, segments[i]), {segments[i]});
   return total;
 }
 
@@ -298,8 +304,7 @@ void clip_grads(Device& device, const std::vector<OptSegment>& segments, double 
   if (!(max_norm > 0 && norm > max_norm)) return;
   const float factor = clip_factor(norm, max_norm);
   for (const OptSegment& s : segments)
-    (s.on_host ? device.host_place()->backend() : device.backend())
-        .scale(s.grad_dtype, s.grad, s.numel, factor);
+    ops_for(device, s).scale(s.grad_dtype, s.grad, s.numel, factor);
 }
 
 double clip_grad_norm(Backend& ops, const std::vector<Param<float>*>& params, double max_norm) {
