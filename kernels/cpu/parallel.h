@@ -14,6 +14,7 @@
 #endif
 
 #include <cstddef>
+#include <cstring>
 
 namespace headroom::cpu {
 
@@ -79,6 +80,19 @@ constexpr size_t kParallelMin = size_t(1) << 14;
 // Threads for a loop over `work` elements: 1 when small, else threads().
 inline int threads_for(size_t work) {
   return work < kParallelMin ? 1 : threads();
+}
+
+// memset(x, 0, bytes) on the threads: one thread's stores reach about half the memory bandwidth
+// of two (a gradient buffer of gpt2-350m, 1.4 GB, takes 115 ms on one and 62 ms on two).
+inline void zero_bytes(void* x, size_t bytes) {
+  const size_t kChunk = size_t(1) << 20;  // 1 MiB a task: whole pages, and enough of them
+  const size_t chunks = (bytes + kChunk - 1) / kChunk;
+  char* p = static_cast<char*>(x);
+#pragma omp parallel for schedule(static) num_threads(chunks > 1 ? threads() : 1)
+  for (size_t c = 0; c < chunks; c++) {
+    const size_t begin = c * kChunk;
+    std::memset(p + begin, 0, (bytes - begin < kChunk ? bytes - begin : kChunk));
+  }
 }
 
 }  // namespace headroom::cpu
