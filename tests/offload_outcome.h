@@ -22,8 +22,9 @@ struct Outcome {
   std::string saved;  // the --save-weights file (the f32 masters), when asked for
   std::vector<std::vector<unsigned char>> weights;  // every parameter's updated values (masters)
   std::vector<std::vector<unsigned char>> compute;  // and what the layers read
-  ByCategory device_peak{}, host_peak{};
+  ByCategory device_peak{};
   ByCategory device_at_peak{};  // the device's categories at its peak total
+  ByCategory host_peak{};       // the host ledger's at its peak total (what plan --measure reads)
   uint64_t largest_layer = 0;   // the most parameter elements one layer has
   uint64_t device_peak_total = 0;
   uint64_t host_allocs = 0;
@@ -60,7 +61,7 @@ inline Outcome train_outcome(const std::string& toml, bool save = false) {
   r.device_at_peak = t.device().tracker().live_at_peak();
   for (const auto& layer : t.model().layers())
     r.largest_layer = std::max(r.largest_layer, layer->flat().numel);
-  r.host_peak = t.device().host_place()->tracker().peak_by_category();
+  r.host_peak = t.device().host_place()->tracker().live_at_peak();
   r.host_allocs = t.device().host_place()->tracker().num_allocs();
   r.segments = whole_params(t.model().params());
   return r;

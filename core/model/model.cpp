@@ -1149,28 +1149,69 @@ template <class T>
 void Layer<T>::release_grads() {
   flat_.grad.reset();
   flat_.compute_grad.reset();
+  drop_parked_grads();
+}
+
+template <class T>
+std::string Layer<T>::grad_name() const {
+  return name_ + " gradients";
+}
+
+template <class T>
+std::string Layer<T>::compute_grad_name() const {
+  return name_ + " gradients (" + dtype_name(dt_) +
+         (precision_.grad_in_compute ? ")" : ", one micro-step)");
 }
 
 template <class T>
 void Layer<T>::ensure_grads() {
+  if (grads_parked()) {  // back from the host, in new device buffers: the bits they left with
+    for (auto [parked, on_device, name] :
+         {std::tuple{&parked_grad_, &flat_.grad, grad_name()},
+          std::tuple{&parked_compute_grad_, &flat_.compute_grad, compute_grad_name()}}) {
+      if (!*parked) continue;
+      *on_device = Buffer(device_, parked->bytes(), Category::kGradients, name);
+      ops().upload(on_device->template as<void>(), parked->template as<void>(), parked->bytes());
+      ops().synchronize();  // the host copy goes
+      parked->reset();
+    }
+    return;
+  }
   if (has_grads()) return;
   if (precision_.grad_in_compute && dt_ != dtype_of<T>()) {  // the step's, in the compute dtype
-    flat_.compute_grad = Buffer(device_, flat_.padded * dtype_size(dt_), Category::kGradients,
-                                name_ + " gradients (" + dtype_name(dt_) + ")");
+    flat_.compute_grad =
+        Buffer(device_, flat_.padded * dtype_size(dt_), Category::kGradients, compute_grad_name());
     ops().fill(dt_, flat_.compute_grad.as<void>(), flat_.padded, 0.0);
     return;
   }
-  flat_.grad =
-      Buffer(device_, flat_.padded * sizeof(T), Category::kGradients, name_ + " gradients");
+  flat_.grad = Buffer(device_, flat_.padded * sizeof(T), Category::kGradients, grad_name());
   ops().fill(dtype_of<T>(), flat_.grad.as<T>(), flat_.padded, 0.0);
+}
+
+template <class T>
+void Layer<T>::park_grads(Device& host) {
+  for (auto [on_device, parked] : {std::pair{&flat_.grad, &parked_grad_},
+                                   std::pair{&flat_.compute_grad, &parked_compute_grad_}}) {
+    if (!*on_device) continue;
+    const uint64_t bytes = on_device->bytes();
+    *parked = Buffer(host, bytes, Category::kGradients, name_ + " gradients (parked on the host)");
+    ops().download(parked->template as<void>(), on_device->template as<void>(), bytes);
+    on_device->reset();
+  }
+}
+
+template <class T>
+void Layer<T>::drop_parked_grads() {
+  parked_grad_.reset();
+  parked_compute_grad_.reset();
 }
 
 template <class T>
 void Layer<T>::make_compute_grads() {
   if (dt_ == dtype_of<T>() || precision_.grad_in_compute || flat_.compute_grad || flat_.numel == 0)
     return;
-  flat_.compute_grad = Buffer(device_, flat_.padded * dtype_size(dt_), Category::kGradients,
-                              name_ + " gradients (" + dtype_name(dt_) + ", one micro-step)");
+  flat_.compute_grad =
+      Buffer(device_, flat_.padded * dtype_size(dt_), Category::kGradients, compute_grad_name());
   ops().fill(dt_, flat_.compute_grad.as<void>(), flat_.padded, 0.0);
 }
 
@@ -1532,6 +1573,9 @@ void Gpt<T>::backward(const Batch& batch, LayerEvents* events) {
     // gradient buckets can start reducing while the layers below run their backward.
     accumulate_compute_grads(l);
     if (events) events->backward_end(l);
+    // The head has added its part of the tied wte's gradient; the embedding adds the rest last
+    // (ensure_grads above brings them back).
+    if (grad_park_ && tied_layer(l) == 0 && l > 1) layers_[0]->park_grads(*grad_park_);
   }
 }
 
@@ -1615,6 +1659,7 @@ template <class T>
 void Gpt<T>::zero_grad() {
   Backend& ops = device_.backend();
   for (const auto& layer : layers_) {
+    layer->drop_parked_grads();  // an abandoned backward's: gone, as if released
     const FlatStorage& f = layer->flat();
     if (f.grad) ops.fill(dtype_of<T>(), f.grad.as<T>(), f.padded, 0.0);
     if (f.compute_grad) ops.fill(dt_, f.compute_grad.as<void>(), f.padded, 0.0);

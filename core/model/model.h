@@ -329,6 +329,13 @@ class Layer {
   // zeroed, when released. has_grads: they exist.
   void release_grads();
   void ensure_grads();
+  // The tied embedding's full gradients between the head's backward, which adds into them, and
+  // the embedding's (Gpt::set_gradient_park): park_grads moves them (master and compute) into
+  // `host`'s ledger and frees them on the device; ensure_grads brings them back, into new device
+  // buffers, bitwise; drop_parked_grads forgets them (zero_grad).
+  void park_grads(Device& host);
+  void drop_parked_grads();
+  bool grads_parked() const { return bool(parked_grad_) || bool(parked_compute_grad_); }
   bool has_grads() const {
     return flat_.numel == 0 || bool(flat_.grad) ||
            (precision_.grad_in_compute && flat_.compute_grad);
@@ -444,7 +451,10 @@ class Layer {
   Precision precision_;
   std::vector<std::unique_ptr<Param<T>>> params_;
   FlatStorage flat_;
-  FlatStorage frozen_;  // the frozen parameters' weights
+  FlatStorage frozen_;                        // the frozen parameters' weights
+  Buffer parked_grad_, parked_compute_grad_;  // park_grads: flat_'s grad and compute_grad
+  std::string grad_name() const;
+  std::string compute_grad_name() const;
   // The quantized frozen weights: their T values only while made (master_access), and
   // their quantized bytes, every weight's at its Param::quant_offset.
   FlatStorage quant_;
@@ -540,6 +550,13 @@ class Gpt {
   // when the backward reaches the layer above the next (one layer ahead of its use). The last
   // block's output, the head's input, stays: the head's backward follows its forward at once.
   void set_activation_place(Device* host) { activation_host_ = host; }
+  // The tied embedding's gradient parked (null, the default: not): with sharded gradients a
+  // layer's full gradients live only around its backward, but the embedding's are made before the
+  // head's (the head adds into the tied wte) and would live through every block's. Parked, they
+  // wait in `host`'s ledger from the end of the head's backward to the start of the embedding's
+  // (Layer::park_grads), and the blocks' backward holds none of them. An untied head (a
+  // Llama's) parks nothing.
+  void set_gradient_park(Device* host) { grad_park_ = host; }
   // Layer `layer`'s Layer::drop_activations(), between its forward and its backward. Throws
   // std::logic_error (with the reason) for an index out of range, the embedding or the head, or a
   // layer that holds no activations.
@@ -611,6 +628,7 @@ class Gpt {
 
  private:
   Device* activation_host_ = nullptr;  // set_activation_place
+  Device* grad_park_ = nullptr;        // set_gradient_park
   // Adds each compute gradient of layer `layer`'s micro-step into its master gradient, in fp32,
   // and zeroes the compute gradient.
   void accumulate_compute_grads(int layer);

@@ -699,6 +699,11 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   // (grad_accum > 1): every layer's from the second micro-step on.
   // zero3 without prefetching gathers layer l only after l + 1's reduction started, and waiting
   // for the gather finishes what was started before it: l + 1's are freed by then.
+  // With the optimizer on the host, the tied embedding's (fp32 and compute-dtype) wait in host
+  // memory from the end of the head's backward to the start of the embedding's
+  // (Gpt::set_gradient_park): the blocks' backward holds none of them.
+  const bool park = sh_grad && s.optimizer_on_host && m.tied() && H >= 2;
+  auto parked = [&](size_t l) { return park && l >= 1 && l < H; };
   auto full_grads = [&](size_t l) {
     uint64_t b = 0;
     const bool above_done = sh_param && s.prefetch_layers == 0 && gathers[l];
@@ -707,14 +712,15 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
           k == 0 || k == l ||
           ((s.grad_reduce & HR_GRAD_REDUCE_LAST_MICRO_STEP) && s.grad_accum > 1) ||
           ((s.grad_reduce & HR_GRAD_REDUCE_AFTER_BACKWARD) ? k > l : k == l + 1 && !above_done);
-      if (live) b += kF32 * padded[k];  // the compute-dtype ones are micro_grads'
+      if (live && !(k == 0 && parked(l)))
+        b += kF32 * padded[k];  // the compute-dtype ones are micro_grads'
     }
     return b;
   };
   // The compute-dtype gradients of one micro-step (micro_grads) in layer l's backward: its own
   // and the embedding's (the head adds into the tied wte).
   auto micro = [&](size_t l) {
-    return micro_grads ? es * (padded[l] + (l > 0 ? padded[0] : 0)) : 0;
+    return micro_grads ? es * (padded[l] + (l > 0 && !parked(l) ? padded[0] : 0)) : 0;
   };
   // Sharded parameters (zero3, prefetch p; plugins/zero/zero.cpp's window): a layer is gathered
   // whole — its fp32 values, or with compute copies only its compute copy, and its frozen
@@ -800,6 +806,19 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     } else {  // the embedding holds its output
       moment(out, dres, params, grads);
     }
+  }
+  // The host ledger: what it holds the whole run (base.host, with every offloaded activation:
+  // the forward's end), and when the embedding's gradient is parked, the moment it arrives, the
+  // head's backward done: the outputs of layers 0 .. H - 3 still on the host. The first of the
+  // highest is its peak.
+  if (park) {
+    ByCategory at_park = base.host;
+    at(at_park, Category::kActivations) = s.activations_on_host ? (H - 2) * out : 0;
+    at(at_park, Category::kGradients) += (kF32 + (micro_grads ? es : 0)) * padded[0];
+    uint64_t total = 0;
+    for (uint64_t b : at_park)
+      total += b;
+    if (total > base.host_total()) e.host = at_park;
   }
   return e;
 }

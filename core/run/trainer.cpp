@@ -260,6 +260,10 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     choices_.freeze(sharding_.get());
     // Activation offload: the layers' outputs wait on the host between forward and backward.
     if (places_.activations_on_host()) model_->set_activation_place(device_->host_place());
+    // Sharded gradients beside the optimizer on the host: the tied embedding's full gradient
+    // waits on the host through the blocks' backward (issue 34, item 3).
+    if (host_optimizer && (shard_what & kShardGradients))
+      model_->set_gradient_park(device_->host_place());
     uint64_t trainable = 0;
     for (const Param<float>* p : model_->trainable_params())
       trainable += p->numel;

@@ -84,7 +84,7 @@ TEST_P(ZeroEstimate, IsEachRanksTrackerPeakByCategory) {
                                                        << who;
   EXPECT_EQ(e.peak.total(), mt.peak_total()) << who;
   // The host ledger too (offload: the optimizer, the layers' outputs, the parameter shards).
-  const ByCategory host = t.device().host_place()->tracker().peak_by_category();
+  const ByCategory host = t.device().host_place()->tracker().live_at_peak();
   for (int i = 0; i < kNumCategories; ++i)
     EXPECT_EQ(e.peak.host[i], host[i]) << "host " << category_name(category_at(i)) << "\n" << who;
 }
