@@ -1175,9 +1175,8 @@ void Layer<T>::ensure_grads() {
       ops().synchronize();  // the host copy goes
       parked->reset();
     }
-    return;
   }
-  if (has_grads()) return;
+  if (has_grads()) return;  // else amp's f32 ones, which the head did not write: made here
   if (precision_.grad_in_compute && dt_ != dtype_of<T>()) {  // the step's, in the compute dtype
     flat_.compute_grad =
         Buffer(device_, flat_.padded * dtype_size(dt_), Category::kGradients, compute_grad_name());
@@ -1549,8 +1548,10 @@ void Gpt<T>::backward(const Batch& batch, LayerEvents* events) {
   void* dout = a.as<void>();
   void* dinput = b.as<void>();
   // Sharded gradients (zero2) exist only while needed: the head adds into the tied wte, which the
-  // embedding (layer 0, the last backward) owns, so layer 0's are there from the start.
-  layers_[0]->ensure_grads();
+  // embedding (layer 0, the last backward) owns, so layer 0's are there from the start — the
+  // ones the head writes: with amp's f32 accumulation the micro-step's compute-dtype gradients,
+  // the f32 ones made in the embedding's backward (ensure_grads below), when they are added in.
+  if (!has_compute_copies() || precision_.grad_in_compute) layers_[0]->ensure_grads();
   layers_[0]->make_compute_grads();
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
     // Activation offload: this layer's input back on the device, and the next one's, ahead.

@@ -702,6 +702,9 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   // With the optimizer on the host, the tied embedding's (fp32 and compute-dtype) wait in host
   // memory from the end of the head's backward to the start of the embedding's
   // (Gpt::set_gradient_park): the blocks' backward holds none of them.
+  // With amp's f32 accumulation (micro_grads) the head writes the embedding's compute-dtype
+  // gradients, and its f32 ones are made in its own backward (or, reduced in the last micro-step
+  // only, kept from the first micro-step on).
   const bool park = sh_grad && s.optimizer_on_host && m.tied() && H >= 2;
   auto parked = [&](size_t l) { return park && l >= 1 && l < H; };
   auto full_grads = [&](size_t l) {
@@ -709,7 +712,7 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     const bool above_done = sh_param && s.prefetch_layers == 0 && gathers[l];
     for (size_t k = 0; k <= H; ++k) {
       const bool live =
-          k == 0 || k == l ||
+          (k == 0 && (l == 0 || !micro_grads)) || k == l ||
           ((s.grad_reduce & HR_GRAD_REDUCE_LAST_MICRO_STEP) && s.grad_accum > 1) ||
           ((s.grad_reduce & HR_GRAD_REDUCE_AFTER_BACKWARD) ? k > l : k == l + 1 && !above_done);
       if (live && !(k == 0 && parked(l)))
@@ -814,7 +817,10 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   if (park) {
     ByCategory at_park = base.host;
     at(at_park, Category::kActivations) = s.activations_on_host ? (H - 2) * out : 0;
-    at(at_park, Category::kGradients) += (kF32 + (micro_grads ? es : 0)) * padded[0];
+    const bool f32_there =
+        !micro_grads || ((s.grad_reduce & HR_GRAD_REDUCE_LAST_MICRO_STEP) && s.grad_accum > 1);
+    at(at_park, Category::kGradients) +=
+        ((f32_there ? kF32 : 0) + (micro_grads ? es : 0)) * padded[0];
     uint64_t total = 0;
     for (uint64_t b : at_park)
       total += b;
