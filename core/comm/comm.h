@@ -83,6 +83,10 @@ class CommRequest {
   ~CommRequest();
   bool test();  // a request with nothing in flight is done
   void wait();
+  // Gives it up without waiting, for a collective a failure cut short, which the other ranks will
+  // never complete: the communicator may go on progressing it, so its buffers stay valid (kept by
+  // the caller) until the process ends.
+  void abandon() { impl_.reset(); }
 
  private:
   std::unique_ptr<Impl> impl_;

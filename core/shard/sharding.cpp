@@ -72,18 +72,20 @@ CommRequest Sharding::gather_from_rest(const LayerShard& ls, const void* shard, 
 }
 
 Sharding::~Sharding() {
-  // A collective that cannot finish (a peer failed, this rank ran out of memory) is abandoned to
-  // the communicator, which may still progress it — read and write its buffers — until it goes
+  // A collective still in flight here is one a failure cut short (a peer failed, this rank ran
+  // out of memory): the other ranks stop on the failure's notice and never complete it, so it is
+  // not waited for (a wait would last [distributed] timeout_s) but abandoned to the
+  // communicator, which may still progress it — read and write its buffers — until it goes
   // (after this; core/run/trainer.cpp): the shards of its layer are then never freed, kept
   // reachable (not a leak) for the rest of the process. (The model's buffers outlive the
-  // communicator.)
+  // communicator.) A finished run has none in flight.
   static auto* kept = new std::vector<Buffer>();
   for (Pending& p : pending_) {
     try {
-      p.request.wait();
-      continue;
+      if (p.request.test()) continue;
     } catch (...) {
     }
+    p.request.abandon();
     LayerShard& ls = layers_[size_t(p.layer)];
     for (Buffer* b : {&ls.value, &ls.compute, &ls.grad, &ls.frozen, &ls.quant})
       if (*b) kept->push_back(std::move(*b));

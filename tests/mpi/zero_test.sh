@@ -397,11 +397,13 @@ errors)
   # ranges have the padding), with collectives of the others in flight: every rank ends (no
   # hang), as out of memory (3) or stopped by a peer's failure (6), and nothing crashes on the way
   # out (an abandoned collective's buffers outlive the communicator that still progresses it).
+  # [distributed] timeout_s beyond mpirun's 120 s: no rank may wait out a collective the others
+  # gave up (the failed rank's exit once waited for its own gathers in flight, 60 s).
   with_zero 3 z.toml
   for limit in 53600 56000 57000; do
     set +e
     out=$(mpirun -np 3 "$headroom" train z.toml -q --set train.steps=2 \
-      --set device.memory_limit=$limit 2>&1); rc=$?
+      --set device.memory_limit=$limit --set distributed.timeout_s=600 2>&1); rc=$?
     set -e
     { [ $rc = 3 ] || [ $rc = 6 ]; } && grep -q "out of memory: " <<<"$out" &&
       ! grep -qi "segmentation\|signal 11\|signal 6 " <<<"$out" ||
