@@ -444,11 +444,12 @@ PIN(hr_step_state, reserved1, 76, 4);
 PIN(hr_step_state, dry, 80, 4);  // 1.7
 PIN(hr_step_state, reserved2, 84, 4);
 // 1.6 appended stop_run.
-static_assert(sizeof(hr_ext_step) == 24 && alignof(hr_ext_step) == 8);
+static_assert(sizeof(hr_ext_step) == 32 && alignof(hr_ext_step) == 8);
 PIN(hr_ext_step, struct_size, 0, 4);
 PIN(hr_ext_step, reserved0, 4, 4);
 PIN(hr_ext_step, state, 8, 8);
 PIN(hr_ext_step, stop_run, 16, 8);
+PIN(hr_ext_step, set_events, 24, 8);
 // headroom.batch/1
 static_assert(sizeof(hr_batch_state) == 48 && alignof(hr_batch_state) == 8);
 PIN(hr_batch_state, struct_size, 0, 4);
@@ -629,6 +630,7 @@ PIN_TYPE(hr_ext_ops, adamw,
                        uint32_t, double, double, double, double, double, int64_t, uint32_t));
 PIN_TYPE(hr_ext_step, state, hr_status (*)(hr_host*, hr_step_state*));
 PIN_TYPE(hr_ext_step, stop_run, hr_status (*)(hr_host*, const char*));
+PIN_TYPE(hr_ext_step, set_events, hr_status (*)(hr_host*, uint64_t));
 PIN_TYPE(hr_ext_batch, state, hr_status (*)(hr_host*, hr_batch_state*));
 PIN_TYPE(hr_ext_batch, restart_step, hr_status (*)(hr_host*, int32_t, const char*));
 PIN_TYPE(hr_ext_batch, set_micro_batch, hr_status (*)(hr_host*, int32_t, const char*));

@@ -6,7 +6,8 @@
 // (AdamW and SGD, with accumulation, a frozen layer, LoRA; a resume); the host ledger's timeline
 // marks each layer's update between the backward's layers. With clipping (its factor needs every
 // gradient) only the gradients' copies overlap and the factor is folded into the update: bitwise
-// too. Where the overlap may not run (amp's scaler, the NVMe tier) there is none.
+// too. Where the overlap may not run (amp fp16's scaler, the NVMe tier) there is none; amp bf16,
+// which has no scaler and takes no GRADS_READY, overlaps.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -55,7 +56,12 @@ TEST(OffloadOverlap, IsBitwiseTheUpdateAfterTheBackward) {
        {model_toml() + train_toml(),
         model_toml() + train_toml("optimizer = \"sgd\"\nmomentum = 0.9\n"),
         model_toml() + train_toml("freeze = [\"wte.weight\", \"h.0.*\"]\n"),
-        model_toml() + train_toml() + lora}) {
+        model_toml() + train_toml() + lora,
+        // amp bf16 takes no GRADS_READY (headroom.step/1 set_events): the masters' update on the
+        // host, the bf16 copies' upload, during the backward
+        model_toml() + train_toml() + "[[plugins]]\nname = \"amp\"\n",
+        model_toml() + train_toml() +
+            "[[plugins]]\nname = \"amp\"\n[[plugins]]\nname = " + "\"checkpoint\"\n"}) {
     SCOPED_TRACE(base);
     const test::Outcome plain = test::train_outcome(base, true);
     const test::Outcome overlapped = test::train_outcome(base + kOffload, true);
@@ -158,7 +164,7 @@ TEST(OffloadOverlap, NotWhereTheGradientsMayStillChange) {
   const std::string base = model_toml() + train_toml();
   const std::vector<std::pair<std::string, std::string>> runs = {
       {base + kOffload, "train.grad_clip=1.0"},
-      {base + "[[plugins]]\nname = \"amp\"\n" + kOffload, "train.steps=1"},
+      {base + "[[plugins]]\nname = \"amp\"\ndtype = \"fp16\"\n" + kOffload, "train.steps=1"},
       {base + "[[plugins]]\nname = \"offload\"\noptimizer = \"nvme\"\nnvme_path = \"" + dir +
            "\"\n",
        "train.steps=1"},

@@ -1312,6 +1312,35 @@ TEST_F(PluginAbi, StopRunAtTrainBeginStopsBeforeStepOne) {
   EXPECT_EQ(read_lines(file("stop.txt")).back(), "early_stop TRAIN_END step=0");
 }
 
+// headroom.step/1 set_events (ABI 1.8): narrowed in create() to STEP_BEGIN and STEP_END, the
+// plugin gets those alone (and its later call, from STEP_BEGIN, is refused: create() only);
+// asking for more than its descriptor's events fails the run before step 1, naming the plugin.
+TEST_F(PluginAbi, SetEventsNarrowsWhatAPluginGetsFromCreateOnly) {
+  const uint64_t mask = HR_EVENT_BIT(HR_EVENT_STEP_BEGIN) | HR_EVENT_BIT(HR_EVENT_STEP_END);
+  const auto r = run_headroom(
+      "train " + config(eval_config(dir, 3) +
+                        plugin("all_events", "out = \"" + file("e.txt") + "\"\nset_events = " +
+                                                 std::to_string(mask) + "\n")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = read_lines(file("e.txt"));
+  EXPECT_EQ(lines_with(lines, "all_events EVENT 2 ").size(), 3u) << join(lines);
+  EXPECT_EQ(lines_with(lines, "all_events EVENT 3 ").size(), 3u) << join(lines);
+  EXPECT_EQ(lines_with(lines, "all_events EVENT ").size(), 6u) << join(lines);
+  EXPECT_TRUE(lines_with(lines, "CATEGORIES").empty()) << "no TRAIN_END: " << join(lines);
+  const auto late = lines_with(lines, "all_events SET_EVENTS_LATE");
+  ASSERT_EQ(late.size(), 3u) << join(lines);
+  EXPECT_EQ(late[0], "all_events SET_EVENTS_LATE " + std::to_string(int(HR_ERROR_NOT_ALLOWED)));
+
+  const auto wide = run_headroom(
+      "train " + config(eval_config(dir, 3) +
+                        plugin("all_events", "out = \"" + file("w.txt") + "\"\nset_events = " +
+                                                 std::to_string(mask) + "\nwiden_after = true\n")));
+  EXPECT_NE(wide.exit_code, 0) << wide.output;
+  EXPECT_TRUE(test::contains(wide.output, "all_events")) << wide.output;
+  EXPECT_TRUE(test::contains(wide.output, "set_events: asks for events it does not take"))
+      << wide.output;
+}
+
 // Every event bit subscribed (~0): a plugin built for 1.6 gets EVAL_END after each evaluation,
 // with the metrics' val_loss; the same plugin built against the frozen 1.5 and 1.4 headers never
 // does (nor anything above BUCKET_DONE, or for 1.4 above OOM), and runs at its own version. Built

@@ -1,5 +1,7 @@
-// headroom.step/1 (headroom/ext/step.h): where the current optimizer step stands.
+// headroom.step/1 (headroom/ext/step.h): where the current optimizer step stands, stopping the
+// run, narrowing the events a plugin takes.
 #include <cstddef>
+#include <cstdio>
 #include <string>
 
 #include "core/plugin_host/services.h"
@@ -47,9 +49,27 @@ static hr_status step_stop_run(hr_host* h, const char* reason) {
   return HR_OK;
 }
 
+constexpr Rule kStepSetEvents = {HR_EXT_STEP " set_events", kAnyone, When::kCreate, kNotAllowed};
+static hr_status step_set_events(hr_host* h, uint64_t events) {
+  LoadedPlugin& p = plugin(h);
+  if (events & ~p.desc.events) {
+    char hex[32];
+    std::snprintf(hex, sizeof hex, "0x%llx",
+                  static_cast<unsigned long long>(events & ~p.desc.events));
+    p.error = std::string("set_events: asks for events it does not take (bits ") + hex +
+              "): it may only narrow them";
+    return HR_ERROR_INVALID;
+  }
+  p.desc.events =
+      events;  // what dispatch and the host's plans read (PluginHost::subscribed_events)
+  p.gradient_events &= events;
+  return HR_OK;
+}
+
 extern const hr_ext_step kStepExtension;
 const hr_ext_step kStepExtension = {sizeof(hr_ext_step), 0, checked<kStepState, step_state>,
-                                    checked<kStepStopRun, step_stop_run>};
+                                    checked<kStepStopRun, step_stop_run>,
+                                    checked<kStepSetEvents, step_set_events>};
 
 }  // namespace services
 }  // namespace headroom

@@ -60,6 +60,7 @@
 #include <headroom/ext/estimate.h>
 #include <headroom/ext/precision.h>
 #include <headroom/ext/shard.h>
+#include <headroom/ext/step.h>
 #include <headroom/plugin.h>
 
 #include "common/hook_guard.h"
@@ -411,6 +412,14 @@ hr_status create(const hr_host_services* s, void** instance) {
   amp->masters = master != 0;
   amp->state_bf16 = sd == "bf16";
   st = amp->start();
+  // bf16 has no loss scale: its GRADS_READY hook has nothing to do, so it does not take that
+  // event, and holds back nothing that waits for the event's hooks (the offload plugin's update
+  // overlapped with the backward). A host before headroom.step/1's set_events sends it anyway.
+  if (st == HR_OK && !fp16 && HR_HAS_FIELD(s, hr_host_services, get_extension)) {
+    const auto* step = static_cast<const hr_ext_step*>(s->get_extension(s->host, HR_EXT_STEP));
+    if (step && HR_HAS_FIELD(step, hr_ext_step, set_events))
+      st = step->set_events(s->host, HR_EVENT_BIT(HR_EVENT_TRAIN_BEGIN));
+  }
   if (st != HR_OK) {
     delete amp;
     return st;

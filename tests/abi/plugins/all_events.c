@@ -13,8 +13,16 @@
  * `<name> ALLOC7 granted|refused`.
  *
  * It uses only what ABI 1.0 offers besides hr_event_info's loss and tokens, which it reads when
- * its header has them (1.5 on) and the host's struct_size covers them. */
+ * its header has them (1.5 on) and the host's struct_size covers them.
+ *
+ * Built for 1.8, its config key `set_events` (an integer) narrows its events in create() through
+ * headroom.step/1's set_events (a refusal fails create() with the host's message; `widen_after =
+ * true` then asks for all of them back), and at each STEP_BEGIN it receives it tries again, too
+ * late: `<name> SET_EVENTS_LATE <status>`. */
 #include <headroom/plugin.h>
+#if PLUGIN_MINOR >= 8
+#include <headroom/ext/step.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -40,6 +48,14 @@ static hr_status on_event(void* instance, const hr_event_info* info) {
   unsigned long long tokens = 0;
   if (info->event == HR_EVENT_ALLOC && info->category < 32) p->categories |= 1ul << info->category;
   if (info->event == HR_EVENT_ALLOC || info->event == HR_EVENT_FREE) return HR_OK;
+#if PLUGIN_MINOR >= 8
+  if (info->event == HR_EVENT_STEP_BEGIN) {
+    const hr_ext_step* step =
+        (const hr_ext_step*)p->services->get_extension(p->services->host, HR_EXT_STEP);
+    fprintf(p->out, "%s SET_EVENTS_LATE %d\n", PLUGIN_NAME,
+            (int)step->set_events(p->services->host, HR_EVENT_BIT(HR_EVENT_STEP_BEGIN)));
+  }
+#endif
   if (info->event == HR_EVENT_TRAIN_END)
     fprintf(p->out, "%s CATEGORIES %lu\n", PLUGIN_NAME, p->categories);
   if (info->event == HR_EVENT_TRAIN_BEGIN) {
@@ -81,6 +97,24 @@ static hr_status create(const hr_host_services* s, void** instance) {
   fprintf(p->out, "%s CREATE abi=%u.%u\n", PLUGIN_NAME, (unsigned)HR_ABI_MAJOR(s->abi_version),
           (unsigned)HR_ABI_MINOR(s->abi_version));
   fflush(p->out);
+#if PLUGIN_MINOR >= 8
+  {
+    int64_t events = -1;
+    st = s->config_int(s->host, "set_events", &events);
+    int32_t widen = 0; /* then asks for every event back: refused, the events stay narrowed */
+    if (st == HR_OK) st = s->config_bool(s->host, "widen_after", &widen);
+    if (st == HR_OK && events >= 0) {
+      const hr_ext_step* step = (const hr_ext_step*)s->get_extension(s->host, HR_EXT_STEP);
+      st = step->set_events(s->host, (uint64_t)events);
+      if (st == HR_OK && widen) st = step->set_events(s->host, ~(uint64_t)0);
+    }
+    if (st != HR_OK) {
+      fclose(p->out);
+      free(p);
+      return st;
+    }
+  }
+#endif
   *instance = p;
   return HR_OK;
 }

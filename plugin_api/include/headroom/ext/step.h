@@ -1,5 +1,5 @@
-/* headroom.step/1 — where the current optimizer step stands (ABI 1.5), and stopping the run
- * (appended in ABI 1.6: stop_run).
+/* headroom.step/1 — where the current optimizer step stands (ABI 1.5), stopping the run
+ * (appended in ABI 1.6: stop_run) and narrowing the events a plugin takes (ABI 1.8: set_events).
  *
  * Training thread, from any event. What is not known yet at the event reads as documented. */
 #ifndef HEADROOM_EXT_STEP_H
@@ -60,6 +60,15 @@ typedef struct hr_ext_step {
    * the other ranks say "stopped by plugin '<name>' of rank R after step S of N (its reason is in
    * rank R's output)". Any plugin, any time; HR_OK. */
   hr_status (*stop_run)(hr_host* host, const char* reason);
+  /* Appended (ABI 1.8; check HR_HAS_FIELD(table, hr_ext_step, set_events)). From create() only:
+   * from then on the plugin receives only `events` (HR_EVENT_BIT()s), which must be a subset of
+   * the events it takes (its descriptor's `events`, or what an earlier call narrowed them to) —
+   * for a plugin whose config leaves a hook nothing to do (amp in bf16 has no loss scale to
+   * check at GRADS_READY). The host plans by the events the plugins take: one no plugin takes
+   * holds nothing back (the offload plugin's host update overlapped with the backward waits for
+   * no GRADS_READY hook). A bit it does not take: HR_ERROR_INVALID with a message, nothing
+   * changed; from any event: HR_ERROR_NOT_ALLOWED. */
+  hr_status (*set_events)(hr_host* host, uint64_t events);
 } hr_ext_step;
 
 #ifdef __cplusplus
