@@ -161,12 +161,14 @@ MpiCommunicator::MpiCommunicator(Device& device, const DistributedConfig& config
 
 MpiCommunicator::~MpiCommunicator() {
   if (mpi_finalized()) return;
-  // Give MPI a moment to finish what failed waits left and the notices in flight (a peer that
-  // joins late completes them); what is still in flight after it is left to MPI, not freed:
-  // freeing a non-blocking collective's request is erroneous.
+  // Give MPI a moment to finish the notices in flight (up to 2 s: the peers must hear of a
+  // failure) and what failed waits left (a peer that joins late completes them at once; one that
+  // gave them up on a failure's notice never does, and every rank would sit out the whole moment
+  // before MPI_Finalize: a quarter of a second); what is still in flight after it is left to MPI,
+  // not freed: freeing a non-blocking collective's request is erroneous.
   const auto start = Clock::now();
-  while ((!abandoned_.empty() || !sends_.empty()) &&
-         seconds_since(start) < std::min(timeout_s_, 2.0)) {
+  while ((!sends_.empty() && seconds_since(start) < std::min(timeout_s_, 2.0)) ||
+         (!abandoned_.empty() && seconds_since(start) < std::min(timeout_s_, 0.25))) {
     test_abandoned();
     int flag = 0;
     if (!sends_.empty() &&
