@@ -2163,9 +2163,13 @@ uint64_t gpt_block_workspace_bytes(const ModelConfig& m, int B, int T, Dtype dt,
 }
 
 uint64_t gpt_loss_chunk_tokens(const ModelConfig& m, uint64_t N, Dtype dt) {
-  uint64_t chunk = uint64_t(m.chunk_tokens);
-  if (chunk == 0) chunk = kLossChunkBytes / (uint64_t(m.vocab_size) * dtype_size(dt));
-  return std::max<uint64_t>(1, std::min(chunk, N));
+  if (m.chunk_tokens > 0) return std::max<uint64_t>(1, std::min(uint64_t(m.chunk_tokens), N));
+  // The default: as few chunks as kLossChunkBytes allows, of equal size (1024 tokens of gpt2 in
+  // fp32: 4 of 256, not 3 of 333 and one of 25, whose GEMMs run at half the rate).
+  const uint64_t most = std::max<uint64_t>(
+      1, std::min(kLossChunkBytes / (uint64_t(m.vocab_size) * dtype_size(dt)), N));
+  const uint64_t chunks = (N + most - 1) / most;
+  return (N + chunks - 1) / chunks;
 }
 
 uint64_t gpt_head_activation_bytes(const ModelConfig& m, int B, int T, Dtype dt) {

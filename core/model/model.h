@@ -669,12 +669,12 @@ bool is_frozen(const std::vector<std::string>& patterns, const std::string& name
 // file:line:column for one that matches no parameter (with some of the names it could match),
 // and for one that freezes every parameter.
 void check_freeze(const ModelConfig& m, const TrainConfig& t);
-// The chunked loss's default chunk: as many tokens as have this many bytes of logits (gpt2's V in
-// fp32: 333 tokens). Smaller chunks cost step time on the CPU: each chunk's d(wte) GEMM reads and
-// writes all of d(wte) (V, C) (docs/results/activations.md).
+// The chunked loss's default chunk: at most this many bytes of logits (gpt2's V in fp32: 333
+// tokens; 1024 tokens then go in 4 chunks of 256). Smaller chunks cost step time on the CPU: each
+// chunk's d(wte) GEMM reads and writes all of d(wte) (V, C) (docs/results/activations.md).
 constexpr uint64_t kLossChunkBytes = uint64_t(64) << 20;
-// Tokens per chunk of the chunked loss over N tokens: [model] chunk_tokens, or as many as fit
-// kLossChunkBytes of (chunk, V) logits in `dt`; at least 1, at most N.
+// Tokens per chunk of the chunked loss over N tokens: [model] chunk_tokens, or the fewest chunks
+// of at most kLossChunkBytes of (chunk, V) logits in `dt`, split evenly; at least 1, at most N.
 uint64_t gpt_loss_chunk_tokens(const ModelConfig& m, uint64_t N, Dtype dt);
 // Bytes of activations one transformer block saves for a (B, T) micro-batch in compute dtype `dt`
 // (its LayerNorm statistics and, with the tiled attention, its (B, NH, T) row log-sum-exp in
