@@ -45,7 +45,8 @@ std::vector<ConfigSection> make_sections() {
             {"chunked", "full"}},
            {"chunk_tokens",
             T::kInteger,
-            "tokens per chunk of the chunked loss; 0: as many as fit 64 MiB of logits",
+            "tokens per chunk of the chunked loss; 0: the fewest chunks of at most 64 MiB of "
+            "logits, split evenly",
             {}},
            {"arch",
             T::kChoice,
