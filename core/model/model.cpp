@@ -1551,7 +1551,7 @@ void Gpt<T>::backward(const Batch& batch, LayerEvents* events) {
   // embedding (layer 0, the last backward) owns, so layer 0's are there from the start — the
   // ones the head writes: with amp's f32 accumulation the micro-step's compute-dtype gradients,
   // the f32 ones made in the embedding's backward (ensure_grads below), when they are added in.
-  if (!has_compute_copies() || precision_.grad_in_compute) layers_[0]->ensure_grads();
+  if (!accumulates_compute_grads()) layers_[0]->ensure_grads();
   layers_[0]->make_compute_grads();
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
     // Activation offload: this layer's input back on the device, and the next one's, ahead.
@@ -1584,7 +1584,7 @@ template <class T>
 void Gpt<T>::accumulate_compute_grads(int layer) {
   if constexpr (std::is_same_v<T, float>) {  // only fp32 masters have compute copies
     // Accumulating in the compute dtype, the backward added into the step's gradients itself.
-    if (!has_compute_copies() || precision_.grad_in_compute) return;
+    if (!accumulates_compute_grads()) return;
     Layer<T>& lay = *layers_[size_t(layer)];
     const FlatStorage& f = lay.flat();
     if (!f.grad) return;  // every parameter of the layer frozen

@@ -629,6 +629,11 @@ class Gpt {
  private:
   Device* activation_host_ = nullptr;  // set_activation_place
   Device* grad_park_ = nullptr;        // set_gradient_park
+  // Each micro-step's gradients in the compute dtype, added into the f32 ones as a layer's
+  // backward ends (amp with fp32 accumulation): what accumulate_compute_grads adds.
+  bool accumulates_compute_grads() const {
+    return has_compute_copies() && !precision_.grad_in_compute;
+  }
   // Adds each compute gradient of layer `layer`'s micro-step into its master gradient, in fp32,
   // and zeroes the compute gradient.
   void accumulate_compute_grads(int layer);

@@ -60,8 +60,8 @@ static hr_status step_set_events(hr_host* h, uint64_t events) {
               "): it may only narrow them";
     return HR_ERROR_INVALID;
   }
-  p.desc.events =
-      events;  // what dispatch and the host's plans read (PluginHost::subscribed_events)
+  // What dispatch and the host's plans read (PluginHost::subscribed_events, gradient_events).
+  p.desc.events = events;
   p.gradient_events &= events;
   return HR_OK;
 }

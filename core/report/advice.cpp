@@ -815,16 +815,13 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   // head's backward done: the outputs of layers 0 .. H - 3 still on the host. The first of the
   // highest is its peak.
   if (park) {
-    ByCategory at_park = base.host;
-    at(at_park, Category::kActivations) = s.activations_on_host ? (H - 2) * out : 0;
+    PeakEstimate at_park = base;
+    at(at_park.host, Category::kActivations) = s.activations_on_host ? (H - 2) * out : 0;
     const bool f32_there =
         !micro_grads || ((s.grad_reduce & HR_GRAD_REDUCE_LAST_MICRO_STEP) && s.grad_accum > 1);
-    at(at_park, Category::kGradients) +=
+    at(at_park.host, Category::kGradients) +=
         ((f32_there ? kF32 : 0) + (micro_grads ? es : 0)) * padded[0];
-    uint64_t total = 0;
-    for (uint64_t b : at_park)
-      total += b;
-    if (total > base.host_total()) e.host = at_park;
+    if (at_park.host_total() > base.host_total()) e.host = at_park.host;
   }
   return e;
 }
