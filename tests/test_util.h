@@ -10,6 +10,19 @@
 #include "core/config/config.h"
 #include "core/model/model.h"
 
+// A test against a Python reference (tests/hf/, .venv-test) runs in the release pass only where
+// the headroom code it runs is run under the sanitizers by the tests `others` names: most of its
+// time is the reference's Python (uninstrumented, the same in every pass), importing torch alone
+// some seconds a process.
+#ifdef HEADROOM_SANITIZE_BUILD
+#define HEADROOM_REFERENCE_IN_RELEASE_PASS(others)                                             \
+  GTEST_SKIP() << "a Python reference: the release pass runs it; the sanitizer pass runs its " \
+                  "headroom code in "                                                          \
+               << (others)
+#else
+#define HEADROOM_REFERENCE_IN_RELEASE_PASS(others) static_cast<void>(0)
+#endif
+
 namespace headroom {
 class Trainer;
 }
