@@ -26,18 +26,9 @@
 
 #include "core/device/device.h"
 #include "core/optim/state_layout.h"
+#include "core/os/direct_file.h"
 
 namespace headroom {
-
-enum class DirectIo { kAuto, kOn, kOff };
-
-// The name of the file system `dir` is on ("tmpfs", "ext4", "xfs", ..., else its magic number).
-std::string file_system_name(const std::string& dir);
-// Whether `dir` can hold the tier's file: "" when it can, else what is wrong ("no such folder",
-// "not writable: Permission denied", "... is on ramfs, which refuses O_DIRECT ..."). *direct:
-// whether O_DIRECT will be used (kAuto: where the file system takes it). Probes with a small file
-// it removes again.
-std::string check_state_dir(const std::string& dir, DirectIo mode, bool* direct);
 
 class StateFile {
  public:
@@ -54,7 +45,7 @@ class StateFile {
   // segments. OutputError (exit 4) when the disk cannot hold it, naming the file and the bytes;
   // OutOfMemory past the host's wall. Once only.
   void open(const std::vector<uint64_t>& numels, int tensors, Dtype dtype, bool chunked);
-  bool is_open() const { return fd_ >= 0; }
+  bool is_open() const { return file_ != nullptr; }
   const std::string& path() const { return path_; }
   bool direct() const { return direct_; }
   uint64_t file_bytes() const { return file_bytes_; }
@@ -76,15 +67,12 @@ class StateFile {
   std::vector<void*> map();
 
  private:
-  struct Op;
   void unmap();
-  void submit(std::vector<Op>& ops);
-  void finish(std::vector<Op>& ops);
   struct Piece {
     size_t k;
     uint64_t first, n;
   };
-  void add_ops(std::vector<Op>& ops, bool write, const Piece& p, unsigned char* buffer) const;
+  void add_ops(DirectFile::Batch& batch, bool write, const Piece& p, unsigned char* buffer) const;
   // Tensor j of segment k at base + j * (its bytes rounded up): the file's slots and a piece's
   // staging alike, `numel` elements each.
   void state_pointers(unsigned char* base, uint64_t numel, void** out) const;
@@ -92,9 +80,7 @@ class StateFile {
   Device& host_;
   std::string dir_, path_;
   bool direct_ = false;
-  int fd_ = -1;
-  struct Ring;
-  std::unique_ptr<Ring> ring_;
+  std::unique_ptr<DirectFile> file_;
   std::vector<uint64_t> numels_, offsets_;  // per segment: elements, its slot's file offset
   std::vector<Piece> pieces_;
   int tensors_ = 0;
@@ -103,7 +89,6 @@ class StateFile {
   Buffer staging_[2];
   unsigned char* aligned_[2] = {nullptr, nullptr};
   void* mapping_ = nullptr;
-  size_t in_flight_ = 0;  // completions of the submitted chain not yet reaped
 };
 
 }  // namespace headroom
