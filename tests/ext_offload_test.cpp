@@ -148,7 +148,7 @@ HR_PLUGIN_EXPORT hr_status hr_plugin_entry(hr_entry_args* args) {
 #if defined(__x86_64__) && defined(__LP64__)
 static_assert(HR_PLACE_DEVICE == 0 && HR_PLACE_HOST == 1 && HR_PLACE_NVME == 2);
 static_assert(HR_DIRECT_IO_AUTO == 0 && HR_DIRECT_IO_ON == 1 && HR_DIRECT_IO_OFF == 2);
-static_assert(sizeof(hr_ext_offload) == 64 && alignof(hr_ext_offload) == 8);
+static_assert(sizeof(hr_ext_offload) == 72 && alignof(hr_ext_offload) == 8);
 static_assert(offsetof(hr_ext_offload, struct_size) == 0);
 static_assert(offsetof(hr_ext_offload, reserved0) == 4);
 static_assert(offsetof(hr_ext_offload, set_optimizer_place) == 8);
@@ -158,6 +158,7 @@ static_assert(offsetof(hr_ext_offload, set_optimizer_files) == 32);   // appende
 static_assert(offsetof(hr_ext_offload, set_activation_place) == 40);  // appended
 static_assert(offsetof(hr_ext_offload, set_host_page_locked) == 48);  // appended
 static_assert(offsetof(hr_ext_offload, set_parameter_place) == 56);   // appended
+static_assert(offsetof(hr_ext_offload, set_parameter_files) == 64);   // appended
 static_assert(std::is_same_v<decltype(hr_ext_offload::set_parameter_place),
                              hr_status (*)(hr_host*, uint32_t)>);
 static_assert(std::is_same_v<decltype(hr_ext_offload::set_activation_place),

@@ -7,7 +7,7 @@
 //    too; the device's bytes drop by exactly the optimizer state, the host's equal the closed
 //    form (core/run/host_optimizer.h, and the planner's, core/report/advice.cpp); a resume from a
 //    snapshot is bitwise;
-//  - what is not built yet (parameters, activations) and what cannot combine with it are
+//  - bad keys and what cannot combine with it are
 //    refused before step 1, naming the key or the plugins.
 #include <gtest/gtest.h>
 
@@ -413,8 +413,8 @@ TEST(OffloadPlugin, BadKeysExit2NamingTheKeyAndWhatIsValid) {
            {offload_toml("optimizer = \"disk\"\n"), "valid: \"none\", \"host\", \"nvme\""},
            {offload_toml("optimizer = 1\n"), "optimizer"},
            {offload_toml("parameters = \"host\"\n"), "list zero3 in [[plugins]]"},
-           {offload_toml("parameters = \"nvme\"\n"), "not built yet; valid: \"none\", \"host\""},
-           {offload_toml("parameters = \"disk\"\n"), "valid: \"none\", \"host\""},
+           {offload_toml("parameters = \"nvme\"\n"), "parameters: \"nvme\" needs nvme_path"},
+           {offload_toml("parameters = \"disk\"\n"), "valid: \"none\", \"host\", \"nvme\""},
            {offload_toml("optimizer = \"none\"\nparameters = \"host\"\n"),
             "optimizer = \"host\" or \"nvme\""},
            {offload_toml("activations = \"host\"\n"), "activations"},

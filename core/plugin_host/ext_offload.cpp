@@ -43,25 +43,32 @@ static uint32_t optimizer_place(hr_host* h) {
 // ConfigError naming the plugin); here only what the call itself says.
 constexpr Rule kSetOptimizerFiles = {HR_EXT_OFFLOAD " set_optimizer_files", kAnyone, When::kCreate,
                                      kNotAllowed};
-static hr_status set_optimizer_files(hr_host* h, const char* dir, uint32_t direct_io) {
+// A files setter's call: a folder and a direct_io value, then `choose` (a PlaceChoice setter).
+static hr_status choose_files(hr_host* h, const char* fn, const char* dir, uint32_t direct_io,
+                              void (PlaceChoice::*choose)(const std::string&, const std::string&,
+                                                          uint32_t)) {
   LoadedPlugin& p = plugin(h);
   if (!dir || !*dir) {
-    p.error = "set_optimizer_files: no folder given";
+    p.error = std::string(fn) + ": no folder given";
     return HR_ERROR_INVALID;
   }
   if (direct_io != HR_DIRECT_IO_AUTO && direct_io != HR_DIRECT_IO_ON &&
       direct_io != HR_DIRECT_IO_OFF) {
-    p.error = "set_optimizer_files: direct_io " + std::to_string(direct_io) +
+    p.error = std::string(fn) + ": direct_io " + std::to_string(direct_io) +
               " is none of HR_DIRECT_IO_AUTO (0), HR_DIRECT_IO_ON (1) and HR_DIRECT_IO_OFF (2)";
     return HR_ERROR_INVALID;
   }
   try {
-    run(h).place->set_optimizer_files(p.entry.name, dir, direct_io);
+    (run(h).place->*choose)(p.entry.name, dir, direct_io);
     return HR_OK;
   } catch (const std::exception& e) {
-    p.error = std::string("set_optimizer_files: ") + e.what();
+    p.error = std::string(fn) + ": " + e.what();
     return HR_ERROR_INVALID;
   }
+}
+
+static hr_status set_optimizer_files(hr_host* h, const char* dir, uint32_t direct_io) {
+  return choose_files(h, "set_optimizer_files", dir, direct_io, &PlaceChoice::set_optimizer_files);
 }
 
 constexpr Rule kHostMemoryStats = {HR_EXT_OFFLOAD " host_memory_stats", kAnyone, When::kAnyTime,
@@ -100,6 +107,13 @@ static hr_status set_parameter_place(hr_host* h, uint32_t place) {
   return choose_place(h, "set_parameter_place", place, &PlaceChoice::set_parameter_place);
 }
 
+// As the optimizer's files: the folder is checked when the Sharding is made (before step 1).
+constexpr Rule kSetParameterFiles = {HR_EXT_OFFLOAD " set_parameter_files", kAnyone, When::kCreate,
+                                     kNotAllowed};
+static hr_status set_parameter_files(hr_host* h, const char* dir, uint32_t direct_io) {
+  return choose_files(h, "set_parameter_files", dir, direct_io, &PlaceChoice::set_parameter_files);
+}
+
 extern const hr_ext_offload kOffloadExtension;
 const hr_ext_offload kOffloadExtension = {sizeof(hr_ext_offload),
                                           0,
@@ -109,7 +123,8 @@ const hr_ext_offload kOffloadExtension = {sizeof(hr_ext_offload),
                                           checked<kSetOptimizerFiles, set_optimizer_files>,
                                           checked<kSetActivationPlace, set_activation_place>,
                                           checked<kSetHostPageLocked, set_host_page_locked>,
-                                          checked<kSetParameterPlace, set_parameter_place>};
+                                          checked<kSetParameterPlace, set_parameter_place>,
+                                          checked<kSetParameterFiles, set_parameter_files>};
 
 }  // namespace services
 }  // namespace headroom

@@ -99,6 +99,11 @@ class NoPlace final : public PlaceChoice {
     throw std::logic_error(plugin + ": this run has no parameters to place");
   }
   bool parameters_on_host() const override { return false; }
+  void set_parameter_files(const std::string& plugin, const std::string&, uint32_t) override {
+    throw std::logic_error(plugin + ": this run has no parameters to place");
+  }
+  const std::string& parameter_dir() const override { return optimizer_dir(); }
+  uint32_t parameter_direct_io() const override { return 0; }
   void set_host_page_locked(const std::string& plugin, bool) override {
     throw std::logic_error(plugin + ": this run has no host place");
   }

@@ -177,7 +177,13 @@ class PlaceChoice {
   virtual bool activations_on_host() const = 0;
   // Where a sharded layer's shards rest (core/shard/sharding.h: offloaded parameters).
   virtual void set_parameter_place(const std::string& plugin, bool host) = 0;
-  virtual bool parameters_on_host() const = 0;
+  virtual bool parameters_on_host() const = 0;  // true for their NVMe tier too
+  // Their NVMe tier: the host place with the parameter shards in files under `dir`
+  // (core/shard/shard_file.h). The same rules.
+  virtual void set_parameter_files(const std::string& plugin, const std::string& dir,
+                                   uint32_t direct_io) = 0;
+  virtual const std::string& parameter_dir() const = 0;  // "" unless their NVMe tier
+  virtual uint32_t parameter_direct_io() const = 0;
   virtual void set_host_page_locked(const std::string& plugin, bool page_locked) = 0;
   virtual bool host_page_locked() const = 0;
 };
@@ -208,8 +214,18 @@ class PlaceRecord final : public PlaceChoice {
   void set_parameter_place(const std::string& plugin, bool host) override {
     choose(plugin, "the parameters' place");
     parameters_host_ = host;
+    parameter_dir_.clear();
   }
   bool parameters_on_host() const override { return parameters_host_; }
+  void set_parameter_files(const std::string& plugin, const std::string& dir,
+                           uint32_t direct_io) override {
+    if (dir.empty()) throw std::invalid_argument(plugin + ": the NVMe tier needs a folder");
+    set_parameter_place(plugin, true);
+    parameter_dir_ = dir;
+    parameter_direct_io_ = direct_io;
+  }
+  const std::string& parameter_dir() const override { return parameter_dir_; }
+  uint32_t parameter_direct_io() const override { return parameter_direct_io_; }
   void set_host_page_locked(const std::string& plugin, bool page_locked) override {
     choose(plugin, "the host place's memory");
     page_locked_ = page_locked;
@@ -231,8 +247,8 @@ class PlaceRecord final : public PlaceChoice {
   }
   bool host_ = false, frozen_ = false, activations_host_ = false, parameters_host_ = false,
        page_locked_ = true;
-  std::string by_, dir_;
-  uint32_t direct_io_ = 0;
+  std::string by_, dir_, parameter_dir_;
+  uint32_t direct_io_ = 0, parameter_direct_io_ = 0;
 };
 
 // One run as the plugin host sees it. Every pointer must outlive the plugin host; null: the run

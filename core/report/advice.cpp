@@ -62,7 +62,9 @@ struct CMechanisms {
                         : m.optimizer_on_host ? HR_PLACE_HOST
                                               : HR_PLACE_DEVICE;
     c.activation_place = m.activations_on_host ? HR_PLACE_HOST : HR_PLACE_DEVICE;
-    c.parameter_place = m.parameters_on_host ? HR_PLACE_HOST : HR_PLACE_DEVICE;
+    c.parameter_place = m.parameters_on_nvme   ? HR_PLACE_NVME
+                        : m.parameters_on_host ? HR_PLACE_HOST
+                                               : HR_PLACE_DEVICE;
     for (const LoraSpec& l : lora) {
       hr_lora_spec spec;
       std::memset(&spec, 0, sizeof spec);
@@ -135,8 +137,11 @@ bool from_c(const hr_mechanisms& c, const ModelConfig& model, const Mechanisms& 
     m.optimizer_on_nvme = c.optimizer_place == HR_PLACE_NVME;
     if (c.activation_place != HR_PLACE_DEVICE && c.activation_place != HR_PLACE_HOST) return false;
     m.activations_on_host = c.activation_place == HR_PLACE_HOST;
-    if (c.parameter_place != HR_PLACE_DEVICE && c.parameter_place != HR_PLACE_HOST) return false;
-    m.parameters_on_host = c.parameter_place == HR_PLACE_HOST;
+    if (c.parameter_place != HR_PLACE_DEVICE && c.parameter_place != HR_PLACE_HOST &&
+        c.parameter_place != HR_PLACE_NVME)
+      return false;
+    m.parameters_on_host = c.parameter_place != HR_PLACE_DEVICE;
+    m.parameters_on_nvme = c.parameter_place == HR_PLACE_NVME;
   }
   if (HR_HAS_FIELD(&c, hr_mechanisms, base_dtype)) {
     // Adapters core would refuse to add (a target that names no module, a rank below 1) or a
@@ -555,7 +560,11 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
   // the host optimizer updates those shards in place, keeping copies only of the whole layers'
   // ranges (host_mine of mine_total).
   const bool offloaded = sh_param && s.parameters_on_host;
+  // Their NVMe tier (core/shard/shard_file.h): the compute, frozen and quantized shards in the
+  // file instead, and the file's staging (the largest layer's slot) in the host ledger.
+  const bool in_file = offloaded && s.parameters_on_nvme;
   uint64_t host_params_rest = 0, host_grads_rest = 0, staging = 0, host_mine = 0;
+  uint64_t file_staging = 0;
   const uint64_t frozen_el = copies ? es : kF32;  // frozen weights: in the compute dtype alone
   for (size_t l = 0; l <= H; ++l) {
     const uint64_t n = numel[l];
@@ -567,9 +576,10 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
     // The frozen weights and a quantized base's bytes, padded like the flat buffers when sharded
     // (the bytes in 4-byte words: Layer::allocate_params).
     const uint64_t word = 4 * W;
-    frozen_bytes[l] = frozen_el * (sh_opt ? (frozen[l] + W - 1) / W * W : frozen[l]) +
-                      (sh_opt && W > 1 ? (calls.quantized_bytes[l] + word - 1) / word * word
-                                       : calls.quantized_bytes[l]);
+    const uint64_t frozen_w = frozen_el * (sh_opt ? (frozen[l] + W - 1) / W * W : frozen[l]);
+    const uint64_t quant_b = sh_opt && W > 1 ? (calls.quantized_bytes[l] + word - 1) / word * word
+                                             : calls.quantized_bytes[l];
+    frozen_bytes[l] = frozen_w + quant_b;
     // The threshold counts every parameter of the layer, the frozen ones too (Sharding::place).
     const uint64_t all = n + frozen[l] + calls.quantized_numel[l];
     gathers[l] = sh_param && all >= s.param_persistence_threshold && all > 0;
@@ -582,7 +592,15 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
                                                : weights_el * padded[l];
     const uint64_t g_rest = sh_grad ? kF32 * shard[l] : grads_el * padded[l];
     const uint64_t z_rest = gathers[l] ? frozen_bytes[l] / W : frozen_bytes[l];
-    if (offloaded && gathers[l]) {
+    if (in_file && gathers[l]) {
+      // The master shard stays; the slot's parts are the compute, frozen and quantized shards.
+      const uint64_t compute = copies ? es * shard[l] : 0;
+      host_params_rest += p_rest - compute;
+      file_staging =
+          std::max(file_staging, shard_file_staging_bytes({compute, frozen_w / W, quant_b / W}));
+      host_grads_rest += g_rest;
+      staging = std::max(staging, kF32 * shard[l]);
+    } else if (offloaded && gathers[l]) {
       host_params_rest += p_rest + z_rest;
       host_grads_rest += g_rest;
       staging = std::max(staging, kF32 * shard[l]);
@@ -632,7 +650,7 @@ PeakEstimate estimate_peak(const Config& config, const Mechanisms& s, int rank) 
                                                                    : kF32) *
                                            host_mine;
     at(base.host, Category::kGradients) = grads_el * host_mine;
-    at(base.host, Category::kParameters) += host_params_rest;
+    at(base.host, Category::kParameters) += host_params_rest + file_staging;
     at(base.host, Category::kGradients) += host_grads_rest + staging;
   } else {
     at(base.at_peak, Category::kOptimizer) = state_bytes;

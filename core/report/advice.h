@@ -63,6 +63,8 @@ struct Mechanisms {
   // zero3's parameter and gradient shards in the host ledger (hr_mechanisms.parameter_place
   // HR_PLACE_HOST; core/shard/sharding.h "Offloaded parameters").
   bool parameters_on_host = false;
+  // ... with their compute, frozen and quantized shards in a file (core/shard/shard_file.h).
+  bool parameters_on_nvme = false;
   // LoRA adapters (headroom.adapters/1, hr_mechanisms.adapters): each spec on the modules its
   // target names, every other parameter frozen; and how the frozen block weights are stored
   // (hr_mechanisms.base_dtype: kNone, as the other frozen parameters).

@@ -22,6 +22,13 @@ namespace headroom {
 
 namespace {
 
+// headroom.offload/1's HR_DIRECT_IO_* as the tier files take it.
+DirectIo direct_io_mode(uint32_t d) {
+  return d == HR_DIRECT_IO_ON    ? DirectIo::kOn
+         : d == HR_DIRECT_IO_OFF ? DirectIo::kOff
+                                 : DirectIo::kAuto;
+}
+
 // FILE.html -> FILE.rankN.html; FILE -> FILE.rankN: each rank's own copy of a per-rank output.
 std::string rank_output_path(const std::string& path, int rank) {
   const std::filesystem::path p(path);
@@ -198,6 +205,15 @@ Trainer::Trainer(const Config& config, TrainOptions options)
                                             : "plugin '" + shard_plugin + "' does not shard them") +
                       ": list zero3 in [[plugins]] (it shards each layer's parameters and "
                       "gathers them around their use)");
+  // The parameters' NVMe tier holds what the layers read that the masters are not: a compute copy
+  // (amp) or frozen weights.
+  if (!places_.parameter_dir().empty() && precision.compute == Dtype::kF32 &&
+      config_.train.freeze.empty() && choices_.lora().empty())
+    throw ConfigError(place_where + "plugin '" + places_.chosen_by() +
+                      "' puts the parameter shards in files, but this run's layers read fp32 "
+                      "parameters, which are the optimizer's masters (in host memory, where it "
+                      "updates them): nothing would go to the file. Turn amp on (its bf16 or "
+                      "fp16 copy goes there), or use parameters = \"host\"");
   if (params_on_host && !places_.optimizer_on_host())
     throw ConfigError(place_where + "plugin '" + places_.chosen_by() +
                       "' puts the parameter shards in host memory, where the optimizer must "
@@ -213,13 +229,10 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     // 2 naming the plugin) and made with the host copies, before step 1.
     std::unique_ptr<StateFile> file;
     if (!places_.optimizer_dir().empty()) {
-      const uint32_t d = places_.optimizer_direct_io();
       file = std::make_unique<StateFile>(
           *device_->host_place(), places_.optimizer_dir(),
-          d == HR_DIRECT_IO_ON    ? DirectIo::kOn
-          : d == HR_DIRECT_IO_OFF ? DirectIo::kOff
-                                  : DirectIo::kAuto,
-          ranks.rank, place_where + "plugin '" + places_.chosen_by() + "': ", root_log());
+          direct_io_mode(places_.optimizer_direct_io()), ranks.rank,
+          place_where + "plugin '" + places_.chosen_by() + "': ", root_log());
     }
     optimizer_ = std::make_unique<HostOptimizer>(
         *device_, *device_->host_place(),
@@ -243,9 +256,17 @@ Trainer::Trainer(const Config& config, TrainOptions options)
     // is initialised.
     std::function<void(Layer<float>&)> placed;
     if (shard_what) {
-      sharding_ =
-          std::make_unique<Sharding>(*device_, *comm_, shard_what, choices_.shard_persist_below(),
-                                     params_on_host ? device_->host_place() : nullptr);
+      // The parameters' NVMe tier: its folder checked here (exit 2 naming the plugin), its file
+      // made as the layers are placed.
+      std::unique_ptr<ShardFile> file;
+      if (!places_.parameter_dir().empty())
+        file = std::make_unique<ShardFile>(
+            *device_->host_place(), places_.parameter_dir(),
+            direct_io_mode(places_.parameter_direct_io()), ranks.rank,
+            place_where + "plugin '" + places_.chosen_by() + "': ", root_log());
+      sharding_ = std::make_unique<Sharding>(
+          *device_, *comm_, shard_what, choices_.shard_persist_below(),
+          params_on_host ? device_->host_place() : nullptr, std::move(file));
       placed = [this](Layer<float>& layer) { sharding_->place(layer); };
     } else if (host_optimizer && precision.masters && precision.compute != Dtype::kF32) {
       // ZeRO-Offload's masters: amp's f32 masters move to the host optimizer as each layer is

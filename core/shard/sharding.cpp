@@ -30,9 +30,10 @@ uint32_t effective_partition(uint32_t asked, int world_size, bool parameters_on_
 }
 
 Sharding::Sharding(Device& device, Communicator& comm, uint32_t what, uint64_t persist_below,
-                   Device* rest)
+                   Device* rest, std::unique_ptr<ShardFile> file)
     : device_(device),
       rest_(rest ? *rest : device),
+      file_(std::move(file)),
       comm_(comm),
       what_(what),
       persist_below_(persist_below) {
@@ -41,6 +42,8 @@ Sharding::Sharding(Device& device, Communicator& comm, uint32_t what, uint64_t p
                            " is no ZeRO stage (each stage shards what the one before does)");
   if (offloads() && !(what & kShardParameters))
     throw std::logic_error("shards rest on the host only when the parameters are sharded");
+  if (file_ && !offloads())
+    throw std::logic_error("the parameter file is the host place's NVMe tier: no host place given");
 }
 
 void Sharding::to_rest(const LayerShard& ls, void* shard, const void* from, uint64_t bytes) {
@@ -60,6 +63,45 @@ void Sharding::from_rest(const LayerShard& ls, void* to, const void* shard, uint
   } else {
     device_.backend().copy(to, shard, bytes);
   }
+}
+
+void Sharding::make_rested(const LayerShard& ls, Rested& shard, int part, uint64_t bytes,
+                           const std::string& name) {
+  shard.bytes = bytes;
+  if (ls.slot >= 0)
+    shard.part = part;
+  else
+    shard.buffer = Buffer(place_of(ls), bytes, Category::kParameters, name);
+}
+
+void Sharding::to_rest(const LayerShard& ls, Rested& shard, const void* from) {
+  if (shard.part < 0) return to_rest(ls, shard.buffer.as<void>(), from, shard.bytes);
+  const size_t slot = size_t(ls.slot), part = size_t(shard.part);
+  if (!device_.dry()) device_.backend().download(file_->staged(slot, part), from, shard.bytes);
+  file_->write(slot, part, part);
+}
+
+void Sharding::cast_compute_shard(LayerShard& ls, Dtype dt) {
+  Backend& host = place_of(ls).backend();
+  if (ls.compute.part < 0) {
+    host.cast(ls.compute.buffer.as<void>(), dt, ls.value.as<void>(), Dtype::kF32, ls.shard);
+    return;
+  }
+  const size_t slot = size_t(ls.slot), part = size_t(ls.compute.part);
+  host.cast(file_->staged(slot, part), dt, ls.value.as<void>(), Dtype::kF32, ls.shard);
+  file_->write(slot, part, part);
+}
+
+CommRequest Sharding::gather_from_rest(const LayerShard& ls, const Rested& shard, void* full,
+                                       uint64_t n, Dtype dtype) {
+  if (shard.part < 0) return gather_from_rest(ls, shard.buffer.as<void>(), full, n, dtype);
+  // The NVMe tier: the rank's range read into the staging, uploaded, and gathered in place.
+  const size_t slot = size_t(ls.slot), part = size_t(shard.part);
+  file_->read(slot, part, part);
+  char* mine = static_cast<char*>(full) + uint64_t(rank()) * shard.bytes;
+  from_rest(ls, mine, file_->staged(slot, part), shard.bytes);
+  device_.backend().synchronize();  // out of the staging before the next read overwrites it
+  return comm_.all_gather(mine, full, n, dtype);
 }
 
 CommRequest Sharding::gather_from_rest(const LayerShard& ls, const void* shard, void* full,
@@ -87,7 +129,7 @@ Sharding::~Sharding() {
     }
     p.request.abandon();
     LayerShard& ls = layers_[size_t(p.layer)];
-    for (Buffer* b : {&ls.value, &ls.compute, &ls.grad, &ls.frozen, &ls.quant})
+    for (Buffer* b : {&ls.value, &ls.compute.buffer, &ls.grad, &ls.frozen.buffer, &ls.quant.buffer})
       if (*b) kept->push_back(std::move(*b));
   }
   pending_.clear();
@@ -115,19 +157,22 @@ void Sharding::place(Layer<float>& l) {
   if (!ls.whole) {
     const Dtype dt = l.compute_dtype();
     const FlatStorage& z = l.frozen_flat();
+    ls.frozen_shard = z.padded / W;
+    ls.quant_shard = l.quantized_padded_bytes() / 4 / W;
+    // The NVMe tier: the layer's slot, its parts the compute, frozen and quantized shards.
+    const bool computes = f.padded > 0 && f.compute;
+    if (offloaded(ls) && file_)
+      ls.slot = int64_t(file_->add_slot({computes ? ls.shard * dtype_size(dt) : 0,
+                                         ls.frozen_shard * dtype_size(dt), ls.quant_shard * 4}));
     if (z.padded > 0) {
-      ls.frozen_shard = z.padded / W;
-      const uint64_t bytes = ls.frozen_shard * dtype_size(dt);
-      ls.frozen = Buffer(place_of(ls), bytes, Category::kParameters,
-                         l.name() + " frozen parameter shard (" + dtype_name(dt) + ")");
-      to_rest(ls, ls.frozen.as<void>(), l.frozen_weights().as<char>() + r * bytes, bytes);
+      make_rested(ls, ls.frozen, kFrozenPart, ls.frozen_shard * dtype_size(dt),
+                  l.name() + " frozen parameter shard (" + dtype_name(dt) + ")");
+      to_rest(ls, ls.frozen, l.frozen_weights().as<char>() + r * ls.frozen.bytes);
     }
-    if (l.quantized_padded_bytes() > 0) {
-      ls.quant_shard = l.quantized_padded_bytes() / 4 / W;
-      const uint64_t bytes = ls.quant_shard * 4;
-      ls.quant = Buffer(place_of(ls), bytes, Category::kParameters,
-                        l.name() + " quantized frozen parameter shard");
-      to_rest(ls, ls.quant.as<void>(), l.quantized_storage().as<char>() + r * bytes, bytes);
+    if (ls.quant_shard > 0) {
+      make_rested(ls, ls.quant, kQuantPart, ls.quant_shard * 4,
+                  l.name() + " quantized frozen parameter shard");
+      to_rest(ls, ls.quant, l.quantized_storage().as<char>() + r * ls.quant.bytes);
     }
     l.release_frozen();
     ls.gathered = false;
@@ -141,10 +186,9 @@ void Sharding::place(Layer<float>& l) {
     to_rest(ls, ls.value.as<void>(), f.value.as<float>() + at, ls.shard * sizeof(float));
     if (!ls.whole && f.compute) {  // zero3: the compute copy's range too
       const Dtype dt = l.compute_dtype();
-      ls.compute = Buffer(place_of(ls), ls.shard * dtype_size(dt), Category::kParameters,
-                          l.name() + " parameter shard (" + dtype_name(dt) + ")");
-      to_rest(ls, ls.compute.as<void>(), f.compute.as<char>() + at * dtype_size(dt),
-              ls.shard * dtype_size(dt));
+      make_rested(ls, ls.compute, kComputePart, ls.shard * dtype_size(dt),
+                  l.name() + " parameter shard (" + dtype_name(dt) + ")");
+      to_rest(ls, ls.compute, f.compute.as<char>() + at * dtype_size(dt));
     }
     if (ls.whole) {
       l.release_masters();  // the whole compute copy stays
@@ -277,8 +321,8 @@ void Sharding::gather_parameters(int l) {
     std::vector<CommRequest> requests;
     if (ls.compute) {
       lay.allocate_compute();
-      requests.push_back(gather_from_rest(ls, ls.compute.as<void>(), f.compute.as<void>(), S,
-                                          lay.compute_dtype()));
+      requests.push_back(
+          gather_from_rest(ls, ls.compute, f.compute.as<void>(), S, lay.compute_dtype()));
     } else if (ls.value) {
       lay.allocate_masters();
       requests.push_back(
@@ -297,10 +341,10 @@ void Sharding::gather_frozen(int l, std::vector<CommRequest>& into) {
   Layer<float>& lay = layer(l);
   lay.allocate_frozen();
   if (ls.frozen)
-    into.push_back(gather_from_rest(ls, ls.frozen.as<void>(), lay.frozen_weights().as<void>(),
-                                    ls.frozen_shard, lay.compute_dtype()));
+    into.push_back(gather_from_rest(ls, ls.frozen, lay.frozen_weights().as<void>(), ls.frozen_shard,
+                                    lay.compute_dtype()));
   if (ls.quant)  // bytes, moved as 4-byte words
-    into.push_back(gather_from_rest(ls, ls.quant.as<void>(), lay.quantized_storage().as<void>(),
+    into.push_back(gather_from_rest(ls, ls.quant, lay.quantized_storage().as<void>(),
                                     ls.quant_shard, Dtype::kI32));
 }
 
@@ -403,8 +447,7 @@ void Sharding::updated() {
                  ls.value.as<void>(), Dtype::kF32, ls.shard);
       ls.gathered = false;
     } else if (ls.compute) {
-      place_of(ls).backend().cast(ls.compute.as<void>(), dt, ls.value.as<void>(), Dtype::kF32,
-                                  ls.shard);
+      cast_compute_shard(ls, dt);
     }
   }
 }
@@ -447,14 +490,8 @@ void Sharding::with_frozen(int l, bool scatter, const std::function<void()>& f) 
   if (!scatter) return;
   Backend& ops = device_.backend();
   const uint64_t r = uint64_t(rank());
-  if (ls.frozen) {
-    const uint64_t bytes = ls.frozen_shard * dtype_size(lay.compute_dtype());
-    to_rest(ls, ls.frozen.as<void>(), lay.frozen_weights().as<char>() + r * bytes, bytes);
-  }
-  if (ls.quant) {
-    const uint64_t bytes = ls.quant_shard * 4;
-    to_rest(ls, ls.quant.as<void>(), lay.quantized_storage().as<char>() + r * bytes, bytes);
-  }
+  if (ls.frozen) to_rest(ls, ls.frozen, lay.frozen_weights().as<char>() + r * ls.frozen.bytes);
+  if (ls.quant) to_rest(ls, ls.quant, lay.quantized_storage().as<char>() + r * ls.quant.bytes);
   ops.synchronize();
 }
 
@@ -484,8 +521,7 @@ void Sharding::with_trainable_masters(int l, bool gather, bool scatter,
           ls.shard * sizeof(float));
   const Dtype dt = lay.compute_dtype();
   if (ls.compute) {  // zero3: the compute copy's shard
-    place_of(ls).backend().cast(ls.compute.as<void>(), dt, ls.value.as<void>(), Dtype::kF32,
-                                ls.shard);
+    cast_compute_shard(ls, dt);
   } else if (fs.compute) {  // a whole compute copy (amp, zero1/zero2)
     ops.cast(fs.compute.as<void>(), dt, fs.value.as<void>(), Dtype::kF32, fs.padded);
   }

@@ -25,6 +25,12 @@
 // (below the persistence threshold) stay on the device. On one rank this is the device holding
 // only the layers in flight.
 //
+// Their NVMe tier (set_parameter_files): the shards a gathering reads and only an update or a
+// load writes — a sharded layer's compute, frozen and quantized shards — rest in a file
+// (core/shard/shard_file.h) instead, read into its host staging and uploaded at each gathering,
+// the compute shard cast there from the updated master shard and written back after each update.
+// The master and gradient shards stay in the host ledger.
+//
 // When to reduce, gather and release, and what to keep, is the plugins' policy (zero1, zero2,
 // zero3), driven through headroom.shard/1; the trainer checks that a layer's parameters are there
 // before it computes, that every layer was reduced before GRADS_READY, and that by the end of
@@ -40,6 +46,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,6 +54,7 @@
 #include "core/device/device.h"
 #include "core/model/model.h"
 #include "core/optim/optim.h"
+#include "core/shard/shard_file.h"
 
 namespace headroom {
 
@@ -71,8 +79,9 @@ class Sharding {
   // `what`: a ZeRO stage (is_zero_stage). `persist_below`: with kShardParameters, layers of fewer
   // parameter elements keep their parameters whole (0: none). `rest`: where a sharded layer's
   // shards rest: the device (nullptr) or its host place (offloaded parameters; kShardParameters).
+  // `file`: with `rest`, the NVMe tier of the parameter shards.
   Sharding(Device& device, Communicator& comm, uint32_t what, uint64_t persist_below,
-           Device* rest = nullptr);
+           Device* rest = nullptr, std::unique_ptr<ShardFile> file = nullptr);
   Sharding(const Sharding&) = delete;
   Sharding& operator=(const Sharding&) = delete;
   ~Sharding();
@@ -95,6 +104,8 @@ class Sharding {
   bool whole(int layer) const { return layers_[checked(layer)].whole; }
   // The shards of sharded layers rest in the host place (offloaded parameters).
   bool offloads() const { return &rest_ != &device_; }
+  // The NVMe tier's file, or nullptr.
+  const ShardFile* file() const { return file_.get(); }
   // Some layer's fp32 masters are sharded (amp, zero3): the model's full masters are not there.
   bool shards_masters() const;
   // with_masters as a MasterAccess (core/model/model.h); empty when no masters and no frozen
@@ -172,16 +183,26 @@ class Sharding {
   double grad_sum_squares();
 
  private:
+  // A parameter shard a gathering reads: a buffer in its place, or (the NVMe tier) part `part`
+  // of its layer's slot in the file.
+  struct Rested {
+    Buffer buffer;
+    uint64_t bytes = 0;
+    int part = -1;
+    explicit operator bool() const { return bytes > 0; }
+  };
+  enum : int { kComputePart = 0, kFrozenPart = 1, kQuantPart = 2 };
   struct LayerShard {
     uint64_t shard = 0;  // elements a rank
     bool whole = true;   // parameters not sharded
     Buffer grad;         // with sharded gradients: this rank's gradient range (S elements)
     Buffer value;        // sharded masters (amp, zero3): this rank's range of them (S, f32)
-    Buffer compute;      // zero3 with a compute copy: this rank's range of it (S elements)
+    Rested compute;      // zero3 with a compute copy: this rank's range of it (S elements)
     // zero3: this rank's range of the frozen weights (frozen_shard elements of the compute dtype)
     // and of the quantized bytes (quant_shard 4-byte words).
-    Buffer frozen, quant;
+    Rested frozen, quant;
     uint64_t frozen_shard = 0, quant_shard = 0;
+    int64_t slot = -1;  // the NVMe tier: the layer's slot in the file
     bool reduced = false;
     bool gathered = true;  // whole: gathered since the update; sharded: full parameters there
   };
@@ -209,13 +230,24 @@ class Sharding {
   // `bytes` from the device into a shard at rest (a download when offloaded), and back.
   void to_rest(const LayerShard& ls, void* shard, const void* from, uint64_t bytes);
   void from_rest(const LayerShard& ls, void* to, const void* shard, uint64_t bytes);
+  // The same for a parameter shard, wherever it rests (the NVMe tier: through the file's
+  // staging).
+  void to_rest(const LayerShard& ls, Rested& shard, const void* from);
+  // Makes `shard` (`bytes`) in the layer's place, or names its part of the layer's slot.
+  void make_rested(const LayerShard& ls, Rested& shard, int part, uint64_t bytes,
+                   const std::string& name);
+  // A sharded layer's compute shard cast from its master shard (an update, a load).
+  void cast_compute_shard(LayerShard& ls, Dtype dt);
   // All-gathers every rank's shard (n elements) into `full` on the device: offloaded, the rank's
   // own range is uploaded first and the gathering runs in place.
   CommRequest gather_from_rest(const LayerShard& ls, const void* shard, void* full, uint64_t n,
                                Dtype dtype);
+  CommRequest gather_from_rest(const LayerShard& ls, const Rested& shard, void* full, uint64_t n,
+                               Dtype dtype);
 
   Device& device_;
-  Device& rest_;  // where sharded layers' shards rest
+  Device& rest_;                     // where sharded layers' shards rest
+  std::unique_ptr<ShardFile> file_;  // the NVMe tier of their parameter shards, or null
   Communicator& comm_;
   uint32_t what_;
   uint64_t persist_below_;

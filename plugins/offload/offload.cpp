@@ -14,7 +14,7 @@
 //                          # (ZeRO-Infinity's NVMe tier), streamed through two host buffers at
 //                          # each update with io_uring, 1 Mi elements at a time. "none": everything
 //                          stays on the device # (the plugin changes nothing)
-//   nvme_path = "/mnt/nvme"  # "nvme" only, required: an existing writable folder (relative: to
+//   nvme_path = "/mnt/nvme"  # either "nvme", required: an existing writable folder (relative: to
 //                          # the working folder). Not `path`: a plugin table's `path` is where
 //                          # its library is
 //   direct_io = "auto"     # "nvme" only: "auto" O_DIRECT where the file system allows it (else
@@ -28,7 +28,10 @@
 //                          # sharded layer's parameter and gradient shards rest in host memory,
 //                          # the device holding a layer only from its gathering (prefetch_layers
 //                          # ahead) to its release, on one rank as on many. Needs optimizer =
-//                          # "host" or "nvme". "nvme" is not built yet
+//                          # "host" or "nvme". "nvme": the same, with the shards the layers read
+//                          # (amp's bf16/fp16 copy, frozen and quantized weights) in a file under
+//                          # nvme_path, read at each gathering and written after each update; the
+//                          # fp32 master and gradient shards stay in host memory
 //   activations = false    # true: each layer's output (the block outputs checkpointing keeps)
 //                          # waits in host memory between the next layer's forward and backward,
 //                          # back on the device one layer ahead of its use
@@ -61,8 +64,9 @@ namespace {
 struct Offload {
   bool optimizer_on_host = true;
   bool nvme = false;
-  bool activations = false;  // the layers' outputs on the host between forward and backward
-  bool parameters = false;   // the sharded layers' shards on the host
+  bool activations = false;      // the layers' outputs on the host between forward and backward
+  bool parameters = false;       // the sharded layers' shards on the host
+  bool parameters_nvme = false;  // ... their compute, frozen and quantized shards in a file
   bool pin_memory = true;
   std::string nvme_path;  // "nvme": the folder, for the estimate's TOML
 };
@@ -164,16 +168,37 @@ hr_status create(const hr_host_services* s, void** instance) {
     return s->config_error(s->host, "optimizer",
                            "\"nvme\" needs a host whose headroom.offload/1 has "
                            "set_optimizer_files; valid here: \"none\", \"host\"");
+  st = read_string(s, "parameters", &parameters);
+  if (st != HR_OK) return st;
+  if (parameters != "none" && parameters != "host" && parameters != "nvme")
+    return s->config_error(
+        s->host, "parameters",
+        ("\"" + parameters + "\" is not a place; valid: \"none\", \"host\", \"nvme\"").c_str());
+  if (parameters != "none" && optimizer == "none")
+    return s->config_error(s->host, "parameters",
+                           ("\"" + parameters +
+                            "\" needs the optimizer off the device too (it updates the parameter "
+                            "shards in host memory): optimizer = \"host\" or \"nvme\"")
+                               .c_str());
+  if (parameters == "host" && !HR_HAS_FIELD(offload, hr_ext_offload, set_parameter_place))
+    return s->config_error(s->host, "parameters",
+                           "\"host\" needs a host whose headroom.offload/1 has "
+                           "set_parameter_place; valid here: \"none\"");
+  if (parameters == "nvme" && !HR_HAS_FIELD(offload, hr_ext_offload, set_parameter_files))
+    return s->config_error(s->host, "parameters",
+                           "\"nvme\" needs a host whose headroom.offload/1 has "
+                           "set_parameter_files; valid here: \"none\", \"host\"");
   st = read_string(s, "nvme_path", &nvme_path);
   if (st != HR_OK) return st;
   uint32_t direct_io = HR_DIRECT_IO_AUTO;
   st = read_direct_io(s, &direct_io);
   if (st != HR_OK) return st;
-  if (optimizer == "nvme") {
+  const bool on_disk = optimizer == "nvme" || parameters == "nvme";
+  if (on_disk) {
     if (nvme_path.empty())
-      return s->config_error(s->host, "optimizer",
-                             "\"nvme\" needs nvme_path: the folder for the optimizer's state "
-                             "file (an existing, writable folder on the NVMe disk)");
+      return s->config_error(s->host, optimizer == "nvme" ? "optimizer" : "parameters",
+                             "\"nvme\" needs nvme_path: the folder for the state file (an "
+                             "existing, writable folder on the NVMe disk)");
     bool refuses_direct = false;
     const std::string problem = check_folder(nvme_path, direct_io, &refuses_direct);
     if (!problem.empty())
@@ -181,9 +206,11 @@ hr_status create(const hr_host_services* s, void** instance) {
           s->host, refuses_direct ? "direct_io" : "nvme_path",
           (problem + (refuses_direct ? "" : "; valid: an existing, writable folder")).c_str());
   } else if (!nvme_path.empty()) {
-    return s->config_error(
-        s->host, "nvme_path",
-        ("is for optimizer = \"nvme\"; this one is \"" + optimizer + "\"").c_str());
+    return s->config_error(s->host, "nvme_path",
+                           ("is for optimizer = \"nvme\" or parameters = \"nvme\"; this table "
+                            "has optimizer = \"" +
+                            optimizer + "\", parameters = \"" + parameters + "\"")
+                               .c_str());
   }
   int32_t pin_memory = 1;
   st = s->config_bool(s->host, "pin_memory", &pin_memory);
@@ -192,24 +219,6 @@ hr_status create(const hr_host_services* s, void** instance) {
     return s->config_error(s->host, "pin_memory",
                            "false needs a host whose headroom.offload/1 has "
                            "set_host_page_locked; valid here: true");
-  st = read_string(s, "parameters", &parameters);
-  if (st != HR_OK) return st;
-  if (parameters == "nvme")
-    return s->config_error(s->host, "parameters",
-                           "\"nvme\": the parameters' NVMe tier is not built yet; valid: "
-                           "\"none\", \"host\"");
-  if (parameters != "none" && parameters != "host")
-    return s->config_error(
-        s->host, "parameters",
-        ("\"" + parameters + "\" is not a place; valid: \"none\", \"host\"").c_str());
-  if (parameters == "host" && optimizer == "none")
-    return s->config_error(s->host, "parameters",
-                           "\"host\" needs the optimizer off the device too (it updates the "
-                           "parameter shards in host memory): optimizer = \"host\" or \"nvme\"");
-  if (parameters == "host" && !HR_HAS_FIELD(offload, hr_ext_offload, set_parameter_place))
-    return s->config_error(s->host, "parameters",
-                           "\"host\" needs a host whose headroom.offload/1 has "
-                           "set_parameter_place; valid here: \"none\"");
   int32_t activations = 0;
   st = s->config_bool(s->host, "activations", &activations);
   if (st != HR_OK) return st;
@@ -228,6 +237,9 @@ hr_status create(const hr_host_services* s, void** instance) {
   if (parameters == "host") {
     st = offload->set_parameter_place(s->host, HR_PLACE_HOST);
     if (st != HR_OK) return st;
+  } else if (parameters == "nvme") {
+    st = offload->set_parameter_files(s->host, nvme_path.c_str(), direct_io);
+    if (st != HR_OK) return st;
   }
   if (optimizer == "host") {
     st = offload->set_optimizer_place(s->host, HR_PLACE_HOST);
@@ -241,7 +253,8 @@ hr_status create(const hr_host_services* s, void** instance) {
   o->nvme = optimizer == "nvme";
   o->nvme_path = nvme_path;
   o->activations = activations != 0;
-  o->parameters = parameters == "host";
+  o->parameters = parameters != "none";
+  o->parameters_nvme = parameters == "nvme";
   o->pin_memory = pin_memory != 0;
   *instance = o;
   return HR_OK;
@@ -257,7 +270,7 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
   if (o->optimizer_on_host && builtin)
     r->after->optimizer_place = o->nvme ? HR_PLACE_NVME : HR_PLACE_HOST;
   if (o->activations) r->after->activation_place = HR_PLACE_HOST;
-  if (o->parameters) r->after->parameter_place = HR_PLACE_HOST;
+  if (o->parameters) r->after->parameter_place = o->parameters_nvme ? HR_PLACE_NVME : HR_PLACE_HOST;
   const hr_status st = q->peak(q->context, r->after, r->bytes);
   if (st != HR_OK) return st;
   // No measurement of the step time with the update on the host yet: counted as unchanged.
@@ -270,15 +283,22 @@ hr_status estimate(void* instance, const hr_estimate_query* q, hr_estimate_resul
       : builtin ? "optimizer state and f32 weights in host memory, update on the host"
                 : "the optimizer's state stays (an optimizer-role plugin keeps its own)";
   std::string what = optimizer;
-  if (o->parameters) what += "; parameter and gradient shards in host memory";
+  if (o->parameters)
+    what += o->parameters_nvme ? "; parameter shards in a file on the NVMe disk, master and "
+                                 "gradient shards in host memory"
+                               : "; parameter and gradient shards in host memory";
   if (o->activations)
     what += std::string(what.empty() ? "" : "; ") +
             "layer outputs in host memory between forward and backward";
   std::snprintf(r->what, sizeof r->what, "%s", what.c_str());
-  std::string toml =
-      o->nvme ? "optimizer = \"nvme\"\nnvme_path = \"" + o->nvme_path + "\"\n"
-              : std::string("optimizer = \"") + (o->optimizer_on_host ? "host" : "none") + "\"\n";
-  if (o->parameters) toml += "parameters = \"host\"\n";
+  std::string toml = std::string("optimizer = \"") +
+                     (o->nvme                ? "nvme"
+                      : o->optimizer_on_host ? "host"
+                                             : "none") +
+                     "\"\n";
+  if (o->parameters)
+    toml += std::string("parameters = \"") + (o->parameters_nvme ? "nvme" : "host") + "\"\n";
+  if (o->nvme || o->parameters_nvme) toml += "nvme_path = \"" + o->nvme_path + "\"\n";
   if (o->activations) toml += "activations = true\n";
   if (!o->pin_memory) toml += "pin_memory = false\n";
   std::snprintf(r->toml, sizeof r->toml, "%s", toml.c_str());

@@ -385,6 +385,19 @@ offload)
         fail "$f with the parameters on the host: the host ledger is not the closed form: $(cat plan.$f-par)"
     done
   done
+  # Their NVMe tier (parameters = "nvme"): amp's bf16 shards in a file per rank, read at each
+  # gathering: the same losses and weights, the host ledger the closed form on both ranks.
+  with_offload acz3 nvme
+  printf 'parameters = "nvme"\n' >> acz3-nvme.toml
+  mpirun -np 2 "$headroom" train acz3-nvme.toml -q --set train.steps=6 --metrics acz3-pf.jsonl \
+    --save-weights acz3-pf.out
+  "$compare" losses acz3-pf.jsonl acz3.jsonl 0 || fail "acz3 with the parameter shards in files: losses"
+  cmp acz3.out acz3-pf.out || fail "acz3 with the parameter shards in files: weights differ"
+  [ -z "$(ls nvme)" ] || fail "acz3, parameter shards in files: files left: $(ls nvme)"
+  mpirun -np 2 "$headroom" plan acz3-nvme.toml --measure > plan.acz3-pf 2>&1 ||
+    fail "acz3 with the parameter shards in files: plan --measure failed: $(cat plan.acz3-pf)"
+  [ "$(grep -c 'measured - closed form: 0 bytes' plan.acz3-pf)" = 2 ] ||
+    fail "acz3 with the parameter shards in files: the host ledger is not the closed form: $(cat plan.acz3-pf)"
   cp acz3-host.toml rp.toml
   printf '[snapshot]\ndir = "psnaps"\nevery = 3\n' >> rp.toml
   mpirun -np 2 "$headroom" train rp.toml -q --set train.steps=6 --save-weights pwhole.out
@@ -393,7 +406,7 @@ offload)
   mpirun -np 2 "$headroom" train rp.toml -q --set train.steps=6 --resume pat3 --save-weights presumed.out
   cmp pwhole.out presumed.out || fail "amp + zero3 + parameters on the host: the resumed run's weights differ"
   cmp acz3.out pwhole.out || fail "amp + zero3 + parameters on the host: not the run on the device"
-  echo "offload: data parallel, zero1/2/3, amp and LoRA across 2 ranks, host and NVMe, activations, parameters, bitwise"
+  echo "offload: data parallel, zero1/2/3, amp and LoRA across 2 ranks, host and NVMe, activations, parameters (host and NVMe), bitwise"
   ;;
 failure)
   recorder_table >> cfg.toml

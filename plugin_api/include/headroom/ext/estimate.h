@@ -107,7 +107,9 @@ typedef struct hr_mechanisms {
   /* Where the parameter shards of sharded layers rest (hr_ext_offload.set_parameter_place):
    * HR_PLACE_DEVICE (0, core's default; this was reserved1, zero) or HR_PLACE_HOST (1: with
    * HR_SHARD_PARAMETERS, each sharded layer's parameter, master and gradient shards in the host
-   * ledger, the device holding its full parameters and gradients only around their use). */
+   * ledger, the device holding its full parameters and gradients only around their use) or
+   * HR_PLACE_NVME (2, set_parameter_files: HR_PLACE_HOST with the compute, frozen and quantized
+   * shards in a file, and the file's staging in the host ledger). */
   uint32_t parameter_place;
   /* The optimizer state of a rank in bytes when a plugin takes the optimizer role (its estimate
    * sets it from model->param_tensors), or HR_OPTIMIZER_BYTES_BUILTIN: core's AdamW / SGD. */

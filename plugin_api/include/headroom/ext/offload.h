@@ -93,6 +93,22 @@ typedef struct hr_ext_offload {
    * Results are bitwise those of the same run on the device. HR_ERROR_INVALID for another value;
    * HR_ERROR_NOT_ALLOWED outside create(). */
   hr_status (*set_parameter_place)(hr_host* host, uint32_t place);
+  /* Appended (check HR_HAS_FIELD). From create() only: the parameters' NVMe tier,
+   * HR_PLACE_NVME, ZeRO-Infinity's offload_param "nvme". set_parameter_place's HR_PLACE_HOST,
+   * except that the shards a gathering reads and only an update or a load writes — a sharded
+   * layer's compute-dtype shard (amp), its frozen weights' and a quantized base's — live in one
+   * file per rank under the folder `dir` (dir/headroom-<pid>-<n>-rank<R>.params, allocated layer
+   * by layer as the model is built, before step 1; removed at the end of the run and on an error
+   * exit): each gathering reads the layer's part into one host staging buffer (category
+   * parameters, the largest layer's) with io_uring and uploads it from there; each update casts
+   * the new compute shard there and writes it back. The master and gradient shards stay in the
+   * host ledger. `direct_io` as set_optimizer_files'. HR_ERROR_INVALID for a `dir` that is not a
+   * writable folder, a `direct_io` value that is none of the three, or HR_DIRECT_IO_ON on a file
+   * system that refuses O_DIRECT; HR_ERROR_NOT_ALLOWED outside create(). The same refusals as
+   * HR_PLACE_HOST's apply, and one more before step 1: a run with nothing for the file (fp32
+   * parameters, no frozen weights: the masters are what the layers read and the optimizer
+   * updates). */
+  hr_status (*set_parameter_files)(hr_host* host, const char* dir, uint32_t direct_io);
 } hr_ext_offload;
 
 #ifdef __cplusplus

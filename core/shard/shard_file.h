@@ -1,0 +1,79 @@
+// The NVMe tier of offloaded parameters (headroom.offload/1 set_parameter_files, ZeRO-Infinity's
+// offload_param "nvme"): the shards a sharded layer's gathering reads and nothing else writes
+// between updates — its compute copy's (amp), its frozen weights', a quantized base's bytes —
+// rest in one file per rank instead of the host ledger. The fp32 master and gradient shards,
+// which the host optimizer updates in place, stay in the host ledger (core/shard/sharding.h).
+//
+// The file, dir/headroom-<pid>-<n>-rank<R>.params, holds one slot a layer (each part page-aligned,
+// so O_DIRECT can take it), allocated on the disk as the model places each layer: a disk too small
+// fails there, before step 1 (OutputError, exit 4). It is removed when the ShardFile goes (the
+// end of the run, or any exit that unwinds).
+//
+// Every transfer goes through one host staging buffer (host ledger, category parameters), as
+// large as the largest slot plus a page for its alignment, with io_uring (core/os/direct_file.h):
+// the gathering reads a layer's slot into it before uploading the rank's ranges, an update casts
+// the new compute shard into it and writes that part back. So far each read and write is waited
+// for where it is made: the zero3 window's prefetch overlaps the all-gather, not the read.
+//
+// Training thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/device/device.h"
+#include "core/os/direct_file.h"
+
+namespace headroom {
+
+// The host staging a ShardFile holds for slots whose parts are `parts` bytes each (the largest
+// slot's parts): each part rounded up to a page, and a page for the alignment. The closed form's
+// (core/report/advice.cpp).
+uint64_t shard_file_staging_bytes(const std::vector<uint64_t>& parts);
+
+class ShardFile {
+ public:
+  // Checks `dir` (ConfigError: check_state_dir's message after `who`); opens nothing yet. `log`:
+  // where the one line that says O_DIRECT is not used goes (kAuto on a file system without it).
+  ShardFile(Device& host, const std::string& dir, DirectIo mode, int rank, const std::string& who,
+            std::ostream* log);
+  ShardFile(const ShardFile&) = delete;
+  ShardFile& operator=(const ShardFile&) = delete;
+  ~ShardFile();
+
+  const std::string& path() const { return path_; }
+  bool direct() const { return direct_; }
+  uint64_t file_bytes() const { return file_bytes_; }
+
+  // A new slot of parts of these sizes in bytes, its blocks allocated now (OutputError when the
+  // disk cannot hold them); the staging grows to hold it. Its number.
+  size_t add_slot(const std::vector<uint64_t>& parts);
+  // Part `part` of `slot` in the staging buffer (page-aligned): where read() puts it and write()
+  // takes it from.
+  void* staged(size_t slot, size_t part);
+  // The slot's parts `first`..`last` (inclusive) from the file into the staging, and back.
+  // Nothing moves in a dry run (plan --measure).
+  void read(size_t slot, size_t first, size_t last);
+  void write(size_t slot, size_t first, size_t last);
+
+ private:
+  struct Slot {
+    uint64_t offset;                  // in the file
+    std::vector<uint64_t> parts, at;  // each part's bytes and its offset in the slot (pages)
+  };
+  void move(bool write, size_t slot, size_t first, size_t last);
+
+  Device& host_;
+  std::string dir_, path_;
+  bool direct_ = false;
+  std::unique_ptr<DirectFile> file_;  // made at the first slot
+  std::vector<Slot> slots_;
+  uint64_t file_bytes_ = 0, staging_bytes_ = 0;
+  Buffer staging_;
+  unsigned char* aligned_ = nullptr;
+};
+
+}  // namespace headroom
