@@ -5,7 +5,8 @@
 # host memory ("host") and on the NVMe tier ("nvme", nvme_path a temporary folder: plan checks
 # that it exists and is writable), and each of the two with the parameter shards in host memory too
 # ("host + parameters", "nvme + parameters": zero3 at its defaults and parameters = "host", on one
-# rank), with and without amp and checkpoint. Prints one markdown row a
+# rank), and with the NVMe tier for both ("nvme + parameters nvme": parameters = "nvme"), with and
+# without amp and checkpoint. Prints one markdown row a
 # combination: the device's peak and the host ledger's, and whether the device peak fits each wall.
 # Usage: bench/offload_plan_table.sh PRESET SEQ_LEN [BUILD_DIR]
 set -euo pipefail
@@ -23,7 +24,7 @@ for extras in "fp32|" "amp|$(plugin amp)" "checkpoint|$(plugin checkpoint)" \
 $(plugin checkpoint)" "amp (bf16 weights and state, no masters) + checkpoint|$(plugin amp 'master_weights = false
 state_dtype = "bf16"')
 $(plugin checkpoint)"; do
-  for tier in none host nvme "host + parameters" "nvme + parameters"; do
+  for tier in none host nvme "host + parameters" "nvme + parameters" "nvme + parameters nvme"; do
     case $tier in
     nvme*) table=$(plugin offload "optimizer = \"nvme\"
 nvme_path = \"$dir\"") ;;
@@ -33,6 +34,9 @@ nvme_path = \"$dir\"") ;;
     *parameters) table="$(plugin zero3)
 $table
 parameters = \"host\"" ;;
+    *"parameters nvme") table="$(plugin zero3)
+$table
+parameters = \"nvme\"" ;;
     esac
     fits=()
     dev="" host=""

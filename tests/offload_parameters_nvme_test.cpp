@@ -198,6 +198,12 @@ TEST(OffloadParametersNvmeTrain, BadConfigsExit2Saying) {
     EXPECT_TRUE(test::contains(r.output, bad.expect)) << bad.toml << r.output;
     EXPECT_TRUE(test::contains(r.output, "bad.toml:")) << "names the line: " << r.output;
   }
+  // `plan` refuses what train refuses.
+  const std::string fp32 =
+      test::write_file(dir, "fp32.toml", model_toml() + zero3() + plugin("offload", in_file(dir)));
+  const auto r = test::run_headroom("plan " + fp32);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(test::contains(r.output, "nothing would go to the file")) << r.output;
 }
 
 // A disk too small for the shards: the file gets each layer's blocks as the model is built, so

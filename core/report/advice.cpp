@@ -865,7 +865,7 @@ ConfigEstimate estimate_config(const Config& config, const OomNumbers& oom, int 
   }
   // What the trainer refuses of the plugins' choices together (core/run/trainer.cpp): amp's
   // layouts other than its default across ranks or sharded; the parameter shards in host memory
-  // without a plugin that shards the parameters.
+  // without a plugin that shards the parameters; their NVMe tier with nothing for the file.
   const Mechanisms& m = ce.mechanisms;
   if ((m.grad_in_compute || !m.masters) &&
       (m.world_size > 1 || effective_partition(m.shard, m.world_size, m.parameters_on_host)))
@@ -876,6 +876,12 @@ ConfigEstimate estimate_config(const Config& config, const OomNumbers& oom, int 
     throw ConfigError(config.file +
                       ": the offload plugin puts the parameter shards in host memory, but no "
                       "plugin shards the parameters: list zero3 in [[plugins]]");
+  if (m.parameters_on_nvme && m.compute == Dtype::kF32 && config.train.freeze.empty() &&
+      m.lora.empty())
+    throw ConfigError(config.file +
+                      ": the offload plugin puts the parameter shards in files, but the layers "
+                      "read fp32 parameters, the optimizer's masters: nothing would go to the "
+                      "file; turn amp on, or use parameters = \"host\"");
   return ce;
 }
 
