@@ -12,9 +12,11 @@ namespace headroom {
 
 namespace {
 
-// Requests of at most kChunk bytes (the kernel splits larger ones anyway), kRing in flight.
-constexpr uint64_t kChunk = uint64_t(16) << 20;
-constexpr unsigned kRing = 64;
+// A batch is at most kBatch requests, none under kMinChunk (the kernel splits larger ones
+// anyway); the ring holds both stagings' batches at once.
+constexpr uint64_t kMinChunk = uint64_t(16) << 20;
+constexpr unsigned kBatch = 32;
+constexpr unsigned kRing = kBatch * ShardFile::kStagings;
 
 }  // namespace
 
@@ -22,7 +24,7 @@ uint64_t shard_file_staging_bytes(const std::vector<uint64_t>& parts) {
   uint64_t bytes = 0;
   for (uint64_t p : parts)
     bytes += round_to_pages(p);
-  return bytes > 0 ? bytes + kDirectPage : 0;
+  return bytes > 0 ? ShardFile::kStagings * (bytes + kDirectPage) : 0;
 }
 
 ShardFile::ShardFile(Device& host, const std::string& dir, DirectIo mode, int rank,
@@ -40,7 +42,15 @@ ShardFile::ShardFile(Device& host, const std::string& dir, DirectIo mode, int ra
           std::to_string(rank) + ".params";
 }
 
-ShardFile::~ShardFile() = default;
+ShardFile::~ShardFile() {
+  // The kernel must be done with the buffers before they go.
+  for (int b = 0; b < kStagings; ++b) {
+    try {
+      if (in_flight_[b]) file_->wait(reads_[b]);
+    } catch (const std::exception&) {  // the file goes next: what it read does not matter
+    }
+  }
+}
 
 size_t ShardFile::add_slot(const std::vector<uint64_t>& parts) {
   if (!file_) file_ = std::make_unique<DirectFile>(path_, direct_, "parameter file", kRing);
@@ -55,55 +65,85 @@ size_t ShardFile::add_slot(const std::vector<uint64_t>& parts) {
   // Its blocks now: a disk that cannot hold the shards says so while the model is built.
   file_->allocate(s.offset, bytes, host_.dry());
   file_bytes_ += bytes;
-  const uint64_t staging = shard_file_staging_bytes(parts);
+  const uint64_t staging = shard_file_staging_bytes(parts) / kStagings;
   if (staging > staging_bytes_) {
-    // Nothing staged survives between calls: the old buffer goes before the new one comes, so
-    // the ledger's peak is the largest slot's staging alone.
-    staging_ = Buffer();
-    staging_ = Buffer(host_, staging, Category::kParameters, "parameter staging (NVMe tier)");
+    // Nothing staged survives between slots being added (the model is being built): the old
+    // buffers go before the new ones come, so the ledger's peak is the largest slot's stagings.
+    for (int b = 0; b < kStagings; ++b) {
+      if (in_flight_[b]) throw std::logic_error("parameter file: a slot added during a read");
+      staging_[b] = Buffer();
+    }
+    for (int b = 0; b < kStagings; ++b) {
+      staging_[b] = Buffer(host_, staging, Category::kParameters,
+                           "parameter staging " + std::to_string(b) + " (NVMe tier)");
+      const uintptr_t p = reinterpret_cast<uintptr_t>(staging_[b].as<void>());
+      aligned_[b] =
+          reinterpret_cast<unsigned char*>((p + kDirectPage - 1) / kDirectPage * kDirectPage);
+    }
     staging_bytes_ = staging;
-    const uintptr_t p = reinterpret_cast<uintptr_t>(staging_.as<void>());
-    aligned_ = reinterpret_cast<unsigned char*>((p + kDirectPage - 1) / kDirectPage * kDirectPage);
   }
   slots_.push_back(std::move(s));
   return slots_.size() - 1;
 }
 
-void* ShardFile::staged(size_t slot, size_t part) {
+void* ShardFile::staged(int b, size_t slot, size_t part) {
   const Slot& s = slots_.at(slot);
-  return aligned_ + s.at.at(part);
+  return aligned_[b] + s.at.at(part);
 }
 
-void ShardFile::read(size_t slot, size_t first, size_t last) {
-  move(false, slot, first, last);
-}
-
-void ShardFile::write(size_t slot, size_t first, size_t last) {
-  move(true, slot, first, last);
-}
-
-void ShardFile::move(bool write, size_t slot, size_t first, size_t last) {
+void ShardFile::add_ops(DirectFile::Batch& batch, bool write, int b, size_t slot, size_t first,
+                        size_t last) const {
   const Slot& s = slots_.at(slot);
   if (first > last || last >= s.parts.size())
     throw std::logic_error("parameter file: parts " + std::to_string(first) + ".." +
                            std::to_string(last) + " of a slot of " +
                            std::to_string(s.parts.size()));
-  if (host_.dry()) return;  // a dry run moves no values
-  // The parts' pages, in requests of at most kChunk, kRing a batch.
-  std::vector<DirectFile::Op> ops;
+  uint64_t bytes = 0;
+  for (size_t p = first; p <= last; ++p)
+    bytes += round_to_pages(s.parts[p]);
+  // At most kBatch requests (one more a part for the rounding).
+  const uint64_t chunk = std::max(kMinChunk, round_to_pages((bytes + kBatch - 1) / kBatch));
   for (size_t p = first; p <= last; ++p) {
-    const uint64_t bytes = round_to_pages(s.parts[p]);
-    for (uint64_t at = 0; at < bytes; at += kChunk)
-      ops.push_back(
-          {write, aligned_ + s.at[p] + at, std::min(kChunk, bytes - at), s.offset + s.at[p] + at});
+    const uint64_t n = round_to_pages(s.parts[p]);
+    for (uint64_t at = 0; at < n; at += chunk)
+      batch.ops.push_back(
+          {write, aligned_[b] + s.at[p] + at, std::min(chunk, n - at), s.offset + s.at[p] + at});
   }
-  for (size_t i = 0; i < ops.size(); i += kRing) {
-    DirectFile::Batch batch;
-    batch.ops.assign(ops.begin() + std::ptrdiff_t(i),
-                     ops.begin() + std::ptrdiff_t(std::min(ops.size(), i + kRing)));
-    file_->submit(batch);
-    file_->wait(batch);
-  }
+}
+
+void ShardFile::start_read(int b, size_t slot) {
+  if (in_flight_[b])
+    throw std::logic_error("parameter file: staging " + std::to_string(b) +
+                           " is being read into already");
+  reads_[b] = DirectFile::Batch();
+  if (host_.dry()) return;  // a dry run moves no values
+  add_ops(reads_[b], false, b, slot, 0, slots_.at(slot).parts.size() - 1);
+  file_->submit(reads_[b]);
+  in_flight_[b] = true;
+}
+
+void ShardFile::wait_read(int b) {
+  if (!in_flight_[b]) return;
+  in_flight_[b] = false;
+  file_->wait(reads_[b]);
+}
+
+void ShardFile::read(int b, size_t slot, size_t first, size_t last) {
+  wait_read(b);
+  if (host_.dry()) return;
+  DirectFile::Batch batch;
+  add_ops(batch, false, b, slot, first, last);
+  file_->submit(batch);
+  file_->wait(batch);
+}
+
+void ShardFile::write(int b, size_t slot, size_t first, size_t last) {
+  wait_read(b);
+  if (host_.dry()) return;
+  DirectFile::Batch batch;
+  add_ops(batch, true, b, slot, first, last);
+  file_->submit(batch);
+  file_->wait(batch);
 }
 
 }  // namespace headroom

@@ -9,11 +9,12 @@
 // fails there, before step 1 (OutputError, exit 4). It is removed when the ShardFile goes (the
 // end of the run, or any exit that unwinds).
 //
-// Every transfer goes through one host staging buffer (host ledger, category parameters), as
+// Every transfer goes through two host staging buffers (host ledger, category parameters), each as
 // large as the largest slot plus a page for its alignment, with io_uring (core/os/direct_file.h):
-// the gathering reads a layer's slot into it before uploading the rank's ranges, an update casts
-// the new compute shard into it and writes that part back. So far each read and write is waited
-// for where it is made: the zero3 window's prefetch overlaps the all-gather, not the read.
+// a gathering starts reading a layer's slot into a free one (start_read) and the layer's first
+// use waits for it (wait_read) before uploading the rank's ranges from it, so the read of the
+// layers zero3 prefetches runs while the ones before them compute; an update casts the new
+// compute shard into one and writes that part back, waiting for it.
 //
 // Training thread only.
 #pragma once
@@ -30,8 +31,8 @@
 namespace headroom {
 
 // The host staging a ShardFile holds for slots whose parts are `parts` bytes each (the largest
-// slot's parts): each part rounded up to a page, and a page for the alignment. The closed form's
-// (core/report/advice.cpp).
+// slot's parts): two buffers, each the parts rounded up to a page and a page for the alignment.
+// The closed form's (core/report/advice.cpp).
 uint64_t shard_file_staging_bytes(const std::vector<uint64_t>& parts);
 
 class ShardFile {
@@ -42,29 +43,38 @@ class ShardFile {
             std::ostream* log);
   ShardFile(const ShardFile&) = delete;
   ShardFile& operator=(const ShardFile&) = delete;
-  ~ShardFile();
+  ~ShardFile();  // waits for the reads in flight (an error path's), then removes the file
+
+  static constexpr int kStagings = 2;
 
   const std::string& path() const { return path_; }
   bool direct() const { return direct_; }
   uint64_t file_bytes() const { return file_bytes_; }
 
   // A new slot of parts of these sizes in bytes, its blocks allocated now (OutputError when the
-  // disk cannot hold them); the staging grows to hold it. Its number.
+  // disk cannot hold them); the stagings grow to hold it. Its number.
   size_t add_slot(const std::vector<uint64_t>& parts);
-  // Part `part` of `slot` in the staging buffer (page-aligned): where read() puts it and write()
+  // Part `part` of `slot` in staging buffer `b` (page-aligned): where a read puts it and a write
   // takes it from.
-  void* staged(size_t slot, size_t part);
-  // The slot's parts `first`..`last` (inclusive) from the file into the staging, and back.
-  // Nothing moves in a dry run (plan --measure).
-  void read(size_t slot, size_t first, size_t last);
-  void write(size_t slot, size_t first, size_t last);
+  void* staged(int b, size_t slot, size_t part);
+  // The whole slot from the file into staging `b`, started: in flight until wait_read(b). One
+  // read a buffer at a time (std::logic_error otherwise).
+  void start_read(int b, size_t slot);
+  void wait_read(int b);
+  bool reading(int b) const { return in_flight_[b]; }
+  // The slot's parts `first`..`last` (inclusive) from the file into staging `b`, and back;
+  // waited for. Nothing moves in a dry run (plan --measure).
+  void read(int b, size_t slot, size_t first, size_t last);
+  void write(int b, size_t slot, size_t first, size_t last);
 
  private:
   struct Slot {
     uint64_t offset;                  // in the file
     std::vector<uint64_t> parts, at;  // each part's bytes and its offset in the slot (pages)
   };
-  void move(bool write, size_t slot, size_t first, size_t last);
+  // The requests that move parts first..last of `slot` from or to staging `b`, into `batch`.
+  void add_ops(DirectFile::Batch& batch, bool write, int b, size_t slot, size_t first,
+               size_t last) const;
 
   Device& host_;
   std::string dir_, path_;
@@ -72,8 +82,10 @@ class ShardFile {
   std::unique_ptr<DirectFile> file_;  // made at the first slot
   std::vector<Slot> slots_;
   uint64_t file_bytes_ = 0, staging_bytes_ = 0;
-  Buffer staging_;
-  unsigned char* aligned_ = nullptr;
+  Buffer staging_[kStagings];
+  unsigned char* aligned_[kStagings] = {nullptr, nullptr};
+  DirectFile::Batch reads_[kStagings];  // start_read's, in flight until wait_read
+  bool in_flight_[kStagings] = {false, false};
 };
 
 }  // namespace headroom

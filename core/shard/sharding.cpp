@@ -74,11 +74,34 @@ void Sharding::make_rested(const LayerShard& ls, Rested& shard, int part, uint64
     shard.buffer = Buffer(place_of(ls), bytes, Category::kParameters, name);
 }
 
+int Sharding::idle_staging() {
+  for (int b = 0; b < ShardFile::kStagings; ++b) {
+    if (staged_layer_[b] >= 0) continue;
+    device_.backend().wait_uploads(b);  // the last uploads from it have read it
+    return b;
+  }
+  throw std::logic_error("the parameter file's stagings are both being read into");
+}
+
+int Sharding::free_staging() {
+  for (int b = 0; b < ShardFile::kStagings; ++b)
+    if (staged_layer_[b] < 0) return idle_staging();
+  // Both hold a prefetched read: the older gathering is finished first (in the order started,
+  // as every rank does).
+  for (const Pending& p : pending_)
+    if (p.staging >= 0) {
+      finish_through_gather(p.layer);
+      return idle_staging();
+    }
+  throw std::logic_error("the parameter file's stagings are held by no gathering");
+}
+
 void Sharding::to_rest(const LayerShard& ls, Rested& shard, const void* from) {
   if (shard.part < 0) return to_rest(ls, shard.buffer.as<void>(), from, shard.bytes);
   const size_t slot = size_t(ls.slot), part = size_t(shard.part);
-  if (!device_.dry()) device_.backend().download(file_->staged(slot, part), from, shard.bytes);
-  file_->write(slot, part, part);
+  const int b = idle_staging();
+  if (!device_.dry()) device_.backend().download(file_->staged(b, slot, part), from, shard.bytes);
+  file_->write(b, slot, part, part);
 }
 
 void Sharding::cast_compute_shard(LayerShard& ls, Dtype dt) {
@@ -88,20 +111,56 @@ void Sharding::cast_compute_shard(LayerShard& ls, Dtype dt) {
     return;
   }
   const size_t slot = size_t(ls.slot), part = size_t(ls.compute.part);
-  host.cast(file_->staged(slot, part), dt, ls.value.as<void>(), Dtype::kF32, ls.shard);
-  file_->write(slot, part, part);
+  const int b = idle_staging();
+  host.cast(file_->staged(b, slot, part), dt, ls.value.as<void>(), Dtype::kF32, ls.shard);
+  file_->write(b, slot, part, part);
 }
 
 CommRequest Sharding::gather_from_rest(const LayerShard& ls, const Rested& shard, void* full,
                                        uint64_t n, Dtype dtype) {
   if (shard.part < 0) return gather_from_rest(ls, shard.buffer.as<void>(), full, n, dtype);
-  // The NVMe tier: the rank's range read into the staging, uploaded, and gathered in place.
+  // The NVMe tier, between steps (with_frozen): the rank's range read into a staging, uploaded,
+  // and gathered in place.
   const size_t slot = size_t(ls.slot), part = size_t(shard.part);
-  file_->read(slot, part, part);
+  const int b = idle_staging();
+  file_->read(b, slot, part, part);
   char* mine = static_cast<char*>(full) + uint64_t(rank()) * shard.bytes;
-  from_rest(ls, mine, file_->staged(slot, part), shard.bytes);
-  device_.backend().synchronize();  // out of the staging before the next read overwrites it
+  from_rest(ls, mine, file_->staged(b, slot, part), shard.bytes);
+  device_.backend().mark_uploads(b);
   return comm_.all_gather(mine, full, n, dtype);
+}
+
+void Sharding::finish_read(Pending& p) {
+  const int b = p.staging;
+  file_->wait_read(b);
+  staged_layer_[b] = -1;
+  p.staging = -1;
+  LayerShard& ls = layers_[size_t(p.layer)];
+  Layer<float>& lay = layer(p.layer);
+  const size_t slot = size_t(ls.slot);
+  struct Part {
+    const Rested& shard;
+    void* full;
+    uint64_t n;
+    Dtype dtype;
+  };
+  std::vector<Part> parts;
+  if (ls.compute)
+    parts.push_back({ls.compute, lay.flat().compute.as<void>(), ls.shard, lay.compute_dtype()});
+  if (ls.frozen)
+    parts.push_back(
+        {ls.frozen, lay.frozen_weights().as<void>(), ls.frozen_shard, lay.compute_dtype()});
+  if (ls.quant)  // bytes, moved as 4-byte words
+    parts.push_back({ls.quant, lay.quantized_storage().as<void>(), ls.quant_shard, Dtype::kI32});
+  std::vector<CommRequest> requests;
+  for (const Part& part : parts) {
+    char* mine = static_cast<char*>(part.full) + uint64_t(rank()) * part.shard.bytes;
+    from_rest(ls, mine, file_->staged(b, slot, size_t(part.shard.part)), part.shard.bytes);
+    requests.push_back(comm_.all_gather(mine, part.full, part.n, part.dtype));
+  }
+  device_.backend().mark_uploads(b);
+  for (CommRequest& request : requests)
+    request.wait();
 }
 
 CommRequest Sharding::gather_from_rest(const LayerShard& ls, const void* shard, void* full,
@@ -319,6 +378,26 @@ void Sharding::gather_parameters(int l) {
     // What the layers read: the compute copy where there is one (the masters stay sharded), else
     // the masters; and the frozen weights.
     std::vector<CommRequest> requests;
+    if (ls.slot >= 0) {
+      // The NVMe tier: the slot's read starts now; its uploads and gatherings when it finishes.
+      const int b = free_staging();
+      file_->start_read(b, size_t(ls.slot));
+      staged_layer_[b] = l;
+      if (ls.compute) lay.allocate_compute();
+      if (ls.frozen || ls.quant) lay.allocate_frozen();
+      if (!ls.compute && ls.value) {  // fp32 with frozen weights: the masters from the host
+        lay.allocate_masters();
+        requests.push_back(
+            gather_from_rest(ls, ls.value.as<void>(), f.value.as<void>(), S, Dtype::kF32));
+      }
+      for (CommRequest& request : requests)
+        pending_.push_back({l, true, std::move(request)});
+      Pending read{l, true, CommRequest()};
+      read.staging = b;
+      pending_.push_back(std::move(read));
+      ls.gathered = true;
+      return;
+    }
     if (ls.compute) {
       lay.allocate_compute();
       requests.push_back(
@@ -386,6 +465,7 @@ void Sharding::require_parameters(int l, int tied, const char* what, const std::
 }
 
 void Sharding::finish(Pending& p) {
+  if (p.staging >= 0) return finish_read(p);
   p.request.wait();
   Layer<float>& lay = layer(p.layer);
   const FlatStorage& f = lay.flat();

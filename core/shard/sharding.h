@@ -27,9 +27,12 @@
 //
 // Their NVMe tier (set_parameter_files): the shards a gathering reads and only an update or a
 // load writes — a sharded layer's compute, frozen and quantized shards — rest in a file
-// (core/shard/shard_file.h) instead, read into its host staging and uploaded at each gathering,
-// the compute shard cast there from the updated master shard and written back after each update.
-// The master and gradient shards stay in the host ledger.
+// (core/shard/shard_file.h) instead. A gathering starts reading the layer's slot into one of the
+// file's two host stagings and returns; the read is waited for, the rank's ranges uploaded and
+// all-gathered where the gathering is finished (the layer's first use, its release, wait()), so
+// the reads of the layers prefetched run while the layers before them compute. The compute shard
+// is cast in a staging from the updated master shard and written back after each update. The
+// master and gradient shards stay in the host ledger.
 //
 // When to reduce, gather and release, and what to keep, is the plugins' policy (zero1, zero2,
 // zero3), driven through headroom.shard/1; the trainer checks that a layer's parameters are there
@@ -210,6 +213,7 @@ class Sharding {
     int layer;
     bool gather;  // else a gradient reduction
     CommRequest request;
+    int staging = -1;  // the NVMe tier: the file's staging its slot is being read into
   };
   size_t checked(int layer) const;
   Layer<float>& layer(int l) const { return *model_->layers()[size_t(l)]; }
@@ -238,6 +242,13 @@ class Sharding {
                    const std::string& name);
   // A sharded layer's compute shard cast from its master shard (an update, a load).
   void cast_compute_shard(LayerShard& ls, Dtype dt);
+  // The NVMe tier: a staging no read in flight holds, its uploads done (idle_staging: std::
+  // logic_error when both hold one; free_staging: finishes the older's gathering first).
+  int idle_staging();
+  int free_staging();
+  // A gathering whose slot is being read into p.staging: the read waited for, each part's range
+  // uploaded and all-gathered.
+  void finish_read(Pending& p);
   // All-gathers every rank's shard (n elements) into `full` on the device: offloaded, the rank's
   // own range is uploaded first and the gathering runs in place.
   CommRequest gather_from_rest(const LayerShard& ls, const void* shard, void* full, uint64_t n,
@@ -248,6 +259,7 @@ class Sharding {
   Device& device_;
   Device& rest_;                     // where sharded layers' shards rest
   std::unique_ptr<ShardFile> file_;  // the NVMe tier of their parameter shards, or null
+  int staged_layer_[ShardFile::kStagings] = {-1, -1};  // whose slot each staging is reading
   Communicator& comm_;
   uint32_t what_;
   uint64_t persist_below_;
