@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The offload plugin's benchmarks (docs/results/offload.md), one command:
 #  (a) the step time of bench/offload.toml with optimizer = "host" and "nvme", and with the
-#      parameter shards on the host too (zero3, parameters = "host"), against no offload,
+#      parameter shards on the host too (zero3, parameters = "host"), and with amp the parameter
+#      shards on the host and on the NVMe tier (parameters = "nvme"), against no offload,
 #      interleaved (bench/cpu_interleave.py, side by side in one run);
 #  (b) the host AdamW's update (bench_optimizer_kernels: the kernel the host place runs) against
 #      PyTorch's torch.optim.AdamW on the CPU (bench/torch_adamw_rate.py), same shapes, threads;
@@ -32,9 +33,19 @@ cp bench/offload.toml "$tmp/none.toml"
 { cat bench/offload.toml; printf '[[plugins]]\nname = "zero3"\n'
   printf '[[plugins]]\nname = "offload"\noptimizer = "host"\nparameters = "host"\n'; } \
   >"$tmp/params.toml"
+# With amp: the parameter shards on the host, and their NVMe tier (parameters = "nvme": the bf16
+# shards in a file under NVME_DIR, read ahead at each gathering).
+{ cat bench/offload.toml; printf '[[plugins]]\nname = "amp"\n[[plugins]]\nname = "zero3"\n'
+  printf '[[plugins]]\nname = "offload"\noptimizer = "host"\nparameters = "host"\n'; } \
+  >"$tmp/amp_params.toml"
+{ cat bench/offload.toml; printf '[[plugins]]\nname = "amp"\n[[plugins]]\nname = "zero3"\n'
+  printf '[[plugins]]\nname = "offload"\noptimizer = "host"\nparameters = "nvme"\n'
+  printf 'nvme_path = "%s"\n' "$dir"; } >"$tmp/amp_params_nvme.toml"
 python3 bench/cpu_interleave.py "$tmp/none.toml" none=build/bin/headroom \
   host=build/bin/headroom@"$tmp/host.toml" nvme=build/bin/headroom@"$tmp/nvme.toml" \
   params=build/bin/headroom@"$tmp/params.toml" \
+  amp_params=build/bin/headroom@"$tmp/amp_params.toml" \
+  amp_params_nvme=build/bin/headroom@"$tmp/amp_params_nvme.toml" \
   --steps "${STEPS:-6}" --rounds "${ROUNDS:-3}"
 
 echo "== (b) AdamW update, gpt2-124m shapes, $threads threads"
