@@ -28,7 +28,7 @@ constexpr int kShardVocabInt = 3;
 // One validated shard: path and token count.
 struct ShardInfo {
   std::string path;
-  uint64_t tokens = 0;  // the file's
+  uint64_t tokens = 0;      // the file's
   uint32_t vocab_size = 0;  // header int 3: the writing tokenizer's vocab size; 0 = unknown
   // The part a source reads: tokens first .. first + count - 1 (all of them unless
   // data.val_fraction holds out the tail of the shards).
