@@ -59,18 +59,7 @@ uint64_t at(const ByCategory& b, Category c) {
   return b[int(c)];
 }
 
-// A folder on tmpfs (/dev/shm), removed with the object.
-struct TmpfsDir {
-  std::string path;
-  TmpfsDir() {
-    std::string t = "/dev/shm/headroom-nvme-test-XXXXXX";
-    if (mkdtemp(t.data())) path = t;
-  }
-  ~TmpfsDir() {
-    std::error_code ec;
-    if (!path.empty()) fs::remove_all(path, ec);
-  }
-};
+using test::TmpfsDir;
 
 std::vector<std::string> files_in(const std::string& dir) {
   std::vector<std::string> out;
@@ -358,16 +347,10 @@ TEST(OffloadNvme, FullDiskExits4BeforeStepOneAndLosesNothing) {
   ASSERT_TRUE(fs::exists(snap));
   const std::string before = test::read_file(snap);
   const std::string h = HEADROOM_BINARY;
-  const std::string mount = "mount -t tmpfs -o size=8k tmpfs " + small;
   const std::string script =
       h + " train -q " + cfg + " --resume " + snaps + "; echo exit=$?; ls -a " + small;
-  std::string how = "tmpfs";
-  if (test::run_command("unshare -m sh -c '" + mount + "'").exit_code == 0) {
-    r = test::run_command("unshare -m sh -c '" + mount + " && " + script + "'");
-  } else {
-    how = "ulimit -f";  // a file-size limit: posix_fallocate past it fails the same way
-    r = test::run_command("bash -c 'ulimit -f 8; " + script + "'");
-  }
+  std::string how;
+  r = test::run_on_a_full_disk(small, script, &how);
   EXPECT_TRUE(test::contains(r.output, "exit=4")) << how << ": " << r.output;
   EXPECT_TRUE(test::contains(r.output, "optimizer state file " + small + "/headroom-")) << r.output;
   EXPECT_TRUE(

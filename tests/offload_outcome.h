@@ -1,9 +1,12 @@
-// What tests/offload_test.cpp and tests/offload_nvme_test.cpp compare: one training run's losses,
-// weights, bytes and segments, and the check that two runs trained bitwise alike.
+// What the offload tests (tests/offload*_test.cpp) compare: one training run's losses, weights,
+// bytes and segments, and the check that two runs trained bitwise alike.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -107,6 +110,62 @@ inline std::string expect_out_of_memory_on_the_host(const std::string& dir, cons
   EXPECT_TRUE(test::contains(r.output, "out of memory on the host:")) << r.output;
   EXPECT_TRUE(test::contains(r.output, "place                  host")) << r.output;
   return r.output;
+}
+
+// What a run whose parameters are sharded (zero3) leaves to compare: its losses, its saved weights
+// (the masters, gathered whole) and both ledgers.
+struct Sharded {
+  std::vector<double> losses;
+  std::string saved;
+  ByCategory device_at_peak{}, host_peak{};  // each ledger's categories at its peak total
+  uint64_t device_peak_total = 0;
+};
+
+inline Sharded train_sharded(const std::string& toml) {
+  TrainOptions o;
+  const std::string path = test::temp_dir() + "/w.safetensors";
+  o.save_weights_path = path;
+  Trainer t(test::config_from(toml), std::move(o));
+  t.run();
+  Sharded r;
+  for (const StepState& s : t.history())
+    r.losses.push_back(s.loss);
+  r.saved = file_bytes(path);
+  r.device_at_peak = t.device().tracker().live_at_peak();
+  r.device_peak_total = t.device().tracker().peak_total();
+  r.host_peak = t.device().host_place()->tracker().live_at_peak();
+  return r;
+}
+
+// A folder on tmpfs (/dev/shm), removed with the object: its path is empty when none could be
+// made. O_DIRECT there from Linux 6.6 on, buffered before.
+struct TmpfsDir {
+  std::string path;
+  TmpfsDir() {
+    std::string t = "/dev/shm/headroom-offload-test-XXXXXX";
+    if (mkdtemp(t.data())) path = t;
+  }
+  ~TmpfsDir() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+  TmpfsDir(const TmpfsDir&) = delete;
+  TmpfsDir& operator=(const TmpfsDir&) = delete;
+};
+
+// Runs the shell `script` with the folder `small` full after 8 KiB: an 8 KiB tmpfs mounted there in
+// a mount namespace of its own, or where none can be mounted a file-size limit of 8 KiB
+// (posix_fallocate past it fails the same way). The output, and in *how which ("tmpfs" or
+// "ulimit -f").
+inline test::RunResult run_on_a_full_disk(const std::string& small, const std::string& script,
+                                          std::string* how) {
+  const std::string mount = "mount -t tmpfs -o size=8k tmpfs " + small;
+  if (test::run_command("unshare -m sh -c '" + mount + "'").exit_code == 0) {
+    *how = "tmpfs";
+    return test::run_command("unshare -m sh -c '" + mount + " && " + script + "'");
+  }
+  *how = "ulimit -f";
+  return test::run_command("bash -c 'ulimit -f 8; " + script + "'");
 }
 
 // The same losses, weights and compute copies, bitwise; and the same --save-weights file where the

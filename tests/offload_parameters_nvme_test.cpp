@@ -7,7 +7,7 @@
 //    (O_DIRECT) and on tmpfs buffered;
 //  - both ledgers by category are the closed form's (core/report/advice.cpp), the host holding
 //    less than with parameters = "host" by the shards now in the file, less the staging;
-//  - a resume from a snapshot is bitwise; the file is gone after the run;
+//  - the file is gone after the run (a resume from a snapshot: tests/offload_parameters_test.cpp);
 //  - a full disk stops the run before step 1 (exit 4) naming the file, leaving none; fp32
 //    parameters with nothing for the file, a missing nvme_path and optimizer = "none" exit 2.
 #include <gtest/gtest.h>
@@ -52,40 +52,13 @@ uint64_t total(const ByCategory& b) {
   return t;
 }
 
-struct Trained {
-  std::vector<double> losses;
-  std::string saved;
-  ByCategory device_at_peak{}, host_peak{};
-};
+using Trained = test::Sharded;
 
 Trained train(const std::string& toml) {
-  TrainOptions o;
-  const std::string path = test::temp_dir() + "/w.safetensors";
-  o.save_weights_path = path;
-  Trainer t(test::config_from(toml), std::move(o));
-  t.run();
-  Trained r;
-  for (const StepState& s : t.history())
-    r.losses.push_back(s.loss);
-  r.saved = test::file_bytes(path);
-  r.device_at_peak = t.device().tracker().live_at_peak();
-  r.host_peak = t.device().host_place()->tracker().live_at_peak();
-  return r;
+  return test::train_sharded(toml);
 }
 
-// A folder on tmpfs (/dev/shm), removed with the object: buffered where the kernel's tmpfs
-// refuses O_DIRECT (before Linux 6.6).
-struct TmpfsDir {
-  std::string path;
-  TmpfsDir() {
-    std::string t = "/dev/shm/headroom-params-test-XXXXXX";
-    if (mkdtemp(t.data())) path = t;
-  }
-  ~TmpfsDir() {
-    std::error_code ec;
-    if (!path.empty()) fs::remove_all(path, ec);
-  }
-};
+using test::TmpfsDir;
 
 struct Case {
   const char* name;
@@ -161,19 +134,6 @@ TEST(OffloadParametersNvmeTrain, OnTmpfsIsBitwise) {
   EXPECT_TRUE(a.saved == b.saved);
 }
 
-// Snapshotted after step 2 and resumed to the end: the run straight through (the snapshot's
-// masters came from the host shards; the resume cast the compute shards into the file again).
-TEST(OffloadParametersNvmeTrain, ResumeFromASnapshotIsBitwise) {
-  const std::string dir = test::temp_dir();
-  const std::string toml = model_toml() + plugin("amp") + plugin("checkpoint") + zero3() +
-                           plugin("offload", in_file(dir));
-  const Trained whole = train(toml);
-  const test::Resumed resumed = test::resume_from_step(toml, 2);
-  ASSERT_EQ(resumed.losses.size(), 1u);  // step 3
-  EXPECT_EQ(resumed.losses[0], whole.losses.at(2));
-  EXPECT_TRUE(resumed.saved == whole.saved);
-}
-
 // Bad tables exit 2 naming the key or the plugin's line.
 TEST(OffloadParametersNvmeTrain, BadConfigsExit2Saying) {
   const std::string dir = test::temp_dir();
@@ -216,15 +176,8 @@ TEST(OffloadParametersNvmeTrain, FullDiskExits4BeforeStepOne) {
       dir, "full.toml", model_toml() + plugin("amp") + zero3() + plugin("offload", in_file(small)));
   const std::string script =
       std::string(HEADROOM_BINARY) + " train " + cfg + "; echo exit=$?; ls -a " + small;
-  const std::string mount = "mount -t tmpfs -o size=8k tmpfs " + small;
-  std::string how = "tmpfs";
-  test::RunResult r;
-  if (test::run_command("unshare -m sh -c '" + mount + "'").exit_code == 0) {
-    r = test::run_command("unshare -m sh -c '" + mount + " && " + script + "'");
-  } else {
-    how = "ulimit -f";  // a file-size limit: posix_fallocate past it fails the same way
-    r = test::run_command("bash -c 'ulimit -f 8; " + script + "'");
-  }
+  std::string how;
+  const test::RunResult r = test::run_on_a_full_disk(small, script, &how);
   EXPECT_TRUE(test::contains(r.output, "exit=4")) << how << ": " << r.output;
   EXPECT_TRUE(test::contains(r.output, "parameter file " + small + "/headroom-")) << r.output;
   EXPECT_TRUE(

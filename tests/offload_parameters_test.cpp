@@ -45,29 +45,10 @@ uint64_t at(const ByCategory& b, Category c) {
   return b[int(c)];
 }
 
-// What a sharded run leaves to compare: its losses, its saved weights (the masters, gathered
-// whole) and both ledgers.
-struct Trained {
-  std::vector<double> losses;
-  std::string saved;
-  ByCategory device_at_peak{}, host_peak{};  // each ledger's categories at its peak total
-  uint64_t device_peak_total = 0;
-};
+using Trained = test::Sharded;
 
 Trained train(const std::string& toml) {
-  TrainOptions o;
-  const std::string path = test::temp_dir() + "/w.safetensors";
-  o.save_weights_path = path;
-  Trainer t(test::config_from(toml), std::move(o));
-  t.run();
-  Trained r;
-  for (const StepState& s : t.history())
-    r.losses.push_back(s.loss);
-  r.saved = test::file_bytes(path);
-  r.device_at_peak = t.device().tracker().live_at_peak();
-  r.device_peak_total = t.device().tracker().peak_total();
-  r.host_peak = t.device().host_place()->tracker().live_at_peak();
-  return r;
+  return test::train_sharded(toml);
 }
 
 void expect_same(const Trained& a, const Trained& b) {
@@ -219,15 +200,19 @@ TEST(OffloadParametersTrain, WithTheNvmeTierIsBitwise) {
 
 // Snapshotted after step 2 and resumed to the end: the losses and the saved masters of the run
 // straight through (the snapshot's masters and state came from the host shards, and the resume
-// put them back there).
+// put them back there; with the parameters' NVMe tier it cast the compute shards into the file).
 TEST(OffloadParametersTrain, ResumeFromASnapshotIsBitwise) {
-  const std::string toml = model_toml() + plugin("amp") + plugin("checkpoint") + zero3() +
-                           plugin("offload", "optimizer = \"host\"\nparameters = \"host\"\n");
-  const Trained whole = train(toml);
-  const test::Resumed resumed = test::resume_from_step(toml, 2);
-  ASSERT_EQ(resumed.losses.size(), 1u);  // step 3
-  EXPECT_EQ(resumed.losses[0], whole.losses.at(2));
-  EXPECT_TRUE(resumed.saved == whole.saved);
+  const std::string dir = test::temp_dir();
+  for (const std::string& tier : {std::string("parameters = \"host\"\n"),
+                                  "parameters = \"nvme\"\nnvme_path = \"" + dir + "\"\n"}) {
+    const std::string toml = model_toml() + plugin("amp") + plugin("checkpoint") + zero3() +
+                             plugin("offload", "optimizer = \"host\"\n" + tier);
+    const Trained whole = train(toml);
+    const test::Resumed resumed = test::resume_from_step(toml, 2);
+    ASSERT_EQ(resumed.losses.size(), 1u) << tier;  // step 3
+    EXPECT_EQ(resumed.losses[0], whole.losses.at(2)) << tier;
+    EXPECT_TRUE(resumed.saved == whole.saved) << tier;
+  }
 }
 
 // The run needs zero3 and the optimizer on the host: exit 2 naming the plugin's line otherwise.

@@ -7,6 +7,7 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -74,6 +75,19 @@ std::string check_state_dir(const std::string& dir, DirectIo mode, bool* direct)
   }
   unlink(probe.c_str());
   return problem;
+}
+
+std::string tier_file_path(const std::string& dir, DirectIo mode, int rank, const std::string& ext,
+                           const std::string& what, const std::string& who, std::ostream* log,
+                           bool* direct) {
+  const std::string problem = check_state_dir(dir, mode, direct);
+  if (!problem.empty()) throw ConfigError(who + problem);
+  if (mode == DirectIo::kAuto && !*direct && log)
+    *log << "offload: the " << what << " in " << dir
+         << " is read and written buffered: " << file_system_name(dir) << " refuses O_DIRECT\n";
+  static std::atomic<int> made{0};
+  return dir + "/headroom-" + std::to_string(getpid()) + "-" + std::to_string(made++) + "-rank" +
+         std::to_string(rank) + "." + ext;
 }
 
 struct DirectFile::Ring {

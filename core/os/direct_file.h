@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,16 @@ std::string file_system_name(const std::string& dir);
 // whether O_DIRECT will be used (kAuto: where the file system takes it). Probes with a small file
 // it removes again.
 std::string check_state_dir(const std::string& dir, DirectIo mode, bool* direct);
+
+// A tier file's name, its folder checked: ConfigError (check_state_dir's message after `who`)
+// when `dir` cannot hold it; with kAuto on a file system without O_DIRECT one line on `log` says
+// that `what` in `dir` is read and written buffered. The name is
+// dir/headroom-<pid>-<n>-rank<R>.<ext>: the pid, as two runs may share the folder, and n this
+// process's count of tier files, as one process may hold two trainers (tests do). *direct:
+// whether O_DIRECT is to be used.
+std::string tier_file_path(const std::string& dir, DirectIo mode, int rank, const std::string& ext,
+                           const std::string& what, const std::string& who, std::ostream* log,
+                           bool* direct);
 
 class DirectFile {
  public:

@@ -78,8 +78,8 @@ class StateFile {
   void state_pointers(unsigned char* base, uint64_t numel, void** out) const;
 
   Device& host_;
+  bool direct_ = false;  // before path_, whose initialiser sets it
   std::string dir_, path_;
-  bool direct_ = false;
   std::unique_ptr<DirectFile> file_;
   std::vector<uint64_t> numels_, offsets_;  // per segment: elements, its slot's file offset
   std::vector<Piece> pieces_;

@@ -29,18 +29,9 @@ uint64_t shard_file_staging_bytes(const std::vector<uint64_t>& parts) {
 
 ShardFile::ShardFile(Device& host, const std::string& dir, DirectIo mode, int rank,
                      const std::string& who, std::ostream* log)
-    : host_(host), dir_(dir) {
-  const std::string problem = check_state_dir(dir, mode, &direct_);
-  if (!problem.empty()) throw ConfigError(who + problem);
-  if (mode == DirectIo::kAuto && !direct_ && log)
-    *log << "offload: the parameter file in " << dir
-         << " is read and written buffered: " << file_system_name(dir) << " refuses O_DIRECT\n";
-  // The pid and a count of this process's files: two runs may share the folder, and one process
-  // may hold two trainers (tests do).
-  static std::atomic<int> made{0};
-  path_ = dir + "/headroom-" + std::to_string(getpid()) + "-" + std::to_string(made++) + "-rank" +
-          std::to_string(rank) + ".params";
-}
+    : host_(host),
+      dir_(dir),
+      path_(tier_file_path(dir, mode, rank, "params", "parameter file", who, log, &direct_)) {}
 
 ShardFile::~ShardFile() {
   // The kernel must be done with the buffers before they go.

@@ -77,8 +77,8 @@ class ShardFile {
                size_t last) const;
 
   Device& host_;
+  bool direct_ = false;  // before path_, whose initialiser sets it
   std::string dir_, path_;
-  bool direct_ = false;
   std::unique_ptr<DirectFile> file_;  // made at the first slot
   std::vector<Slot> slots_;
   uint64_t file_bytes_ = 0, staging_bytes_ = 0;
