@@ -37,7 +37,7 @@ ShardFile::~ShardFile() {
   // The kernel must be done with the buffers before they go.
   for (int b = 0; b < kStagings; ++b) {
     try {
-      if (in_flight_[b]) file_->wait(reads_[b]);
+      if (in_flight_[b]) file_->wait(io_[b]);
     } catch (const std::exception&) {  // the file goes next: what it read does not matter
     }
   }
@@ -102,25 +102,32 @@ void ShardFile::add_ops(DirectFile::Batch& batch, bool write, int b, size_t slot
   }
 }
 
-void ShardFile::start_read(int b, size_t slot) {
+void ShardFile::start(int b, bool write, size_t slot, size_t first, size_t last) {
   if (in_flight_[b])
-    throw std::logic_error("parameter file: staging " + std::to_string(b) +
-                           " is being read into already");
-  reads_[b] = DirectFile::Batch();
+    throw std::logic_error("parameter file: staging " + std::to_string(b) + " is in use already");
+  io_[b] = DirectFile::Batch();
   if (host_.dry()) return;  // a dry run moves no values
-  add_ops(reads_[b], false, b, slot, 0, slots_.at(slot).parts.size() - 1);
-  file_->submit(reads_[b]);
+  add_ops(io_[b], write, b, slot, first, last);
+  file_->submit(io_[b]);
   in_flight_[b] = true;
 }
 
-void ShardFile::wait_read(int b) {
+void ShardFile::start_read(int b, size_t slot) {
+  start(b, false, slot, 0, slots_.at(slot).parts.size() - 1);
+}
+
+void ShardFile::start_write(int b, size_t slot, size_t part) {
+  start(b, true, slot, part, part);
+}
+
+void ShardFile::wait(int b) {
   if (!in_flight_[b]) return;
   in_flight_[b] = false;
-  file_->wait(reads_[b]);
+  file_->wait(io_[b]);
 }
 
 void ShardFile::read(int b, size_t slot, size_t first, size_t last) {
-  wait_read(b);
+  wait(b);
   if (host_.dry()) return;
   DirectFile::Batch batch;
   add_ops(batch, false, b, slot, first, last);
@@ -129,7 +136,7 @@ void ShardFile::read(int b, size_t slot, size_t first, size_t last) {
 }
 
 void ShardFile::write(int b, size_t slot, size_t first, size_t last) {
-  wait_read(b);
+  wait(b);
   if (host_.dry()) return;
   DirectFile::Batch batch;
   add_ops(batch, true, b, slot, first, last);

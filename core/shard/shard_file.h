@@ -12,9 +12,9 @@
 // Every transfer goes through two host staging buffers (host ledger, category parameters), each as
 // large as the largest slot plus a page for its alignment, with io_uring (core/os/direct_file.h):
 // a gathering starts reading a layer's slot into a free one (start_read) and the layer's first
-// use waits for it (wait_read) before uploading the rank's ranges from it, so the read of the
-// layers zero3 prefetches runs while the ones before them compute; an update casts the new
-// compute shard into one and writes that part back, waiting for it.
+// use waits for it (wait) before uploading the rank's ranges from it, so the read of the
+// layers zero3 prefetches runs while the ones before them compute; an update casts each layer's
+// new compute shard into one and starts writing it back while the next is cast into the other.
 //
 // Training thread only.
 #pragma once
@@ -57,11 +57,12 @@ class ShardFile {
   // Part `part` of `slot` in staging buffer `b` (page-aligned): where a read puts it and a write
   // takes it from.
   void* staged(int b, size_t slot, size_t part);
-  // The whole slot from the file into staging `b`, started: in flight until wait_read(b). One
-  // read a buffer at a time (std::logic_error otherwise).
+  // The whole slot from the file into staging `b`, or part `part` of it from the staging into the
+  // file, started: in flight until wait(b). One transfer a buffer at a time (std::logic_error
+  // otherwise).
   void start_read(int b, size_t slot);
-  void wait_read(int b);
-  bool reading(int b) const { return in_flight_[b]; }
+  void start_write(int b, size_t slot, size_t part);
+  void wait(int b);
   // The slot's parts `first`..`last` (inclusive) from the file into staging `b`, and back;
   // waited for. Nothing moves in a dry run (plan --measure).
   void read(int b, size_t slot, size_t first, size_t last);
@@ -72,6 +73,8 @@ class ShardFile {
     uint64_t offset;                  // in the file
     std::vector<uint64_t> parts, at;  // each part's bytes and its offset in the slot (pages)
   };
+  // Starts moving parts first..last of `slot` from or to staging `b`.
+  void start(int b, bool write, size_t slot, size_t first, size_t last);
   // The requests that move parts first..last of `slot` from or to staging `b`, into `batch`.
   void add_ops(DirectFile::Batch& batch, bool write, int b, size_t slot, size_t first,
                size_t last) const;
@@ -84,7 +87,7 @@ class ShardFile {
   uint64_t file_bytes_ = 0, staging_bytes_ = 0;
   Buffer staging_[kStagings];
   unsigned char* aligned_[kStagings] = {nullptr, nullptr};
-  DirectFile::Batch reads_[kStagings];  // start_read's, in flight until wait_read
+  DirectFile::Batch io_[kStagings];  // start_read's or start_write's, in flight until wait
   bool in_flight_[kStagings] = {false, false};
 };
 

@@ -132,7 +132,7 @@ CommRequest Sharding::gather_from_rest(const LayerShard& ls, const Rested& shard
 
 void Sharding::finish_read(Pending& p) {
   const int b = p.staging;
-  file_->wait_read(b);
+  file_->wait(b);
   staged_layer_[b] = -1;
   p.staging = -1;
   LayerShard& ls = layers_[size_t(p.layer)];
@@ -515,6 +515,7 @@ void Sharding::check_reduced(const std::string& who) const {
 
 void Sharding::updated() {
   Backend& ops = device_.backend();
+  int staging = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     LayerShard& ls = layers_[l];
     Layer<float>& lay = layer(int(l));
@@ -526,10 +527,26 @@ void Sharding::updated() {
         ops.cast(lay.flat().compute.as<char>() + uint64_t(rank()) * ls.shard * dtype_size(dt), dt,
                  ls.value.as<void>(), Dtype::kF32, ls.shard);
       ls.gathered = false;
+    } else if (ls.compute.part >= 0) {
+      // The NVMe tier: cast into a staging, the write started while the next layer's is cast
+      // into the other (the previous write from it waited for first).
+      const int b = staging++ % ShardFile::kStagings;
+      if (staged_layer_[b] >= 0)
+        throw std::logic_error("an update while layer " + std::to_string(staged_layer_[b]) +
+                               "'s gathering reads the parameter file");
+      file_->wait(b);
+      ops.wait_uploads(b);
+      const size_t slot = size_t(ls.slot), part = size_t(ls.compute.part);
+      rest_.backend().cast(file_->staged(b, slot, part), dt, ls.value.as<void>(), Dtype::kF32,
+                           ls.shard);
+      file_->start_write(b, slot, part);
     } else if (ls.compute) {
       cast_compute_shard(ls, dt);
     }
   }
+  // In the file before anything reads it (the next gathering).
+  for (int b = 0; file_ && b < ShardFile::kStagings; ++b)
+    file_->wait(b);
 }
 
 void Sharding::check_step_end(const std::string& who) const {

@@ -1,6 +1,6 @@
 // clang-format off
-// fuzz-sources: core/report/alloc_trace.cpp core/device/arena.cpp core/device/backend.cpp core/device/backend_cpu.cpp core/config/config.cpp core/config/config_keys.cpp core/config/hf_config.cpp core/device/device.cpp core/device/dry_backend.cpp core/events/events.cpp core/device/memory.cpp core/model/model.cpp core/os/output_file.cpp core/os/interrupt.cpp core/plugin_host/*.cpp core/comm/comm.cpp core/comm/self_comm.cpp core/comm/ranks.cpp core/shard/sharding.cpp core/optim/optim.cpp
-// fuzz-pkgs: openblas
+// fuzz-sources: core/report/alloc_trace.cpp core/device/arena.cpp core/device/backend.cpp core/device/backend_cpu.cpp core/config/config.cpp core/config/config_keys.cpp core/config/hf_config.cpp core/device/device.cpp core/device/dry_backend.cpp core/events/events.cpp core/device/memory.cpp core/model/model.cpp core/os/output_file.cpp core/os/interrupt.cpp core/plugin_host/*.cpp core/comm/comm.cpp core/comm/self_comm.cpp core/comm/ranks.cpp core/shard/*.cpp core/os/direct_file.cpp core/optim/optim.cpp
+// fuzz-pkgs: openblas liburing
 // fuzz-flags: -DHEADROOM_INSTALL_LIBDIR="lib" -DHEADROOM_INSTALL_PLUGIN_DIR="/nonexistent" -DHEADROOM_BUILD_PLUGIN_DIR="/nonexistent" -DHEADROOM_BUILD_DIR="/nonexistent" -DHEADROOM_VERSION="fuzz"
 // clang-format on
 //
