@@ -37,7 +37,6 @@ constexpr uint64_t kMinChunk = uint64_t(1) << 20;
 StateFile::StateFile(Device& host, const std::string& dir, DirectIo mode, int rank,
                      const std::string& who, std::ostream* log)
     : host_(host),
-      dir_(dir),
       path_(tier_file_path(dir, mode, rank, "optstate", "optimizer state file", who, log,
                            &direct_)) {}
 

@@ -79,7 +79,7 @@ class StateFile {
 
   Device& host_;
   bool direct_ = false;  // before path_, whose initialiser sets it
-  std::string dir_, path_;
+  std::string path_;
   std::unique_ptr<DirectFile> file_;
   std::vector<uint64_t> numels_, offsets_;  // per segment: elements, its slot's file offset
   std::vector<Piece> pieces_;

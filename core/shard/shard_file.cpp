@@ -18,19 +18,23 @@ constexpr uint64_t kMinChunk = uint64_t(16) << 20;
 constexpr unsigned kBatch = 32;
 constexpr unsigned kRing = kBatch * ShardFile::kStagings;
 
-}  // namespace
-
-uint64_t shard_file_staging_bytes(const std::vector<uint64_t>& parts) {
+// One staging for slots of these parts: each rounded up to a page, and a page for the alignment.
+uint64_t one_staging_bytes(const std::vector<uint64_t>& parts) {
   uint64_t bytes = 0;
   for (uint64_t p : parts)
     bytes += round_to_pages(p);
-  return bytes > 0 ? ShardFile::kStagings * (bytes + kDirectPage) : 0;
+  return bytes > 0 ? bytes + kDirectPage : 0;
+}
+
+}  // namespace
+
+uint64_t shard_file_staging_bytes(const std::vector<uint64_t>& parts) {
+  return ShardFile::kStagings * one_staging_bytes(parts);
 }
 
 ShardFile::ShardFile(Device& host, const std::string& dir, DirectIo mode, int rank,
                      const std::string& who, std::ostream* log)
     : host_(host),
-      dir_(dir),
       path_(tier_file_path(dir, mode, rank, "params", "parameter file", who, log, &direct_)) {}
 
 ShardFile::~ShardFile() {
@@ -56,7 +60,7 @@ size_t ShardFile::add_slot(const std::vector<uint64_t>& parts) {
   // Its blocks now: a disk that cannot hold the shards says so while the model is built.
   file_->allocate(s.offset, bytes, host_.dry());
   file_bytes_ += bytes;
-  const uint64_t staging = shard_file_staging_bytes(parts) / kStagings;
+  const uint64_t staging = one_staging_bytes(parts);
   if (staging > staging_bytes_) {
     // Nothing staged survives between slots being added (the model is being built): the old
     // buffers go before the new ones come, so the ledger's peak is the largest slot's stagings.
@@ -124,24 +128,6 @@ void ShardFile::wait(int b) {
   if (!in_flight_[b]) return;
   in_flight_[b] = false;
   file_->wait(io_[b]);
-}
-
-void ShardFile::read(int b, size_t slot, size_t first, size_t last) {
-  wait(b);
-  if (host_.dry()) return;
-  DirectFile::Batch batch;
-  add_ops(batch, false, b, slot, first, last);
-  file_->submit(batch);
-  file_->wait(batch);
-}
-
-void ShardFile::write(int b, size_t slot, size_t first, size_t last) {
-  wait(b);
-  if (host_.dry()) return;
-  DirectFile::Batch batch;
-  add_ops(batch, true, b, slot, first, last);
-  file_->submit(batch);
-  file_->wait(batch);
 }
 
 }  // namespace headroom

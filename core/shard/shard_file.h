@@ -59,14 +59,10 @@ class ShardFile {
   void* staged(int b, size_t slot, size_t part);
   // The whole slot from the file into staging `b`, or part `part` of it from the staging into the
   // file, started: in flight until wait(b). One transfer a buffer at a time (std::logic_error
-  // otherwise).
+  // otherwise). Nothing moves in a dry run (plan --measure).
   void start_read(int b, size_t slot);
   void start_write(int b, size_t slot, size_t part);
   void wait(int b);
-  // The slot's parts `first`..`last` (inclusive) from the file into staging `b`, and back;
-  // waited for. Nothing moves in a dry run (plan --measure).
-  void read(int b, size_t slot, size_t first, size_t last);
-  void write(int b, size_t slot, size_t first, size_t last);
 
  private:
   struct Slot {
@@ -81,7 +77,7 @@ class ShardFile {
 
   Device& host_;
   bool direct_ = false;  // before path_, whose initialiser sets it
-  std::string dir_, path_;
+  std::string path_;
   std::unique_ptr<DirectFile> file_;  // made at the first slot
   std::vector<Slot> slots_;
   uint64_t file_bytes_ = 0, staging_bytes_ = 0;

@@ -101,29 +101,42 @@ void Sharding::to_rest(const LayerShard& ls, Rested& shard, const void* from) {
   const size_t slot = size_t(ls.slot), part = size_t(shard.part);
   const int b = idle_staging();
   if (!device_.dry()) device_.backend().download(file_->staged(b, slot, part), from, shard.bytes);
-  file_->write(b, slot, part, part);
+  file_->start_write(b, slot, part);
+  file_->wait(b);
 }
 
 void Sharding::cast_compute_shard(LayerShard& ls, Dtype dt) {
-  Backend& host = place_of(ls).backend();
   if (ls.compute.part < 0) {
-    host.cast(ls.compute.buffer.as<void>(), dt, ls.value.as<void>(), Dtype::kF32, ls.shard);
+    place_of(ls).backend().cast(ls.compute.buffer.as<void>(), dt, ls.value.as<void>(), Dtype::kF32,
+                                ls.shard);
     return;
   }
-  const size_t slot = size_t(ls.slot), part = size_t(ls.compute.part);
   const int b = idle_staging();
-  host.cast(file_->staged(b, slot, part), dt, ls.value.as<void>(), Dtype::kF32, ls.shard);
-  file_->write(b, slot, part, part);
+  start_compute_write(ls, dt, b);
+  file_->wait(b);
+}
+
+void Sharding::start_compute_write(LayerShard& ls, Dtype dt, int b) {
+  if (staged_layer_[b] >= 0)
+    throw std::logic_error("layer " + std::to_string(staged_layer_[b]) +
+                           "'s gathering reads into the staging an update would write from");
+  file_->wait(b);
+  device_.backend().wait_uploads(b);
+  const size_t slot = size_t(ls.slot), part = size_t(ls.compute.part);
+  rest_.backend().cast(file_->staged(b, slot, part), dt, ls.value.as<void>(), Dtype::kF32,
+                       ls.shard);
+  file_->start_write(b, slot, part);
 }
 
 CommRequest Sharding::gather_from_rest(const LayerShard& ls, const Rested& shard, void* full,
                                        uint64_t n, Dtype dtype) {
   if (shard.part < 0) return gather_from_rest(ls, shard.buffer.as<void>(), full, n, dtype);
-  // The NVMe tier, between steps (with_frozen): the rank's range read into a staging, uploaded,
-  // and gathered in place.
+  // The NVMe tier, between steps (with_frozen): the layer's slot read into a staging, the rank's
+  // range uploaded from it and gathered in place.
   const size_t slot = size_t(ls.slot), part = size_t(shard.part);
   const int b = idle_staging();
-  file_->read(b, slot, part, part);
+  file_->start_read(b, slot);
+  file_->wait(b);
   char* mine = static_cast<char*>(full) + uint64_t(rank()) * shard.bytes;
   from_rest(ls, mine, file_->staged(b, slot, part), shard.bytes);
   device_.backend().mark_uploads(b);
@@ -530,16 +543,7 @@ void Sharding::updated() {
     } else if (ls.compute.part >= 0) {
       // The NVMe tier: cast into a staging, the write started while the next layer's is cast
       // into the other (the previous write from it waited for first).
-      const int b = staging++ % ShardFile::kStagings;
-      if (staged_layer_[b] >= 0)
-        throw std::logic_error("an update while layer " + std::to_string(staged_layer_[b]) +
-                               "'s gathering reads the parameter file");
-      file_->wait(b);
-      ops.wait_uploads(b);
-      const size_t slot = size_t(ls.slot), part = size_t(ls.compute.part);
-      rest_.backend().cast(file_->staged(b, slot, part), dt, ls.value.as<void>(), Dtype::kF32,
-                           ls.shard);
-      file_->start_write(b, slot, part);
+      start_compute_write(ls, dt, staging++ % ShardFile::kStagings);
     } else if (ls.compute) {
       cast_compute_shard(ls, dt);
     }

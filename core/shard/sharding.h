@@ -242,6 +242,9 @@ class Sharding {
                    const std::string& name);
   // A sharded layer's compute shard cast from its master shard (an update, a load).
   void cast_compute_shard(LayerShard& ls, Dtype dt);
+  // The NVMe tier: the same into staging `b` (its last transfer and uploads waited for first),
+  // and its write to the file started (in flight until ShardFile::wait(b)).
+  void start_compute_write(LayerShard& ls, Dtype dt, int b);
   // The NVMe tier: a staging no read in flight holds, its uploads done (idle_staging: std::
   // logic_error when both hold one; free_staging: finishes the older's gathering first).
   int idle_staging();
