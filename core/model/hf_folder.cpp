@@ -47,11 +47,6 @@ struct HfNames {
   std::string head_tied_to;
 };
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 std::vector<Piece> whole(const std::string& ours, int64_t rows, const ModelConfig&) {
   return {{ours, 0, rows}};
 }
@@ -129,17 +124,6 @@ std::string table_name(const HfNames& names, const std::string& full) {
   return full;
 }
 
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-std::string json_quote(const std::string& s) {
-  return json(s).dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
 std::string read_small_file(const std::string& path, uint64_t limit) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) throw ConfigError(path + ": is not a regular file");
@@ -188,33 +172,33 @@ std::vector<Located> locate_tensors(const std::string& dir) {
   std::map<std::string, std::set<std::string>> by_file;  // shard -> the tensors it should hold
   for (const auto& [name, file] : map->items()) {
     if (!file.is_string())
-      throw ConfigError(index + ": weight_map[" + json_quote(name) + "] is a JSON " +
+      throw ConfigError(index + ": weight_map[" + json_quoted(name) + "] is a JSON " +
                         file.type_name() + ", not a file name");
     const std::string f = file.get<std::string>();
     // A shard is a file of the folder, never a path out of it.
     if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
-      throw ConfigError(index + ": weight_map[" + json_quote(name) + "] is " + json_quote(f) +
+      throw ConfigError(index + ": weight_map[" + json_quoted(name) + "] is " + json_quoted(f) +
                         ", not the name of a file in the folder");
     by_file[f].insert(name);
   }
   for (const auto& [f, names] : by_file) {
     const std::string path = (fs::path(dir) / f).string();
     if (!fs::exists(path, ec))
-      throw ConfigError(index + ": names shard " + f + " (for " + json_quote(*names.begin()) +
+      throw ConfigError(index + ": names shard " + f + " (for " + json_quoted(*names.begin()) +
                         (names.size() > 1 ? " and " + std::to_string(names.size() - 1) + " more"
                                           : std::string()) +
                         "), but " + path + " is missing");
     std::set<std::string> held;
     for (SafetensorsEntry& e : read_safetensors_header(path)) {
       if (!names.count(e.name))
-        throw ConfigError(path + ": holds tensor " + json_quote(e.name) + ", which " + index +
+        throw ConfigError(path + ": holds tensor " + json_quoted(e.name) + ", which " + index +
                           " does not place in this shard");
       held.insert(e.name);
       out.push_back({path, std::move(e)});
     }
     for (const std::string& name : names)
       if (!held.count(name))
-        throw ConfigError(index + ": places tensor " + json_quote(name) + " in " + f + ", but " +
+        throw ConfigError(index + ": places tensor " + json_quoted(name) + " in " + f + ", but " +
                           path + " has no such tensor");
   }
   return out;
@@ -287,18 +271,18 @@ FolderMatch match_folder(const std::string& dir, const ModelConfig& mc,
     }
     const auto it = by_hf_name.find(name);
     if (it == by_hf_name.end())
-      throw ConfigError(t.file + ": tensor " + json_quote(full) +
+      throw ConfigError(t.file + ": tensor " + json_quoted(full) +
                         " is not a parameter of this model (" + hf.arch + ", n_layer " +
                         std::to_string(mc.n_layer) + ")");
     const auto [at, fresh] = seen.emplace(name, i);
     if (!fresh)
-      throw ConfigError(t.file + ": tensor " + json_quote(full) +
+      throw ConfigError(t.file + ": tensor " + json_quoted(full) +
                         " is there twice: " + m.tensors[at->second].file + " holds " +
-                        json_quote(m.tensors[at->second].entry.name) + " too");
+                        json_quoted(m.tensors[at->second].entry.name) + " too");
     const auto& [p, pc] = it->second;
     const std::vector<int64_t> expected = piece_shape(names, *p, pc);
     if (t.entry.shape != expected)
-      throw ConfigError(t.file + ": tensor " + json_quote(full) + " has shape " +
+      throw ConfigError(t.file + ": tensor " + json_quoted(full) + " has shape " +
                         shape_str(t.entry.shape) + ", expected " + shape_str(expected) + " (" +
                         hf.file + "'s shape, Hugging Face layout)");
     m.found[p->name].push_back({pc, i});
@@ -312,7 +296,7 @@ FolderMatch match_folder(const std::string& dir, const ModelConfig& mc,
     const SafetensorsEntry& head = m.tensors[size_t(m.head)].entry;
     const SafetensorsEntry& tied_to = m.tensors[seen.at(names.head_tied_to)].entry;
     if (head.shape != tied_to.shape)
-      throw ConfigError(m.tensors[size_t(m.head)].file + ": tensor " + json_quote(head.name) +
+      throw ConfigError(m.tensors[size_t(m.head)].file + ": tensor " + json_quoted(head.name) +
                         " has shape " + shape_str(head.shape) + ", expected " +
                         shape_str(tied_to.shape) + " (tied to " + names.head_tied_to + ")");
   }
@@ -358,7 +342,7 @@ void load_hf_folder(const std::string& dir, Gpt<float>& model, const MasterAcces
     std::vector<float> v(tied.size());
     read_safetensors_tensor(head.file, head.entry, v.data(), false);
     if (std::memcmp(v.data(), tied.data(), 4 * v.size()) != 0)
-      throw ConfigError(head.file + ": tensor " + json_quote(head.entry.name) + " differs from " +
+      throw ConfigError(head.file + ": tensor " + json_quoted(head.entry.name) + " differs from " +
                         names.head_tied_to +
                         ", but this model ties the output head to it: an untied checkpoint cannot "
                         "be loaded into it" +

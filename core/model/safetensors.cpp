@@ -45,24 +45,6 @@ uint64_t readable_dtype_size(const std::string& dtype) {
   return 0;
 }
 
-// A string from the file, quoted and escaped, so that control characters in a hostile name cannot
-// garble the message that reports it.
-std::string json_quoted(const std::string& s) {
-  return json(s).dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // model.h's is_adapter_param, here too: this file links without model.cpp (its fuzz target).
 bool is_lora_param(const std::string& name) {
   return ends_with(name, ".lora_A.weight") || ends_with(name, ".lora_B.weight");
@@ -183,6 +165,22 @@ void decode(const uint8_t* src, const std::string& dtype, uint64_t numel, float*
 }
 
 }  // namespace
+
+std::string json_quoted(const std::string& s) {
+  return json(s).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
 
 std::vector<SafetensorsEntry> parse_safetensors_header(
     const uint8_t* data, size_t size, uint64_t file_size, const std::string& file,

@@ -104,4 +104,11 @@ std::string mlp_hidden_str(const ModelConfig& m);
 std::vector<int> safetensors_attn_heads(const std::string& path, const ModelConfig& m);
 std::string attn_heads_str(const ModelConfig& m);
 
+// For the names and messages of the weight files (here, hf_folder.cpp, sample.cpp): a shape as
+// "[a, b]"; a string from a file quoted and escaped as JSON, so that control characters in a
+// hostile name cannot garble the message that reports it; whether `s` ends with `suffix`.
+std::string shape_str(const std::vector<int64_t>& shape);
+std::string json_quoted(const std::string& s);
+bool ends_with(const std::string& s, const std::string& suffix);
+
 }  // namespace headroom

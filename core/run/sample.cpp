@@ -25,11 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // "n_layer=1 n_head=2 n_embd=16 seq_len=16 vocab_size=64": a snapshot's model (trainer.cpp).
 ModelConfig model_of_signature(const std::string& sig, const std::string& file) {
   ModelConfig m;

@@ -28,7 +28,7 @@ constexpr char kMagicPrefix[6] = {'H', 'R', 'S', 'N', 'A', 'P'};
 constexpr const char* kSuffix = ".hrsnap";
 constexpr const char* kPrefix = "step_";
 constexpr size_t kStepDigits = 12;
-constexpr uint64_t kFnvBasis = kChecksumBasis;
+constexpr uint64_t kHeaderFnvBasis = kChecksumBasis;
 
 uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h) {
   return checksum_bytes(p, n, h);
@@ -352,7 +352,7 @@ uint64_t checksum_bytes(const uint8_t* p, size_t n, uint64_t h) {
 uint64_t snapshot_checksum(const uint8_t* data, size_t size) {
   if (size < kSnapshotHeaderBytes) return 0;
   return fnv1a(data + kSnapshotHeaderBytes, size - kSnapshotHeaderBytes,
-               fnv1a(data, 16, kFnvBasis));
+               fnv1a(data, 16, kHeaderFnvBasis));
 }
 
 SnapshotData parse_snapshot(const uint8_t* data, size_t size, const std::string& name) {
@@ -405,7 +405,7 @@ void write_container(const std::string& path, const SnapshotData& d, const char*
   uint8_t header[kSnapshotHeaderBytes];
   std::memcpy(header, kMagic, 8);
   put_u64(header + 8, manifest.size());
-  uint64_t checksum = fnv1a(header, 16, kFnvBasis);
+  uint64_t checksum = fnv1a(header, 16, kHeaderFnvBasis);
   checksum = fnv1a(reinterpret_cast<const uint8_t*>(manifest.data()), manifest.size(), checksum);
   for (const auto* items : {&d.tensors, &d.plugins})
     for (const auto& [name, bytes] : *items)

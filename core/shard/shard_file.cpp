@@ -12,9 +12,9 @@ namespace headroom {
 
 namespace {
 
-// A batch is at most kBatch requests, none under kMinChunk (the kernel splits larger ones
+// A batch is at most kBatch requests, none under kMinFileChunk (the kernel splits larger ones
 // anyway); the ring holds both stagings' batches at once.
-constexpr uint64_t kMinChunk = uint64_t(16) << 20;
+constexpr uint64_t kMinFileChunk = uint64_t(16) << 20;
 constexpr unsigned kBatch = 32;
 constexpr unsigned kRing = kBatch * ShardFile::kStagings;
 
@@ -97,7 +97,7 @@ void ShardFile::add_ops(DirectFile::Batch& batch, bool write, int b, size_t slot
   for (size_t p = first; p <= last; ++p)
     bytes += round_to_pages(s.parts[p]);
   // At most kBatch requests (one more a part for the rounding).
-  const uint64_t chunk = std::max(kMinChunk, round_to_pages((bytes + kBatch - 1) / kBatch));
+  const uint64_t chunk = std::max(kMinFileChunk, round_to_pages((bytes + kBatch - 1) / kBatch));
   for (size_t p = first; p <= last; ++p) {
     const uint64_t n = round_to_pages(s.parts[p]);
     for (uint64_t at = 0; at < n; at += chunk)

@@ -16,9 +16,10 @@
 # discovers goes to a scratch folder. A crash leaves the input that caused it in that folder, whose
 # path is printed, and the script exits non-zero.
 #
-# Every source is compiled once into an object (a source two targets link with the same flags is
-# shared), HEADROOM_FUZZ_JOBS (default: the cores) at a time, through ccache when there is one;
-# then each target is linked and run. alloc_trace alone links 30 core sources.
+# Every source is compiled once into an object at each level it is needed (a source two targets
+# link is shared: every object gets all the targets' package and extra flags), HEADROOM_FUZZ_JOBS
+# (default: the cores) at a time, through ccache when there is one; then each target is linked
+# and run. alloc_trace alone links 30 core sources.
 #
 # Needs clang++ (Debian: clang, or clang-14 for clang++-14) and the sanitizer and libFuzzer runtimes
 # (libclang-rt-14-dev). Without them it exits 77. HEADROOM_FUZZ_CXX picks another compiler.
@@ -83,11 +84,29 @@ if [ ${#targets[@]} -eq 0 ]; then
   exit 1
 fi
 
-# First every target's compile lines (one per object not planned yet), then all of them at once.
+# Every object is compiled with the union of the targets' packages' flags and extra flags, so that
+# a source two targets link (config.cpp, output_file.cpp, ...) is one object at each level.
+all_pkgs="" all_flags=""
+for src in "${targets[@]}"; do
+  pkgs_line="$(grep -m1 '^// fuzz-pkgs:' "$src" || true)"
+  [ -z "$pkgs_line" ] || all_pkgs+=" ${pkgs_line#// fuzz-pkgs:}"
+  flags_line="$(grep -m1 '^// fuzz-flags:' "$src" || true)"
+  [ -z "$flags_line" ] || all_flags+=" ${flags_line#// fuzz-flags:}"
+done
+pkg_cflags="" pkg_libs=""
+if [ -n "$all_pkgs" ]; then
+  # shellcheck disable=SC2086  # a word list of package names
+  if ! pkg_cflags="$(pkg-config --cflags $all_pkgs)" || ! pkg_libs="$(pkg-config --libs $all_pkgs)"; then
+    echo "fuzz: the targets need the pkg-config packages$all_pkgs" >&2
+    exit 1
+  fi
+fi
+
+# Then every target's compile lines (one per object not planned yet), and all of them at once.
 mkdir -p "$work/obj"
 : >"$work/compiles"
 declare -A planned=()
-declare -A target_objs=() target_libs=()
+declare -A target_objs=()
 for src in "${targets[@]}"; do
   name="$(basename "$src" _fuzz.cpp)"
   sources_line="$(grep -m1 '^// fuzz-sources:' "$src" || true)"
@@ -109,38 +128,23 @@ for src in "${targets[@]}"; do
     [ "$matched" = 1 ] || { echo "fuzz: $src lists $word, which matches no file" >&2; exit 1; }
   done
 
-  pkgs_line="$(grep -m1 '^// fuzz-pkgs:' "$src" || true)"
-  pkg_cflags="" pkg_libs=""
-  if [ -n "$pkgs_line" ]; then
-    # shellcheck disable=SC2086  # a word list of package names
-    if ! pkg_cflags="$(pkg-config --cflags ${pkgs_line#// fuzz-pkgs:})" ||
-      ! pkg_libs="$(pkg-config --libs ${pkgs_line#// fuzz-pkgs:})"; then
-      echo "fuzz: $src needs the pkg-config packages${pkgs_line#// fuzz-pkgs:}" >&2
-      exit 1
-    fi
-  fi
-
-  flags_line="$(grep -m1 '^// fuzz-flags:' "$src" || true)"
-  extra_flags="${flags_line#// fuzz-flags:}"
-
-  # An object per (source, flags): the same source under the same flags is compiled once.
+  # An object per (source, level): the same source at the same level is compiled once.
   objs=()
   # The target and the first source it names (the code under test) at -O1, as fast as the
   # sanitizers allow; the rest at -O0.
   for s in "$src" "${sources[@]}"; do
     opt=-O0
     [ "$s" = "$src" ] || [ "$s" = "${sources[0]}" ] && opt=-O1
-    key="$(printf '%s\n%s %s %s' "$s" "$opt" "$pkg_cflags" "$extra_flags" | md5sum | cut -c1-12)"
-    obj="$work/obj/$(basename "$s" .cpp)-$key.o"
+    rel="${s#"$root"/}"
+    obj="$work/obj/${rel//\//_}$opt.o"
     objs+=("$obj")
     [ -n "${planned[$obj]:-}" ] && continue
     planned[$obj]=1
     # Five NUL-terminated words an object: its path, the source, the level and the flags' words.
-    printf '%s\0%s\0%s\0%s\0%s\0' "$obj" "$s" "$opt" "$pkg_cflags $dep_cflags" "$extra_flags" \
+    printf '%s\0%s\0%s\0%s\0%s\0' "$obj" "$s" "$opt" "$pkg_cflags $dep_cflags" "$all_flags" \
       >>"$work/compiles"
   done
   target_objs[$name]="${objs[*]}"
-  target_libs[$name]="$dep_libs $pkg_libs"
 done
 
 # compile OBJ SRC OPT CFLAGS EXTRA: one object (the flags are word lists, unquoted on purpose).
@@ -167,7 +171,7 @@ for src in "${targets[@]}"; do
   bin="$work/${name}_fuzz"
   echo "fuzz: linking $name"
   # shellcheck disable=SC2086  # the objects and libraries are word lists
-  "$cxx" "${cxxflags[@]}" ${target_objs[$name]} -o "$bin" ${target_libs[$name]} -ldl
+  "$cxx" "${cxxflags[@]}" ${target_objs[$name]} -o "$bin" $dep_libs $pkg_libs -ldl
 
   corpus="$work/corpus-$name"
   mkdir -p "$corpus"
