@@ -120,6 +120,10 @@ void ShardFile::start_read(int b, size_t slot) {
   start(b, false, slot, 0, slots_.at(slot).parts.size() - 1);
 }
 
+void ShardFile::start_read(int b, size_t slot, size_t part) {
+  start(b, false, slot, part, part);
+}
+
 void ShardFile::start_write(int b, size_t slot, size_t part) {
   start(b, true, slot, part, part);
 }

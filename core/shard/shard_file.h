@@ -57,10 +57,11 @@ class ShardFile {
   // Part `part` of `slot` in staging buffer `b` (page-aligned): where a read puts it and a write
   // takes it from.
   void* staged(int b, size_t slot, size_t part);
-  // The whole slot from the file into staging `b`, or part `part` of it from the staging into the
-  // file, started: in flight until wait(b). One transfer a buffer at a time (std::logic_error
-  // otherwise). Nothing moves in a dry run (plan --measure).
+  // The whole slot (or its part `part`) from the file into staging `b`, or part `part` from the
+  // staging into the file, started: in flight until wait(b). One transfer a buffer at a time
+  // (std::logic_error otherwise). Nothing moves in a dry run (plan --measure).
   void start_read(int b, size_t slot);
+  void start_read(int b, size_t slot, size_t part);
   void start_write(int b, size_t slot, size_t part);
   void wait(int b);
 

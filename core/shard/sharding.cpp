@@ -131,11 +131,11 @@ void Sharding::start_compute_write(LayerShard& ls, Dtype dt, int b) {
 CommRequest Sharding::gather_from_rest(const LayerShard& ls, const Rested& shard, void* full,
                                        uint64_t n, Dtype dtype) {
   if (shard.part < 0) return gather_from_rest(ls, shard.buffer.as<void>(), full, n, dtype);
-  // The NVMe tier, between steps (with_frozen): the layer's slot read into a staging, the rank's
-  // range uploaded from it and gathered in place.
+  // The NVMe tier, between steps (with_frozen): the part read into a staging, the rank's range
+  // uploaded from it and gathered in place.
   const size_t slot = size_t(ls.slot), part = size_t(shard.part);
   const int b = idle_staging();
-  file_->start_read(b, slot);
+  file_->start_read(b, slot, part);
   file_->wait(b);
   char* mine = static_cast<char*>(full) + uint64_t(rank()) * shard.bytes;
   from_rest(ls, mine, file_->staged(b, slot, part), shard.bytes);
