@@ -12,6 +12,7 @@ if(NOT EXISTS "${HEADROOM_SUITES_PROGRAM}")
   add_test(headroom_tests_NOT_BUILT "${HEADROOM_SUITES_PROGRAM}")
   return()
 endif()
+# Its stderr is kept out of ctest's own output (the test below shows it when the listing fails).
 execute_process(COMMAND "${HEADROOM_SUITES_PROGRAM}" --gtest_list_tests
                 WORKING_DIRECTORY "${HEADROOM_SUITES_WORKDIR}"
                 OUTPUT_VARIABLE listing RESULT_VARIABLE status ERROR_VARIABLE errors)

@@ -389,8 +389,9 @@ errors)
     out=$(mpirun -np 2 "$headroom" train z.toml -q --set train.steps=2 2>&1); rc=$?
     set -e
   }
-  lazy_np2 never_gather
+  # own TEXT: some rank said TEXT of its own failure, not only of a peer's ("stopping: rank N ...").
   own() { grep -v "stopping: rank" <<<"$out" | grep -q "$1"; }
+  lazy_np2 never_gather
   { [ $rc = 1 ] || [ $rc = 6 ]; } &&
     own "plugin 'lazy_shard' shards the parameters but did not gather layer 0's before layer 0's forward" ||
     fail "a plugin that never gathers parameters: exit $rc: $out"
